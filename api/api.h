@@ -1,0 +1,42 @@
+/* api — the REST control plane (libmicrohttpd + jansson).
+ *
+ * MHD runs its own thread pool; handlers read and write through store_* and
+ * never touch child processes or daemon state directly. Every error is one
+ * application/problem+json reply (problem.h). Never links worker/ or kernels/.
+ */
+#ifndef BERTD_API_API_H
+#define BERTD_API_API_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "daemon/store.h"
+
+typedef struct api_config {
+	const char *listen_addr;       /* numeric IPv4/IPv6 address, e.g. "127.0.0.1" */
+	int port;                      /* 0 = any free port (see api_server_port) */
+	bool allow_remote;             /* must be true to bind a non-loopback address */
+	size_t max_body_bytes;         /* larger bodies get 413, counted while uploading */
+	const char *token;             /* bearer token every route but healthz requires */
+	unsigned threads;              /* MHD thread pool size */
+	unsigned conn_timeout_s;       /* idle connection timeout */
+	unsigned conn_limit;           /* total concurrent connections */
+	unsigned per_ip_limit;         /* concurrent connections per client address */
+	size_t conn_memory;            /* MHD memory per connection, bytes */
+	const char *const *data_roots; /* allowed corpus/dataset directories */
+	size_t n_data_roots;
+	const char *state_dir;
+} api_config;
+
+typedef struct api_server api_server;
+
+/* Binds and starts serving. *out is caller-owned (api_server_stop).
+ * Returns 0, -EPERM (non-loopback address without allow_remote),
+ * -EADDRINUSE / -EADDRNOTAVAIL / -EINVAL (bind failed), -ENOMEM. */
+int api_server_start(api_server **out, const api_config *cfg, store *st);
+/* The TCP port actually bound (useful with port 0). */
+int api_server_port(const api_server *srv);
+/* Stops accepting, waits for in-flight requests, frees srv. NULL is fine. */
+void api_server_stop(api_server *srv);
+
+#endif
