@@ -1,0 +1,77 @@
+/* SHA-256 against FIPS 180-2 example vectors and the vocab files' published
+ * digests (shared/data/SOURCES.md), fed in odd-sized pieces. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "common/sha256.h"
+
+static void test_vectors(void **state)
+{
+	(void)state;
+	char hex[65];
+	sha256_hex("", 0, hex);
+	assert_string_equal(hex, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+	sha256_hex("abc", 3, hex);
+	assert_string_equal(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+	const char *two = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+	sha256_hex(two, strlen(two), hex);
+	assert_string_equal(hex, "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+}
+
+static void test_million_a_in_pieces(void **state)
+{
+	(void)state;
+	sha256_ctx c;
+	uint8_t d[32];
+	char hex[65], chunk[997];
+	memset(chunk, 'a', sizeof chunk);
+	sha256_init(&c);
+	size_t left = 1000000;
+	for (size_t step = 1; left; step = step * 7 % 997 + 1) {
+		size_t n = step < left ? step : left;
+		sha256_update(&c, chunk, n);
+		left -= n;
+	}
+	sha256_final(&c, d);
+	sha256_to_hex(d, hex);
+	assert_string_equal(hex, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+static void test_vocab_file(void **state)
+{
+	(void)state;
+	const char *dir = getenv("BERTD_SHARED_DATA");
+	if (!dir)
+		skip();
+	char path[4096];
+	snprintf(path, sizeof path, "%s/bert-base-uncased-vocab.txt", dir);
+	FILE *f = fopen(path, "rb");
+	assert_non_null(f);
+	sha256_ctx c;
+	sha256_init(&c);
+	char buf[4096];
+	size_t n;
+	while ((n = fread(buf, 1, sizeof buf, f)) > 0)
+		sha256_update(&c, buf, n);
+	fclose(f);
+	uint8_t d[32];
+	char hex[65];
+	sha256_final(&c, d);
+	sha256_to_hex(d, hex);
+	assert_string_equal(hex, "07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3");
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_vectors),
+		cmocka_unit_test(test_million_a_in_pieces),
+		cmocka_unit_test(test_vocab_file),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
