@@ -778,7 +778,7 @@ int prepare_run(const prepare_opts *o, prepare_summary *s, enum prepare_error *e
 	int rc = 0;
 	run r = {.o = o, .err = err, .msg = msg, .msg_len = msg_len};
 	chunkvec chunks = {0};
-	char *tmp = NULL, *vtxt = NULL;
+	char *tmp = NULL, *vtxt = NULL, *out_dir = NULL;
 	size_t vlen = 0;
 	wordpiece *wp = NULL;
 	vocab_counter *counter = NULL;
@@ -796,9 +796,20 @@ int prepare_run(const prepare_opts *o, prepare_summary *s, enum prepare_error *e
 			  "need an output, inputs, threads >= 1 and exactly one of a vocab or a vocab size to train");
 		goto out;
 	}
+	size_t ol = strlen(o->out_dir);
+	while (ol > 1 && o->out_dir[ol - 1] == '/')
+		ol--; /* "ds/" names ds, and its temp sibling must not go inside it */
+	if (!(out_dir = strndup(o->out_dir, ol))) {
+		rc = -ENOMEM;
+		goto out;
+	}
 	struct stat st;
-	if (stat(o->out_dir, &st) == 0 || errno != ENOENT) {
-		rc = fail(&r, PREPARE_ERR_OUTPUT, -EEXIST, "%s: already exists", o->out_dir);
+	if (stat(out_dir, &st) == 0) {
+		rc = fail(&r, PREPARE_ERR_OUTPUT, -EEXIST, "%s: already exists", out_dir);
+		goto out;
+	}
+	if (errno != ENOENT) {
+		rc = fail(&r, PREPARE_ERR_OUTPUT, -errno, "%s: %s", out_dir, strerror(errno));
 		goto out;
 	}
 	if ((rc = expand_inputs(&r)) < 0)
@@ -859,7 +870,7 @@ int prepare_run(const prepare_opts *o, prepare_summary *s, enum prepare_error *e
 	snprintf(s->vocab_sha256, sizeof s->vocab_sha256, "%s", wordpiece_vocab_sha256(wp));
 
 	/* the temp dir, then tokenize into it */
-	if (asprintf(&tmp, "%s.tmp-%ld", o->out_dir, (long)getpid()) < 0) {
+	if (asprintf(&tmp, "%s.tmp-%ld", out_dir, (long)getpid()) < 0) {
 		tmp = NULL;
 		rc = -ENOMEM;
 		goto out;
@@ -940,17 +951,17 @@ int prepare_run(const prepare_opts *o, prepare_summary *s, enum prepare_error *e
 		fsync(dfd);
 		close(dfd);
 	}
-	if (rename(tmp, o->out_dir) != 0) {
-		rc = fail(&r, PREPARE_ERR_OUTPUT, -errno, "rename %s -> %s: %s", tmp, o->out_dir,
+	if (rename(tmp, out_dir) != 0) {
+		rc = fail(&r, PREPARE_ERR_OUTPUT, -errno, "rename %s -> %s: %s", tmp, out_dir,
 			  strerror(errno));
 		goto out;
 	}
 	made_tmp = false;
 	/* make the rename itself durable */
-	char *slash = strrchr(o->out_dir, '/');
+	char *slash = strrchr(out_dir, '/');
 	char parent[4096];
-	snprintf(parent, sizeof parent, "%.*s", slash ? (int)(slash - o->out_dir) : 1,
-		 slash ? (slash == o->out_dir ? "/" : o->out_dir) : ".");
+	snprintf(parent, sizeof parent, "%.*s", slash ? (int)(slash - out_dir) : 1,
+		 slash ? (slash == out_dir ? "/" : out_dir) : ".");
 	dfd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (dfd >= 0) {
 		fsync(dfd);
@@ -966,6 +977,7 @@ out:
 		fail(&r, rc == -ENOMEM ? PREPARE_ERR_INTERNAL : PREPARE_ERR_INPUT, rc, "%s", strerror(-rc));
 	s->seconds = now() - t0;
 	free(tmp);
+	free(out_dir);
 	free(vtxt);
 	wordpiece_destroy(wp);
 	vocab_counter_destroy(counter);

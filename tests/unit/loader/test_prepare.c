@@ -426,7 +426,7 @@ static void test_cli(void **state)
 	put("in.txt", "hello world\n\nfoo\n", 17);
 	char a[2048];
 	json_t *j;
-	snprintf(a, sizeof a, "-o %s/cli1 --vocab %s/vocab.txt -j 2 %s/in.txt", tmp, tmp, tmp);
+	snprintf(a, sizeof a, "-o %s/cli1/ --vocab %s/vocab.txt -j 2 %s/in.txt", tmp, tmp, tmp);
 	assert_int_equal(run_cli(a, &j), 0);
 	assert_non_null(j);
 	assert_true(json_is_true(json_object_get(j, "ok")));
