@@ -213,12 +213,10 @@ static int plan_chunks(run *r, chunkvec *out, uint64_t *total)
 		return -ENOMEM;
 	for (size_t f = 0; f < r->files.n && rc == 0; f++) {
 		const char *p = r->files.v[f];
-		int fd = open(p, O_RDONLY | O_CLOEXEC);
 		struct stat st;
-		if (fd < 0 || fstat(fd, &st) != 0) {
+		/* stat, not open: a directory of many small files costs one open each, later */
+		if (stat(p, &st) != 0) {
 			rc = fail(r, PREPARE_ERR_INPUT, -errno, "%s: %s", p, strerror(errno));
-			if (fd >= 0)
-				close(fd);
 			break;
 		}
 		uint64_t size = (uint64_t)st.st_size;
@@ -227,8 +225,12 @@ static int plan_chunks(run *r, chunkvec *out, uint64_t *total)
 		if (size <= CHUNK_BYTES) {
 			if (size)
 				rc = chunk_push(out, (chunk){(uint32_t)f, 0, size});
-			close(fd);
 			continue;
+		}
+		int fd = open(p, O_RDONLY | O_CLOEXEC);
+		if (fd < 0) {
+			rc = fail(r, PREPARE_ERR_INPUT, -errno, "%s: %s", p, strerror(errno));
+			break;
 		}
 		const char *m = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
 		close(fd);
@@ -298,12 +300,6 @@ typedef struct work {
 	bool stop;
 } work;
 
-typedef struct doc_ctx {
-	work *w;
-	result *res;
-	const char *line_base;
-} doc_ctx;
-
 static bool blank(const char *s, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
@@ -313,12 +309,12 @@ static bool blank(const char *s, size_t n)
 }
 
 /* One sentence: tokens appended and cut into events, or words counted. */
-static int sentence(work *w, result *res, const char *s, size_t n)
+static int sentence(work *w, wordpiece_cache *cache, result *res, const char *s, size_t n)
 {
 	if (w->counting)
 		return vocab_counter_add_text(res->counter, s, n);
 	size_t before = res->ids.n;
-	int rc = wordpiece_encode(w->wp, s, n, &res->ids, &res->st);
+	int rc = wordpiece_encode_cached(w->wp, cache, s, n, &res->ids, &res->st);
 	if (rc < 0)
 		return rc;
 	uint64_t got = res->ids.n - before;
@@ -358,8 +354,8 @@ static uint64_t line_number(const char *path, uint64_t off)
 	return line;
 }
 
-static int jsonl_line(work *w, result *res, const chunk *c, const char *line, size_t n,
-		      uint64_t line_off)
+static int jsonl_line(work *w, wordpiece_cache *cache, result *res, const chunk *c,
+		      const char *line, size_t n, uint64_t line_off)
 {
 	if (blank(line, n))
 		return 0;
@@ -383,7 +379,7 @@ static int jsonl_line(work *w, result *res, const chunk *c, const char *line, si
 		const char *nl = memchr(s + p, '\n', len - p);
 		size_t e = nl ? (size_t)(nl - s) : len;
 		if (!blank(s + p, e - p))
-			rc = sentence(w, res, s + p, e - p);
+			rc = sentence(w, cache, res, s + p, e - p);
 		p = e + 1;
 	}
 	if (rc == 0)
@@ -416,7 +412,7 @@ static int read_chunk(const char *path, const chunk *c, char **buf)
 	return rc;
 }
 
-static void process_chunk(work *w, size_t i)
+static void process_chunk(work *w, wordpiece_cache *cache, size_t i)
 {
 	const chunk *c = &w->chunks[i];
 	result *res = &w->res[i];
@@ -441,11 +437,11 @@ static void process_chunk(work *w, size_t i)
 		const char *line = buf + pos;
 		size_t n = e - pos;
 		if (w->r->o->format == PREPARE_JSONL)
-			rc = jsonl_line(w, res, c, line, n, pos);
+			rc = jsonl_line(w, cache, res, c, line, n, pos);
 		else if (blank(line, n))
 			rc = doc_break(w, res);
 		else
-			rc = sentence(w, res, line, n);
+			rc = sentence(w, cache, res, line, n);
 		pos = e + 1;
 	}
 out:
@@ -458,17 +454,22 @@ out:
 static void *worker(void *arg)
 {
 	work *w = arg;
+	/* without a cache (out of memory) the output is the same, only slower */
+	wordpiece_cache *cache = NULL;
+	if (!w->counting && wordpiece_cache_create(&cache) < 0)
+		cache = NULL;
 	for (;;) {
 		pthread_mutex_lock(&w->mu);
 		while (!w->stop && w->next < w->n_chunks && w->next >= w->consumed + w->window)
 			pthread_cond_wait(&w->cv_work, &w->mu);
 		if (w->stop || w->next >= w->n_chunks) {
 			pthread_mutex_unlock(&w->mu);
+			wordpiece_cache_destroy(cache);
 			return NULL;
 		}
 		size_t i = w->next++;
 		pthread_mutex_unlock(&w->mu);
-		process_chunk(w, i);
+		process_chunk(w, cache, i);
 		pthread_mutex_lock(&w->mu);
 		w->res[i].ready = true;
 		pthread_cond_broadcast(&w->cv_done);
