@@ -753,6 +753,8 @@ static void test_datasets(void **state)
 	assert_int_equal(store_dataset_progress(f->s, "ds-0000000000000001", 500, 1000, NULL), 0);
 	assert_int_equal(store_dataset_progress(f->s, "ds-0000000000000001", 900, 1200,
 						"{\"documents\":3}"), 0);
+	/* NULL stats keeps the stored ones. */
+	assert_int_equal(store_dataset_progress(f->s, "ds-0000000000000001", 900, 1200, NULL), 0);
 	assert_int_equal(store_dataset_progress(f->s, "ds-0000000000000001", -1, 1200, NULL), -EINVAL);
 	assert_int_equal(store_dataset_get_by_name(f->s, "pubmed", &g), 0);
 	assert_string_equal(g.id, "ds-0000000000000001");
