@@ -205,19 +205,19 @@ static int dup_col(sqlite3_stmt *st, int col, char **out)
 	return *out ? 0 : -ENOMEM;
 }
 
-/* Makes room for element n of a growing array. */
-static int grow(void **arr, size_t *cap, size_t n, size_t elem)
+/* Returns arr with room for element n (new slots zeroed), or NULL when out
+ * of memory (arr is then untouched and still owned by the caller). */
+static void *grow(void *arr, size_t *cap, size_t n, size_t elem)
 {
 	if (n < *cap)
-		return 0;
+		return arr;
 	size_t ncap = *cap ? *cap * 2 : 16;
-	void *p = realloc(*arr, ncap * elem);
+	char *p = realloc(arr, ncap * elem);
 	if (!p)
-		return -ENOMEM;
-	memset((char *)p + *cap * elem, 0, (ncap - *cap) * elem);
-	*arr = p;
+		return NULL;
+	memset(p + *cap * elem, 0, (ncap - *cap) * elem);
 	*cap = ncap;
-	return 0;
+	return p;
 }
 
 static int col_job_state(sqlite3_stmt *st, int col, enum job_state *out)
@@ -756,8 +756,12 @@ int store_job_list(store *s, unsigned state_mask, int64_t after_seq, int limit,
 			next = arr[cnt - 1].seq;
 			break;
 		}
-		if ((rc = grow((void **)&arr, &cap, cnt, sizeof *arr)) < 0)
+		void *p = grow(arr, &cap, cnt, sizeof *arr);
+		if (!p) {
+			rc = -ENOMEM;
 			goto out;
+		}
+		arr = p;
 		if ((rc = job_read(st, &arr[cnt])) < 0)
 			goto out;
 		cnt++;
@@ -935,8 +939,12 @@ int store_job_events(store *s, const char *id, store_event **out, size_t *n)
 	if ((rc = bind_text(st, 1, id)) < 0)
 		goto out;
 	while ((rc = next_row(s, st)) == 1) {
-		if ((rc = grow((void **)&arr, &cap, cnt, sizeof *arr)) < 0)
+		void *p = grow(arr, &cap, cnt, sizeof *arr);
+		if (!p) {
+			rc = -ENOMEM;
 			goto out;
+		}
+		arr = p;
 		store_event *e = &arr[cnt];
 		e->time_ms = sqlite3_column_int64(st, 0);
 		if ((rc = col_job_state(st, 1, &e->from)) < 0 ||
@@ -1114,8 +1122,12 @@ int store_dataset_list(store *s, store_dataset **out, size_t *n)
 	if ((rc = prep(s, "SELECT " DATASET_COLS " FROM datasets ORDER BY created_ms, rowid", &st)) < 0)
 		goto out;
 	while ((rc = next_row(s, st)) == 1) {
-		if ((rc = grow((void **)&arr, &cap, cnt, sizeof *arr)) < 0)
+		void *p = grow(arr, &cap, cnt, sizeof *arr);
+		if (!p) {
+			rc = -ENOMEM;
 			goto out;
+		}
+		arr = p;
 		if ((rc = dataset_read(st, &arr[cnt])) < 0)
 			goto out;
 		cnt++;
@@ -1297,8 +1309,12 @@ int store_metric_list(store *s, const char *job_id, int64_t since_step, int limi
 	    (rc = bind_i64(st, 3, limit)) < 0)
 		goto out;
 	while ((rc = next_row(s, st)) == 1) {
-		if ((rc = grow((void **)&arr, &cap, cnt, sizeof *arr)) < 0)
+		void *p = grow(arr, &cap, cnt, sizeof *arr);
+		if (!p) {
+			rc = -ENOMEM;
 			goto out;
+		}
+		arr = p;
 		arr[cnt].step = sqlite3_column_int64(st, 0);
 		arr[cnt].time_ms = sqlite3_column_int64(st, 1);
 		if ((rc = dup_col(st, 2, &arr[cnt].values_json)) < 0)
@@ -1373,8 +1389,12 @@ int store_checkpoint_list(store *s, const char *job_id, store_checkpoint **out, 
 	if ((rc = bind_text(st, 1, job_id)) < 0)
 		goto out;
 	while ((rc = next_row(s, st)) == 1) {
-		if ((rc = grow((void **)&arr, &cap, cnt, sizeof *arr)) < 0)
+		void *p = grow(arr, &cap, cnt, sizeof *arr);
+		if (!p) {
+			rc = -ENOMEM;
 			goto out;
+		}
+		arr = p;
 		arr[cnt].step = sqlite3_column_int64(st, 0);
 		arr[cnt].bytes = sqlite3_column_int64(st, 2);
 		arr[cnt].created_ms = sqlite3_column_int64(st, 3);
