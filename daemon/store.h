@@ -88,9 +88,13 @@ int store_job_insert(store *s, const store_job *job,
 		     const char *idem_key, const char *idem_hash, const char *response_json,
 		     char **prev_hash, char **prev_response, char **prev_job_id);
 
-/* Loads one job. *out is filled (free with store_job_free); -ENOENT if none. */
+/* Loads one job. *out is filled (free with store_job_free); -ENOENT if none
+ * (*out is then zeroed). */
 int store_job_get(store *s, const char *id, store_job *out);
+/* Frees the strings of *j and zeroes it (the struct itself is the caller's);
+ * NULL is a no-op. */
 void store_job_free(store_job *j);
+/* Frees an array from store_job_list: each element, then the array. */
 void store_jobs_free(store_job *jobs, size_t n);
 
 /* Lists jobs in submission order, oldest first. state_mask = 0 means all
@@ -116,7 +120,9 @@ int store_job_transition(store *s, const char *id, unsigned from_mask, enum job_
  * -ENOENT no job. */
 int store_job_bump_restarts(store *s, const char *id, int *count);
 
-/* Deletes a job in a terminal state with its events. -EBUSY if not terminal. */
+/* Deletes a job in a terminal state with its events, metrics and checkpoint
+ * rows (not the checkpoint directories). -ENOENT no job, -EBUSY if not
+ * terminal. Its idempotency key, if any, stays until pruned. */
 int store_job_delete(store *s, const char *id);
 
 /* All events of a job, oldest first. *out caller-owned (store_events_free).
@@ -124,7 +130,7 @@ int store_job_delete(store *s, const char *id);
 int store_job_events(store *s, const char *id, store_event **out, size_t *n);
 void store_events_free(store_event *ev, size_t n);
 
-/* Counts jobs per state (counts[JOB_STATE_COUNT]). */
+/* Counts jobs per state into counts[JOB_STATE_COUNT] (zero for absent ones). */
 int store_job_counts(store *s, int64_t counts[JOB_STATE_COUNT]);
 
 /* Adds a note to a job's events (from == to == the current state) without
