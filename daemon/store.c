@@ -121,9 +121,14 @@ static int sqlerr(store *s, int rc, const char *what)
 		return -EEXIST;
 	case SQLITE_CONSTRAINT_FOREIGNKEY:
 		return -ENOENT;
-	default:
-		log_error("store: %s: %s (%s)", what, sqlite3_errmsg(s->db), sqlite3_errstr(rc));
+	default: {
+		const char *msg = sqlite3_errmsg(s->db), *gen = sqlite3_errstr(rc);
+		if (strcmp(msg, gen) == 0)
+			log_error("store: %s: %s", what, msg);
+		else
+			log_error("store: %s: %s (%s)", what, msg, gen);
 		return -EIO;
+	}
 	}
 }
 
