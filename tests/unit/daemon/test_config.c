@@ -188,6 +188,40 @@ static void test_token(void **state)
 	assert_int_equal(token_load_or_create(other, t2, &created), -EINVAL);
 }
 
+/* The shipped example config must parse and must mention every key. */
+static void test_example_conf(void **state)
+{
+	(void)state;
+	const char *root = getenv("BERTD_SOURCE_ROOT");
+	assert_non_null(root);
+	char path[1024];
+	snprintf(path, sizeof path, "%s/systemd/bertd.conf", root);
+	config c;
+	char errbuf[512] = "";
+	char *argv[] = {"bertd", "--config", path, NULL};
+	char *envp[] = {NULL};
+	assert_int_equal(load(&c, 3, argv, envp, errbuf, sizeof errbuf), 0);
+	assert_string_equal(c.state_dir, "/var/lib/bertd");
+
+	char help[8192] = "", text[16384] = "";
+	FILE *out = fmemopen(help, sizeof help, "w");
+	config_print_help(out, "bertd");
+	fclose(out);
+	FILE *f = fopen(path, "r");
+	assert_non_null(f);
+	size_t n = fread(text, 1, sizeof text - 1, f);
+	fclose(f);
+	text[n] = 0;
+	/* every "--key" in --help has a "key =" line in the example */
+	for (char *p = strstr(help, "  --"); p; p = strstr(p + 1, "  --")) {
+		char key[64], want[80];
+		if (sscanf(p + 4, "%63s", key) != 1)
+			continue;
+		snprintf(want, sizeof want, "%s =", key);
+		assert_non_null(strstr(text, want));
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -196,6 +230,7 @@ int main(void)
 		cmocka_unit_test(test_errors_name_source),
 		cmocka_unit_test(test_help_lists_every_key),
 		cmocka_unit_test(test_token),
+		cmocka_unit_test(test_example_conf),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }
