@@ -12,7 +12,9 @@
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/log.h"
@@ -272,6 +274,45 @@ static void test_migrate_forward(void **state)
 	snprintf(q, sizeof q, "%s-shm", p);
 	unlink(q);
 	unlink(p);
+}
+
+/* A write that returned 0 is in the file even if the process dies by
+ * SIGKILL right after, with no store_close: the next open recovers it from
+ * the WAL. (Power loss is synchronous=FULL's job and is not simulated.) */
+static void test_survives_kill(void **state)
+{
+	fixture *f = *state;
+	char p[320];
+	snprintf(p, sizeof p, "%s/killed.db", f->dir);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) { /* the child opens its own connection, never the parent's */
+		store *cs = NULL;
+		if (store_open(&cs, p) != 0 || add_job(cs, "job-00000000000000k1", 3) != 0 ||
+		    store_job_transition(cs, "job-00000000000000k1", JOB_MASK(JOB_QUEUED),
+					 JOB_RUNNING, "go", NULL) != 0)
+			_exit(1);
+		raise(SIGKILL);
+		_exit(2);
+	}
+	int wst;
+	assert_int_equal(waitpid(pid, &wst, 0), pid);
+	assert_true(WIFSIGNALED(wst) && WTERMSIG(wst) == SIGKILL);
+	store *s = NULL;
+	assert_int_equal(store_open(&s, p), 0);
+	store_job j;
+	assert_int_equal(store_job_get(s, "job-00000000000000k1", &j), 0);
+	assert_int_equal(j.state, JOB_RUNNING);
+	assert_int_equal(j.priority, 3);
+	store_job_free(&j);
+	assert_int_equal(count_events(s, "job-00000000000000k1"), 2);
+	store_close(s);
+	static const char *const suffix[] = {"", "-wal", "-shm"};
+	for (size_t i = 0; i < 3; i++) {
+		char q[330];
+		snprintf(q, sizeof q, "%s%s", p, suffix[i]);
+		unlink(q);
+	}
 }
 
 /* ---- jobs ---- */
@@ -895,6 +936,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_too_new_refused, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_not_a_database, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_migrate_forward, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_survives_kill, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_insert_get, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_list_paging, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_transition_cas, setup, teardown),
