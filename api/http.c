@@ -558,6 +558,8 @@ int api_server_start(api_server **out, const api_config *cfg, store *st)
 		flags |= MHD_USE_IPv6;
 	srv->mhd = MHD_start_daemon(
 		flags, 0, NULL, NULL, on_request, srv,
+		/* First, so MHD reports even option errors through our log. */
+		MHD_OPTION_EXTERNAL_LOGGER, mhd_log, srv,
 		MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
 		MHD_OPTION_THREAD_POOL_SIZE, (unsigned int)srv->cfg.threads,
 		MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)srv->cfg.conn_timeout_s,
@@ -565,7 +567,6 @@ int api_server_start(api_server **out, const api_config *cfg, store *st)
 		MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned int)srv->cfg.per_ip_limit,
 		MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)srv->cfg.conn_memory,
 		MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
-		MHD_OPTION_EXTERNAL_LOGGER, mhd_log, srv,
 		MHD_OPTION_END);
 	if (!srv->mhd) {
 		/* MHD may already have closed fd on some failure paths; leaking

@@ -128,10 +128,12 @@ static bool idem_key_ok(const char *k)
 	return true;
 }
 
-/* Serializes exactly what a 201 answers, so a replay can send the same bytes. */
+/* Serializes exactly what a 201 answers, so a replay can send the same
+ * bytes. Steals o. */
 static char *dump_line(json_t *o)
 {
-	char *text = json_dumps(o, JSON_COMPACT);
+	char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+	json_decref(o);
 	if (!text)
 		return NULL;
 	size_t n = strlen(text);
@@ -353,6 +355,8 @@ static int parse_states(const char *v, struct list_query *q)
 static int list_arg(void *cls, const char *key, const char *value)
 {
 	struct list_query *q = cls;
+	if (!key[0])
+		return 0; /* "?&limit=5": an empty pair, harmless */
 	q->bad_field = key;
 	if (strcmp(key, "state") == 0) {
 		if (!value || parse_states(value, q)) {
