@@ -53,6 +53,7 @@ static const config_key keys[] = {
 	INT(cpu_slots, "0", 0, 4096, "CPU worker slots when training on the CPU (0 = one per online CPU)"),
 	STR(bin_dir, "", "directory of bertd-worker, bertd-loader, bertd-prepare (\"\" = next to bertd)"),
 	INT(stop_timeout_s, "120", 1, 86400, "seconds a stopping job gets to checkpoint before SIGKILL"),
+	BOOL(schedule, "true", "start queued jobs; false holds the queue (maintenance, API tests)"),
 };
 #define N_KEYS (sizeof keys / sizeof keys[0])
 

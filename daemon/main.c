@@ -201,6 +201,8 @@ int main(int argc, char **argv)
 		if (d.devs[i].kind == DEVICE_CUDA)
 			log_info("device %zu: %s (sm_%d%d, %.1f GiB)", i, d.devs[i].name, d.devs[i].cc_major,
 				 d.devs[i].cc_minor, (double)d.devs[i].mem_total / (1 << 30));
+	if (!d.cfg.schedule)
+		log_warn("schedule = false: jobs are queued but none is started");
 	if (d.ndev && d.devs[0].kind == DEVICE_CPU)
 		log_info("no GPU in use: %zu CPU worker slot(s)", d.ndev);
 	char bin_dir[1024];
@@ -218,6 +220,7 @@ int main(int argc, char **argv)
 		.bin_dir = bin_dir,
 		.dataset_root = d.cfg.roots[0],
 		.stop_timeout_ms = d.cfg.stop_timeout_s * 1000,
+		.hold_queue = !d.cfg.schedule,
 	};
 	if ((rc = supervisor_create(&d.sup, &sc, d.lp, d.st, d.devs, d.ndev)) < 0) {
 		log_error("supervisor setup failed: %s", strerror(-rc));

@@ -790,7 +790,8 @@ void supervisor_tick(supervisor *sv)
 {
 	tick_datasets(sv);
 	tick_running(sv);
-	tick_schedule(sv);
+	if (!sv->cfg.hold_queue)
+		tick_schedule(sv);
 }
 
 /* ---- lifecycle ---- */

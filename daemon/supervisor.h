@@ -29,6 +29,7 @@ typedef struct supervisor_config {
 	const char *bin_dir;          /* where bertd-worker, -loader, -prepare are */
 	const char *dataset_root;     /* datasets are created under <dataset_root>/datasets */
 	int stop_timeout_ms;          /* grace between a stop request and SIGKILL */
+	bool hold_queue;              /* true: start no queued job (datasets still prepare) */
 } supervisor_config;
 
 /* devices is copied. *out caller-owned (supervisor_destroy).
