@@ -14,6 +14,7 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include "daemon/store.h"
 #include "harness.h"
 
 #define MAX_BODY 4096
@@ -613,6 +614,56 @@ static void test_delete(void **state)
 	free(id);
 }
 
+/* Until the supervisor exists nothing moves a job to running, so the test
+ * plays the scheduler: it opens the daemon's database itself (WAL allows a
+ * second connection) and makes the same compare-and-set transitions. */
+static void test_cancel_running_moves_to_stopping(void **state)
+{
+	bertd *d = *state;
+	char *id = submit(d, SPEC_OK), db[160], path[128];
+	http_resp r;
+	store *st = NULL;
+	snprintf(db, sizeof db, "%s/bertd.db", d->state_dir);
+	assert_int_equal(store_open(&st, db), 0);
+	assert_int_equal(store_job_transition(st, id, JOB_MASK(JOB_QUEUED), JOB_STARTING,
+					      "test: scheduled", NULL), 0);
+	assert_int_equal(store_job_transition(st, id, JOB_MASK(JOB_STARTING), JOB_RUNNING,
+					      "test: workers up", NULL), 0);
+
+	post_path(d, "/v1/jobs/%s/cancel", id, &r);
+	if (r.status != 202)
+		fail_msg("cancel of a running job: %ld %s", r.status, r.body);
+	assert_string_equal(jstr(r.json, "state"), "stopping");
+	http_resp_free(&r);
+	/* Asking again while it stops is not an error and changes nothing. */
+	post_path(d, "/v1/jobs/%s/cancel", id, &r);
+	assert_int_equal(r.status, 202);
+	assert_string_equal(jstr(r.json, "state"), "stopping");
+	http_resp_free(&r);
+	snprintf(path, sizeof path, "/v1/jobs/%s", id);
+	assert_int_equal(http_do(d, "DELETE", path, NULL, 0, NULL, H_AUTH, &r), 0);
+	check_problem(&r, 409, "job-state-conflict", NULL);
+	http_resp_free(&r);
+
+	get_path(d, "/v1/jobs/%s/events", id, &r);
+	json_t *ev = json_object_get(r.json, "events");
+	assert_int_equal(json_array_size(ev), 4); /* submitted, starting, running, stopping */
+	json_t *last = json_array_get(ev, 3);
+	assert_string_equal(jstr(last, "from"), "running");
+	assert_string_equal(jstr(last, "to"), "stopping");
+	assert_string_equal(jstr(last, "reason"), "cancel requested by user");
+	http_resp_free(&r);
+
+	/* The supervisor finishes the stop; then the job is deletable. */
+	assert_int_equal(store_job_transition(st, id, JOB_MASK(JOB_STOPPING), JOB_CANCELED,
+					      "test: stopped", NULL), 0);
+	store_close(st);
+	assert_int_equal(http_do(d, "DELETE", path, NULL, 0, NULL, H_AUTH, &r), 0);
+	assert_int_equal(r.status, 204);
+	http_resp_free(&r);
+	free(id);
+}
+
 /* 201 means committed: kill -9 right after it, restart on the same state
  * dir, and the job is there with the same spec, state and events. */
 static void test_job_survives_kill9(void **state)
@@ -660,6 +711,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_filter_by_state, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_cancel_and_events, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_delete, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_cancel_running_moves_to_stopping, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_job_survives_kill9, setup, teardown),
 	};
 	int rc = cmocka_run_group_tests(tests, NULL, NULL);
