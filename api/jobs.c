@@ -132,19 +132,9 @@ static bool idem_key_ok(const char *k)
  * bytes. Steals o. */
 static char *dump_line(json_t *o)
 {
-	char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+	char *text = o ? api_json_dumps(o, true) : NULL;
 	json_decref(o);
-	if (!text)
-		return NULL;
-	size_t n = strlen(text);
-	char *t = realloc(text, n + 2);
-	if (!t) {
-		free(text);
-		return NULL;
-	}
-	t[n] = '\n';
-	t[n + 1] = 0;
-	return t;
+	return text;
 }
 
 enum MHD_Result jobs_create(api_request *req)
@@ -182,7 +172,7 @@ enum MHD_Result jobs_create(api_request *req)
 					err.field, "%s", err.detail[0] ? err.detail : "invalid job spec");
 		goto out;
 	}
-	spec_text = json_dumps(spec, JSON_COMPACT);
+	spec_text = api_json_dumps(spec, false);
 	if (!spec_text) {
 		ret = api_reply_problem(req, API_P_INTERNAL, NULL, "out of memory");
 		goto out;

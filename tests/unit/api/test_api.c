@@ -145,7 +145,8 @@ static void test_problem_bodies(void **state)
 	/* Client bytes that are not UTF-8 still give a valid JSON reply. */
 	p = api_problem_json(API_P_INVALID_PARAMETER, "got '\xff\xfe'", "state", NULL);
 	assert_non_null(p);
-	assert_string_equal(json_string_value(json_object_get(p, "detail")), "got '?" "?'" /* two bytes, two marks */);
+	assert_string_equal(json_string_value(json_object_get(p, "detail")),
+			    "got '?" "?'" /* two bytes, two marks */);
 	json_decref(p);
 
 	/* Codes are unique, statuses are errors, and each has a title. */
@@ -251,6 +252,27 @@ static void test_media_and_time(void **state)
 	assert_string_equal(buf, "2026-11-30T11:19:47.009Z");
 }
 
+static void test_json_dumps_short_reals(void **state)
+{
+	(void)state;
+	json_t *o = json_pack("{s:f, s:f, s:i}", "p", 0.15, "lr", 5e-5, "n", 3);
+	char *t = api_json_dumps(o, true);
+	assert_non_null(t);
+	assert_string_equal(t, "{\"p\":0.15,\"lr\":5e-5,\"n\":3}\n");
+	free(t);
+	json_decref(o);
+
+	/* 0.1 + 0.2 needs 17 digits; then the text must still read back exactly. */
+	o = json_pack("{s:f, s:f}", "p", 0.15, "odd", 0.1 + 0.2);
+	t = api_json_dumps(o, false);
+	assert_non_null(strstr(t, "0.30000000000000004"));
+	json_t *back = json_loads(t, 0, NULL);
+	assert_true(json_equal(back, o));
+	json_decref(back);
+	free(t);
+	json_decref(o);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -261,6 +283,7 @@ int main(void)
 		cmocka_unit_test(test_json_depth_guard),
 		cmocka_unit_test(test_bearer_check),
 		cmocka_unit_test(test_media_and_time),
+		cmocka_unit_test(test_json_dumps_short_reals),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
