@@ -40,6 +40,7 @@ struct api_server {
 	struct MHD_Daemon *mhd;
 	api_config cfg;   /* strings point at the copies below */
 	char *token, *listen_addr, *state_dir;
+	char **roots;     /* n_data_roots copies */
 	store *st;
 	int port;
 };
@@ -531,6 +532,9 @@ static void server_free(api_server *srv)
 	free(srv->token);
 	free(srv->listen_addr);
 	free(srv->state_dir);
+	for (size_t i = 0; srv->roots && i < srv->cfg.n_data_roots; i++)
+		free(srv->roots[i]);
+	free(srv->roots);
 	free(srv);
 }
 
@@ -549,6 +553,20 @@ int api_server_start(api_server **out, const api_config *cfg, store *st)
 		rc = -ENOMEM;
 		goto out;
 	}
+	srv->cfg.n_data_roots = 0; /* counts copies made, for server_free */
+	if (cfg->n_data_roots) {
+		if (!(srv->roots = calloc(cfg->n_data_roots, sizeof *srv->roots))) {
+			rc = -ENOMEM;
+			goto out;
+		}
+		for (size_t i = 0; i < cfg->n_data_roots; i++, srv->cfg.n_data_roots++) {
+			if (!(srv->roots[i] = strdup(cfg->data_roots[i]))) {
+				rc = -ENOMEM;
+				goto out;
+			}
+		}
+	}
+	srv->cfg.data_roots = (const char *const *)srv->roots;
 	srv->cfg.token = srv->token;
 	srv->cfg.listen_addr = srv->listen_addr;
 	srv->cfg.state_dir = srv->state_dir;

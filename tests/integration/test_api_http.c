@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "daemon/store.h"
@@ -33,6 +35,32 @@ static int setup(void **state)
 	}
 	*state = d;
 	return 0;
+}
+
+/* A daemon whose only data root is <root>/data, holding a checkpoint dir and
+ * a symlink that points out of the root. */
+static int setup_roots(void **state)
+{
+	bertd *d = calloc(1, sizeof *d);
+	char data[128], p[256];
+	if (bertd_init(d))
+		goto fail;
+	snprintf(data, sizeof data, "%s/data", d->root);
+	snprintf(p, sizeof p, "%s/ckpt-100", data);
+	if (mkdir(data, 0700) || mkdir(p, 0700))
+		goto fail;
+	snprintf(p, sizeof p, "%s/escape", data);
+	if (symlink(d->state_dir, p))
+		goto fail;
+	const char *extra[] = {"--data-roots", data, NULL};
+	if (bertd_start(d, extra))
+		goto fail;
+	*state = d;
+	return 0;
+fail:
+	bertd_destroy(d);
+	free(d);
+	return -1;
 }
 
 static int teardown(void **state)
@@ -614,6 +642,46 @@ static void test_delete(void **state)
 	free(id);
 }
 
+static void submit_init_from(const bertd *d, const char *path, http_resp *r)
+{
+	char spec[512];
+	snprintf(spec, sizeof spec, "{\"dataset\":\"wikitext2\",\"init_from\":\"%s\"}", path);
+	assert_int_equal(http_post_json(d, "/v1/jobs", spec, r), 0);
+}
+
+/* init_from must resolve inside a data root; symlinks are followed first. */
+static void test_init_from_confined_to_data_roots(void **state)
+{
+	bertd *d = *state;
+	http_resp r;
+	char p[256];
+	snprintf(p, sizeof p, "%s/data/ckpt-100", d->root);
+	submit_init_from(d, p, &r);
+	if (r.status != 201)
+		fail_msg("%ld %s", r.status, r.body);
+	char *real = realpath(p, NULL);
+	assert_string_equal(jstr(json_object_get(r.json, "spec"), "init_from"), real);
+	free(real);
+	http_resp_free(&r);
+
+	submit_init_from(d, "/etc", &r);
+	check_problem(&r, 422, "invalid-spec", "init_from");
+	http_resp_free(&r);
+	snprintf(p, sizeof p, "%s/data/escape", d->root); /* -> the state dir */
+	submit_init_from(d, p, &r);
+	check_problem(&r, 422, "invalid-spec", "init_from");
+	http_resp_free(&r);
+	snprintf(p, sizeof p, "%s/data/missing", d->root);
+	submit_init_from(d, p, &r);
+	check_problem(&r, 422, "invalid-spec", "init_from");
+	http_resp_free(&r);
+	snprintf(p, sizeof p, "%s/datax", d->root); /* a sibling sharing the prefix */
+	mkdir(p, 0700);
+	submit_init_from(d, p, &r);
+	check_problem(&r, 422, "invalid-spec", "init_from");
+	http_resp_free(&r);
+}
+
 /* Until the supervisor exists nothing moves a job to running, so the test
  * plays the scheduler: it opens the daemon's database itself (WAL allows a
  * second connection) and makes the same compare-and-set transitions. */
@@ -713,6 +781,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_delete, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_cancel_running_moves_to_stopping, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_job_survives_kill9, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_init_from_confined_to_data_roots, setup_roots,
+						teardown),
 	};
 	int rc = cmocka_run_group_tests(tests, NULL, NULL);
 	curl_global_cleanup();
