@@ -273,6 +273,56 @@ static void test_json_dumps_short_reals(void **state)
 	json_decref(o);
 }
 
+static char *slurp(const char *name)
+{
+	const char *dir = getenv("BERTD_DOCS_DIR");
+	char path[1024];
+	if (!dir)
+		fail_msg("BERTD_DOCS_DIR is not set");
+	snprintf(path, sizeof path, "%s/%s", dir, name);
+	FILE *f = fopen(path, "rb");
+	if (!f)
+		fail_msg("cannot open %s", path);
+	fseek(f, 0, SEEK_END);
+	long n = ftell(f);
+	fseek(f, 0, SEEK_SET);
+	char *buf = malloc((size_t)n + 1);
+	assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
+	buf[n] = 0;
+	fclose(f);
+	return buf;
+}
+
+/* The docs list exactly what the code serves: every route and every
+ * problem code appears in docs/api.md and docs/openapi.yaml. */
+static void test_docs_cover_routes_and_codes(void **state)
+{
+	(void)state;
+	char *md = slurp("api.md"), *oa = slurp("openapi.yaml");
+	char needle[256];
+	size_t n;
+	const api_route *t = api_route_table(&n);
+	for (size_t i = 0; i < n; i++) {
+		snprintf(needle, sizeof needle, "### %s %s", t[i].method, t[i].path);
+		if (!strstr(md, needle))
+			fail_msg("docs/api.md has no heading '%s'", needle);
+		snprintf(needle, sizeof needle, "\n  %s:\n", t[i].path);
+		if (!strstr(oa, needle))
+			fail_msg("docs/openapi.yaml has no path %s", t[i].path);
+	}
+	for (int p = 0; p < API_P_COUNT; p++) {
+		snprintf(needle, sizeof needle, "| %d | `%s` |", api_problem_status(p),
+			 api_problem_code(p));
+		if (!strstr(md, needle))
+			fail_msg("docs/api.md error table lacks '%s'", needle);
+		snprintf(needle, sizeof needle, "- urn:bertd:problem:%s\n", api_problem_code(p));
+		if (!strstr(oa, needle))
+			fail_msg("docs/openapi.yaml Problem.type lacks %s", api_problem_code(p));
+	}
+	free(md);
+	free(oa);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -284,6 +334,7 @@ int main(void)
 		cmocka_unit_test(test_bearer_check),
 		cmocka_unit_test(test_media_and_time),
 		cmocka_unit_test(test_json_dumps_short_reals),
+		cmocka_unit_test(test_docs_cover_routes_and_codes),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
