@@ -312,8 +312,8 @@ static const char *path_problem(const char *s, size_t n, const struct field *f)
 static void choices_text(char *buf, size_t cap, const struct choice *ch)
 {
 	size_t n = (size_t)snprintf(buf, cap, "must be one of:");
-	for (; ch->in && n < cap; ch++)
-		n += (size_t)snprintf(buf + n, cap - n, "%s %s", n > 15 ? "," : "", ch->in);
+	for (const struct choice *c = ch; c->in && n < cap; c++)
+		n += (size_t)snprintf(buf + n, cap - n, "%s %s", c == ch ? "" : ",", c->in);
 }
 
 static int section_normalize(const json_t *in, const struct section *s, const char *path,
@@ -595,7 +595,8 @@ int jobspec_normalize(const json_t *in, json_t **out, jobspec_error *err)
 {
 	if (!in || !json_is_object(in))
 		return fail(err, 400, NULL, NULL, "the job spec must be a JSON object");
-	struct ctx c = {.err = err, .preset = 0};
+	/* .preset is set when model.preset (first in its table) is read. */
+	struct ctx c = {.err = err, .preset = -1};
 	json_t *o = json_object();
 	if (!o)
 		return fail_oom(err);

@@ -34,7 +34,8 @@ typedef struct jobspec_error {
  * order, aliases spelled canonically, derived defaults resolved, null only
  * where null means "decided later" (see docs/jobspec.md). Normalizing an
  * effective spec returns an equal one. On failure returns -EINVAL and fills
- * *err; *out is untouched. in is not modified; in == NULL is a 400. */
+ * *err (or -ENOMEM, status 500); *out is untouched. in is not modified;
+ * in == NULL is a 400. */
 int jobspec_normalize(const json_t *in, json_t **out, jobspec_error *err);
 
 /* Tri-state for choices the worker makes from the hardware it finds. */

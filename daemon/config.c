@@ -49,6 +49,11 @@ static const config_key keys[] = {
 	INT(conn_limit, "256", 1, 65536, "concurrent HTTP connections, all clients"),
 	INT(per_ip_limit, "64", 1, 65536, "concurrent HTTP connections per client address"),
 	SIZE(conn_memory, "131072", 16384, 16777216, "memory per HTTP connection (bytes)"),
+	STR(devices, "auto", "auto (GPUs when NVML finds any, else CPU slots) | cpu | cuda"),
+	INT(cpu_slots, "0", 0, 4096, "CPU worker slots when training on the CPU (0 = one per online CPU)"),
+	STR(bin_dir, "", "directory of bertd-worker, bertd-loader, bertd-prepare (\"\" = next to bertd)"),
+	INT(stop_timeout_s, "120", 1, 86400, "seconds a stopping job gets to checkpoint before SIGKILL"),
+	BOOL(schedule, "true", "start queued jobs; false holds the queue (maintenance, API tests)"),
 };
 #define N_KEYS (sizeof keys / sizeof keys[0])
 
@@ -199,6 +204,10 @@ static int finish(config *cfg, FILE *err)
 	enum log_level lvl;
 	if (log_level_parse(cfg->log_level, &lvl) < 0) {
 		fprintf(err, "bertd: log_level must be error, warn, info or debug, not \"%s\"\n", cfg->log_level);
+		return -EINVAL;
+	}
+	if (strcmp(cfg->devices, "auto") && strcmp(cfg->devices, "cpu") && strcmp(cfg->devices, "cuda")) {
+		fprintf(err, "bertd: devices must be auto, cpu or cuda, not \"%s\"\n", cfg->devices);
 		return -EINVAL;
 	}
 	if (!cfg->state_dir[0]) {

@@ -30,6 +30,11 @@ typedef struct config {
 	int conn_limit;
 	int per_ip_limit;
 	size_t conn_memory;
+	char devices[8];         /* auto | cpu | cuda */
+	int cpu_slots;           /* CPU worker slots; 0 = one per online CPU */
+	char bin_dir[1024];      /* where bertd-worker/-loader/-prepare are; "" = next to bertd */
+	int stop_timeout_s;      /* grace for a stopping job to checkpoint */
+	bool schedule;           /* false: accept and queue jobs, start none (maintenance) */
 	char config_file[1024];  /* where the file settings came from ("" none) */
 
 	/* Derived by config_finish: */

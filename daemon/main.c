@@ -21,8 +21,10 @@
 #include "common/fsutil.h"
 #include "common/log.h"
 #include "daemon/config.h"
+#include "daemon/devices.h"
 #include "daemon/loop.h"
 #include "daemon/store.h"
+#include "daemon/supervisor.h"
 #include "daemon/token.h"
 
 extern char **environ;
@@ -31,6 +33,9 @@ typedef struct daemon_ctx {
 	config cfg;
 	store *st;
 	api_server *api;
+	supervisor *sup;
+	device *devs;
+	size_t ndev;
 	loop *lp;
 	int sigfd, timerfd;
 	uint64_t watchdog_usec; /* 0 = systemd watchdog off */
@@ -80,6 +85,7 @@ static void on_tick(loop *l, int fd, uint32_t events, void *arg)
 	d->ticks += expirations;
 	if (d->watchdog_usec)
 		sd_notify(0, "WATCHDOG=1");
+	supervisor_tick(d->sup);
 	if (d->ticks % 5 == 1)
 		publish_status(d);
 }
@@ -187,6 +193,40 @@ int main(int argc, char **argv)
 		.n_data_roots = d.cfg.n_roots,
 		.state_dir = d.cfg.state_dir,
 	};
+	if ((rc = devices_discover(d.cfg.devices, d.cfg.cpu_slots, &d.devs, &d.ndev)) < 0) {
+		log_error("device discovery failed (devices = %s): %s", d.cfg.devices, strerror(-rc));
+		goto out;
+	}
+	for (size_t i = 0; i < d.ndev; i++)
+		if (d.devs[i].kind == DEVICE_CUDA)
+			log_info("device %zu: %s (sm_%d%d, %.1f GiB)", i, d.devs[i].name, d.devs[i].cc_major,
+				 d.devs[i].cc_minor, (double)d.devs[i].mem_total / (1 << 30));
+	if (!d.cfg.schedule)
+		log_warn("schedule = false: jobs are queued but none is started");
+	if (d.ndev && d.devs[0].kind == DEVICE_CPU)
+		log_info("no GPU in use: %zu CPU worker slot(s)", d.ndev);
+	char bin_dir[1024];
+	if (d.cfg.bin_dir[0]) {
+		snprintf(bin_dir, sizeof bin_dir, "%s", d.cfg.bin_dir);
+	} else {
+		ssize_t n = readlink("/proc/self/exe", bin_dir, sizeof bin_dir - 1);
+		bin_dir[n > 0 ? n : 0] = 0;
+		char *slash = strrchr(bin_dir, '/');
+		if (slash)
+			*slash = 0;
+	}
+	supervisor_config sc = {
+		.state_dir = d.cfg.state_dir,
+		.bin_dir = bin_dir,
+		.dataset_root = d.cfg.roots[0],
+		.stop_timeout_ms = d.cfg.stop_timeout_s * 1000,
+		.hold_queue = !d.cfg.schedule,
+	};
+	if ((rc = supervisor_create(&d.sup, &sc, d.lp, d.st, d.devs, d.ndev)) < 0) {
+		log_error("supervisor setup failed: %s", strerror(-rc));
+		goto out;
+	}
+
 	if ((rc = api_server_start(&d.api, &ac, d.st)) < 0) {
 		if (rc == -EPERM)
 			log_error("refusing to listen on %s: not a loopback address (set allow_remote = true)",
@@ -211,7 +251,10 @@ int main(int argc, char **argv)
 	}
 	exit_code = 0;
 out:
-	api_server_stop(d.api);
+	api_server_stop(d.api); /* no new work while running jobs drain */
+	supervisor_shutdown(d.sup);
+	supervisor_destroy(d.sup);
+	free(d.devs);
 	if (d.addr_path[0])
 		unlink(d.addr_path);
 	if (d.timerfd >= 0)

@@ -124,6 +124,10 @@ int bertd_start(bertd *d, const char *const *extra)
 	argv[a++] = "/dev/null";
 	argv[a++] = "--log-level";
 	argv[a++] = "debug";
+	/* API tests drive job states by hand: hold the queue so the scheduler
+	 * does not start (or fail) the jobs they submit. */
+	argv[a++] = "--schedule";
+	argv[a++] = "false";
 	for (size_t i = 0; extra && extra[i] && a < 63; i++)
 		argv[a++] = extra[i];
 	argv[a] = NULL;
