@@ -21,13 +21,15 @@
 
 #define MAX_BODY 4096
 #define MAX_BODY_S "4096"
+/* Jobs must stay where the test put them: the supervisor holds the queue. */
+#define HOLD "--schedule", "false"
 /* The smallest spec a user would send: everything else is defaulted. */
 #define SPEC_OK "{\"name\":\"it-job\",\"dataset\":\"wikitext2\"}"
 
 static int setup(void **state)
 {
 	bertd *d = calloc(1, sizeof *d);
-	const char *extra[] = {"--max-body-bytes", MAX_BODY_S, NULL};
+	const char *extra[] = {"--max-body-bytes", MAX_BODY_S, HOLD, NULL};
 	if (bertd_init(d) || bertd_start(d, extra)) {
 		bertd_destroy(d);
 		free(d);
@@ -52,7 +54,7 @@ static int setup_roots(void **state)
 	snprintf(p, sizeof p, "%s/escape", data);
 	if (symlink(d->state_dir, p))
 		goto fail;
-	const char *extra[] = {"--data-roots", data, NULL};
+	const char *extra[] = {"--data-roots", data, HOLD, NULL};
 	if (bertd_start(d, extra))
 		goto fail;
 	*state = d;
@@ -744,7 +746,7 @@ static void test_job_survives_kill9(void **state)
 	char token_before[256];
 	snprintf(token_before, sizeof token_before, "%s", d->token);
 
-	const char *extra[] = {"--max-body-bytes", MAX_BODY_S, NULL};
+	const char *extra[] = {"--max-body-bytes", MAX_BODY_S, HOLD, NULL};
 	assert_int_equal(bertd_start(d, extra), 0);
 	assert_string_equal(d->token, token_before); /* the token file is reused */
 	get_path(d, "/v1/jobs/%s", jstr(r.json, "id"), &g);
