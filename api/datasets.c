@@ -239,6 +239,10 @@ out:
 
 enum MHD_Result datasets_list(api_request *req)
 {
+	static const char *const known[] = {NULL};
+	enum MHD_Result qret;
+	if (!api_query_known(req, known, &qret))
+		return qret;
 	store_dataset *ds = NULL;
 	size_t n = 0;
 	int rc = store_dataset_list(req->st, &ds, &n);
@@ -262,6 +266,10 @@ static int load(api_request *req, store_dataset *d)
 
 enum MHD_Result datasets_get(api_request *req)
 {
+	static const char *const known[] = {NULL};
+	enum MHD_Result qret;
+	if (!api_query_known(req, known, &qret))
+		return qret;
 	store_dataset d;
 	int rc = load(req, &d);
 	if (rc == -ENOENT)

@@ -13,6 +13,10 @@
 
 enum MHD_Result devices_list(api_request *req)
 {
+	static const char *const known[] = {NULL};
+	enum MHD_Result qret;
+	if (!api_query_known(req, known, &qret))
+		return qret;
 	size_t n = req->cfg->n_devices;
 	const char **holder = calloc(n ? n : 1, sizeof *holder);
 	store_job *jobs = NULL;

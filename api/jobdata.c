@@ -56,6 +56,9 @@ enum MHD_Result jobs_metrics(api_request *req)
 {
 	enum MHD_Result ret;
 	long long since, limit;
+	static const char *const known[] = {"since_step", "limit", NULL};
+	if (!api_query_known(req, known, &ret))
+		return ret;
 	if (query_int(req, "since_step", -1, INT64_MAX, -1, &since) < 0)
 		return api_reply_problem(req, API_P_INVALID_PARAMETER, "since_step", "must be an integer >= -1");
 	if (query_int(req, "limit", 1, METRICS_LIMIT_MAX, 1000, &limit) < 0)
@@ -90,7 +93,8 @@ enum MHD_Result jobs_metrics(api_request *req)
 enum MHD_Result jobs_checkpoints(api_request *req)
 {
 	enum MHD_Result ret;
-	if (!job_exists(req, &ret))
+	static const char *const known[] = {NULL};
+	if (!api_query_known(req, known, &ret) || !job_exists(req, &ret))
 		return ret;
 	store_checkpoint *c = NULL;
 	size_t n = 0;
@@ -114,6 +118,9 @@ enum MHD_Result jobs_logs(api_request *req)
 {
 	enum MHD_Result ret;
 	long long rank, loader, tail;
+	static const char *const known[] = {"rank", "loader", "tail", NULL};
+	if (!api_query_known(req, known, &ret))
+		return ret;
 	if (query_int(req, "rank", 0, 4095, 0, &rank) < 0)
 		return api_reply_problem(req, API_P_INVALID_PARAMETER, "rank", "must be an integer in 0..4095");
 	if (query_int(req, "loader", -1, 4095, -1, &loader) < 0)
