@@ -45,24 +45,76 @@ static json_t *time_json(int64_t ms)
 	return json_string(buf);
 }
 
+/* Progress of a job that has run: latest logged metrics, ETA, devices,
+ * newest checkpoint and, once completed, where the exported model is. */
+static void add_progress(json_t *o, store *st, const store_job *j, const json_t *spec)
+{
+	json_t *devs = j->devices_json ? json_loads(j->devices_json, 0, NULL) : NULL;
+	json_object_set_new(o, "devices", devs ? devs : json_array());
+	json_int_t max_steps = json_integer_value(json_object_get(json_object_get(spec, "training_args"), "max_steps"));
+	store_metric m;
+	json_t *prog = json_pack("{s:I, s:I}", "step", (json_int_t)0, "max_steps", max_steps);
+	if (store_metric_latest(st, j->id, &m) == 0) {
+		json_t *vals = json_loads(m.values_json, 0, NULL);
+		json_object_set_new(prog, "step", json_integer(m.step));
+		const char *keep[] = {"epoch", "loss", "learning_rate", "grad_norm", "tokens_per_s", "step_time_ms"};
+		for (size_t i = 0; i < sizeof keep / sizeof keep[0]; i++) {
+			json_t *v = json_object_get(vals, keep[i]);
+			if (v)
+				json_object_set(prog, keep[i], v);
+		}
+		double step_ms = json_number_value(json_object_get(vals, "step_time_ms"));
+		if (step_ms > 0 && max_steps > m.step && !job_state_is_terminal(j->state))
+			json_object_set_new(prog, "eta_seconds",
+					    json_real(step_ms * (double)(max_steps - m.step) / 1000.0));
+		char t[32];
+		api_time_format(m.time_ms, t);
+		json_object_set_new(prog, "logged_at", json_string(t));
+		json_decref(vals);
+		free(m.values_json);
+	}
+	json_object_set_new(o, "progress", prog);
+	store_checkpoint *ck = NULL;
+	size_t n = 0;
+	json_t *last = json_null();
+	if (store_checkpoint_list(st, j->id, &ck, &n) == 0 && n > 0) {
+		json_decref(last);
+		last = json_pack("{s:I, s:s}", "step", (json_int_t)ck[n - 1].step, "path", ck[n - 1].path);
+	}
+	store_checkpoints_free(ck, n);
+	json_object_set_new(o, "last_checkpoint", last);
+}
+
 /* The job representation every endpoint answers with. NULL on OOM. */
-static json_t *job_json(const store_job *j)
+static json_t *job_json(store *st, const store_job *j, const api_config *cfg)
 {
 	json_t *spec = j->spec_json ? json_loads(j->spec_json, 0, NULL) : NULL;
 	if (!spec)
 		log_error("job %s: stored spec is not JSON", j->id);
-	return json_pack("{s:s, s:s, s:s, s:i, s:o, s:o, s:o, s:o, s:i, s:s?, s:o?}",
-			 "id", j->id,
-			 "name", j->name ? j->name : "",
-			 "state", job_state_name(j->state),
-			 "priority", j->priority,
-			 "created_at", time_json(j->created_ms),
-			 "updated_at", time_json(j->updated_ms),
-			 "started_at", time_json(j->started_ms),
-			 "finished_at", time_json(j->finished_ms),
-			 "restart_count", j->restart_count,
-			 "failure_reason", j->failure_reason,
-			 "spec", spec);
+	json_t *o = json_pack("{s:s, s:s, s:s, s:i, s:o, s:o, s:o, s:o, s:i, s:s?}",
+			      "id", j->id,
+			      "name", j->name ? j->name : "",
+			      "state", job_state_name(j->state),
+			      "priority", j->priority,
+			      "created_at", time_json(j->created_ms),
+			      "updated_at", time_json(j->updated_ms),
+			      "started_at", time_json(j->started_ms),
+			      "finished_at", time_json(j->finished_ms),
+			      "restart_count", j->restart_count,
+			      "failure_reason", j->failure_reason);
+	if (!o) {
+		json_decref(spec);
+		return NULL;
+	}
+	add_progress(o, st, j, spec);
+	if (j->state == JOB_COMPLETED) {
+		char path[1400];
+		snprintf(path, sizeof path, "%s/jobs/%s/export", cfg->state_dir, j->id);
+		json_object_set_new(o, "model_dir", json_string(path));
+	}
+	if (spec)
+		json_object_set_new(o, "spec", spec);
+	return o;
 }
 
 /* Ids are made here ("job-" + 16 hex); anything else cannot exist, so it is
@@ -109,7 +161,7 @@ static enum MHD_Result reply_job(api_request *req, unsigned status, const char *
 	int rc = store_job_get(req->st, id, &j);
 	if (rc)
 		return store_failed(req, rc, id, "loading job");
-	json_t *o = job_json(&j);
+	json_t *o = job_json(req->st, &j, req->cfg);
 	store_job_free(&j);
 	return api_reply_json(req, status, o);
 }
@@ -231,12 +283,16 @@ enum MHD_Result jobs_create(api_request *req)
 			.updated_ms = now,
 		};
 		free(body);
-		body = dump_line(json_pack("{s:s, s:s, s:s, s:i, s:o, s:o, s:n, s:n, s:i, s:n, s:O}",
+		json_int_t max_steps = json_integer_value(
+			json_object_get(json_object_get(spec, "training_args"), "max_steps"));
+		body = dump_line(json_pack("{s:s, s:s, s:s, s:i, s:o, s:o, s:n, s:n, s:i, s:n, s:[], "
+					   "s:{s:i, s:I}, s:n, s:O}",
 					   "id", job.id, "name", job.name, "state", "queued",
 					   "priority", job.priority,
 					   "created_at", time_json(now), "updated_at", time_json(now),
 					   "started_at", "finished_at", "restart_count", 0,
-					   "failure_reason", "spec", spec));
+					   "failure_reason", "devices", "progress", "step", 0,
+					   "max_steps", max_steps, "last_checkpoint", "spec", spec));
 		if (!body) {
 			rc = -ENOMEM;
 			break;
@@ -428,7 +484,7 @@ enum MHD_Result jobs_list(api_request *req)
 					 strerror(-rc));
 	json_t *arr = json_array();
 	for (size_t i = 0; arr && i < n; i++) {
-		if (json_array_append_new(arr, job_json(&jobs[i]))) {
+		if (json_array_append_new(arr, job_json(req->st, &jobs[i], req->cfg))) {
 			json_decref(arr);
 			arr = NULL;
 		}

@@ -212,6 +212,9 @@ int store_metric_insert(store *s, const char *job_id, int64_t step, int64_t time
 int store_metric_list(store *s, const char *job_id, int64_t since_step, int limit,
 		      store_metric **out, size_t *n);
 void store_metrics_free(store_metric *m, size_t n);
+/* The newest metrics row of a job into *out (free out->values_json).
+ * -ENOENT when the job has none (or does not exist). */
+int store_metric_latest(store *s, const char *job_id, store_metric *out);
 
 /* ---- per-job checkpoints (directories written by the worker) ---- */
 
