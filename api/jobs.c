@@ -262,7 +262,12 @@ enum MHD_Result jobs_create(api_request *req)
 						prev_id ? prev_id : "?");
 			goto out;
 		}
-		snprintf(location, sizeof location, "/v1/jobs/%s", prev_id ? prev_id : "");
+		if (!prev_resp || !prev_id) {
+			ret = api_reply_problem(req, API_P_INTERNAL, NULL,
+						"the stored answer for this key is incomplete");
+			goto out;
+		}
+		snprintf(location, sizeof location, "/v1/jobs/%s", prev_id);
 		if (api_add_header(req, MHD_HTTP_HEADER_LOCATION, location) ||
 		    api_add_header(req, "Idempotent-Replayed", "true")) {
 			ret = MHD_NO;
