@@ -642,3 +642,29 @@ void api_server_stop(api_server *srv)
 		MHD_stop_daemon(srv->mhd); /* joins the pool; closes the listening socket */
 	server_free(srv);
 }
+
+typedef struct allowed {
+	const char *const *names;
+	char bad[64];
+} allowed;
+
+static int check_known(void *cls, const char *key, const char *value)
+{
+	(void)value;
+	allowed *a = cls;
+	for (const char *const *n = a->names; *n; n++)
+		if (strcmp(*n, key) == 0)
+			return 0;
+	snprintf(a->bad, sizeof a->bad, "%s", key);
+	return 1;
+}
+
+bool api_query_known(api_request *req, const char *const *names, enum MHD_Result *ret)
+{
+	allowed a = {.names = names};
+	if (api_query_each(req, check_known, &a) == 0)
+		return true;
+	*ret = api_reply_problem(req, API_P_INVALID_PARAMETER, a.bad, "unknown query parameter");
+	return false;
+}
+

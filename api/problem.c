@@ -27,6 +27,11 @@ static const struct {
 	[API_P_INVALID_SPEC]       = {"invalid-spec", 422, "Invalid job spec"},
 	[API_P_IDEMPOTENCY_REUSE]  = {"idempotency-key-reused", 422,
 				      "Idempotency-Key already used with a different request"},
+	[API_P_DATASET_NOT_FOUND]  = {"dataset-not-found", 404, "No such dataset"},
+	[API_P_DATASET_EXISTS]     = {"dataset-exists", 409, "A dataset with this name exists"},
+	[API_P_DATASET_STATE]      = {"dataset-state-conflict", 409, "Dataset state does not allow this"},
+	[API_P_PATH_FORBIDDEN]     = {"path-forbidden", 403, "Path is outside the configured data roots"},
+	[API_P_INVALID_REQUEST]    = {"invalid-request", 422, "Invalid request"},
 	[API_P_INTERNAL]           = {"internal", 500, "Internal error"},
 	[API_P_UNAVAILABLE]        = {"unavailable", 503, "Service unavailable"},
 };
