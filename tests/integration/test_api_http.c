@@ -710,20 +710,25 @@ static void test_init_from_confined_to_data_roots(void **state)
 	http_resp_free(&r);
 
 	submit_init_from(d, "/etc", &r);
-	check_problem(&r, 422, "invalid-spec", "init_from");
+	check_problem(&r, 403, "path-forbidden", "init_from");
 	http_resp_free(&r);
 	snprintf(p, sizeof p, "%s/data/escape", d->root); /* -> the state dir */
 	submit_init_from(d, p, &r);
-	check_problem(&r, 422, "invalid-spec", "init_from");
+	check_problem(&r, 403, "path-forbidden", "init_from");
+	http_resp_free(&r);
+	snprintf(p, sizeof p, "%s/datax", d->root); /* a sibling sharing the prefix */
+	mkdir(p, 0700);
+	submit_init_from(d, p, &r);
+	check_problem(&r, 403, "path-forbidden", "init_from");
 	http_resp_free(&r);
 	snprintf(p, sizeof p, "%s/data/missing", d->root);
 	submit_init_from(d, p, &r);
 	check_problem(&r, 422, "invalid-spec", "init_from");
 	http_resp_free(&r);
-	snprintf(p, sizeof p, "%s/datax", d->root); /* a sibling sharing the prefix */
-	mkdir(p, 0700);
-	submit_init_from(d, p, &r);
-	check_problem(&r, 422, "invalid-spec", "init_from");
+
+	/* Nothing but the first job got in. */
+	assert_int_equal(http_get(d, "/v1/jobs", &r), 0);
+	assert_int_equal(json_array_size(json_object_get(r.json, "jobs")), 1);
 	http_resp_free(&r);
 }
 
