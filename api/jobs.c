@@ -20,6 +20,7 @@
 
 #include "api/handlers.h"
 #include "api/http.h"
+#include "api/paths.h"
 #include "common/jobspec.h"
 #include "common/sha256.h"
 #include "common/log.h"
@@ -190,33 +191,33 @@ static char *dump_line(json_t *o)
 	return text;
 }
 
-/* init_from names a directory on the daemon's machine; it must resolve
- * (symlinks followed) inside one of the configured data roots, so a job spec
+/* init_from names a directory on the daemon's machine; like every path in a
+ * request it must resolve (symlinks followed) inside a data root, so a spec
  * cannot make the worker read arbitrary files. The resolved path replaces
- * the submitted one, so the worker opens exactly what was checked.
- * Returns 0, or -EACCES / -ENOENT with detail filled. */
-static int check_init_from(const api_config *cfg, json_t *spec, char *detail, size_t n)
+ * the submitted one, so the worker opens exactly what was checked. Returns
+ * true, or replies (422 unusable path, 403 outside the roots) and sets *ret. */
+static bool init_from_ok(api_request *req, json_t *spec, enum MHD_Result *ret)
 {
-	const char *p = json_string_value(json_object_get(spec, "init_from"));
-	char real[PATH_MAX], root[PATH_MAX];
-	if (!p)
-		return 0; /* null: train from scratch */
-	if (!realpath(p, real)) {
-		snprintf(detail, n, "cannot resolve the path: %s", strerror(errno));
-		return -ENOENT;
-	}
-	for (size_t i = 0; i < cfg->n_data_roots; i++) {
-		if (!realpath(cfg->data_roots[i], root))
-			continue;
-		size_t rl = strlen(root);
-		if (strncmp(real, root, rl) == 0 && (real[rl] == '/' || real[rl] == 0 ||
-						     (rl == 1 && root[0] == '/'))) {
-			json_object_set_new(spec, "init_from", json_string(real));
-			return 0;
-		}
-	}
-	snprintf(detail, n, "must be inside a data root (the daemon's data_roots setting)");
-	return -EACCES;
+	json_t *v = json_object_get(spec, "init_from");
+	char real[PATH_MAX];
+	if (!json_is_string(v))
+		return true; /* null: train from scratch */
+	int rc = api_path_resolve(json_string_value(v), json_string_length(v),
+				  req->cfg->data_roots, req->cfg->n_data_roots, real, sizeof real);
+	if (rc == 0 && json_object_set_new(spec, "init_from", json_string(real)) == 0)
+		return true;
+	if (rc == 0)
+		*ret = api_reply_problem(req, API_P_INTERNAL, "init_from", "out of memory");
+	else if (rc == -ENOENT)
+		*ret = api_reply_problem(req, API_P_INVALID_SPEC, "init_from",
+					 "no such file or directory");
+	else if (rc == -EINVAL)
+		*ret = api_reply_problem(req, API_P_INVALID_SPEC, "init_from",
+					 "must be an absolute path without \"..\" components");
+	else
+		*ret = api_reply_problem(req, API_P_PATH_FORBIDDEN, "init_from",
+					 "resolves outside the configured data_roots");
+	return false;
 }
 
 enum MHD_Result jobs_create(api_request *req)
@@ -254,10 +255,8 @@ enum MHD_Result jobs_create(api_request *req)
 					err.field, "%s", err.detail[0] ? err.detail : "invalid job spec");
 		goto out;
 	}
-	if (check_init_from(req->cfg, spec, detail, sizeof detail)) {
-		ret = api_reply_problem(req, API_P_INVALID_SPEC, "init_from", "%s", detail);
+	if (!init_from_ok(req, spec, &ret))
 		goto out;
-	}
 	spec_text = api_json_dumps(spec, false);
 	if (!spec_text) {
 		ret = api_reply_problem(req, API_P_INTERNAL, NULL, "out of memory");
@@ -318,7 +317,12 @@ enum MHD_Result jobs_create(api_request *req)
 						prev_id ? prev_id : "?");
 			goto out;
 		}
-		snprintf(location, sizeof location, "/v1/jobs/%s", prev_id ? prev_id : "");
+		if (!prev_resp || !prev_id) {
+			ret = api_reply_problem(req, API_P_INTERNAL, NULL,
+						"the stored answer for this key is incomplete");
+			goto out;
+		}
+		snprintf(location, sizeof location, "/v1/jobs/%s", prev_id);
 		if (api_add_header(req, MHD_HTTP_HEADER_LOCATION, location) ||
 		    api_add_header(req, "Idempotent-Replayed", "true")) {
 			ret = MHD_NO;
