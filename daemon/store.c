@@ -647,7 +647,7 @@ int store_job_insert(store *s, const store_job *job,
 	if (!job || !job->id || !job->name || !job->spec_json ||
 	    (idem_key && (!idem_hash || !response_json)))
 		return -EINVAL;
-	int64_t t = now_ms();
+	int64_t t = job->created_ms > 0 ? job->created_ms : now_ms(); /* the API stamps its 201 with it */
 	lock(s);
 	if ((rc = txn_begin(s, TXN_WRITE)) < 0)
 		goto out;

@@ -76,7 +76,9 @@ int store_schema_version(store *s);
 int store_schema_latest(void);
 
 /* Inserts a queued job and its first event ("submitted") in one transaction.
- * job->id, name, spec_json, priority are used; times are set here.
+ * job->id, name, spec_json, priority are used; created_ms too when non-zero
+ * (so the API's 201 body and later reads agree), else now; other times
+ * are set here.
  * If idem_key is non-NULL the key is recorded with idem_hash (hex digest of
  * the request) and response_json (the exact body answered with 201), so a
  * retry can be replayed. If the key exists already, nothing is written and
