@@ -282,6 +282,11 @@ static void test_submit_and_get(void **state)
 	assert_string_equal(jstr(g.json, "id"), id);
 	assert_string_equal(jstr(g.json, "state"), "queued");
 	assert_true(json_equal(json_object_get(g.json, "spec"), spec));
+	/* the 201 body is the same representation GET gives while queued */
+	assert_string_equal(jstr(g.json, "created_at"), jstr(r.json, "created_at"));
+	assert_true(json_equal(json_object_get(g.json, "progress"), json_object_get(r.json, "progress")));
+	assert_true(json_equal(json_object_get(g.json, "devices"), json_object_get(r.json, "devices")));
+	assert_true(json_is_null(json_object_get(g.json, "last_checkpoint")));
 	http_resp_free(&g);
 	http_resp_free(&r);
 
