@@ -13,7 +13,7 @@ root=$(dirname "$here")
 build=${1:-$root/build}
 reps=${2:-3}
 data=${BERTD_SHARED_DATA:-$root/../shared/data}
-bench=$build/loader/tokenize_bench
+bench=$build/bench/tokenize_bench
 prep=$build/loader/bertd-prepare
 [ -x "$bench" ] && [ -x "$prep" ] || { echo "build first: ninja -C $build" >&2; exit 2; }
 tmp=$(mktemp -d)

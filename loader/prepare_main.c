@@ -4,10 +4,11 @@
  * JSON line on stdout). This file only parses options and reports; it must
  * never hold preparation logic.
  *
- * Exit codes: 0 done; 1 internal error (memory, threads); 2 usage;
- * 3 input error (no inputs, unreadable or malformed input, empty corpus);
- * 4 vocab error (missing, unusable, lacks a special token);
- * 5 output error (exists already, cannot be written).
+ * Exit codes are bertd's common ones (common/exitcodes.h): 0 done;
+ * 1 internal error; 2 usage (bad options, or the output exists already);
+ * 3 out of memory; 5 data error (no inputs, unreadable or malformed input,
+ * empty corpus, vocab missing / unusable / lacking a special token);
+ * 7 I/O error writing the output.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -21,6 +22,7 @@
 
 #include <jansson.h>
 
+#include "common/exitcodes.h"
 #include "common/log.h"
 #include "loader/prepare.h"
 
@@ -48,7 +50,8 @@ static void usage(FILE *f)
 		"  -h, --help                 this text\n"
 		"\n"
 		"Prints a JSON summary line on stdout (\"ok\":true|false).\n"
-		"Exit codes: 0 ok, 1 internal, 2 usage, 3 input, 4 vocab, 5 output.\n");
+		"Exit codes: 0 ok, 1 internal, 2 usage or output exists, 3 out of memory,\n"
+		"5 input or vocab error, 7 cannot write the output.\n");
 }
 
 static int parse_u64(const char *s, uint64_t max, uint64_t *out)
@@ -62,13 +65,27 @@ static int parse_u64(const char *s, uint64_t max, uint64_t *out)
 	return 0;
 }
 
-static int fail_json(int code, const char *msg)
+/* One JSON line on stdout and, when the daemon listens, on the progress fd. */
+static void emit_line(json_t *j, int progress_fd)
+{
+	char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+	if (!s)
+		return;
+	printf("%s\n", s);
+	fflush(stdout);
+	if (progress_fd >= 0) {
+		size_t n = strlen(s);
+		s[n] = '\n';
+		if (write(progress_fd, s, n + 1) < 0)
+			log_debug("progress fd: %s", strerror(errno));
+	}
+	free(s);
+}
+
+static int fail_json(int code, const char *msg, int progress_fd)
 {
 	json_t *j = json_pack("{s:b, s:s, s:i}", "ok", 0, "error", msg, "exit_code", code);
-	char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
-	if (s)
-		printf("%s\n", s);
-	free(s);
+	emit_line(j, progress_fd);
 	json_decref(j);
 	return code;
 }
@@ -164,7 +181,7 @@ int main(int argc, char **argv)
 			return 0;
 		default:
 			usage(stderr);
-			return fail_json(2, "bad option");
+			return fail_json(BERTD_EXIT_BAD_CONFIG, "bad option", -1);
 		}
 	}
 	if (!bad[0] && !o.out_dir)
@@ -176,7 +193,7 @@ int main(int argc, char **argv)
 	if (bad[0]) {
 		log_error("%s", bad);
 		usage(stderr);
-		return fail_json(2, bad);
+		return fail_json(BERTD_EXIT_BAD_CONFIG, bad, -1);
 	}
 	if (o.train_vocab_size && o.lowercase < 0)
 		o.lowercase = 1;
@@ -189,8 +206,16 @@ int main(int argc, char **argv)
 	char msg[1024];
 	int rc = prepare_run(&o, &s, &err, msg, sizeof msg);
 	if (rc < 0) {
-		static const int code[] = {1, 2, 3, 4, 5, 1};
-		return fail_json(code[err], msg[0] ? msg : strerror(-rc));
+		int code = BERTD_EXIT_FAILURE;
+		if (rc == -ENOMEM)
+			code = BERTD_EXIT_OOM;
+		else if (err == PREPARE_ERR_USAGE || rc == -EEXIST)
+			code = BERTD_EXIT_BAD_CONFIG;
+		else if (err == PREPARE_ERR_INPUT || err == PREPARE_ERR_VOCAB)
+			code = BERTD_EXIT_DATA;
+		else if (err == PREPARE_ERR_OUTPUT)
+			code = BERTD_EXIT_IO;
+		return fail_json(code, msg[0] ? msg : strerror(-rc), o.progress_fd);
 	}
 	double mbps = s.tokenize_seconds > 0 ? (double)s.bytes / 1e6 / s.tokenize_seconds : 0.0;
 	fprintf(stderr,
@@ -205,7 +230,21 @@ int main(int argc, char **argv)
 	char *js = j ? json_dumps(j, JSON_COMPACT) : NULL;
 	if (js)
 		printf("%s\n", js);
+	fflush(stdout);
 	free(js);
+	/* the daemon's progress channel ends with the same numbers under "stats" */
+	if (o.progress_fd >= 0) {
+		json_t *done = json_pack("{s:s, s:O}", "phase", "done", "stats", j);
+		char *ds = done ? json_dumps(done, JSON_COMPACT) : NULL;
+		if (ds) {
+			size_t n = strlen(ds);
+			ds[n] = '\n';
+			if (write(o.progress_fd, ds, n + 1) < 0)
+				log_debug("progress fd: %s", strerror(errno));
+		}
+		free(ds);
+		json_decref(done);
+	}
 	json_decref(j);
-	return 0;
+	return BERTD_EXIT_OK;
 }

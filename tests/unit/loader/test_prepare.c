@@ -433,21 +433,28 @@ static void test_cli(void **state)
 	assert_int_equal(json_integer_value(json_object_get(j, "tokens")), 3);
 	assert_int_equal(json_integer_value(json_object_get(j, "documents")), 2);
 	json_decref(j);
-	assert_int_equal(run_cli(a, &j), 5); /* exists now */
+	assert_int_equal(run_cli(a, &j), 2); /* exists now: common/exitcodes.h BAD_CONFIG */
 	assert_true(json_is_false(json_object_get(j, "ok")));
-	assert_int_equal(json_integer_value(json_object_get(j, "exit_code")), 5);
+	assert_int_equal(json_integer_value(json_object_get(j, "exit_code")), 2);
 	json_decref(j);
 	snprintf(a, sizeof a, "-o %s/cli2 --vocab %s/none.txt %s/in.txt", tmp, tmp, tmp);
-	assert_int_equal(run_cli(a, &j), 4);
+	assert_int_equal(run_cli(a, &j), 5); /* DATA */
 	json_decref(j);
 	snprintf(a, sizeof a, "-o %s/cli2 --vocab %s/vocab.txt %s/none.txt", tmp, tmp, tmp);
-	assert_int_equal(run_cli(a, &j), 3);
+	assert_int_equal(run_cli(a, &j), 5);
 	json_decref(j);
 	snprintf(a, sizeof a, "-o %s/cli2 %s/in.txt", tmp, tmp);
 	assert_int_equal(run_cli(a, &j), 2);
 	json_decref(j);
 	snprintf(a, sizeof a, "-o %s/cli2 --vocab %s/vocab.txt --progress-fd 999 %s/in.txt", tmp, tmp, tmp);
 	assert_int_equal(run_cli(a, &j), 2);
+	json_decref(j);
+	/* the progress channel (here stdout itself) ends with {"stats": ...} */
+	snprintf(a, sizeof a, "-o %s/cli3 --vocab %s/vocab.txt --progress-fd 1 %s/in.txt", tmp, tmp, tmp);
+	assert_int_equal(run_cli(a, &j), 0);
+	assert_non_null(j);
+	assert_string_equal(json_string_value(json_object_get(j, "phase")), "done");
+	assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "stats"), "tokens")), 3);
 	json_decref(j);
 }
 
