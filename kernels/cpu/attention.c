@@ -5,6 +5,17 @@
 #include "kernels/cpu/kcpu.h"
 #include <string.h>
 
+/* Draw for element i, reusing the 4 draws of the last Philox call. */
+static inline uint32_t draw(const philox_stream *s, uint64_t i, uint64_t *group, uint32_t u[4])
+{
+    if ((i >> 2) != *group) {
+        *group = i >> 2;
+        uint32_t ctr[4] = {(uint32_t)*group, s->ctr[0], s->ctr[1], s->ctr[2]};
+        philox4x32_10(u, ctr, s->key);
+    }
+    return u[i & 3];
+}
+
 static inline int key_len(const int32_t *seq_lens, int b, int T)
 {
     /* A zero length would mask every key; treat it as one real token so the
@@ -53,10 +64,12 @@ void KOP(attention_forward)(kreal *out, kreal *att, const kreal *qkv, const int3
                 for (int d = 0; d < hs; d++)
                     o[d] = 0;
                 size_t base = (((size_t)b * NH + h) * T + i) * T;
+                uint64_t group = UINT64_MAX;
+                uint32_t u[4];
                 for (int j = 0; j < len; j++) {
                     kreal w = a[j];
                     if (drop)
-                        w = philox_stream_u32(rng, base + j) >= thresh ? w * keep_scale : 0;
+                        w = draw(rng, base + j, &group, u) >= thresh ? w * keep_scale : 0;
                     const kreal *v = qkv + ((size_t)b * T + j) * C3 + 2 * C + h * hs;
                     for (int d = 0; d < hs; d++)
                         o[d] += w * v[d];
@@ -89,10 +102,12 @@ void KOP(attention_backward)(kreal *dqkv, kreal *datt, const kreal *dout, const 
                 kreal *da = datt + (((size_t)b * NH + h) * T + i) * T;
                 const kreal *go = dout + ((size_t)b * T + i) * C + h * hs;
                 size_t base = (((size_t)b * NH + h) * T + i) * T;
+                uint64_t group = UINT64_MAX;
+                uint32_t u[4];
                 /* through the context matmul and the dropout mask */
                 for (int j = 0; j < len; j++) {
                     kreal m = keep_scale;
-                    if (drop && philox_stream_u32(rng, base + j) < thresh)
+                    if (drop && draw(rng, base + j, &group, u) < thresh)
                         m = 0;
                     const kreal *v = qkv + ((size_t)b * T + j) * C3 + 2 * C + h * hs;
                     kreal *dv = dqkv + ((size_t)b * T + j) * C3 + 2 * C + h * hs;
