@@ -445,6 +445,8 @@ int ring_next(ring *r, uint32_t rank, int timeout_ms, void **slot)
 void ring_release(ring *r, uint32_t rank)
 {
 	const ring_params *p = &r->ctl->params;
+	if (rank >= p->G)
+		return;
 	uint64_t q = atomic_load(&r->ranks[rank].next_seq);
 	ring_slot *s = slot_ctl_of(r, q * p->G + rank);
 	atomic_store(&r->ranks[rank].next_seq, q + 1);
@@ -488,6 +490,8 @@ int ring_claim(ring *r, volatile sig_atomic_t *stop, uint64_t *global, void **sl
 	uint64_t n = NONE, t_wait = 0;
 	int rc = 0;
 	for (;;) {
+		if (n == NONE && stop && *stop)
+			return -EINTR; /* checked before taking work, not only while waiting */
 		if (n == NONE) {
 			/* take a number: re-queued first, then the counter; the
 			 * claiming flag tells a recovering consumer to wait */
