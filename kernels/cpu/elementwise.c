@@ -1,0 +1,76 @@
+/* elementwise — GELU (erf form), tanh, inverted dropout and residual add.
+ * Pointwise ops, OpenMP over elements. Dropout masks come from Philox and are
+ * regenerated in backward rather than stored. */
+#include "kernels/cpu/kcpu.h"
+#include <string.h>
+
+void KOP(gelu_forward)(kreal *out, const kreal *inp, size_t N)
+{
+#pragma omp parallel for
+    for (size_t i = 0; i < N; i++) {
+        kreal x = inp[i];
+        out[i] = (kreal)0.5 * x * (1 + K_ERF(x * (kreal)M_SQRT1_2));
+    }
+}
+
+void KOP(gelu_backward)(kreal *dinp, const kreal *inp, const kreal *dout, size_t N)
+{
+    const kreal inv_sqrt_2pi = (kreal)(0.5 * M_2_SQRTPI * M_SQRT1_2);
+#pragma omp parallel for
+    for (size_t i = 0; i < N; i++) {
+        kreal x = inp[i];
+        kreal cdf = (kreal)0.5 * (1 + K_ERF(x * (kreal)M_SQRT1_2));
+        kreal pdf = inv_sqrt_2pi * K_EXP((kreal)-0.5 * x * x);
+        dinp[i] = dout[i] * (cdf + x * pdf);
+    }
+}
+
+void KOP(tanh_forward)(kreal *out, const kreal *inp, size_t N)
+{
+#pragma omp parallel for
+    for (size_t i = 0; i < N; i++)
+        out[i] = K_TANH(inp[i]);
+}
+
+void KOP(tanh_backward)(kreal *dinp, const kreal *out, const kreal *dout, size_t N)
+{
+#pragma omp parallel for
+    for (size_t i = 0; i < N; i++)
+        dinp[i] = dout[i] * (1 - out[i] * out[i]);
+}
+
+void KOP(dropout_forward)(kreal *out, const kreal *inp, const philox_stream *rng, float p,
+                          size_t N)
+{
+    if (!rng || p <= 0.0f) {
+        if (out != inp)
+            memmove(out, inp, N * sizeof(kreal));
+        return;
+    }
+    uint32_t thresh = dropout_threshold(p);
+    kreal scale = (kreal)(1.0 / (1.0 - (double)p));
+#pragma omp parallel for
+    for (size_t i = 0; i < N; i++)
+        out[i] = philox_stream_u32(rng, i) >= thresh ? inp[i] * scale : 0;
+}
+
+void KOP(dropout_backward)(kreal *dinp, const kreal *dout, const philox_stream *rng, float p,
+                           size_t N)
+{
+    KOP(dropout_forward)(dinp, dout, rng, p, N);
+}
+
+void KOP(residual_forward)(kreal *out, const kreal *a, const kreal *b, size_t N)
+{
+#pragma omp parallel for
+    for (size_t i = 0; i < N; i++)
+        out[i] = a[i] + b[i];
+}
+
+void KOP(residual_backward)(kreal *da, kreal *db, const kreal *dout, size_t N)
+{
+    if (da != dout)
+        memmove(da, dout, N * sizeof(kreal));
+    if (db != dout)
+        memmove(db, dout, N * sizeof(kreal));
+}

@@ -1,0 +1,288 @@
+/* hf — see hf.h. */
+#include "worker/hf.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static void add(hf_tensor *out, int cap, int *n, const char *name, size_t offset, int ndim,
+                int64_t d0, int64_t d1)
+{
+    if (*n < cap) {
+        hf_tensor *t = &out[*n];
+        snprintf(t->name, sizeof t->name, "%s", name);
+        t->ndim = ndim;
+        t->shape[0] = d0;
+        t->shape[1] = d1;
+        t->offset = offset;
+        t->numel = (size_t)d0 * (ndim == 2 ? (size_t)d1 : 1);
+    }
+    (*n)++;
+}
+
+int hf_tensor_table(const bert_model *m, hf_tensor *out, int cap)
+{
+    const bert_config *c = &m->cfg;
+    const bert_params *p = &m->params;
+    int64_t C = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
+    int n = 0;
+    char nm[96];
+#define OFF(ptr) ((size_t)((ptr) - m->params_memory))
+    add(out, cap, &n, "bert.embeddings.word_embeddings.weight", OFF(p->wte), 2, V, C);
+    add(out, cap, &n, "bert.embeddings.position_embeddings.weight", OFF(p->wpe), 2,
+        c->max_position_embeddings, C);
+    add(out, cap, &n, "bert.embeddings.token_type_embeddings.weight", OFF(p->wtt), 2,
+        c->type_vocab_size, C);
+    add(out, cap, &n, "bert.embeddings.LayerNorm.weight", OFF(p->emb_lnw), 1, C, 0);
+    add(out, cap, &n, "bert.embeddings.LayerNorm.bias", OFF(p->emb_lnb), 1, C, 0);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        static const char *qkv[3] = {"query", "key", "value"};
+        for (int k = 0; k < 3; k++) {
+            snprintf(nm, sizeof nm, "bert.encoder.layer.%d.attention.self.%s.weight", l, qkv[k]);
+            add(out, cap, &n, nm, OFF(p->qkvw) + ((size_t)l * 3 + k) * C * C, 2, C, C);
+            snprintf(nm, sizeof nm, "bert.encoder.layer.%d.attention.self.%s.bias", l, qkv[k]);
+            add(out, cap, &n, nm, OFF(p->qkvb) + ((size_t)l * 3 + k) * C, 1, C, 0);
+        }
+#define LAYER(suffix, ptr, nd, d0, d1)                                                       \
+    do {                                                                                     \
+        snprintf(nm, sizeof nm, "bert.encoder.layer.%d.%s", l, suffix);                      \
+        add(out, cap, &n, nm, OFF(ptr) + (size_t)l * (d0) * ((nd) == 2 ? (d1) : 1), nd, d0, d1); \
+    } while (0)
+        LAYER("attention.output.dense.weight", p->attprojw, 2, C, C);
+        LAYER("attention.output.dense.bias", p->attprojb, 1, C, 0);
+        LAYER("attention.output.LayerNorm.weight", p->ln1w, 1, C, 0);
+        LAYER("attention.output.LayerNorm.bias", p->ln1b, 1, C, 0);
+        LAYER("intermediate.dense.weight", p->fcw, 2, I, C);
+        LAYER("intermediate.dense.bias", p->fcb, 1, I, 0);
+        LAYER("output.dense.weight", p->fcprojw, 2, C, I);
+        LAYER("output.dense.bias", p->fcprojb, 1, C, 0);
+        LAYER("output.LayerNorm.weight", p->ln2w, 1, C, 0);
+        LAYER("output.LayerNorm.bias", p->ln2b, 1, C, 0);
+#undef LAYER
+    }
+    if (c->nsp) {
+        add(out, cap, &n, "bert.pooler.dense.weight", OFF(p->pool_w), 2, C, C);
+        add(out, cap, &n, "bert.pooler.dense.bias", OFF(p->pool_b), 1, C, 0);
+    }
+    add(out, cap, &n, "cls.predictions.transform.dense.weight", OFF(p->head_w), 2, C, C);
+    add(out, cap, &n, "cls.predictions.transform.dense.bias", OFF(p->head_b), 1, C, 0);
+    add(out, cap, &n, "cls.predictions.transform.LayerNorm.weight", OFF(p->head_lnw), 1, C, 0);
+    add(out, cap, &n, "cls.predictions.transform.LayerNorm.bias", OFF(p->head_lnb), 1, C, 0);
+    add(out, cap, &n, "cls.predictions.bias", OFF(p->dec_b), 1, V, 0);
+    if (c->nsp) {
+        add(out, cap, &n, "cls.seq_relationship.weight", OFF(p->nsp_w), 2, 2, C);
+        add(out, cap, &n, "cls.seq_relationship.bias", OFF(p->nsp_b), 1, 2, 0);
+    }
+#undef OFF
+    return n;
+}
+
+/* Finds name with or without the "bert." prefix, and under the old TF-port
+ * LayerNorm names gamma/beta. */
+static const st_tensor *find_alias(const st_file *f, const char *name)
+{
+    const st_tensor *t = st_find(f, name);
+    if (t)
+        return t;
+    char alt[128];
+    if (strncmp(name, "bert.", 5) == 0 && (t = st_find(f, name + 5)))
+        return t;
+    const char *ln = strstr(name, "LayerNorm.");
+    if (ln) {
+        const char *what = ln + strlen("LayerNorm.");
+        const char *repl = strcmp(what, "weight") == 0 ? "gamma" : "beta";
+        snprintf(alt, sizeof alt, "%.*sLayerNorm.%s", (int)(ln - name), name, repl);
+        if ((t = st_find(f, alt)))
+            return t;
+    }
+    if (strcmp(name, "cls.predictions.bias") == 0)
+        return st_find(f, "cls.predictions.decoder.bias");
+    return NULL;
+}
+
+int hf_load_weights(bert_model *m, const st_file *f, char *err, size_t errlen)
+{
+    int n = hf_tensor_table(m, NULL, 0);
+    hf_tensor *tab = calloc((size_t)n, sizeof *tab);
+    if (!tab)
+        return -ENOMEM;
+    hf_tensor_table(m, tab, n);
+    int rc = 0;
+    for (int i = 0; i < n; i++) {
+        const st_tensor *t = find_alias(f, tab[i].name);
+        if (!t) {
+            snprintf(err, errlen, "model.safetensors has no tensor '%s'", tab[i].name);
+            rc = -EINVAL;
+            goto out;
+        }
+        int shape_ok = t->ndim == tab[i].ndim && t->shape[0] == tab[i].shape[0] &&
+                       (tab[i].ndim == 1 || t->shape[1] == tab[i].shape[1]);
+        if (!shape_ok) {
+            snprintf(err, errlen, "tensor '%s' has shape [%lld%s%lld] but the config needs "
+                     "[%lld, %lld]", tab[i].name, (long long)t->shape[0],
+                     t->ndim > 1 ? ", " : "", t->ndim > 1 ? (long long)t->shape[1] : 0LL,
+                     (long long)tab[i].shape[0], (long long)tab[i].shape[1]);
+            rc = -EINVAL;
+            goto out;
+        }
+        if (st_read_f32(f, t, m->params_memory + tab[i].offset, tab[i].numel) < 0) {
+            snprintf(err, errlen, "tensor '%s' is not a floating-point tensor", tab[i].name);
+            rc = -EINVAL;
+            goto out;
+        }
+    }
+out:
+    free(tab);
+    return rc;
+}
+
+int hf_read_config(const char *dir, bert_config *cfg, char *err, size_t errlen)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_error_t jerr;
+    json_t *o = json_load_file(path, 0, &jerr);
+    if (!o) {
+        snprintf(err, errlen, "%s: %s", path, jerr.text);
+        return -EINVAL;
+    }
+    bert_config_preset(cfg, NULL);
+    int rc = bert_config_apply_json(cfg, o, err, errlen);
+    json_t *arch = json_object_get(o, "architectures");
+    if (rc == 0 && json_is_array(arch) && json_is_string(json_array_get(arch, 0)) &&
+        strcmp(json_string_value(json_array_get(arch, 0)), "BertForPreTraining") == 0)
+        cfg->nsp = 1;
+    json_decref(o);
+    if (rc == 0)
+        rc = bert_config_validate(cfg, err, errlen);
+    return rc;
+}
+
+int hf_init_from(bert_model **out, const char *dir, char *err, size_t errlen)
+{
+    bert_config cfg;
+    st_file *f = NULL;
+    bert_model *m = NULL;
+    char path[4096];
+    int rc = hf_read_config(dir, &cfg, err, errlen);
+    if (rc < 0)
+        goto out;
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    rc = st_open(&f, path, err, errlen);
+    if (rc < 0)
+        goto out;
+    /* An NSP checkpoint named BertForMaskedLM still brings its pooler. */
+    if (st_find(f, "cls.seq_relationship.weight"))
+        cfg.nsp = 1;
+    rc = bert_model_create(&m, &cfg);
+    if (rc < 0) {
+        snprintf(err, errlen, "cannot allocate the model: %s", strerror(-rc));
+        goto out;
+    }
+    rc = hf_load_weights(m, f, err, errlen);
+    if (rc < 0)
+        goto out;
+    *out = m;
+    m = NULL;
+out:
+    bert_model_destroy(m);
+    st_close(f);
+    return rc;
+}
+
+static int copy_file(const char *src, const char *dst)
+{
+    int rc = 0;
+    FILE *in = fopen(src, "rb"), *outf = NULL;
+    char tmp[4200];
+    if (!in)
+        return -errno;
+    snprintf(tmp, sizeof tmp, "%s.tmp", dst);
+    outf = fopen(tmp, "wb");
+    if (!outf) {
+        rc = -errno;
+        goto out;
+    }
+    char buf[65536];
+    size_t r;
+    while ((r = fread(buf, 1, sizeof buf, in)) > 0)
+        if (fwrite(buf, 1, r, outf) != r) {
+            rc = -EIO;
+            goto out;
+        }
+    if (ferror(in) || fflush(outf) != 0 || fsync(fileno(outf)) != 0)
+        rc = -EIO;
+out:
+    if (in)
+        fclose(in);
+    if (outf && fclose(outf) != 0 && rc == 0)
+        rc = -EIO;
+    if (rc == 0 && rename(tmp, dst) < 0)
+        rc = -errno;
+    if (rc < 0 && outf)
+        unlink(tmp);
+    return rc;
+}
+
+int hf_export(const bert_model *m, const char *dir, const char *vocab_path, char *err,
+              size_t errlen)
+{
+    int rc = 0;
+    char path[4096];
+    st_entry *ents = NULL;
+    hf_tensor *tab = NULL;
+    json_t *cfg = NULL, *meta = NULL;
+    if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
+        rc = -errno;
+        snprintf(err, errlen, "mkdir %s: %s", dir, strerror(errno));
+        return rc;
+    }
+    int n = hf_tensor_table(m, NULL, 0);
+    tab = calloc((size_t)n, sizeof *tab);
+    ents = calloc((size_t)n, sizeof *ents);
+    if (!tab || !ents) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    hf_tensor_table(m, tab, n);
+    for (int i = 0; i < n; i++) {
+        ents[i].name = tab[i].name;
+        ents[i].ndim = tab[i].ndim;
+        ents[i].shape[0] = tab[i].shape[0];
+        ents[i].shape[1] = tab[i].shape[1];
+        ents[i].data = m->params_memory + tab[i].offset;
+    }
+    meta = json_pack("{s:s}", "format", "pt");
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    rc = st_write(path, ents, n, meta);
+    if (rc < 0) {
+        snprintf(err, errlen, "write %s: %s", path, strerror(-rc));
+        goto out;
+    }
+    cfg = bert_config_to_json(&m->cfg);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (!cfg || json_dump_file(cfg, path, JSON_INDENT(2) | JSON_SORT_KEYS) < 0) {
+        rc = -EIO;
+        snprintf(err, errlen, "write %s failed", path);
+        goto out;
+    }
+    if (vocab_path) {
+        snprintf(path, sizeof path, "%s/vocab.txt", dir);
+        rc = copy_file(vocab_path, path);
+        if (rc < 0) {
+            snprintf(err, errlen, "copy %s -> %s: %s", vocab_path, path, strerror(-rc));
+            goto out;
+        }
+    }
+    rc = st_fsync_dir(dir);
+out:
+    json_decref(cfg);
+    json_decref(meta);
+    free(tab);
+    free(ents);
+    return rc;
+}
