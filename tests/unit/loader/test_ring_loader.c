@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -86,6 +87,11 @@ static int setup(void **state)
 static int teardown(void **state)
 {
 	(void)state;
+	for (int k = 0; k < counter; k++) { /* left by a failed assert */
+		char name[64];
+		snprintf(name, sizeof(name), "/bertd-test-ld-%d-%d", (int)getpid(), k);
+		shm_unlink(name);
+	}
 	const char *names[] = {"meta.txt", "tokens.bin", "sent_off.bin", "doc_off.bin"};
 	for (int i = 0; i < 4; i++) {
 		char path[512];
