@@ -1,4 +1,4 @@
-/* bertd-loader as a real executable: its exit codes, batches byte-identical to
+/* bertd-loader as a real executable: its exit codes (common/exitcodes.h), batches byte-identical to
  * the serial path while one of two loaders is killed with SIGKILL, a graceful
  * SIGTERM, and exit on parent death (PR_SET_PDEATHSIG). */
 #include <errno.h>
@@ -174,14 +174,14 @@ static void test_exit_codes(void **state)
 			 2);
 	/* no such ring */
 	assert_int_equal(
-		exit_code(spawn_loader((const char *[]){"--ring", "/bertd-test-none", "--raw", dir, NULL})), 4);
+		exit_code(spawn_loader((const char *[]){"--ring", "/bertd-test-none", "--raw", dir, NULL})), 2);
 	ring *r = make_ring(name, sizeof(name), NBATCH, tag);
 	/* no such dataset */
 	assert_int_equal(exit_code(spawn_loader((const char *[]){"--ring", name, "--raw", "/nonexistent", NULL})),
-			 3);
+			 5);
 	/* options that would make different batches than the job's */
 	assert_int_equal(exit_code(spawn_loader((const char *[]){"--ring", name, "--raw", dir, "--seed", "7", NULL})),
-			 4);
+			 2);
 	ring_detach(r);
 	ring_unlink(name);
 	/* a dataset smaller than one batch of the ring's geometry */
@@ -190,7 +190,7 @@ static void test_exit_codes(void **state)
 	snprintf(name, sizeof(name), "/bertd-test-ld-%d-%d", (int)getpid(), counter++);
 	ring_params p = {.G = 1, .S = 1, .M = 1, .layout = big, .end_batch = 1};
 	assert_int_equal(ring_create(&r, name, &p), 0);
-	assert_int_equal(exit_code(spawn_loader((const char *[]){"--ring", name, "--raw", dir, NULL})), 3);
+	assert_int_equal(exit_code(spawn_loader((const char *[]){"--ring", name, "--raw", dir, NULL})), 5);
 	ring_detach(r);
 	ring_unlink(name);
 }
