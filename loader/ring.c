@@ -150,7 +150,7 @@ int ring_name_for_job(char *buf, size_t n, const char *job_id)
 		      c == '_'))
 			return -EINVAL;
 	}
-	if ((size_t)snprintf(buf, n, "/bertd-job-%s", job_id) >= n)
+	if ((size_t)snprintf(buf, n, "/bertd-%s", job_id) >= n)
 		return -EINVAL;
 	return 0;
 }

@@ -56,7 +56,7 @@ typedef struct ring_counters {
 
 typedef struct ring ring;
 
-/* Writes the segment name for a job id ("/bertd-job-<id>"). The id may hold
+/* Writes the segment name for a job id ("/bertd-<id>", as the daemon names it). The id may hold
  * only [A-Za-z0-9_-]. Returns 0, or -EINVAL. */
 int ring_name_for_job(char *buf, size_t n, const char *job_id);
 
