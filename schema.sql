@@ -87,3 +87,6 @@ CREATE TABLE job_checkpoints (
 	created_ms INTEGER NOT NULL,
 	PRIMARY KEY (job_id, step)
 ) WITHOUT ROWID;
+
+-- migration 2: the devices a job runs on (JSON array, set at each start)
+ALTER TABLE jobs ADD COLUMN devices_json TEXT;

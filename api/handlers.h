@@ -18,4 +18,17 @@ enum MHD_Result jobs_delete(api_request *req);
 enum MHD_Result jobs_cancel(api_request *req);
 enum MHD_Result jobs_events(api_request *req);
 
+/* jobdata.c */
+enum MHD_Result jobs_metrics(api_request *req);
+enum MHD_Result jobs_checkpoints(api_request *req);
+enum MHD_Result jobs_logs(api_request *req);
+
+/* devices.c */
+enum MHD_Result devices_list(api_request *req);
+
+/* datasets.c */
+enum MHD_Result datasets_create(api_request *req);
+enum MHD_Result datasets_list(api_request *req);
+enum MHD_Result datasets_get(api_request *req);
+
 #endif

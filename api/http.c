@@ -40,6 +40,7 @@ struct api_server {
 	struct MHD_Daemon *mhd;
 	api_config cfg;   /* strings point at the copies below */
 	char *token, *listen_addr, *state_dir;
+	char **roots;     /* n_data_roots copies */
 	store *st;
 	int port;
 };
@@ -188,6 +189,34 @@ int api_json_parse(const char *buf, size_t len, int max_depth, json_t **out, cha
 	return 0;
 }
 
+char *api_json_dumps(const json_t *o, bool newline)
+{
+	const size_t flags = JSON_COMPACT | JSON_REAL_PRECISION(15);
+	char *text = json_dumps(o, flags);
+	if (!text)
+		return NULL;
+	json_t *back = json_loads(text, JSON_DECODE_ANY, NULL);
+	bool same = back && json_equal(back, (json_t *)o);
+	json_decref(back);
+	if (!same) {
+		free(text);
+		if (!(text = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(17))))
+			return NULL;
+	}
+	if (newline) {
+		size_t n = strlen(text);
+		char *t = realloc(text, n + 2);
+		if (!t) {
+			free(text);
+			return NULL;
+		}
+		t[n] = '\n';
+		t[n + 1] = 0;
+		text = t;
+	}
+	return text;
+}
+
 /* ---------------------------------------------------------------- replies */
 
 static enum MHD_Result reply(api_request *req, unsigned status, const char *content_type,
@@ -224,23 +253,15 @@ enum MHD_Result api_reply_empty(api_request *req, unsigned status)
 static enum MHD_Result reply_dumped(api_request *req, unsigned status, const char *content_type,
 				    json_t *body)
 {
-	char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+	char *text = body ? api_json_dumps(body, true) : NULL;
 	json_decref(body);
 	if (!text) {
 		static const char oom[] = "{\"type\":\"urn:bertd:problem:internal\",\"title\":"
 					  "\"Internal error\",\"status\":500}\n";
 		return reply(req, 500, "application/problem+json", oom, sizeof oom - 1);
 	}
-	size_t n = strlen(text);
-	char *withnl = realloc(text, n + 2);
-	if (!withnl) {
-		free(text);
-		return MHD_NO;
-	}
-	withnl[n] = '\n';
-	withnl[n + 1] = 0;
-	enum MHD_Result rc = reply(req, status, content_type, withnl, n + 1);
-	free(withnl);
+	enum MHD_Result rc = reply(req, status, content_type, text, strlen(text));
+	free(text);
 	return rc;
 }
 
@@ -511,6 +532,9 @@ static void server_free(api_server *srv)
 	free(srv->token);
 	free(srv->listen_addr);
 	free(srv->state_dir);
+	for (size_t i = 0; srv->roots && i < srv->cfg.n_data_roots; i++)
+		free(srv->roots[i]);
+	free(srv->roots);
 	free(srv);
 }
 
@@ -529,6 +553,20 @@ int api_server_start(api_server **out, const api_config *cfg, store *st)
 		rc = -ENOMEM;
 		goto out;
 	}
+	srv->cfg.n_data_roots = 0; /* counts copies made, for server_free */
+	if (cfg->n_data_roots) {
+		if (!(srv->roots = calloc(cfg->n_data_roots, sizeof *srv->roots))) {
+			rc = -ENOMEM;
+			goto out;
+		}
+		for (size_t i = 0; i < cfg->n_data_roots; i++, srv->cfg.n_data_roots++) {
+			if (!(srv->roots[i] = strdup(cfg->data_roots[i]))) {
+				rc = -ENOMEM;
+				goto out;
+			}
+		}
+	}
+	srv->cfg.data_roots = (const char *const *)srv->roots;
 	srv->cfg.token = srv->token;
 	srv->cfg.listen_addr = srv->listen_addr;
 	srv->cfg.state_dir = srv->state_dir;
@@ -597,3 +635,29 @@ void api_server_stop(api_server *srv)
 		MHD_stop_daemon(srv->mhd); /* joins the pool; closes the listening socket */
 	server_free(srv);
 }
+
+typedef struct allowed {
+	const char *const *names;
+	char bad[64];
+} allowed;
+
+static int check_known(void *cls, const char *key, const char *value)
+{
+	(void)value;
+	allowed *a = cls;
+	for (const char *const *n = a->names; *n; n++)
+		if (strcmp(*n, key) == 0)
+			return 0;
+	snprintf(a->bad, sizeof a->bad, "%s", key);
+	return 1;
+}
+
+bool api_query_known(api_request *req, const char *const *names, enum MHD_Result *ret)
+{
+	allowed a = {.names = names};
+	if (api_query_each(req, check_known, &a) == 0)
+		return true;
+	*ret = api_reply_problem(req, API_P_INVALID_PARAMETER, a.bad, "unknown query parameter");
+	return false;
+}
+

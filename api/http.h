@@ -62,6 +62,17 @@ enum MHD_Result api_reply_empty(api_request *req, unsigned status);
 enum MHD_Result api_reply_problem(api_request *req, enum api_problem p, const char *field,
 				  const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
+/* Serializes compactly, reals with the fewest digits (15 or 17) that read
+ * back as the same double, so 0.1 prints as 0.1, not 0.10000000000000001.
+ * newline appends "\n". Returns a malloc'd string (caller frees) or NULL. */
+char *api_json_dumps(const json_t *o, bool newline);
+
+/* Checks that every query parameter is one of names (NULL-ended); if not,
+ * replies 400 invalid-parameter naming it, sets *ret and returns false.
+ * Unknown parameters are refused everywhere so a typo never silently
+ * changes a result. */
+bool api_query_known(api_request *req, const char *const *names, enum MHD_Result *ret);
+
 /* Parses a JSON text, refusing nesting deeper than max_depth before parsing.
  * Returns 0 and *out (caller owns), -E2BIG too deep, -EINVAL malformed
  * (detail gets line/column and jansson's message). Duplicate object keys

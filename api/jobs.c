@@ -10,6 +10,7 @@
  * canceled). Must never touch child processes or daemon state directly.
  */
 #include <errno.h>
+#include <limits.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -132,19 +133,38 @@ static bool idem_key_ok(const char *k)
  * bytes. Steals o. */
 static char *dump_line(json_t *o)
 {
-	char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+	char *text = o ? api_json_dumps(o, true) : NULL;
 	json_decref(o);
-	if (!text)
-		return NULL;
-	size_t n = strlen(text);
-	char *t = realloc(text, n + 2);
-	if (!t) {
-		free(text);
-		return NULL;
+	return text;
+}
+
+/* init_from names a directory on the daemon's machine; it must resolve
+ * (symlinks followed) inside one of the configured data roots, so a job spec
+ * cannot make the worker read arbitrary files. The resolved path replaces
+ * the submitted one, so the worker opens exactly what was checked.
+ * Returns 0, or -EACCES / -ENOENT with detail filled. */
+static int check_init_from(const api_config *cfg, json_t *spec, char *detail, size_t n)
+{
+	const char *p = json_string_value(json_object_get(spec, "init_from"));
+	char real[PATH_MAX], root[PATH_MAX];
+	if (!p)
+		return 0; /* null: train from scratch */
+	if (!realpath(p, real)) {
+		snprintf(detail, n, "cannot resolve the path: %s", strerror(errno));
+		return -ENOENT;
 	}
-	t[n] = '\n';
-	t[n + 1] = 0;
-	return t;
+	for (size_t i = 0; i < cfg->n_data_roots; i++) {
+		if (!realpath(cfg->data_roots[i], root))
+			continue;
+		size_t rl = strlen(root);
+		if (strncmp(real, root, rl) == 0 && (real[rl] == '/' || real[rl] == 0 ||
+						     (rl == 1 && root[0] == '/'))) {
+			json_object_set_new(spec, "init_from", json_string(real));
+			return 0;
+		}
+	}
+	snprintf(detail, n, "must be inside a data root (the daemon's data_roots setting)");
+	return -EACCES;
 }
 
 enum MHD_Result jobs_create(api_request *req)
@@ -182,7 +202,11 @@ enum MHD_Result jobs_create(api_request *req)
 					err.field, "%s", err.detail[0] ? err.detail : "invalid job spec");
 		goto out;
 	}
-	spec_text = json_dumps(spec, JSON_COMPACT);
+	if (check_init_from(req->cfg, spec, detail, sizeof detail)) {
+		ret = api_reply_problem(req, API_P_INVALID_SPEC, "init_from", "%s", detail);
+		goto out;
+	}
+	spec_text = api_json_dumps(spec, false);
 	if (!spec_text) {
 		ret = api_reply_problem(req, API_P_INTERNAL, NULL, "out of memory");
 		goto out;

@@ -27,6 +27,11 @@ enum api_problem {
 	API_P_UNSUPPORTED_MEDIA,   /* 415 body not application/json */
 	API_P_INVALID_SPEC,        /* 422 spec well-formed but invalid */
 	API_P_IDEMPOTENCY_REUSE,   /* 422 Idempotency-Key reused with another body */
+	API_P_DATASET_NOT_FOUND,   /* 404 no such dataset */
+	API_P_DATASET_EXISTS,      /* 409 a dataset with that name exists */
+	API_P_DATASET_STATE,       /* 409 the dataset's state does not allow it */
+	API_P_PATH_FORBIDDEN,      /* 403 a path resolves outside the data roots */
+	API_P_INVALID_REQUEST,     /* 422 request well-formed but invalid (not a job spec) */
 	API_P_INTERNAL,            /* 500 the daemon failed (logged) */
 	API_P_UNAVAILABLE,         /* 503 the daemon cannot serve it right now */
 	API_P_COUNT

@@ -18,6 +18,13 @@ static const api_route routes[] = {
 	{"DELETE", "/v1/jobs/{id}",         jobs_delete,    0},
 	{"POST",   "/v1/jobs/{id}/cancel",  jobs_cancel,    0},
 	{"GET",    "/v1/jobs/{id}/events",  jobs_events,    0},
+	{"GET",    "/v1/jobs/{id}/metrics", jobs_metrics,   0},
+	{"GET",    "/v1/jobs/{id}/checkpoints", jobs_checkpoints, 0},
+	{"GET",    "/v1/jobs/{id}/logs",    jobs_logs,      0},
+	{"GET",    "/v1/devices",           devices_list,   0},
+	{"POST",   "/v1/datasets",          datasets_create, 0},
+	{"GET",    "/v1/datasets",          datasets_list,   0},
+	{"GET",    "/v1/datasets/{id}",     datasets_get,    0},
 };
 
 const api_route *api_route_table(size_t *n)

@@ -227,6 +227,8 @@ int main(int argc, char **argv)
 		goto out;
 	}
 
+	ac.devices = d.devs;
+	ac.n_devices = d.ndev;
 	if ((rc = api_server_start(&d.api, &ac, d.st)) < 0) {
 		if (rc == -EPERM)
 			log_error("refusing to listen on %s: not a loopback address (set allow_remote = true)",

@@ -566,7 +566,7 @@ int store_schema_version(store *s)
 /* ---- jobs ---- */
 
 #define JOB_COLS "seq, id, name, spec_json, state, priority, restart_count, failure_reason, " \
-		 "created_ms, updated_ms, started_ms, finished_ms"
+		 "created_ms, updated_ms, started_ms, finished_ms, devices_json"
 
 static int job_read(sqlite3_stmt *st, store_job *j)
 {
@@ -575,7 +575,7 @@ static int job_read(sqlite3_stmt *st, store_job *j)
 	j->seq = sqlite3_column_int64(st, 0);
 	if ((rc = dup_col(st, 1, &j->id)) < 0 || (rc = dup_col(st, 2, &j->name)) < 0 ||
 	    (rc = dup_col(st, 3, &j->spec_json)) < 0 || (rc = col_job_state(st, 4, &j->state)) < 0 ||
-	    (rc = dup_col(st, 7, &j->failure_reason)) < 0)
+	    (rc = dup_col(st, 7, &j->failure_reason)) < 0 || (rc = dup_col(st, 12, &j->devices_json)) < 0)
 		goto out;
 	j->priority = sqlite3_column_int(st, 5);
 	j->restart_count = sqlite3_column_int(st, 6);
@@ -597,6 +597,7 @@ void store_job_free(store_job *j)
 	free(j->name);
 	free(j->spec_json);
 	free(j->failure_reason);
+	free(j->devices_json);
 	memset(j, 0, sizeof *j);
 }
 
@@ -841,6 +842,30 @@ int store_job_note(store *s, const char *id, const char *reason)
 		goto out;
 	rc = event_insert(s, id, t, was, was, reason);
 out:
+	rc = txn_end(s, rc);
+	unlock(s);
+	return rc;
+}
+
+int store_job_set_devices(store *s, const char *id, const char *devices_json)
+{
+	sqlite3_stmt *st = NULL;
+	int rc;
+	if (!id)
+		return -EINVAL;
+	lock(s);
+	if ((rc = txn_begin(s, TXN_WRITE)) < 0)
+		goto out;
+	if ((rc = prep(s, "UPDATE jobs SET devices_json = ?2, updated_ms = ?3 WHERE id = ?1", &st)) < 0)
+		goto out;
+	if ((rc = bind_text(st, 1, id)) < 0 || (rc = bind_text(st, 2, devices_json)) < 0 ||
+	    (rc = bind_i64(st, 3, now_ms())) < 0)
+		goto out;
+	if ((rc = run(s, st)) < 0)
+		goto out;
+	rc = sqlite3_changes(s->db) == 0 ? -ENOENT : 0;
+out:
+	sqlite3_finalize(st);
 	rc = txn_end(s, rc);
 	unlock(s);
 	return rc;

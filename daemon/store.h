@@ -54,6 +54,7 @@ typedef struct store_job {
 	char *failure_reason; /* NULL unless failed */
 	int64_t created_ms, updated_ms, started_ms, finished_ms;
 	int64_t seq;          /* insertion order; basis of list cursors */
+	char *devices_json;   /* devices of the current/last run, JSON array; NULL before */
 } store_job;
 
 typedef struct store_event {
@@ -115,6 +116,10 @@ int store_job_list(store *s, unsigned state_mask, int64_t after_seq, int limit,
  * *cur, if non-NULL, gets the state before the call either way). */
 int store_job_transition(store *s, const char *id, unsigned from_mask, enum job_state to,
 			 const char *reason, enum job_state *cur);
+
+/* Records the devices a job was started on (JSON array text; NULL clears).
+ * -ENOENT no job. */
+int store_job_set_devices(store *s, const char *id, const char *devices_json);
 
 /* Adds 1 to restart_count; returns the new count in *count (if non-NULL).
  * -ENOENT no job. */

@@ -466,6 +466,15 @@ static int start_job(supervisor *sv, const store_job *j, const int *dev, int nde
 	}
 	for (int i = 0; i < ndev; i++)
 		sv->dev_job[dev[i]] = strdup(r->id);
+	json_t *dj = json_array();
+	for (int i = 0; i < ndev; i++)
+		json_array_append_new(dj, json_pack("{s:i, s:s, s:i, s:s}", "id", dev[i], "kind",
+						    device_kind_name(sv->devs[dev[i]].kind), "index",
+						    sv->devs[dev[i]].index, "name", sv->devs[dev[i]].name));
+	char *djs = json_dumps(dj, JSON_COMPACT);
+	store_job_set_devices(sv->st, r->id, djs);
+	free(djs);
+	json_decref(dj);
 	r->start_ms = now_ms();
 	r->max_runtime_ms = spec.max_runtime_seconds > 0 ? spec.max_runtime_seconds * 1000 : 0;
 	r->next = sv->runs;

@@ -10,10 +10,12 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
+#include "common/sha256.h"
 #include "loader/philox.h"
 
 enum {
@@ -98,6 +100,24 @@ void mlm_config_defaults(mlm_config *c, uint32_t max_seq_len)
 	c->mask_replace_prob = 0.8f;
 	c->random_replace_prob = 0.1f;
 	c->short_seq_prob = 0.1f;
+}
+
+uint64_t mlm_config_digest(const mlm_config *c)
+{
+	char buf[256];
+	int n = snprintf(buf, sizeof(buf), "mlm-v1 seed=%llu T=%u P=%u mlm=%a mask=%a rand=%a short=%a nsp=%d wwm=%d",
+			 (unsigned long long)c->seed, c->max_seq_len, c->max_pred, (double)c->mlm_probability,
+			 (double)c->mask_replace_prob, (double)c->random_replace_prob,
+			 (double)c->short_seq_prob, c->nsp, c->whole_word_mask);
+	sha256_ctx h;
+	uint8_t d[32];
+	sha256_init(&h);
+	sha256_update(&h, buf, (size_t)n);
+	sha256_final(&h, d);
+	uint64_t v = 0;
+	for (int i = 0; i < 8; i++)
+		v = v << 8 | d[i];
+	return v;
 }
 
 static int config_check(const mlm_config *c)

@@ -41,6 +41,10 @@ typedef struct mlm_config {
  * P = ceil(T * 5 / 32) (20 at 128, 80 at 512, as in BERT's scripts). */
 void mlm_config_defaults(mlm_config *c, uint32_t max_seq_len);
 
+/* A digest of every field that changes batch bytes (not the bitmap's
+ * address), for checking that all loaders of a job agree (ring job_tag). */
+uint64_t mlm_config_digest(const mlm_config *c);
+
 typedef struct mlm_dataset mlm_dataset;
 
 /* Sample-index counters, fixed at create time. */

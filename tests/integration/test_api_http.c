@@ -12,19 +12,24 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <cmocka.h>
 
+#include "daemon/store.h"
 #include "harness.h"
 
 #define MAX_BODY 4096
 #define MAX_BODY_S "4096"
+/* Jobs must stay where the test put them: the supervisor holds the queue. */
+#define HOLD "--schedule", "false"
 /* The smallest spec a user would send: everything else is defaulted. */
 #define SPEC_OK "{\"name\":\"it-job\",\"dataset\":\"wikitext2\"}"
 
 static int setup(void **state)
 {
 	bertd *d = calloc(1, sizeof *d);
-	const char *extra[] = {"--max-body-bytes", MAX_BODY_S, NULL};
+	const char *extra[] = {"--max-body-bytes", MAX_BODY_S, HOLD, NULL};
 	if (bertd_init(d) || bertd_start(d, extra)) {
 		bertd_destroy(d);
 		free(d);
@@ -32,6 +37,32 @@ static int setup(void **state)
 	}
 	*state = d;
 	return 0;
+}
+
+/* A daemon whose only data root is <root>/data, holding a checkpoint dir and
+ * a symlink that points out of the root. */
+static int setup_roots(void **state)
+{
+	bertd *d = calloc(1, sizeof *d);
+	char data[128], p[256];
+	if (bertd_init(d))
+		goto fail;
+	snprintf(data, sizeof data, "%s/data", d->root);
+	snprintf(p, sizeof p, "%s/ckpt-100", data);
+	if (mkdir(data, 0700) || mkdir(p, 0700))
+		goto fail;
+	snprintf(p, sizeof p, "%s/escape", data);
+	if (symlink(d->state_dir, p))
+		goto fail;
+	const char *extra[] = {"--data-roots", data, HOLD, NULL};
+	if (bertd_start(d, extra))
+		goto fail;
+	*state = d;
+	return 0;
+fail:
+	bertd_destroy(d);
+	free(d);
+	return -1;
 }
 
 static int teardown(void **state)
@@ -613,6 +644,96 @@ static void test_delete(void **state)
 	free(id);
 }
 
+static void submit_init_from(const bertd *d, const char *path, http_resp *r)
+{
+	char spec[512];
+	snprintf(spec, sizeof spec, "{\"dataset\":\"wikitext2\",\"init_from\":\"%s\"}", path);
+	assert_int_equal(http_post_json(d, "/v1/jobs", spec, r), 0);
+}
+
+/* init_from must resolve inside a data root; symlinks are followed first. */
+static void test_init_from_confined_to_data_roots(void **state)
+{
+	bertd *d = *state;
+	http_resp r;
+	char p[256];
+	snprintf(p, sizeof p, "%s/data/ckpt-100", d->root);
+	submit_init_from(d, p, &r);
+	if (r.status != 201)
+		fail_msg("%ld %s", r.status, r.body);
+	char *real = realpath(p, NULL);
+	assert_string_equal(jstr(json_object_get(r.json, "spec"), "init_from"), real);
+	free(real);
+	http_resp_free(&r);
+
+	submit_init_from(d, "/etc", &r);
+	check_problem(&r, 422, "invalid-spec", "init_from");
+	http_resp_free(&r);
+	snprintf(p, sizeof p, "%s/data/escape", d->root); /* -> the state dir */
+	submit_init_from(d, p, &r);
+	check_problem(&r, 422, "invalid-spec", "init_from");
+	http_resp_free(&r);
+	snprintf(p, sizeof p, "%s/data/missing", d->root);
+	submit_init_from(d, p, &r);
+	check_problem(&r, 422, "invalid-spec", "init_from");
+	http_resp_free(&r);
+	snprintf(p, sizeof p, "%s/datax", d->root); /* a sibling sharing the prefix */
+	mkdir(p, 0700);
+	submit_init_from(d, p, &r);
+	check_problem(&r, 422, "invalid-spec", "init_from");
+	http_resp_free(&r);
+}
+
+/* Until the supervisor exists nothing moves a job to running, so the test
+ * plays the scheduler: it opens the daemon's database itself (WAL allows a
+ * second connection) and makes the same compare-and-set transitions. */
+static void test_cancel_running_moves_to_stopping(void **state)
+{
+	bertd *d = *state;
+	char *id = submit(d, SPEC_OK), db[160], path[128];
+	http_resp r;
+	store *st = NULL;
+	snprintf(db, sizeof db, "%s/bertd.db", d->state_dir);
+	assert_int_equal(store_open(&st, db), 0);
+	assert_int_equal(store_job_transition(st, id, JOB_MASK(JOB_QUEUED), JOB_STARTING,
+					      "test: scheduled", NULL), 0);
+	assert_int_equal(store_job_transition(st, id, JOB_MASK(JOB_STARTING), JOB_RUNNING,
+					      "test: workers up", NULL), 0);
+
+	post_path(d, "/v1/jobs/%s/cancel", id, &r);
+	if (r.status != 202)
+		fail_msg("cancel of a running job: %ld %s", r.status, r.body);
+	assert_string_equal(jstr(r.json, "state"), "stopping");
+	http_resp_free(&r);
+	/* Asking again while it stops is not an error and changes nothing. */
+	post_path(d, "/v1/jobs/%s/cancel", id, &r);
+	assert_int_equal(r.status, 202);
+	assert_string_equal(jstr(r.json, "state"), "stopping");
+	http_resp_free(&r);
+	snprintf(path, sizeof path, "/v1/jobs/%s", id);
+	assert_int_equal(http_do(d, "DELETE", path, NULL, 0, NULL, H_AUTH, &r), 0);
+	check_problem(&r, 409, "job-state-conflict", NULL);
+	http_resp_free(&r);
+
+	get_path(d, "/v1/jobs/%s/events", id, &r);
+	json_t *ev = json_object_get(r.json, "events");
+	assert_int_equal(json_array_size(ev), 4); /* submitted, starting, running, stopping */
+	json_t *last = json_array_get(ev, 3);
+	assert_string_equal(jstr(last, "from"), "running");
+	assert_string_equal(jstr(last, "to"), "stopping");
+	assert_string_equal(jstr(last, "reason"), "cancel requested by user");
+	http_resp_free(&r);
+
+	/* The supervisor finishes the stop; then the job is deletable. */
+	assert_int_equal(store_job_transition(st, id, JOB_MASK(JOB_STOPPING), JOB_CANCELED,
+					      "test: stopped", NULL), 0);
+	store_close(st);
+	assert_int_equal(http_do(d, "DELETE", path, NULL, 0, NULL, H_AUTH, &r), 0);
+	assert_int_equal(r.status, 204);
+	http_resp_free(&r);
+	free(id);
+}
+
 /* 201 means committed: kill -9 right after it, restart on the same state
  * dir, and the job is there with the same spec, state and events. */
 static void test_job_survives_kill9(void **state)
@@ -625,7 +746,7 @@ static void test_job_survives_kill9(void **state)
 	char token_before[256];
 	snprintf(token_before, sizeof token_before, "%s", d->token);
 
-	const char *extra[] = {"--max-body-bytes", MAX_BODY_S, NULL};
+	const char *extra[] = {"--max-body-bytes", MAX_BODY_S, HOLD, NULL};
 	assert_int_equal(bertd_start(d, extra), 0);
 	assert_string_equal(d->token, token_before); /* the token file is reused */
 	get_path(d, "/v1/jobs/%s", jstr(r.json, "id"), &g);
@@ -660,7 +781,10 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_filter_by_state, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_cancel_and_events, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_delete, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_cancel_running_moves_to_stopping, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_job_survives_kill9, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_init_from_confined_to_data_roots, setup_roots,
+						teardown),
 	};
 	int rc = cmocka_run_group_tests(tests, NULL, NULL);
 	curl_global_cleanup();

@@ -145,7 +145,8 @@ static void test_problem_bodies(void **state)
 	/* Client bytes that are not UTF-8 still give a valid JSON reply. */
 	p = api_problem_json(API_P_INVALID_PARAMETER, "got '\xff\xfe'", "state", NULL);
 	assert_non_null(p);
-	assert_string_equal(json_string_value(json_object_get(p, "detail")), "got '?" "?'" /* two bytes, two marks */);
+	assert_string_equal(json_string_value(json_object_get(p, "detail")),
+			    "got '?" "?'" /* two bytes, two marks */);
 	json_decref(p);
 
 	/* Codes are unique, statuses are errors, and each has a title. */
@@ -251,6 +252,77 @@ static void test_media_and_time(void **state)
 	assert_string_equal(buf, "2026-11-30T11:19:47.009Z");
 }
 
+static void test_json_dumps_short_reals(void **state)
+{
+	(void)state;
+	json_t *o = json_pack("{s:f, s:f, s:i}", "p", 0.15, "lr", 5e-5, "n", 3);
+	char *t = api_json_dumps(o, true);
+	assert_non_null(t);
+	assert_string_equal(t, "{\"p\":0.15,\"lr\":5e-5,\"n\":3}\n");
+	free(t);
+	json_decref(o);
+
+	/* 0.1 + 0.2 needs 17 digits; then the text must still read back exactly. */
+	o = json_pack("{s:f, s:f}", "p", 0.15, "odd", 0.1 + 0.2);
+	t = api_json_dumps(o, false);
+	assert_non_null(strstr(t, "0.30000000000000004"));
+	json_t *back = json_loads(t, 0, NULL);
+	assert_true(json_equal(back, o));
+	json_decref(back);
+	free(t);
+	json_decref(o);
+}
+
+static char *slurp(const char *name)
+{
+	const char *dir = getenv("BERTD_DOCS_DIR");
+	char path[1024];
+	if (!dir)
+		fail_msg("BERTD_DOCS_DIR is not set");
+	snprintf(path, sizeof path, "%s/%s", dir, name);
+	FILE *f = fopen(path, "rb");
+	if (!f)
+		fail_msg("cannot open %s", path);
+	fseek(f, 0, SEEK_END);
+	long n = ftell(f);
+	fseek(f, 0, SEEK_SET);
+	char *buf = malloc((size_t)n + 1);
+	assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
+	buf[n] = 0;
+	fclose(f);
+	return buf;
+}
+
+/* The docs list exactly what the code serves: every route and every
+ * problem code appears in docs/api.md and docs/openapi.yaml. */
+static void test_docs_cover_routes_and_codes(void **state)
+{
+	(void)state;
+	char *md = slurp("api.md"), *oa = slurp("openapi.yaml");
+	char needle[256];
+	size_t n;
+	const api_route *t = api_route_table(&n);
+	for (size_t i = 0; i < n; i++) {
+		snprintf(needle, sizeof needle, "### %s %s", t[i].method, t[i].path);
+		if (!strstr(md, needle))
+			fail_msg("docs/api.md has no heading '%s'", needle);
+		snprintf(needle, sizeof needle, "\n  %s:\n", t[i].path);
+		if (!strstr(oa, needle))
+			fail_msg("docs/openapi.yaml has no path %s", t[i].path);
+	}
+	for (int p = 0; p < API_P_COUNT; p++) {
+		snprintf(needle, sizeof needle, "| %d | `%s` |", api_problem_status(p),
+			 api_problem_code(p));
+		if (!strstr(md, needle))
+			fail_msg("docs/api.md error table lacks '%s'", needle);
+		snprintf(needle, sizeof needle, "- urn:bertd:problem:%s\n", api_problem_code(p));
+		if (!strstr(oa, needle))
+			fail_msg("docs/openapi.yaml Problem.type lacks %s", api_problem_code(p));
+	}
+	free(md);
+	free(oa);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -261,6 +333,8 @@ int main(void)
 		cmocka_unit_test(test_json_depth_guard),
 		cmocka_unit_test(test_bearer_check),
 		cmocka_unit_test(test_media_and_time),
+		cmocka_unit_test(test_json_dumps_short_reals),
+		cmocka_unit_test(test_docs_cover_routes_and_codes),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

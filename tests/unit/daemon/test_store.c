@@ -361,6 +361,16 @@ static void test_insert_get(void **state)
 	assert_int_equal(store_job_insert(f->s, &bad, NULL, NULL, NULL, NULL, NULL, NULL), -EINVAL);
 	assert_int_equal(store_job_get(f->s, "job-nope", &j), -ENOENT);
 	assert_null(j.id);
+
+	/* devices of the current run (migration 2) */
+	assert_int_equal(store_job_get(f->s, "job-0000000000000001", &j), 0);
+	assert_null(j.devices_json);
+	store_job_free(&j);
+	assert_int_equal(store_job_set_devices(f->s, "job-0000000000000001", "[{\"kind\":\"cpu\"}]"), 0);
+	assert_int_equal(store_job_get(f->s, "job-0000000000000001", &j), 0);
+	assert_string_equal(j.devices_json, "[{\"kind\":\"cpu\"}]");
+	store_job_free(&j);
+	assert_int_equal(store_job_set_devices(f->s, "job-nope", "[]"), -ENOENT);
 }
 
 static void test_list_paging(void **state)
