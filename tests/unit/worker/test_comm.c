@@ -361,7 +361,7 @@ static void test_kill9_outside_2(void **state)
 static void test_stuck_rank(void **state)
 {
     (void)state;
-    check_peer_loss(3, 2, 4, 1, 1000);
+    check_peer_loss(3, 2, 4, 1, 2000);
 }
 
 /* comm_abort reaches the others promptly: again the timeout is out of reach. */
