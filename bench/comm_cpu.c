@@ -227,7 +227,8 @@ static double maxv(const double *v, int n)
 
 int main(int argc, char **argv)
 {
-    opts o = {.world = 2, .floats = 0, .chunk = 1u << 18, .iters = 20, .train_steps = 4, .batch = 8, .seq = 128,
+    opts o = {.world = 2, .floats = 0, .chunk = COMM_DEFAULT_MAX_FLOATS, .iters = 20, .train_steps = 4,
+              .batch = 8, .seq = 128,
               .threads = (int)sysconf(_SC_NPROCESSORS_ONLN)};
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--world"))
