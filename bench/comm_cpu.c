@@ -15,7 +15,9 @@
  * optim_step), 1 process x T threads vs G processes x T/G threads, equal
  * per-process batch (weak scaling, as DDP is used).
  *
- * Prints a table and one line starting "BENCH comm_cpu" for scripts.
+ * Allreduce and memcpy figures are medians over iterations (per rank; the
+ * slowest rank's median is reported). Prints a table and one line starting
+ * "BENCH comm_cpu" for scripts.
  */
 #include <errno.h>
 #include <stdint.h>
@@ -56,6 +58,18 @@ typedef struct shared_out {
     int rc[64];
 } shared_out;
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 static void fill(float *x, size_t n, int rank)
 {
     for (size_t i = 0; i < n; i++)
@@ -79,23 +93,31 @@ static int rank_allreduce(const opts *o, const char *name, int rank, shared_out 
         rc = comm_allreduce_mean(c, buf, o->floats);
     if (rc == 0)
         rc = comm_barrier(c);
-    double t0 = now_s();
-    for (int i = 0; i < o->iters && rc == 0; i++)
+    /* per-iteration times, median reported: the VM is shared, and a
+     * preempted iteration should not decide the figure */
+    double *t = calloc((size_t)o->iters, sizeof(double));
+    if (!t)
+        return 2;
+    for (int i = 0; i < o->iters && rc == 0; i++) {
+        double t0 = now_s();
         rc = comm_allreduce_mean(c, buf, o->floats);
-    out->allreduce_s[rank] = (now_s() - t0) / o->iters;
+        t[i] = now_s() - t0;
+    }
+    out->allreduce_s[rank] = median(t, o->iters);
     /* the roofline: 3 memcpy's of the buffer per iteration, all ranks at once */
-    if (rc == 0)
+    for (int i = 0; i < o->iters && rc == 0; i++) {
         rc = comm_barrier(c);
-    t0 = now_s();
-    for (int i = 0; i < o->iters; i++) {
+        double t0 = now_s();
         memcpy(dst, buf, o->floats * sizeof(float));
         memcpy(buf, dst, o->floats * sizeof(float));
         memcpy(dst, buf, o->floats * sizeof(float));
         __asm__ volatile("" ::"r"(dst) : "memory");
+        t[i] = now_s() - t0;
     }
-    out->memcpy3_s[rank] = (now_s() - t0) / o->iters;
+    out->memcpy3_s[rank] = median(t, o->iters);
     if (rc == 0)
         rc = comm_barrier(c);
+    free(t);
     free(buf);
     free(dst);
     comm_destroy(c);
@@ -281,7 +303,7 @@ int main(int argc, char **argv)
     double algbw = bytes / ar / 1e9;
     double busbw = algbw * 2.0 * (o.world - 1) / o.world;
     double mcbw = bytes / (mc3 / 3.0) / 1e9;
-    printf("%-40s %12s %12s\n", "path", "ms/op", "GB/s");
+    printf("%-40s %12s %12s\n", "path (median)", "ms/op", "GB/s");
     printf("%-40s %12.2f %12.2f  (algbw; busbw %.2f)\n", "comm_allreduce_mean", ar * 1e3, algbw, busbw);
     printf("%-40s %12.2f %12.2f  (per memcpy, %d procs at once)\n", "reference: 3 x memcpy per rank", mc3 * 1e3,
            mcbw, o.world);
