@@ -241,9 +241,12 @@ static void shm_abort_reason(comm_shm *s, int err, const char *fmt, int peer, in
     futex_bump_wake(&s->ctl->futex);
 }
 
-/* Returns 0 if every peer that joined is alive and has not left before
- * reaching phase p, else aborts the group and returns -EPIPE. */
-static int check_peers(comm_shm *s, uint64_t p, int check_procs)
+/* Returns 0 unless a peer that blocks us is lost, else aborts the group and
+ * returns -EPIPE. In a collective (joining = 0) only peers that have not
+ * reached phase p block us: one that has may legitimately finish and exit
+ * meanwhile. While joining, every registered peer counts. A peer whose
+ * registration is half done (start time not yet written) is skipped. */
+static int check_peers(comm_shm *s, uint64_t p, int check_procs, int joining)
 {
     comm_ctl *c = s->ctl;
     for (int g = 0; g < (int)c->world; g++) {
@@ -251,13 +254,22 @@ static int check_peers(comm_shm *s, uint64_t p, int check_procs)
             continue;
         comm_rank_ctl *r = &c->ranks[g];
         pid_t pid = atomic_load(&r->pid);
-        if (pid == 0)
+        uint64_t st = atomic_load(&r->starttime);
+        if (pid == 0 || st == 0)
             continue;
-        if (atomic_load(&r->left) && atomic_load(&r->phase) < p) {
+        if (!joining && atomic_load(&r->phase) >= p)
+            continue;
+        /* a peer that left on purpose either finished (then it is not
+         * blocking us: its phase is final) or gave up and set abort_err */
+        if (atomic_load(&r->left)) {
+            if (joining)
+                continue;
             shm_abort_reason(s, -EPIPE, "rank %d left the group before phase %d", g, (int)p);
             return -EPIPE;
         }
-        if (check_procs && !atomic_load(&r->left) && !proc_alive(pid, atomic_load(&r->starttime))) {
+        if (check_procs && !proc_alive(pid, st)) {
+            if (atomic_load(&r->left) && (joining || atomic_load(&r->phase) >= p))
+                continue; /* it left cleanly while we looked */
             shm_abort_reason(s, -EPIPE, "rank %d (pid %d) died", g, (int)pid);
             return -EPIPE;
         }
@@ -299,7 +311,7 @@ static int shm_sync(comm_shm *s, uint64_t sig)
             return -EPIPE;
         uint64_t now = now_ms();
         int due = now >= next_check;
-        if (check_peers(s, p, due) != 0)
+        if (check_peers(s, p, due, 0) != 0)
             return -EPIPE;
         if (due)
             next_check = now + CHECK_MS;
@@ -598,12 +610,13 @@ static int register_self(comm_shm *s)
     comm_rank_ctl *r = &s->ctl->ranks[s->base.rank];
     pid_t me = getpid();
     char state;
+    uint64_t st = proc_starttime(me, &state); /* 0 only without /proc: then peers never check us */
     int32_t zero = 0;
     if (!atomic_compare_exchange_strong(&r->pid, &zero, (int32_t)me)) {
         log_error("comm %s: rank %d is already held by pid %d", s->name, s->base.rank, (int)zero);
         return -EBUSY;
     }
-    atomic_store(&r->starttime, proc_starttime(me, &state));
+    atomic_store(&r->starttime, st);
     atomic_fetch_add(&s->ctl->attached, 1);
     atomic_fetch_add(&s->ctl->joined, 1);
     futex_bump_wake(&s->ctl->futex);
@@ -661,8 +674,9 @@ int comm_create_shm(comm **out, const char *name, int rank, int world, size_t ma
         }
         uint64_t now = now_ms();
         if (now >= next_check) {
-            if (check_peers(s, 0, 1) != 0) {
-                rc = -EPIPE;
+            if (check_peers(s, 0, 1, 1) != 0) {
+                int err = atomic_load(&c->abort_err);
+                rc = err == -ETIMEDOUT || err == -EPROTO ? err : -EPIPE;
                 goto out;
             }
             next_check = now + CHECK_MS;
