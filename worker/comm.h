@@ -120,6 +120,15 @@ int comm_nccl_bucket_start(comm *c, float *dev_buf, size_t n, void *compute_stre
  * started so far, then checks NCCL for asynchronous errors. 0 or -EPIPE. */
 int comm_nccl_buckets_wait(comm *c, void *compute_stream);
 
+/* Host wait, bounded by timeout_ms, until every bucket started so far has
+ * been reduced. A lost peer hangs the NCCL kernel and with it everything
+ * queued behind it on compute_stream, so the training loop calls this before
+ * any host-blocking sync of the compute stream (loss read-back, checkpoint)
+ * instead of blocking there forever. 0, or -EPIPE (comm aborted). */
+int comm_nccl_drain(comm *c);
+
+/* The comm_nccl_* calls return -EINVAL on a comm of another backend. */
+
 #ifdef __cplusplus
 }
 #endif

@@ -52,6 +52,17 @@ typedef struct comm_nccl {
     size_t scratch_cap;
 } comm_nccl;
 
+static int nccl_allreduce_mean(comm *c, float *buf, size_t n);
+static int nccl_allreduce_sum_f64(comm *c, double *vals, int n);
+static int nccl_barrier(comm *c);
+static int nccl_broadcast(comm *c, void *buf, size_t bytes, int root);
+static void nccl_abort(comm *c, int err);
+static void nccl_destroy(comm *c);
+
+static const comm_ops nccl_ops = {
+    "nccl", nccl_allreduce_mean, nccl_allreduce_sum_f64, nccl_barrier, nccl_broadcast, nccl_abort, nccl_destroy,
+};
+
 /* Both report file:line, the call and the library's own message, then take
  * the error path; they need `int rc` and an `out:` label in scope. */
 #define CUDA_CHECK(call)                                                                         \
@@ -238,6 +249,8 @@ extern "C" int comm_nccl_bucket_start(comm *c, float *dev_buf, size_t n, void *c
 {
     comm_nccl *s = (comm_nccl *)c;
     int rc = 0;
+    if (c->ops != &nccl_ops)
+        return -EINVAL;
     if (s->dead)
         return -EPIPE;
     CUDA_CHECK(cudaSetDevice(s->device));
@@ -253,10 +266,26 @@ out:
     return rc == 0 ? 0 : -EPIPE;
 }
 
+extern "C" int comm_nccl_drain(comm *c)
+{
+    comm_nccl *s = (comm_nccl *)c;
+    if (c->ops != &nccl_ops)
+        return -EINVAL;
+    if (s->dead)
+        return -EPIPE;
+    if (cudaSetDevice(s->device) != cudaSuccess) {
+        kill_comm(s, "cudaSetDevice failed");
+        return -EPIPE;
+    }
+    return wait_stream(s);
+}
+
 extern "C" int comm_nccl_buckets_wait(comm *c, void *compute_stream)
 {
     comm_nccl *s = (comm_nccl *)c;
     int rc = 0;
+    if (c->ops != &nccl_ops)
+        return -EINVAL;
     if (s->dead)
         return -EPIPE;
     CUDA_CHECK(cudaSetDevice(s->device));
@@ -397,9 +426,6 @@ static void nccl_destroy(comm *c)
     free(s);
 }
 
-static const comm_ops nccl_ops = {
-    "nccl", nccl_allreduce_mean, nccl_allreduce_sum_f64, nccl_barrier, nccl_broadcast, nccl_abort, nccl_destroy,
-};
 
 extern "C" int comm_create_nccl(comm **out, int rank, int world, int device, comm_dtype reduce_dtype,
                                 comm_id_send_fn send, comm_id_recv_fn recv, void *ctx, int timeout_ms)

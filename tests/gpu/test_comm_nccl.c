@@ -137,7 +137,7 @@ static int rank_main(id_pipes *p, int rank, int world, float *out, int lose_peer
             size_t half = N / 2;
             if (comm_nccl_bucket_start(c, dev, half, compute) != 0 ||
                 comm_nccl_bucket_start(c, dev + half, N - half, compute) != 0 ||
-                comm_nccl_buckets_wait(c, compute) != 0)
+                comm_nccl_buckets_wait(c, compute) != 0 || comm_nccl_drain(c) != 0)
                 code = 14;
             cudaMemcpyAsync(host, dev, N * sizeof(float), cudaMemcpyDeviceToHost, compute);
             cudaStreamSynchronize(compute);
@@ -254,6 +254,19 @@ static void check_world(int world, int lose_peer)
 
 int main(void)
 {
+    /* the NCCL-only calls refuse a comm of the shm backend */
+    comm *shm = NULL;
+    char name[64];
+    snprintf(name, sizeof(name), "/bertd-gputest-%d-comm", (int)getpid());
+    EXPECT(comm_create_shm(&shm, name, 0, 1, 16, 1000) == 0, "shm comm");
+    if (shm) {
+        EXPECT(comm_nccl_bucket_start(shm, NULL, 1, NULL) == -EINVAL, "bucket_start on shm");
+        EXPECT(comm_nccl_buckets_wait(shm, NULL) == -EINVAL, "buckets_wait on shm");
+        EXPECT(comm_nccl_drain(shm) == -EINVAL, "drain on shm");
+        comm_destroy(shm);
+    }
+    if (failures)
+        return 1;
     int ndev = device_count();
     if (ndev <= 0) {
         printf("no CUDA device: skipped\n");
