@@ -51,9 +51,9 @@ template <typename T> __device__ __forceinline__ void store_pack(T *x, const flo
     }
 }
 
-#define PACK_LOOP(T, i, n)                                                                \
-    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * pack<T>::n; i < (n); \
-         i += (size_t)gridDim.x * blockDim.x * pack<T>::n)
+#define PACK_LOOP(T, i, count)                                                            \
+    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * pack<T>::n;          \
+         i < (count); i += (size_t)gridDim.x * blockDim.x * pack<T>::n)
 
 __device__ __forceinline__ float gelu_f(float x)
 {
