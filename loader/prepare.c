@@ -488,10 +488,13 @@ static void result_free(result *r)
 
 /* ---- progress ---- */
 
+/* bytes_done runs from 0 to bytes_total once over the whole run: with vocab
+ * training the corpus is read twice, so total is twice its size and the
+ * tokenize pass starts at base = its size. */
 typedef struct progress {
 	const prepare_opts *o;
 	double t0, last;
-	uint64_t total;
+	uint64_t total, base;
 	bool drew;
 } progress;
 
@@ -502,9 +505,11 @@ static double now(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static void progress_emit(progress *p, const char *phase, uint64_t done, uint64_t tokens, bool final)
+static void progress_emit(progress *p, const char *phase, uint64_t pass_done, uint64_t tokens,
+			  bool final)
 {
 	double t = now();
+	uint64_t done = p->base + pass_done;
 	if (!final && t - p->last < 0.25)
 		return;
 	p->last = t;
@@ -522,7 +527,7 @@ static void progress_emit(progress *p, const char *phase, uint64_t done, uint64_
 		double el = t - p->t0;
 		fprintf(stderr, "\r%-8s %5.1f%%  %7.1f / %.1f MB  %6.1f MB/s%s", phase,
 			p->total ? 100.0 * (double)done / (double)p->total : 100.0, (double)done / 1e6,
-			(double)p->total / 1e6, el > 0 ? (double)done / 1e6 / el : 0.0,
+			(double)p->total / 1e6, el > 0 ? (double)pass_done / 1e6 / el : 0.0,
 			final ? "\n" : "");
 		fflush(stderr);
 		p->drew = !final;
@@ -823,7 +828,7 @@ int prepare_run(const prepare_opts *o, prepare_summary *s, enum prepare_error *e
 
 	/* vocab: load, or count words and train */
 	bool lower = o->lowercase != 0;
-	progress pg = {.o = o, .total = total};
+	progress pg = {.o = o, .total = o->vocab_path ? total : 2 * total};
 	work w = {.r = &r, .chunks = chunks.v, .n_chunks = chunks.n};
 	if (o->vocab_path) {
 		if ((rc = read_whole(o->vocab_path, &vtxt, &vlen)) < 0) {
@@ -892,6 +897,7 @@ int prepare_run(const prepare_opts *o, prepare_summary *s, enum prepare_error *e
 	wr.vocab = (shard_vocab_info){.vocab_size = s->vocab_size, .lowercase = lower, .special = sp};
 	memcpy(wr.vocab.sha256, s->vocab_sha256, 65);
 	w.counting = false;
+	pg.base = o->vocab_path ? 0 : total;
 	w.wp = wp;
 	w.lower = lower;
 	double tt = now();

@@ -46,7 +46,8 @@ typedef struct prepare_opts {
 	uint64_t shard_tokens;      /* close a shard at the first document end past this; 0 = 64Mi */
 	uint32_t max_sentence_tokens; /* 0 = never cut */
 	int threads;                /* tokenizing threads, >= 1 */
-	int progress_fd;            /* JSON lines {"phase","bytes_done","bytes_total",...}; -1 = none.
+	int progress_fd;            /* JSON lines {"phase","bytes_done","bytes_total",...}, bytes_done
+				     * monotonic over the run (docs/formats.md); -1 = none.
 				     * Write errors are ignored; a caller whose reader may
 				     * close a pipe should ignore SIGPIPE (bertd-prepare does). */
 	bool progress_tty;          /* redraw a progress line on stderr */

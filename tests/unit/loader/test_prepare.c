@@ -276,12 +276,37 @@ static void test_train_vocab(void **state)
 	char corpus[1024];
 	snprintf(corpus, sizeof corpus, "%s/tinyshakespeare.txt", dd ? dd : "../shared/data");
 	const char *in[] = {corpus};
+	int pfd[2];
+	assert_int_equal(pipe(pfd), 0);
 	prepare_opts o = {.inputs = in, .n_inputs = 1, .train_vocab_size = 3000, .lowercase = 1,
-			  .threads = 2, .progress_fd = -1};
+			  .threads = 2, .progress_fd = pfd[1]};
 	prepare_summary s;
 	enum prepare_error err;
 	o.out_dir = path("v1");
 	assert_int_equal(run_prep(&o, &err, &s), 0);
+	close(pfd[1]);
+	/* progress over both passes only grows, and ends complete */
+	char buf[1 << 16];
+	ssize_t n = read(pfd[0], buf, sizeof buf - 1);
+	close(pfd[0]);
+	assert_true(n > 0);
+	buf[n] = '\0';
+	long long prev = -1, done = 0, total = 0;
+	int phases = 0;
+	for (char *l = strtok(buf, "\n"); l; l = strtok(NULL, "\n")) {
+		json_error_t je;
+		json_t *j = json_loads(l, 0, &je);
+		assert_non_null(j);
+		done = json_integer_value(json_object_get(j, "bytes_done"));
+		total = json_integer_value(json_object_get(j, "bytes_total"));
+		assert_true(done >= prev);
+		prev = done;
+		phases |= strcmp(json_string_value(json_object_get(j, "phase")), "count") ? 2 : 1;
+		json_decref(j);
+	}
+	assert_int_equal(phases, 3);
+	assert_int_equal(total, 2 * 1115394);
+	assert_int_equal(done, total);
 	assert_true(s.vocab_trained);
 	assert_int_equal(s.vocab_size, 3000);
 	fprintf(stderr, "trained 3000 on tinyshakespeare: %llu tokens, unk rate %.5f%%\n",
@@ -289,6 +314,7 @@ static void test_train_vocab(void **state)
 	assert_true((double)s.unk / (double)s.tokens < 0.001);
 	o.out_dir = path("v2");
 	o.threads = 1;
+	o.progress_fd = -1;
 	assert_int_equal(run_prep(&o, &err, &s), 0);
 	same_file(path("v1/vocab.txt"), path("v2/vocab.txt"));
 	same_file(path("v1/shard-00000.bin"), path("v2/shard-00000.bin"));
