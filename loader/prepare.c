@@ -495,6 +495,7 @@ typedef struct progress {
 	const prepare_opts *o;
 	double t0, last;
 	uint64_t total, base;
+	uint64_t pass_total; /* corpus bytes: what one pass reads */
 	bool drew;
 } progress;
 
@@ -525,10 +526,11 @@ static void progress_emit(progress *p, const char *phase, uint64_t pass_done, ui
 	}
 	if (p->o->progress_tty) {
 		double el = t - p->t0;
+		/* a person reads each pass on its own */
 		fprintf(stderr, "\r%-8s %5.1f%%  %7.1f / %.1f MB  %6.1f MB/s%s", phase,
-			p->total ? 100.0 * (double)done / (double)p->total : 100.0, (double)done / 1e6,
-			(double)p->total / 1e6, el > 0 ? (double)pass_done / 1e6 / el : 0.0,
-			final ? "\n" : "");
+			p->pass_total ? 100.0 * (double)pass_done / (double)p->pass_total : 100.0,
+			(double)pass_done / 1e6, (double)p->pass_total / 1e6,
+			el > 0 ? (double)pass_done / 1e6 / el : 0.0, final ? "\n" : "");
 		fflush(stderr);
 		p->drew = !final;
 	}
@@ -828,7 +830,7 @@ int prepare_run(const prepare_opts *o, prepare_summary *s, enum prepare_error *e
 
 	/* vocab: load, or count words and train */
 	bool lower = o->lowercase != 0;
-	progress pg = {.o = o, .total = o->vocab_path ? total : 2 * total};
+	progress pg = {.o = o, .total = o->vocab_path ? total : 2 * total, .pass_total = total};
 	work w = {.r = &r, .chunks = chunks.v, .n_chunks = chunks.n};
 	if (o->vocab_path) {
 		if ((rc = read_whole(o->vocab_path, &vtxt, &vlen)) < 0) {

@@ -51,7 +51,8 @@ static void rm_rf(const char *p)
 static int setup(void **state)
 {
 	(void)state;
-	snprintf(tmp, sizeof tmp, "/tmp/bertd-test-prepare-XXXXXX");
+	const char *base = getenv("TMPDIR");
+	snprintf(tmp, sizeof tmp, "%s/bertd-test-prepare-XXXXXX", base && base[0] ? base : "/tmp");
 	return mkdtemp(tmp) ? 0 : -1;
 }
 
