@@ -74,7 +74,6 @@ typedef struct run {
 	char *msg;
 	size_t msg_len;
 	strvec files;
-	uint64_t *sizes;
 } run;
 
 static int fail(run *r, enum prepare_error e, int rc, const char *fmt, ...)
@@ -208,9 +207,6 @@ static int plan_chunks(run *r, chunkvec *out, uint64_t *total)
 {
 	int rc = 0;
 	*total = 0;
-	r->sizes = calloc(r->files.n, sizeof *r->sizes);
-	if (!r->sizes)
-		return -ENOMEM;
 	for (size_t f = 0; f < r->files.n && rc == 0; f++) {
 		const char *p = r->files.v[f];
 		struct stat st;
@@ -220,7 +216,6 @@ static int plan_chunks(run *r, chunkvec *out, uint64_t *total)
 			break;
 		}
 		uint64_t size = (uint64_t)st.st_size;
-		r->sizes[f] = size;
 		*total += size;
 		if (size <= CHUNK_BYTES) {
 			if (size)
@@ -991,7 +986,6 @@ out:
 	wordpiece_destroy(wp);
 	vocab_counter_destroy(counter);
 	strvec_free(&r.files);
-	free(r.sizes);
 	free(chunks.v);
 	return rc;
 }
