@@ -82,6 +82,20 @@ static const char *path(const char *name)
 	return p[k];
 }
 
+static char *slurp_file(const char *p, size_t *n)
+{
+	FILE *f = fopen(p, "rb");
+	assert_non_null(f);
+	fseek(f, 0, SEEK_END);
+	*n = (size_t)ftell(f);
+	fseek(f, 0, SEEK_SET);
+	char *b = malloc(*n + 1);
+	assert_int_equal(fread(b, 1, *n, f), *n);
+	b[*n] = '\0';
+	fclose(f);
+	return b;
+}
+
 static const char VOCAB[] = "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nhello\nworld\nfoo\nbar\n.\n##s\n";
 
 static int run_prep(prepare_opts *o, enum prepare_error *err, prepare_summary *s)
@@ -146,6 +160,42 @@ static void test_text_rules(void **state)
 	/* the output exists now */
 	assert_int_equal(run_prep(&o, &err, &s), -EEXIST);
 	assert_int_equal(err, PREPARE_ERR_OUTPUT);
+}
+
+/* A vocab over 65,536 entries makes uint32 shards, and the manifest says so. */
+static void test_big_vocab(void **state)
+{
+	(void)state;
+	size_t cap = 80000 * 12, n = 0;
+	char *v = malloc(cap);
+	n += (size_t)snprintf(v + n, cap - n, "%s", VOCAB);
+	for (int i = 0; i < 70000; i++)
+		n += (size_t)snprintf(v + n, cap - n, "w%d\n", i);
+	n += (size_t)snprintf(v + n, cap - n, "zzz\n");
+	put("big-vocab.txt", v, n);
+	free(v);
+	put("bv.txt", "zzz hello w69999\n", 17);
+	const char *in[] = {path("bv.txt")};
+	prepare_opts o = {.inputs = in, .n_inputs = 1, .out_dir = path("dbv"),
+			  .vocab_path = path("big-vocab.txt"), .lowercase = 1, .threads = 1,
+			  .progress_fd = -1};
+	prepare_summary s;
+	enum prepare_error err;
+	assert_int_equal(run_prep(&o, &err, &s), 0);
+	shard_dataset *d;
+	assert_int_equal(shard_dataset_open(path("dbv"), &d), 0);
+	const corpus_view *cv = &d->views[0];
+	assert_int_equal(cv->token_bytes, 4);
+	assert_int_equal(cv->vocab_size, 11 + 70000 + 1);
+	assert_int_equal(cv->n_tokens, 3);
+	assert_int_equal(corpus_token(cv, 0), 11 + 70000); /* zzz, beyond uint16 */
+	assert_int_equal(corpus_token(cv, 1), 5);
+	assert_int_equal(corpus_token(cv, 2), 11 + 69999);
+	shard_dataset_close(d);
+	size_t mn;
+	char *m = slurp_file(path("dbv/manifest.json"), &mn);
+	assert_non_null(strstr(m, "\"token_dtype\": \"uint32\""));
+	free(m);
 }
 
 static void test_jsonl(void **state)
@@ -489,6 +539,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_text_rules),
+		cmocka_unit_test(test_big_vocab),
 		cmocka_unit_test(test_jsonl),
 		cmocka_unit_test(test_threads_and_shards),
 		cmocka_unit_test(test_train_vocab),
