@@ -516,8 +516,9 @@ static void progress_emit(progress *p, const char *phase, uint64_t pass_done, ui
 				 phase, (unsigned long long)done, (unsigned long long)p->total,
 				 (unsigned long long)tokens);
 		/* a reader that went away must not stop the preparation */
-		if (write(p->o->progress_fd, line, (size_t)n) < 0)
-			log_debug("progress fd: %s", strerror(errno));
+		int wr = prepare_write_line(p->o->progress_fd, line, (size_t)n);
+		if (wr < 0)
+			log_debug("progress fd: %s", strerror(-wr));
 	}
 	if (p->o->progress_tty) {
 		double el = t - p->t0;
@@ -529,6 +530,20 @@ static void progress_emit(progress *p, const char *phase, uint64_t pass_done, ui
 		fflush(stderr);
 		p->drew = !final;
 	}
+}
+
+int prepare_write_line(int fd, const char *line, size_t n)
+{
+	while (n) {
+		ssize_t k = write(fd, line, n);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k < 0)
+			return -errno;
+		line += k;
+		n -= (size_t)k;
+	}
+	return 0;
 }
 
 /* ---- the run ---- */

@@ -77,6 +77,10 @@ enum prepare_error {
 int prepare_run(const prepare_opts *o, prepare_summary *s, enum prepare_error *err,
 		char *msg, size_t msg_len);
 
+/* Writes one line (n bytes, ending in '\n') whole to a progress fd, riding
+ * out partial writes and EINTR. Returns 0 or -errno (EPIPE: reader gone). */
+int prepare_write_line(int fd, const char *line, size_t n);
+
 /* The summary as a JSON object (caller owns, json_decref). */
 json_t *prepare_summary_json(const prepare_summary *s, const char *out_dir);
 
