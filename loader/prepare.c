@@ -74,7 +74,6 @@ typedef struct run {
 	char *msg;
 	size_t msg_len;
 	strvec files;
-	uint64_t *sizes;
 } run;
 
 static int fail(run *r, enum prepare_error e, int rc, const char *fmt, ...)
@@ -208,9 +207,6 @@ static int plan_chunks(run *r, chunkvec *out, uint64_t *total)
 {
 	int rc = 0;
 	*total = 0;
-	r->sizes = calloc(r->files.n, sizeof *r->sizes);
-	if (!r->sizes)
-		return -ENOMEM;
 	for (size_t f = 0; f < r->files.n && rc == 0; f++) {
 		const char *p = r->files.v[f];
 		struct stat st;
@@ -220,7 +216,6 @@ static int plan_chunks(run *r, chunkvec *out, uint64_t *total)
 			break;
 		}
 		uint64_t size = (uint64_t)st.st_size;
-		r->sizes[f] = size;
 		*total += size;
 		if (size <= CHUNK_BYTES) {
 			if (size)
@@ -488,10 +483,14 @@ static void result_free(result *r)
 
 /* ---- progress ---- */
 
+/* bytes_done runs from 0 to bytes_total once over the whole run: with vocab
+ * training the corpus is read twice, so total is twice its size and the
+ * tokenize pass starts at base = its size. */
 typedef struct progress {
 	const prepare_opts *o;
 	double t0, last;
-	uint64_t total;
+	uint64_t total, base;
+	uint64_t pass_total; /* corpus bytes: what one pass reads */
 	bool drew;
 } progress;
 
@@ -502,9 +501,11 @@ static double now(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static void progress_emit(progress *p, const char *phase, uint64_t done, uint64_t tokens, bool final)
+static void progress_emit(progress *p, const char *phase, uint64_t pass_done, uint64_t tokens,
+			  bool final)
 {
 	double t = now();
+	uint64_t done = p->base + pass_done;
 	if (!final && t - p->last < 0.25)
 		return;
 	p->last = t;
@@ -515,18 +516,34 @@ static void progress_emit(progress *p, const char *phase, uint64_t done, uint64_
 				 phase, (unsigned long long)done, (unsigned long long)p->total,
 				 (unsigned long long)tokens);
 		/* a reader that went away must not stop the preparation */
-		if (write(p->o->progress_fd, line, (size_t)n) < 0)
-			log_debug("progress fd: %s", strerror(errno));
+		int wr = prepare_write_line(p->o->progress_fd, line, (size_t)n);
+		if (wr < 0)
+			log_debug("progress fd: %s", strerror(-wr));
 	}
 	if (p->o->progress_tty) {
 		double el = t - p->t0;
+		/* a person reads each pass on its own */
 		fprintf(stderr, "\r%-8s %5.1f%%  %7.1f / %.1f MB  %6.1f MB/s%s", phase,
-			p->total ? 100.0 * (double)done / (double)p->total : 100.0, (double)done / 1e6,
-			(double)p->total / 1e6, el > 0 ? (double)done / 1e6 / el : 0.0,
-			final ? "\n" : "");
+			p->pass_total ? 100.0 * (double)pass_done / (double)p->pass_total : 100.0,
+			(double)pass_done / 1e6, (double)p->pass_total / 1e6,
+			el > 0 ? (double)pass_done / 1e6 / el : 0.0, final ? "\n" : "");
 		fflush(stderr);
 		p->drew = !final;
 	}
+}
+
+int prepare_write_line(int fd, const char *line, size_t n)
+{
+	while (n) {
+		ssize_t k = write(fd, line, n);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k < 0)
+			return -errno;
+		line += k;
+		n -= (size_t)k;
+	}
+	return 0;
 }
 
 /* ---- the run ---- */
@@ -823,7 +840,7 @@ int prepare_run(const prepare_opts *o, prepare_summary *s, enum prepare_error *e
 
 	/* vocab: load, or count words and train */
 	bool lower = o->lowercase != 0;
-	progress pg = {.o = o, .total = total};
+	progress pg = {.o = o, .total = o->vocab_path ? total : 2 * total, .pass_total = total};
 	work w = {.r = &r, .chunks = chunks.v, .n_chunks = chunks.n};
 	if (o->vocab_path) {
 		if ((rc = read_whole(o->vocab_path, &vtxt, &vlen)) < 0) {
@@ -892,6 +909,7 @@ int prepare_run(const prepare_opts *o, prepare_summary *s, enum prepare_error *e
 	wr.vocab = (shard_vocab_info){.vocab_size = s->vocab_size, .lowercase = lower, .special = sp};
 	memcpy(wr.vocab.sha256, s->vocab_sha256, 65);
 	w.counting = false;
+	pg.base = o->vocab_path ? 0 : total;
 	w.wp = wp;
 	w.lower = lower;
 	double tt = now();
@@ -983,7 +1001,6 @@ out:
 	wordpiece_destroy(wp);
 	vocab_counter_destroy(counter);
 	strvec_free(&r.files);
-	free(r.sizes);
 	free(chunks.v);
 	return rc;
 }

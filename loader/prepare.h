@@ -46,7 +46,8 @@ typedef struct prepare_opts {
 	uint64_t shard_tokens;      /* close a shard at the first document end past this; 0 = 64Mi */
 	uint32_t max_sentence_tokens; /* 0 = never cut */
 	int threads;                /* tokenizing threads, >= 1 */
-	int progress_fd;            /* JSON lines {"phase","bytes_done","bytes_total",...}; -1 = none.
+	int progress_fd;            /* JSON lines {"phase","bytes_done","bytes_total",...}, bytes_done
+				     * monotonic over the run (docs/formats.md); -1 = none.
 				     * Write errors are ignored; a caller whose reader may
 				     * close a pipe should ignore SIGPIPE (bertd-prepare does). */
 	bool progress_tty;          /* redraw a progress line on stderr */
@@ -75,6 +76,10 @@ enum prepare_error {
  * with *err set to its class and msg (if not NULL) to a one-line reason. */
 int prepare_run(const prepare_opts *o, prepare_summary *s, enum prepare_error *err,
 		char *msg, size_t msg_len);
+
+/* Writes one line (n bytes, ending in '\n') whole to a progress fd, riding
+ * out partial writes and EINTR. Returns 0 or -errno (EPIPE: reader gone). */
+int prepare_write_line(int fd, const char *line, size_t n);
 
 /* The summary as a JSON object (caller owns, json_decref). */
 json_t *prepare_summary_json(const prepare_summary *s, const char *out_dir);

@@ -76,8 +76,9 @@ static void emit_line(json_t *j, int progress_fd)
 	if (progress_fd >= 0) {
 		size_t n = strlen(s);
 		s[n] = '\n';
-		if (write(progress_fd, s, n + 1) < 0)
-			log_debug("progress fd: %s", strerror(errno));
+		int rc = prepare_write_line(progress_fd, s, n + 1);
+		if (rc < 0)
+			log_debug("progress fd: %s", strerror(-rc));
 	}
 	free(s);
 }
@@ -239,8 +240,9 @@ int main(int argc, char **argv)
 		if (ds) {
 			size_t n = strlen(ds);
 			ds[n] = '\n';
-			if (write(o.progress_fd, ds, n + 1) < 0)
-				log_debug("progress fd: %s", strerror(errno));
+			int wr = prepare_write_line(o.progress_fd, ds, n + 1);
+			if (wr < 0)
+				log_debug("progress fd: %s", strerror(-wr));
 		}
 		free(ds);
 		json_decref(done);

@@ -51,7 +51,8 @@ static void rm_rf(const char *p)
 static int setup(void **state)
 {
 	(void)state;
-	snprintf(tmp, sizeof tmp, "/tmp/bertd-test-prepare-XXXXXX");
+	const char *base = getenv("TMPDIR");
+	snprintf(tmp, sizeof tmp, "%s/bertd-test-prepare-XXXXXX", base && base[0] ? base : "/tmp");
 	return mkdtemp(tmp) ? 0 : -1;
 }
 
@@ -79,6 +80,20 @@ static const char *path(const char *name)
 	k = (k + 1) % 64;
 	snprintf(p[k], sizeof p[k], "%s/%s", tmp, name);
 	return p[k];
+}
+
+static char *slurp_file(const char *p, size_t *n)
+{
+	FILE *f = fopen(p, "rb");
+	assert_non_null(f);
+	fseek(f, 0, SEEK_END);
+	*n = (size_t)ftell(f);
+	fseek(f, 0, SEEK_SET);
+	char *b = malloc(*n + 1);
+	assert_int_equal(fread(b, 1, *n, f), *n);
+	b[*n] = '\0';
+	fclose(f);
+	return b;
 }
 
 static const char VOCAB[] = "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nhello\nworld\nfoo\nbar\n.\n##s\n";
@@ -145,6 +160,42 @@ static void test_text_rules(void **state)
 	/* the output exists now */
 	assert_int_equal(run_prep(&o, &err, &s), -EEXIST);
 	assert_int_equal(err, PREPARE_ERR_OUTPUT);
+}
+
+/* A vocab over 65,536 entries makes uint32 shards, and the manifest says so. */
+static void test_big_vocab(void **state)
+{
+	(void)state;
+	size_t cap = 80000 * 12, n = 0;
+	char *v = malloc(cap);
+	n += (size_t)snprintf(v + n, cap - n, "%s", VOCAB);
+	for (int i = 0; i < 70000; i++)
+		n += (size_t)snprintf(v + n, cap - n, "w%d\n", i);
+	n += (size_t)snprintf(v + n, cap - n, "zzz\n");
+	put("big-vocab.txt", v, n);
+	free(v);
+	put("bv.txt", "zzz hello w69999\n", 17);
+	const char *in[] = {path("bv.txt")};
+	prepare_opts o = {.inputs = in, .n_inputs = 1, .out_dir = path("dbv"),
+			  .vocab_path = path("big-vocab.txt"), .lowercase = 1, .threads = 1,
+			  .progress_fd = -1};
+	prepare_summary s;
+	enum prepare_error err;
+	assert_int_equal(run_prep(&o, &err, &s), 0);
+	shard_dataset *d;
+	assert_int_equal(shard_dataset_open(path("dbv"), &d), 0);
+	const corpus_view *cv = &d->views[0];
+	assert_int_equal(cv->token_bytes, 4);
+	assert_int_equal(cv->vocab_size, 11 + 70000 + 1);
+	assert_int_equal(cv->n_tokens, 3);
+	assert_int_equal(corpus_token(cv, 0), 11 + 70000); /* zzz, beyond uint16 */
+	assert_int_equal(corpus_token(cv, 1), 5);
+	assert_int_equal(corpus_token(cv, 2), 11 + 69999);
+	shard_dataset_close(d);
+	size_t mn;
+	char *m = slurp_file(path("dbv/manifest.json"), &mn);
+	assert_non_null(strstr(m, "\"token_dtype\": \"uint32\""));
+	free(m);
 }
 
 static void test_jsonl(void **state)
@@ -276,12 +327,37 @@ static void test_train_vocab(void **state)
 	char corpus[1024];
 	snprintf(corpus, sizeof corpus, "%s/tinyshakespeare.txt", dd ? dd : "../shared/data");
 	const char *in[] = {corpus};
+	int pfd[2];
+	assert_int_equal(pipe(pfd), 0);
 	prepare_opts o = {.inputs = in, .n_inputs = 1, .train_vocab_size = 3000, .lowercase = 1,
-			  .threads = 2, .progress_fd = -1};
+			  .threads = 2, .progress_fd = pfd[1]};
 	prepare_summary s;
 	enum prepare_error err;
 	o.out_dir = path("v1");
 	assert_int_equal(run_prep(&o, &err, &s), 0);
+	close(pfd[1]);
+	/* progress over both passes only grows, and ends complete */
+	char buf[1 << 16];
+	ssize_t n = read(pfd[0], buf, sizeof buf - 1);
+	close(pfd[0]);
+	assert_true(n > 0);
+	buf[n] = '\0';
+	long long prev = -1, done = 0, total = 0;
+	int phases = 0;
+	for (char *l = strtok(buf, "\n"); l; l = strtok(NULL, "\n")) {
+		json_error_t je;
+		json_t *j = json_loads(l, 0, &je);
+		assert_non_null(j);
+		done = json_integer_value(json_object_get(j, "bytes_done"));
+		total = json_integer_value(json_object_get(j, "bytes_total"));
+		assert_true(done >= prev);
+		prev = done;
+		phases |= strcmp(json_string_value(json_object_get(j, "phase")), "count") ? 2 : 1;
+		json_decref(j);
+	}
+	assert_int_equal(phases, 3);
+	assert_int_equal(total, 2 * 1115394);
+	assert_int_equal(done, total);
 	assert_true(s.vocab_trained);
 	assert_int_equal(s.vocab_size, 3000);
 	fprintf(stderr, "trained 3000 on tinyshakespeare: %llu tokens, unk rate %.5f%%\n",
@@ -289,6 +365,7 @@ static void test_train_vocab(void **state)
 	assert_true((double)s.unk / (double)s.tokens < 0.001);
 	o.out_dir = path("v2");
 	o.threads = 1;
+	o.progress_fd = -1;
 	assert_int_equal(run_prep(&o, &err, &s), 0);
 	same_file(path("v1/vocab.txt"), path("v2/vocab.txt"));
 	same_file(path("v1/shard-00000.bin"), path("v2/shard-00000.bin"));
@@ -462,6 +539,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_text_rules),
+		cmocka_unit_test(test_big_vocab),
 		cmocka_unit_test(test_jsonl),
 		cmocka_unit_test(test_threads_and_shards),
 		cmocka_unit_test(test_train_vocab),
