@@ -192,6 +192,10 @@ static void handle_job_message(supervisor *sv, run *r, child *c, json_t *m)
 
 static void handle_prepare_message(supervisor *sv, run *r, json_t *m)
 {
+	json_t *ok = json_object_get(m, "ok");
+	const char *error = json_string_value(json_object_get(m, "error"));
+	if (json_is_false(ok) && error) /* bertd-prepare's own account of its failure */
+		set_failure(r, false, "%s", error);
 	json_t *done = json_object_get(m, "bytes_done"), *total = json_object_get(m, "bytes_total");
 	json_t *stats = json_object_get(m, "stats");
 	char *st = stats ? json_dumps(stats, JSON_COMPACT) : NULL;
