@@ -9,12 +9,11 @@
  * is "G processes each doing 3 memcpy's of n floats concurrently", timed
  * here too, and the table reports allreduce time as a multiple of it.
  *
- * Training: the training loop (worker/train.c) is not merged yet, so the
- * scaling rows drive model.h/optim.h directly with the calls that loop
- * makes (forward, backward, comm_allreduce_mean of the gradient span,
- * optim_step): 1 process x 1 thread (the baseline), 1 process x T threads
- * (what one process gets out of all cores), and G processes x T/G threads,
- * equal per-process batch (weak scaling, as DDP is used).
+ * Training: the real loop (trainer_step, dropout on, AdamW) with its
+ * grad_sync hook on the shm comm: 1 process x 1 thread (the baseline),
+ * 1 process x T threads (what one process gets out of all cores), and G
+ * processes x T/G threads, equal per-process batch (weak scaling, as DDP is
+ * used).
  *
  * Allreduce and memcpy figures are medians over iterations (per rank; the
  * slowest rank's median is reported). Prints a table and one line starting
@@ -33,6 +32,7 @@
 #include "worker/comm.h"
 #include "worker/model.h"
 #include "worker/optim.h"
+#include "worker/train.h"
 
 static double cpu_s(void)
 {
@@ -157,65 +157,73 @@ static void make_batch(bert_batch *b, int32_t *ids, int32_t *tt, int32_t *lens, 
 }
 
 /* One training process: steps of batch x seq; world 1 runs without comm. */
+static int sync_hook(void *ctx, float *grads, size_t n, double *loss)
+{
+    comm *c = ctx;
+    int rc = comm_allreduce_mean(c, grads, n);
+    if (rc == 0)
+        rc = comm_allreduce_sum_f64(c, loss, 1);
+    *loss /= comm_world(c);
+    return rc;
+}
+
+/* One training process through the real loop (trainer_step; its grad_sync
+ * hook runs the shm allreduce); world 1 runs without comm. */
 static int rank_train(const opts *o, const char *name, int rank, int world, int threads, shared_out *out)
 {
-    bert_set_threads(threads);
-    bert_config cfg;
-    bert_model *m = NULL;
-    optim *op = NULL;
+    train_config tc = {0};
     comm *c = NULL;
-    if (bert_config_preset(&cfg, "bert-mini") != 0 || bert_model_create(&m, &cfg) != 0)
+    trainer *t = NULL;
+    char err[256];
+    if (bert_config_preset(&tc.model, "bert-mini") != 0)
         return 1;
-    bert_model_init_weights(m, 42);
-    int nseg = bert_param_segments(&cfg, NULL, NULL, 0);
-    size_t *sizes = calloc((size_t)nseg, sizeof(*sizes));
-    int *decays = calloc((size_t)nseg, sizeof(*decays));
-    bert_param_segments(&cfg, sizes, decays, nseg);
-    optim_config oc;
-    optim_config_default(&oc, OPTIM_ADAMW);
-    oc.total_steps = 1000;
-    if (optim_create(&op, &oc, sizes, decays, nseg) != 0)
+    optim_config_default(&tc.optim, OPTIM_ADAMW);
+    tc.optim.total_steps = 1000;
+    tc.grad_accum = 1;
+    tc.seed = 42;
+    tc.rank = (uint32_t)rank;
+    tc.threads = threads;
+    if (world > 1) {
+        if (comm_create_shm(&c, name, rank, world, o->chunk, 60000) != 0)
+            return 3;
+        tc.grad_sync = sync_hook;
+        tc.grad_sync_ctx = c;
+    }
+    if (trainer_create(&t, &tc, err, sizeof(err)) != 0) {
+        fprintf(stderr, "rank %d: %s\n", rank, err);
         return 2;
-    if (world > 1 && comm_create_shm(&c, name, rank, world, o->chunk, 60000) != 0)
-        return 3;
+    }
     size_t bt = (size_t)o->batch * o->seq;
     int32_t *ids = malloc(bt * 4), *tt = malloc(bt * 4), *pos = malloc(bt * 4), *lab = malloc(bt * 4);
     int32_t *lens = malloc((size_t)o->batch * 4);
-    bert_batch b;
-    int rc = 0;
     double *ts = calloc((size_t)o->train_steps + 1, sizeof(double));
     double *cs = calloc((size_t)o->train_steps + 1, sizeof(double));
-    if (!ts || !cs)
+    if (!ids || !tt || !pos || !lab || !lens || !ts || !cs)
         return 2;
+    bert_batch b;
+    int rc = 0;
     for (int s = 0; s < o->train_steps + 1 && rc == 0; s++) {
         /* ranks start each step together, so a step's time is the slowest
          * rank's compute plus the allreduce; step 0 is warm-up */
         if (c)
             rc = comm_barrier(c);
         double t0 = now_s(), c0 = cpu_s();
-        make_batch(&b, ids, tt, lens, pos, lab, o->batch, o->seq, cfg.vocab_size, s, rank);
-        bert_model_zero_grad(m);
+        make_batch(&b, ids, tt, lens, pos, lab, o->batch, o->seq, tc.model.vocab_size, s, rank);
+        train_result res;
         if (rc == 0)
-            rc = bert_model_forward(m, &b, NULL);
-        if (rc == 0)
-            rc = bert_model_backward(m, 1.0f);
-        if (rc == 0 && c)
-            rc = comm_allreduce_mean(c, m->grads_memory, m->num_params);
-        double lr, gn;
-        if (rc == 0)
-            rc = optim_step(op, m->params_memory, m->grads_memory, &lr, &gn);
+            rc = trainer_step(t, &b, 1, &res, err, sizeof(err));
         ts[s] = now_s() - t0;
         cs[s] = cpu_s() - c0;
     }
+    if (rc != 0)
+        fprintf(stderr, "rank %d: %s\n", rank, err);
     out->train_s[rank] = median(ts + 1, o->train_steps);
     out->train_cpu_s[rank] = median(cs + 1, o->train_steps);
     free(ts);
     free(cs);
-    comm_destroy(c);
     free(ids), free(tt), free(pos), free(lab), free(lens);
-    optim_destroy(op);
-    free(sizes), free(decays);
-    bert_model_destroy(m);
+    trainer_destroy(t);
+    comm_destroy(c);
     return rc == 0 ? 0 : 4;
 }
 
@@ -336,8 +344,8 @@ int main(int argc, char **argv)
     double c11 = 1e30, cg = 1e30; /* CPU seconds per step, all processes together */
     int per = o.threads / o.world > 0 ? o.threads / o.world : 1;
     if (o.train_steps > 0) {
-        printf("bert-mini training (AdamW, batch %d x seq %d per process, per-step median of %d steps after 1"
-               " warm-up, best of %d rounds)\n",
+        printf("bert-mini trainer_step (AdamW, dropout 0.1, batch %d x seq %d per process,\n"
+               "per-step median of %d steps after 1 warm-up, best of %d rounds)\n",
                o.batch, o.seq, o.train_steps, o.rounds);
         for (int r = 0; r < o.rounds; r++) {
             j.world = 1;
