@@ -22,6 +22,7 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -141,9 +142,11 @@ typedef struct comm_ctl {
     _Atomic int32_t abort_err;  /* 0, or the negative errno that ended the group */
     _Atomic uint32_t joined;
     _Atomic uint32_t attached;
-    uint8_t pad[CACHELINE - 16];
-    comm_rank_ctl ranks[COMM_MAX_WORLD];
+    _Alignas(CACHELINE) comm_rank_ctl ranks[COMM_MAX_WORLD]; /* offset 64: one line per rank */
 } comm_ctl;
+
+_Static_assert(sizeof(comm_rank_ctl) == CACHELINE, "comm_rank_ctl is one cache line");
+_Static_assert(offsetof(comm_ctl, ranks) == CACHELINE, "rank entries start on the second line");
 
 typedef struct comm_shm {
     comm base;
@@ -153,6 +156,8 @@ typedef struct comm_shm {
     comm_ctl *ctl;
     dev_t dev;                  /* identity of our segment, so we never unlink a successor's */
     ino_t ino;
+    uint64_t off_slabs, half_bytes, max_floats; /* local copies: the header shares a
+                                                 * cache line with the busy futex word */
     uint64_t phase;             /* local copy of ranks[me].phase */
     unsigned half;              /* slab half the next collective uses */
     int timeout_ms;
@@ -226,7 +231,7 @@ static int proc_alive(pid_t pid, uint64_t starttime)
 
 static inline float *slab(comm_shm *s, int g, unsigned h)
 {
-    return (float *)(s->mem + s->ctl->off_slabs + (2 * (uint64_t)g + h) * s->ctl->half_bytes);
+    return (float *)(s->mem + s->off_slabs + (2 * (uint64_t)g + h) * s->half_bytes);
 }
 
 /* Ends the group: the first caller's reason is the one logged and kept. */
@@ -356,7 +361,7 @@ static int shm_allreduce_mean(comm *cm, float *buf, size_t n)
     comm_shm *s = (comm_shm *)cm;
     int rc = shm_enter(s);
     int G = cm->world, me = cm->rank;
-    size_t max = s->ctl->max_floats;
+    size_t max = s->max_floats;
     for (size_t off = 0; rc == 0 && off < n; off += max) {
         size_t nc = n - off < max ? n - off : max;
         unsigned h = s->half;
@@ -399,7 +404,7 @@ static int shm_allreduce_sum_f64(comm *cm, double *vals, int n)
 {
     comm_shm *s = (comm_shm *)cm;
     int rc = shm_enter(s);
-    size_t max = s->ctl->half_bytes / sizeof(double);
+    size_t max = s->half_bytes / sizeof(double);
     for (size_t off = 0; rc == 0 && off < (size_t)n; off += max) {
         size_t nc = (size_t)n - off < max ? (size_t)n - off : max;
         unsigned h = s->half;
@@ -429,7 +434,7 @@ static int shm_broadcast(comm *cm, void *buf, size_t bytes, int root)
 {
     comm_shm *s = (comm_shm *)cm;
     int rc = shm_enter(s);
-    size_t max = s->ctl->half_bytes;
+    size_t max = s->half_bytes;
     for (size_t off = 0; rc == 0 && off < bytes; off += max) {
         size_t nc = bytes - off < max ? bytes - off : max;
         unsigned h = s->half;
@@ -655,6 +660,9 @@ int comm_create_shm(comm **out, const char *name, int rank, int world, size_t ma
     }
     if (rc != 0)
         goto out;
+    s->off_slabs = s->ctl->off_slabs;
+    s->half_bytes = s->ctl->half_bytes;
+    s->max_floats = s->ctl->max_floats;
     rc = register_self(s);
     if (rc != 0) {
         unmap(s);

@@ -32,8 +32,9 @@ extern "C" {
 #define COMM_MAX_WORLD 64
 #define COMM_NAME_MAX 128
 #define COMM_DEFAULT_TIMEOUT_MS 30000
-/* A good max_floats for the shm backend: 1 MiB chunks stay in cache between
- * the copy-in, the reduce and the copy-out (bench/comm_cpu.c, docs/perf.md). */
+/* max_floats for the shm backend: 1 MiB chunks. Much smaller chunks are
+ * bound by the two sync points per chunk; larger ones leave the cache between
+ * copy-in, reduce and copy-out (bench/comm_cpu.c, docs/perf.md). */
 #define COMM_DEFAULT_MAX_FLOATS ((size_t)1 << 18)
 
 typedef struct comm comm;

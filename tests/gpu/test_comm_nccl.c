@@ -204,9 +204,16 @@ static void check_world(int world, int lose_peer)
     pid_t pids[MAXW];
     for (int g = 0; g < world; g++) {
         pids[g] = fork();
-        if (pids[g] == 0)
+        if (pids[g] == 0) {
+            /* only rank 0 writes ids: if it dies, the others read EOF
+             * instead of waiting forever */
+            for (int k = 0; k < world && g > 0; k++)
+                close(p.fds[k][1]);
             _exit(rank_main(&p, g, world, out + (size_t)g * 3 * N, lose_peer));
+        }
     }
+    for (int g = 0; g < world; g++)
+        close(p.fds[g][1]);
     for (int g = 0; g < world; g++) {
         int st;
         waitpid(pids[g], &st, 0);
@@ -245,10 +252,8 @@ static void check_world(int world, int lose_peer)
             }
         }
     }
-    for (int g = 0; g < world; g++) {
+    for (int g = 0; g < world; g++)
         close(p.fds[g][0]);
-        close(p.fds[g][1]);
-    }
     munmap(out, sizeof(float) * 3 * N * MAXW);
 }
 
