@@ -97,6 +97,45 @@ static void test_forward_backward_matches_hf(void **state)
     fixture_free(&f);
 }
 
+/* BertForPreTraining: MLM + next-sentence loss, pooler and seq_relationship. */
+static void test_nsp_matches_hf(void **state)
+{
+    (void)state;
+    ref_fixture f;
+    fixture_load(&f);
+    bert_model *m = NULL;
+    char dir[4300], err[512];
+    snprintf(dir, sizeof dir, "%s/hf_tiny_nsp", f.dir);
+    if (hf_init_from(&m, dir, err, sizeof err) < 0)
+        fail_msg("hf_init_from: %s", err);
+    assert_int_equal(m->cfg.nsp, 1);
+    const st_tensor *t = st_find(f.ref, "nsp.batch.nsp_labels");
+    assert_non_null(t);
+    int32_t nsp_labels[8];
+    assert_true(st_numel(t) == (size_t)f.batch.B && f.batch.B <= 8);
+    memcpy(nsp_labels, f.ref->data + t->begin, sizeof(int32_t) * f.batch.B);
+    bert_batch b = f.batch;
+    b.nsp_labels = nsp_labels;
+    assert_int_equal(bert_model_forward(m, &b, NULL), 0);
+    size_t n;
+    float *loss = fixture_tensor(&f, "nsp.loss", &n), *mlm = fixture_tensor(&f, "nsp.mlm_loss", &n),
+          *logits = fixture_tensor(&f, "nsp.nsp_logits", &n);
+    print_message("  loss %.7f (mlm %.7f) hf %.7f (mlm %.7f)\n", m->loss, m->mlm_loss, loss[0],
+                  mlm[0]);
+    assert_true(fabs(m->loss - loss[0]) <= TOL * fabs(loss[0]));
+    assert_true(fabs(m->mlm_loss - mlm[0]) <= TOL * fabs(mlm[0]));
+    assert_int_equal(n, (size_t)2 * f.batch.B);
+    assert_true(rel_l2(m->acts.nsp_logits, logits, n, FLOOR) <= TOL);
+    bert_model_zero_grad(m);
+    assert_int_equal(bert_model_backward(m, 1.0f), 0);
+    compare_table(&f, m, m->grads_memory, "nsp.grad.", TOL);
+    free(loss);
+    free(mlm);
+    free(logits);
+    bert_model_destroy(m);
+    fixture_free(&f);
+}
+
 static void run_steps(optim_kind kind, const char *prefix)
 {
     ref_fixture f;
@@ -165,6 +204,7 @@ int main(void)
     bert_set_threads(2);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_forward_backward_matches_hf),
+        cmocka_unit_test(test_nsp_matches_hf),
         cmocka_unit_test(test_adamw_steps_match_torch),
         cmocka_unit_test(test_lamb_steps_match_reference),
     };
