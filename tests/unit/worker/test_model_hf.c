@@ -187,6 +187,34 @@ static void run_steps(optim_kind kind, const char *prefix)
     fixture_free(&f);
 }
 
+/* All four HF schedules, including past the end of training. */
+static void test_schedules_match_hf(void **state)
+{
+    (void)state;
+    ref_fixture f;
+    fixture_load(&f);
+    static const char *names[] = {"linear", "cosine", "constant", "constant_with_warmup"};
+    for (int k = 0; k < 4; k++) {
+        optim_config oc;
+        optim_config_default(&oc, OPTIM_ADAMW);
+        assert_int_equal(sched_kind_parse(names[k], &oc.sched), 0);
+        oc.lr = 1.0f;
+        oc.warmup_steps = 3;
+        oc.total_steps = 10;
+        char name[64];
+        snprintf(name, sizeof name, "sched.%s", names[k]);
+        size_t n;
+        float *ref = fixture_tensor(&f, name, &n);
+        assert_int_equal(n, 12);
+        for (size_t s = 0; s < n; s++)
+            if (!(fabs(optim_lr_at(&oc, (long)s) - ref[s]) <= 1e-7))
+                fail_msg("%s step %zu: %.9g, HF %.9g", names[k], s, optim_lr_at(&oc, (long)s),
+                         ref[s]);
+        free(ref);
+    }
+    fixture_free(&f);
+}
+
 static void test_adamw_steps_match_torch(void **state)
 {
     (void)state;
@@ -205,6 +233,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_forward_backward_matches_hf),
         cmocka_unit_test(test_nsp_matches_hf),
+        cmocka_unit_test(test_schedules_match_hf),
         cmocka_unit_test(test_adamw_steps_match_torch),
         cmocka_unit_test(test_lamb_steps_match_reference),
     };
