@@ -295,9 +295,49 @@ static void test_keep_last_and_incomplete(void **state)
     rm_rf(dir);
 }
 
+static void test_config_from_jobspec(void **state)
+{
+    (void)state;
+    jobspec js;
+    memset(&js, 0, sizeof js);
+    js.model = (jobspec_model){.vocab_size = 1000, .hidden_size = 64, .num_hidden_layers = 2,
+                               .num_attention_heads = 4, .intermediate_size = 256,
+                               .hidden_act = "gelu", .hidden_dropout_prob = 0.1,
+                               .attention_probs_dropout_prob = 0.1,
+                               .max_position_embeddings = 128, .type_vocab_size = 2,
+                               .initializer_range = 0.02, .layer_norm_eps = 1e-12};
+    js.training = (jobspec_training){.gradient_accumulation_steps = 2, .learning_rate = 1e-4,
+                                     .lr_scheduler_type = "cosine", .warmup_steps = 0,
+                                     .warmup_ratio = 0.06, .weight_decay = 0.01,
+                                     .adam_beta1 = 0.9, .adam_beta2 = 0.98, .adam_epsilon = 1e-6,
+                                     .max_grad_norm = 1.0, .max_steps = 1001, .optim = "lamb",
+                                     .seed = 42, .logging_steps = 50, .save_steps = 500,
+                                     .save_total_limit = 3};
+    js.mlm.nsp = true;
+    train_config tc;
+    char err[256];
+    assert_int_equal(train_config_from_jobspec(&tc, &js, "/tmp/x", 2, 1, err, sizeof err), 0);
+    assert_int_equal(tc.model.hidden_size, 64);
+    assert_int_equal(tc.model.nsp, 1);
+    assert_int_equal(tc.optim.kind, OPTIM_LAMB);
+    assert_int_equal(tc.optim.sched, SCHED_COSINE);
+    assert_int_equal(tc.optim.warmup_steps, 61); // ceil(1001 * 0.06), as HF
+    assert_true(tc.optim.beta2 == 0.98f);
+    assert_int_equal(tc.grad_accum, 2);
+    assert_null(tc.init_from);
+    strcpy(js.model.hidden_act, "relu");
+    assert_int_equal(train_config_from_jobspec(&tc, &js, NULL, 1, 0, err, sizeof err), -EINVAL);
+    strcpy(js.model.hidden_act, "gelu");
+    js.model.num_attention_heads = 5; // does not divide 64
+    assert_int_equal(train_config_from_jobspec(&tc, &js, NULL, 1, 0, err, sizeof err), -EINVAL);
+    print_message("  bad spec: %s\n", err);
+    assert_non_null(strstr(err, "num_attention_heads"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_config_from_jobspec),
         cmocka_unit_test(test_dropout_is_active_and_deterministic),
         cmocka_unit_test(test_exact_resume),
         cmocka_unit_test(test_keep_last_and_incomplete),
