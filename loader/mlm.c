@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/jobspec.h"
 #include "common/log.h"
 #include "common/sha256.h"
 #include "loader/philox.h"
@@ -94,9 +95,8 @@ void mlm_config_defaults(mlm_config *c, uint32_t max_seq_len)
 	memset(c, 0, sizeof(*c));
 	c->seed = 42;
 	c->max_seq_len = max_seq_len;
-	c->max_pred = (max_seq_len * 5 + 31) / 32;
-	if (c->max_pred == 0)
-		c->max_pred = 1;
+	/* the job spec's default, so hand runs and jobs agree */
+	c->max_pred = (uint32_t)jobspec_default_max_predictions((int)max_seq_len, 0.15);
 	c->mlm_probability = 0.15f;
 	c->mask_replace_prob = 0.8f;
 	c->random_replace_prob = 0.1f;

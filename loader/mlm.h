@@ -39,7 +39,8 @@ typedef struct mlm_config {
 
 /* Fills the HuggingFace/BERT defaults for max_seq_length T:
  * 0.15 / 0.8 / 0.1, short_seq_prob 0.1, no NSP, no WWM, seed 42, and
- * P = ceil(T * 5 / 32) (20 at 128, 80 at 512, as in BERT's scripts). */
+ * P = jobspec_default_max_predictions(T, 0.15): 15% of T rounded up to a
+ * multiple of 4 (20 at 128, 80 at 512, as in BERT's scripts). */
 void mlm_config_defaults(mlm_config *c, uint32_t max_seq_len);
 
 /* A digest of every field that changes batch bytes (not the bitmap's

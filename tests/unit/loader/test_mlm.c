@@ -460,7 +460,7 @@ static void test_batch_pure_function(void **state)
 	synth_corpus sc;
 	mlm_dataset *ds = dataset_of(50, &sc, 7);
 	batch_layout l;
-	assert_int_equal(batch_layout_init(&l, 8, 8, 2), 0);
+	assert_int_equal(batch_layout_init(&l, 8, 8, 4), 0); /* P: the default at T=8 */
 	assert_int_equal(l.slot_bytes % BATCH_ALIGN, 0);
 	void *a = aligned_alloc(BATCH_ALIGN, l.slot_bytes), *b = aligned_alloc(BATCH_ALIGN, l.slot_bytes);
 	char ha[20][65], hb[65];
@@ -490,12 +490,13 @@ static void test_batch_pure_function(void **state)
 	const uint8_t *base = b;
 	for (uint32_t j = 0; j < 8; j++) {
 		uint64_t p = 13 * 8 + j;
-		int32_t ids[8], tt[8], pos[2], lab[2];
+		int32_t ids[8], tt[8], pos[4], lab[4];
 		uint64_t s = mlm_epoch_index(ds, p / 50, p % 50);
 		int len = mlm_sample_pack(ds, s, ids, tt, NULL);
 		mlm_sample_mask(ds, p / 50, s, ids, len, pos, lab);
 		assert_memory_equal(base + l.off_input_ids + j * 8 * 4, ids, sizeof(ids));
-		assert_memory_equal(base + l.off_mlm_labels + j * 2 * 4, lab, sizeof(lab));
+		assert_memory_equal(base + l.off_mlm_labels + j * 4 * 4, lab, sizeof(lab));
+		assert_memory_equal(base + l.off_mlm_positions + j * 4 * 4, pos, sizeof(pos));
 		assert_int_equal(((const int32_t *)(base + l.off_seq_lens))[j], len);
 	}
 	/* another seed, another batch */
@@ -506,7 +507,7 @@ static void test_batch_pure_function(void **state)
 	assert_string_not_equal(ha[0], hb);
 	/* batch bigger than the dataset */
 	batch_layout big;
-	assert_int_equal(batch_layout_init(&big, 64, 8, 2), 0);
+	assert_int_equal(batch_layout_init(&big, 64, 8, 4), 0);
 	void *c = aligned_alloc(BATCH_ALIGN, big.slot_bytes);
 	assert_int_equal(mlm_batch_build(ds, &big, 1, 1, 0, c), -ENODATA);
 	assert_int_equal(mlm_batch_build(ds, &l, 0, 1, 0, b), -EINVAL);
