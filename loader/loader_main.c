@@ -295,8 +295,9 @@ int main(int argc, char **argv)
 	}
 	mlm_stats st;
 	mlm_dataset_stats(ds, &st);
-	log_info("%llu sequences/epoch, pad fraction %.3f, %llu empty documents skipped",
-		 (unsigned long long)st.n_samples, st.pad_fraction, (unsigned long long)st.n_empty_docs);
+	log_info("%llu sequences/epoch, pad fraction %.3f, %llu empty documents skipped, index %.1f MiB",
+		 (unsigned long long)st.n_samples, st.pad_fraction, (unsigned long long)st.n_empty_docs,
+		 (double)st.index_bytes / 1048576.0);
 	build_ctx bc = {.ds = ds, .p = ring_get_params(r)};
 	rc = ring_produce(r, build, &bc, &g_stop);
 	if (rc == -EINTR) {

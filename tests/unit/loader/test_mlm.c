@@ -124,6 +124,58 @@ static void test_pack_full_sentences(void **state)
 	check_full_sentences(0.1f, 2);
 }
 
+/* Samples walk shard 0, then shard 1, ...; none mixes shards; a shard
+ * without sentences is skipped. */
+static void test_pack_multi_shard(void **state)
+{
+	(void)state;
+	synth_corpus a, b;
+	synth_spec sp = {.n_docs = 40, .min_sents = 1, .max_sents = 6, .min_len = 1, .max_len = 30,
+			 .empty_doc_every = 5, .vocab_size = 30522, .token_bytes = 2, .seed = 31};
+	assert_int_equal(synth_build(&a, &sp), 0);
+	sp.seed = 32;
+	sp.n_docs = 55;
+	assert_int_equal(synth_build(&b, &sp), 0);
+	static const uint64_t zero[1] = {0};
+	corpus_view empty = a.view;
+	empty.n_tokens = 0;
+	empty.n_sents = 0;
+	empty.n_docs = 0;
+	empty.sent_off = zero;
+	empty.doc_off = zero;
+	corpus_view views[4] = {empty, a.view, empty, b.view};
+	mlm_config cfg;
+	mlm_config_defaults(&cfg, 64);
+	mlm_dataset *ds;
+	assert_int_equal(mlm_dataset_create(&ds, views, 4, &cfg), 0);
+	mlm_stats st;
+	mlm_dataset_stats(ds, &st);
+	assert_int_equal(st.index_bytes, (st.n_samples + 1) * 8);
+	int32_t ids[64], tt[64];
+	uint32_t k = 1;
+	uint64_t pos = 0;
+	for (uint64_t s = 0; s < st.n_samples; s++) {
+		if (pos == views[k].n_tokens) { /* shard done: the next sample starts the next one */
+			k += 2;
+			pos = 0;
+		}
+		assert_true(k < 4);
+		int len = mlm_sample_pack(ds, s, ids, tt, NULL);
+		for (int i = 1; i < len - 1; i++) {
+			if (ids[i] == SEP)
+				continue;
+			assert_true(pos < views[k].n_tokens); /* never runs into the next shard */
+			assert_int_equal((uint32_t)ids[i], ctok(&views[k], pos));
+			pos++;
+		}
+	}
+	assert_int_equal(k, 3);
+	assert_int_equal(pos, b.view.n_tokens);
+	mlm_dataset_destroy(ds);
+	synth_free(&a);
+	synth_free(&b);
+}
+
 static void test_pack_truncates_long_sentence(void **state)
 {
 	(void)state;
@@ -599,6 +651,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_pack_full_sentences),
+		cmocka_unit_test(test_pack_multi_shard),
 		cmocka_unit_test(test_pack_truncates_long_sentence),
 		cmocka_unit_test(test_pack_nsp),
 		cmocka_unit_test(test_mask_statistics),
