@@ -76,7 +76,7 @@ static void stream_init(draw_stream *st, uint64_t seed, uint32_t purpose, uint64
 static inline uint32_t stream_next(draw_stream *st)
 {
 	if (st->used == 4) {
-		philox4x32_10(st->ctr, st->key, st->buf);
+		philox4x32_10(st->buf, st->ctr, st->key);
 		st->ctr[2]++;
 		st->used = 0;
 	}

@@ -30,7 +30,8 @@ static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ft
 static int setup(void **state)
 {
 	(void)state;
-	snprintf(tmpdir, sizeof tmpdir, "/tmp/bertd-test-shard-XXXXXX");
+	const char *base = getenv("TMPDIR");
+	snprintf(tmpdir, sizeof tmpdir, "%s/bertd-test-shard-XXXXXX", base && base[0] ? base : "/tmp");
 	return mkdtemp(tmpdir) ? 0 : -1;
 }
 
