@@ -64,6 +64,7 @@ typedef struct worker {
 	/* telemetry for the current logging window */
 	double win_data_s, win_step_s, win_comm_s;
 	double win_tokens;
+	double win_loss;             /* sum of step losses (rank-averaged) */
 	int64_t win_steps;
 	uint64_t epoch;
 } worker;
@@ -398,6 +399,7 @@ static int train(worker *w)
 			return fail(w, BERTD_EXIT_FAILURE, "internal", "%s", err);
 		w->win_step_s += now_s() - t0;
 		w->win_steps++;
+		w->win_loss += res.loss;
 
 		bool log_now = ta->logging_steps > 0 && res.step % ta->logging_steps == 0;
 		if (log_now || res.step == max_steps) {
@@ -406,7 +408,7 @@ static int train(worker *w)
 			if (w->rank == 0) {
 				json_t *m = json_pack("{s:s, s:I, s:I, s:f, s:f, s:f, s:f, s:f, s:{s:f, s:f, s:f}}",
 						      "type", "metrics", "step", (json_int_t)res.step,
-						      "epoch", (json_int_t)w->epoch, "loss", res.loss,
+						      "epoch", (json_int_t)w->epoch, "loss", w->win_loss / (double)w->win_steps,
 						      "learning_rate", res.lr, "grad_norm", res.grad_norm,
 						      "tokens_per_s", wall > 0 ? tokens / wall : 0.0,
 						      "step_time_ms", 1000.0 * w->win_step_s / (double)w->win_steps,
@@ -416,10 +418,10 @@ static int train(worker *w)
 								 (double)w->win_steps);
 				send_msg(w, m);
 				log_info("step %ld/%lld loss %.4f lr %.3g grad_norm %.3f tokens/s %.0f", res.step,
-					 (long long)max_steps, res.loss, res.lr, res.grad_norm,
+					 (long long)max_steps, w->win_loss / (double)w->win_steps, res.lr, res.grad_norm,
 					 wall > 0 ? tokens / wall : 0.0);
 			}
-			w->win_data_s = w->win_step_s = w->win_comm_s = w->win_tokens = 0;
+			w->win_data_s = w->win_step_s = w->win_comm_s = w->win_tokens = w->win_loss = 0;
 			w->win_steps = 0;
 			t_log = now_s();
 		}
