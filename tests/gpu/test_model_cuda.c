@@ -11,10 +11,14 @@
  * float summation orders differ (cuBLAS vs OpenBLAS, atomics vs serial
  * loops), so fp32 gradients get 1e-4. 16-bit activations round every stored
  * tensor to 8 (bf16) or 11 (fp16) bits: gradients get 5e-2, losses 1e-2.
- * After 10 optimizer steps the parameter updates (p10 - p0) are compared in
- * the 2-norm: Adam divides by sqrt(v), so a gradient near zero can flip the
- * sign of its element's update; those elements are few and the 2-norm of the
- * update difference stays small (fp32 1e-3, 16-bit 5e-2).
+ * After 10 AdamW steps the parameter updates (p10 - p0) are compared in the
+ * 2-norm (fp32 1e-4, 16-bit 5e-2). Adam's first steps are nearly sign(g), so
+ * with the default eps a gradient element below the rounding noise would
+ * flip its update by 2*lr on one side only, turning rounding into an O(lr)
+ * difference; the test therefore sets eps to the RMS of the first gradient,
+ * which keeps each update a smooth function of its gradient (elements far
+ * above the noise still take sign-like steps). The AdamW arithmetic itself is
+ * checked bit for bit in test_kernels_cuda.
  */
 #include "tests/gpu/gpu_check.h"
 #include "worker/gpu_model.h"
@@ -165,7 +169,11 @@ static void test_forward_backward_steps(kdtype dt)
         off += sz;
     }
 
-    /* 10 AdamW steps over changing batches and dropout masks */
+    /* 10 AdamW steps over changing batches and dropout masks; eps at the
+     * gradient scale (see the file header), the same on both sides */
+    oc.eps = (float)(optim_global_norm(cpu->grads_memory, n) / sqrt((double)n));
+    g->ocfg.eps = oc.eps;
+    printf("     AdamW eps for the step comparison: %.3g\n", oc.eps);
     size_t nseg = (size_t)bert_param_segments(&c, NULL, NULL, 0);
     size_t *segs = calloc(nseg, sizeof *segs);
     int *decays = calloc(nseg, sizeof *decays);
@@ -204,7 +212,7 @@ static void test_forward_backward_steps(kdtype dt)
         gp[i] -= p0[i];
         cpu->params_memory[i] -= p0[i];
     }
-    double utol = dt == KDT_F32 ? 1e-3 : 5e-2;
+    double utol = dt == KDT_F32 ? 1e-4 : 5e-2;
     double ur = norm2_rel(gp, cpu->params_memory, n);
     report(ur <= utol, "10 AdamW steps: update p10 - p0", dt, ur, utol);
     free(gg); free(gp); free(p0); free(segs); free(decays);
