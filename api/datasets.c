@@ -133,13 +133,13 @@ static json_t *dataset_request(api_request *req, json_t *in, enum MHD_Result *re
 			return NULL;
 		}
 	}
-	bool lowercase = true;
+	json_t *lowercase = json_null(); /* null: inferred from the vocab (uncased when training) */
 	if ((v = json_object_get(in, "lowercase")) && !json_is_null(v)) {
 		if (!json_is_boolean(v)) {
-			*ret = api_reply_problem(req, API_P_INVALID_REQUEST, "lowercase", "must be true or false");
+			*ret = api_reply_problem(req, API_P_INVALID_REQUEST, "lowercase", "must be true, false or null");
 			return NULL;
 		}
-		lowercase = json_is_true(v);
+		lowercase = json_boolean(json_is_true(v));
 	}
 	json_t *vocab = json_object_get(in, "vocab");
 	json_t *out_vocab = NULL;
@@ -176,7 +176,7 @@ static json_t *dataset_request(api_request *req, json_t *in, enum MHD_Result *re
 		*ret = api_reply_problem(req, API_P_INVALID_REQUEST, "vocab", "must hold \"file\" or \"train\"");
 		return NULL;
 	}
-	return json_pack("{s:s, s:s, s:s, s:s, s:b, s:o}", "name", name, "source_path", source, "format", format,
+	return json_pack("{s:s, s:s, s:s, s:s, s:o, s:o}", "name", name, "source_path", source, "format", format,
 			 "text_field", text_field, "lowercase", lowercase, "vocab", out_vocab);
 }
 

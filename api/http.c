@@ -588,6 +588,13 @@ int api_server_start(api_server **out, const api_config *cfg, store *st)
 	if (!srv->cfg.conn_memory)
 		srv->cfg.conn_memory = DEFAULT_CONN_MEMORY;
 
+	if (srv->cfg.conn_limit < srv->cfg.threads) {
+		/* MHD splits the connection limit across its pool threads; a thread
+		 * with a share of zero could never serve anyone. */
+		log_warn("api: %u threads but only %u connections allowed; using %u threads",
+			 srv->cfg.threads, srv->cfg.conn_limit, srv->cfg.conn_limit);
+		srv->cfg.threads = srv->cfg.conn_limit;
+	}
 	rc = listen_on(srv->listen_addr, cfg->port, cfg->allow_remote, &fd, &srv->port);
 	if (rc)
 		goto out;

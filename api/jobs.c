@@ -20,6 +20,7 @@
 
 #include "api/handlers.h"
 #include "api/http.h"
+#include "api/paths.h"
 #include "common/jobspec.h"
 #include "common/sha256.h"
 #include "common/log.h"
@@ -45,24 +46,76 @@ static json_t *time_json(int64_t ms)
 	return json_string(buf);
 }
 
+/* Progress of a job that has run: latest logged metrics, ETA, devices,
+ * newest checkpoint and, once completed, where the exported model is. */
+static void add_progress(json_t *o, store *st, const store_job *j, const json_t *spec)
+{
+	json_t *devs = j->devices_json ? json_loads(j->devices_json, 0, NULL) : NULL;
+	json_object_set_new(o, "devices", devs ? devs : json_array());
+	json_int_t max_steps = json_integer_value(json_object_get(json_object_get(spec, "training_args"), "max_steps"));
+	store_metric m;
+	json_t *prog = json_pack("{s:I, s:I}", "step", (json_int_t)0, "max_steps", max_steps);
+	if (store_metric_latest(st, j->id, &m) == 0) {
+		json_t *vals = json_loads(m.values_json, 0, NULL);
+		json_object_set_new(prog, "step", json_integer(m.step));
+		const char *keep[] = {"epoch", "loss", "learning_rate", "grad_norm", "tokens_per_s", "step_time_ms"};
+		for (size_t i = 0; i < sizeof keep / sizeof keep[0]; i++) {
+			json_t *v = json_object_get(vals, keep[i]);
+			if (v)
+				json_object_set(prog, keep[i], v);
+		}
+		double step_ms = json_number_value(json_object_get(vals, "step_time_ms"));
+		if (step_ms > 0 && max_steps > m.step && !job_state_is_terminal(j->state))
+			json_object_set_new(prog, "eta_seconds",
+					    json_real(step_ms * (double)(max_steps - m.step) / 1000.0));
+		char t[32];
+		api_time_format(m.time_ms, t);
+		json_object_set_new(prog, "logged_at", json_string(t));
+		json_decref(vals);
+		free(m.values_json);
+	}
+	json_object_set_new(o, "progress", prog);
+	store_checkpoint *ck = NULL;
+	size_t n = 0;
+	json_t *last = json_null();
+	if (store_checkpoint_list(st, j->id, &ck, &n) == 0 && n > 0) {
+		json_decref(last);
+		last = json_pack("{s:I, s:s}", "step", (json_int_t)ck[n - 1].step, "path", ck[n - 1].path);
+	}
+	store_checkpoints_free(ck, n);
+	json_object_set_new(o, "last_checkpoint", last);
+}
+
 /* The job representation every endpoint answers with. NULL on OOM. */
-static json_t *job_json(const store_job *j)
+static json_t *job_json(store *st, const store_job *j, const api_config *cfg)
 {
 	json_t *spec = j->spec_json ? json_loads(j->spec_json, 0, NULL) : NULL;
 	if (!spec)
 		log_error("job %s: stored spec is not JSON", j->id);
-	return json_pack("{s:s, s:s, s:s, s:i, s:o, s:o, s:o, s:o, s:i, s:s?, s:o?}",
-			 "id", j->id,
-			 "name", j->name ? j->name : "",
-			 "state", job_state_name(j->state),
-			 "priority", j->priority,
-			 "created_at", time_json(j->created_ms),
-			 "updated_at", time_json(j->updated_ms),
-			 "started_at", time_json(j->started_ms),
-			 "finished_at", time_json(j->finished_ms),
-			 "restart_count", j->restart_count,
-			 "failure_reason", j->failure_reason,
-			 "spec", spec);
+	json_t *o = json_pack("{s:s, s:s, s:s, s:i, s:o, s:o, s:o, s:o, s:i, s:s?}",
+			      "id", j->id,
+			      "name", j->name ? j->name : "",
+			      "state", job_state_name(j->state),
+			      "priority", j->priority,
+			      "created_at", time_json(j->created_ms),
+			      "updated_at", time_json(j->updated_ms),
+			      "started_at", time_json(j->started_ms),
+			      "finished_at", time_json(j->finished_ms),
+			      "restart_count", j->restart_count,
+			      "failure_reason", j->failure_reason);
+	if (!o) {
+		json_decref(spec);
+		return NULL;
+	}
+	add_progress(o, st, j, spec);
+	if (j->state == JOB_COMPLETED) {
+		char path[1400];
+		snprintf(path, sizeof path, "%s/jobs/%s/export", cfg->state_dir, j->id);
+		json_object_set_new(o, "model_dir", json_string(path));
+	}
+	if (spec)
+		json_object_set_new(o, "spec", spec);
+	return o;
 }
 
 /* Ids are made here ("job-" + 16 hex); anything else cannot exist, so it is
@@ -109,7 +162,7 @@ static enum MHD_Result reply_job(api_request *req, unsigned status, const char *
 	int rc = store_job_get(req->st, id, &j);
 	if (rc)
 		return store_failed(req, rc, id, "loading job");
-	json_t *o = job_json(&j);
+	json_t *o = job_json(req->st, &j, req->cfg);
 	store_job_free(&j);
 	return api_reply_json(req, status, o);
 }
@@ -138,33 +191,33 @@ static char *dump_line(json_t *o)
 	return text;
 }
 
-/* init_from names a directory on the daemon's machine; it must resolve
- * (symlinks followed) inside one of the configured data roots, so a job spec
+/* init_from names a directory on the daemon's machine; like every path in a
+ * request it must resolve (symlinks followed) inside a data root, so a spec
  * cannot make the worker read arbitrary files. The resolved path replaces
- * the submitted one, so the worker opens exactly what was checked.
- * Returns 0, or -EACCES / -ENOENT with detail filled. */
-static int check_init_from(const api_config *cfg, json_t *spec, char *detail, size_t n)
+ * the submitted one, so the worker opens exactly what was checked. Returns
+ * true, or replies (422 unusable path, 403 outside the roots) and sets *ret. */
+static bool init_from_ok(api_request *req, json_t *spec, enum MHD_Result *ret)
 {
-	const char *p = json_string_value(json_object_get(spec, "init_from"));
-	char real[PATH_MAX], root[PATH_MAX];
-	if (!p)
-		return 0; /* null: train from scratch */
-	if (!realpath(p, real)) {
-		snprintf(detail, n, "cannot resolve the path: %s", strerror(errno));
-		return -ENOENT;
-	}
-	for (size_t i = 0; i < cfg->n_data_roots; i++) {
-		if (!realpath(cfg->data_roots[i], root))
-			continue;
-		size_t rl = strlen(root);
-		if (strncmp(real, root, rl) == 0 && (real[rl] == '/' || real[rl] == 0 ||
-						     (rl == 1 && root[0] == '/'))) {
-			json_object_set_new(spec, "init_from", json_string(real));
-			return 0;
-		}
-	}
-	snprintf(detail, n, "must be inside a data root (the daemon's data_roots setting)");
-	return -EACCES;
+	json_t *v = json_object_get(spec, "init_from");
+	char real[PATH_MAX];
+	if (!json_is_string(v))
+		return true; /* null: train from scratch */
+	int rc = api_path_resolve(json_string_value(v), json_string_length(v),
+				  req->cfg->data_roots, req->cfg->n_data_roots, real, sizeof real);
+	if (rc == 0 && json_object_set_new(spec, "init_from", json_string(real)) == 0)
+		return true;
+	if (rc == 0)
+		*ret = api_reply_problem(req, API_P_INTERNAL, "init_from", "out of memory");
+	else if (rc == -ENOENT)
+		*ret = api_reply_problem(req, API_P_INVALID_SPEC, "init_from",
+					 "no such file or directory");
+	else if (rc == -EINVAL)
+		*ret = api_reply_problem(req, API_P_INVALID_SPEC, "init_from",
+					 "must be an absolute path without \"..\" components");
+	else
+		*ret = api_reply_problem(req, API_P_PATH_FORBIDDEN, "init_from",
+					 "resolves outside the configured data_roots");
+	return false;
 }
 
 enum MHD_Result jobs_create(api_request *req)
@@ -202,10 +255,8 @@ enum MHD_Result jobs_create(api_request *req)
 					err.field, "%s", err.detail[0] ? err.detail : "invalid job spec");
 		goto out;
 	}
-	if (check_init_from(req->cfg, spec, detail, sizeof detail)) {
-		ret = api_reply_problem(req, API_P_INVALID_SPEC, "init_from", "%s", detail);
+	if (!init_from_ok(req, spec, &ret))
 		goto out;
-	}
 	spec_text = api_json_dumps(spec, false);
 	if (!spec_text) {
 		ret = api_reply_problem(req, API_P_INTERNAL, NULL, "out of memory");
@@ -231,12 +282,16 @@ enum MHD_Result jobs_create(api_request *req)
 			.updated_ms = now,
 		};
 		free(body);
-		body = dump_line(json_pack("{s:s, s:s, s:s, s:i, s:o, s:o, s:n, s:n, s:i, s:n, s:O}",
+		json_int_t max_steps = json_integer_value(
+			json_object_get(json_object_get(spec, "training_args"), "max_steps"));
+		body = dump_line(json_pack("{s:s, s:s, s:s, s:i, s:o, s:o, s:n, s:n, s:i, s:n, s:[], "
+					   "s:{s:i, s:I}, s:n, s:O}",
 					   "id", job.id, "name", job.name, "state", "queued",
 					   "priority", job.priority,
 					   "created_at", time_json(now), "updated_at", time_json(now),
 					   "started_at", "finished_at", "restart_count", 0,
-					   "failure_reason", "spec", spec));
+					   "failure_reason", "devices", "progress", "step", 0,
+					   "max_steps", max_steps, "last_checkpoint", "spec", spec));
 		if (!body) {
 			rc = -ENOMEM;
 			break;
@@ -262,7 +317,12 @@ enum MHD_Result jobs_create(api_request *req)
 						prev_id ? prev_id : "?");
 			goto out;
 		}
-		snprintf(location, sizeof location, "/v1/jobs/%s", prev_id ? prev_id : "");
+		if (!prev_resp || !prev_id) {
+			ret = api_reply_problem(req, API_P_INTERNAL, NULL,
+						"the stored answer for this key is incomplete");
+			goto out;
+		}
+		snprintf(location, sizeof location, "/v1/jobs/%s", prev_id);
 		if (api_add_header(req, MHD_HTTP_HEADER_LOCATION, location) ||
 		    api_add_header(req, "Idempotent-Replayed", "true")) {
 			ret = MHD_NO;
@@ -428,7 +488,7 @@ enum MHD_Result jobs_list(api_request *req)
 					 strerror(-rc));
 	json_t *arr = json_array();
 	for (size_t i = 0; arr && i < n; i++) {
-		if (json_array_append_new(arr, job_json(&jobs[i]))) {
+		if (json_array_append_new(arr, job_json(req->st, &jobs[i], req->cfg))) {
 			json_decref(arr);
 			arr = NULL;
 		}

@@ -36,6 +36,36 @@ static double now_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+static double cpu_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* utime + stime of another process, seconds (/proc/<pid>/stat fields 14, 15). */
+static double proc_cpu_s(pid_t pid)
+{
+	char path[64], buf[1024];
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return 0;
+	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	char *p = strrchr(buf, ')');
+	unsigned long ut = 0, st = 0;
+	if (p && sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) == 2)
+		return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+	return 0;
+}
+
+/* One measurement: wall-clock rate and rate per CPU-second spent building. */
+typedef struct rate {
+	double wall, per_cpu;
+} rate;
+
 typedef struct bctx {
 	const mlm_dataset *ds;
 	batch_layout l;
@@ -47,32 +77,34 @@ static int build(void *ctx, uint64_t n, void *slot)
 	return mlm_batch_build(b->ds, &b->l, 1, 1, n, slot);
 }
 
-static double bench_serial(const mlm_dataset *ds, const batch_layout *l, double secs)
+static rate bench_serial(const mlm_dataset *ds, const batch_layout *l, double secs)
 {
 	void *slot = aligned_alloc(BATCH_ALIGN, l->slot_bytes);
 	uint64_t n = 0;
 	for (int i = 0; i < 20; i++) /* warm caches and page in the corpus */
 		mlm_batch_build(ds, l, 1, 1, n++, slot);
-	double t0 = now_s(), t;
+	double t0 = now_s(), c0 = cpu_s(), t;
 	uint64_t n0 = n;
 	do {
 		for (int i = 0; i < 16; i++)
 			mlm_batch_build(ds, l, 1, 1, n++, slot);
 		t = now_s();
 	} while (t - t0 < secs);
+	double cpu = cpu_s() - c0;
 	free(slot);
-	return (double)(n - n0) * l->B / (t - t0);
+	return (rate){(double)(n - n0) * l->B / (t - t0), (double)(n - n0) * l->B / cpu};
 }
 
-static double bench_ring(const mlm_dataset *ds, const batch_layout *l, int producers, double secs,
-			 double *prod_wait_ms, double *cons_wait_ms)
+static rate bench_ring(const mlm_dataset *ds, const batch_layout *l, int producers, double secs,
+		       double *prod_wait_ms, double *cons_wait_ms)
 {
 	char name[64];
 	snprintf(name, sizeof(name), "/bertd-bench-%d-%d", (int)getpid(), producers);
 	ring_params p = {.G = 1, .S = 16, .M = 1, .layout = *l, .start_batch = 0, .end_batch = UINT64_MAX};
 	ring *r;
+	const rate fail = {-1, -1};
 	if (ring_create(&r, name, &p) != 0)
-		return -1;
+		return fail;
 	pid_t pids[8];
 	bctx bc = {.ds = ds, .l = *l};
 	for (int i = 0; i < producers; i++) {
@@ -87,20 +119,25 @@ static double bench_ring(const mlm_dataset *ds, const batch_layout *l, int produ
 	void *slot;
 	for (int i = 0; i < 20; i++) { /* let producers start and warm up */
 		if (ring_next(r, 0, 60000, &slot))
-			return -1;
+			return fail;
 		ring_release(r, 0);
 	}
 	ring_counters c0, c1;
 	ring_get_counters(r, 0, &c0);
 	uint64_t got = 0;
+	double pc0 = 0, pc1 = 0;
+	for (int i = 0; i < producers; i++)
+		pc0 += proc_cpu_s(pids[i]);
 	double t0 = now_s(), t;
 	do {
 		if (ring_next(r, 0, 60000, &slot))
-			return -1;
+			return fail;
 		ring_release(r, 0);
 		got++;
 		t = now_s();
 	} while (t - t0 < secs);
+	for (int i = 0; i < producers; i++)
+		pc1 += proc_cpu_s(pids[i]);
 	ring_get_counters(r, 0, &c1);
 	ring_shutdown(r);
 	for (int i = 0; i < producers; i++)
@@ -109,24 +146,26 @@ static double bench_ring(const mlm_dataset *ds, const batch_layout *l, int produ
 	ring_unlink(name);
 	*prod_wait_ms = (double)(c1.producer_wait_ns - c0.producer_wait_ns) / 1e6;
 	*cons_wait_ms = (double)(c1.consumer_wait_ns - c0.consumer_wait_ns) / 1e6;
-	return (double)got * l->B / (t - t0);
+	double seqs = (double)got * l->B;
+	/* producers may run ahead by the S slots in flight: negligible over secs */
+	return (rate){seqs / (t - t0), pc1 > pc0 ? seqs / (pc1 - pc0) : -1};
 }
 
-static double bench_hf(const char *script, const char *dir, const char *vocab, uint32_t T, uint32_t B,
-		       int workers, double secs)
+static rate bench_hf(const char *script, const char *dir, const char *vocab, uint32_t T, uint32_t B,
+		     int workers, double secs)
 {
 	char cmd[8192];
 	snprintf(cmd, sizeof(cmd),
 		 "python3 '%s' hf --dir '%s' --vocab '%s' --seq %u --batch %u --workers %d --seconds %.1f "
 		 "2>/dev/null",
 		 script, dir, vocab, T, B, workers, secs);
+	rate v = {-1, -1};
 	FILE *f = popen(cmd, "r");
 	if (!f)
-		return -1;
+		return v;
 	char line[512];
-	double v = -1;
 	while (fgets(line, sizeof(line), f))
-		if (sscanf(line, "HF_RESULT seqs_per_s=%lf", &v) == 1)
+		if (sscanf(line, "HF_RESULT seqs_per_s=%lf seqs_per_cpu_s=%lf", &v.wall, &v.per_cpu) == 2)
 			break;
 	pclose(f);
 	return v;
@@ -134,6 +173,7 @@ static double bench_hf(const char *script, const char *dir, const char *vocab, u
 
 int main(int argc, char **argv)
 {
+	setvbuf(stdout, NULL, _IOLBF, 0);
 	log_init("loader_bench", LOG_LVL_WARN);
 	const char *dir = "/tmp/bertd-bench-rawtok", *data = NULL, *script = BENCH_HF_SCRIPT;
 	double secs = 3.0;
@@ -184,10 +224,21 @@ int main(int argc, char **argv)
 	printf("corpus: %s (%llu HF WordPiece tokens, %llu sentences, %llu documents)\n", dir,
 	       (unsigned long long)rc.view.n_tokens, (unsigned long long)rc.view.n_sents,
 	       (unsigned long long)rc.view.n_docs);
-	printf("batch %u, %.1f s per measurement, %ld online CPUs\n\n", B, secs, sysconf(_SC_NPROCESSORS_ONLN));
-	printf("%5s %-28s %14s %12s\n", "seq", "path", "sequences/s", "vs hf/1");
+	char load[128] = "?";
+	FILE *lf = fopen("/proc/loadavg", "r");
+	if (lf) {
+		if (!fgets(load, sizeof(load), lf))
+			strcpy(load, "?\n");
+		fclose(lf);
+	}
+	printf("batch %u, %.1f s per measurement, %ld online CPUs, loadavg %s\n", B, secs,
+	       sysconf(_SC_NPROCESSORS_ONLN), load);
+	printf("seqs/CPU-second: sequences per second of CPU time of the processes that build batches\n"
+	       "(bertd: this process or the loaders; HF: main + DataLoader workers), robust to a busy box.\n\n");
+	printf("%5s %-28s %13s %9s %15s %9s\n", "seq", "path", "seqs/s wall", "vs hf/1", "seqs/CPU-second",
+	       "vs hf/1");
 	const uint32_t Ts[2] = {128, 512};
-	char machine[1024];
+	char machine[2048];
 	int mlen = snprintf(machine, sizeof(machine), "BENCH loader batch=%u", B);
 	for (int k = 0; k < 2; k++) {
 		uint32_t T = Ts[k];
@@ -199,35 +250,39 @@ int main(int argc, char **argv)
 		batch_layout l;
 		batch_layout_init(&l, B, T, cfg.max_pred);
 		double pw1, cw1, pw2, cw2;
-		double serial = bench_serial(ds, &l, secs);
-		double r1 = bench_ring(ds, &l, 1, secs, &pw1, &cw1);
-		double r2 = bench_ring(ds, &l, 2, secs, &pw2, &cw2);
-		double h1 = hf ? bench_hf(script, dir, vocab, T, B, 1, secs) : -1;
-		double h2 = hf ? bench_hf(script, dir, vocab, T, B, 2, secs) : -1;
-		double ref = h1 > 0 ? h1 : 0;
+		rate serial = bench_serial(ds, &l, secs);
+		rate r1 = bench_ring(ds, &l, 1, secs, &pw1, &cw1);
+		rate r2 = bench_ring(ds, &l, 2, secs, &pw2, &cw2);
+		rate none = {-1, -1};
+		rate h1 = hf ? bench_hf(script, dir, vocab, T, B, 1, secs) : none;
+		rate h2 = hf ? bench_hf(script, dir, vocab, T, B, 2, secs) : none;
 		struct {
 			const char *name;
-			double v;
+			rate v;
 		} rows[] = {
 			{"bertd serial (in-process)", serial}, {"bertd ring, 1 loader proc", r1},
 			{"bertd ring, 2 loader procs", r2},    {"HF collator, 1 worker", h1},
 			{"HF collator, 2 workers", h2},
 		};
 		for (int i = 0; i < 5; i++) {
-			if (rows[i].v < 0)
-				printf("%5u %-28s %14s\n", T, rows[i].name, "n/a");
-			else if (ref > 0)
-				printf("%5u %-28s %14.0f %11.1fx\n", T, rows[i].name, rows[i].v, rows[i].v / ref);
+			rate v = rows[i].v;
+			printf("%5u %-28s", T, rows[i].name);
+			if (v.wall < 0)
+				printf(" %13s\n", "n/a");
+			else if (h1.wall > 0)
+				printf(" %13.0f %8.1fx %15.0f %8.1fx\n", v.wall, v.wall / h1.wall, v.per_cpu,
+				       v.per_cpu / h1.per_cpu);
 			else
-				printf("%5u %-28s %14.0f\n", T, rows[i].name, rows[i].v);
+				printf(" %13.0f %9s %15.0f\n", v.wall, "", v.per_cpu);
 		}
-		printf("%5u ring/1 producer wait %.0f ms, consumer wait %.0f ms; ring/2 %.0f / %.0f ms; "
-		       "2-proc scaling %.2fx\n\n",
-		       T, pw1, cw1, pw2, cw2, r2 / r1);
+		printf("%5u ring/1 producer blocked %.0f ms, consumer blocked %.0f ms; ring/2 %.0f / %.0f ms; "
+		       "2-proc wall scaling %.2fx\n\n",
+		       T, pw1, cw1, pw2, cw2, r2.wall / r1.wall);
 		mlen += snprintf(machine + mlen, sizeof(machine) - (size_t)mlen,
-				 " T%u_serial=%.0f T%u_ring1=%.0f T%u_ring2=%.0f T%u_hf1=%.0f T%u_hf2=%.0f "
-				 "T%u_ratio_per_core=%.1f",
-				 T, serial, T, r1, T, r2, T, h1, T, h2, T, ref > 0 ? r1 / ref : -1.0);
+				 " T%u_serial=%.0f T%u_serial_cpu=%.0f T%u_ring1=%.0f T%u_ring2=%.0f T%u_hf1=%.0f "
+				 "T%u_hf1_cpu=%.0f T%u_hf2=%.0f T%u_ratio_per_core=%.1f",
+				 T, serial.wall, T, serial.per_cpu, T, r1.wall, T, r2.wall, T, h1.wall, T, h1.per_cpu,
+				 T, h2.wall, T, h1.per_cpu > 0 ? serial.per_cpu / h1.per_cpu : -1.0);
 		mlm_dataset_destroy(ds);
 	}
 	printf("%s\n", machine);

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
@@ -84,4 +85,22 @@ int fs_write_atomic(const char *path, const void *data, size_t len, mode_t mode)
 		return rc;
 	}
 	return fs_fsync_parent(path);
+}
+
+static int remove_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+	(void)st;
+	(void)flag;
+	(void)ftw;
+	return remove(path) < 0 && errno != ENOENT ? -1 : 0;
+}
+
+int fs_remove_tree(const char *path)
+{
+	struct stat st;
+	if (lstat(path, &st) < 0)
+		return errno == ENOENT ? 0 : -errno;
+	if (nftw(path, remove_one, 16, FTW_DEPTH | FTW_PHYS) < 0)
+		return errno ? -errno : -EIO;
+	return 0;
 }

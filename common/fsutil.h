@@ -18,4 +18,9 @@ int fs_write_atomic(const char *path, const void *data, size_t len, mode_t mode)
 /* fsyncs the directory that contains path. */
 int fs_fsync_parent(const char *path);
 
+/* rm -rf path: removes a file or a directory tree without following
+ * symlinks (a link is removed, not its target). 0 when gone (or absent),
+ * or negative errno. */
+int fs_remove_tree(const char *path);
+
 #endif

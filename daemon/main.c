@@ -14,6 +14,7 @@
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/timerfd.h>
+#include <time.h>
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
@@ -86,6 +87,15 @@ static void on_tick(loop *l, int fd, uint32_t events, void *arg)
 	if (d->watchdog_usec)
 		sd_notify(0, "WATCHDOG=1");
 	supervisor_tick(d->sup);
+	if (d->ticks % 3600 == 1) {
+		/* Idempotency keys answer retries for a day, then are forgotten. */
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		int64_t day_ago = (int64_t)ts.tv_sec * 1000 - 24LL * 3600 * 1000;
+		int64_t removed = 0;
+		if (store_idem_prune(d->st, day_ago, &removed) == 0 && removed > 0)
+			log_info("forgot %lld idempotency key(s) older than a day", (long long)removed);
+	}
 	if (d->ticks % 5 == 1)
 		publish_status(d);
 }

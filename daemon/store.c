@@ -647,7 +647,7 @@ int store_job_insert(store *s, const store_job *job,
 	if (!job || !job->id || !job->name || !job->spec_json ||
 	    (idem_key && (!idem_hash || !response_json)))
 		return -EINVAL;
-	int64_t t = now_ms();
+	int64_t t = job->created_ms > 0 ? job->created_ms : now_ms(); /* the API stamps its 201 with it */
 	lock(s);
 	if ((rc = txn_begin(s, TXN_WRITE)) < 0)
 		goto out;
@@ -1314,6 +1314,38 @@ void store_metrics_free(store_metric *m, size_t n)
 	for (size_t i = 0; m && i < n; i++)
 		free(m[i].values_json);
 	free(m);
+}
+
+int store_metric_latest(store *s, const char *job_id, store_metric *out)
+{
+	sqlite3_stmt *st = NULL;
+	int rc;
+	memset(out, 0, sizeof *out);
+	if (!job_id)
+		return -EINVAL;
+	lock(s);
+	if ((rc = txn_begin(s, TXN_READ)) < 0)
+		goto out;
+	if ((rc = prep(s, "SELECT step, time_ms, values_json FROM job_metrics "
+			  "WHERE job_id = ?1 ORDER BY step DESC LIMIT 1", &st)) < 0)
+		goto out;
+	if ((rc = bind_text(st, 1, job_id)) < 0)
+		goto out;
+	rc = next_row(s, st);
+	if (rc == 0) {
+		rc = -ENOENT;
+		goto out;
+	}
+	if (rc < 0)
+		goto out;
+	out->step = sqlite3_column_int64(st, 0);
+	out->time_ms = sqlite3_column_int64(st, 1);
+	rc = dup_col(st, 2, &out->values_json);
+out:
+	sqlite3_finalize(st);
+	rc = txn_end(s, rc);
+	unlock(s);
+	return rc < 0 ? rc : 0;
 }
 
 int store_metric_list(store *s, const char *job_id, int64_t since_step, int limit,

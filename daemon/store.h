@@ -76,7 +76,9 @@ int store_schema_version(store *s);
 int store_schema_latest(void);
 
 /* Inserts a queued job and its first event ("submitted") in one transaction.
- * job->id, name, spec_json, priority are used; times are set here.
+ * job->id, name, spec_json, priority are used; created_ms too when non-zero
+ * (so the API's 201 body and later reads agree), else now; other times
+ * are set here.
  * If idem_key is non-NULL the key is recorded with idem_hash (hex digest of
  * the request) and response_json (the exact body answered with 201), so a
  * retry can be replayed. If the key exists already, nothing is written and
@@ -212,6 +214,9 @@ int store_metric_insert(store *s, const char *job_id, int64_t step, int64_t time
 int store_metric_list(store *s, const char *job_id, int64_t since_step, int limit,
 		      store_metric **out, size_t *n);
 void store_metrics_free(store_metric *m, size_t n);
+/* The newest metrics row of a job into *out (free out->values_json).
+ * -ENOENT when the job has none (or does not exist). */
+int store_metric_latest(store *s, const char *job_id, store_metric *out);
 
 /* ---- per-job checkpoints (directories written by the worker) ---- */
 

@@ -158,11 +158,22 @@ static void handle_job_message(supervisor *sv, run *r, child *c, json_t *m)
 		};
 		if (ck.path)
 			store_checkpoint_insert(sv->st, r->id, &ck);
-		json_t *removed = json_object_get(m, "removed_steps");
-		size_t i;
-		json_t *v;
-		json_array_foreach(removed, i, v)
-			store_checkpoint_delete(sv->st, r->id, json_integer_value(v));
+		/* keep-last-N pruning happened in the worker: forget the rest */
+		json_t *present = json_object_get(m, "present_steps");
+		store_checkpoint *cks = NULL;
+		size_t n = 0;
+		if (json_is_array(present) && store_checkpoint_list(sv->st, r->id, &cks, &n) == 0) {
+			for (size_t i = 0; i < n; i++) {
+				bool keep = false;
+				size_t k;
+				json_t *v;
+				json_array_foreach(present, k, v)
+					keep |= json_integer_value(v) == cks[i].step;
+				if (!keep)
+					store_checkpoint_delete(sv->st, r->id, cks[i].step);
+			}
+		}
+		store_checkpoints_free(cks, n);
 	} else if (strcmp(type, "error") == 0) {
 		const char *code = json_string_value(json_object_get(m, "code"));
 		const char *msg = json_string_value(json_object_get(m, "message"));
@@ -560,9 +571,11 @@ static void run_maybe_finish(supervisor *sv, run *r)
 		run_free(r);
 		return;
 	}
-	char shm[80];
+	char shm[120];
 	shm_name_for(r->id, shm, sizeof shm);
 	shm_unlink(shm); /* whoever created it, the job is over */
+	snprintf(shm, sizeof shm, "/bertd-%s-comm", r->id);
+	shm_unlink(shm);
 	free_dev_ids(sv, r);
 
 	store_job cur;
@@ -634,6 +647,10 @@ static int start_prepare(supervisor *sv, const store_dataset *ds)
 		run_free(r);
 		return 0;
 	}
+	/* Not ready in the store, so anything at outdir is a previous attempt's
+	 * (a daemon that died after bertd-prepare renamed it into place). */
+	if ((rc = fs_remove_tree(outdir)) < 0)
+		log_warn("dataset %s: cannot remove stale %s: %s", ds->name, outdir, strerror(-rc));
 	/* The request was validated by the API; pass it on as options. */
 	const char *argv[32];
 	int a = 0;
@@ -667,7 +684,7 @@ static int start_prepare(supervisor *sv, const store_dataset *ds)
 		argv[a++] = vsize;
 	}
 	json_t *lower = json_object_get(r->spec, "lowercase");
-	if (json_is_boolean(lower))
+	if (json_is_boolean(lower)) /* null: bertd-prepare infers it from the vocab */
 		argv[a++] = json_is_true(lower) ? "--lowercase" : "--cased";
 	argv[a++] = json_string_value(json_object_get(r->spec, "source_path"));
 	argv[a] = NULL;
@@ -814,9 +831,11 @@ static void recover(supervisor *sv)
 	if (store_job_list(sv->st, mask, 0, 100000, &jobs, &n, &next) < 0)
 		return;
 	for (size_t i = 0; i < n; i++) {
-		char shm[80];
+		char shm[120];
 		shm_name_for(jobs[i].id, shm, sizeof shm);
-		shm_unlink(shm); /* a segment left by the previous daemon's job */
+		shm_unlink(shm); /* segments left by the previous daemon's job */
+		snprintf(shm, sizeof shm, "/bertd-%s-comm", jobs[i].id);
+		shm_unlink(shm);
 		if (jobs[i].state == JOB_STOPPING)
 			store_job_transition(sv->st, jobs[i].id, JOB_MASK(JOB_STOPPING), JOB_CANCELED,
 					     "daemon restarted during cancel", NULL);

@@ -45,6 +45,7 @@ struct mlm_dataset {
 	uint64_t n_samples, cap_refs;
 	mlm_stats stats;
 	uint32_t perm_half_bits;   /* Feistel half width for n_samples */
+	uint8_t *special_bits;     /* (vocab_size/8 + 1,) never-masked ids */
 };
 
 /* A counter-addressed stream of 32-bit draws for one decision. */
@@ -69,7 +70,7 @@ static void stream_init(draw_stream *st, uint64_t seed, uint32_t purpose, uint64
 static inline uint32_t stream_next(draw_stream *st)
 {
 	if (st->used == 4) {
-		philox4x32_10(st->ctr, st->key, st->buf);
+		philox4x32_10(st->buf, st->ctr, st->key);
 		st->ctr[2]++;
 		st->used = 0;
 	}
@@ -377,10 +378,28 @@ int mlm_dataset_create(mlm_dataset **out, const corpus_view *shards, uint32_t n_
 		total_tokens += shards[k].n_tokens;
 		n_docs += shards[k].n_docs;
 	}
+	for (uint32_t k = 1; k < n_shards; k++)
+		if (shards[k].vocab_size != shards[0].vocab_size ||
+		    memcmp(&shards[k].special, &shards[0].special, sizeof(corpus_special)) != 0) {
+			log_error("mlm: shard %u has another vocab or special ids than shard 0", k);
+			rc = -EBADMSG;
+			goto out;
+		}
 	ds = calloc(1, sizeof(*ds));
 	if (!ds) {
 		rc = -ENOMEM;
 		goto out;
+	}
+	ds->special_bits = calloc(shards[0].vocab_size / 8 + 1, 1);
+	if (!ds->special_bits) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	{
+		const corpus_special *sp = &shards[0].special;
+		const uint32_t ids[5] = {sp->pad, sp->unk, sp->cls, sp->sep, sp->mask};
+		for (int i = 0; i < 5; i++)
+			ds->special_bits[ids[i] >> 3] |= (uint8_t)(1u << (ids[i] & 7));
 	}
 	ds->cfg = *cfg;
 	ds->shards = shards;
@@ -432,6 +451,7 @@ void mlm_dataset_destroy(mlm_dataset *ds)
 	if (!ds)
 		return;
 	free(ds->refs);
+	free(ds->special_bits);
 	free(ds);
 }
 
@@ -482,69 +502,70 @@ uint64_t mlm_epoch_index(const mlm_dataset *ds, uint64_t epoch, uint64_t i)
 	return x;
 }
 
-static inline int is_special(const corpus_special *sp, uint32_t t)
+/* Copies corpus tokens [a, b) to ids + *pos as int32; nonzero when one is
+ * outside the vocab. */
+static int copy_tokens(const corpus_view *c, uint64_t a, uint64_t b, int32_t *ids, uint32_t *pos, uint32_t V)
 {
-	return t == sp->cls || t == sp->sep || t == sp->pad || t == sp->mask || t == sp->unk;
+	int32_t *out = ids + *pos;
+	uint32_t mx = 0;
+	if (c->token_bytes == 2) {
+		const uint16_t *t = (const uint16_t *)c->tokens + a;
+		for (uint64_t i = 0; i < b - a; i++) {
+			out[i] = t[i];
+			mx = t[i] > mx ? t[i] : mx;
+		}
+	} else {
+		const uint32_t *t = (const uint32_t *)c->tokens + a;
+		for (uint64_t i = 0; i < b - a; i++) {
+			out[i] = (int32_t)t[i];
+			mx = t[i] > mx ? t[i] : mx;
+		}
+	}
+	*pos += (uint32_t)(b - a);
+	if (b > a && mx >= V) {
+		log_error("mlm: token id %u outside vocab of %u near token %llu", mx, V, (unsigned long long)a);
+		return -EBADMSG;
+	}
+	return 0;
 }
 
-/* Copies sentences [s0, s0+n) of c into ids at *pos, at most `room` tokens;
- * with doc_sep, puts one [SEP] between documents. Returns -EBADMSG on an id
- * outside the vocab. */
+/* Copies the tokens of sentences [s0, s0+n) of c, minus skip_front, at most
+ * `room`, to ids + *pos; with doc_sep, one [SEP] between the parts that come
+ * from different documents (the same rule index_full_sentences counts). */
 static int copy_range(const corpus_view *c, uint64_t s0, uint64_t n, int doc_sep, uint64_t skip_front,
 		      uint64_t room, int32_t *ids, uint32_t *pos, uint32_t V)
 {
-	uint64_t d = 0, last_doc = UINT64_MAX;
-	if (doc_sep) {
-		/* first document whose sentence range ends after s0 */
-		uint64_t lo = 0, hi = c->n_docs;
-		while (lo < hi) {
-			uint64_t mid = (lo + hi) / 2;
-			if (c->doc_off[mid + 1] <= s0)
-				lo = mid + 1;
-			else
-				hi = mid;
-		}
-		d = lo;
-	}
 	uint64_t t0 = c->sent_off[s0] + skip_front, t1 = c->sent_off[s0 + n];
-	for (uint64_t s = s0; s < s0 + n && room > 0; s++) {
-		uint64_t a = c->sent_off[s] > t0 ? c->sent_off[s] : t0;
-		uint64_t b = c->sent_off[s + 1] < t1 ? c->sent_off[s + 1] : t1;
-		if (b <= a)
+	if (!doc_sep)
+		return copy_tokens(c, t0, t1 - t0 > room ? t0 + room : t1, ids, pos, V);
+	/* first document whose sentence range ends after s0 */
+	uint64_t lo = 0, hi = c->n_docs;
+	while (lo < hi) {
+		uint64_t mid = (lo + hi) / 2;
+		if (c->doc_off[mid + 1] <= s0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	int any = 0;
+	for (uint64_t d = lo; t0 < t1 && room > 0; d++) {
+		uint64_t e = d < c->n_docs ? c->sent_off[c->doc_off[d + 1]] : t1;
+		if (e > t1)
+			e = t1;
+		if (e <= t0)
 			continue;
-		if (doc_sep) {
-			while (d < c->n_docs && c->doc_off[d + 1] <= s)
-				d++;
-			if (last_doc != UINT64_MAX && d != last_doc) {
-				ids[(*pos)++] = (int32_t)c->special.sep;
-				room--;
-				if (room == 0)
-					break;
-			}
-			last_doc = d;
+		if (any) {
+			ids[(*pos)++] = (int32_t)c->special.sep;
+			if (--room == 0)
+				break;
 		}
-		if (b - a > room)
-			b = a + room;
-		room -= b - a;
-		uint32_t p = *pos, bad = 0;
-		if (c->token_bytes == 2) {
-			const uint16_t *t = (const uint16_t *)c->tokens;
-			for (uint64_t i = a; i < b; i++) {
-				ids[p++] = t[i];
-				bad |= t[i] >= V;
-			}
-		} else {
-			const uint32_t *t = (const uint32_t *)c->tokens;
-			for (uint64_t i = a; i < b; i++) {
-				ids[p++] = (int32_t)t[i];
-				bad |= t[i] >= V;
-			}
-		}
-		*pos = p;
-		if (bad) {
-			log_error("mlm: token id outside vocab of %u in sentence %llu", V, (unsigned long long)s);
-			return -EBADMSG;
-		}
+		uint64_t take = e - t0 > room ? room : e - t0;
+		int rc = copy_tokens(c, t0, t0 + take, ids, pos, V);
+		if (rc)
+			return rc;
+		room -= take;
+		t0 = e;
+		any = 1;
 	}
 	return 0;
 }
@@ -618,73 +639,91 @@ int mlm_sample_mask(const mlm_dataset *ds, uint64_t epoch, uint64_t s, int32_t *
 		    int32_t *positions, int32_t *labels)
 {
 	const mlm_config *cfg = &ds->cfg;
-	const corpus_view *c = &ds->shards[ds->refs[s].a_shard];
-	const corpus_special *sp = &c->special;
-	const uint32_t P = cfg->max_pred, V = c->vocab_size;
-	/* Candidate units: single tokens, or whole words under WWM.
-	 * unit_start/unit_len (n_units,) index into ids. */
-	int32_t unit_start[len > 0 ? len : 1], unit_len[len > 0 ? len : 1];
-	int32_t n_units = 0, n_cand = 0;
+	const corpus_special *sp = &ds->shards[0].special;
+	const uint32_t P = cfg->max_pred, V = ds->shards[0].vocab_size;
+	const uint8_t *sb = ds->special_bits;
+	if (len < 0 || (uint32_t)len > cfg->max_seq_len)
+		len = 0;
+	/* cand (n_cand,): maskable positions, in order */
+	int32_t cand[len > 0 ? len : 1];
+	int32_t n_cand = 0;
 	for (int32_t i = 0; i < len; i++) {
 		uint32_t t = (uint32_t)ids[i];
-		if (is_special(sp, t))
-			continue;
-		n_cand++;
-		if (cfg->whole_word_mask && n_units > 0 && t < V && (cfg->is_continuation[t >> 3] >> (t & 7) & 1) &&
-		    unit_start[n_units - 1] + unit_len[n_units - 1] == i) {
-			unit_len[n_units - 1]++;
-			continue;
-		}
-		unit_start[n_units] = i;
-		unit_len[n_units] = 1;
-		n_units++;
+		cand[n_cand] = i;
+		n_cand += t < V && !(sb[t >> 3] >> (t & 7) & 1);
 	}
 	int32_t n_pred = 0;
+	/* chosen positions as a bitmap (T bits) so they come out ascending */
+	uint64_t chosen[(cfg->max_seq_len + 63) / 64];
+	memset(chosen, 0, sizeof(chosen));
+	draw_stream st;
+	stream_init(&st, cfg->seed, PURPOSE_MASK, s, (uint32_t)epoch);
 	if (n_cand > 0) {
 		long want = lroundf((float)n_cand * cfg->mlm_probability);
 		if (want < 1)
 			want = 1;
 		if (want > (long)P)
 			want = P;
-		draw_stream st;
-		stream_init(&st, cfg->seed, PURPOSE_MASK, s, (uint32_t)epoch);
-		/* Shuffle units lazily (Fisher-Yates one step per look) and take
-		 * each unless it would overshoot the count, like BERT's WWM. */
-		for (int32_t k = 0; k < n_units && n_pred < want; k++) {
-			int32_t j = k + (int32_t)philox_below(stream_next(&st), (uint32_t)(n_units - k));
-			int32_t ts = unit_start[j], tl = unit_len[j];
-			unit_start[j] = unit_start[k];
-			unit_len[j] = unit_len[k];
-			unit_start[k] = ts;
-			unit_len[k] = tl;
-			if (n_pred + tl > want)
-				continue;
-			for (int32_t i = ts; i < ts + tl; i++)
-				positions[n_pred++] = i;
-		}
-		/* ascending positions; n_pred <= P is small */
-		for (int32_t a = 1; a < n_pred; a++) {
-			int32_t v = positions[a], b = a - 1;
-			while (b >= 0 && positions[b] > v) {
-				positions[b + 1] = positions[b];
-				b--;
+		if (!cfg->whole_word_mask) {
+			/* partial Fisher-Yates: the first `want` of a uniform shuffle */
+			for (int32_t k = 0; k < want; k++) {
+				int32_t j = k + (int32_t)philox_below(stream_next(&st), (uint32_t)(n_cand - k));
+				int32_t t = cand[j];
+				cand[j] = cand[k];
+				cand[k] = t;
+				chosen[t >> 6] |= 1ull << (t & 63);
 			}
-			positions[b + 1] = v;
+			n_pred = (int32_t)want;
+		} else {
+			/* words: a maskable token plus the maskable "##" tokens
+			 * right after it; unit_start/unit_len (n_units,) */
+			int32_t unit_start[n_cand], unit_len[n_cand], n_units = 0;
+			for (int32_t c = 0; c < n_cand; c++) {
+				int32_t i = cand[c];
+				uint32_t t = (uint32_t)ids[i];
+				if (n_units > 0 && (cfg->is_continuation[t >> 3] >> (t & 7) & 1) &&
+				    unit_start[n_units - 1] + unit_len[n_units - 1] == i) {
+					unit_len[n_units - 1]++;
+					continue;
+				}
+				unit_start[n_units] = i;
+				unit_len[n_units] = 1;
+				n_units++;
+			}
+			/* words in random order, skipping one that would overshoot
+			 * the count, like BERT's create_masked_lm_predictions */
+			for (int32_t k = 0; k < n_units && n_pred < want; k++) {
+				int32_t j = k + (int32_t)philox_below(stream_next(&st), (uint32_t)(n_units - k));
+				int32_t ts = unit_start[j], tl = unit_len[j];
+				unit_start[j] = unit_start[k];
+				unit_len[j] = unit_len[k];
+				unit_start[k] = ts;
+				unit_len[k] = tl;
+				if (n_pred + tl > want)
+					continue;
+				for (int32_t i = ts; i < ts + tl; i++)
+					chosen[i >> 6] |= 1ull << (i & 63);
+				n_pred += tl;
+			}
 		}
-		for (int32_t k = 0; k < n_pred; k++) {
-			int32_t i = positions[k];
+	}
+	int32_t k = 0;
+	for (uint32_t w = 0; w < (cfg->max_seq_len + 63) / 64; w++) {
+		for (uint64_t m = chosen[w]; m; m &= m - 1) {
+			int32_t i = (int32_t)(w * 64 + (uint32_t)__builtin_ctzll(m));
+			positions[k] = i;
 			labels[k] = ids[i];
 			float u = philox_unit(stream_next(&st));
-			uint32_t r = stream_next(&st);
 			if (u < cfg->mask_replace_prob)
 				ids[i] = (int32_t)sp->mask;
 			else if (u < cfg->mask_replace_prob + cfg->random_replace_prob)
-				ids[i] = (int32_t)philox_below(r, V);
+				ids[i] = (int32_t)philox_below(stream_next(&st), V);
+			k++;
 		}
 	}
-	for (uint32_t k = (uint32_t)n_pred; k < P; k++) {
-		positions[k] = 0;
-		labels[k] = BATCH_LABEL_NONE;
+	for (uint32_t j = (uint32_t)n_pred; j < P; j++) {
+		positions[j] = 0;
+		labels[j] = BATCH_LABEL_NONE;
 	}
 	return n_pred;
 }

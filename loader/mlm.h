@@ -10,7 +10,8 @@
  * Dimension letters as in batch.h: B sequences, T max_seq_length,
  * P max_predictions_per_seq; G consumer ranks, M micro-batches per step.
  *
- * This module must never do I/O, allocate per batch, or keep an RNG state.
+ * This module must never read or write files (errors are only logged),
+ * allocate per batch, or keep an RNG state.
  */
 #ifndef BERTD_LOADER_MLM_H
 #define BERTD_LOADER_MLM_H

@@ -10,9 +10,11 @@
 
 #include <stdint.h>
 
-/* One Philox4x32-10 block: out = philox(ctr, key). Matches the Random123
- * known-answer vectors (tests/unit/loader/test_philox.c). */
-void philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
+/* One Philox4x32-10 block: out = philox(ctr, key). Defined once, in
+ * kernels/cpu/philox.c (philox_lib), so dropout masks and batch choices
+ * come from the same code; this is the same declaration as kernels.h's.
+ * Matches the Random123 known-answer vectors (tests/unit/loader/test_philox.c). */
+void philox4x32_10(uint32_t out[4], const uint32_t ctr[4], const uint32_t key[2]);
 
 /* Convenience: the block for counter (a, b) under a 64-bit key, with the two
  * 64-bit counter halves split into 32-bit words little-end first. */

@@ -1,7 +1,7 @@
 /* rawcorpus — a pre-tokenized corpus as three flat little-endian arrays in a
  * directory (meta.txt, tokens.bin, sent_off.bin, doc_off.bin), mmap'ed into
- * a corpus_view. It is the loader's stand-in input for benchmarks and smoke
- * runs until the token-shard reader (shard.h) is wired in; its layout is
+ * a corpus_view: bertd-loader --raw input for benchmarks and hand runs
+ * (training jobs read token shards, shard.h); its layout is
  * documented in docs/formats-batch.md. Produced by bench/loader_hf.py.
  *
  * Must never copy the arrays: a loader process maps them read-only.

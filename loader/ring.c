@@ -150,7 +150,7 @@ int ring_name_for_job(char *buf, size_t n, const char *job_id)
 		      c == '_'))
 			return -EINVAL;
 	}
-	if ((size_t)snprintf(buf, n, "/bertd-job-%s", job_id) >= n)
+	if ((size_t)snprintf(buf, n, "/bertd-%s", job_id) >= n)
 		return -EINVAL;
 	return 0;
 }
@@ -164,10 +164,15 @@ static void handle_init(ring *r)
 	r->me = -1;
 }
 
+static int params_valid(const ring_params *p)
+{
+	return !(p->G == 0 || p->S == 0 || p->M == 0 || p->start_batch % p->G != 0 || p->layout.slot_bytes == 0 ||
+	    p->layout.slot_bytes % BATCH_ALIGN != 0 || p->end_batch < p->start_batch);
+}
+
 int ring_create(ring **out, const char *name, const ring_params *p)
 {
-	if (p->G == 0 || p->S == 0 || p->M == 0 || p->start_batch % p->G != 0 || p->layout.slot_bytes == 0 ||
-	    p->layout.slot_bytes % BATCH_ALIGN != 0 || p->end_batch < p->start_batch)
+	if (!params_valid(p))
 		return -EINVAL;
 	uint64_t off_ranks = align_up(sizeof(ring_ctl), CACHELINE);
 	uint64_t off_slots = align_up(off_ranks + sizeof(ring_rank) * p->G, CACHELINE);
@@ -228,6 +233,64 @@ out:
 		close(fd);
 	free(r);
 	return rc;
+}
+
+static int params_equal(const ring_params *a, const ring_params *b)
+{
+	const batch_layout *x = &a->layout, *y = &b->layout;
+	return a->G == b->G && a->S == b->S && a->M == b->M &&
+	       (a->lease_ms ? a->lease_ms : 200) == (b->lease_ms ? b->lease_ms : 200) &&
+	       a->start_batch == b->start_batch && a->end_batch == b->end_batch && a->job_tag == b->job_tag &&
+	       x->B == y->B && x->T == y->T && x->P == y->P && x->slot_bytes == y->slot_bytes &&
+	       x->off_input_ids == y->off_input_ids && x->off_token_type_ids == y->off_token_type_ids &&
+	       x->off_seq_lens == y->off_seq_lens && x->off_mlm_positions == y->off_mlm_positions &&
+	       x->off_mlm_labels == y->off_mlm_labels && x->off_nsp_labels == y->off_nsp_labels &&
+	       x->off_n_pred == y->off_n_pred;
+}
+
+int ring_open(ring **out, const char *name, const ring_params *p)
+{
+	if (!params_valid(p))
+		return -EINVAL;
+	if (strlen(name) >= RING_NAME_MAX || name[0] != '/' || strchr(name + 1, '/'))
+		return -EINVAL;
+	for (int attempt = 0; attempt < 2; attempt++) {
+		ring *r = NULL;
+		int rc = ring_attach(&r, name);
+		if (rc == 0) {
+			if (!params_equal(&r->ctl->params, p)) {
+				log_error("ring %s exists with another geometry or job tag", name);
+				ring_detach(r);
+				return -ESTALE;
+			}
+			*out = r;
+			return 0;
+		}
+		if (rc != -ENOENT)
+			return rc;
+		/* Build it fully under a private name, then publish it with
+		 * link(2), which fails if someone else published first: nobody
+		 * ever maps a half-initialized segment, and nobody waits. */
+		char tmp[RING_NAME_MAX + 32], from[RING_NAME_MAX + 48], to[RING_NAME_MAX + 16];
+		snprintf(tmp, sizeof(tmp), "%s.init-%d", name, (int)getpid());
+		snprintf(from, sizeof(from), "/dev/shm%s", tmp);
+		snprintf(to, sizeof(to), "/dev/shm%s", name);
+		shm_unlink(tmp); /* a leftover of a crashed earlier try by a process with our pid */
+		rc = ring_create(&r, tmp, p);
+		if (rc)
+			return rc;
+		rc = link(from, to) == 0 ? 0 : -errno;
+		shm_unlink(tmp);
+		if (rc == 0) {
+			*out = r;
+			return 0;
+		}
+		ring_detach(r);
+		if (rc != -EEXIST)
+			return rc;
+		/* lost the race: attach to the winner's */
+	}
+	return -EAGAIN;
 }
 
 int ring_attach(ring **out, const char *name)
@@ -445,6 +508,8 @@ int ring_next(ring *r, uint32_t rank, int timeout_ms, void **slot)
 void ring_release(ring *r, uint32_t rank)
 {
 	const ring_params *p = &r->ctl->params;
+	if (rank >= p->G)
+		return;
 	uint64_t q = atomic_load(&r->ranks[rank].next_seq);
 	ring_slot *s = slot_ctl_of(r, q * p->G + rank);
 	atomic_store(&r->ranks[rank].next_seq, q + 1);
@@ -488,6 +553,8 @@ int ring_claim(ring *r, volatile sig_atomic_t *stop, uint64_t *global, void **sl
 	uint64_t n = NONE, t_wait = 0;
 	int rc = 0;
 	for (;;) {
+		if (n == NONE && stop && *stop)
+			return -EINTR; /* checked before taking work, not only while waiting */
 		if (n == NONE) {
 			/* take a number: re-queued first, then the counter; the
 			 * claiming flag tells a recovering consumer to wait */
@@ -628,6 +695,17 @@ void ring_shutdown(ring *r)
 {
 	atomic_store(&r->ctl->shutdown, 1);
 	wake_everyone(r);
+}
+
+int ring_producers_alive(const ring *r)
+{
+	int n = 0;
+	for (int i = 0; i < RING_MAX_PRODUCERS; i++) {
+		const ring_producer *p = &r->ctl->producers[i];
+		pid_t pid = atomic_load(&p->pid);
+		n += pid != 0 && proc_alive(pid, atomic_load(&p->starttime));
+	}
+	return n;
 }
 
 void ring_get_counters(const ring *r, uint32_t rank, ring_counters *out)

@@ -56,7 +56,7 @@ typedef struct ring_counters {
 
 typedef struct ring ring;
 
-/* Writes the segment name for a job id ("/bertd-job-<id>"). The id may hold
+/* Writes the segment name for a job id ("/bertd-<id>", as the daemon names it). The id may hold
  * only [A-Za-z0-9_-]. Returns 0, or -EINVAL. */
 int ring_name_for_job(char *buf, size_t n, const char *job_id);
 
@@ -66,6 +66,15 @@ int ring_name_for_job(char *buf, size_t n, const char *job_id);
  * params (G, S, M zero, start_batch not a multiple of G, layout unset),
  * or a negative errno from shm_open/ftruncate/mmap. */
 int ring_create(ring **out, const char *name, const ring_params *p);
+
+/* Create-or-attach for processes that start in any order (loaders and
+ * workers of one job): attaches if the segment exists and its parameters
+ * equal *p, else creates it. Creation is atomic (built under a private name,
+ * published with link(2) in /dev/shm), so racing openers all end up on one
+ * fully initialized segment without waiting. Returns 0 and *out (caller
+ * owns), -ESTALE when the existing segment has other parameters, -EINVAL,
+ * or a negative errno. */
+int ring_open(ring **out, const char *name, const ring_params *p);
 
 /* Maps an existing segment. -ENOENT when absent, -EPROTO when it is not a
  * bertd ring of this version or not fully initialized. */
@@ -126,5 +135,8 @@ void ring_fail(ring *r, int error);
 void ring_shutdown(ring *r);
 
 void ring_get_counters(const ring *r, uint32_t rank, ring_counters *out);
+
+/* Registered producers whose process is still alive (reads /proc). */
+int ring_producers_alive(const ring *r);
 
 #endif

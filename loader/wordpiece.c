@@ -527,8 +527,11 @@ struct wordpiece {
 	uint32_t *id_off;    /* (n_ids,) offset of line id in strs */
 	vtab init, cont;     /* word-initial pieces; "##" pieces keyed without "##" */
 	uint32_t unk;
+	uint64_t serial;     /* unique per loaded vocab, so caches never mix two */
 	char sha[65];
 };
+
+static uint64_t next_serial;
 
 static inline uint32_t hash_bytes(const char *s, size_t n)
 {
@@ -641,6 +644,7 @@ int wordpiece_create(const char *data, size_t len, bool lowercase, wordpiece **o
 	if (!wp)
 		return -ENOMEM;
 	wp->lower = lowercase;
+	wp->serial = __atomic_add_fetch(&next_serial, 1, __ATOMIC_RELAXED);
 	sha256_hex(data, len, wp->sha);
 	if (!utf8_valid(data, len)) {
 		log_error("vocab is not valid UTF-8");
@@ -788,8 +792,34 @@ int wordpiece_special(const wordpiece *wp, corpus_special *out)
 
 /* ---- WordPiece ---- */
 
+#define CACHE_SLOTS (1u << 15)
+#define CACHE_KEY 24
+#define CACHE_IDS 6
+
+/* direct-mapped: a colliding word simply replaces the old one */
+typedef struct cslot {
+	uint32_t hash; /* 0 = empty */
+	uint8_t len, n, unk;
+	char key[CACHE_KEY];
+	uint32_t ids[CACHE_IDS];
+} cslot;
+
+struct wordpiece_cache {
+	uint64_t serial; /* of the wordpiece the entries belong to; 0 = none */
+	cslot slots[CACHE_SLOTS];
+};
+
+int wordpiece_cache_create(wordpiece_cache **out)
+{
+	*out = calloc(1, sizeof **out);
+	return *out ? 0 : -ENOMEM;
+}
+
+void wordpiece_cache_destroy(wordpiece_cache *c) { free(c); }
+
 typedef struct enc_ctx {
 	const wordpiece *wp;
+	wordpiece_cache *cache;
 	wordpiece_ids *ids;
 	wordpiece_stats st;
 } enc_ctx;
@@ -819,6 +849,19 @@ static int encode_word(void *vctx, const char *w, size_t len, size_t nchars)
 	if (ids_reserve(ids, len + 1))
 		return -ENOMEM;
 	c->st.words++;
+	cslot *slot = NULL;
+	uint32_t h = 0;
+	if (c->cache && len <= CACHE_KEY) {
+		h = hash_bytes(w, len);
+		slot = &c->cache->slots[h & (CACHE_SLOTS - 1)];
+		if (slot->hash == h && slot->len == len && memcmp(slot->key, w, len) == 0) {
+			memcpy(ids->v + ids->n, slot->ids, slot->n * sizeof *slot->ids);
+			ids->n += slot->n;
+			c->st.tokens += slot->n;
+			c->st.unk += slot->unk;
+			return 0;
+		}
+	}
 	size_t n0 = ids->n;
 	if (nchars > WORDPIECE_MAX_WORD_CHARS)
 		goto unk;
@@ -846,19 +889,39 @@ static int encode_word(void *vctx, const char *w, size_t len, size_t nchars)
 		start = end;
 	}
 	c->st.tokens += ids->n - n0;
+	if (slot && ids->n - n0 <= CACHE_IDS) {
+		slot->hash = h;
+		slot->len = (uint8_t)len;
+		slot->n = (uint8_t)(ids->n - n0);
+		slot->unk = 0;
+		memcpy(slot->key, w, len);
+		memcpy(slot->ids, ids->v + n0, slot->n * sizeof *slot->ids);
+	}
 	return 0;
 unk:
 	ids->n = n0;
 	ids->v[ids->n++] = wp->unk;
 	c->st.tokens++;
 	c->st.unk++;
+	if (slot) {
+		slot->hash = h;
+		slot->len = (uint8_t)len;
+		slot->n = 1;
+		slot->unk = 1;
+		memcpy(slot->key, w, len);
+		slot->ids[0] = wp->unk;
+	}
 	return 0;
 }
 
-int wordpiece_encode(const wordpiece *wp, const char *text, size_t len,
-		     wordpiece_ids *ids, wordpiece_stats *stats)
+int wordpiece_encode_cached(const wordpiece *wp, wordpiece_cache *cache, const char *text,
+			    size_t len, wordpiece_ids *ids, wordpiece_stats *stats)
 {
-	enc_ctx c = {.wp = wp, .ids = ids};
+	if (cache && cache->serial != wp->serial) {
+		memset(cache->slots, 0, sizeof cache->slots);
+		cache->serial = wp->serial;
+	}
+	enc_ctx c = {.wp = wp, .cache = cache, .ids = ids};
 	size_t n0 = ids->n;
 	int rc = wordpiece_pretokenize(wp->lower, text, len, encode_word, &c);
 	if (rc < 0) {
@@ -871,6 +934,12 @@ int wordpiece_encode(const wordpiece *wp, const char *text, size_t len,
 		stats->unk += c.st.unk;
 	}
 	return 0;
+}
+
+int wordpiece_encode(const wordpiece *wp, const char *text, size_t len,
+		     wordpiece_ids *ids, wordpiece_stats *stats)
+{
+	return wordpiece_encode_cached(wp, NULL, text, len, ids, stats);
 }
 
 void wordpiece_ids_free(wordpiece_ids *ids)

@@ -68,6 +68,17 @@ int wordpiece_encode(const wordpiece *wp, const char *text, size_t len,
 		     wordpiece_ids *ids, wordpiece_stats *stats);
 void wordpiece_ids_free(wordpiece_ids *ids);
 
+/* A memo of recently seen short words and their ids, for one thread. Output
+ * is identical with or without it; it only skips repeated lookups (most
+ * words of a corpus repeat). About 2 MiB. */
+typedef struct wordpiece_cache wordpiece_cache;
+int wordpiece_cache_create(wordpiece_cache **out); /* 0 or -ENOMEM; caller owns */
+void wordpiece_cache_destroy(wordpiece_cache *c);
+/* wordpiece_encode through cache (NULL = no cache). A cache may be used with
+ * one wordpiece at a time; switching vocab empties it. */
+int wordpiece_encode_cached(const wordpiece *wp, wordpiece_cache *cache, const char *text,
+			    size_t len, wordpiece_ids *ids, wordpiece_stats *stats);
+
 /* The normalizer + pre-tokenizer alone, for the vocab trainer and tests.
  * Calls fn once per word, in order, with its normalized UTF-8 bytes. When
  * nchars > WORDPIECE_MAX_WORD_CHARS the bytes are only the first

@@ -603,5 +603,5 @@ void bert_set_threads(int n)
 #ifdef _OPENMP
     omp_set_num_threads(n);
 #endif
-    openblas_set_num_threads(n);
+    openblas_set_num_threads(1); // GEMMs run inside OpenMP threads (matmul.c)
 }

@@ -172,7 +172,8 @@ int bert_model_forward(bert_model *m, const bert_batch *b, const bert_dropout *d
 void bert_model_zero_grad(bert_model *m);
 /* Accumulates (+=) into m->grads the gradient of loss_scale * m->loss. */
 int bert_model_backward(bert_model *m, float loss_scale);
-/* Sets OpenMP and OpenBLAS thread counts for this process. */
+/* Sets the OpenMP thread count for this process; OpenBLAS is kept at one
+ * thread because matmul.c runs one GEMM per OpenMP thread. */
 void bert_set_threads(int n);
 
 #endif

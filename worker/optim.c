@@ -112,13 +112,31 @@ double optim_lr_at(const optim_config *c, long step)
     return c->lr * f;
 }
 
+/* Sum of squares in fixed chunks added in a fixed order: OpenMP reductions
+ * combine in thread arrival order, which would make a resumed run differ in
+ * the last bit from an uninterrupted one. */
+#define NORM_CHUNKS 64
+static double sumsq(const float *x, size_t n)
+{
+    double part[NORM_CHUNKS];
+    size_t per = (n + NORM_CHUNKS - 1) / NORM_CHUNKS;
+#pragma omp parallel for
+    for (int c = 0; c < NORM_CHUNKS; c++) {
+        size_t lo = (size_t)c * per, hi = lo + per < n ? lo + per : n;
+        double s = 0.0;
+        for (size_t i = lo; i < hi; i++)
+            s += (double)x[i] * x[i];
+        part[c] = s;
+    }
+    double s = 0.0;
+    for (int c = 0; c < NORM_CHUNKS; c++)
+        s += part[c];
+    return s;
+}
+
 double optim_global_norm(const float *x, size_t n)
 {
-    double s = 0.0;
-#pragma omp parallel for reduction(+ : s)
-    for (size_t i = 0; i < n; i++)
-        s += (double)x[i] * x[i];
-    return sqrt(s);
+    return sqrt(sumsq(x, n));
 }
 
 static void adamw_tensor(float *p, const float *g, float *m, float *v, size_t n, double lr,
@@ -146,19 +164,31 @@ static void lamb_tensor(float *p, const float *g, float *m, float *v, size_t n, 
     float b1 = c->beta1, b2 = c->beta2, b1w = 1.0f - c->beta1, b2w = 1.0f - c->beta2;
     float bc1 = (float)(1.0 - pow(c->beta1, (double)t)),
           bc2 = (float)(1.0 - pow(c->beta2, (double)t)), eps = c->eps, fwd = (float)wd;
+    /* pass 1: moments, and norms of weight and update in fixed chunks (see
+     * sumsq); the update is recomputed in pass 2 rather than stored */
+    double wpart[NORM_CHUNKS], upart[NORM_CHUNKS];
+    size_t per = (n + NORM_CHUNKS - 1) / NORM_CHUNKS;
+#pragma omp parallel for
+    for (int c = 0; c < NORM_CHUNKS; c++) {
+        size_t lo = (size_t)c * per, hi = lo + per < n ? lo + per : n;
+        double ws = 0.0, us = 0.0;
+        for (size_t i = lo; i < hi; i++) {
+            float gi = g[i] * clip;
+            float mi = m[i] * b1 + gi * b1w;
+            float vi = v[i] * b2 + gi * gi * b2w;
+            m[i] = mi;
+            v[i] = vi;
+            float u = (mi / bc1) / (sqrtf(vi / bc2) + eps) + fwd * p[i];
+            ws += (double)p[i] * p[i];
+            us += (double)u * u;
+        }
+        wpart[c] = ws;
+        upart[c] = us;
+    }
     double wn = 0.0, un = 0.0;
-    /* pass 1: moments and norms of weight and update (update kept in g's
-     * place is not allowed: g is the caller's; recompute in pass 2) */
-#pragma omp parallel for reduction(+ : wn, un)
-    for (size_t i = 0; i < n; i++) {
-        float gi = g[i] * clip;
-        float mi = m[i] * b1 + gi * b1w;
-        float vi = v[i] * b2 + gi * gi * b2w;
-        m[i] = mi;
-        v[i] = vi;
-        float u = (mi / bc1) / (sqrtf(vi / bc2) + eps) + fwd * p[i];
-        wn += (double)p[i] * p[i];
-        un += (double)u * u;
+    for (int c = 0; c < NORM_CHUNKS; c++) {
+        wn += wpart[c];
+        un += upart[c];
     }
     wn = sqrt(wn);
     un = sqrt(un);

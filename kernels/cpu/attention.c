@@ -1,9 +1,27 @@
 /* attention — scaled dot-product self-attention with a key padding mask and
- * dropout on the probabilities, over a fused QKV projection. The projections
- * themselves are matmul ops. Loops are OpenMP over (b, h) and never call BLAS,
- * so they do not fight OpenBLAS's own threads. */
+ * dropout on the probabilities, over a fused QKV projection. The QKV and
+ * output projections themselves are matmul ops.
+ *
+ * OpenMP over (b, h); inside, single-threaded GEMMs on strided views of qkv
+ * (leading dim 3C), restricted to the len = seq_lens[b] real keys. Dropped
+ * probabilities are never stored: forward and backward rebuild them from att
+ * and the Philox mask, ROWBLOCK rows at a time in a fixed stack buffer, so
+ * the op allocates nothing. */
 #include "kernels/cpu/kcpu.h"
 #include <string.h>
+
+#define ROWBUF 8192 /* elements of the per-thread masked-probability buffer */
+
+/* Draw for element i, reusing the 4 draws of the last Philox call. */
+static inline uint32_t draw(const philox_stream *s, uint64_t i, uint64_t *group, uint32_t u[4])
+{
+    if ((i >> 2) != *group) {
+        *group = i >> 2;
+        uint32_t ctr[4] = {(uint32_t)*group, s->ctr[0], s->ctr[1], s->ctr[2]};
+        philox4x32_10(u, ctr, s->key);
+    }
+    return u[i & 3];
+}
 
 static inline int key_len(const int32_t *seq_lens, int b, int T)
 {
@@ -13,6 +31,21 @@ static inline int key_len(const int32_t *seq_lens, int b, int T)
     return n < 1 ? 1 : (n > T ? T : n);
 }
 
+/* buf (rows, len) = att rows [r0, r0+rows) masked by dropout and rescaled. */
+static void dropped_rows(kreal *buf, const kreal *A, int r0, int rows, int len, int T,
+                         size_t base, const philox_stream *rng, uint32_t thresh, kreal keep)
+{
+    for (int r = 0; r < rows; r++) {
+        uint64_t group = UINT64_MAX;
+        uint32_t u[4];
+        size_t rb = base + (size_t)(r0 + r) * T;
+        const kreal *a = A + (size_t)(r0 + r) * T;
+        kreal *o = buf + (size_t)r * len;
+        for (int j = 0; j < len; j++)
+            o[j] = draw(rng, rb + j, &group, u) >= thresh ? a[j] * keep : 0;
+    }
+}
+
 void KOP(attention_forward)(kreal *out, kreal *att, const kreal *qkv, const int32_t *seq_lens,
                             const philox_stream *rng, float p, int B, int T, int C, int NH)
 {
@@ -20,26 +53,22 @@ void KOP(attention_forward)(kreal *out, kreal *att, const kreal *qkv, const int3
     kreal scale = (kreal)(1.0 / sqrt((double)hs));
     int drop = rng && p > 0.0f;
     uint32_t thresh = dropout_threshold(p);
-    kreal keep_scale = drop ? (kreal)(1.0 / (1.0 - (double)p)) : (kreal)1;
-#pragma omp parallel for collapse(2)
+    kreal keep = drop ? (kreal)(1.0 / (1.0 - (double)p)) : (kreal)1;
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
             int len = key_len(seq_lens, b, T);
+            const kreal *Q = qkv + (size_t)b * T * C3 + h * hs, *K = Q + C, *V = Q + 2 * C;
+            kreal *A = att + ((size_t)b * NH + h) * T * T; // (T,T)
+            kreal *O = out + (size_t)b * T * C + h * hs;   // (T,hs) ld C
+            size_t base = ((size_t)b * NH + h) * T * T;
+            // scores (T,len) = scale * Q K^T
+            K_GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, T, len, hs, scale, Q, C3, K, C3, 0.0,
+                   A, T);
             for (int i = 0; i < T; i++) {
-                const kreal *q = qkv + ((size_t)b * T + i) * C3 + h * hs;
-                kreal *a = att + (((size_t)b * NH + h) * T + i) * T;
-                kreal maxv = -INFINITY;
-                for (int j = 0; j < len; j++) {
-                    const kreal *k = qkv + ((size_t)b * T + j) * C3 + C + h * hs;
-                    kreal s = 0;
-                    for (int d = 0; d < hs; d++)
-                        s += q[d] * k[d];
-                    s *= scale;
-                    a[j] = s;
-                    if (s > maxv)
-                        maxv = s;
-                }
-                kreal sum = 0;
+                kreal *a = A + (size_t)i * T, maxv = -INFINITY, sum = 0;
+                for (int j = 0; j < len; j++)
+                    maxv = a[j] > maxv ? a[j] : maxv;
                 for (int j = 0; j < len; j++) {
                     a[j] = K_EXP(a[j] - maxv);
                     sum += a[j];
@@ -49,18 +78,20 @@ void KOP(attention_forward)(kreal *out, kreal *att, const kreal *qkv, const int3
                     a[j] *= inv;
                 for (int j = len; j < T; j++)
                     a[j] = 0;
-                kreal *o = out + ((size_t)b * T + i) * C + h * hs;
-                for (int d = 0; d < hs; d++)
-                    o[d] = 0;
-                size_t base = (((size_t)b * NH + h) * T + i) * T;
-                for (int j = 0; j < len; j++) {
-                    kreal w = a[j];
-                    if (drop)
-                        w = philox_stream_u32(rng, base + j) >= thresh ? w * keep_scale : 0;
-                    const kreal *v = qkv + ((size_t)b * T + j) * C3 + 2 * C + h * hs;
-                    for (int d = 0; d < hs; d++)
-                        o[d] += w * v[d];
-                }
+            }
+            // context (T,hs) = P_dropped (T,len) @ V (len,hs)
+            if (!drop) {
+                K_GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, len, 1.0, A, T, V, C3,
+                       0.0, O, C);
+                continue;
+            }
+            kreal buf[ROWBUF];
+            int R = ROWBUF / len > 0 ? ROWBUF / len : 1;
+            for (int r0 = 0; r0 < T; r0 += R) {
+                int rows = r0 + R < T ? R : T - r0;
+                dropped_rows(buf, A, r0, rows, len, T, base, rng, thresh, keep);
+                K_GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, len, 1.0, buf, len,
+                       V, C3, 0.0, O + (size_t)r0 * C, C);
             }
         }
     }
@@ -74,56 +105,64 @@ void KOP(attention_backward)(kreal *dqkv, kreal *datt, const kreal *dout, const 
     kreal scale = (kreal)(1.0 / sqrt((double)hs));
     int drop = rng && p > 0.0f;
     uint32_t thresh = dropout_threshold(p);
-    kreal keep_scale = drop ? (kreal)(1.0 / (1.0 - (double)p)) : (kreal)1;
-#pragma omp parallel for collapse(2)
+    kreal keep = drop ? (kreal)(1.0 / (1.0 - (double)p)) : (kreal)1;
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
             int len = key_len(seq_lens, b, T);
+            const kreal *Q = qkv + (size_t)b * T * C3 + h * hs, *K = Q + C, *V = Q + 2 * C;
+            kreal *dQ = dqkv + (size_t)b * T * C3 + h * hs, *dK = dQ + C, *dV = dQ + 2 * C;
+            const kreal *A = att + ((size_t)b * NH + h) * T * T;
+            const kreal *dO = dout + (size_t)b * T * C + h * hs;
+            kreal *D = datt + ((size_t)b * NH + h) * T * T;
+            size_t base = ((size_t)b * NH + h) * T * T;
             for (int t = 0; t < T; t++) {
-                kreal *g = dqkv + ((size_t)b * T + t) * C3 + h * hs;
-                for (int d = 0; d < hs; d++)
-                    g[d] = g[C + d] = g[2 * C + d] = 0;
+                kreal *g = dQ + (size_t)t * C3;
+                memset(g, 0, hs * sizeof(kreal));
+                memset(g + C, 0, hs * sizeof(kreal));
+                memset(g + 2 * C, 0, hs * sizeof(kreal));
             }
-            for (int i = 0; i < T; i++) {
-                const kreal *a = att + (((size_t)b * NH + h) * T + i) * T;
-                kreal *da = datt + (((size_t)b * NH + h) * T + i) * T;
-                const kreal *go = dout + ((size_t)b * T + i) * C + h * hs;
-                size_t base = (((size_t)b * NH + h) * T + i) * T;
-                /* through the context matmul and the dropout mask */
-                for (int j = 0; j < len; j++) {
-                    kreal m = keep_scale;
-                    if (drop && philox_stream_u32(rng, base + j) < thresh)
-                        m = 0;
-                    const kreal *v = qkv + ((size_t)b * T + j) * C3 + 2 * C + h * hs;
-                    kreal *dv = dqkv + ((size_t)b * T + j) * C3 + 2 * C + h * hs;
-                    kreal s = 0, w = a[j] * m;
-                    for (int d = 0; d < hs; d++) {
-                        s += go[d] * v[d];
-                        dv[d] += w * go[d];
-                    }
-                    da[j] = s * m;
+            // d P_dropped (T,len) = dO V^T
+            K_GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, T, len, hs, 1.0, dO, C, V, C3, 0.0, D,
+                   T);
+            // dV (len,hs) = P_dropped^T dO
+            if (!drop) {
+                K_GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, len, hs, T, 1.0, A, T, dO, C, 0.0,
+                       dV, C3);
+            } else {
+                kreal buf[ROWBUF];
+                int R = ROWBUF / len > 0 ? ROWBUF / len : 1;
+                for (int r0 = 0; r0 < T; r0 += R) {
+                    int rows = r0 + R < T ? R : T - r0;
+                    dropped_rows(buf, A, r0, rows, len, T, base, rng, thresh, keep);
+                    K_GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, len, hs, rows, 1.0, buf, len,
+                           dO + (size_t)r0 * C, C, 1.0, dV, C3);
                 }
-                /* through the softmax */
+            }
+            // through the dropout mask and the softmax; dS lands in D, scaled
+            for (int i = 0; i < T; i++) {
+                const kreal *a = A + (size_t)i * T;
+                kreal *d = D + (size_t)i * T;
+                if (drop) {
+                    uint64_t group = UINT64_MAX;
+                    uint32_t u[4];
+                    size_t rb = base + (size_t)i * T;
+                    for (int j = 0; j < len; j++)
+                        d[j] = draw(rng, rb + j, &group, u) >= thresh ? d[j] * keep : 0;
+                }
                 kreal dot = 0;
                 for (int j = 0; j < len; j++)
-                    dot += a[j] * da[j];
+                    dot += a[j] * d[j];
                 for (int j = 0; j < len; j++)
-                    da[j] = a[j] * (da[j] - dot) * scale;
+                    d[j] = a[j] * (d[j] - dot) * scale;
                 for (int j = len; j < T; j++)
-                    da[j] = 0;
-                /* through the scores q.k */
-                const kreal *q = qkv + ((size_t)b * T + i) * C3 + h * hs;
-                kreal *dq = dqkv + ((size_t)b * T + i) * C3 + h * hs;
-                for (int j = 0; j < len; j++) {
-                    const kreal *k = qkv + ((size_t)b * T + j) * C3 + C + h * hs;
-                    kreal *dk = dqkv + ((size_t)b * T + j) * C3 + C + h * hs;
-                    kreal s = da[j];
-                    for (int d = 0; d < hs; d++) {
-                        dq[d] += s * k[d];
-                        dk[d] += s * q[d];
-                    }
-                }
+                    d[j] = 0;
             }
+            // dQ (T,hs) = dS K ; dK (len,hs) = dS^T Q
+            K_GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, len, 1.0, D, T, K, C3, 0.0,
+                   dQ, C3);
+            K_GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, len, hs, T, 1.0, D, T, Q, C3, 0.0, dK,
+                   C3);
         }
     }
 }

@@ -49,9 +49,15 @@ void KOP(dropout_forward)(kreal *out, const kreal *inp, const philox_stream *rng
     }
     uint32_t thresh = dropout_threshold(p);
     kreal scale = (kreal)(1.0 / (1.0 - (double)p));
+    /* one Philox call yields the draws of 4 consecutive elements */
+    size_t groups = (N + 3) / 4;
 #pragma omp parallel for
-    for (size_t i = 0; i < N; i++)
-        out[i] = philox_stream_u32(rng, i) >= thresh ? inp[i] * scale : 0;
+    for (size_t g = 0; g < groups; g++) {
+        uint32_t ctr[4] = {(uint32_t)g, rng->ctr[0], rng->ctr[1], rng->ctr[2]}, u[4];
+        philox4x32_10(u, ctr, rng->key);
+        for (size_t k = 0, i = 4 * g; k < 4 && i < N; k++, i++)
+            out[i] = u[k] >= thresh ? inp[i] * scale : 0;
+    }
 }
 
 void KOP(dropout_backward)(kreal *dinp, const kreal *dout, const philox_stream *rng, float p,

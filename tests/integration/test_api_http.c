@@ -8,6 +8,8 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <errno.h>
+#include <pthread.h>
 #include <regex.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -280,6 +282,11 @@ static void test_submit_and_get(void **state)
 	assert_string_equal(jstr(g.json, "id"), id);
 	assert_string_equal(jstr(g.json, "state"), "queued");
 	assert_true(json_equal(json_object_get(g.json, "spec"), spec));
+	/* the 201 body is the same representation GET gives while queued */
+	assert_string_equal(jstr(g.json, "created_at"), jstr(r.json, "created_at"));
+	assert_true(json_equal(json_object_get(g.json, "progress"), json_object_get(r.json, "progress")));
+	assert_true(json_equal(json_object_get(g.json, "devices"), json_object_get(r.json, "devices")));
+	assert_true(json_is_null(json_object_get(g.json, "last_checkpoint")));
 	http_resp_free(&g);
 	http_resp_free(&r);
 
@@ -452,6 +459,47 @@ static void test_idempotent_submit(void **state)
 	http_resp_free(&c);
 	http_resp_free(&a);
 	http_resp_free(&b);
+}
+
+/* Retries racing each other (a client that timed out and retried while the
+ * first attempt was still in flight) still make exactly one job. */
+struct racer {
+	const bertd *d;
+	http_resp r;
+};
+
+static void *race_submit(void *arg)
+{
+	struct racer *x = arg;
+	const char *key[] = {"Idempotency-Key: race-0001", NULL};
+	http_do(x->d, "POST", "/v1/jobs", SPEC_OK, strlen(SPEC_OK), key, H_AUTH, &x->r);
+	return NULL;
+}
+
+static void test_idempotent_submit_concurrent(void **state)
+{
+	bertd *d = *state;
+	enum { N = 8 };
+	struct racer x[N];
+	pthread_t t[N];
+	for (int i = 0; i < N; i++) {
+		x[i].d = d;
+		assert_int_equal(pthread_create(&t[i], NULL, race_submit, &x[i]), 0);
+	}
+	for (int i = 0; i < N; i++)
+		pthread_join(t[i], NULL);
+	for (int i = 0; i < N; i++) {
+		assert_int_equal(x[i].r.curl_rc, 0);
+		if (x[i].r.status != 201)
+			fail_msg("racer %d: %ld %s", i, x[i].r.status, x[i].r.body);
+		assert_string_equal(x[i].r.body, x[0].r.body);
+	}
+	for (int i = 0; i < N; i++)
+		http_resp_free(&x[i].r);
+	http_resp r;
+	assert_int_equal(http_get(d, "/v1/jobs", &r), 0);
+	assert_int_equal(json_array_size(json_object_get(r.json, "jobs")), 1);
+	http_resp_free(&r);
 }
 
 /* ------------------------------------------------------------ list */
@@ -667,20 +715,25 @@ static void test_init_from_confined_to_data_roots(void **state)
 	http_resp_free(&r);
 
 	submit_init_from(d, "/etc", &r);
-	check_problem(&r, 422, "invalid-spec", "init_from");
+	check_problem(&r, 403, "path-forbidden", "init_from");
 	http_resp_free(&r);
 	snprintf(p, sizeof p, "%s/data/escape", d->root); /* -> the state dir */
 	submit_init_from(d, p, &r);
-	check_problem(&r, 422, "invalid-spec", "init_from");
+	check_problem(&r, 403, "path-forbidden", "init_from");
+	http_resp_free(&r);
+	snprintf(p, sizeof p, "%s/datax", d->root); /* a sibling sharing the prefix */
+	mkdir(p, 0700);
+	submit_init_from(d, p, &r);
+	check_problem(&r, 403, "path-forbidden", "init_from");
 	http_resp_free(&r);
 	snprintf(p, sizeof p, "%s/data/missing", d->root);
 	submit_init_from(d, p, &r);
 	check_problem(&r, 422, "invalid-spec", "init_from");
 	http_resp_free(&r);
-	snprintf(p, sizeof p, "%s/datax", d->root); /* a sibling sharing the prefix */
-	mkdir(p, 0700);
-	submit_init_from(d, p, &r);
-	check_problem(&r, 422, "invalid-spec", "init_from");
+
+	/* Nothing but the first job got in. */
+	assert_int_equal(http_get(d, "/v1/jobs", &r), 0);
+	assert_int_equal(json_array_size(json_object_get(r.json, "jobs")), 1);
 	http_resp_free(&r);
 }
 
@@ -734,6 +787,18 @@ static void test_cancel_running_moves_to_stopping(void **state)
 	free(id);
 }
 
+/* A listen address reachable from the network needs allow_remote: without
+ * it the daemon refuses to start (and never reports READY). */
+static void test_refuses_remote_listen(void **state)
+{
+	(void)state;
+	bertd d;
+	assert_int_equal(bertd_init(&d), 0);
+	const char *extra[] = {"--listen", "0.0.0.0", HOLD, NULL};
+	assert_int_equal(bertd_start(&d, extra), -ECHILD);
+	bertd_destroy(&d);
+}
+
 /* 201 means committed: kill -9 right after it, restart on the same state
  * dir, and the job is there with the same spec, state and events. */
 static void test_job_survives_kill9(void **state)
@@ -777,6 +842,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_422_names_field, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_413, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_idempotent_submit, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_idempotent_submit_concurrent, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_list_paging, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_filter_by_state, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_cancel_and_events, setup, teardown),
@@ -785,6 +851,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_job_survives_kill9, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_init_from_confined_to_data_roots, setup_roots,
 						teardown),
+		cmocka_unit_test(test_refuses_remote_listen),
 	};
 	int rc = cmocka_run_group_tests(tests, NULL, NULL);
 	curl_global_cleanup();

@@ -24,7 +24,7 @@ static void test_kat(void **state)
 	};
 	for (size_t i = 0; i < sizeof(kat) / sizeof(kat[0]); i++) {
 		uint32_t out[4];
-		philox4x32_10(kat[i].ctr, kat[i].key, out);
+		philox4x32_10(out, kat[i].ctr, kat[i].key);
 		for (int j = 0; j < 4; j++)
 			assert_int_equal(out[j], kat[i].want[j]);
 	}
@@ -35,8 +35,8 @@ static void test_block_matches_raw(void **state)
 	(void)state;
 	uint32_t a[4], b[4];
 	philox_block(0x299f31d0a4093822ull, 0x85a308d3243f6a88ull, 0x0370734413198a2eull, a);
-	philox4x32_10((const uint32_t[4]){0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344},
-		      (const uint32_t[2]){0xa4093822, 0x299f31d0}, b);
+	philox4x32_10(b, (const uint32_t[4]){0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344},
+		      (const uint32_t[2]){0xa4093822, 0x299f31d0});
 	for (int j = 0; j < 4; j++)
 		assert_int_equal(a[j], b[j]);
 }

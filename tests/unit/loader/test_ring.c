@@ -112,6 +112,12 @@ static int setup(void **state)
 static int teardown(void **state)
 {
 	(void)state;
+	/* a failed assert skips a test's own unlink: leave nothing in /dev/shm */
+	for (int k = 0; k < name_counter; k++) {
+		char name[64];
+		snprintf(name, sizeof(name), "/bertd-test-%d-%d", (int)getpid(), k);
+		shm_unlink(name);
+	}
 	mlm_dataset_destroy(fx.ds);
 	synth_free(&fx.sc);
 	munmap((void *)fx.die_flag, 4096);
@@ -333,9 +339,65 @@ static void test_segment_errors(void **state)
 	assert_int_equal(ring_attach(&r, name), -EPROTO);
 	ring_unlink(name);
 	assert_int_equal(ring_name_for_job(buf, sizeof(buf), "job-42_a"), 0);
-	assert_string_equal(buf, "/bertd-job-job-42_a");
+	assert_string_equal(buf, "/bertd-job-42_a");
 	assert_int_equal(ring_name_for_job(buf, sizeof(buf), "../etc"), -EINVAL);
 	assert_int_equal(ring_name_for_job(buf, sizeof(buf), ""), -EINVAL);
+}
+
+static void test_open_race(void **state)
+{
+	(void)state;
+	char name[64];
+	ring_test_name(name, sizeof(name));
+	ring_params p = {.G = NG, .S = 2, .M = NM, .layout = fx.l, .end_batch = 10, .job_tag = 5};
+	enum { N = 6 };
+	int gun[2], ready[2];
+	assert_int_equal(pipe(gun), 0);
+	assert_int_equal(pipe(ready), 0);
+	pid_t pids[N];
+	for (int i = 0; i < N; i++) {
+		pids[i] = fork();
+		if (pids[i] == 0) {
+			close(gun[1]);
+			char c;
+			if (read(gun[0], &c, 1) != 0) /* all start together at EOF */
+				_exit(9);
+			ring *r;
+			if (ring_open(&r, name, &p) != 0 || ring_producer_register(r) != 0)
+				_exit(10);
+			c = 1;
+			if (write(ready[1], &c, 1) != 1)
+				_exit(11);
+			pause(); /* stay registered until killed */
+			_exit(0);
+		}
+	}
+	close(gun[0]);
+	close(gun[1]); /* start */
+	for (int i = 0; i < N; i++) {
+		char c;
+		assert_int_equal(read(ready[0], &c, 1), 1);
+	}
+	/* one segment: every racer registered in the same one */
+	ring *r;
+	assert_int_equal(ring_open(&r, name, &p), 0);
+	assert_int_equal(ring_producers_alive(r), N);
+	ring_params other = p;
+	other.S = 3;
+	ring *r2;
+	assert_int_equal(ring_open(&r2, name, &other), -ESTALE);
+	other = p;
+	other.job_tag = 6;
+	assert_int_equal(ring_open(&r2, name, &other), -ESTALE);
+	for (int i = 0; i < N; i++) {
+		kill(pids[i], SIGKILL);
+		waitpid(pids[i], NULL, 0);
+	}
+	assert_int_equal(ring_producers_alive(r), 0);
+	ring_detach(r);
+	ring_unlink(name);
+	close(ready[0]);
+	close(ready[1]);
 }
 
 int main(void)
@@ -347,6 +409,7 @@ int main(void)
 		cmocka_unit_test(test_all_producers_dead_times_out),
 		cmocka_unit_test(test_producer_error_reaches_consumer),
 		cmocka_unit_test(test_segment_errors),
+		cmocka_unit_test(test_open_race),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

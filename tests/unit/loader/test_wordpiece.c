@@ -164,6 +164,53 @@ static void test_long_words_and_bad_bytes(void **state)
 	wordpiece_destroy(wp);
 }
 
+/* Random bytes biased towards UTF-8 structure, in random-length pieces: no
+ * crash, no sanitizer report, bounded output, and a piece split at a
+ * character boundary gives the same ids as the sum of its halves when the
+ * split falls on whitespace. */
+static void test_random_bytes(void **state)
+{
+	(void)state;
+	wordpiece *wp;
+	char path[4096];
+	const char *d = getenv("BERTD_SHARED_DATA");
+	snprintf(path, sizeof path, "%s/bert-base-uncased-vocab.txt", d ? d : "../shared/data");
+	assert_int_equal(wordpiece_load(path, true, &wp), 0);
+	static const uint8_t pool[] = {'a', 'B', ' ', '\n', '.', 0x00, 0x7f, 0xC3, 0xA9, 0xE4,
+				       0xB8, 0xAD, 0xF0, 0x9F, 0x98, 0x80, 0xED, 0xA0, 0xCC, 0x81,
+				       0xFF, 0xC0, 0xF4, 0x90, 0xEF, 0xBB, 0xBF, 0xE2, 0x80, 0x8B};
+	uint64_t x = 0x9E3779B97F4A7C15ull;
+	char *buf = malloc(1 << 16);
+	wordpiece_ids ids = {0}, a = {0};
+	for (int round = 0; round < 200; round++) {
+		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+		size_t n = 1 + (size_t)(x % (1 << 16));
+		for (size_t i = 0; i < n; i++) {
+			x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+			buf[i] = (x & 1) ? (char)(x >> 8) : (char)pool[(x >> 8) % sizeof pool];
+		}
+		ids.n = 0;
+		assert_int_equal(wordpiece_encode(wp, buf, n, &ids, NULL), 0);
+		assert_true(ids.n <= n);
+		for (size_t i = 0; i < ids.n; i++)
+			assert_true(ids.v[i] < wordpiece_vocab_size(wp));
+		/* splitting at an ASCII space does not change the ids */
+		size_t cut = n / 2;
+		buf[cut] = ' ';
+		ids.n = 0;
+		assert_int_equal(wordpiece_encode(wp, buf, n, &ids, NULL), 0);
+		a.n = 0;
+		assert_int_equal(wordpiece_encode(wp, buf, cut, &a, NULL), 0);
+		assert_int_equal(wordpiece_encode(wp, buf + cut, n - cut, &a, NULL), 0);
+		assert_int_equal(a.n, ids.n);
+		assert_memory_equal(a.v, ids.v, a.n * sizeof *a.v);
+	}
+	free(buf);
+	wordpiece_ids_free(&ids);
+	wordpiece_ids_free(&a);
+	wordpiece_destroy(wp);
+}
+
 static void test_bad_vocabs(void **state)
 {
 	(void)state;
@@ -406,6 +453,10 @@ static void test_corpora(void **state)
 	char *exp = slurp(path, &elen);
 	assert_non_null(exp);
 	wordpiece *wp[2] = {load_mode(0), load_mode(1)};
+	/* even chunks through a word cache (as bertd-prepare runs), odd ones
+	 * without: both must match HF */
+	wordpiece_cache *cache;
+	assert_int_equal(wordpiece_cache_create(&cache), 0);
 	char cur[256] = "";
 	char *buf = NULL, **lines = NULL;
 	size_t *lens = NULL, nl = 0, done = 0, chunks = 0;
@@ -437,7 +488,8 @@ static void test_corpora(void **state)
 		size_t tok = 0;
 		for (size_t i = first; i < first + count; i++) {
 			ids.n = 0;
-			assert_int_equal(wordpiece_encode(wp[m], lines[i], lens[i], &ids, NULL), 0);
+			assert_int_equal(wordpiece_encode_cached(wp[m], chunk % 2 ? NULL : cache, lines[i],
+								 lens[i], &ids, NULL), 0);
 			uint8_t le[4];
 			for (size_t k = 0; k < ids.n; k++) {
 				for (int b = 0; b < 4; b++)
@@ -470,6 +522,7 @@ static void test_corpora(void **state)
 	free(exp);
 	wordpiece_destroy(wp[0]);
 	wordpiece_destroy(wp[1]);
+	wordpiece_cache_destroy(cache);
 }
 
 int main(void)
@@ -478,6 +531,7 @@ int main(void)
 		cmocka_unit_test(test_google_vectors),
 		cmocka_unit_test(test_long_words_and_bad_bytes),
 		cmocka_unit_test(test_bad_vocabs),
+		cmocka_unit_test(test_random_bytes),
 		cmocka_unit_test(test_codepoints_uncased),
 		cmocka_unit_test(test_codepoints_cased),
 		cmocka_unit_test(test_nasty),

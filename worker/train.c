@@ -1,0 +1,129 @@
+/* train — see train.h. */
+#include "worker/train.h"
+#include "worker/hf.h"
+#include "common/log.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void trainer_destroy(trainer *t)
+{
+    if (!t)
+        return;
+    optim_destroy(t->opt);
+    bert_model_destroy(t->model);
+    free(t->seg_sizes);
+    free(t->seg_decays);
+    free(t);
+}
+
+int trainer_create(trainer **out, const train_config *cfg, char *err, size_t errlen)
+{
+    int rc;
+    trainer *t = calloc(1, sizeof *t);
+    if (!t)
+        return -ENOMEM;
+    t->cfg = *cfg;
+    if (cfg->grad_accum < 1) {
+        snprintf(err, errlen, "gradient_accumulation_steps must be >= 1");
+        rc = -EINVAL;
+        goto out;
+    }
+    if ((rc = optim_config_validate(&cfg->optim, err, errlen)) < 0)
+        goto out;
+    bert_set_threads(cfg->threads > 0 ? cfg->threads : 1);
+    if (cfg->init_from) {
+        if ((rc = hf_init_from(&t->model, cfg->init_from, err, errlen)) < 0)
+            goto out;
+        /* dropout comes from the job, not from the pretrained config */
+        t->model->cfg.hidden_dropout_prob = cfg->model.hidden_dropout_prob;
+        t->model->cfg.attention_probs_dropout_prob = cfg->model.attention_probs_dropout_prob;
+    } else {
+        if ((rc = bert_config_validate(&cfg->model, err, errlen)) < 0)
+            goto out;
+        if ((rc = bert_model_create(&t->model, &cfg->model)) < 0) {
+            snprintf(err, errlen, "cannot allocate the model: %s", strerror(-rc));
+            goto out;
+        }
+        bert_model_init_weights(t->model, cfg->seed);
+    }
+    t->nseg = bert_param_segments(&t->model->cfg, NULL, NULL, 0);
+    t->seg_sizes = calloc((size_t)t->nseg, sizeof *t->seg_sizes);
+    t->seg_decays = calloc((size_t)t->nseg, sizeof *t->seg_decays);
+    if (!t->seg_sizes || !t->seg_decays) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    bert_param_segments(&t->model->cfg, t->seg_sizes, t->seg_decays, t->nseg);
+    if ((rc = optim_create(&t->opt, &cfg->optim, t->seg_sizes, t->seg_decays, t->nseg)) < 0)
+        goto out;
+    *out = t;
+    t = NULL;
+out:
+    trainer_destroy(t);
+    return rc;
+}
+
+int trainer_resume(trainer *t, const char *dir, char *err, size_t errlen)
+{
+    long step = 0;
+    int rc = checkpoint_load(dir, t->model, t->opt, &step, err, errlen);
+    if (rc < 0)
+        return rc;
+    t->step = step;
+    return 0;
+}
+
+int trainer_step(trainer *t, const bert_batch *micro, int n_micro, train_result *res, char *err,
+                 size_t errlen)
+{
+    int rc;
+    if (n_micro != t->cfg.grad_accum) {
+        snprintf(err, errlen, "got %d micro-batches, gradient_accumulation_steps is %d",
+                 n_micro, t->cfg.grad_accum);
+        return -EINVAL;
+    }
+    bert_model *m = t->model;
+    bert_model_zero_grad(m);
+    double loss = 0.0;
+    for (int k = 0; k < n_micro; k++) {
+        bert_dropout d = {.train = 1, .seed = t->cfg.seed, .rank = t->cfg.rank,
+                          .step = (uint32_t)t->step, .micro = (uint32_t)k};
+        if ((rc = bert_batch_validate(m, &micro[k], err, errlen)) < 0)
+            return rc;
+        if ((rc = bert_model_forward(m, &micro[k], &d)) < 0 ||
+            (rc = bert_model_backward(m, 1.0f / (float)n_micro)) < 0) {
+            snprintf(err, errlen, "forward/backward failed: %s", strerror(-rc));
+            return rc;
+        }
+        loss += m->loss;
+    }
+    loss /= n_micro;
+    if (t->cfg.grad_sync &&
+        (rc = t->cfg.grad_sync(t->cfg.grad_sync_ctx, m->grads_memory, m->num_params, &loss)) < 0) {
+        snprintf(err, errlen, "step %ld: gradient all-reduce failed: %s", t->step, strerror(-rc));
+        return rc;
+    }
+    double lr = 0, gnorm = 0;
+    rc = optim_step(t->opt, m->params_memory, m->grads_memory, &lr, &gnorm);
+    if (rc < 0) {
+        snprintf(err, errlen, "step %ld: gradient norm is not finite (loss %g)", t->step, loss);
+        return rc;
+    }
+    t->step++;
+    if (res)
+        *res = (train_result){.step = t->step, .loss = loss, .lr = lr, .grad_norm = gnorm};
+    if (t->cfg.logging_steps > 0 && t->step % t->cfg.logging_steps == 0)
+        log_info("step %ld loss %.4f lr %.3g grad_norm %.3f", t->step, loss, lr, gnorm);
+    if (t->cfg.save_steps > 0 && t->cfg.output_dir && t->step % t->cfg.save_steps == 0) {
+        rc = checkpoint_save(t->cfg.output_dir, t->step, m, t->opt, NULL,
+                             t->cfg.save_total_limit, err, errlen);
+        if (rc < 0)
+            return rc;
+        log_info("saved checkpoint %s/ckpt-%ld", t->cfg.output_dir, t->step);
+    }
+    return 0;
+}
