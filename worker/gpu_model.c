@@ -343,6 +343,9 @@ int gpu_model_create(gpu_model **out, const bert_config *cfg, kdtype dt, int dev
     GPU_TRY(cudaMallocHost((void **)&g->norm_host, sizeof(double)));
     GPU_TRY(cudaMallocHost((void **)&g->flag_host, sizeof(int)));
 
+    /* The memsets and copies above ran on the legacy stream, which the
+     * model's non-blocking streams do not wait for: finish them now. */
+    GPU_TRY(cudaDeviceSynchronize());
     /* torch.cuda.amp.GradScaler defaults; only fp16 needs it */
     g->scaler = (gpu_loss_scaler){.scale = dt == KDT_F16 ? 65536.0f : 1.0f,
                                   .enabled = dt == KDT_F16, .growth_interval = 2000};

@@ -253,9 +253,13 @@ static void test_loss_scaling(void)
     gpu_model_zero_grad(g);
     gpu_model_forward(g, NULL, s0);
     gpu_model_backward(g);
-    /* inject an overflow into one gradient */
+    /* inject an overflow into one gradient (after backward has finished:
+     * the model's streams do not synchronise with the legacy stream) */
+    TCHECK(cudaStreamSynchronize(g->compute));
     float inf = INFINITY;
     TCHECK(cudaMemcpy(g->grads_memory + n / 3, &inf, sizeof inf, cudaMemcpyHostToDevice));
+    TCHECK(cudaDeviceSynchronize()); // a pageable copy may still be in flight
+
     gpu_model_get_params(g, before);
     int skipped = 0;
     long t0 = g->t;
