@@ -1,7 +1,8 @@
 /* test_model_cuda — the GPU model (worker/gpu_model.c) against the CPU model
  * (worker/model.c, itself checked against HuggingFace): loss and every
  * parameter gradient of one forward/backward with dropout on, then 10
- * AdamW steps, in fp32 and bf16 (and fp16 where the device has it); fp16
+ * AdamW steps, in fp32 and bf16 (and fp16 where the device has it), MLM
+ * alone and with the NSP head (BertForPreTraining); fp16
  * loss scaling (an injected inf skips the step, keeps the weights, halves the
  * scale); the memory plan's refusal naming the largest batch that fits, and
  * that batch then really fitting; bad batches refused. Exits 77 without a GPU.
@@ -27,7 +28,7 @@
 
 #include <errno.h>
 
-static bert_config tiny_config(void)
+static bert_config tiny_config(int nsp)
 {
     bert_config c;
     bert_config_preset(&c, NULL);
@@ -40,13 +41,14 @@ static bert_config tiny_config(void)
     c.hidden_dropout_prob = 0.1f;
     c.attention_probs_dropout_prob = 0.1f;
     c.layer_norm_eps = 1e-12f;
+    c.nsp = nsp;
     return c;
 }
 
 enum { TB = 3, TT = 24, TM = 11 };
 
 typedef struct batch_store {
-    int32_t ids[TB * TT], types[TB * TT], lens[TB], pos[TM], labels[TM];
+    int32_t ids[TB * TT], types[TB * TT], lens[TB], pos[TM], labels[TM], nsp[TB];
     bert_batch b;
 } batch_store;
 
@@ -71,9 +73,12 @@ static void make_batch(batch_store *s, const bert_config *c, int k)
                 s->pos[m] = (s->pos[m] + 1) % (TB * TT);
                 j = -1;
             }
+    for (int b = 0; b < TB; b++)
+        s->nsp[b] = (b + k) % 2;
     s->b = (bert_batch){.B = TB, .T = TT, .M = TM, .input_ids = s->ids,
                         .token_type_ids = s->types, .seq_lens = s->lens,
-                        .mlm_positions = s->pos, .mlm_labels = s->labels};
+                        .mlm_positions = s->pos, .mlm_labels = s->labels,
+                        .nsp_labels = c->nsp ? s->nsp : NULL};
 }
 
 static optim_config test_optim_config(void)
@@ -107,9 +112,10 @@ static void report(int ok, const char *what, kdtype dt, double val, double tol)
     gpu_failures += !ok;
 }
 
-static void test_forward_backward_steps(kdtype dt)
+static void test_forward_backward_steps(kdtype dt, int nsp)
 {
-    bert_config c = tiny_config();
+    printf("--- whole model, %s%s\n", kdtype_name(dt), nsp ? ", with the NSP head" : "");
+    bert_config c = tiny_config(nsp);
     optim_config oc = test_optim_config();
     bert_model *cpu = NULL;
     if (bert_model_create(&cpu, &c) != 0)
@@ -223,7 +229,7 @@ static void test_forward_backward_steps(kdtype dt)
 
 static void test_loss_scaling(void)
 {
-    bert_config c = tiny_config();
+    bert_config c = tiny_config(0);
     optim_config oc = test_optim_config();
     char err[256];
     kdtype dt;
@@ -326,7 +332,7 @@ static void test_memory_plan(void)
 
 static void test_bad_batches(void)
 {
-    bert_config c = tiny_config();
+    bert_config c = tiny_config(0);
     optim_config oc = test_optim_config();
     char err[256];
     gpu_model *g = NULL;
@@ -365,12 +371,15 @@ int main(void)
         return 1;
     }
     printf("auto precision: %s\n", kdtype_name(best));
-    test_forward_backward_steps(KDT_F32);
-    if (best == KDT_BF16)
-        test_forward_backward_steps(KDT_BF16);
+    test_forward_backward_steps(KDT_F32, 0);
+    test_forward_backward_steps(KDT_F32, 1);
+    if (best == KDT_BF16) {
+        test_forward_backward_steps(KDT_BF16, 0);
+        test_forward_backward_steps(KDT_BF16, 1);
+    }
     kdtype f16;
     if (gpu_precision_pick("fp16", 0, &f16, err, sizeof err) == 0)
-        test_forward_backward_steps(KDT_F16);
+        test_forward_backward_steps(KDT_F16, 0);
     test_loss_scaling();
     test_bad_batches();
     test_memory_plan();
