@@ -313,12 +313,13 @@ static void test_res_drop_ln(kdtype dt)
     round_to(g2, n, dt);
     float *gw = host_rand(C, 1, 0), *gb = host_rand(C, 1, 0), *dres_ref = malloc(n * 4),
           *dy_ref = malloc(n * 4);
+    /* seed the device gradients before the CPU accumulates into gw, gb */
+    float *dgw = dev_from(gw, C, KDT_F32), *dgb = dev_from(gb, C, KDT_F32);
     residual_forward(tmp, g1, g2, n);
     layernorm_backward(dres_ref, gw, gb, tmp, res, w, mean, rstd, N, C);
     dropout_backward(dy_ref, dres_ref, &s, P_DROP, n);
     void *dg1 = dev_from(g1, n, dt), *dg2 = dev_from(g2, n, dt), *ddres = dev_nan(n, dt),
          *ddy = dev_nan(n, dt);
-    float *dgw = dev_from(gw, C, KDT_F32), *dgb = dev_from(gb, C, KDT_F32);
     cuda_residual_dropout_layernorm_backward_dt(ddres, ddy, dgw, dgb, dg1, dg2, dres, dw, dmean,
                                                 drstd, &s, P_DROP, N, C, dt, 0);
     dev_to(got, ddres, n, dt);
@@ -327,6 +328,8 @@ static void test_res_drop_ln(kdtype dt)
     check_close("residual_dropout_layernorm bwd dy", dt, got, dy_ref, n, tol_for(dt));
     dev_to(got, dgw, C, KDT_F32);
     check_close("residual_dropout_layernorm bwd dweight", dt, got, gw, C, tol_for(dt));
+    dev_to(got, dgb, C, KDT_F32);
+    check_close("residual_dropout_layernorm bwd dbias", dt, got, gb, C, tol_for(dt));
     free(x); free(y); free(w); free(b); free(tmp); free(res); free(out); free(mean); free(rstd);
     free(got); free(g1); free(g2); free(gw); free(gb); free(dres_ref); free(dy_ref);
     cudaFree(dx); cudaFree(dy); cudaFree(dres); cudaFree(dout); cudaFree(dw); cudaFree(db);
