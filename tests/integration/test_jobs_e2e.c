@@ -339,11 +339,11 @@ static void test_kill_worker_resumes_exactly(void **state)
 {
 	fx *f = *state;
 	wait_dataset_ready(&f->d);
-	char *ref = submit(&f->d, SPEC("ref", "30", "2", "1", ""));
+	char *ref = submit(&f->d, SPEC("ref", "150", "2", "1", ""));
 	json_t *jref = wait_job(&f->d, ref, "completed|failed|canceled");
 	assert_string_equal(jstr(jref, "state"), "completed");
 
-	char *id = submit(&f->d, SPEC("killed", "30", "2", "1", ""));
+	char *id = submit(&f->d, SPEC("killed", "150", "2", "1", ""));
 	wait_step(&f->d, id, 15); /* past the step-10 checkpoint */
 	pid_t pids[4];
 	int n = find_pids(id, "--rank 1", pids, 4);
@@ -388,7 +388,7 @@ static void test_kill_daemon_resumes(void **state)
 {
 	fx *f = *state;
 	wait_dataset_ready(&f->d);
-	char *id = submit(&f->d, SPEC("survivor", "40", "2", "1", ""));
+	char *id = submit(&f->d, SPEC("survivor", "150", "2", "1", ""));
 	wait_step(&f->d, id, 15);
 	bertd_kill9(&f->d);
 	/* children die with their parent (PR_SET_PDEATHSIG); wait for them */
@@ -500,7 +500,7 @@ static void test_sigterm_requeues(void **state)
 {
 	fx *f = *state;
 	wait_dataset_ready(&f->d);
-	char *id = submit(&f->d, SPEC("drained", "60", "2", "1", ""));
+	char *id = submit(&f->d, SPEC("drained", "150", "2", "1", ""));
 	wait_step(&f->d, id, 15);
 	assert_int_equal(bertd_stop(&f->d), 0); /* exit 0 after draining */
 	pid_t pids[8];
