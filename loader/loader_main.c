@@ -8,7 +8,7 @@
  *
  * Two ways to run it:
  *   --job job.json [--index i --count L]   as the daemon starts it
- *       (docs/formats-process.md): dataset, MLM options and ring geometry
+ *       (docs/formats.md): dataset, MLM options and ring geometry
  *       come from the job file (batchjob.h); the segment is created or
  *       attached (ring_open), so loaders and workers may start in any order.
  *   --ring NAME (--dataset DIR | --raw DIR...) [MLM options]   by hand or

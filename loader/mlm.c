@@ -1,5 +1,5 @@
 /* mlm — sample index, packing, masking and batch assembly (see mlm.h and
- * docs/formats-batch.md for the rules).
+ * docs/formats.md for the rules).
  *
  * Randomness: every draw is philox(key = seed, counter = (what, which, j)),
  * where `what` names the decision (PURPOSE_*), `which` the sample (or sample

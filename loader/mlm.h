@@ -5,7 +5,7 @@
  * global batch number gives byte-identical slots in any process, in any order,
  * which is what lets L loader processes race freely and a resumed job continue
  * from nothing but its step (DESIGN.md section 5). The packing and masking
- * rules are written down in docs/formats-batch.md.
+ * rules are written down in docs/formats.md.
  *
  * Dimension letters as in batch.h: B sequences, T max_seq_length,
  * P max_predictions_per_seq; G consumer ranks, M micro-batches per step.

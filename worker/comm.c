@@ -1,5 +1,5 @@
 /* comm — the generic comm_* entry points and the shm backend for CPU workers
- * (protocol and layout: docs/formats-comm.md).
+ * (protocol and layout: docs/formats.md).
  *
  * Every collective is a sequence of sync points. At a sync point a rank
  * bumps its own phase counter (with a signature of the operation, so ranks

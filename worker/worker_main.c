@@ -1,6 +1,6 @@
 /* bertd-worker — one training process of a job: rank r of G, one device.
  *
- * Reads the job file the daemon wrote (docs/formats-process.md), builds or
+ * Reads the job file the daemon wrote (docs/formats.md), builds or
  * loads the model, takes its batches from the job's ring (loader processes)
  * or builds them itself (dataloader_num_workers = 0, the serial baseline),
  * trains with gradients averaged over ranks every step (worker/comm.c), and
@@ -289,7 +289,7 @@ static int parse_args(int argc, char **argv, const char **job_path, int *rank)
 		case 'h':
 			printf("usage: bertd-worker --job <job.json> --rank <r>\n"
 			       "Runs rank r of a bertd training job; started by the daemon with its\n"
-			       "socket on fd 3 (docs/formats-process.md).\n");
+			       "socket on fd 3 (docs/formats.md).\n");
 			return 1;
 		default: return -EINVAL;
 		}
