@@ -65,6 +65,7 @@ typedef struct run {
 	bool failed, retryable;
 	char reason[512];
 	int64_t last_step;
+	const char *stop_why;   /* reason recorded when a stop ends the job */
 	struct supervisor *sv;
 	struct run *next;
 } run;
@@ -600,7 +601,8 @@ static void run_maybe_finish(supervisor *sv, run *r)
 				     NULL);
 	} else if (state == JOB_STOPPING && (!r->failed || r->stop_sent)) {
 		store_job_transition(sv->st, r->id, JOB_MASK(JOB_STOPPING), JOB_CANCELED,
-				     r->reason[0] && !r->stop_sent ? r->reason : "canceled by user", NULL);
+				     r->reason[0] && !r->stop_sent ? r->reason
+				     : r->stop_why ? r->stop_why : "canceled by user", NULL);
 	} else if (!r->failed) {
 		store_job_transition(sv->st, r->id, live, JOB_COMPLETED, "training finished", NULL);
 	} else if (r->retryable && restarts < max_restarts) {
@@ -748,6 +750,7 @@ static void tick_running(supervisor *sv)
 		if (!stop && r->max_runtime_ms && now - r->start_ms > r->max_runtime_ms) {
 			store_job_transition(sv->st, r->id, JOB_MASK(JOB_STARTING) | JOB_MASK(JOB_RUNNING),
 					     JOB_STOPPING, "stopping_condition.max_runtime_seconds reached", NULL);
+			r->stop_why = "stopped at stopping_condition.max_runtime_seconds (checkpoint kept)";
 			stop = true;
 		}
 		if (stop && !r->stop_sent) {

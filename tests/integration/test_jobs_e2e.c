@@ -435,6 +435,39 @@ static void test_cancel_running(void **state)
 	free(id);
 }
 
+static void test_max_runtime(void **state)
+{
+	fx *f = *state;
+	wait_dataset_ready(&f->d);
+	const char *spec =
+		"{\"name\":\"timeboxed\",\"dataset\":\"shakes\","
+		"\"model\":{\"preset\":\"bert-tiny\",\"hidden_size\":32,\"num_hidden_layers\":1,"
+		"\"num_attention_heads\":2,\"intermediate_size\":64,\"max_position_embeddings\":64},"
+		"\"training_args\":{\"per_device_train_batch_size\":8,\"max_seq_length\":32,\"max_steps\":1000000,"
+		"\"logging_steps\":5,\"save_steps\":1000,\"dataloader_num_workers\":0},"
+		"\"stopping_condition\":{\"max_runtime_seconds\":2}}";
+	char *id = submit(&f->d, spec);
+	json_t *job = wait_job(&f->d, id, "canceled|failed|completed");
+	assert_string_equal(jstr(job, "state"), "canceled");
+	assert_true(json_is_object(json_object_get(job, "last_checkpoint"))); /* work kept */
+	char path[128];
+	snprintf(path, sizeof path, "/v1/jobs/%s/events", id);
+	http_resp r;
+	assert_int_equal(http_get(&f->d, path, &r), 0);
+	bool limit = false, ended = false;
+	size_t i;
+	json_t *e;
+	json_array_foreach(json_object_get(r.json, "events"), i, e) {
+		limit |= !strcmp(jstr(e, "to"), "stopping") && strstr(jstr(e, "reason"), "max_runtime_seconds");
+		ended |= !strcmp(jstr(e, "to"), "canceled") && strstr(jstr(e, "reason"), "max_runtime_seconds");
+	}
+	assert_true(limit);
+	assert_true(ended);
+	http_resp_free(&r);
+	json_decref(job);
+	free(id);
+}
+
 static void test_two_at_once_third_waits(void **state)
 {
 	fx *f = *state;
@@ -575,6 +608,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_kill_worker_resumes_exactly, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_kill_daemon_resumes, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_cancel_running, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_max_runtime, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_two_at_once_third_waits, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_missing_dataset_fails, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_sigterm_requeues, setup, teardown),
