@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "daemon/devices.h"
 #include "daemon/store.h"
 
 typedef struct api_config {
@@ -26,6 +27,8 @@ typedef struct api_config {
 	const char *const *data_roots; /* allowed corpus/dataset directories */
 	size_t n_data_roots;
 	const char *state_dir;
+	const device *devices;        /* what jobs run on (GET /v1/devices) */
+	size_t n_devices;
 } api_config;
 
 typedef struct api_server api_server;

@@ -1,11 +1,13 @@
 /* jobspec — the job spec: JSON in, validated effective spec out, and the
- * typed view the worker reads. Pure (no I/O, no globals), so it is unit- and
- * fuzz-testable. Shared by api/ (validation on submit) and worker/ (reading
- * the effective spec it is launched with), hence it lives in common/.
+ * typed view the worker reads. Pure (no I/O, no globals, no logging), so it
+ * is unit- and fuzz-testable. Shared by api/ (validation on submit) and
+ * worker/ (reading the effective spec it is launched with), hence it lives in
+ * common/. It must never touch the file system: init_from is only checked for
+ * shape here; the API resolves it under the data roots.
  *
  * Names follow HuggingFace: TrainingArguments (training_args), BertConfig
- * (model), DataCollatorForLanguageModeling (mlm). See DESIGN.md section 6 and
- * docs/api.md for every key, its default and its bounds.
+ * (model), DataCollatorForLanguageModeling (mlm). docs/jobspec.md lists every
+ * key, its type, default and bounds; DESIGN.md section 6 has the example.
  */
 #ifndef BERTD_COMMON_JOBSPEC_H
 #define BERTD_COMMON_JOBSPEC_H
@@ -14,10 +16,12 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-/* Why a spec was refused. status is 400 (malformed: not an object, wrong
- * JSON type) or 422 (well-formed but invalid: unknown key, out of range,
- * inconsistent). field is the dotted path ("training_args.learning_rate"),
- * empty when the whole body is at fault. */
+/* Why a spec was refused. status is 400 when the body is not a JSON object
+ * at all (field is then empty), 422 for everything else: unknown key, wrong
+ * JSON type, out of range, inconsistent. field is the dotted path of the
+ * offending key ("training_args.learning_rate"), truncated on a UTF-8
+ * boundary if longer than the buffer; detail is one English sentence that
+ * never echoes the submitted value. */
 typedef struct jobspec_error {
 	int status;
 	char field[128];
@@ -26,14 +30,21 @@ typedef struct jobspec_error {
 
 /* Validates a submitted spec and fills every default.
  * On success returns 0 and *out is a new object (caller owns, json_decref)
- * holding the full effective spec, every key present. On failure returns
- * -EINVAL and fills *err; *out is untouched. in is not modified. */
+ * holding the full effective spec: every key present, in the documented
+ * order, aliases spelled canonically, derived defaults resolved, null only
+ * where null means "decided later" (see docs/jobspec.md). Normalizing an
+ * effective spec returns an equal one. On failure returns -EINVAL and fills
+ * *err (or -ENOMEM, status 500); *out is untouched. in is not modified;
+ * in == NULL is a 400. */
 int jobspec_normalize(const json_t *in, json_t **out, jobspec_error *err);
+
+/* Tri-state for choices the worker makes from the hardware it finds. */
+enum { JOBSPEC_AUTO = -1 };
 
 /* Typed view of an effective spec (the output of jobspec_normalize). */
 typedef struct jobspec_model {
-	char preset[32];               /* "bert-tiny" ... "bert-large", or "custom" */
-	int vocab_size;                /* 0 = from the dataset's vocab */
+	char preset[16];               /* "bert-tiny" ... "bert-large" */
+	int vocab_size;                /* 0 = from the dataset's vocab (null in JSON) */
 	int hidden_size, num_hidden_layers, num_attention_heads, intermediate_size;
 	char hidden_act[16];           /* "gelu" */
 	double hidden_dropout_prob, attention_probs_dropout_prob;
@@ -44,44 +55,53 @@ typedef struct jobspec_model {
 typedef struct jobspec_training {
 	int per_device_train_batch_size, gradient_accumulation_steps;
 	double learning_rate;
-	char lr_scheduler_type[16];    /* linear | cosine | constant | constant_with_warmup */
+	char lr_scheduler_type[24];    /* linear | cosine | constant | constant_with_warmup */
 	int64_t warmup_steps;
 	double warmup_ratio;
-	double weight_decay, adam_beta1, adam_beta2, adam_epsilon, max_grad_norm;
+	double weight_decay, adam_beta1, adam_beta2, adam_epsilon;
+	double max_grad_norm;          /* 0 = no clipping */
 	int64_t max_steps;
 	int max_seq_length;
-	char optim[16];                /* adamw | lamb */
-	bool bf16, fp16;
-	uint64_t seed;
+	char optim[8];                 /* adamw | lamb */
+	int bf16, fp16;                /* 1, 0, or JOBSPEC_AUTO (null): bf16 on sm_80+,
+	                                * fp16 on sm_70, fp32 on CPU; never both 1 */
+	uint64_t seed;                 /* 0 .. 2^63-1 */
 	int64_t logging_steps, save_steps;
 	int save_total_limit;
-	int dataloader_num_workers;
+	int dataloader_num_workers;    /* 0 = the worker builds batches serially */
 	bool dataloader_pin_memory;
 } jobspec_training;
 
 typedef struct jobspec_mlm {
 	double mlm_probability, mask_replace_prob, random_replace_prob;
 	bool whole_word_mask, nsp;
-	int max_predictions_per_seq;   /* resolved: 20 at seq 128, 80 at 512, ... */
+	int max_predictions_per_seq;   /* always resolved: 20 at seq 128, 80 at 512 */
 	double short_seq_prob;
 } jobspec_mlm;
 
 typedef struct jobspec {
-	char name[128];
-	char dataset[128];
-	char init_from[1024];          /* "" when training from scratch */
-	int priority;
+	char name[129];                /* 1..128 of [A-Za-z0-9._-] */
+	char dataset[65];              /* 1..64 of [A-Za-z0-9._-] */
+	char init_from[1024];          /* absolute path, "" when training from scratch */
+	int priority;                  /* -100..100, higher runs first */
 	jobspec_model model;
 	jobspec_training training;
 	jobspec_mlm mlm;
 	int gpus;                      /* resources.gpus: devices (GPUs or CPU slots) */
 	char device[8];                /* "auto" | "cuda" | "cpu" */
-	int64_t max_runtime_seconds;   /* 0 = no limit */
+	int64_t max_runtime_seconds;   /* 0 = no limit (null in JSON) */
 	int max_restarts;
 } jobspec;
 
-/* Fills *out from an effective spec. Returns 0, or -EINVAL with *err filled
- * if spec is not a valid effective spec. */
+/* Fills *out from an effective spec: one jobspec_normalize would return
+ * unchanged (every key present, canonical spellings). Returns 0, or -EINVAL
+ * with *err filled (status 422, field = first key that is missing or not in
+ * effective form) if spec is not one; *out is then unspecified. */
 int jobspec_from_json(const json_t *spec, jobspec *out, jobspec_error *err);
+
+/* The resolved default of mlm.max_predictions_per_seq: the masked count at
+ * mlm_probability rounded up to a multiple of 4, at most max_seq_length
+ * (20 at 128 and 80 at 512 for 0.15, as in Google's BERT recipe). */
+int jobspec_default_max_predictions(int max_seq_length, double mlm_probability);
 
 #endif

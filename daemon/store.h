@@ -54,6 +54,7 @@ typedef struct store_job {
 	char *failure_reason; /* NULL unless failed */
 	int64_t created_ms, updated_ms, started_ms, finished_ms;
 	int64_t seq;          /* insertion order; basis of list cursors */
+	char *devices_json;   /* devices of the current/last run, JSON array; NULL before */
 } store_job;
 
 typedef struct store_event {
@@ -63,31 +64,46 @@ typedef struct store_event {
 } store_event;
 
 /* Opens (creating if needed) the database at path, applies pending
- * migrations. *out is caller-owned; free with store_close. */
+ * migrations. *out is caller-owned; free with store_close. -EPROTO if the
+ * file's schema is newer than this build knows (nothing is changed), -EIO if
+ * it cannot be opened, is not a database, or WAL mode is unavailable. */
 int store_open(store **out, const char *path);
+/* Closes the connection; NULL is a no-op. No call may be in flight. */
 void store_close(store *s);
-/* The schema version now in the file (PRAGMA user_version). */
+/* The schema version now in the file (PRAGMA user_version), or -EIO. */
 int store_schema_version(store *s);
+/* The latest schema version this build knows (the last migration). */
+int store_schema_latest(void);
 
 /* Inserts a queued job and its first event ("submitted") in one transaction.
- * job->id, name, spec_json, priority are used; times are set here.
+ * job->id, name, spec_json, priority are used; created_ms too when non-zero
+ * (so the API's 201 body and later reads agree), else now; other times
+ * are set here.
  * If idem_key is non-NULL the key is recorded with idem_hash (hex digest of
  * the request) and response_json (the exact body answered with 201), so a
  * retry can be replayed. If the key exists already, nothing is written and
  * -EEXIST is returned with *prev_hash and *prev_response (caller frees) and
- * *prev_job_id (caller frees) filled, when those pointers are non-NULL. */
+ * *prev_job_id (caller frees) filled, when those pointers are non-NULL.
+ * The prev pointers are set to NULL first, so -EEXIST with them still NULL
+ * means the job id itself is taken. -EINVAL if id, name or spec_json is
+ * NULL, or idem_key is given without idem_hash and response_json. */
 int store_job_insert(store *s, const store_job *job,
 		     const char *idem_key, const char *idem_hash, const char *response_json,
 		     char **prev_hash, char **prev_response, char **prev_job_id);
 
-/* Loads one job. *out is filled (free with store_job_free); -ENOENT if none. */
+/* Loads one job. *out is filled (free with store_job_free); -ENOENT if none
+ * (*out is then zeroed). */
 int store_job_get(store *s, const char *id, store_job *out);
+/* Frees the strings of *j and zeroes it (the struct itself is the caller's);
+ * NULL is a no-op. */
 void store_job_free(store_job *j);
+/* Frees an array from store_job_list: each element, then the array. */
 void store_jobs_free(store_job *jobs, size_t n);
 
 /* Lists jobs in submission order, oldest first. state_mask = 0 means all
  * states, else a JOB_MASK() union. after_seq = 0 starts at the beginning;
- * otherwise only jobs with seq > after_seq. At most limit rows.
+ * otherwise only jobs with seq > after_seq. At most limit rows (limit >= 1,
+ * else -EINVAL).
  * *out is a caller-owned array (store_jobs_free); *next_seq is the seq to
  * pass next time, or 0 when there are no more rows. */
 int store_job_list(store *s, unsigned state_mask, int64_t after_seq, int limit,
@@ -96,22 +112,134 @@ int store_job_list(store *s, unsigned state_mask, int64_t after_seq, int limit,
 /* Compare-and-set state change: succeeds only if the job's current state is
  * in from_mask; writes the new state, updated/started/finished times,
  * failure_reason (when to == JOB_FAILED, may be NULL) and one job_events row,
- * all in one transaction. -ENOENT no job, -EBUSY state not in from_mask
- * (*cur, if non-NULL, gets the current state either way). */
+ * all in one transaction. started_ms is set on the first move into running,
+ * finished_ms on entering a terminal state; failure_reason is kept only in
+ * failed. -ENOENT no job, -EBUSY state not in from_mask (nothing written;
+ * *cur, if non-NULL, gets the state before the call either way). */
 int store_job_transition(store *s, const char *id, unsigned from_mask, enum job_state to,
 			 const char *reason, enum job_state *cur);
 
-/* Adds 1 to restart_count; returns the new count in *count. */
+/* Records the devices a job was started on (JSON array text; NULL clears).
+ * -ENOENT no job. */
+int store_job_set_devices(store *s, const char *id, const char *devices_json);
+
+/* Adds 1 to restart_count; returns the new count in *count (if non-NULL).
+ * -ENOENT no job. */
 int store_job_bump_restarts(store *s, const char *id, int *count);
 
-/* Deletes a job in a terminal state with its events. -EBUSY if not terminal. */
+/* Deletes a job in a terminal state with its events, metrics and checkpoint
+ * rows (not the checkpoint directories). -ENOENT no job, -EBUSY if not
+ * terminal. Its idempotency key, if any, stays until pruned. */
 int store_job_delete(store *s, const char *id);
 
-/* All events of a job, oldest first. *out caller-owned (store_events_free). */
+/* All events of a job, oldest first. *out caller-owned (store_events_free).
+ * -ENOENT no job. */
 int store_job_events(store *s, const char *id, store_event **out, size_t *n);
 void store_events_free(store_event *ev, size_t n);
 
-/* Counts jobs per state (counts[JOB_STATE_COUNT]). */
+/* Counts jobs per state into counts[JOB_STATE_COUNT] (zero for absent ones). */
 int store_job_counts(store *s, int64_t counts[JOB_STATE_COUNT]);
+
+/* Adds a note to a job's events (from == to == the current state) without
+ * changing the job, e.g. "restart 2 of 3: worker 1 exited with signal 9".
+ * -ENOENT if no such job. */
+int store_job_note(store *s, const char *id, const char *reason);
+
+/* Deletes idempotency keys created before before_ms; *removed (if non-NULL)
+ * gets how many. A retry that arrives after its key is pruned is a new
+ * request. */
+int store_idem_prune(store *s, int64_t before_ms, int64_t *removed);
+
+/* ---- datasets: a corpus prepared into token shards ---- */
+
+enum dataset_state { DATASET_PREPARING = 0, DATASET_READY, DATASET_FAILED, DATASET_STATE_COUNT };
+
+/* "preparing" | "ready" | "failed" — static strings. */
+const char *dataset_state_name(enum dataset_state s);
+/* Returns 0 and sets *out, or -EINVAL for an unknown name. */
+int dataset_state_parse(const char *name, enum dataset_state *out);
+
+/* One row of the datasets table. Strings are heap-owned by the struct. */
+typedef struct store_dataset {
+	char *id;              /* "ds-" + 16 hex chars, made by the caller */
+	char *name;            /* unique; what job specs refer to */
+	char *spec_json;       /* the effective prepare request (compact JSON) */
+	enum dataset_state state;
+	int64_t bytes_done, bytes_total; /* raw corpus bytes read / to read */
+	char *stats_json;      /* counts (documents, sentences, tokens, shards); NULL until known */
+	char *error;           /* NULL unless failed */
+	int64_t created_ms, updated_ms;
+} store_dataset;
+
+/* Inserts a dataset in state preparing; ds->id, name, spec_json and
+ * bytes_total are used, times are set here. -EEXIST if the id or the name is
+ * taken (nothing written). */
+int store_dataset_insert(store *s, const store_dataset *ds);
+/* Loads one dataset by id / by name into *out (free with store_dataset_free);
+ * -ENOENT if none. */
+int store_dataset_get(store *s, const char *id, store_dataset *out);
+int store_dataset_get_by_name(store *s, const char *name, store_dataset *out);
+void store_dataset_free(store_dataset *d);
+void store_datasets_free(store_dataset *ds, size_t n);
+/* All datasets, oldest first. *out caller-owned (store_datasets_free). */
+int store_dataset_list(store *s, store_dataset **out, size_t *n);
+/* Records progress of a preparing dataset; stats_json NULL keeps the stored
+ * one. -ENOENT no such dataset, -EBUSY if it is no longer preparing. */
+int store_dataset_progress(store *s, const char *id, int64_t bytes_done, int64_t bytes_total,
+			   const char *stats_json);
+/* Ends preparation: to must be ready or failed (else -EINVAL); error is kept
+ * only for failed (may be NULL); stats_json NULL keeps the stored one.
+ * -ENOENT no such dataset, -EBUSY if it is not preparing (ready and failed
+ * are final). */
+int store_dataset_finish(store *s, const char *id, enum dataset_state to, const char *error,
+			 const char *stats_json);
+/* Deletes the row (not the shard files). -EBUSY while preparing. */
+int store_dataset_delete(store *s, const char *id);
+
+/* ---- per-job training metrics, one row per logged step ---- */
+
+typedef struct store_metric {
+	int64_t step;
+	int64_t time_ms;     /* when the worker finished that step */
+	char *values_json;   /* {"loss":..., "learning_rate":..., ...} */
+} store_metric;
+
+/* Records the metrics of one step. The same step logged again (a restart
+ * from an earlier checkpoint replays it) replaces the row. -ENOENT no job. */
+int store_metric_insert(store *s, const char *job_id, int64_t step, int64_t time_ms,
+			const char *values_json);
+/* Rows with step > since_step in step order, at most limit (>= 1, else
+ * -EINVAL); pass the last step seen to continue. *out caller-owned
+ * (store_metrics_free), possibly empty. -ENOENT no job. */
+int store_metric_list(store *s, const char *job_id, int64_t since_step, int limit,
+		      store_metric **out, size_t *n);
+void store_metrics_free(store_metric *m, size_t n);
+/* The newest metrics row of a job into *out (free out->values_json).
+ * -ENOENT when the job has none (or does not exist). */
+int store_metric_latest(store *s, const char *job_id, store_metric *out);
+
+/* ---- per-job checkpoints (directories written by the worker) ---- */
+
+typedef struct store_checkpoint {
+	int64_t step;
+	char *path;          /* the ckpt-<step>/ directory */
+	int64_t bytes;       /* total size on disk */
+	int64_t created_ms;  /* set by store_checkpoint_insert */
+} store_checkpoint;
+
+/* Records a checkpoint (step, path, bytes used; created_ms set here).
+ * -ENOENT no job, -EEXIST that step is recorded already. */
+int store_checkpoint_insert(store *s, const char *job_id, const store_checkpoint *c);
+/* A job's checkpoints, oldest step first. *out caller-owned
+ * (store_checkpoints_free). -ENOENT no job. */
+int store_checkpoint_list(store *s, const char *job_id, store_checkpoint **out, size_t *n);
+/* Forgets one checkpoint row (the caller removes the directory).
+ * -ENOENT if no such job or step. */
+int store_checkpoint_delete(store *s, const char *job_id, int64_t step);
+void store_checkpoints_free(store_checkpoint *c, size_t n);
+
+/* For tests and tools: store_open with the given migration text instead of
+ * the embedded schema.sql (same "-- migration N" format). */
+int store_open_schema(store **out, const char *path, const char *schema);
 
 #endif

@@ -165,6 +165,11 @@ int trainer_step(trainer *t, const bert_batch *micro, int n_micro, train_result 
         loss += m->loss;
     }
     loss /= n_micro;
+    if (t->cfg.grad_sync &&
+        (rc = t->cfg.grad_sync(t->cfg.grad_sync_ctx, m->grads_memory, m->num_params, &loss)) < 0) {
+        snprintf(err, errlen, "step %ld: gradient all-reduce failed: %s", t->step, strerror(-rc));
+        return rc;
+    }
     double lr = 0, gnorm = 0;
     rc = optim_step(t->opt, m->params_memory, m->grads_memory, &lr, &gnorm);
     if (rc < 0) {

@@ -24,6 +24,12 @@ typedef struct train_config {
     int threads;             // OpenMP + OpenBLAS threads for this process
     const char *output_dir;  // checkpoints go to output_dir/ckpt-<step>; may be NULL
     const char *init_from;   // HF BERT directory or NULL (random init from seed)
+    // Data parallel: called once per step after every micro-batch's backward
+    // and before the optimizer, with the whole gradient span and the step's
+    // mean loss; it must leave both averaged over ranks (worker/comm.c).
+    // NULL for a single process. A negative return aborts the step.
+    int (*grad_sync)(void *ctx, float *grads, size_t n, double *loss);
+    void *grad_sync_ctx;
 } train_config;
 
 typedef struct train_result {

@@ -1,0 +1,282 @@
+/* datasets — the /v1/datasets resource: ask for a corpus to be prepared
+ * into token shards, and watch it (state, progress, counts, errors).
+ *
+ * A POST validates the request, confines every path to the data roots and
+ * stores the dataset as `preparing`; the supervisor (daemon loop) runs
+ * bertd-prepare for it and moves it to ready or failed. Handlers never start
+ * processes themselves.
+ */
+#include <errno.h>
+#include <jansson.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "api/handlers.h"
+#include "api/http.h"
+#include "api/paths.h"
+#include "common/log.h"
+#include "daemon/store.h"
+
+static json_t *time_json(int64_t ms)
+{
+	if (ms <= 0)
+		return json_null();
+	char buf[32];
+	api_time_format(ms, buf);
+	return json_string(buf);
+}
+
+static json_t *dataset_json(api_request *req, const store_dataset *d)
+{
+	json_t *request = d->spec_json ? json_loads(d->spec_json, 0, NULL) : NULL;
+	json_t *stats = d->stats_json ? json_loads(d->stats_json, 0, NULL) : NULL;
+	char path[PATH_MAX + 64];
+	snprintf(path, sizeof path, "%s/datasets/%s", req->cfg->n_data_roots ? req->cfg->data_roots[0] : ".",
+		 d->name);
+	double frac = d->bytes_total > 0 ? (double)d->bytes_done / (double)d->bytes_total : 0.0;
+	if (d->state == DATASET_READY)
+		frac = 1.0;
+	return json_pack("{s:s, s:s, s:s, s:{s:I, s:I, s:f}, s:o, s:s?, s:s, s:o, s:o, s:o}",
+			 "id", d->id, "name", d->name, "state", dataset_state_name(d->state),
+			 "progress", "bytes_done", (json_int_t)d->bytes_done, "bytes_total",
+			 (json_int_t)d->bytes_total, "fraction", frac,
+			 "stats", stats ? stats : json_null(),
+			 "error", d->error,
+			 "path", path,
+			 "created_at", time_json(d->created_ms), "updated_at", time_json(d->updated_ms),
+			 "request", request ? request : json_null());
+}
+
+static bool name_ok(const char *s)
+{
+	size_t n = strlen(s);
+	if (n == 0 || n > 64)
+		return false;
+	for (size_t i = 0; i < n; i++) {
+		char c = s[i];
+		bool alnum = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+		if (!alnum && (i == 0 || (c != '.' && c != '_' && c != '-')))
+			return false;
+	}
+	return true;
+}
+
+/* Resolves a path field; on failure replies and returns false. */
+static bool resolve_field(api_request *req, json_t *v, const char *field, char *out, size_t cap,
+			  enum MHD_Result *ret)
+{
+	const char *s = json_string_value(v);
+	if (!s) {
+		*ret = api_reply_problem(req, API_P_INVALID_REQUEST, field, "must be a string path");
+		return false;
+	}
+	int rc = api_path_resolve(s, json_string_length(v), req->cfg->data_roots, req->cfg->n_data_roots,
+				  out, cap);
+	if (rc == -EINVAL)
+		*ret = api_reply_problem(req, API_P_INVALID_REQUEST, field,
+					 "must be a path without \"..\" components or NUL bytes");
+	else if (rc == -ENOENT)
+		*ret = api_reply_problem(req, API_P_INVALID_REQUEST, field, "no such file or directory");
+	else if (rc < 0)
+		*ret = api_reply_problem(req, API_P_PATH_FORBIDDEN, field,
+					 "resolves outside the configured data_roots");
+	return rc == 0;
+}
+
+/* Validates a dataset request; on success returns the effective request
+ * (caller owns) with canonical paths and every default. */
+static json_t *dataset_request(api_request *req, json_t *in, enum MHD_Result *ret)
+{
+	static const char *const known[] = {"name", "source", "format", "text_field", "vocab", "lowercase"};
+	const char *key;
+	json_t *v;
+	json_object_foreach(in, key, v) {
+		bool ok = false;
+		for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+			ok |= strcmp(key, known[i]) == 0;
+		if (!ok) {
+			*ret = api_reply_problem(req, API_P_INVALID_REQUEST, key, "unknown key");
+			return NULL;
+		}
+	}
+	const char *name = json_string_value(json_object_get(in, "name"));
+	if (!name || !name_ok(name)) {
+		*ret = api_reply_problem(req, API_P_INVALID_REQUEST, "name",
+					 "required: 1..64 characters of [A-Za-z0-9._-], starting with a letter or digit");
+		return NULL;
+	}
+	char source[PATH_MAX];
+	if (!json_object_get(in, "source")) {
+		*ret = api_reply_problem(req, API_P_INVALID_REQUEST, "source",
+					 "required: a corpus file or directory under the data roots");
+		return NULL;
+	}
+	if (!resolve_field(req, json_object_get(in, "source"), "source", source, sizeof source, ret))
+		return NULL;
+	const char *format = "text";
+	if ((v = json_object_get(in, "format")) && !json_is_null(v)) {
+		format = json_string_value(v);
+		if (!format || (strcmp(format, "text") && strcmp(format, "jsonl"))) {
+			*ret = api_reply_problem(req, API_P_INVALID_REQUEST, "format", "must be \"text\" or \"jsonl\"");
+			return NULL;
+		}
+	}
+	const char *text_field = "text";
+	if ((v = json_object_get(in, "text_field")) && !json_is_null(v)) {
+		text_field = json_string_value(v);
+		if (!text_field || !*text_field || strlen(text_field) > 128) {
+			*ret = api_reply_problem(req, API_P_INVALID_REQUEST, "text_field",
+						 "must be a non-empty string (at most 128 bytes)");
+			return NULL;
+		}
+	}
+	json_t *lowercase = json_null(); /* null: inferred from the vocab (uncased when training) */
+	if ((v = json_object_get(in, "lowercase")) && !json_is_null(v)) {
+		if (!json_is_boolean(v)) {
+			*ret = api_reply_problem(req, API_P_INVALID_REQUEST, "lowercase", "must be true, false or null");
+			return NULL;
+		}
+		lowercase = json_boolean(json_is_true(v));
+	}
+	json_t *vocab = json_object_get(in, "vocab");
+	json_t *out_vocab = NULL;
+	if (!json_is_object(vocab) || json_object_size(vocab) != 1) {
+		*ret = api_reply_problem(req, API_P_INVALID_REQUEST, "vocab",
+					 "required: {\"file\": path of a BERT vocab.txt} or "
+					 "{\"train\": {\"vocab_size\": N}}");
+		return NULL;
+	}
+	if (json_object_get(vocab, "file")) {
+		char vpath[PATH_MAX];
+		if (!resolve_field(req, json_object_get(vocab, "file"), "vocab.file", vpath, sizeof vpath, ret))
+			return NULL;
+		out_vocab = json_pack("{s:s}", "file", vpath);
+	} else if ((v = json_object_get(vocab, "train"))) {
+		json_t *size = json_object_get(v, "vocab_size");
+		if (!json_is_object(v) || !json_is_integer(size) || json_integer_value(size) < 128 ||
+		    json_integer_value(size) > 1000000) {
+			*ret = api_reply_problem(req, API_P_INVALID_REQUEST, "vocab.train.vocab_size",
+						 "must be an integer in 128..1000000");
+			return NULL;
+		}
+		json_object_foreach(v, key, size) {
+			if (strcmp(key, "vocab_size") != 0) {
+				char f[160];
+				snprintf(f, sizeof f, "vocab.train.%s", key);
+				*ret = api_reply_problem(req, API_P_INVALID_REQUEST, f, "unknown key");
+				return NULL;
+			}
+		}
+		out_vocab = json_pack("{s:{s:I}}", "train", "vocab_size",
+				      json_integer_value(json_object_get(v, "vocab_size")));
+	} else {
+		*ret = api_reply_problem(req, API_P_INVALID_REQUEST, "vocab", "must hold \"file\" or \"train\"");
+		return NULL;
+	}
+	return json_pack("{s:s, s:s, s:s, s:s, s:o, s:o}", "name", name, "source_path", source, "format", format,
+			 "text_field", text_field, "lowercase", lowercase, "vocab", out_vocab);
+}
+
+enum MHD_Result datasets_create(api_request *req)
+{
+	enum MHD_Result ret = MHD_NO;
+	json_t *in = NULL, *eff = NULL;
+	char *text = NULL;
+	char detail[256];
+	int rc = api_json_parse(req->body, req->body_len, API_JSON_MAX_DEPTH, &in, detail, sizeof detail);
+	if (rc)
+		return api_reply_problem(req, rc == -E2BIG ? API_P_JSON_TOO_DEEP : API_P_MALFORMED_JSON, NULL,
+					 "%s", detail);
+	if (!json_is_object(in)) {
+		ret = api_reply_problem(req, API_P_BAD_REQUEST, NULL, "the body must be a JSON object");
+		goto out;
+	}
+	if (!(eff = dataset_request(req, in, &ret)))
+		goto out;
+	text = json_dumps(eff, JSON_COMPACT);
+	unsigned char r[8];
+	char id[20];
+	if (!text || getrandom(r, sizeof r, 0) != (ssize_t)sizeof r) {
+		ret = api_reply_problem(req, API_P_INTERNAL, NULL, "out of memory or entropy");
+		goto out;
+	}
+	memcpy(id, "ds-", 3);
+	for (int i = 0; i < 8; i++)
+		snprintf(id + 3 + 2 * i, 3, "%02x", r[i]);
+	const char *name = json_string_value(json_object_get(eff, "name"));
+	store_dataset ds = {.id = id, .name = (char *)name, .spec_json = text};
+	rc = store_dataset_insert(req->st, &ds);
+	if (rc == -EEXIST) {
+		ret = api_reply_problem(req, API_P_DATASET_EXISTS, "name",
+					"dataset \"%s\" exists; pick another name or delete it", name);
+		goto out;
+	}
+	if (rc < 0) {
+		ret = api_reply_problem(req, API_P_INTERNAL, NULL, "storing the dataset failed: %s", strerror(-rc));
+		goto out;
+	}
+	log_info("dataset %s (%s) submitted for preparation", id, name);
+	char loc[64];
+	snprintf(loc, sizeof loc, "/v1/datasets/%s", id);
+	if (api_add_header(req, MHD_HTTP_HEADER_LOCATION, loc))
+		goto out;
+	store_dataset got;
+	if (store_dataset_get(req->st, id, &got) < 0) {
+		ret = api_reply_problem(req, API_P_INTERNAL, NULL, "reading the dataset back failed");
+		goto out;
+	}
+	ret = api_reply_json(req, MHD_HTTP_CREATED, dataset_json(req, &got));
+	store_dataset_free(&got);
+out:
+	free(text);
+	json_decref(eff);
+	json_decref(in);
+	return ret;
+}
+
+enum MHD_Result datasets_list(api_request *req)
+{
+	static const char *const known[] = {NULL};
+	enum MHD_Result qret;
+	if (!api_query_known(req, known, &qret))
+		return qret;
+	store_dataset *ds = NULL;
+	size_t n = 0;
+	int rc = store_dataset_list(req->st, &ds, &n);
+	if (rc < 0)
+		return api_reply_problem(req, API_P_INTERNAL, NULL, "listing datasets failed: %s", strerror(-rc));
+	json_t *arr = json_array();
+	for (size_t i = 0; i < n; i++)
+		json_array_append_new(arr, dataset_json(req, &ds[i]));
+	store_datasets_free(ds, n);
+	return api_reply_json(req, MHD_HTTP_OK, json_pack("{s:o}", "datasets", arr));
+}
+
+/* {id} is a dataset id ("ds-...") or its name. */
+static int load(api_request *req, store_dataset *d)
+{
+	const char *key = req->args.v[0];
+	if (strncmp(key, "ds-", 3) == 0 && store_dataset_get(req->st, key, d) == 0)
+		return 0;
+	return store_dataset_get_by_name(req->st, key, d);
+}
+
+enum MHD_Result datasets_get(api_request *req)
+{
+	static const char *const known[] = {NULL};
+	enum MHD_Result qret;
+	if (!api_query_known(req, known, &qret))
+		return qret;
+	store_dataset d;
+	int rc = load(req, &d);
+	if (rc == -ENOENT)
+		return api_reply_problem(req, API_P_DATASET_NOT_FOUND, NULL, "no dataset %s", req->args.v[0]);
+	if (rc < 0)
+		return api_reply_problem(req, API_P_INTERNAL, NULL, "loading dataset failed: %s", strerror(-rc));
+	json_t *o = dataset_json(req, &d);
+	store_dataset_free(&d);
+	return api_reply_json(req, MHD_HTTP_OK, o);
+}

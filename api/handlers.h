@@ -1,0 +1,34 @@
+/* handlers — every route handler, one file per resource (system.c, jobs.c).
+ * Declared together so the route table in routes.c is the only place that
+ * binds them to paths. Each handler replies exactly once (api_reply_*). */
+#ifndef BERTD_API_HANDLERS_H
+#define BERTD_API_HANDLERS_H
+
+#include "api/routes.h"
+
+/* system.c */
+enum MHD_Result system_healthz(api_request *req);
+enum MHD_Result system_version(api_request *req);
+
+/* jobs.c */
+enum MHD_Result jobs_create(api_request *req);
+enum MHD_Result jobs_list(api_request *req);
+enum MHD_Result jobs_get(api_request *req);
+enum MHD_Result jobs_delete(api_request *req);
+enum MHD_Result jobs_cancel(api_request *req);
+enum MHD_Result jobs_events(api_request *req);
+
+/* jobdata.c */
+enum MHD_Result jobs_metrics(api_request *req);
+enum MHD_Result jobs_checkpoints(api_request *req);
+enum MHD_Result jobs_logs(api_request *req);
+
+/* devices.c */
+enum MHD_Result devices_list(api_request *req);
+
+/* datasets.c */
+enum MHD_Result datasets_create(api_request *req);
+enum MHD_Result datasets_list(api_request *req);
+enum MHD_Result datasets_get(api_request *req);
+
+#endif

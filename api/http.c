@@ -1,0 +1,670 @@
+/* http — libmicrohttpd glue: listening socket, limits, auth, body
+ * accumulation, dispatch through the route table, and the reply helpers.
+ *
+ * Request life: MHD calls on_request once with headers only (we match the
+ * route and refuse early: 404, 405, 401, 415, and 413 when Content-Length
+ * already says too much), then once per body piece (counted against
+ * max_body_bytes as it arrives, chunked uploads included), then once more
+ * with no data (we call the handler). libmicrohttpd 0.9.7x cannot queue a
+ * reply while a body is still arriving, so a chunked body that crosses the
+ * limit is dropped piece by piece (never buffered) and answered with 413 at
+ * its end; a client that keeps streaming past a hard cap is disconnected.
+ *
+ * Must never hold the store lock across network I/O, never log the token or
+ * request bodies, and never let a handler run before auth passed.
+ */
+#include "api/http.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+
+#define DEFAULT_MAX_BODY (1u << 20)
+#define DEFAULT_THREADS 4
+#define DEFAULT_TIMEOUT_S 30
+#define DEFAULT_CONN_LIMIT 128
+#define DEFAULT_PER_IP 64
+#define DEFAULT_CONN_MEMORY (64u << 10)
+
+struct api_server {
+	struct MHD_Daemon *mhd;
+	api_config cfg;   /* strings point at the copies below */
+	char *token, *listen_addr, *state_dir;
+	char **roots;     /* n_data_roots copies */
+	store *st;
+	int port;
+};
+
+/* Per-request state, from the first on_request call to on_completed. */
+struct conn_ctx {
+	api_request req;
+	const api_route *route;
+	char *body;       /* (cap) bytes, len used, NUL-terminated when handed over */
+	size_t len, cap;
+	bool too_large;   /* body crossed the limit: drop the rest, answer 413 */
+	uint64_t dropped; /* bytes dropped after crossing the limit */
+};
+
+/* ---------------------------------------------------------------- helpers */
+
+int api_add_header(api_request *req, const char *name, const char *value)
+{
+	if (req->n_hdrs >= API_MAX_EXTRA_HEADERS)
+		return -E2BIG;
+	char *v = strdup(value);
+	if (!v)
+		return -ENOMEM;
+	req->hdr_name[req->n_hdrs] = name;
+	req->hdr_value[req->n_hdrs] = v;
+	req->n_hdrs++;
+	return 0;
+}
+
+const char *api_header(api_request *req, const char *name)
+{
+	return MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, name);
+}
+
+const char *api_query(api_request *req, const char *name)
+{
+	return MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, name);
+}
+
+struct query_iter {
+	int (*fn)(void *cls, const char *key, const char *value);
+	void *cls;
+	int rc;
+};
+
+static enum MHD_Result query_iter_cb(void *cls, enum MHD_ValueKind kind, const char *key,
+				     const char *value)
+{
+	(void)kind;
+	struct query_iter *it = cls;
+	it->rc = it->fn(it->cls, key, value);
+	return it->rc ? MHD_NO : MHD_YES;
+}
+
+int api_query_each(api_request *req, int (*fn)(void *cls, const char *key, const char *value),
+		   void *cls)
+{
+	struct query_iter it = {fn, cls, 0};
+	MHD_get_connection_values(req->conn, MHD_GET_ARGUMENT_KIND, query_iter_cb, &it);
+	return it.rc;
+}
+
+bool api_auth_ok(const char *authorization, const char *token)
+{
+	if (!authorization || !token || !token[0])
+		return false;
+	if (strncasecmp(authorization, "Bearer ", 7) != 0)
+		return false;
+	const char *given = authorization + 7;
+	while (*given == ' ')
+		given++;
+	size_t gl = strlen(given), tl = strlen(token);
+	/* Time depends only on the length of what the client sent, never on
+	 * where the first differing byte is or on the token's length. */
+	unsigned char diff = gl != tl;
+	for (size_t i = 0; i < gl; i++)
+		diff |= (unsigned char)given[i] ^ (unsigned char)token[i % tl];
+	return diff == 0;
+}
+
+bool api_media_is_json(const char *ct)
+{
+	if (!ct)
+		return false;
+	while (*ct == ' ' || *ct == '\t')
+		ct++;
+	static const char want[] = "application/json";
+	if (strncasecmp(ct, want, sizeof want - 1) != 0)
+		return false;
+	char next = ct[sizeof want - 1];
+	return next == 0 || next == ';' || next == ' ' || next == '\t';
+}
+
+void api_time_format(int64_t ms, char out[32])
+{
+	time_t s = (time_t)(ms / 1000);
+	struct tm tm;
+	gmtime_r(&s, &tm);
+	size_t n = strftime(out, 32, "%Y-%m-%dT%H:%M:%S", &tm);
+	snprintf(out + n, 32 - n, ".%03dZ", (int)(ms % 1000));
+}
+
+/* Scans for nesting depth without parsing, so a body of 100k '[' costs one
+ * pass and never reaches jansson's recursive descent. */
+static bool depth_within(const char *buf, size_t len, int max_depth)
+{
+	int depth = 0;
+	bool in_str = false, esc = false;
+	for (size_t i = 0; i < len; i++) {
+		char ch = buf[i];
+		if (in_str) {
+			if (esc)
+				esc = false;
+			else if (ch == '\\')
+				esc = true;
+			else if (ch == '"')
+				in_str = false;
+			continue;
+		}
+		if (ch == '"') {
+			in_str = true;
+		} else if (ch == '[' || ch == '{') {
+			if (++depth > max_depth)
+				return false;
+		} else if (ch == ']' || ch == '}') {
+			depth--;
+		}
+	}
+	return true;
+}
+
+int api_json_parse(const char *buf, size_t len, int max_depth, json_t **out, char *detail,
+		   size_t detail_len)
+{
+	if (!depth_within(buf, len, max_depth)) {
+		snprintf(detail, detail_len, "JSON nests deeper than %d levels", max_depth);
+		return -E2BIG;
+	}
+	json_error_t err;
+	json_t *j = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &err);
+	if (!j) {
+		snprintf(detail, detail_len, "line %d, column %d: %s", err.line, err.column, err.text);
+		return -EINVAL;
+	}
+	*out = j;
+	return 0;
+}
+
+char *api_json_dumps(const json_t *o, bool newline)
+{
+	const size_t flags = JSON_COMPACT | JSON_REAL_PRECISION(15);
+	char *text = json_dumps(o, flags);
+	if (!text)
+		return NULL;
+	json_t *back = json_loads(text, JSON_DECODE_ANY, NULL);
+	bool same = back && json_equal(back, (json_t *)o);
+	json_decref(back);
+	if (!same) {
+		free(text);
+		if (!(text = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(17))))
+			return NULL;
+	}
+	if (newline) {
+		size_t n = strlen(text);
+		char *t = realloc(text, n + 2);
+		if (!t) {
+			free(text);
+			return NULL;
+		}
+		t[n] = '\n';
+		t[n + 1] = 0;
+		text = t;
+	}
+	return text;
+}
+
+/* ---------------------------------------------------------------- replies */
+
+static enum MHD_Result reply(api_request *req, unsigned status, const char *content_type,
+			     const char *body, size_t len)
+{
+	struct MHD_Response *r =
+		MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
+	if (!r)
+		return MHD_NO;
+	enum MHD_Result ok = MHD_YES;
+	if (content_type)
+		ok &= MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+	ok &= MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+	for (size_t i = 0; i < req->n_hdrs; i++)
+		ok &= MHD_add_response_header(r, req->hdr_name[i], req->hdr_value[i]);
+	if (ok == MHD_YES)
+		ok = MHD_queue_response(req->conn, status, r);
+	MHD_destroy_response(r);
+	req->replied = true;
+	return ok;
+}
+
+enum MHD_Result api_reply_raw(api_request *req, unsigned status, const char *content_type,
+			      const char *body, size_t len)
+{
+	return reply(req, status, content_type, body, len);
+}
+
+enum MHD_Result api_reply_empty(api_request *req, unsigned status)
+{
+	return reply(req, status, NULL, "", 0);
+}
+
+static enum MHD_Result reply_dumped(api_request *req, unsigned status, const char *content_type,
+				    json_t *body)
+{
+	char *text = body ? api_json_dumps(body, true) : NULL;
+	json_decref(body);
+	if (!text) {
+		static const char oom[] = "{\"type\":\"urn:bertd:problem:internal\",\"title\":"
+					  "\"Internal error\",\"status\":500}\n";
+		return reply(req, 500, "application/problem+json", oom, sizeof oom - 1);
+	}
+	enum MHD_Result rc = reply(req, status, content_type, text, strlen(text));
+	free(text);
+	return rc;
+}
+
+enum MHD_Result api_reply_json(api_request *req, unsigned status, json_t *body)
+{
+	return reply_dumped(req, status, "application/json", body);
+}
+
+enum MHD_Result api_reply_problem(api_request *req, enum api_problem p, const char *field,
+				  const char *fmt, ...)
+{
+	char detail[512];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(detail, sizeof detail, fmt, ap);
+	va_end(ap);
+	int status = api_problem_status(p);
+	if (status >= 500)
+		log_error("%s %s: %d %s: %s", req->method, req->path, status, api_problem_code(p),
+			  detail);
+	else
+		log_debug("%s %s: %d %s: %s", req->method, req->path, status, api_problem_code(p),
+			  detail);
+	return reply_dumped(req, (unsigned)status, "application/problem+json",
+			    api_problem_json(p, detail, field, req->path));
+}
+
+/* ------------------------------------------------------------ MHD glue */
+
+static uint64_t content_length(api_request *req, bool *present)
+{
+	const char *cl = api_header(req, MHD_HTTP_HEADER_CONTENT_LENGTH);
+	*present = cl != NULL;
+	return cl ? strtoull(cl, NULL, 10) : 0;
+}
+
+/* First call: headers only. Refuses what can be refused before any body
+ * byte is read; otherwise waits for the body. */
+static enum MHD_Result begin(struct conn_ctx *c)
+{
+	api_request *req = &c->req;
+	size_t n;
+	const api_route *table = api_route_table(&n);
+	char allow[128];
+
+	switch (api_route_find(table, n, req->method, req->path, &c->route, &req->args, allow,
+			       sizeof allow)) {
+	case API_MATCH_OK:
+		break;
+	case API_MATCH_NO_PATH:
+		return api_reply_problem(req, API_P_NOT_FOUND, NULL, "no route for %s", req->path);
+	case API_MATCH_NO_METHOD:
+		if (api_add_header(req, MHD_HTTP_HEADER_ALLOW, allow))
+			return MHD_NO;
+		return api_reply_problem(req, API_P_METHOD_NOT_ALLOWED, NULL,
+					 "%s is not allowed on %s; allowed: %s", req->method,
+					 req->path, allow);
+	}
+
+	if (!(c->route->flags & API_ROUTE_PUBLIC)) {
+		const char *auth = api_header(req, MHD_HTTP_HEADER_AUTHORIZATION);
+		if (!api_auth_ok(auth, req->cfg->token)) {
+			bool missing = auth == NULL;
+			if (api_add_header(req, MHD_HTTP_HEADER_WWW_AUTHENTICATE,
+					   missing ? "Bearer realm=\"bertd\""
+						   : "Bearer realm=\"bertd\", error=\"invalid_token\""))
+				return MHD_NO;
+			return api_reply_problem(req, API_P_UNAUTHORIZED, NULL, "%s",
+						 missing ? "send Authorization: Bearer <token> "
+							   "(the token is in the state directory)"
+							 : "the bearer token is not valid");
+		}
+	}
+
+	bool has_len;
+	uint64_t len = content_length(req, &has_len);
+	bool chunked = api_header(req, MHD_HTTP_HEADER_TRANSFER_ENCODING) != NULL;
+	if ((has_len && len > 0) || chunked) {
+		const char *ct = api_header(req, MHD_HTTP_HEADER_CONTENT_TYPE);
+		if (!api_media_is_json(ct))
+			return api_reply_problem(req, API_P_UNSUPPORTED_MEDIA, NULL,
+						 "Content-Type is %s; send application/json",
+						 ct ? ct : "missing");
+	}
+	if (has_len && len > req->cfg->max_body_bytes)
+		return api_reply_problem(req, API_P_BODY_TOO_LARGE, NULL,
+					 "body of %llu bytes is over the limit of %zu bytes",
+					 (unsigned long long)len, req->cfg->max_body_bytes);
+	return MHD_YES;
+}
+
+/* A body piece: keep it, or once over the limit, count and drop it. */
+static enum MHD_Result take_piece(struct conn_ctx *c, const char *data, size_t n)
+{
+	size_t max = c->req.cfg->max_body_bytes;
+	if (!c->too_large && n > max - c->len) {
+		c->too_large = true;
+		c->dropped = c->len;
+		free(c->body);
+		c->body = NULL;
+		c->len = c->cap = 0;
+	}
+	if (c->too_large) {
+		c->dropped += n;
+		/* Draining keeps the connection in step so the client gets its
+		 * 413; past this much it is not a mistake but a flood. */
+		if (c->dropped > 4 * (uint64_t)max + (1u << 20)) {
+			log_warn("%s %s: body still arriving past %llu bytes, closing",
+				 c->req.method, c->req.path, (unsigned long long)c->dropped);
+			return MHD_NO;
+		}
+		return MHD_YES;
+	}
+	if (c->len + n + 1 > c->cap) {
+		size_t cap = c->cap ? c->cap : 4096;
+		while (cap < c->len + n + 1)
+			cap *= 2;
+		if (cap > max + 1)
+			cap = max + 1;
+		char *b = realloc(c->body, cap);
+		if (!b)
+			return MHD_NO;
+		c->body = b;
+		c->cap = cap;
+	}
+	memcpy(c->body + c->len, data, n);
+	c->len += n;
+	c->body[c->len] = 0;
+	return MHD_YES;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+				  const char *method, const char *version, const char *upload,
+				  size_t *upload_size, void **con_cls)
+{
+	(void)version;
+	api_server *srv = cls;
+	struct conn_ctx *c = *con_cls;
+	if (!c) {
+		c = calloc(1, sizeof *c);
+		if (!c)
+			return MHD_NO;
+		*con_cls = c;
+		c->req.conn = conn;
+		c->req.method = method;
+		c->req.path = url;
+		c->req.body = "";
+		c->req.st = srv->st;
+		c->req.cfg = &srv->cfg;
+		return begin(c);
+	}
+	if (c->req.replied) {
+		*upload_size = 0;
+		return MHD_YES;
+	}
+	if (*upload_size) {
+		size_t n = *upload_size;
+		*upload_size = 0;
+		return take_piece(c, upload, n);
+	}
+	if (c->too_large)
+		return api_reply_problem(&c->req, API_P_BODY_TOO_LARGE, NULL,
+					 "body is over the limit of %zu bytes",
+					 c->req.cfg->max_body_bytes);
+	if (c->body) {
+		c->req.body = c->body;
+		c->req.body_len = c->len;
+	}
+	return c->route->handler(&c->req);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+			 enum MHD_RequestTerminationCode toe)
+{
+	(void)cls, (void)conn, (void)toe;
+	struct conn_ctx *c = *con_cls;
+	if (!c)
+		return;
+	for (size_t i = 0; i < c->req.n_hdrs; i++)
+		free(c->req.hdr_value[i]);
+	free(c->body);
+	free(c);
+	*con_cls = NULL;
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+	(void)cls;
+	char msg[512];
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	size_t n = strlen(msg);
+	while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
+		msg[--n] = 0;
+	log_warn("http: %s", msg);
+}
+
+/* ------------------------------------------------------------ lifecycle */
+
+static bool is_loopback(const struct sockaddr_storage *ss)
+{
+	if (ss->ss_family == AF_INET) {
+		const struct sockaddr_in *a = (const struct sockaddr_in *)ss;
+		return (ntohl(a->sin_addr.s_addr) >> 24) == 127;
+	}
+	const struct sockaddr_in6 *a6 = (const struct sockaddr_in6 *)ss;
+	if (IN6_IS_ADDR_LOOPBACK(&a6->sin6_addr))
+		return true;
+	return IN6_IS_ADDR_V4MAPPED(&a6->sin6_addr) && a6->sin6_addr.s6_addr[12] == 127;
+}
+
+/* Binds the listening socket ourselves so a failure reports its real errno
+ * and port 0 can be read back with getsockname. */
+static int listen_on(const char *addr, int port, bool allow_remote, int *fd_out, int *port_out)
+{
+	struct sockaddr_storage ss;
+	socklen_t sl;
+	memset(&ss, 0, sizeof ss);
+	struct sockaddr_in *a4 = (struct sockaddr_in *)&ss;
+	struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&ss;
+	if (port < 0 || port > 65535)
+		return -EINVAL;
+	if (inet_pton(AF_INET, addr, &a4->sin_addr) == 1) {
+		a4->sin_family = AF_INET;
+		a4->sin_port = htons((uint16_t)port);
+		sl = sizeof *a4;
+	} else if (inet_pton(AF_INET6, addr, &a6->sin6_addr) == 1) {
+		a6->sin6_family = AF_INET6;
+		a6->sin6_port = htons((uint16_t)port);
+		sl = sizeof *a6;
+	} else {
+		log_error("listen address '%s' is not a numeric IPv4 or IPv6 address", addr);
+		return -EINVAL;
+	}
+	if (!is_loopback(&ss) && !allow_remote) {
+		log_error("refusing to listen on non-loopback address %s without allow_remote "
+			  "(the API would be reachable from the network)", addr);
+		return -EPERM;
+	}
+	int rc, one = 1;
+	int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0)
+		return -errno;
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+	if (ss.ss_family == AF_INET6)
+		setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+	if (bind(fd, (struct sockaddr *)&ss, sl) < 0 || listen(fd, 128) < 0) {
+		rc = -errno;
+		log_error("cannot listen on %s port %d: %s", addr, port, strerror(-rc));
+		goto out;
+	}
+	sl = sizeof ss;
+	if (getsockname(fd, (struct sockaddr *)&ss, &sl) < 0) {
+		rc = -errno;
+		goto out;
+	}
+	*port_out = ntohs(ss.ss_family == AF_INET ? a4->sin_port : a6->sin6_port);
+	*fd_out = fd;
+	return 0;
+out:
+	close(fd);
+	return rc;
+}
+
+static void server_free(api_server *srv)
+{
+	if (!srv)
+		return;
+	free(srv->token);
+	free(srv->listen_addr);
+	free(srv->state_dir);
+	for (size_t i = 0; srv->roots && i < srv->cfg.n_data_roots; i++)
+		free(srv->roots[i]);
+	free(srv->roots);
+	free(srv);
+}
+
+int api_server_start(api_server **out, const api_config *cfg, store *st)
+{
+	int rc, fd = -1;
+	api_server *srv = calloc(1, sizeof *srv);
+	if (!srv)
+		return -ENOMEM;
+	srv->cfg = *cfg;
+	srv->st = st;
+	srv->token = strdup(cfg->token ? cfg->token : "");
+	srv->listen_addr = strdup(cfg->listen_addr ? cfg->listen_addr : "127.0.0.1");
+	srv->state_dir = cfg->state_dir ? strdup(cfg->state_dir) : NULL;
+	if (!srv->token || !srv->listen_addr || (cfg->state_dir && !srv->state_dir)) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	srv->cfg.n_data_roots = 0; /* counts copies made, for server_free */
+	if (cfg->n_data_roots) {
+		if (!(srv->roots = calloc(cfg->n_data_roots, sizeof *srv->roots))) {
+			rc = -ENOMEM;
+			goto out;
+		}
+		for (size_t i = 0; i < cfg->n_data_roots; i++, srv->cfg.n_data_roots++) {
+			if (!(srv->roots[i] = strdup(cfg->data_roots[i]))) {
+				rc = -ENOMEM;
+				goto out;
+			}
+		}
+	}
+	srv->cfg.data_roots = (const char *const *)srv->roots;
+	srv->cfg.token = srv->token;
+	srv->cfg.listen_addr = srv->listen_addr;
+	srv->cfg.state_dir = srv->state_dir;
+	if (!srv->token[0]) {
+		log_error("api: refusing to start without a bearer token");
+		rc = -EINVAL;
+		goto out;
+	}
+	if (!srv->cfg.max_body_bytes)
+		srv->cfg.max_body_bytes = DEFAULT_MAX_BODY;
+	if (!srv->cfg.threads)
+		srv->cfg.threads = DEFAULT_THREADS;
+	if (!srv->cfg.conn_timeout_s)
+		srv->cfg.conn_timeout_s = DEFAULT_TIMEOUT_S;
+	if (!srv->cfg.conn_limit)
+		srv->cfg.conn_limit = DEFAULT_CONN_LIMIT;
+	if (!srv->cfg.per_ip_limit)
+		srv->cfg.per_ip_limit = DEFAULT_PER_IP;
+	if (!srv->cfg.conn_memory)
+		srv->cfg.conn_memory = DEFAULT_CONN_MEMORY;
+
+	if (srv->cfg.conn_limit < srv->cfg.threads) {
+		/* MHD splits the connection limit across its pool threads; a thread
+		 * with a share of zero could never serve anyone. */
+		log_warn("api: %u threads but only %u connections allowed; using %u threads",
+			 srv->cfg.threads, srv->cfg.conn_limit, srv->cfg.conn_limit);
+		srv->cfg.threads = srv->cfg.conn_limit;
+	}
+	rc = listen_on(srv->listen_addr, cfg->port, cfg->allow_remote, &fd, &srv->port);
+	if (rc)
+		goto out;
+	unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG;
+	if (strchr(srv->listen_addr, ':'))
+		flags |= MHD_USE_IPv6;
+	srv->mhd = MHD_start_daemon(
+		flags, 0, NULL, NULL, on_request, srv,
+		/* First, so MHD reports even option errors through our log. */
+		MHD_OPTION_EXTERNAL_LOGGER, mhd_log, srv,
+		MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
+		MHD_OPTION_THREAD_POOL_SIZE, (unsigned int)srv->cfg.threads,
+		MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)srv->cfg.conn_timeout_s,
+		MHD_OPTION_CONNECTION_LIMIT, (unsigned int)srv->cfg.conn_limit,
+		MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned int)srv->cfg.per_ip_limit,
+		MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)srv->cfg.conn_memory,
+		MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
+		MHD_OPTION_END);
+	if (!srv->mhd) {
+		/* MHD may already have closed fd on some failure paths; leaking
+		 * it on this fatal path is safer than a double close. */
+		log_error("api: libmicrohttpd failed to start");
+		rc = -ENOMEM;
+		goto out;
+	}
+	log_info("api listening on %s port %d (%u threads, max body %zu bytes)",
+		 srv->listen_addr, srv->port, srv->cfg.threads, srv->cfg.max_body_bytes);
+	*out = srv;
+	return 0;
+out:
+	server_free(srv);
+	return rc;
+}
+
+int api_server_port(const api_server *srv)
+{
+	return srv->port;
+}
+
+void api_server_stop(api_server *srv)
+{
+	if (!srv)
+		return;
+	if (srv->mhd)
+		MHD_stop_daemon(srv->mhd); /* joins the pool; closes the listening socket */
+	server_free(srv);
+}
+
+typedef struct allowed {
+	const char *const *names;
+	char bad[64];
+} allowed;
+
+static int check_known(void *cls, const char *key, const char *value)
+{
+	(void)value;
+	allowed *a = cls;
+	for (const char *const *n = a->names; *n; n++)
+		if (strcmp(*n, key) == 0)
+			return 0;
+	snprintf(a->bad, sizeof a->bad, "%s", key);
+	return 1;
+}
+
+bool api_query_known(api_request *req, const char *const *names, enum MHD_Result *ret)
+{
+	allowed a = {.names = names};
+	if (api_query_each(req, check_known, &a) == 0)
+		return true;
+	*ret = api_reply_problem(req, API_P_INVALID_PARAMETER, a.bad, "unknown query parameter");
+	return false;
+}
+

@@ -1,0 +1,93 @@
+/* http — what a handler sees of a request, and the only ways to answer it.
+ *
+ * http.c owns the MHD glue: it matches the route, checks auth, media type
+ * and body size, accumulates the body, and then calls the handler with an
+ * api_request. Handlers answer through api_reply_* (one call per request)
+ * and never call MHD directly. Internal to api/.
+ */
+#ifndef BERTD_API_HTTP_H
+#define BERTD_API_HTTP_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <microhttpd.h>
+
+#include "api/api.h"
+#include "api/problem.h"
+#include "api/routes.h"
+
+/* Deeper request bodies are refused with 400 before jansson sees them. */
+#define API_JSON_MAX_DEPTH 32
+#define API_MAX_EXTRA_HEADERS 4
+
+struct api_request {
+	struct MHD_Connection *conn;
+	const char *method;
+	const char *path;          /* without the query string */
+	const char *body;          /* NUL-terminated, body_len bytes; "" if none */
+	size_t body_len;
+	api_path_args args;        /* the route's {placeholders}, in order */
+	store *st;
+	const api_config *cfg;
+	/* Headers every reply of this request carries (Location, Allow, ...). */
+	size_t n_hdrs;
+	const char *hdr_name[API_MAX_EXTRA_HEADERS];
+	char *hdr_value[API_MAX_EXTRA_HEADERS];
+	bool replied;
+};
+
+/* Adds a header to the reply (value copied). Returns 0 or -ENOMEM/-E2BIG. */
+int api_add_header(api_request *req, const char *name, const char *value);
+
+/* Value of a request header / query argument, or NULL. */
+const char *api_header(api_request *req, const char *name);
+const char *api_query(api_request *req, const char *name);
+/* Calls fn for every query argument; stops at the first non-zero return and
+ * returns it. */
+int api_query_each(api_request *req, int (*fn)(void *cls, const char *key, const char *value),
+		   void *cls);
+
+/* Replies with body serialized compactly plus "\n"; steals body (may be NULL
+ * after a failed allocation: then 500). */
+enum MHD_Result api_reply_json(api_request *req, unsigned status, json_t *body);
+/* Replies with an already serialized JSON text (idempotent replays). */
+enum MHD_Result api_reply_raw(api_request *req, unsigned status, const char *content_type,
+			      const char *body, size_t len);
+/* Replies with no body (204). */
+enum MHD_Result api_reply_empty(api_request *req, unsigned status);
+/* The one error reply: application/problem+json for code p. field may be
+ * NULL; fmt is the human detail. */
+enum MHD_Result api_reply_problem(api_request *req, enum api_problem p, const char *field,
+				  const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+/* Serializes compactly, reals with the fewest digits (15 or 17) that read
+ * back as the same double, so 0.1 prints as 0.1, not 0.10000000000000001.
+ * newline appends "\n". Returns a malloc'd string (caller frees) or NULL. */
+char *api_json_dumps(const json_t *o, bool newline);
+
+/* Checks that every query parameter is one of names (NULL-ended); if not,
+ * replies 400 invalid-parameter naming it, sets *ret and returns false.
+ * Unknown parameters are refused everywhere so a typo never silently
+ * changes a result. */
+bool api_query_known(api_request *req, const char *const *names, enum MHD_Result *ret);
+
+/* Parses a JSON text, refusing nesting deeper than max_depth before parsing.
+ * Returns 0 and *out (caller owns), -E2BIG too deep, -EINVAL malformed
+ * (detail gets line/column and jansson's message). Duplicate object keys
+ * are malformed. */
+int api_json_parse(const char *buf, size_t len, int max_depth, json_t **out, char *detail,
+		   size_t detail_len);
+
+/* Constant-time bearer check of an Authorization header value against
+ * token: true only for "Bearer <token>" (scheme case-insensitive). */
+bool api_auth_ok(const char *authorization, const char *token);
+
+/* True for "application/json" with optional parameters (charset...). */
+bool api_media_is_json(const char *content_type);
+
+/* Epoch milliseconds as RFC 3339 UTC ("2026-11-30T11:09:47.123Z"). */
+void api_time_format(int64_t ms, char out[32]);
+
+#endif

@@ -1,0 +1,164 @@
+/* jobdata — what a job produced: GET /v1/jobs/{id}/metrics (the logged time
+ * series), /checkpoints and /logs (the tail of a worker's or loader's log
+ * file). Read-only; logs are read from <state_dir>/jobs/<id>/logs, never
+ * from a path the client names. */
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "api/handlers.h"
+#include "api/http.h"
+#include "daemon/store.h"
+
+#define METRICS_LIMIT_MAX 10000
+#define LOG_TAIL_MAX 10000
+#define LOG_READ_MAX (4u << 20) /* bytes of a log file's end considered */
+
+static int query_int(api_request *req, const char *name, long long lo, long long hi, long long def,
+		     long long *out)
+{
+	const char *v = api_query(req, name);
+	if (!v) {
+		*out = def;
+		return 0;
+	}
+	char *end;
+	errno = 0;
+	long long x = strtoll(v, &end, 10);
+	if (errno || end == v || *end || x < lo || x > hi)
+		return -EINVAL;
+	*out = x;
+	return 0;
+}
+
+/* 404 for unknown jobs, so the sub-resources agree with GET /v1/jobs/{id}. */
+static bool job_exists(api_request *req, enum MHD_Result *ret)
+{
+	store_job j;
+	int rc = store_job_get(req->st, req->args.v[0], &j);
+	if (rc == 0) {
+		store_job_free(&j);
+		return true;
+	}
+	if (rc == -ENOENT)
+		*ret = api_reply_problem(req, API_P_JOB_NOT_FOUND, NULL, "no job %s", req->args.v[0]);
+	else
+		*ret = api_reply_problem(req, API_P_INTERNAL, NULL, "loading job failed: %s", strerror(-rc));
+	return false;
+}
+
+enum MHD_Result jobs_metrics(api_request *req)
+{
+	enum MHD_Result ret;
+	long long since, limit;
+	static const char *const known[] = {"since_step", "limit", NULL};
+	if (!api_query_known(req, known, &ret))
+		return ret;
+	if (query_int(req, "since_step", -1, INT64_MAX, -1, &since) < 0)
+		return api_reply_problem(req, API_P_INVALID_PARAMETER, "since_step", "must be an integer >= -1");
+	if (query_int(req, "limit", 1, METRICS_LIMIT_MAX, 1000, &limit) < 0)
+		return api_reply_problem(req, API_P_INVALID_PARAMETER, "limit", "must be an integer in 1..%d",
+					 METRICS_LIMIT_MAX);
+	if (!job_exists(req, &ret))
+		return ret;
+	store_metric *m = NULL;
+	size_t n = 0;
+	int rc = store_metric_list(req->st, req->args.v[0], since, (int)limit, &m, &n);
+	if (rc < 0)
+		return api_reply_problem(req, API_P_INTERNAL, NULL, "reading metrics failed: %s", strerror(-rc));
+	json_t *arr = json_array();
+	for (size_t i = 0; i < n; i++) {
+		json_t *o = json_loads(m[i].values_json, 0, NULL);
+		if (!json_is_object(o)) {
+			json_decref(o);
+			o = json_object();
+		}
+		char t[32];
+		api_time_format(m[i].time_ms, t);
+		json_object_set_new(o, "step", json_integer(m[i].step));
+		json_object_set_new(o, "time", json_string(t));
+		json_array_append_new(arr, o);
+	}
+	json_t *body = json_pack("{s:o, s:o}", "metrics", arr, "next_since_step",
+				 n == (size_t)limit ? json_integer(m[n - 1].step) : json_null());
+	store_metrics_free(m, n);
+	return api_reply_json(req, MHD_HTTP_OK, body);
+}
+
+enum MHD_Result jobs_checkpoints(api_request *req)
+{
+	enum MHD_Result ret;
+	static const char *const known[] = {NULL};
+	if (!api_query_known(req, known, &ret) || !job_exists(req, &ret))
+		return ret;
+	store_checkpoint *c = NULL;
+	size_t n = 0;
+	int rc = store_checkpoint_list(req->st, req->args.v[0], &c, &n);
+	if (rc < 0)
+		return api_reply_problem(req, API_P_INTERNAL, NULL, "reading checkpoints failed: %s",
+					 strerror(-rc));
+	json_t *arr = json_array();
+	for (size_t i = 0; i < n; i++) {
+		char t[32];
+		api_time_format(c[i].created_ms, t);
+		json_array_append_new(arr, json_pack("{s:I, s:s, s:I, s:s}", "step", (json_int_t)c[i].step,
+						     "path", c[i].path, "bytes", (json_int_t)c[i].bytes,
+						     "created_at", t));
+	}
+	store_checkpoints_free(c, n);
+	return api_reply_json(req, MHD_HTTP_OK, json_pack("{s:o}", "checkpoints", arr));
+}
+
+enum MHD_Result jobs_logs(api_request *req)
+{
+	enum MHD_Result ret;
+	long long rank, loader, tail;
+	static const char *const known[] = {"rank", "loader", "tail", NULL};
+	if (!api_query_known(req, known, &ret))
+		return ret;
+	if (query_int(req, "rank", 0, 4095, 0, &rank) < 0)
+		return api_reply_problem(req, API_P_INVALID_PARAMETER, "rank", "must be an integer in 0..4095");
+	if (query_int(req, "loader", -1, 4095, -1, &loader) < 0)
+		return api_reply_problem(req, API_P_INVALID_PARAMETER, "loader", "must be an integer in 0..4095");
+	if (query_int(req, "tail", 1, LOG_TAIL_MAX, 200, &tail) < 0)
+		return api_reply_problem(req, API_P_INVALID_PARAMETER, "tail", "must be an integer in 1..%d",
+					 LOG_TAIL_MAX);
+	if (!job_exists(req, &ret))
+		return ret;
+	char path[1400];
+	if (loader >= 0)
+		snprintf(path, sizeof path, "%s/jobs/%s/logs/loader-%lld.log", req->cfg->state_dir,
+			 req->args.v[0], loader);
+	else
+		snprintf(path, sizeof path, "%s/jobs/%s/logs/worker-%lld.log", req->cfg->state_dir,
+			 req->args.v[0], rank);
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (fd < 0) /* not started yet, or no such rank: an empty log */
+		return api_reply_raw(req, MHD_HTTP_OK, "text/plain; charset=utf-8", "", 0);
+	struct stat st;
+	char *buf = NULL;
+	size_t len = 0;
+	if (fstat(fd, &st) == 0 && st.st_size > 0) {
+		off_t start = st.st_size > (off_t)LOG_READ_MAX ? st.st_size - (off_t)LOG_READ_MAX : 0;
+		len = (size_t)(st.st_size - start);
+		buf = malloc(len + 1);
+		ssize_t got = buf ? pread(fd, buf, len, start) : -1;
+		len = got > 0 ? (size_t)got : 0;
+	}
+	close(fd);
+	/* keep the last `tail` lines */
+	size_t begin = len, lines = 0;
+	while (begin > 0) {
+		if (buf[begin - 1] == '\n' && begin != len && ++lines == (size_t)tail)
+			break;
+		begin--;
+	}
+	ret = api_reply_raw(req, MHD_HTTP_OK, "text/plain; charset=utf-8", buf ? buf + begin : "", len - begin);
+	free(buf);
+	return ret;
+}

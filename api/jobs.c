@@ -1,0 +1,604 @@
+/* jobs — the /v1/jobs resource: submit (validated by jobspec, idempotent
+ * with Idempotency-Key), list with state filter and cursor paging, get,
+ * cancel, delete, events.
+ *
+ * Handlers only read and write through store_*; state changes are
+ * compare-and-set transitions, so a handler racing the scheduler or the
+ * supervisor never overwrites a state it did not see. Cancel of a job that
+ * is already starting or running only moves it to `stopping`: the
+ * supervisor owns processes and finishes the stop (checkpoint, then
+ * canceled). Must never touch child processes or daemon state directly.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "api/handlers.h"
+#include "api/http.h"
+#include "api/paths.h"
+#include "common/jobspec.h"
+#include "common/sha256.h"
+#include "common/log.h"
+#include "daemon/store.h"
+
+#define LIST_LIMIT_DEFAULT 20
+#define LIST_LIMIT_MAX 100
+#define IDEM_KEY_MAX 255
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static json_t *time_json(int64_t ms)
+{
+	if (ms <= 0)
+		return json_null();
+	char buf[32];
+	api_time_format(ms, buf);
+	return json_string(buf);
+}
+
+/* Progress of a job that has run: latest logged metrics, ETA, devices,
+ * newest checkpoint and, once completed, where the exported model is. */
+static void add_progress(json_t *o, store *st, const store_job *j, const json_t *spec)
+{
+	json_t *devs = j->devices_json ? json_loads(j->devices_json, 0, NULL) : NULL;
+	json_object_set_new(o, "devices", devs ? devs : json_array());
+	json_int_t max_steps = json_integer_value(json_object_get(json_object_get(spec, "training_args"), "max_steps"));
+	store_metric m;
+	json_t *prog = json_pack("{s:I, s:I}", "step", (json_int_t)0, "max_steps", max_steps);
+	if (store_metric_latest(st, j->id, &m) == 0) {
+		json_t *vals = json_loads(m.values_json, 0, NULL);
+		json_object_set_new(prog, "step", json_integer(m.step));
+		const char *keep[] = {"epoch", "loss", "learning_rate", "grad_norm", "tokens_per_s", "step_time_ms"};
+		for (size_t i = 0; i < sizeof keep / sizeof keep[0]; i++) {
+			json_t *v = json_object_get(vals, keep[i]);
+			if (v)
+				json_object_set(prog, keep[i], v);
+		}
+		double step_ms = json_number_value(json_object_get(vals, "step_time_ms"));
+		if (step_ms > 0 && max_steps > m.step && !job_state_is_terminal(j->state))
+			json_object_set_new(prog, "eta_seconds",
+					    json_real(step_ms * (double)(max_steps - m.step) / 1000.0));
+		char t[32];
+		api_time_format(m.time_ms, t);
+		json_object_set_new(prog, "logged_at", json_string(t));
+		json_decref(vals);
+		free(m.values_json);
+	}
+	json_object_set_new(o, "progress", prog);
+	store_checkpoint *ck = NULL;
+	size_t n = 0;
+	json_t *last = json_null();
+	if (store_checkpoint_list(st, j->id, &ck, &n) == 0 && n > 0) {
+		json_decref(last);
+		last = json_pack("{s:I, s:s}", "step", (json_int_t)ck[n - 1].step, "path", ck[n - 1].path);
+	}
+	store_checkpoints_free(ck, n);
+	json_object_set_new(o, "last_checkpoint", last);
+}
+
+/* The job representation every endpoint answers with. NULL on OOM. */
+static json_t *job_json(store *st, const store_job *j, const api_config *cfg)
+{
+	json_t *spec = j->spec_json ? json_loads(j->spec_json, 0, NULL) : NULL;
+	if (!spec)
+		log_error("job %s: stored spec is not JSON", j->id);
+	json_t *o = json_pack("{s:s, s:s, s:s, s:i, s:o, s:o, s:o, s:o, s:i, s:s?}",
+			      "id", j->id,
+			      "name", j->name ? j->name : "",
+			      "state", job_state_name(j->state),
+			      "priority", j->priority,
+			      "created_at", time_json(j->created_ms),
+			      "updated_at", time_json(j->updated_ms),
+			      "started_at", time_json(j->started_ms),
+			      "finished_at", time_json(j->finished_ms),
+			      "restart_count", j->restart_count,
+			      "failure_reason", j->failure_reason);
+	if (!o) {
+		json_decref(spec);
+		return NULL;
+	}
+	add_progress(o, st, j, spec);
+	if (j->state == JOB_COMPLETED) {
+		char path[1400];
+		snprintf(path, sizeof path, "%s/jobs/%s/export", cfg->state_dir, j->id);
+		json_object_set_new(o, "model_dir", json_string(path));
+	}
+	if (spec)
+		json_object_set_new(o, "spec", spec);
+	return o;
+}
+
+/* Ids are made here ("job-" + 16 hex); anything else cannot exist, so it is
+ * a 404 without a database round trip. */
+static bool id_plausible(const char *id)
+{
+	if (strncmp(id, "job-", 4) != 0 || strlen(id) != 20)
+		return false;
+	for (const char *p = id + 4; *p; p++)
+		if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f')))
+			return false;
+	return true;
+}
+
+static int make_id(char id[21])
+{
+	unsigned char r[8];
+	if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r)
+		return -EIO;
+	memcpy(id, "job-", 4);
+	for (int i = 0; i < 8; i++)
+		snprintf(id + 4 + 2 * i, 3, "%02x", r[i]);
+	return 0;
+}
+
+/* Maps a store error for job `id` to its one reply. */
+static enum MHD_Result store_failed(api_request *req, int rc, const char *id, const char *what)
+{
+	if (rc == -ENOENT)
+		return api_reply_problem(req, API_P_JOB_NOT_FOUND, NULL, "no job %s", id);
+	return api_reply_problem(req, API_P_INTERNAL, NULL, "%s %s failed: %s", what, id,
+				 strerror(-rc));
+}
+
+static enum MHD_Result no_such_job(api_request *req, const char *id)
+{
+	return api_reply_problem(req, API_P_JOB_NOT_FOUND, NULL, "no job %s", id);
+}
+
+/* Replies with the job's current representation. */
+static enum MHD_Result reply_job(api_request *req, unsigned status, const char *id)
+{
+	store_job j = {0};
+	int rc = store_job_get(req->st, id, &j);
+	if (rc)
+		return store_failed(req, rc, id, "loading job");
+	json_t *o = job_json(req->st, &j, req->cfg);
+	store_job_free(&j);
+	return api_reply_json(req, status, o);
+}
+
+/* ------------------------------------------------------------ submit */
+
+/* Printable ASCII without spaces, like the IETF idempotency-key draft's
+ * examples (UUIDs, ULIDs); anything else is a client bug worth a 400. */
+static bool idem_key_ok(const char *k)
+{
+	size_t n = strlen(k);
+	if (n == 0 || n > IDEM_KEY_MAX)
+		return false;
+	for (; *k; k++)
+		if (*k < 0x21 || *k > 0x7e)
+			return false;
+	return true;
+}
+
+/* Serializes exactly what a 201 answers, so a replay can send the same
+ * bytes. Steals o. */
+static char *dump_line(json_t *o)
+{
+	char *text = o ? api_json_dumps(o, true) : NULL;
+	json_decref(o);
+	return text;
+}
+
+/* init_from names a directory on the daemon's machine; like every path in a
+ * request it must resolve (symlinks followed) inside a data root, so a spec
+ * cannot make the worker read arbitrary files. The resolved path replaces
+ * the submitted one, so the worker opens exactly what was checked. Returns
+ * true, or replies (422 unusable path, 403 outside the roots) and sets *ret. */
+static bool init_from_ok(api_request *req, json_t *spec, enum MHD_Result *ret)
+{
+	json_t *v = json_object_get(spec, "init_from");
+	char real[PATH_MAX];
+	if (!json_is_string(v))
+		return true; /* null: train from scratch */
+	int rc = api_path_resolve(json_string_value(v), json_string_length(v),
+				  req->cfg->data_roots, req->cfg->n_data_roots, real, sizeof real);
+	if (rc == 0 && json_object_set_new(spec, "init_from", json_string(real)) == 0)
+		return true;
+	if (rc == 0)
+		*ret = api_reply_problem(req, API_P_INTERNAL, "init_from", "out of memory");
+	else if (rc == -ENOENT)
+		*ret = api_reply_problem(req, API_P_INVALID_SPEC, "init_from",
+					 "no such file or directory");
+	else if (rc == -EINVAL)
+		*ret = api_reply_problem(req, API_P_INVALID_SPEC, "init_from",
+					 "must be an absolute path without \"..\" components");
+	else
+		*ret = api_reply_problem(req, API_P_PATH_FORBIDDEN, "init_from",
+					 "resolves outside the configured data_roots");
+	return false;
+}
+
+enum MHD_Result jobs_create(api_request *req)
+{
+	enum MHD_Result ret;
+	json_t *in = NULL, *spec = NULL;
+	char *spec_text = NULL, *body = NULL;
+	char *prev_hash = NULL, *prev_resp = NULL, *prev_id = NULL;
+	char detail[256], id[21], hash[65], location[64];
+	int rc;
+
+	const char *key = api_header(req, "Idempotency-Key");
+	if (key && !idem_key_ok(key)) {
+		ret = api_reply_problem(req, API_P_INVALID_PARAMETER, "Idempotency-Key",
+					"Idempotency-Key must be 1..%d printable ASCII characters "
+					"without spaces", IDEM_KEY_MAX);
+		goto out;
+	}
+	if (req->body_len == 0) {
+		ret = api_reply_problem(req, API_P_BAD_REQUEST, NULL,
+					"the body must be a job spec (a JSON object)");
+		goto out;
+	}
+	rc = api_json_parse(req->body, req->body_len, API_JSON_MAX_DEPTH, &in, detail,
+			    sizeof detail);
+	if (rc) {
+		ret = api_reply_problem(req, rc == -E2BIG ? API_P_JSON_TOO_DEEP : API_P_MALFORMED_JSON,
+					NULL, "%s", detail);
+		goto out;
+	}
+	jobspec_error err = {0};
+	if (jobspec_normalize(in, &spec, &err)) {
+		ret = api_reply_problem(req,
+					err.status == 400 ? API_P_MALFORMED_SPEC : API_P_INVALID_SPEC,
+					err.field, "%s", err.detail[0] ? err.detail : "invalid job spec");
+		goto out;
+	}
+	if (!init_from_ok(req, spec, &ret))
+		goto out;
+	spec_text = api_json_dumps(spec, false);
+	if (!spec_text) {
+		ret = api_reply_problem(req, API_P_INTERNAL, NULL, "out of memory");
+		goto out;
+	}
+	/* The digest is of the bytes sent: a retry is the same request only if
+	 * it is byte-identical, which is what client retry loops produce. */
+	sha256_hex(req->body, req->body_len, hash);
+	const char *name = json_string_value(json_object_get(spec, "name"));
+	json_t *prio = json_object_get(spec, "priority");
+
+	for (int attempt = 0; attempt < 4; attempt++) {
+		if ((rc = make_id(id)) != 0)
+			break;
+		int64_t now = now_ms();
+		store_job job = {
+			.id = id,
+			.name = (char *)(name && name[0] ? name : id),
+			.spec_json = spec_text,
+			.state = JOB_QUEUED,
+			.priority = json_is_integer(prio) ? (int)json_integer_value(prio) : 0,
+			.created_ms = now,
+			.updated_ms = now,
+		};
+		free(body);
+		json_int_t max_steps = json_integer_value(
+			json_object_get(json_object_get(spec, "training_args"), "max_steps"));
+		body = dump_line(json_pack("{s:s, s:s, s:s, s:i, s:o, s:o, s:n, s:n, s:i, s:n, s:[], "
+					   "s:{s:i, s:I}, s:n, s:O}",
+					   "id", job.id, "name", job.name, "state", "queued",
+					   "priority", job.priority,
+					   "created_at", time_json(now), "updated_at", time_json(now),
+					   "started_at", "finished_at", "restart_count", 0,
+					   "failure_reason", "devices", "progress", "step", 0,
+					   "max_steps", max_steps, "last_checkpoint", "spec", spec));
+		if (!body) {
+			rc = -ENOMEM;
+			break;
+		}
+		rc = store_job_insert(req->st, &job, key, key ? hash : NULL, key ? body : NULL,
+				      &prev_hash, &prev_resp, &prev_id);
+		if (rc != -EEXIST || prev_hash)
+			break; /* -EEXIST without a previous key: the random id was taken */
+	}
+	if (rc == 0) {
+		snprintf(location, sizeof location, "/v1/jobs/%s", id);
+		if (api_add_header(req, MHD_HTTP_HEADER_LOCATION, location)) {
+			ret = MHD_NO;
+			goto out;
+		}
+		log_info("job %s submitted (%s)", id, name ? name : "");
+		ret = api_reply_raw(req, MHD_HTTP_CREATED, "application/json", body, strlen(body));
+	} else if (rc == -EEXIST && prev_hash) {
+		if (strcmp(prev_hash, hash) != 0) {
+			ret = api_reply_problem(req, API_P_IDEMPOTENCY_REUSE, "Idempotency-Key",
+						"this key was first used with a different body (for job "
+						"%s); use a new key for a new job",
+						prev_id ? prev_id : "?");
+			goto out;
+		}
+		if (!prev_resp || !prev_id) {
+			ret = api_reply_problem(req, API_P_INTERNAL, NULL,
+						"the stored answer for this key is incomplete");
+			goto out;
+		}
+		snprintf(location, sizeof location, "/v1/jobs/%s", prev_id);
+		if (api_add_header(req, MHD_HTTP_HEADER_LOCATION, location) ||
+		    api_add_header(req, "Idempotent-Replayed", "true")) {
+			ret = MHD_NO;
+			goto out;
+		}
+		ret = api_reply_raw(req, MHD_HTTP_CREATED, "application/json", prev_resp,
+				    strlen(prev_resp));
+	} else {
+		ret = api_reply_problem(req, API_P_INTERNAL, NULL, "storing the job failed: %s",
+					strerror(rc < 0 ? -rc : EIO));
+	}
+out:
+	json_decref(in);
+	json_decref(spec);
+	free(spec_text);
+	free(body);
+	free(prev_hash);
+	free(prev_resp);
+	free(prev_id);
+	return ret;
+}
+
+/* ------------------------------------------------------------ list */
+
+static const char b64url[] =
+	"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+
+/* Cursors are base64url (no padding) of the decimal seq: opaque to clients,
+ * so the paging basis can change without breaking the contract. */
+static void cursor_encode(int64_t seq, char out[40])
+{
+	char dec[24];
+	int n = snprintf(dec, sizeof dec, "%lld", (long long)seq);
+	size_t o = 0;
+	for (int i = 0; i < n; i += 3) {
+		uint32_t v = (uint32_t)(unsigned char)dec[i] << 16;
+		int take = n - i < 3 ? n - i : 3;
+		if (take > 1)
+			v |= (uint32_t)(unsigned char)dec[i + 1] << 8;
+		if (take > 2)
+			v |= (unsigned char)dec[i + 2];
+		for (int k = 0; k <= take; k++)
+			out[o++] = b64url[(v >> (18 - 6 * k)) & 63];
+	}
+	out[o] = 0;
+}
+
+static int cursor_decode(const char *s, int64_t *seq)
+{
+	size_t n = strlen(s);
+	char dec[24];
+	size_t d = 0;
+	if (n == 0 || n > 28 || n % 4 == 1)
+		return -EINVAL;
+	for (size_t i = 0; i < n; i += 4) {
+		uint32_t v = 0;
+		size_t take = n - i < 4 ? n - i : 4;
+		for (size_t k = 0; k < 4; k++) {
+			uint32_t six = 0;
+			if (k < take) {
+				const char *p = strchr(b64url, s[i + k]);
+				if (!p || !s[i + k])
+					return -EINVAL;
+				six = (uint32_t)(p - b64url);
+			}
+			v = v << 6 | six;
+		}
+		for (size_t k = 0; k + 1 < take; k++)
+			dec[d++] = (char)(v >> (16 - 8 * k));
+	}
+	dec[d] = 0;
+	if (d == 0 || d > 18 || dec[0] == '0')
+		return -EINVAL;
+	int64_t v = 0;
+	for (size_t i = 0; i < d; i++) {
+		if (dec[i] < '0' || dec[i] > '9')
+			return -EINVAL;
+		v = v * 10 + (dec[i] - '0');
+	}
+	char again[40];
+	cursor_encode(v, again);
+	if (strcmp(again, s) != 0)
+		return -EINVAL; /* non-canonical spelling: not one we handed out */
+	*seq = v;
+	return 0;
+}
+
+struct list_query {
+	unsigned state_mask;
+	int limit;
+	int64_t after_seq;
+	const char *bad_field;
+	char detail[256];
+};
+
+static int parse_states(const char *v, struct list_query *q)
+{
+	char buf[256];
+	if (strlen(v) >= sizeof buf)
+		return -EINVAL;
+	strcpy(buf, v);
+	char *save = NULL;
+	if (!buf[0] || buf[0] == ',' || buf[strlen(buf) - 1] == ',' || strstr(buf, ",,"))
+		return -EINVAL;
+	for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+		enum job_state s;
+		if (job_state_parse(t, &s))
+			return -EINVAL;
+		q->state_mask |= JOB_MASK(s);
+	}
+	return 0;
+}
+
+static int list_arg(void *cls, const char *key, const char *value)
+{
+	struct list_query *q = cls;
+	if (!key[0])
+		return 0; /* "?&limit=5": an empty pair, harmless */
+	q->bad_field = key;
+	if (strcmp(key, "state") == 0) {
+		if (!value || parse_states(value, q)) {
+			snprintf(q->detail, sizeof q->detail,
+				 "state must be a comma-separated list of queued, starting, "
+				 "running, restarting, stopping, completed, failed, canceled; got '%s'",
+				 value ? value : "");
+			return -EINVAL;
+		}
+	} else if (strcmp(key, "limit") == 0) {
+		char *end = NULL;
+		long v = value && value[0] >= '0' && value[0] <= '9' ? strtol(value, &end, 10) : 0;
+		if (!end || *end || v < 1 || v > LIST_LIMIT_MAX) {
+			snprintf(q->detail, sizeof q->detail, "limit must be an integer in 1..%d",
+				 LIST_LIMIT_MAX);
+			return -EINVAL;
+		}
+		q->limit = (int)v;
+	} else if (strcmp(key, "cursor") == 0) {
+		if (!value || cursor_decode(value, &q->after_seq)) {
+			snprintf(q->detail, sizeof q->detail,
+				 "cursor is not one this server handed out (use next_cursor as is)");
+			return -EINVAL;
+		}
+	} else {
+		snprintf(q->detail, sizeof q->detail,
+			 "unknown query parameter; known: state, limit, cursor");
+		return -EINVAL;
+	}
+	q->bad_field = NULL;
+	return 0;
+}
+
+enum MHD_Result jobs_list(api_request *req)
+{
+	struct list_query q = {.limit = LIST_LIMIT_DEFAULT};
+	store_job *jobs = NULL;
+	size_t n = 0;
+	int64_t next = 0;
+	if (api_query_each(req, list_arg, &q))
+		return api_reply_problem(req, API_P_INVALID_PARAMETER, q.bad_field, "%s", q.detail);
+	int rc = store_job_list(req->st, q.state_mask, q.after_seq, q.limit, &jobs, &n, &next);
+	if (rc)
+		return api_reply_problem(req, API_P_INTERNAL, NULL, "listing jobs failed: %s",
+					 strerror(-rc));
+	json_t *arr = json_array();
+	for (size_t i = 0; arr && i < n; i++) {
+		if (json_array_append_new(arr, job_json(req->st, &jobs[i], req->cfg))) {
+			json_decref(arr);
+			arr = NULL;
+		}
+	}
+	store_jobs_free(jobs, n);
+	json_t *cursor = json_null();
+	if (next > 0) {
+		char c[40];
+		cursor_encode(next, c);
+		json_decref(cursor);
+		cursor = json_string(c);
+	}
+	return api_reply_json(req, MHD_HTTP_OK,
+			      arr ? json_pack("{s:o, s:o}", "jobs", arr, "next_cursor", cursor) : NULL);
+}
+
+/* ------------------------------------------------------------ one job */
+
+enum MHD_Result jobs_get(api_request *req)
+{
+	const char *id = req->args.v[0];
+	if (!id_plausible(id))
+		return no_such_job(req, id);
+	return reply_job(req, MHD_HTTP_OK, id);
+}
+
+enum MHD_Result jobs_cancel(api_request *req)
+{
+	const char *id = req->args.v[0];
+	const unsigned running = JOB_MASK(JOB_STARTING) | JOB_MASK(JOB_RUNNING) |
+				 JOB_MASK(JOB_RESTARTING);
+	enum job_state cur = JOB_QUEUED;
+	int rc;
+	if (!id_plausible(id))
+		return no_such_job(req, id);
+	/* Each step is a compare-and-set; if the scheduler moved the job in
+	 * between, look again. Bounded: every retry follows a real transition
+	 * by someone else, and the state machine only moves forward. */
+	for (int tries = 0; tries < 8; tries++) {
+		rc = store_job_transition(req->st, id, JOB_MASK(JOB_QUEUED), JOB_CANCELED,
+					  "canceled by user", &cur);
+		if (rc == 0) {
+			log_info("job %s canceled while queued", id);
+			return reply_job(req, MHD_HTTP_OK, id);
+		}
+		if (rc != -EBUSY)
+			return store_failed(req, rc, id, "canceling job");
+		if (job_state_is_terminal(cur))
+			return api_reply_problem(req, API_P_JOB_STATE_CONFLICT, NULL,
+						 "job %s is already %s", id, job_state_name(cur));
+		if (cur == JOB_STOPPING)
+			return reply_job(req, MHD_HTTP_ACCEPTED, id);
+		if (JOB_MASK(cur) & running) {
+			rc = store_job_transition(req->st, id, running, JOB_STOPPING,
+						  "cancel requested by user", &cur);
+			if (rc == 0) {
+				log_info("job %s stopping on user request", id);
+				return reply_job(req, MHD_HTTP_ACCEPTED, id);
+			}
+			if (rc != -EBUSY)
+				return store_failed(req, rc, id, "canceling job");
+		}
+	}
+	return api_reply_problem(req, API_P_UNAVAILABLE, NULL,
+				 "job %s kept changing state; try again", id);
+}
+
+enum MHD_Result jobs_delete(api_request *req)
+{
+	const char *id = req->args.v[0];
+	if (!id_plausible(id))
+		return no_such_job(req, id);
+	int rc = store_job_delete(req->st, id);
+	if (rc == 0) {
+		log_info("job %s deleted", id);
+		return api_reply_empty(req, MHD_HTTP_NO_CONTENT);
+	}
+	if (rc == -EBUSY) {
+		store_job j = {0};
+		const char *state = "not finished";
+		if (store_job_get(req->st, id, &j) == 0)
+			state = job_state_name(j.state);
+		store_job_free(&j);
+		return api_reply_problem(req, API_P_JOB_STATE_CONFLICT, NULL,
+					 "job %s is %s; only completed, failed or canceled jobs "
+					 "can be deleted (cancel it first)", id, state);
+	}
+	return store_failed(req, rc, id, "deleting job");
+}
+
+enum MHD_Result jobs_events(api_request *req)
+{
+	const char *id = req->args.v[0];
+	store_event *ev = NULL;
+	size_t n = 0;
+	if (!id_plausible(id))
+		return no_such_job(req, id);
+	int rc = store_job_events(req->st, id, &ev, &n);
+	if (rc)
+		return store_failed(req, rc, id, "loading events");
+	json_t *arr = json_array();
+	for (size_t i = 0; arr && i < n; i++) {
+		json_t *e = json_pack("{s:o, s:s, s:s, s:s?}", "time", time_json(ev[i].time_ms),
+				      "from", job_state_name(ev[i].from), "to",
+				      job_state_name(ev[i].to), "reason", ev[i].reason);
+		if (json_array_append_new(arr, e)) {
+			json_decref(arr);
+			arr = NULL;
+		}
+	}
+	store_events_free(ev, n);
+	return api_reply_json(req, MHD_HTTP_OK, arr ? json_pack("{s:o}", "events", arr) : NULL);
+}

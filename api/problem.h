@@ -1,0 +1,51 @@
+/* problem — the one way the API says no: RFC 9457 application/problem+json.
+ *
+ * Every error reply is built here from a stable machine code (the table in
+ * problem.c is the only list of them; docs/api.md mirrors it). A body reads
+ *   {"type":"urn:bertd:problem:<code>","title":...,"status":N,"detail":...,
+ *    "instance":"<request path>", "field":"<dotted.path>"}
+ * with "field" only when one input is at fault. Never invents status codes
+ * per call site: the code decides the status.
+ */
+#ifndef BERTD_API_PROBLEM_H
+#define BERTD_API_PROBLEM_H
+
+#include <jansson.h>
+
+enum api_problem {
+	API_P_BAD_REQUEST = 0,     /* 400 generic: the request cannot be read */
+	API_P_MALFORMED_JSON,      /* 400 body is not valid JSON */
+	API_P_JSON_TOO_DEEP,       /* 400 body nests deeper than API_JSON_MAX_DEPTH */
+	API_P_INVALID_PARAMETER,   /* 400 query parameter or header value refused */
+	API_P_MALFORMED_SPEC,      /* 400 spec has the wrong JSON shape/type */
+	API_P_UNAUTHORIZED,        /* 401 missing or wrong bearer token */
+	API_P_NOT_FOUND,           /* 404 no such route */
+	API_P_JOB_NOT_FOUND,       /* 404 no such job */
+	API_P_METHOD_NOT_ALLOWED,  /* 405 path exists, method does not */
+	API_P_JOB_STATE_CONFLICT,  /* 409 the job's state does not allow it */
+	API_P_BODY_TOO_LARGE,      /* 413 body over max_body_bytes */
+	API_P_UNSUPPORTED_MEDIA,   /* 415 body not application/json */
+	API_P_INVALID_SPEC,        /* 422 spec well-formed but invalid */
+	API_P_IDEMPOTENCY_REUSE,   /* 422 Idempotency-Key reused with another body */
+	API_P_DATASET_NOT_FOUND,   /* 404 no such dataset */
+	API_P_DATASET_EXISTS,      /* 409 a dataset with that name exists */
+	API_P_DATASET_STATE,       /* 409 the dataset's state does not allow it */
+	API_P_PATH_FORBIDDEN,      /* 403 a path resolves outside the data roots */
+	API_P_INVALID_REQUEST,     /* 422 request well-formed but invalid (not a job spec) */
+	API_P_INTERNAL,            /* 500 the daemon failed (logged) */
+	API_P_UNAVAILABLE,         /* 503 the daemon cannot serve it right now */
+	API_P_COUNT
+};
+
+/* The stable code ("not-found"), HTTP status and title of a problem. */
+const char *api_problem_code(enum api_problem p);
+int api_problem_status(enum api_problem p);
+const char *api_problem_title(enum api_problem p);
+
+/* Builds a problem body. detail, field and instance may be NULL (omitted;
+ * an empty field is omitted too). Returns a new object (caller owns), or NULL
+ * on allocation failure. */
+json_t *api_problem_json(enum api_problem p, const char *detail, const char *field,
+			 const char *instance);
+
+#endif

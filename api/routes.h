@@ -1,0 +1,52 @@
+/* routes — the API's one route table and the dispatcher's matcher.
+ *
+ * A route is (method, path template, handler, flags); templates are literal
+ * segments and "{name}" placeholders, each matching one non-empty segment.
+ * The matcher runs once per request and hands the handler its path
+ * arguments in template order. It never looks at headers or bodies.
+ */
+#ifndef BERTD_API_ROUTES_H
+#define BERTD_API_ROUTES_H
+
+#include <stddef.h>
+#include <microhttpd.h>
+
+#define API_MAX_PATH_ARGS 4
+#define API_PATH_ARG_MAX 128 /* bytes incl. NUL; longer segments do not match */
+
+typedef struct api_request api_request;
+typedef enum MHD_Result (*api_handler)(api_request *req);
+
+enum {
+	API_ROUTE_PUBLIC = 1u << 0, /* no bearer token needed (healthz) */
+};
+
+typedef struct api_route {
+	const char *method;  /* "GET", "POST", "DELETE"; GET also answers HEAD */
+	const char *path;    /* "/v1/jobs/{id}/events" */
+	api_handler handler;
+	unsigned flags;
+} api_route;
+
+typedef struct api_path_args {
+	size_t n;
+	char v[API_MAX_PATH_ARGS][API_PATH_ARG_MAX];
+} api_path_args;
+
+enum api_match {
+	API_MATCH_OK = 0,
+	API_MATCH_NO_PATH,    /* 404 */
+	API_MATCH_NO_METHOD,  /* 405; allow lists the path's methods */
+};
+
+/* Matches method + path (no query string) against table[0..n).
+ * On API_MATCH_OK *found and *args are set. On API_MATCH_NO_METHOD, allow
+ * gets "GET, HEAD, POST"-style text (truncated to allow_len). */
+enum api_match api_route_find(const api_route *table, size_t n, const char *method,
+			      const char *path, const api_route **found, api_path_args *args,
+			      char *allow, size_t allow_len);
+
+/* The daemon's route table (static storage). */
+const api_route *api_route_table(size_t *n);
+
+#endif

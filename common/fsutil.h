@@ -1,0 +1,26 @@
+/* fsutil — small, careful filesystem helpers shared by every process:
+ * recursive mkdir and crash-safe whole-file replacement. */
+#ifndef BERTD_COMMON_FSUTIL_H
+#define BERTD_COMMON_FSUTIL_H
+
+#include <stddef.h>
+#include <sys/types.h>
+
+/* mkdir -p with mode for every directory it creates. 0 or negative errno. */
+int fs_mkdir_p(const char *path, mode_t mode);
+
+/* Replaces path with data atomically and durably: writes <path>.tmp.<pid>
+ * with mode, fsyncs it, renames it over path, fsyncs the directory. After a
+ * crash path holds either the old or the new content, never a mix.
+ * 0 or negative errno (the temp file is removed on failure). */
+int fs_write_atomic(const char *path, const void *data, size_t len, mode_t mode);
+
+/* fsyncs the directory that contains path. */
+int fs_fsync_parent(const char *path);
+
+/* rm -rf path: removes a file or a directory tree without following
+ * symlinks (a link is removed, not its target). 0 when gone (or absent),
+ * or negative errno. */
+int fs_remove_tree(const char *path);
+
+#endif

@@ -1,0 +1,59 @@
+/* config — the daemon's settings: one table (name, type, default, bounds,
+ * help, target field) from which file parsing, environment and command-line
+ * overrides, validation, --help and printing all come.
+ *
+ * Precedence: built-in default < config file < environment (BERTD_<KEY>)
+ * < command line (--key value | --key=value; '-' and '_' are the same).
+ * The file is "key = value" lines, '#' comments, blank lines ignored.
+ */
+#ifndef BERTD_DAEMON_CONFIG_H
+#define BERTD_DAEMON_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
+#define CONFIG_DEFAULT_FILE "/etc/bertd/bertd.conf"
+#define CONFIG_MAX_DATA_ROOTS 16
+
+typedef struct config {
+	char listen[64];         /* numeric address to bind */
+	int port;                /* 0 = any free port */
+	bool allow_remote;       /* allow a non-loopback listen address */
+	char state_dir[1024];    /* database, token, logs, checkpoints */
+	char data_roots[4096];   /* ':'-separated allowed input/output roots */
+	char token_file[1024];   /* "" = <state_dir>/token */
+	char log_level[16];
+	size_t max_body_bytes;
+	int api_threads;
+	int conn_timeout_s;
+	int conn_limit;
+	int per_ip_limit;
+	size_t conn_memory;
+	char devices[8];         /* auto | cpu | cuda */
+	int cpu_slots;           /* CPU worker slots; 0 = one per online CPU */
+	char bin_dir[1024];      /* where bertd-worker/-loader/-prepare are; "" = next to bertd */
+	int stop_timeout_s;      /* grace for a stopping job to checkpoint */
+	bool schedule;           /* false: accept and queue jobs, start none (maintenance) */
+	char config_file[1024];  /* where the file settings came from ("" none) */
+
+	/* Derived by config_finish: */
+	char *roots[CONFIG_MAX_DATA_ROOTS]; /* pointers into roots_buf */
+	size_t n_roots;
+	char roots_buf[4096];
+} config;
+
+/* Fills defaults, reads the config file (the --config flag, else
+ * BERTD_CONFIG, else CONFIG_DEFAULT_FILE which may be absent), then the
+ * environment, then argv. Validates every value.
+ * Returns 0; 1 when --help or --version was printed to out (caller exits 0);
+ * or -EINVAL with a message written to err naming the key and the source
+ * (file:line, environment or flag). */
+int config_load(config *cfg, int argc, char **argv, char **envp, FILE *out, FILE *err);
+
+/* Prints every key with its default and help text (what --help shows). */
+void config_print_help(FILE *out, const char *prog);
+/* Prints the effective configuration, "key = value" per line. */
+void config_print(const config *cfg, FILE *out);
+
+#endif

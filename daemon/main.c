@@ -1,0 +1,280 @@
+/* bertd — the daemon's main: wires config, log, store, API and the event
+ * loop together, and owns process-wide decisions (exit codes, signals,
+ * systemd notifications). Does no work of its own beyond that.
+ *
+ * Exit codes: 0 clean shutdown; 1 bad configuration; 2 startup failure
+ * (state dir, database, token, bind).
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <sys/timerfd.h>
+#include <time.h>
+#include <systemd/sd-daemon.h>
+#include <unistd.h>
+
+#include "api/api.h"
+#include "common/fsutil.h"
+#include "common/log.h"
+#include "daemon/config.h"
+#include "daemon/devices.h"
+#include "daemon/loop.h"
+#include "daemon/store.h"
+#include "daemon/supervisor.h"
+#include "daemon/token.h"
+
+extern char **environ;
+
+typedef struct daemon_ctx {
+	config cfg;
+	store *st;
+	api_server *api;
+	supervisor *sup;
+	device *devs;
+	size_t ndev;
+	loop *lp;
+	int sigfd, timerfd;
+	uint64_t watchdog_usec; /* 0 = systemd watchdog off */
+	uint64_t ticks;
+	char addr_path[1100];
+} daemon_ctx;
+
+static void on_signal(loop *l, int fd, uint32_t events, void *arg)
+{
+	(void)events;
+	(void)arg;
+	struct signalfd_siginfo si;
+	while (read(fd, &si, sizeof si) == (ssize_t)sizeof si) {
+		if (si.ssi_signo == SIGTERM || si.ssi_signo == SIGINT) {
+			log_info("received %s, shutting down", si.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT");
+			sd_notify(0, "STOPPING=1\nSTATUS=shutting down");
+			loop_stop(l);
+		} else if (si.ssi_signo == SIGHUP) {
+			log_info("SIGHUP ignored: restart bertd to change its configuration");
+		}
+	}
+}
+
+static void publish_status(daemon_ctx *d)
+{
+	int64_t counts[JOB_STATE_COUNT];
+	if (store_job_counts(d->st, counts) < 0)
+		return;
+	int64_t active = 0;
+	for (int s = JOB_STARTING; s <= JOB_STOPPING; s++)
+		active += counts[s];
+	sd_notifyf(0, "STATUS=%lld queued, %lld active, %lld completed, %lld failed",
+		   (long long)counts[JOB_QUEUED], (long long)active,
+		   (long long)counts[JOB_COMPLETED], (long long)counts[JOB_FAILED]);
+}
+
+/* The daemon's cron: once a second. Keeps the systemd watchdog fed and the
+ * status line current; later the scheduler and supervisor hang off it too. */
+static void on_tick(loop *l, int fd, uint32_t events, void *arg)
+{
+	(void)l;
+	(void)events;
+	daemon_ctx *d = arg;
+	uint64_t expirations;
+	if (read(fd, &expirations, sizeof expirations) != (ssize_t)sizeof expirations)
+		return;
+	d->ticks += expirations;
+	if (d->watchdog_usec)
+		sd_notify(0, "WATCHDOG=1");
+	supervisor_tick(d->sup);
+	if (d->ticks % 3600 == 1) {
+		/* Idempotency keys answer retries for a day, then are forgotten. */
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		int64_t day_ago = (int64_t)ts.tv_sec * 1000 - 24LL * 3600 * 1000;
+		int64_t removed = 0;
+		if (store_idem_prune(d->st, day_ago, &removed) == 0 && removed > 0)
+			log_info("forgot %lld idempotency key(s) older than a day", (long long)removed);
+	}
+	if (d->ticks % 5 == 1)
+		publish_status(d);
+}
+
+static int setup_signals(daemon_ctx *d)
+{
+	sigset_t mask;
+	sigemptyset(&mask);
+	sigaddset(&mask, SIGTERM);
+	sigaddset(&mask, SIGINT);
+	sigaddset(&mask, SIGHUP);
+	if (sigprocmask(SIG_BLOCK, &mask, NULL) < 0)
+		return -errno;
+	signal(SIGPIPE, SIG_IGN);
+	d->sigfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+	if (d->sigfd < 0)
+		return -errno;
+	return loop_add(d->lp, d->sigfd, EPOLLIN, on_signal, d);
+}
+
+static int setup_timer(daemon_ctx *d)
+{
+	d->timerfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+	if (d->timerfd < 0)
+		return -errno;
+	/* Tick at 1 s, or faster if systemd's watchdog wants pings sooner. */
+	long long period_ns = 1000000000LL;
+	if (sd_watchdog_enabled(0, &d->watchdog_usec) > 0 && d->watchdog_usec / 2 * 1000 < (uint64_t)period_ns)
+		period_ns = (long long)(d->watchdog_usec / 2 * 1000);
+	struct itimerspec its = {
+		.it_interval = {period_ns / 1000000000LL, period_ns % 1000000000LL},
+		.it_value = {period_ns / 1000000000LL, period_ns % 1000000000LL},
+	};
+	if (timerfd_settime(d->timerfd, 0, &its, NULL) < 0)
+		return -errno;
+	return loop_add(d->lp, d->timerfd, EPOLLIN, on_tick, d);
+}
+
+/* Writes <state_dir>/bertd.addr so scripts and tests find the bound port. */
+static int write_addr_file(daemon_ctx *d, int port)
+{
+	char line[160];
+	const char *host = d->cfg.listen;
+	bool v6 = strchr(host, ':') != NULL;
+	snprintf(line, sizeof line, "http://%s%s%s:%d\n", v6 ? "[" : "", host, v6 ? "]" : "", port);
+	snprintf(d->addr_path, sizeof d->addr_path, "%s/bertd.addr", d->cfg.state_dir);
+	return fs_write_atomic(d->addr_path, line, strlen(line), 0644);
+}
+
+int main(int argc, char **argv)
+{
+	daemon_ctx d = {.sigfd = -1, .timerfd = -1};
+	log_init("bertd", LOG_LVL_INFO);
+	int rc = config_load(&d.cfg, argc, argv, environ, stdout, stderr);
+	if (rc == 1)
+		return 0;
+	if (rc < 0)
+		return 1;
+	enum log_level lvl = LOG_LVL_INFO;
+	log_level_parse(d.cfg.log_level, &lvl);
+	log_set_level(lvl);
+
+	int exit_code = 2;
+	char token[257];
+	umask(077);
+	if ((rc = fs_mkdir_p(d.cfg.state_dir, 0700)) < 0) {
+		log_error("cannot create state_dir %s: %s", d.cfg.state_dir, strerror(-rc));
+		goto out;
+	}
+	if (!d.cfg.data_roots[0] && (rc = fs_mkdir_p(d.cfg.roots[0], 0750)) < 0) {
+		log_error("cannot create data root %s: %s", d.cfg.roots[0], strerror(-rc));
+		goto out;
+	}
+	char db_path[1100];
+	snprintf(db_path, sizeof db_path, "%s/bertd.db", d.cfg.state_dir);
+	if ((rc = store_open(&d.st, db_path)) < 0) {
+		log_error("cannot open the job database %s: %s", db_path, strerror(-rc));
+		goto out;
+	}
+	int created = 0;
+	if ((rc = token_load_or_create(d.cfg.token_file, token, &created)) < 0) {
+		log_error("cannot use token file %s: %s", d.cfg.token_file, strerror(-rc));
+		goto out;
+	}
+	if (created)
+		log_info("created API token in %s (mode 0600)", d.cfg.token_file);
+
+	if ((rc = loop_create(&d.lp)) < 0 || (rc = setup_signals(&d)) < 0 || (rc = setup_timer(&d)) < 0) {
+		log_error("event loop setup failed: %s", strerror(-rc));
+		goto out;
+	}
+
+	api_config ac = {
+		.listen_addr = d.cfg.listen,
+		.port = d.cfg.port,
+		.allow_remote = d.cfg.allow_remote,
+		.max_body_bytes = d.cfg.max_body_bytes,
+		.token = token,
+		.threads = (unsigned)d.cfg.api_threads,
+		.conn_timeout_s = (unsigned)d.cfg.conn_timeout_s,
+		.conn_limit = (unsigned)d.cfg.conn_limit,
+		.per_ip_limit = (unsigned)d.cfg.per_ip_limit,
+		.conn_memory = d.cfg.conn_memory,
+		.data_roots = (const char *const *)d.cfg.roots,
+		.n_data_roots = d.cfg.n_roots,
+		.state_dir = d.cfg.state_dir,
+	};
+	if ((rc = devices_discover(d.cfg.devices, d.cfg.cpu_slots, &d.devs, &d.ndev)) < 0) {
+		log_error("device discovery failed (devices = %s): %s", d.cfg.devices, strerror(-rc));
+		goto out;
+	}
+	for (size_t i = 0; i < d.ndev; i++)
+		if (d.devs[i].kind == DEVICE_CUDA)
+			log_info("device %zu: %s (sm_%d%d, %.1f GiB)", i, d.devs[i].name, d.devs[i].cc_major,
+				 d.devs[i].cc_minor, (double)d.devs[i].mem_total / (1 << 30));
+	if (!d.cfg.schedule)
+		log_warn("schedule = false: jobs are queued but none is started");
+	if (d.ndev && d.devs[0].kind == DEVICE_CPU)
+		log_info("no GPU in use: %zu CPU worker slot(s)", d.ndev);
+	char bin_dir[1024];
+	if (d.cfg.bin_dir[0]) {
+		snprintf(bin_dir, sizeof bin_dir, "%s", d.cfg.bin_dir);
+	} else {
+		ssize_t n = readlink("/proc/self/exe", bin_dir, sizeof bin_dir - 1);
+		bin_dir[n > 0 ? n : 0] = 0;
+		char *slash = strrchr(bin_dir, '/');
+		if (slash)
+			*slash = 0;
+	}
+	supervisor_config sc = {
+		.state_dir = d.cfg.state_dir,
+		.bin_dir = bin_dir,
+		.dataset_root = d.cfg.roots[0],
+		.stop_timeout_ms = d.cfg.stop_timeout_s * 1000,
+		.hold_queue = !d.cfg.schedule,
+	};
+	if ((rc = supervisor_create(&d.sup, &sc, d.lp, d.st, d.devs, d.ndev)) < 0) {
+		log_error("supervisor setup failed: %s", strerror(-rc));
+		goto out;
+	}
+
+	ac.devices = d.devs;
+	ac.n_devices = d.ndev;
+	if ((rc = api_server_start(&d.api, &ac, d.st)) < 0) {
+		if (rc == -EPERM)
+			log_error("refusing to listen on %s: not a loopback address (set allow_remote = true)",
+				  d.cfg.listen);
+		else
+			log_error("cannot listen on %s:%d: %s", d.cfg.listen, d.cfg.port, strerror(-rc));
+		goto out;
+	}
+	int port = api_server_port(d.api);
+	if ((rc = write_addr_file(&d, port)) < 0) {
+		log_error("cannot write %s: %s", d.addr_path, strerror(-rc));
+		goto out;
+	}
+	log_info("bertd %s listening on http://%s:%d (state %s)", BERTD_VERSION, d.cfg.listen, port,
+		 d.cfg.state_dir);
+	sd_notifyf(0, "READY=1\nMAINPID=%d", (int)getpid());
+	publish_status(&d);
+
+	if ((rc = loop_run(d.lp)) < 0) {
+		log_error("event loop failed: %s", strerror(-rc));
+		goto out;
+	}
+	exit_code = 0;
+out:
+	api_server_stop(d.api); /* no new work while running jobs drain */
+	supervisor_shutdown(d.sup);
+	supervisor_destroy(d.sup);
+	free(d.devs);
+	if (d.addr_path[0])
+		unlink(d.addr_path);
+	if (d.timerfd >= 0)
+		close(d.timerfd);
+	if (d.sigfd >= 0)
+		close(d.sigfd);
+	loop_destroy(d.lp);
+	store_close(d.st);
+	log_info("stopped");
+	return exit_code;
+}

@@ -1,0 +1,949 @@
+/* supervisor — see supervisor.h.
+ *
+ * Job life on this side:
+ *   queued/restarting --tick: devices free--> starting (children spawned)
+ *   starting --first metrics or every worker said hello--> running
+ *   all workers exit 0 --> completed
+ *   stop requested (state stopping) --> workers get {"type":"stop"},
+ *       checkpoint, exit 6 --> canceled
+ *   a child dies otherwise --> the rest are killed; retryable and restarts
+ *       left --> restarting (resumes from the last checkpoint), else failed.
+ */
+#include "daemon/supervisor.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/exitcodes.h"
+#include "common/fsutil.h"
+#include "common/jobspec.h"
+#include "common/log.h"
+#include "common/msg.h"
+#include "daemon/proc.h"
+#include "daemon/scheduler.h"
+
+#define MAX_CHILDREN 130 /* 64 workers + 64 loaders + slack */
+
+enum child_role { ROLE_WORKER, ROLE_LOADER, ROLE_PREPARE };
+
+typedef struct child {
+	enum child_role role;
+	int index;             /* rank, loader index */
+	proc p;
+	msg_reader rd;
+	bool watched;          /* registered with the loop */
+	bool exited;
+	struct run *owner;
+} child;
+
+typedef struct run {
+	bool is_dataset;
+	char id[40];
+	char dir[1024];
+	json_t *spec;          /* effective job spec (jobs) or request (datasets) */
+	int ndev;
+	int dev[64];           /* device table indices */
+	child *kids[MAX_CHILDREN];
+	int nkids, alive;
+	bool stop_sent, killing, shutdown;
+	int64_t start_ms, stop_deadline_ms;
+	int64_t max_runtime_ms;
+	bool saw_running;
+	int hellos;
+	/* verdict, decided when the first child fails */
+	bool failed, retryable;
+	char reason[512];
+	int64_t last_step;
+	struct supervisor *sv;
+	struct run *next;
+} run;
+
+struct supervisor {
+	supervisor_config cfg;
+	char state_dir[1024], bin_dir[1024], dataset_root[1024];
+	loop *lp;
+	store *st;
+	device *devs;
+	size_t ndev;
+	const char **dev_job;  /* (ndev,) job id on each device or NULL */
+	run *runs;
+};
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void run_free(run *r)
+{
+	for (int i = 0; i < r->nkids; i++) {
+		msg_reader_free(&r->kids[i]->rd);
+		free(r->kids[i]);
+	}
+	json_decref(r->spec);
+	free(r);
+}
+
+static void shm_name_for(const char *job_id, char *buf, size_t cap)
+{
+	snprintf(buf, cap, "/bertd-%s", job_id);
+}
+
+/* ---- child I/O on the loop ---- */
+
+static void run_maybe_finish(supervisor *sv, run *r);
+static void run_kill_all(run *r, int sig);
+
+static void set_failure(run *r, bool retryable, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void set_failure(run *r, bool retryable, const char *fmt, ...)
+{
+	if (r->failed)
+		return; /* the first cause wins; the rest are consequences */
+	r->failed = true;
+	r->retryable = retryable;
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(r->reason, sizeof r->reason, fmt, ap);
+	va_end(ap);
+}
+
+static void handle_job_message(supervisor *sv, run *r, child *c, json_t *m)
+{
+	const char *type = json_string_value(json_object_get(m, "type"));
+	if (!type)
+		return;
+	if (strcmp(type, "hello") == 0) {
+		if (c->role == ROLE_WORKER && ++r->hellos == r->ndev && !r->saw_running) {
+			r->saw_running = true;
+			store_job_transition(sv->st, r->id, JOB_MASK(JOB_STARTING), JOB_RUNNING,
+					     "all workers started", NULL);
+		}
+	} else if (strcmp(type, "metrics") == 0) {
+		json_int_t step = json_integer_value(json_object_get(m, "step"));
+		r->last_step = step;
+		json_t *vals = json_deep_copy(m);
+		json_object_del(vals, "type");
+		json_object_del(vals, "step");
+		char *text = json_dumps(vals, JSON_COMPACT);
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		if (text)
+			store_metric_insert(sv->st, r->id, step,
+					    (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000, text);
+		free(text);
+		json_decref(vals);
+		if (!r->saw_running) {
+			r->saw_running = true;
+			store_job_transition(sv->st, r->id, JOB_MASK(JOB_STARTING), JOB_RUNNING,
+					     "training", NULL);
+		}
+	} else if (strcmp(type, "checkpoint") == 0) {
+		store_checkpoint ck = {
+			.step = json_integer_value(json_object_get(m, "step")),
+			.path = (char *)json_string_value(json_object_get(m, "path")),
+			.bytes = json_integer_value(json_object_get(m, "bytes")),
+		};
+		if (ck.path)
+			store_checkpoint_insert(sv->st, r->id, &ck);
+		/* keep-last-N pruning happened in the worker: forget the rest */
+		json_t *present = json_object_get(m, "present_steps");
+		store_checkpoint *cks = NULL;
+		size_t n = 0;
+		if (json_is_array(present) && store_checkpoint_list(sv->st, r->id, &cks, &n) == 0) {
+			for (size_t i = 0; i < n; i++) {
+				bool keep = false;
+				size_t k;
+				json_t *v;
+				json_array_foreach(present, k, v)
+					keep |= json_integer_value(v) == cks[i].step;
+				if (!keep)
+					store_checkpoint_delete(sv->st, r->id, cks[i].step);
+			}
+		}
+		store_checkpoints_free(cks, n);
+	} else if (strcmp(type, "error") == 0) {
+		const char *code = json_string_value(json_object_get(m, "code"));
+		const char *msg = json_string_value(json_object_get(m, "message"));
+		bool retry = code && (strcmp(code, "peer_lost") == 0 || strcmp(code, "internal") == 0);
+		set_failure(r, retry, "%s %d: %s%s%s", c->role == ROLE_LOADER ? "loader" : "rank", c->index,
+			    code ? code : "error", msg ? ": " : "", msg ? msg : "");
+	} else if (strcmp(type, "nccl_id") == 0 && c->role == ROLE_WORKER && c->index == 0) {
+		/* rank 0 made the communicator id; every other rank needs it */
+		for (int i = 0; i < r->nkids; i++) {
+			child *k = r->kids[i];
+			if (k->role == ROLE_WORKER && k->index != 0 && !k->exited)
+				msg_send(k->p.sock, m);
+		}
+	}
+}
+
+static void handle_prepare_message(supervisor *sv, run *r, json_t *m)
+{
+	json_t *ok = json_object_get(m, "ok");
+	const char *error = json_string_value(json_object_get(m, "error"));
+	if (json_is_false(ok) && error) /* bertd-prepare's own account of its failure */
+		set_failure(r, false, "%s", error);
+	json_t *done = json_object_get(m, "bytes_done"), *total = json_object_get(m, "bytes_total");
+	json_t *stats = json_object_get(m, "stats");
+	char *st = stats ? json_dumps(stats, JSON_COMPACT) : NULL;
+	if (done || st)
+		store_dataset_progress(sv->st, r->id, json_integer_value(done), json_integer_value(total), st);
+	free(st);
+}
+
+/* Reads line-delimited JSON from bertd-prepare's progress channel. */
+static void drain_prepare_lines(supervisor *sv, run *r, child *c)
+{
+	for (;;) {
+		unsigned char *nl = memchr(c->rd.buf, '\n', c->rd.len);
+		if (!nl)
+			break;
+		size_t n = (size_t)(nl - c->rd.buf);
+		json_t *m = json_loadb((const char *)c->rd.buf, n, 0, NULL);
+		if (m && json_is_object(m))
+			handle_prepare_message(sv, r, m);
+		json_decref(m);
+		memmove(c->rd.buf, nl + 1, c->rd.len - n - 1);
+		c->rd.len -= n + 1;
+	}
+}
+
+static void on_child_sock(loop *l, int fd, uint32_t events, void *arg)
+{
+	(void)events;
+	child *c = arg;
+	run *r = c->owner;
+	supervisor *sv = r->sv;
+	long n = msg_reader_fill(&c->rd, fd);
+	if (n == 0 || (n < 0 && n != -EAGAIN)) {
+		loop_del(l, fd); /* EOF: exit is handled through the pidfd */
+		return;
+	}
+	if (c->role == ROLE_PREPARE) {
+		drain_prepare_lines(sv, r, c);
+		if (c->rd.len == c->rd.cap) /* a line longer than the buffer: drop it */
+			c->rd.len = 0;
+		return;
+	}
+	json_t *m;
+	int rc;
+	while ((rc = msg_reader_next(&c->rd, &m)) == 1) {
+		handle_job_message(sv, r, c, m);
+		json_decref(m);
+	}
+	if (rc < 0) {
+		log_warn("job %s: %s %d broke the message protocol; stopping the job", r->id,
+			 c->role == ROLE_LOADER ? "loader" : "rank", c->index);
+		set_failure(r, false, "protocol error from a child process");
+		loop_del(l, fd);
+		run_kill_all(r, SIGKILL);
+	}
+}
+
+static void on_child_exit(loop *l, int fd, uint32_t events, void *arg)
+{
+	(void)events;
+	child *c = arg;
+	run *r = c->owner;
+	supervisor *sv = r->sv;
+	if (proc_reap(&c->p) <= 0)
+		return;
+	loop_del(l, fd);
+	loop_del(l, c->p.sock); /* may already be gone */
+	/* Drain whatever it said last (its error message comes before exit). */
+	long n;
+	while ((n = msg_reader_fill(&c->rd, c->p.sock)) > 0) {
+		if (c->role == ROLE_PREPARE) {
+			drain_prepare_lines(sv, r, c);
+			continue;
+		}
+		json_t *m;
+		while (msg_reader_next(&c->rd, &m) == 1) {
+			handle_job_message(sv, r, c, m);
+			json_decref(m);
+		}
+	}
+	proc_close(&c->p);
+	c->exited = true;
+	r->alive--;
+
+	int st = c->p.status;
+	char desc[96];
+	proc_describe(st, desc, sizeof desc);
+	const char *who = c->role == ROLE_WORKER ? "rank" : c->role == ROLE_LOADER ? "loader" : "prepare";
+	bool ok = WIFEXITED(st) && WEXITSTATUS(st) == BERTD_EXIT_OK;
+	bool stopped = WIFEXITED(st) && WEXITSTATUS(st) == BERTD_EXIT_STOPPED;
+	if (c->role == ROLE_LOADER && r->killing)
+		ok = true; /* loaders are told to go when the workers are done */
+	if (!ok && !stopped && !r->killing) {
+		int code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+		bool retry = !WIFEXITED(st) || code == BERTD_EXIT_FAILURE || code == BERTD_EXIT_PEER_LOST;
+		set_failure(r, retry, "%s %d ended with %s", who, c->index, desc);
+		log_warn("%s %s: %s %d ended with %s", r->is_dataset ? "dataset" : "job", r->id, who, c->index, desc);
+		run_kill_all(r, SIGTERM);
+	} else {
+		log_debug("%s %s: %s %d ended with %s", r->is_dataset ? "dataset" : "job", r->id, who, c->index, desc);
+	}
+	/* Workers done: loaders have nothing left to do. */
+	if (!r->is_dataset && !r->killing) {
+		bool workers_left = false;
+		for (int i = 0; i < r->nkids; i++)
+			if (r->kids[i]->role == ROLE_WORKER && !r->kids[i]->exited)
+				workers_left = true;
+		if (!workers_left)
+			run_kill_all(r, SIGTERM);
+	}
+	run_maybe_finish(sv, r);
+}
+
+static void run_kill_all(run *r, int sig)
+{
+	if (!r->killing) {
+		r->killing = true;
+		r->stop_deadline_ms = now_ms() + 10000;
+	}
+	for (int i = 0; i < r->nkids; i++)
+		if (!r->kids[i]->exited)
+			proc_signal(&r->kids[i]->p, sig);
+}
+
+static int spawn_child(supervisor *sv, run *r, enum child_role role, int index, char *const argv[],
+		       char *const envp[], const char *log_path)
+{
+	if (r->nkids == MAX_CHILDREN)
+		return -E2BIG;
+	child *c = calloc(1, sizeof *c);
+	if (!c)
+		return -ENOMEM;
+	c->role = role;
+	c->index = index;
+	c->owner = r;
+	msg_reader_init(&c->rd);
+	int rc = proc_spawn(&c->p, argv, envp, log_path);
+	if (rc < 0) {
+		free(c);
+		return rc;
+	}
+	r->kids[r->nkids++] = c;
+	r->alive++;
+	if ((rc = loop_add(sv->lp, c->p.pidfd, EPOLLIN, on_child_exit, c)) < 0 ||
+	    (rc = loop_add(sv->lp, c->p.sock, EPOLLIN, on_child_sock, c)) < 0) {
+		proc_signal(&c->p, SIGKILL);
+		return rc;
+	}
+	c->watched = true;
+	return 0;
+}
+
+/* ---- jobs ---- */
+
+static void job_dir(supervisor *sv, const char *id, char *buf, size_t cap)
+{
+	int n = snprintf(buf, cap, "%s/jobs/%s", sv->state_dir, id);
+	(void)n;
+}
+
+static int latest_checkpoint(supervisor *sv, const char *id, char *path, size_t cap, int64_t *step)
+{
+	store_checkpoint *cks = NULL;
+	size_t n = 0;
+	path[0] = 0;
+	*step = 0;
+	int rc = store_checkpoint_list(sv->st, id, &cks, &n);
+	if (rc < 0)
+		return rc;
+	/* newest first; only complete ones (DONE marker) count */
+	for (size_t i = n; i-- > 0;) {
+		char done[1200];
+		snprintf(done, sizeof done, "%s/DONE", cks[i].path);
+		if (access(done, F_OK) == 0) {
+			snprintf(path, cap, "%s", cks[i].path);
+			*step = cks[i].step;
+			break;
+		}
+	}
+	store_checkpoints_free(cks, n);
+	return 0;
+}
+
+static void fail_job_now(supervisor *sv, const char *id, unsigned from, const char *reason)
+{
+	log_warn("job %s failed: %s", id, reason);
+	store_job_transition(sv->st, id, from, JOB_FAILED, reason, NULL);
+}
+
+static int write_job_file(supervisor *sv, run *r, const char *dataset_dir, const char *resume)
+{
+	char path[1200];
+	json_t *devs = json_array();
+	for (int i = 0; i < r->ndev; i++) {
+		const device *d = &sv->devs[r->dev[i]];
+		json_array_append_new(devs, json_pack("{s:s, s:i}", "kind", device_kind_name(d->kind),
+						      "index", d->index));
+	}
+	char ck[1100], ex[1100], shm[80];
+	snprintf(ck, sizeof ck, "%s/checkpoints", r->dir);
+	snprintf(ex, sizeof ex, "%s/export", r->dir);
+	shm_name_for(r->id, shm, sizeof shm);
+	json_t *job = json_pack("{s:s, s:O, s:s, s:s, s:s, s:s, s:o, s:i}", "job_id", r->id, "spec", r->spec,
+				"dataset_dir", dataset_dir, "checkpoint_dir", ck, "export_dir", ex, "shm_name", shm,
+				"devices", devs, "world_size", r->ndev);
+	json_object_set_new(job, "resume_from", resume && *resume ? json_string(resume) : json_null());
+	char *text = json_dumps(job, JSON_INDENT(2) | JSON_SORT_KEYS);
+	json_decref(job);
+	if (!text)
+		return -ENOMEM;
+	snprintf(path, sizeof path, "%s/job.json", r->dir);
+	int rc = fs_write_atomic(path, text, strlen(text), 0640);
+	free(text);
+	return rc;
+}
+
+static int start_job(supervisor *sv, const store_job *j, const int *dev, int ndev, bool resumed)
+{
+	char reason[1400];
+	run *r = calloc(1, sizeof *r);
+	if (!r)
+		return -ENOMEM;
+	r->sv = sv;
+	snprintf(r->id, sizeof r->id, "%s", j->id);
+	job_dir(sv, j->id, r->dir, sizeof r->dir);
+	r->spec = json_loads(j->spec_json, 0, NULL);
+	jobspec spec;
+	jobspec_error jerr;
+	unsigned from = JOB_MASK(resumed ? JOB_RESTARTING : JOB_QUEUED);
+	if (!r->spec || jobspec_from_json(r->spec, &spec, &jerr) < 0) {
+		fail_job_now(sv, j->id, from, "stored job spec is unreadable");
+		run_free(r);
+		return 0;
+	}
+	store_dataset ds;
+	if (store_dataset_get_by_name(sv->st, spec.dataset, &ds) < 0) {
+		snprintf(reason, sizeof reason, "dataset \"%s\" does not exist (POST /v1/datasets first)", spec.dataset);
+		fail_job_now(sv, j->id, from, reason);
+		run_free(r);
+		return 0;
+	}
+	bool ready = ds.state == DATASET_READY;
+	store_dataset_free(&ds);
+	if (!ready) {
+		snprintf(reason, sizeof reason, "dataset \"%s\" is not ready", spec.dataset);
+		fail_job_now(sv, j->id, from, reason);
+		run_free(r);
+		return 0;
+	}
+	char dataset_dir[1200];
+	snprintf(dataset_dir, sizeof dataset_dir, "%s/datasets/%s", sv->dataset_root, spec.dataset);
+
+	char logs[1100], ckdir[1100];
+	snprintf(logs, sizeof logs, "%s/logs", r->dir);
+	snprintf(ckdir, sizeof ckdir, "%s/checkpoints", r->dir);
+	int rc;
+	if ((rc = fs_mkdir_p(logs, 0750)) < 0 || (rc = fs_mkdir_p(ckdir, 0750)) < 0) {
+		snprintf(reason, sizeof reason, "cannot create %s: %s", r->dir, strerror(-rc));
+		fail_job_now(sv, j->id, from, reason);
+		run_free(r);
+		return 0;
+	}
+	char resume[1100];
+	int64_t resume_step;
+	latest_checkpoint(sv, j->id, resume, sizeof resume, &resume_step);
+	r->ndev = ndev;
+	memcpy(r->dev, dev, sizeof(int) * (size_t)ndev);
+	if ((rc = write_job_file(sv, r, dataset_dir, resume)) < 0) {
+		snprintf(reason, sizeof reason, "cannot write job.json: %s", strerror(-rc));
+		fail_job_now(sv, j->id, from, reason);
+		run_free(r);
+		return 0;
+	}
+	if (resume[0])
+		snprintf(reason, sizeof reason, "resuming from checkpoint at step %lld on %d device(s)",
+			 (long long)resume_step, ndev);
+	else
+		snprintf(reason, sizeof reason, "starting on %d %s device(s)", ndev,
+			 device_kind_name(sv->devs[dev[0]].kind));
+	if (store_job_transition(sv->st, j->id, from, JOB_STARTING, reason, NULL) < 0) {
+		run_free(r); /* someone canceled it meanwhile */
+		return 0;
+	}
+	for (int i = 0; i < ndev; i++)
+		sv->dev_job[dev[i]] = strdup(r->id);
+	json_t *dj = json_array();
+	for (int i = 0; i < ndev; i++)
+		json_array_append_new(dj, json_pack("{s:i, s:s, s:i, s:s}", "id", dev[i], "kind",
+						    device_kind_name(sv->devs[dev[i]].kind), "index",
+						    sv->devs[dev[i]].index, "name", sv->devs[dev[i]].name));
+	char *djs = json_dumps(dj, JSON_COMPACT);
+	store_job_set_devices(sv->st, r->id, djs);
+	free(djs);
+	json_decref(dj);
+	r->start_ms = now_ms();
+	r->max_runtime_ms = spec.max_runtime_seconds > 0 ? spec.max_runtime_seconds * 1000 : 0;
+	r->next = sv->runs;
+	sv->runs = r;
+
+	char job_json[1200], worker_bin[1100], loader_bin[1100];
+	snprintf(job_json, sizeof job_json, "%s/job.json", r->dir);
+	snprintf(worker_bin, sizeof worker_bin, "%s/bertd-worker", sv->bin_dir);
+	snprintf(loader_bin, sizeof loader_bin, "%s/bertd-loader", sv->bin_dir);
+	int threads = 1;
+	{
+		long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+		if (sv->devs[dev[0]].kind == DEVICE_CPU && ncpu > 0)
+			threads = (int)(ncpu / (long)sv->ndev) > 0 ? (int)(ncpu / (long)sv->ndev) : 1;
+	}
+	for (int l = 0; l < spec.training.dataloader_num_workers && rc == 0; l++) {
+		char idx[16], cnt[16], logp[1200];
+		snprintf(idx, sizeof idx, "%d", l);
+		snprintf(cnt, sizeof cnt, "%d", spec.training.dataloader_num_workers);
+		snprintf(logp, sizeof logp, "%s/loader-%d.log", logs, l);
+		char *argv[] = {loader_bin, "--job", job_json, "--index", idx, "--count", cnt, NULL};
+		char *envp[] = {"PATH=/usr/bin:/bin", NULL};
+		rc = spawn_child(sv, r, ROLE_LOADER, l, argv, envp, logp);
+	}
+	for (int k = 0; k < ndev && rc == 0; k++) {
+		const device *d = &sv->devs[dev[k]];
+		char rank[16], logp[1200], cvd[64], omp[48], blas[48];
+		snprintf(rank, sizeof rank, "%d", k);
+		snprintf(logp, sizeof logp, "%s/worker-%d.log", logs, k);
+		snprintf(cvd, sizeof cvd, "CUDA_VISIBLE_DEVICES=%d", d->kind == DEVICE_CUDA ? d->index : -1);
+		snprintf(omp, sizeof omp, "OMP_NUM_THREADS=%d", threads);
+		snprintf(blas, sizeof blas, "OPENBLAS_NUM_THREADS=%d", threads);
+		char *argv[] = {worker_bin, "--job", job_json, "--rank", rank, NULL};
+		char *envp[] = {"PATH=/usr/bin:/bin", cvd, omp, blas, NULL};
+		rc = spawn_child(sv, r, ROLE_WORKER, k, argv, envp, logp);
+	}
+	if (rc < 0) {
+		set_failure(r, false, "cannot start the job's processes: %s", strerror(-rc));
+		run_kill_all(r, SIGKILL);
+		run_maybe_finish(sv, r);
+		return 0;
+	}
+	log_info("job %s: %s", j->id, reason);
+	return 0;
+}
+
+static void unlink_run(supervisor *sv, run *r)
+{
+	for (run **pp = &sv->runs; *pp; pp = &(*pp)->next) {
+		if (*pp == r) {
+			*pp = r->next;
+			return;
+		}
+	}
+}
+
+static void free_dev_ids(supervisor *sv, run *r)
+{
+	for (int i = 0; i < r->ndev; i++) {
+		int d = r->dev[i];
+		if (d >= 0 && (size_t)d < sv->ndev) {
+			free((char *)sv->dev_job[d]);
+			sv->dev_job[d] = NULL;
+		}
+	}
+	r->ndev = 0;
+}
+
+/* All children gone: decide the job's (or dataset's) next state. */
+static void run_maybe_finish(supervisor *sv, run *r)
+{
+	if (r->alive > 0)
+		return;
+	unlink_run(sv, r);
+	if (r->is_dataset) {
+		if (r->failed) {
+			store_dataset_finish(sv->st, r->id, DATASET_FAILED, r->reason, NULL);
+		} else {
+			/* bertd-prepare's last line carried the stats */
+			store_dataset_finish(sv->st, r->id, DATASET_READY, NULL, NULL);
+		}
+		log_info("dataset %s %s%s%s", r->id, r->failed ? "failed: " : "ready", r->failed ? r->reason : "", "");
+		run_free(r);
+		return;
+	}
+	char shm[120];
+	shm_name_for(r->id, shm, sizeof shm);
+	shm_unlink(shm); /* whoever created it, the job is over */
+	snprintf(shm, sizeof shm, "/bertd-%s-comm", r->id);
+	shm_unlink(shm);
+	free_dev_ids(sv, r);
+
+	store_job cur;
+	if (store_job_get(sv->st, r->id, &cur) < 0) {
+		run_free(r);
+		return;
+	}
+	enum job_state state = cur.state;
+	int restarts = cur.restart_count;
+	store_job_free(&cur);
+	unsigned live = JOB_MASK(JOB_STARTING) | JOB_MASK(JOB_RUNNING) | JOB_MASK(JOB_STOPPING);
+	jobspec spec;
+	jobspec_error jerr;
+	int max_restarts = jobspec_from_json(r->spec, &spec, &jerr) == 0 ? spec.max_restarts : 0;
+
+	if (r->shutdown) {
+		store_job_transition(sv->st, r->id, live, JOB_QUEUED, "daemon shutting down; resumes on next start",
+				     NULL);
+	} else if (state == JOB_STOPPING && (!r->failed || r->stop_sent)) {
+		store_job_transition(sv->st, r->id, JOB_MASK(JOB_STOPPING), JOB_CANCELED,
+				     r->reason[0] && !r->stop_sent ? r->reason : "canceled by user", NULL);
+	} else if (!r->failed) {
+		store_job_transition(sv->st, r->id, live, JOB_COMPLETED, "training finished", NULL);
+	} else if (r->retryable && restarts < max_restarts) {
+		int n = 0;
+		store_job_bump_restarts(sv->st, r->id, &n);
+		char why[640];
+		snprintf(why, sizeof why, "%s; restart %d of %d from the last checkpoint", r->reason, n, max_restarts);
+		store_job_transition(sv->st, r->id, live, JOB_RESTARTING, why, NULL);
+		log_info("job %s: %s", r->id, why);
+	} else {
+		char why[640];
+		snprintf(why, sizeof why, "%s%s", r->reason,
+			 r->retryable ? " (no restarts left)" : "");
+		store_job_transition(sv->st, r->id, live, JOB_FAILED, why, NULL);
+		log_warn("job %s failed: %s", r->id, why);
+	}
+	run_free(r);
+}
+
+/* ---- datasets ---- */
+
+static int start_prepare(supervisor *sv, const store_dataset *ds)
+{
+	run *r = calloc(1, sizeof *r);
+	if (!r)
+		return -ENOMEM;
+	r->is_dataset = true;
+	r->sv = sv;
+	snprintf(r->id, sizeof r->id, "%s", ds->id);
+	r->spec = json_loads(ds->spec_json, 0, NULL);
+	if (!r->spec) {
+		store_dataset_finish(sv->st, ds->id, DATASET_FAILED, "stored request is unreadable", NULL);
+		run_free(r);
+		return 0;
+	}
+	char outdir[1200], logdir[1100], logp[1200], bin[1100];
+	snprintf(outdir, sizeof outdir, "%s/datasets/%s", sv->dataset_root, ds->name);
+	snprintf(logdir, sizeof logdir, "%s/datasets", sv->state_dir);
+	snprintf(logp, sizeof logp, "%s/%s.log", logdir, ds->name);
+	snprintf(bin, sizeof bin, "%s/bertd-prepare", sv->bin_dir);
+	char dsdir[1200];
+	snprintf(dsdir, sizeof dsdir, "%s/datasets", sv->dataset_root);
+	int rc;
+	if ((rc = fs_mkdir_p(logdir, 0750)) < 0 || (rc = fs_mkdir_p(dsdir, 0750)) < 0) {
+		char why[1400];
+		snprintf(why, sizeof why, "cannot create %s: %s", dsdir, strerror(-rc));
+		store_dataset_finish(sv->st, ds->id, DATASET_FAILED, why, NULL);
+		run_free(r);
+		return 0;
+	}
+	/* Not ready in the store, so anything at outdir is a previous attempt's
+	 * (a daemon that died after bertd-prepare renamed it into place). */
+	if ((rc = fs_remove_tree(outdir)) < 0)
+		log_warn("dataset %s: cannot remove stale %s: %s", ds->name, outdir, strerror(-rc));
+	/* The request was validated by the API; pass it on as options. */
+	const char *argv[32];
+	int a = 0;
+	char fd[8];
+	snprintf(fd, sizeof fd, "%d", PROC_CHILD_FD);
+	argv[a++] = bin;
+	argv[a++] = "--output";
+	argv[a++] = outdir;
+	argv[a++] = "--progress-fd";
+	argv[a++] = fd;
+	const char *fmt = json_string_value(json_object_get(r->spec, "format"));
+	if (fmt) {
+		argv[a++] = "--format";
+		argv[a++] = fmt;
+	}
+	const char *tf = json_string_value(json_object_get(r->spec, "text_field"));
+	if (tf) {
+		argv[a++] = "--text-field";
+		argv[a++] = tf;
+	}
+	json_t *vocab = json_object_get(r->spec, "vocab");
+	const char *vfile = json_string_value(json_object_get(vocab, "file"));
+	json_t *train = json_object_get(vocab, "train");
+	char vsize[24];
+	if (vfile) {
+		argv[a++] = "--vocab";
+		argv[a++] = vfile;
+	} else if (train) {
+		snprintf(vsize, sizeof vsize, "%lld", (long long)json_integer_value(json_object_get(train, "vocab_size")));
+		argv[a++] = "--train-vocab";
+		argv[a++] = vsize;
+	}
+	json_t *lower = json_object_get(r->spec, "lowercase");
+	if (json_is_boolean(lower)) /* null: bertd-prepare infers it from the vocab */
+		argv[a++] = json_is_true(lower) ? "--lowercase" : "--cased";
+	argv[a++] = json_string_value(json_object_get(r->spec, "source_path"));
+	argv[a] = NULL;
+	char *envp[] = {"PATH=/usr/bin:/bin", NULL};
+	r->next = sv->runs;
+	sv->runs = r;
+	rc = spawn_child(sv, r, ROLE_PREPARE, 0, (char *const *)argv, envp, logp);
+	if (rc < 0) {
+		set_failure(r, false, "cannot start bertd-prepare: %s", strerror(-rc));
+		run_maybe_finish(sv, r);
+		return 0;
+	}
+	log_info("dataset %s (%s): preparing into %s", ds->id, ds->name, outdir);
+	return 0;
+}
+
+static run *find_run(supervisor *sv, const char *id)
+{
+	for (run *r = sv->runs; r; r = r->next)
+		if (strcmp(r->id, id) == 0)
+			return r;
+	return NULL;
+}
+
+/* ---- the tick ---- */
+
+static void tick_datasets(supervisor *sv)
+{
+	store_dataset *ds = NULL;
+	size_t n = 0;
+	if (store_dataset_list(sv->st, &ds, &n) < 0)
+		return;
+	for (size_t i = 0; i < n; i++)
+		if (ds[i].state == DATASET_PREPARING && !find_run(sv, ds[i].id))
+			start_prepare(sv, &ds[i]);
+	store_datasets_free(ds, n);
+}
+
+static void tick_running(supervisor *sv)
+{
+	int64_t now = now_ms();
+	for (run *r = sv->runs; r; r = r->next) {
+		if (r->is_dataset)
+			continue;
+		if (r->killing) {
+			if (now > r->stop_deadline_ms)
+				for (int i = 0; i < r->nkids; i++)
+					if (!r->kids[i]->exited)
+						proc_signal(&r->kids[i]->p, SIGKILL);
+			continue;
+		}
+		store_job j;
+		if (store_job_get(sv->st, r->id, &j) < 0)
+			continue;
+		bool stop = j.state == JOB_STOPPING;
+		store_job_free(&j);
+		if (!stop && r->max_runtime_ms && now - r->start_ms > r->max_runtime_ms) {
+			store_job_transition(sv->st, r->id, JOB_MASK(JOB_STARTING) | JOB_MASK(JOB_RUNNING),
+					     JOB_STOPPING, "stopping_condition.max_runtime_seconds reached", NULL);
+			stop = true;
+		}
+		if (stop && !r->stop_sent) {
+			json_t *m = json_pack("{s:s, s:s}", "type", "stop", "reason", "cancel");
+			for (int i = 0; i < r->nkids; i++)
+				if (r->kids[i]->role == ROLE_WORKER && !r->kids[i]->exited)
+					msg_send(r->kids[i]->p.sock, m);
+			json_decref(m);
+			r->stop_sent = true;
+			r->stop_deadline_ms = now + sv->cfg.stop_timeout_ms;
+		} else if (r->stop_sent && now > r->stop_deadline_ms) {
+			log_warn("job %s did not stop within %d ms; killing it", r->id, sv->cfg.stop_timeout_ms);
+			run_kill_all(r, SIGKILL);
+		}
+	}
+}
+
+static void tick_schedule(supervisor *sv)
+{
+	for (;;) {
+		store_job *jobs = NULL;
+		size_t n = 0;
+		int64_t next = 0;
+		if (store_job_list(sv->st, JOB_MASK(JOB_QUEUED) | JOB_MASK(JOB_RESTARTING), 0, 1000, &jobs, &n,
+				   &next) < 0)
+			return;
+		/* restarting jobs that are still being torn down are not candidates */
+		sched_job *q = calloc(n ? n : 1, sizeof *q);
+		size_t *map = calloc(n ? n : 1, sizeof *map);
+		size_t nq = 0;
+		for (size_t i = 0; i < n; i++) {
+			if (find_run(sv, jobs[i].id))
+				continue;
+			jobspec spec;
+			jobspec_error jerr;
+			json_t *js = json_loads(jobs[i].spec_json, 0, NULL);
+			int want = js && jobspec_from_json(js, &spec, &jerr) == 0 ? spec.gpus : 1;
+			json_decref(js);
+			q[nq] = (sched_job){jobs[i].id, jobs[i].priority, jobs[i].seq, want};
+			map[nq++] = i;
+		}
+		bool *busy = calloc(sv->ndev ? sv->ndev : 1, sizeof *busy);
+		for (size_t d = 0; d < sv->ndev; d++)
+			busy[d] = sv->dev_job[d] != NULL;
+		int *dev = calloc(sv->ndev ? sv->ndev : 1, sizeof *dev);
+		size_t pick = 0;
+		enum sched_verdict v = sched_pick(q, nq, busy, sv->ndev, &pick, dev);
+		bool again = false;
+		if (v == SCHED_IMPOSSIBLE) {
+			char why[200];
+			snprintf(why, sizeof why, "asks for %d devices; this machine has %zu", q[pick].want, sv->ndev);
+			fail_job_now(sv, q[pick].id, JOB_MASK(JOB_QUEUED) | JOB_MASK(JOB_RESTARTING), why);
+			again = true;
+		} else if (v == SCHED_START) {
+			store_job *j = &jobs[map[pick]];
+			start_job(sv, j, dev, q[pick].want, j->state == JOB_RESTARTING);
+			again = true;
+		}
+		free(busy);
+		free(dev);
+		free(q);
+		free(map);
+		store_jobs_free(jobs, n);
+		if (!again)
+			return;
+	}
+}
+
+void supervisor_tick(supervisor *sv)
+{
+	tick_datasets(sv);
+	tick_running(sv);
+	if (!sv->cfg.hold_queue)
+		tick_schedule(sv);
+}
+
+/* ---- lifecycle ---- */
+
+static void recover(supervisor *sv)
+{
+	store_job *jobs = NULL;
+	size_t n = 0;
+	int64_t next = 0;
+	unsigned mask = JOB_MASK(JOB_STARTING) | JOB_MASK(JOB_RUNNING) | JOB_MASK(JOB_STOPPING);
+	if (store_job_list(sv->st, mask, 0, 100000, &jobs, &n, &next) < 0)
+		return;
+	for (size_t i = 0; i < n; i++) {
+		char shm[120];
+		shm_name_for(jobs[i].id, shm, sizeof shm);
+		shm_unlink(shm); /* segments left by the previous daemon's job */
+		snprintf(shm, sizeof shm, "/bertd-%s-comm", jobs[i].id);
+		shm_unlink(shm);
+		if (jobs[i].state == JOB_STOPPING)
+			store_job_transition(sv->st, jobs[i].id, JOB_MASK(JOB_STOPPING), JOB_CANCELED,
+					     "daemon restarted during cancel", NULL);
+		else
+			store_job_transition(sv->st, jobs[i].id, mask, JOB_RESTARTING,
+					     "daemon restarted; resuming from the last checkpoint", NULL);
+	}
+	store_jobs_free(jobs, n);
+}
+
+int supervisor_create(supervisor **out, const supervisor_config *cfg, loop *lp, store *st,
+		      const device *devices, size_t ndev)
+{
+	supervisor *sv = calloc(1, sizeof *sv);
+	if (!sv)
+		return -ENOMEM;
+	sv->cfg = *cfg;
+	snprintf(sv->state_dir, sizeof sv->state_dir, "%s", cfg->state_dir);
+	snprintf(sv->bin_dir, sizeof sv->bin_dir, "%s", cfg->bin_dir);
+	snprintf(sv->dataset_root, sizeof sv->dataset_root, "%s", cfg->dataset_root);
+	sv->cfg.state_dir = sv->state_dir;
+	sv->cfg.bin_dir = sv->bin_dir;
+	sv->cfg.dataset_root = sv->dataset_root;
+	if (sv->cfg.stop_timeout_ms <= 0)
+		sv->cfg.stop_timeout_ms = 120000;
+	sv->lp = lp;
+	sv->st = st;
+	sv->devs = calloc(ndev ? ndev : 1, sizeof *sv->devs);
+	sv->dev_job = calloc(ndev ? ndev : 1, sizeof *sv->dev_job);
+	if (!sv->devs || !sv->dev_job) {
+		supervisor_destroy(sv);
+		return -ENOMEM;
+	}
+	memcpy(sv->devs, devices, ndev * sizeof *devices);
+	sv->ndev = ndev;
+	recover(sv);
+	*out = sv;
+	return 0;
+}
+
+size_t supervisor_devices(supervisor *sv, const device **devs, const char *const **job_ids)
+{
+	*devs = sv->devs;
+	*job_ids = sv->dev_job;
+	return sv->ndev;
+}
+
+void supervisor_shutdown(supervisor *sv)
+{
+	if (!sv)
+		return;
+	json_t *m = json_pack("{s:s, s:s}", "type", "stop", "reason", "shutdown");
+	for (run *r = sv->runs; r; r = r->next) {
+		r->shutdown = true;
+		for (int i = 0; i < r->nkids; i++) {
+			child *c = r->kids[i];
+			if (c->exited)
+				continue;
+			if (c->role == ROLE_WORKER)
+				msg_send(c->p.sock, m);
+			else if (c->role == ROLE_PREPARE)
+				proc_signal(&c->p, SIGTERM);
+		}
+	}
+	json_decref(m);
+	/* Workers checkpoint and exit; give each the grace period, then kill. */
+	while (sv->runs) {
+		run *r = sv->runs;
+		for (int i = 0; i < r->nkids; i++) {
+			child *c = r->kids[i];
+			if (c->exited)
+				continue;
+			int sig = c->role == ROLE_LOADER ? SIGTERM : 0;
+			proc_stop(&c->p, sig, c->role == ROLE_LOADER ? 2000 : sv->cfg.stop_timeout_ms);
+			if (c->watched) {
+				loop_del(sv->lp, c->p.pidfd);
+				loop_del(sv->lp, c->p.sock);
+			}
+			proc_close(&c->p);
+			c->exited = true;
+			r->alive--;
+		}
+		if (r->is_dataset) {
+			/* left preparing: the next start prepares it again from scratch */
+			unlink_run(sv, r);
+			run_free(r);
+			continue;
+		}
+		run_maybe_finish(sv, r);
+	}
+}
+
+void supervisor_destroy(supervisor *sv)
+{
+	if (!sv)
+		return;
+	while (sv->runs) {
+		run *r = sv->runs;
+		sv->runs = r->next;
+		run_free(r);
+	}
+	for (size_t d = 0; d < sv->ndev; d++)
+		free((char *)(sv->dev_job ? sv->dev_job[d] : NULL));
+	free(sv->dev_job);
+	free(sv->devs);
+	free(sv);
+}

@@ -1,0 +1,58 @@
+/* supervisor — runs jobs and dataset preparations as child processes and
+ * drives their states in the store. Lives on the event loop thread only:
+ * it registers each child's pidfd and socket with the loop, and its
+ * supervisor_tick is called from the daemon's one-second cron.
+ *
+ * Per job: G bertd-worker processes (rank 0..G-1, one per device) and L
+ * bertd-loader processes, all in the job directory
+ * <state_dir>/jobs/<id>/ (job.json, logs/, checkpoints/, export/). A worker
+ * or loader that dies takes the job down; a retryable failure restarts the
+ * job from its last checkpoint (up to retry_policy.max_restarts).
+ *
+ * Per dataset: one bertd-prepare process writing <data_root>/datasets/<name>.
+ *
+ * The supervisor never blocks the loop except in supervisor_shutdown.
+ */
+#ifndef BERTD_DAEMON_SUPERVISOR_H
+#define BERTD_DAEMON_SUPERVISOR_H
+
+#include <stddef.h>
+
+#include "daemon/devices.h"
+#include "daemon/loop.h"
+#include "daemon/store.h"
+
+typedef struct supervisor supervisor;
+
+typedef struct supervisor_config {
+	const char *state_dir;
+	const char *bin_dir;          /* where bertd-worker, -loader, -prepare are */
+	const char *dataset_root;     /* datasets are created under <dataset_root>/datasets */
+	int stop_timeout_ms;          /* grace between a stop request and SIGKILL */
+	bool hold_queue;              /* true: start no queued job (datasets still prepare) */
+} supervisor_config;
+
+/* devices is copied. *out caller-owned (supervisor_destroy).
+ * Also recovers: jobs the store shows as starting/running/restarting are
+ * marked restarting ("daemon restarted") and will resume from their last
+ * checkpoint; stopping ones become canceled; datasets still preparing are
+ * prepared again from scratch. */
+int supervisor_create(supervisor **out, const supervisor_config *cfg, loop *lp, store *st,
+		      const device *devices, size_t ndev);
+
+/* Starts what can start, stops what was asked to stop, enforces run-time
+ * limits. Called once a second, and whenever the API signals a change. */
+void supervisor_tick(supervisor *sv);
+
+/* Device table with the job (or NULL) on each, for GET /v1/devices.
+ * Returns the count; *devs and *job_ids point into the supervisor (valid
+ * until the next tick; loop thread only). */
+size_t supervisor_devices(supervisor *sv, const device **devs, const char *const **job_ids);
+
+/* Stops every running job (stop request, grace period, then SIGKILL) and
+ * puts them back to queued so the next start resumes them; waits for every
+ * child. Blocks up to about stop_timeout_ms. */
+void supervisor_shutdown(supervisor *sv);
+void supervisor_destroy(supervisor *sv);
+
+#endif

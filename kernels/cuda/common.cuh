@@ -1,0 +1,180 @@
+/* common.cuh — private helpers of the CUDA ops: error checks that report
+ * file:line, element-type traits (fp32 / bf16 / fp16 with fp32 math), the
+ * device Philox, warp/block reductions and the dtype dispatch. Included only
+ * by the .cu files of kernels/cuda/. Declares inline device code only; defines no globals.
+ */
+#ifndef BERTD_KERNELS_CUDA_COMMON_CUH
+#define BERTD_KERNELS_CUDA_COMMON_CUH
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cublas_v2.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "kernels/cuda/kernels_cuda.h"
+
+/* A failed launch or CUDA call inside an op is a bug or a dead device, never
+ * bad user input (callers validate shapes first), so it aborts with the
+ * location, as llm.c does. */
+#define CUDA_CHECK(call)                                                                  \
+    do {                                                                                  \
+        cudaError_t err_ = (call);                                                        \
+        if (err_ != cudaSuccess) {                                                        \
+            fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorName(err_),      \
+                    __FILE__, __LINE__, cudaGetErrorString(err_));                        \
+            abort();                                                                      \
+        }                                                                                 \
+    } while (0)
+#define CUBLAS_CHECK(call)                                                                \
+    do {                                                                                  \
+        cublasStatus_t st_ = (call);                                                      \
+        if (st_ != CUBLAS_STATUS_SUCCESS) {                                               \
+            fprintf(stderr, "cuBLAS error %d (%s) at %s:%d\n", (int)st_,                  \
+                    cublasGetStatusString(st_), __FILE__, __LINE__);                      \
+            abort();                                                                      \
+        }                                                                                 \
+    } while (0)
+#define LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
+
+/* ---- element types: load as float, store from float ---- */
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
+template <typename T> __device__ __forceinline__ T from_f(float x);
+template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x)
+{
+    return __float2bfloat16(x); // round to nearest even
+}
+template <> __device__ __forceinline__ __half from_f<__half>(float x)
+{
+    return __float2half(x); // round to nearest even; saturates to inf
+}
+
+template <typename T> struct dt_traits;
+template <> struct dt_traits<float> { static constexpr cudaDataType_t cuda = CUDA_R_32F; };
+template <> struct dt_traits<__nv_bfloat16> { static constexpr cudaDataType_t cuda = CUDA_R_16BF; };
+template <> struct dt_traits<__half> { static constexpr cudaDataType_t cuda = CUDA_R_16F; };
+
+/* Runs `body` with T bound to the C type of dt. */
+#define DT_DISPATCH(dt, ...)                                                              \
+    do {                                                                                  \
+        switch (dt) {                                                                     \
+        case KDT_F32: { typedef float T; __VA_ARGS__; } break;                            \
+        case KDT_BF16: { typedef __nv_bfloat16 T; __VA_ARGS__; } break;                   \
+        case KDT_F16: { typedef __half T; __VA_ARGS__; } break;                           \
+        default: fprintf(stderr, "bad kdtype %d at %s:%d\n", (int)(dt), __FILE__, __LINE__); \
+            abort();                                                                      \
+        }                                                                                 \
+    } while (0)
+
+/* ---- Philox4x32-10, the same rounds and constants as kernels/cpu/philox.c ---- */
+struct philox_dev { uint32_t k0, k1, c1, c2, c3; };
+
+static inline philox_dev philox_dev_from(const philox_stream *s)
+{
+    philox_dev d = {s->key[0], s->key[1], s->ctr[0], s->ctr[1], s->ctr[2]};
+    return d;
+}
+
+/* The four uint32 of element group g: elements 4g .. 4g+3 of the stream. */
+__device__ __forceinline__ uint4 philox_group(const philox_dev &s, uint32_t g)
+{
+    uint32_t c0 = g, c1 = s.c1, c2 = s.c2, c3 = s.c3, k0 = s.k0, k1 = s.k1;
+#pragma unroll
+    for (int r = 0; r < 10; r++) {
+        uint32_t lo0 = 0xD2511F53u * c0, hi0 = __umulhi(0xD2511F53u, c0);
+        uint32_t lo1 = 0xCD9E8D57u * c2, hi1 = __umulhi(0xCD9E8D57u, c2);
+        uint32_t n0 = hi1 ^ c1 ^ k0, n1 = lo1, n2 = hi0 ^ c3 ^ k1, n3 = lo0;
+        c0 = n0; c1 = n1; c2 = n2; c3 = n3;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    return make_uint4(c0, c1, c2, c3);
+}
+
+/* philox_stream_u32(s, i). Element groups index with i >> 2 truncated to 32
+ * bits, exactly as the CPU does. */
+__device__ __forceinline__ uint32_t philox_u32(const philox_dev &s, uint64_t i)
+{
+    uint4 r = philox_group(s, (uint32_t)(i >> 2));
+    switch (i & 3) {
+    case 0: return r.x;
+    case 1: return r.y;
+    case 2: return r.z;
+    default: return r.w;
+    }
+}
+
+/* ---- reductions ---- */
+__device__ __forceinline__ float warp_sum(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ double warp_sum_d(double v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Sum over a block of blockDim.x threads (a multiple of 32, <= 1024); every
+ * thread gets the result. shared must hold 32 floats. */
+__device__ __forceinline__ float block_sum(float v, float *shared)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads(); // shared may still be read by a previous call
+    if (lane == 0)
+        shared[warp] = v;
+    __syncthreads();
+    v = lane < nw ? shared[lane] : 0.0f;
+    return warp_sum(v);
+}
+__device__ __forceinline__ float block_max(float v, float *shared)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0)
+        shared[warp] = v;
+    __syncthreads();
+    v = lane < nw ? shared[lane] : -INFINITY;
+    return warp_max(v);
+}
+__device__ __forceinline__ double block_sum_d(double v, double *shared)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum_d(v);
+    __syncthreads();
+    if (lane == 0)
+        shared[warp] = v;
+    __syncthreads();
+    v = lane < nw ? shared[lane] : 0.0;
+    return warp_sum_d(v);
+}
+
+static inline unsigned grid_for(size_t n, unsigned block)
+{
+    size_t g = (n + block - 1) / block;
+    /* grid-stride loops cover the rest */
+    return (unsigned)(g < 65535u * 16u ? (g ? g : 1) : 65535u * 16u);
+}
+
+/* The calling thread's cuBLAS handle, bound to stream (matmul.cu). */
+cublasHandle_t kernels_cublas(cudaStream_t stream);
+
+#endif

@@ -1,0 +1,223 @@
+/* kernels_cuda — the CUDA twins of kernels/kernels.h, plus the fused and
+ * mixed-precision ops only the GPU backend has.
+ *
+ * Naming: the twin of CPU op `x` is `cuda_x`, same argument order, fp32, with
+ * a trailing cudaStream_t. `cuda_x_dt` is the same op with activations in
+ * the element type `dt` (fp32, bf16 or fp16; passed as void *) and fp32
+ * accumulation; parameters (LayerNorm weights, biases, embedding tables),
+ * parameter gradients, LayerNorm statistics and losses stay fp32. GEMM weights
+ * are read in the activation type: the caller keeps a low-precision copy of
+ * the fp32 master weights (the optimizer kernels refresh it).
+ * Gradient rule as on the CPU: parameter gradients +=, activation gradients =.
+ *
+ * Where the CPU op needs no workspace but the GPU one does (attention), the
+ * twin takes the scratch right after the outputs, as llm.c does.
+ * All launches are asynchronous on `stream`; errors in arguments that the CPU
+ * would not see (a launch failure) abort through CUDA_CHECK with file:line,
+ * as llm.c does: they are programming errors, not bad input. This module
+ * allocates device memory only in cuda_kernels_init (the cuBLAS handle and
+ * its workspace), never synchronizes the device, and never validates user
+ * data: callers (worker/gpu_model.c) check shapes and ids first.
+ *
+ * Dims as in kernels.h: B, T, C, NH, I, V, N = B*T, M masked rows.
+ */
+#ifndef BERTD_KERNELS_CUDA_H
+#define BERTD_KERNELS_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <cuda_runtime.h>
+
+#include "kernels/kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum kdtype { KDT_F32 = 0, KDT_BF16 = 1, KDT_F16 = 2 } kdtype;
+/* Bytes per element of dt. */
+size_t kdtype_size(kdtype dt);
+const char *kdtype_name(kdtype dt);
+
+/* ---- library state: one cuBLAS handle per thread, bound to a stream ---- */
+/* Creates the calling thread's cuBLAS handle and workspace if needed.
+ * Returns 0 or -EIO (message logged to stderr). */
+int cuda_kernels_init(void);
+void cuda_kernels_shutdown(void);
+
+/* ---- conversions and fills ---- */
+void cuda_cast(void *dst, kdtype dst_dt, const void *src, kdtype src_dt, size_t n,
+               cudaStream_t stream);
+/* Writes a quiet NaN into n elements of dt (tests poison outputs with it). */
+void cuda_fill_nan(void *dst, kdtype dt, size_t n, cudaStream_t stream);
+
+/* ---- Philox on the device: must equal kernels/cpu/philox.c bit for bit ---- */
+/* out[i] = philox_stream_u32(s, i) for i < n (tests compare it with the CPU). */
+void cuda_philox_u32(uint32_t *out, const philox_stream *s, size_t n, cudaStream_t stream);
+
+/* ---- the twins (fp32) ---- */
+void cuda_embeddings_forward(float *out, const int32_t *inp, const int32_t *tok_type,
+                             const float *wte, const float *wpe, const float *wtt,
+                             int B, int T, int C, cudaStream_t stream);
+/* Accumulates with float atomics: the summation order, not the result up to
+ * rounding, depends on scheduling. */
+void cuda_embeddings_backward(float *dwte, float *dwpe, float *dwtt, const float *dout,
+                              const int32_t *inp, const int32_t *tok_type, int B, int T, int C,
+                              cudaStream_t stream);
+void cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                            const float *weight, const float *bias, int N, int C, float eps,
+                            cudaStream_t stream);
+void cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                             const float *inp, const float *weight, const float *mean,
+                             const float *rstd, int N, int C, cudaStream_t stream);
+void cuda_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
+                         int N, int C, int OC, cudaStream_t stream);
+void cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                          const float *inp, const float *weight, int N, int C, int OC,
+                          cudaStream_t stream);
+/* qkvr (3,B,NH,T,hs): q, k, v regrouped per head, saved for backward.
+ * scratch: at least B*NH*T*T + B*T*C elements (dropped probabilities and the
+ * per-head context); free for other use after the call. */
+void cuda_attention_forward(float *out, float *qkvr, float *att, float *scratch,
+                            const float *qkv, const int32_t *seq_lens,
+                            const philox_stream *rng, float p, int B, int T, int C, int NH,
+                            cudaStream_t stream);
+/* dqkvr (3,B,NH,T,hs) scratch; datt (B,NH,T,T) scratch; scratch as in forward. */
+void cuda_attention_backward(float *dqkv, float *dqkvr, float *datt, float *scratch,
+                             const float *dout, const float *qkvr, const float *att,
+                             const int32_t *seq_lens, const philox_stream *rng, float p,
+                             int B, int T, int C, int NH, cudaStream_t stream);
+void cuda_gelu_forward(float *out, const float *inp, size_t N, cudaStream_t stream);
+void cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t N,
+                        cudaStream_t stream);
+void cuda_tanh_forward(float *out, const float *inp, size_t N, cudaStream_t stream);
+void cuda_tanh_backward(float *dinp, const float *out, const float *dout, size_t N,
+                        cudaStream_t stream);
+void cuda_dropout_forward(float *out, const float *inp, const philox_stream *rng, float p,
+                          size_t N, cudaStream_t stream);
+void cuda_dropout_backward(float *dinp, const float *dout, const philox_stream *rng, float p,
+                           size_t N, cudaStream_t stream);
+void cuda_residual_forward(float *out, const float *a, const float *b, size_t N,
+                           cudaStream_t stream);
+void cuda_residual_backward(float *da, float *db, const float *dout, size_t N,
+                            cudaStream_t stream);
+void cuda_gather_rows_forward(float *out, const float *inp, const int32_t *rows, int M, int C,
+                              cudaStream_t stream);
+void cuda_gather_rows_backward(float *dinp, const float *dout, const int32_t *rows, int M, int C,
+                               cudaStream_t stream);
+void cuda_crossentropy_softmax_forward(float *losses, float *probs, const float *logits,
+                                       const int32_t *targets, int M, int V,
+                                       cudaStream_t stream);
+void cuda_crossentropy_softmax_backward(float *dlogits, const float *probs,
+                                        const int32_t *targets, const float *dlosses, int M,
+                                        int V, cudaStream_t stream);
+
+/* ---- the same ops with activations of type dt (void * = dt elements) ---- */
+void cuda_embeddings_forward_dt(void *out, const int32_t *inp, const int32_t *tok_type,
+                                const float *wte, const float *wpe, const float *wtt,
+                                int B, int T, int C, kdtype dt, cudaStream_t stream);
+void cuda_embeddings_backward_dt(float *dwte, float *dwpe, float *dwtt, const void *dout,
+                                 const int32_t *inp, const int32_t *tok_type, int B, int T,
+                                 int C, kdtype dt, cudaStream_t stream);
+void cuda_layernorm_forward_dt(void *out, float *mean, float *rstd, const void *inp,
+                               const float *weight, const float *bias, int N, int C, float eps,
+                               kdtype dt, cudaStream_t stream);
+void cuda_layernorm_backward_dt(void *dinp, float *dweight, float *dbias, const void *dout,
+                                const void *inp, const float *weight, const float *mean,
+                                const float *rstd, int N, int C, kdtype dt,
+                                cudaStream_t stream);
+/* weight is (OC,C) in dt; bias fp32 (may be NULL). */
+void cuda_matmul_forward_dt(void *out, const void *inp, const void *weight, const float *bias,
+                            int N, int C, int OC, kdtype dt, cudaStream_t stream);
+/* dweight and dbias are fp32 (+=); dinp (may be NULL) in dt. */
+void cuda_matmul_backward_dt(void *dinp, float *dweight, float *dbias, const void *dout,
+                             const void *inp, const void *weight, int N, int C, int OC,
+                             kdtype dt, cudaStream_t stream);
+void cuda_attention_forward_dt(void *out, void *qkvr, void *att, void *scratch, const void *qkv,
+                               const int32_t *seq_lens, const philox_stream *rng, float p,
+                               int B, int T, int C, int NH, kdtype dt, cudaStream_t stream);
+void cuda_attention_backward_dt(void *dqkv, void *dqkvr, void *datt, void *scratch,
+                                const void *dout, const void *qkvr, const void *att,
+                                const int32_t *seq_lens, const philox_stream *rng, float p,
+                                int B, int T, int C, int NH, kdtype dt, cudaStream_t stream);
+void cuda_gelu_forward_dt(void *out, const void *inp, size_t N, kdtype dt, cudaStream_t stream);
+void cuda_gelu_backward_dt(void *dinp, const void *inp, const void *dout, size_t N, kdtype dt,
+                           cudaStream_t stream);
+void cuda_tanh_forward_dt(void *out, const void *inp, size_t N, kdtype dt, cudaStream_t stream);
+void cuda_tanh_backward_dt(void *dinp, const void *out, const void *dout, size_t N, kdtype dt,
+                           cudaStream_t stream);
+void cuda_dropout_forward_dt(void *out, const void *inp, const philox_stream *rng, float p,
+                             size_t N, kdtype dt, cudaStream_t stream);
+void cuda_residual_forward_dt(void *out, const void *a, const void *b, size_t N, kdtype dt,
+                              cudaStream_t stream);
+void cuda_gather_rows_forward_dt(void *out, const void *inp, const int32_t *rows, int M, int C,
+                                 kdtype dt, cudaStream_t stream);
+/* For 16-bit dt the rows must be distinct (no atomics on 16-bit types before
+ * sm_80); MLM positions are. fp32 accumulates repeated rows correctly. */
+void cuda_gather_rows_backward_dt(void *dinp, const void *dout, const int32_t *rows, int M,
+                                  int C, kdtype dt, cudaStream_t stream);
+
+/* ---- fused ops ---- */
+/* out (N,OC) += bias (OC) broadcast over rows, in place. */
+void cuda_add_bias_dt(void *out, const float *bias, int N, int OC, kdtype dt,
+                      cudaStream_t stream);
+/* pre (N,OC) += bias; act = gelu(pre). One pass after the FC1 GEMM. */
+void cuda_bias_gelu_forward_dt(void *act, void *pre, const float *bias, int N, int OC, kdtype dt,
+                               cudaStream_t stream);
+/* res = x + dropout(y); out = layernorm(res). res is kept for backward. */
+void cuda_residual_dropout_layernorm_forward_dt(void *out, void *res, float *mean, float *rstd,
+                                                const void *x, const void *y,
+                                                const philox_stream *rng, float p,
+                                                const float *weight, const float *bias, int N,
+                                                int C, float eps, kdtype dt,
+                                                cudaStream_t stream);
+/* The backward of that, with the residual sum of the two gradients that
+ * reach `out` folded in: g = dout + dout2 (dout2 may be NULL);
+ * dres = layernorm_backward(g) (the gradient of x and of res);
+ * dy = dropout_backward(dres). */
+void cuda_residual_dropout_layernorm_backward_dt(void *dres, void *dy, float *dweight,
+                                                 float *dbias, const void *dout,
+                                                 const void *dout2, const void *res,
+                                                 const float *weight, const float *mean,
+                                                 const float *rstd, const philox_stream *rng,
+                                                 float p, int N, int C, kdtype dt,
+                                                 cudaStream_t stream);
+/* MLM loss over M rows of V logits of type dt, softmax and cross-entropy in
+ * one pass per row in fp32 registers: losses[m] (fp32) is written and, when
+ * grad_scale != 0, logits are overwritten in place by the gradient
+ * (softmax - onehot) * grad_scale. Full fp32 logits never exist. */
+void cuda_mlm_xent_fused_dt(float *losses, void *logits, const int32_t *targets, float grad_scale,
+                            int M, int V, kdtype dt, cudaStream_t stream);
+/* out[m] = sum over rows (the loss sum, deterministic single block). */
+void cuda_sum(float *out, const float *x, int n, cudaStream_t stream);
+
+/* ---- optimizer over the parameter span ---- */
+/* A run of one parameter tensor inside the span, as bert_param_segments. */
+typedef struct cuda_chunk { uint64_t off; uint32_t len; uint32_t seg; } cuda_chunk;
+/* sum of squares (double, +=) of x, and *nonfinite |= 1 if any x is not
+ * finite. sumsq and nonfinite are device pointers the caller zeroed. */
+void cuda_sumsq_check(double *sumsq, int *nonfinite, const float *x, size_t n,
+                      cudaStream_t stream);
+/* x *= s over n elements (loss-scale unscaling, clipping). */
+void cuda_scale(float *x, float s, size_t n, cudaStream_t stream);
+/* One AdamW step (torch semantics, as worker/optim.c, the same float
+ * operations in the same order without FMA contraction, so it agrees with the
+ * CPU bit for bit) over every chunk: g is multiplied by clip first (pass 1.0
+ * for none). decay[seg] (device) says whether weight decay applies; t is the
+ * 1-based step for bias correction. Chunks are device memory.
+ * p_lp (may be NULL) receives p converted to lp_dt. */
+void cuda_adamw_step(float *p, void *p_lp, kdtype lp_dt, const float *g, float *m, float *v,
+                     const cuda_chunk *chunks, int num_chunks, const uint8_t *decay,
+                     double lr, float beta1, float beta2, float eps, float weight_decay,
+                     float clip, long t, cudaStream_t stream);
+/* One LAMB step (apex FusedLAMB, as worker/optim.c). norms: device scratch of
+ * 2 * num_segs doubles. */
+void cuda_lamb_step(float *p, void *p_lp, kdtype lp_dt, const float *g, float *m, float *v,
+                    const cuda_chunk *chunks, int num_chunks, const uint8_t *decay,
+                    double *norms, int num_segs, double lr, float beta1, float beta2, float eps,
+                    float weight_decay, float clip, long t, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

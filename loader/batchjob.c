@@ -1,0 +1,208 @@
+/* batchjob — job file -> MLM options, ring geometry, dataset (batchjob.h). */
+#include "loader/batchjob.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+
+/* Slots per rank: enough for every loader to have one batch in flight on
+ * this rank's ring, plus two ready ones, at least 4. */
+static uint32_t slots_for(int loaders, uint32_t G)
+{
+	uint32_t per_rank = loaders > 0 ? ((uint32_t)loaders + G - 1) / G : 1;
+	uint32_t s = 2 * per_rank + 2;
+	return s < 4 ? 4 : s;
+}
+
+/* k from ".../ckpt-<k>" (a trailing slash allowed); -1 if it is not that. */
+static int64_t ckpt_step(const char *path)
+{
+	size_t n = strlen(path);
+	while (n > 0 && path[n - 1] == '/')
+		n--;
+	size_t b = n;
+	while (b > 0 && path[b - 1] != '/')
+		b--;
+	if (n - b < 6 || strncmp(path + b, "ckpt-", 5) != 0)
+		return -1;
+	int64_t k = 0;
+	for (size_t i = b + 5; i < n; i++) {
+		if (path[i] < '0' || path[i] > '9' || k > (INT64_MAX - 9) / 10)
+			return -1;
+		k = k * 10 + (path[i] - '0');
+	}
+	return k;
+}
+
+static int copy_str(char *dst, size_t cap, const json_t *job, const char *key)
+{
+	const char *v = json_string_value(json_object_get(job, key));
+	if (!v || strlen(v) >= cap) {
+		log_error("job file: \"%s\" missing, not a string or too long", key);
+		return -EINVAL;
+	}
+	memcpy(dst, v, strlen(v) + 1);
+	return 0;
+}
+
+int batchjob_from_json(const json_t *job, batchjob *out)
+{
+	memset(out, 0, sizeof(*out));
+	if (!json_is_object(job)) {
+		log_error("job file: not a JSON object");
+		return -EINVAL;
+	}
+	jobspec_error err;
+	if (jobspec_from_json(json_object_get(job, "spec"), &out->spec, &err) != 0) {
+		log_error("job file: spec.%s: %s", err.field, err.detail);
+		return -EINVAL;
+	}
+	int rc;
+	if ((rc = copy_str(out->job_id, sizeof(out->job_id), job, "job_id")) ||
+	    (rc = copy_str(out->dataset_dir, sizeof(out->dataset_dir), job, "dataset_dir")) ||
+	    (rc = copy_str(out->shm_name, sizeof(out->shm_name), job, "shm_name")))
+		return rc;
+	json_t *ws = json_object_get(job, "world_size");
+	if (!json_is_integer(ws) || json_integer_value(ws) < 1 || json_integer_value(ws) > 4096) {
+		log_error("job file: \"world_size\" must be an integer in [1, 4096]");
+		return -EINVAL;
+	}
+	out->world_size = (uint32_t)json_integer_value(ws);
+	json_t *res = json_object_get(job, "resume_from");
+	if (json_is_string(res)) {
+		out->start_step = ckpt_step(json_string_value(res));
+		if (out->start_step < 0) {
+			log_error("job file: resume_from \"%s\" is not a .../ckpt-<step> directory",
+				  json_string_value(res));
+			return -EINVAL;
+		}
+	} else if (res && !json_is_null(res)) {
+		log_error("job file: \"resume_from\" must be a string or null");
+		return -EINVAL;
+	}
+	const jobspec_training *tr = &out->spec.training;
+	const jobspec_mlm *m = &out->spec.mlm;
+	mlm_config *c = &out->mlm;
+	mlm_config_defaults(c, (uint32_t)tr->max_seq_length);
+	c->seed = tr->seed;
+	c->max_pred = (uint32_t)m->max_predictions_per_seq;
+	c->mlm_probability = (float)m->mlm_probability;
+	c->mask_replace_prob = (float)m->mask_replace_prob;
+	c->random_replace_prob = (float)m->random_replace_prob;
+	c->short_seq_prob = (float)m->short_seq_prob;
+	c->nsp = m->nsp;
+	c->whole_word_mask = m->whole_word_mask;
+	ring_params *p = &out->ring;
+	p->G = out->world_size;
+	p->M = (uint32_t)tr->gradient_accumulation_steps;
+	p->S = slots_for(tr->dataloader_num_workers, p->G);
+	rc = batch_layout_init(&p->layout, (uint32_t)tr->per_device_train_batch_size, c->max_seq_len,
+			       c->max_pred);
+	if (rc) {
+		log_error("job: batch %d x seq %u x predictions %u does not fit a batch slot",
+			  tr->per_device_train_batch_size, c->max_seq_len, c->max_pred);
+		return -EINVAL;
+	}
+	uint64_t per_step = (uint64_t)p->M * p->G;
+	p->start_batch = (uint64_t)out->start_step * per_step;
+	p->end_batch = (uint64_t)tr->max_steps * per_step;
+	if (p->end_batch < p->start_batch)
+		p->end_batch = p->start_batch; /* resumed at or past the end: nothing to build */
+	p->job_tag = mlm_config_digest(c);
+	return 0;
+}
+
+int batchjob_load(const char *path, batchjob *out)
+{
+	json_error_t jerr;
+	FILE *f = fopen(path, "re");
+	if (!f) {
+		int rc = -errno;
+		log_error("cannot open job file %s: %s", path, strerror(errno));
+		return rc;
+	}
+	json_t *job = json_loadf(f, 0, &jerr);
+	fclose(f);
+	if (!job) {
+		log_error("job file %s: line %d: %s", path, jerr.line, jerr.text);
+		return -EBADMSG;
+	}
+	int rc = batchjob_from_json(job, out);
+	json_decref(job);
+	return rc;
+}
+
+uint8_t *batchjob_continuation_bitmap(const char *vocab_path, uint32_t vocab_size)
+{
+	FILE *f = fopen(vocab_path, "re");
+	if (!f) {
+		log_error("cannot open vocab %s: %s", vocab_path, strerror(errno));
+		return NULL;
+	}
+	uint8_t *bits = calloc(vocab_size / 8 + 1, 1);
+	char line[1024];
+	uint32_t id = 0;
+	while (bits && id < vocab_size && fgets(line, sizeof(line), f)) {
+		size_t n = strlen(line);
+		if (line[0] == '#' && line[1] == '#')
+			bits[id >> 3] |= (uint8_t)(1u << (id & 7));
+		/* a line longer than the buffer is still one vocab entry */
+		while (n > 0 && line[n - 1] != '\n' && fgets(line, sizeof(line), f))
+			n = strlen(line);
+		id++;
+	}
+	fclose(f);
+	if (!bits)
+		log_error("out of memory for the vocab bitmap");
+	return bits;
+}
+
+int batchjob_data_open(batchjob *bj, batchjob_data *out)
+{
+	memset(out, 0, sizeof(*out));
+	int rc = shard_dataset_open(bj->dataset_dir, &out->shards);
+	if (rc)
+		goto out;
+	if (out->shards->n_shards == 0 || out->shards->n_shards > UINT32_MAX) {
+		log_error("dataset %s has no shards", bj->dataset_dir);
+		rc = -ENODATA;
+		goto out;
+	}
+	if (bj->mlm.whole_word_mask) {
+		out->continuation =
+			batchjob_continuation_bitmap(out->shards->vocab_path, out->shards->views[0].vocab_size);
+		if (!out->continuation) {
+			rc = -EBADMSG;
+			goto out;
+		}
+		bj->mlm.is_continuation = out->continuation;
+	}
+	rc = mlm_dataset_create(&out->ds, out->shards->views, (uint32_t)out->shards->n_shards, &bj->mlm);
+	if (rc)
+		goto out;
+	mlm_stats st;
+	mlm_dataset_stats(out->ds, &st);
+	if (st.n_samples < bj->ring.layout.B) {
+		log_error("dataset %s makes %llu sequences of %u tokens, fewer than one batch of %u",
+			  bj->dataset_dir, (unsigned long long)st.n_samples, bj->mlm.max_seq_len,
+			  bj->ring.layout.B);
+		rc = -ENODATA;
+		goto out;
+	}
+	return 0;
+out:
+	batchjob_data_close(out);
+	return rc;
+}
+
+void batchjob_data_close(batchjob_data *d)
+{
+	mlm_dataset_destroy(d->ds);
+	free(d->continuation);
+	if (d->shards)
+		shard_dataset_close(d->shards);
+	memset(d, 0, sizeof(*d));
+}

@@ -1,0 +1,63 @@
+/* batchjob — what a job's batch pipeline is, derived once from the job file
+ * (docs/formats.md: job.json) so that every bertd-loader and every
+ * bertd-worker of the job computes the same MLM options, ring geometry and
+ * start/end batch, and opens the same dataset.
+ *
+ * Batch numbering (docs/formats.md): global batch n = (step*M + micro)*G
+ * + rank, G = world_size, M = gradient_accumulation_steps; a job resumed from
+ * checkpoints/ckpt-<k> starts at step k (k steps are done), n = k*M*G, and
+ * ends before max_steps*M*G.
+ *
+ * Never talks to the daemon and never writes files.
+ */
+#ifndef BERTD_LOADER_BATCHJOB_H
+#define BERTD_LOADER_BATCHJOB_H
+
+#include <jansson.h>
+#include <stdint.h>
+
+#include "common/jobspec.h"
+#include "loader/mlm.h"
+#include "loader/ring.h"
+#include "loader/shard.h"
+
+typedef struct batchjob {
+	jobspec spec;
+	char job_id[128];
+	char dataset_dir[4096];
+	char shm_name[RING_NAME_MAX];
+	uint32_t world_size;     /* G */
+	int64_t start_step;      /* 0, or k from resume_from ".../ckpt-<k>" */
+	mlm_config mlm;          /* is_continuation set by batchjob_data_open */
+	ring_params ring;        /* G, S, M, layout (B, T, P), start/end batch, job_tag */
+} batchjob;
+
+/* Fills *out from a parsed job file. Returns 0, or -EINVAL with the reason
+ * logged (missing key, spec not in effective form, a geometry the slot
+ * format cannot hold). Pure apart from logging. */
+int batchjob_from_json(const json_t *job, batchjob *out);
+
+/* Reads and parses the job file at path, then batchjob_from_json. -errno
+ * when it cannot be read, -EBADMSG when it is not JSON. */
+int batchjob_load(const char *path, batchjob *out);
+
+/* The dataset side: shards mapped, WWM bitmap, sample index. */
+typedef struct batchjob_data {
+	shard_dataset *shards;
+	uint8_t *continuation;   /* (vocab_size/8 + 1,) from the dataset's vocab.txt */
+	mlm_dataset *ds;
+} batchjob_data;
+
+/* Opens bj->dataset_dir (shard_dataset_open), builds the "##" bitmap from its
+ * vocab.txt when whole_word_mask is on, and indexes the samples. Refuses a
+ * dataset with fewer samples than one batch. Returns 0 (caller owns *out,
+ * batchjob_data_close), -ENODATA / -EBADMSG / -errno for dataset problems
+ * (logged), -EINVAL for options the data cannot serve. */
+int batchjob_data_open(batchjob *bj, batchjob_data *out);
+void batchjob_data_close(batchjob_data *d);
+
+/* Bit v set when line v of the vocab file starts with "##". Returns a new
+ * bitmap of vocab_size/8 + 1 bytes (caller frees), or NULL (logged). */
+uint8_t *batchjob_continuation_bitmap(const char *vocab_path, uint32_t vocab_size);
+
+#endif

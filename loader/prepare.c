@@ -1,0 +1,1022 @@
+/* prepare — corpus files to a dataset of token shards (see prepare.h).
+ *
+ * Pipeline: inputs are expanded to a sorted file list and cut into chunks
+ * at line ends (~1 MiB; a longer line is one chunk). N worker threads take
+ * chunks in order and turn each into a result (token ids + a stream of
+ * sentence / document-break events, or word counts when training a vocab);
+ * the calling thread consumes results strictly in chunk order, so output is
+ * byte-identical for any thread count. At most `window` chunks are in
+ * flight, which bounds memory. Only the calling thread writes files or
+ * progress.
+ */
+#include "loader/prepare.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "loader/shard.h"
+#include "loader/vocab_train.h"
+#include "loader/wordpiece.h"
+
+#define CHUNK_BYTES (1u << 20)
+#define DEFAULT_SHARD_TOKENS (64ull << 20)
+#define EV_DOC (-1) /* event: document break; a positive event is a sentence length */
+
+typedef struct strvec {
+	char **v;
+	size_t n, cap;
+} strvec;
+
+static int strvec_push(strvec *s, const char *x)
+{
+	if (s->n == s->cap) {
+		size_t c = s->cap ? s->cap * 2 : 64;
+		char **v = realloc(s->v, c * sizeof *v);
+		if (!v)
+			return -ENOMEM;
+		s->v = v;
+		s->cap = c;
+	}
+	if (!(s->v[s->n] = strdup(x)))
+		return -ENOMEM;
+	s->n++;
+	return 0;
+}
+
+static void strvec_free(strvec *s)
+{
+	for (size_t i = 0; i < s->n; i++)
+		free(s->v[i]);
+	free(s->v);
+	memset(s, 0, sizeof *s);
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+typedef struct run {
+	const prepare_opts *o;
+	enum prepare_error *err;
+	char *msg;
+	size_t msg_len;
+	strvec files;
+} run;
+
+static int fail(run *r, enum prepare_error e, int rc, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+
+static int fail(run *r, enum prepare_error e, int rc, const char *fmt, ...)
+{
+	if (*r->err == PREPARE_ERR_NONE) {
+		*r->err = e;
+		char buf[1024];
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(buf, sizeof buf, fmt, ap);
+		va_end(ap);
+		if (r->msg && r->msg_len)
+			snprintf(r->msg, r->msg_len, "%s", buf);
+		log_error("%s", buf);
+	}
+	return rc;
+}
+
+/* ---- inputs ---- */
+
+static int walk_dir(run *r, const char *dir, strvec *out, int depth)
+{
+	if (depth > 64)
+		return fail(r, PREPARE_ERR_INPUT, -ELOOP, "%s: directories nested too deep", dir);
+	DIR *d = opendir(dir);
+	if (!d)
+		return fail(r, PREPARE_ERR_INPUT, -errno, "%s: %s", dir, strerror(errno));
+	strvec names = {0};
+	int rc = 0;
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		if (e->d_name[0] == '.')
+			continue;
+		if ((rc = strvec_push(&names, e->d_name)) < 0)
+			break;
+	}
+	closedir(d);
+	if (names.n)
+		qsort(names.v, names.n, sizeof *names.v, cmp_str);
+	for (size_t i = 0; i < names.n && rc == 0; i++) {
+		char *p;
+		if (asprintf(&p, "%s/%s", dir, names.v[i]) < 0) {
+			rc = -ENOMEM;
+			break;
+		}
+		struct stat st;
+		if (stat(p, &st) == 0 && S_ISDIR(st.st_mode))
+			rc = walk_dir(r, p, out, depth + 1);
+		else if (stat(p, &st) == 0 && S_ISREG(st.st_mode))
+			rc = strvec_push(out, p);
+		free(p);
+	}
+	strvec_free(&names);
+	return rc;
+}
+
+static int expand_inputs(run *r)
+{
+	const prepare_opts *o = r->o;
+	int rc = 0;
+	for (size_t i = 0; i < o->n_inputs && rc == 0; i++) {
+		const char *in = o->inputs[i];
+		struct stat st;
+		if (stat(in, &st) == 0) {
+			if (S_ISDIR(st.st_mode))
+				rc = walk_dir(r, in, &r->files, 0);
+			else if (S_ISREG(st.st_mode))
+				rc = strvec_push(&r->files, in);
+			else
+				rc = fail(r, PREPARE_ERR_INPUT, -EINVAL, "%s: not a file or directory", in);
+			continue;
+		}
+		if (!strpbrk(in, "*?[")) {
+			rc = fail(r, PREPARE_ERR_INPUT, -ENOENT, "%s: %s", in, strerror(errno));
+			continue;
+		}
+		glob_t g;
+		int gr = glob(in, 0, NULL, &g);
+		if (gr == GLOB_NOMATCH) {
+			rc = fail(r, PREPARE_ERR_INPUT, -ENOENT, "%s: no file matches", in);
+		} else if (gr != 0) {
+			rc = fail(r, PREPARE_ERR_INPUT, -EIO, "%s: glob failed", in);
+		} else {
+			for (size_t k = 0; k < g.gl_pathc && rc == 0; k++) {
+				if (stat(g.gl_pathv[k], &st) != 0)
+					continue;
+				if (S_ISDIR(st.st_mode))
+					rc = walk_dir(r, g.gl_pathv[k], &r->files, 0);
+				else if (S_ISREG(st.st_mode))
+					rc = strvec_push(&r->files, g.gl_pathv[k]);
+			}
+		}
+		if (gr != GLOB_NOMATCH)
+			globfree(&g);
+	}
+	if (rc == 0 && r->files.n == 0)
+		rc = fail(r, PREPARE_ERR_INPUT, -ENOENT, "no input files");
+	return rc;
+}
+
+/* ---- chunks ---- */
+
+typedef struct chunk {
+	uint32_t file;
+	uint64_t off, len;
+} chunk;
+
+typedef struct chunkvec {
+	chunk *v;
+	size_t n, cap;
+} chunkvec;
+
+static int chunk_push(chunkvec *c, chunk x)
+{
+	if (c->n == c->cap) {
+		size_t cap = c->cap ? c->cap * 2 : 1024;
+		chunk *v = realloc(c->v, cap * sizeof *v);
+		if (!v)
+			return -ENOMEM;
+		c->v = v;
+		c->cap = cap;
+	}
+	c->v[c->n++] = x;
+	return 0;
+}
+
+static int plan_chunks(run *r, chunkvec *out, uint64_t *total)
+{
+	int rc = 0;
+	*total = 0;
+	for (size_t f = 0; f < r->files.n && rc == 0; f++) {
+		const char *p = r->files.v[f];
+		struct stat st;
+		/* stat, not open: a directory of many small files costs one open each, later */
+		if (stat(p, &st) != 0) {
+			rc = fail(r, PREPARE_ERR_INPUT, -errno, "%s: %s", p, strerror(errno));
+			break;
+		}
+		uint64_t size = (uint64_t)st.st_size;
+		*total += size;
+		if (size <= CHUNK_BYTES) {
+			if (size)
+				rc = chunk_push(out, (chunk){(uint32_t)f, 0, size});
+			continue;
+		}
+		int fd = open(p, O_RDONLY | O_CLOEXEC);
+		if (fd < 0) {
+			rc = fail(r, PREPARE_ERR_INPUT, -errno, "%s: %s", p, strerror(errno));
+			break;
+		}
+		const char *m = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+		close(fd);
+		if (m == MAP_FAILED) {
+			rc = fail(r, PREPARE_ERR_INPUT, -errno, "%s: mmap: %s", p, strerror(errno));
+			break;
+		}
+		uint64_t off = 0;
+		while (off < size && rc == 0) {
+			uint64_t end = off + CHUNK_BYTES;
+			if (end >= size) {
+				end = size;
+			} else {
+				const char *nl = memchr(m + end, '\n', size - end);
+				end = nl ? (uint64_t)(nl - m) + 1 : size;
+			}
+			rc = chunk_push(out, (chunk){(uint32_t)f, off, end - off});
+			off = end;
+		}
+		munmap((void *)m, size);
+	}
+	return rc;
+}
+
+/* ---- per-chunk work ---- */
+
+typedef struct i64vec {
+	int64_t *v;
+	size_t n, cap;
+} i64vec;
+
+static int ev_push(i64vec *e, int64_t x)
+{
+	if (e->n == e->cap) {
+		size_t c = e->cap ? e->cap * 2 : 256;
+		int64_t *v = realloc(e->v, c * sizeof *v);
+		if (!v)
+			return -ENOMEM;
+		e->v = v;
+		e->cap = c;
+	}
+	e->v[e->n++] = x;
+	return 0;
+}
+
+typedef struct result {
+	bool ready;
+	int rc;
+	char msg[512];
+	wordpiece_ids ids;
+	i64vec ev;
+	wordpiece_stats st;
+	vocab_counter *counter;
+} result;
+
+typedef struct work {
+	run *r;
+	const chunk *chunks;
+	size_t n_chunks;
+	result *res;
+	const wordpiece *wp;   /* encode pass */
+	bool counting;         /* vocab counting pass */
+	bool lower;
+	pthread_mutex_t mu;
+	pthread_cond_t cv_work, cv_done;
+	size_t next, consumed, window;
+	bool stop;
+} work;
+
+static bool blank(const char *s, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r' && s[i] != '\v' && s[i] != '\f')
+			return false;
+	return true;
+}
+
+/* One sentence: tokens appended and cut into events, or words counted. */
+static int sentence(work *w, wordpiece_cache *cache, result *res, const char *s, size_t n)
+{
+	if (w->counting)
+		return vocab_counter_add_text(res->counter, s, n);
+	size_t before = res->ids.n;
+	int rc = wordpiece_encode_cached(w->wp, cache, s, n, &res->ids, &res->st);
+	if (rc < 0)
+		return rc;
+	uint64_t got = res->ids.n - before;
+	uint64_t max = w->r->o->max_sentence_tokens ? w->r->o->max_sentence_tokens : UINT64_MAX;
+	while (got > 0 && rc == 0) {
+		uint64_t take = got < max ? got : max;
+		rc = ev_push(&res->ev, (int64_t)take);
+		got -= take;
+	}
+	return rc;
+}
+
+static int doc_break(work *w, result *res)
+{
+	if (w->counting)
+		return 0;
+	return ev_push(&res->ev, EV_DOC);
+}
+
+static uint64_t line_number(const char *path, uint64_t off)
+{
+	FILE *f = fopen(path, "rbe");
+	uint64_t line = 1;
+	if (!f)
+		return 0;
+	char buf[1 << 16];
+	while (off > 0) {
+		size_t want = off < sizeof buf ? (size_t)off : sizeof buf;
+		size_t got = fread(buf, 1, want, f);
+		if (got == 0)
+			break;
+		for (size_t i = 0; i < got; i++)
+			line += buf[i] == '\n';
+		off -= got;
+	}
+	fclose(f);
+	return line;
+}
+
+static int jsonl_line(work *w, wordpiece_cache *cache, result *res, const chunk *c,
+		      const char *line, size_t n, uint64_t line_off)
+{
+	if (blank(line, n))
+		return 0;
+	const char *field = w->r->o->text_field ? w->r->o->text_field : "text";
+	json_error_t jerr;
+	json_t *j = json_loadb(line, n, JSON_ALLOW_NUL, &jerr);
+	json_t *t = json_is_object(j) ? json_object_get(j, field) : NULL;
+	if (!json_is_string(t)) {
+		const char *path = w->r->files.v[c->file];
+		snprintf(res->msg, sizeof res->msg, "%s:%llu: %s", path,
+			 (unsigned long long)line_number(path, c->off + line_off),
+			 !j ? jerr.text : !json_is_object(j) ? "not a JSON object" :
+			 "no string field with the text");
+		json_decref(j);
+		return -EBADMSG;
+	}
+	const char *s = json_string_value(t);
+	size_t len = json_string_length(t);
+	int rc = doc_break(w, res);
+	for (size_t p = 0; p < len && rc == 0;) {
+		const char *nl = memchr(s + p, '\n', len - p);
+		size_t e = nl ? (size_t)(nl - s) : len;
+		if (!blank(s + p, e - p))
+			rc = sentence(w, cache, res, s + p, e - p);
+		p = e + 1;
+	}
+	if (rc == 0)
+		rc = doc_break(w, res);
+	json_decref(j);
+	return rc;
+}
+
+static int read_chunk(const char *path, const chunk *c, char **buf)
+{
+	int rc = 0;
+	*buf = malloc(c->len ? c->len : 1);
+	if (!*buf)
+		return -ENOMEM;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	uint64_t got = 0;
+	while (got < c->len) {
+		ssize_t k = pread(fd, *buf + got, c->len - got, (off_t)(c->off + got));
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0) {
+			rc = k < 0 ? -errno : -EIO; /* shrank while we read it */
+			break;
+		}
+		got += (uint64_t)k;
+	}
+	close(fd);
+	return rc;
+}
+
+static void process_chunk(work *w, wordpiece_cache *cache, size_t i)
+{
+	const chunk *c = &w->chunks[i];
+	result *res = &w->res[i];
+	const char *path = w->r->files.v[c->file];
+	char *buf = NULL;
+	int rc = 0;
+	if (w->counting && (rc = vocab_counter_create(w->lower, &res->counter)) < 0)
+		goto out;
+	if ((rc = read_chunk(path, c, &buf)) < 0) {
+		snprintf(res->msg, sizeof res->msg, "%s: read: %s", path, strerror(-rc));
+		goto out;
+	}
+	size_t pos = 0, len = (size_t)c->len;
+	if (c->off == 0) {
+		if (len >= 3 && memcmp(buf, "\xEF\xBB\xBF", 3) == 0)
+			pos = 3; /* UTF-8 BOM */
+		rc = doc_break(w, res); /* a file starts a document */
+	}
+	while (pos < len && rc == 0) {
+		const char *nl = memchr(buf + pos, '\n', len - pos);
+		size_t e = nl ? (size_t)(nl - buf) : len;
+		const char *line = buf + pos;
+		size_t n = e - pos;
+		if (w->r->o->format == PREPARE_JSONL)
+			rc = jsonl_line(w, cache, res, c, line, n, pos);
+		else if (blank(line, n))
+			rc = doc_break(w, res);
+		else
+			rc = sentence(w, cache, res, line, n);
+		pos = e + 1;
+	}
+out:
+	if (rc < 0 && !res->msg[0])
+		snprintf(res->msg, sizeof res->msg, "%s: %s", path, strerror(-rc));
+	res->rc = rc;
+	free(buf);
+}
+
+static void *worker(void *arg)
+{
+	work *w = arg;
+	/* without a cache (out of memory) the output is the same, only slower */
+	wordpiece_cache *cache = NULL;
+	if (!w->counting && wordpiece_cache_create(&cache) < 0)
+		cache = NULL;
+	for (;;) {
+		pthread_mutex_lock(&w->mu);
+		while (!w->stop && w->next < w->n_chunks && w->next >= w->consumed + w->window)
+			pthread_cond_wait(&w->cv_work, &w->mu);
+		if (w->stop || w->next >= w->n_chunks) {
+			pthread_mutex_unlock(&w->mu);
+			wordpiece_cache_destroy(cache);
+			return NULL;
+		}
+		size_t i = w->next++;
+		pthread_mutex_unlock(&w->mu);
+		process_chunk(w, cache, i);
+		pthread_mutex_lock(&w->mu);
+		w->res[i].ready = true;
+		pthread_cond_broadcast(&w->cv_done);
+		pthread_mutex_unlock(&w->mu);
+	}
+}
+
+static void result_free(result *r)
+{
+	wordpiece_ids_free(&r->ids);
+	free(r->ev.v);
+	r->ev.v = NULL;
+	vocab_counter_destroy(r->counter);
+	r->counter = NULL;
+}
+
+/* ---- progress ---- */
+
+/* bytes_done runs from 0 to bytes_total once over the whole run: with vocab
+ * training the corpus is read twice, so total is twice its size and the
+ * tokenize pass starts at base = its size. */
+typedef struct progress {
+	const prepare_opts *o;
+	double t0, last;
+	uint64_t total, base;
+	uint64_t pass_total; /* corpus bytes: what one pass reads */
+	bool drew;
+} progress;
+
+static double now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void progress_emit(progress *p, const char *phase, uint64_t pass_done, uint64_t tokens,
+			  bool final)
+{
+	double t = now();
+	uint64_t done = p->base + pass_done;
+	if (!final && t - p->last < 0.25)
+		return;
+	p->last = t;
+	if (p->o->progress_fd >= 0) {
+		char line[256];
+		int n = snprintf(line, sizeof line,
+				 "{\"phase\":\"%s\",\"bytes_done\":%llu,\"bytes_total\":%llu,\"tokens\":%llu}\n",
+				 phase, (unsigned long long)done, (unsigned long long)p->total,
+				 (unsigned long long)tokens);
+		/* a reader that went away must not stop the preparation */
+		int wr = prepare_write_line(p->o->progress_fd, line, (size_t)n);
+		if (wr < 0)
+			log_debug("progress fd: %s", strerror(-wr));
+	}
+	if (p->o->progress_tty) {
+		double el = t - p->t0;
+		/* a person reads each pass on its own */
+		fprintf(stderr, "\r%-8s %5.1f%%  %7.1f / %.1f MB  %6.1f MB/s%s", phase,
+			p->pass_total ? 100.0 * (double)pass_done / (double)p->pass_total : 100.0,
+			(double)pass_done / 1e6, (double)p->pass_total / 1e6,
+			el > 0 ? (double)pass_done / 1e6 / el : 0.0, final ? "\n" : "");
+		fflush(stderr);
+		p->drew = !final;
+	}
+}
+
+int prepare_write_line(int fd, const char *line, size_t n)
+{
+	while (n) {
+		ssize_t k = write(fd, line, n);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k < 0)
+			return -errno;
+		line += k;
+		n -= (size_t)k;
+	}
+	return 0;
+}
+
+/* ---- the run ---- */
+
+static int run_pass(run *r, work *w, progress *pg, const char *phase,
+		    int (*consume)(void *ctx, result *res), void *ctx)
+{
+	int rc = 0;
+	int nt = r->o->threads > 0 ? r->o->threads : 1;
+	pthread_t *th = calloc((size_t)nt, sizeof *th);
+	w->res = calloc(w->n_chunks ? w->n_chunks : 1, sizeof *w->res);
+	if (!th || !w->res) {
+		free(th);
+		return fail(r, PREPARE_ERR_INTERNAL, -ENOMEM, "out of memory");
+	}
+	pthread_mutex_init(&w->mu, NULL);
+	pthread_cond_init(&w->cv_work, NULL);
+	pthread_cond_init(&w->cv_done, NULL);
+	w->next = w->consumed = 0;
+	w->window = 4 * (size_t)nt;
+	w->stop = false;
+	int started = 0;
+	for (; started < nt; started++) {
+		if (pthread_create(&th[started], NULL, worker, w) != 0) {
+			rc = fail(r, PREPARE_ERR_INTERNAL, -EAGAIN, "cannot start threads");
+			break;
+		}
+	}
+	uint64_t done = 0, tokens = 0;
+	pg->t0 = pg->last = now();
+	for (size_t i = 0; i < w->n_chunks && rc == 0; i++) {
+		pthread_mutex_lock(&w->mu);
+		while (!w->res[i].ready)
+			pthread_cond_wait(&w->cv_done, &w->mu);
+		pthread_mutex_unlock(&w->mu);
+		result *res = &w->res[i];
+		if (res->rc < 0) {
+			enum prepare_error e = res->rc == -ENOMEM ? PREPARE_ERR_INTERNAL : PREPARE_ERR_INPUT;
+			rc = fail(r, e, res->rc, "%s", res->msg);
+		} else {
+			rc = consume(ctx, res);
+		}
+		done += w->chunks[i].len;
+		tokens += res->ids.n;
+		result_free(res);
+		pthread_mutex_lock(&w->mu);
+		w->consumed++;
+		pthread_cond_broadcast(&w->cv_work);
+		pthread_mutex_unlock(&w->mu);
+		progress_emit(pg, phase, done, tokens, false);
+	}
+	pthread_mutex_lock(&w->mu);
+	w->stop = true;
+	pthread_cond_broadcast(&w->cv_work);
+	pthread_mutex_unlock(&w->mu);
+	for (int k = 0; k < started; k++)
+		pthread_join(th[k], NULL);
+	for (size_t i = 0; i < w->n_chunks; i++)
+		result_free(&w->res[i]);
+	free(w->res);
+	w->res = NULL;
+	free(th);
+	pthread_mutex_destroy(&w->mu);
+	pthread_cond_destroy(&w->cv_work);
+	pthread_cond_destroy(&w->cv_done);
+	if (rc == 0)
+		progress_emit(pg, phase, done, tokens, true);
+	else if (pg->drew)
+		fprintf(stderr, "\n");
+	return rc;
+}
+
+static int consume_counts(void *ctx, result *res)
+{
+	return vocab_counter_merge(ctx, res->counter);
+}
+
+typedef struct writer {
+	run *r;
+	const char *dir;
+	shard_vocab_info vocab;
+	uint64_t shard_tokens;
+	shard_writer *cur;
+	json_t *shards;   /* manifest entries */
+	prepare_summary *s;
+} writer;
+
+static int writer_close_shard(writer *wr)
+{
+	if (!wr->cur)
+		return 0;
+	char name[32];
+	snprintf(name, sizeof name, "shard-%05zu", json_array_size(wr->shards));
+	shard_counts c;
+	int rc = shard_writer_finish(wr->cur, &c);
+	wr->cur = NULL;
+	if (rc < 0)
+		return fail(wr->r, PREPARE_ERR_OUTPUT, rc, "%s/%s: %s", wr->dir, name, strerror(-rc));
+	if (c.tokens == 0) { /* nothing was written to it: drop it */
+		char p[4200];
+		snprintf(p, sizeof p, "%s/%s.bin", wr->dir, name);
+		unlink(p);
+		snprintf(p, sizeof p, "%s/%s.idx", wr->dir, name);
+		unlink(p);
+		return 0;
+	}
+	json_array_append_new(wr->shards, json_pack("{s:s, s:I, s:I, s:I}", "name", name,
+						     "tokens", (json_int_t)c.tokens, "sentences",
+						     (json_int_t)c.sents, "documents", (json_int_t)c.docs));
+	wr->s->tokens += c.tokens;
+	wr->s->sentences += c.sents;
+	wr->s->documents += c.docs;
+	wr->s->shards++;
+	return 0;
+}
+
+static int writer_open_shard(writer *wr)
+{
+	char name[32];
+	snprintf(name, sizeof name, "shard-%05zu", json_array_size(wr->shards));
+	int rc = shard_writer_create(wr->dir, name, &wr->vocab, &wr->cur);
+	if (rc < 0)
+		return fail(wr->r, PREPARE_ERR_OUTPUT, rc, "%s/%s: %s", wr->dir, name, strerror(-rc));
+	return 0;
+}
+
+static int consume_tokens(void *ctx, result *res)
+{
+	writer *wr = ctx;
+	int rc = 0;
+	size_t pos = 0;
+	wr->s->unk += res->st.unk;
+	for (size_t i = 0; i < res->ev.n && rc == 0; i++) {
+		int64_t e = res->ev.v[i];
+		if (!wr->cur && (rc = writer_open_shard(wr)) < 0)
+			break;
+		if (e == EV_DOC) {
+			rc = shard_writer_end_document(wr->cur);
+			if (rc == 0 && shard_writer_counts(wr->cur).tokens >= wr->shard_tokens)
+				rc = writer_close_shard(wr);
+			continue;
+		}
+		rc = shard_writer_add_sentence(wr->cur, res->ids.v + pos, (size_t)e);
+		pos += (size_t)e;
+		if (rc < 0)
+			rc = fail(wr->r, PREPARE_ERR_OUTPUT, rc, "%s: writing shard: %s", wr->dir,
+				  strerror(-rc));
+	}
+	return rc;
+}
+
+static int rm_tree(const char *dir)
+{
+	DIR *d = opendir(dir);
+	if (!d)
+		return -errno;
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+			continue;
+		char p[4352];
+		snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+		unlink(p); /* the temp dir holds only files we made */
+	}
+	closedir(d);
+	return rmdir(dir) == 0 ? 0 : -errno;
+}
+
+static int write_file_sync(const char *path, const void *data, size_t n)
+{
+	int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return -errno;
+	const char *p = data;
+	int rc = 0;
+	while (n && rc == 0) {
+		ssize_t k = write(fd, p, n);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k < 0)
+			rc = -errno;
+		else {
+			p += k;
+			n -= (size_t)k;
+		}
+	}
+	if (rc == 0 && fsync(fd) != 0)
+		rc = -errno;
+	if (close(fd) != 0 && rc == 0)
+		rc = -errno;
+	return rc;
+}
+
+static int read_whole(const char *path, char **buf, size_t *n)
+{
+	*buf = NULL;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	struct stat st;
+	int rc = 0;
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (1 << 30)) {
+		rc = -EINVAL;
+		goto out;
+	}
+	*n = (size_t)st.st_size;
+	*buf = malloc(*n + 1);
+	if (!*buf) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	for (size_t got = 0; got < *n;) {
+		ssize_t k = read(fd, *buf + got, *n - got);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0) {
+			rc = -EIO;
+			goto out;
+		}
+		got += (size_t)k;
+	}
+out:
+	if (rc < 0) {
+		free(*buf);
+		*buf = NULL;
+	}
+	close(fd);
+	return rc;
+}
+
+/* Uncased unless some non-special entry has an ASCII capital. */
+static bool infer_lowercase(const char *v, size_t n)
+{
+	size_t i = 0;
+	while (i < n) {
+		const char *e = memchr(v + i, '\n', n - i);
+		size_t end = e ? (size_t)(e - v) : n;
+		if (v[i] != '[')
+			for (size_t k = i; k < end; k++)
+				if (v[k] >= 'A' && v[k] <= 'Z')
+					return false;
+		i = end + 1;
+	}
+	return true;
+}
+
+int prepare_run(const prepare_opts *o, prepare_summary *s, enum prepare_error *err,
+		char *msg, size_t msg_len)
+{
+	int rc = 0;
+	run r = {.o = o, .err = err, .msg = msg, .msg_len = msg_len};
+	chunkvec chunks = {0};
+	char *tmp = NULL, *vtxt = NULL, *out_dir = NULL;
+	size_t vlen = 0;
+	wordpiece *wp = NULL;
+	vocab_counter *counter = NULL;
+	writer wr = {0};
+	bool made_tmp = false;
+	double t0 = now();
+	*err = PREPARE_ERR_NONE;
+	if (msg && msg_len)
+		msg[0] = '\0';
+	memset(s, 0, sizeof *s);
+
+	if (!o->out_dir || !o->out_dir[0] || o->n_inputs == 0 || o->threads < 1 ||
+	    (!o->vocab_path && o->train_vocab_size == 0) || (o->vocab_path && o->train_vocab_size)) {
+		rc = fail(&r, PREPARE_ERR_USAGE, -EINVAL,
+			  "need an output, inputs, threads >= 1 and exactly one of a vocab or a vocab size to train");
+		goto out;
+	}
+	size_t ol = strlen(o->out_dir);
+	while (ol > 1 && o->out_dir[ol - 1] == '/')
+		ol--; /* "ds/" names ds, and its temp sibling must not go inside it */
+	if (!(out_dir = strndup(o->out_dir, ol))) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	struct stat st;
+	if (stat(out_dir, &st) == 0) {
+		rc = fail(&r, PREPARE_ERR_OUTPUT, -EEXIST, "%s: already exists", out_dir);
+		goto out;
+	}
+	if (errno != ENOENT) {
+		rc = fail(&r, PREPARE_ERR_OUTPUT, -errno, "%s: %s", out_dir, strerror(errno));
+		goto out;
+	}
+	if ((rc = expand_inputs(&r)) < 0)
+		goto out;
+	uint64_t total;
+	if ((rc = plan_chunks(&r, &chunks, &total)) < 0)
+		goto out;
+	s->files = r.files.n;
+	s->bytes = total;
+
+	/* vocab: load, or count words and train */
+	bool lower = o->lowercase != 0;
+	progress pg = {.o = o, .total = o->vocab_path ? total : 2 * total, .pass_total = total};
+	work w = {.r = &r, .chunks = chunks.v, .n_chunks = chunks.n};
+	if (o->vocab_path) {
+		if ((rc = read_whole(o->vocab_path, &vtxt, &vlen)) < 0) {
+			rc = fail(&r, PREPARE_ERR_VOCAB, rc, "vocab %s: %s", o->vocab_path, strerror(-rc));
+			goto out;
+		}
+		if (o->lowercase < 0) {
+			lower = infer_lowercase(vtxt, vlen);
+			log_info("vocab %s looks %s (use --lowercase or --cased to say so)",
+				 o->vocab_path, lower ? "uncased" : "cased");
+		}
+	} else {
+		if ((rc = vocab_counter_create(lower, &counter)) < 0)
+			goto out;
+		w.counting = true;
+		w.lower = lower;
+		if ((rc = run_pass(&r, &w, &pg, "count", consume_counts, counter)) < 0)
+			goto out;
+		vocab_train_opts to = {.vocab_size = o->train_vocab_size};
+		uint32_t nt;
+		if ((rc = vocab_train(counter, &to, &vtxt, &vlen, &nt)) < 0) {
+			rc = fail(&r, rc == -ENOMEM ? PREPARE_ERR_INTERNAL : PREPARE_ERR_INPUT, rc,
+				  "vocab training failed (corpus without words, or size %u too small)",
+				  o->train_vocab_size);
+			goto out;
+		}
+		s->vocab_trained = true;
+		log_info("trained a %u-entry vocab from %llu distinct words", nt,
+			 (unsigned long long)vocab_counter_unique(counter));
+	}
+	if ((rc = wordpiece_create(vtxt, vlen, lower, &wp)) < 0) {
+		rc = fail(&r, PREPARE_ERR_VOCAB, rc, "vocab %s: unusable (see above)",
+			  o->vocab_path ? o->vocab_path : "(trained)");
+		goto out;
+	}
+	corpus_special sp;
+	if ((rc = wordpiece_special(wp, &sp)) < 0) {
+		rc = fail(&r, PREPARE_ERR_VOCAB, -EINVAL,
+			  "vocab %s lacks one of [PAD] [UNK] [CLS] [SEP] [MASK]",
+			  o->vocab_path ? o->vocab_path : "(trained)");
+		goto out;
+	}
+	s->vocab_size = wordpiece_vocab_size(wp);
+	s->lowercase = lower;
+	snprintf(s->vocab_sha256, sizeof s->vocab_sha256, "%s", wordpiece_vocab_sha256(wp));
+
+	/* the temp dir, then tokenize into it */
+	if (asprintf(&tmp, "%s.tmp-%ld", out_dir, (long)getpid()) < 0) {
+		tmp = NULL;
+		rc = -ENOMEM;
+		goto out;
+	}
+	if (mkdir(tmp, 0755) != 0) {
+		rc = fail(&r, PREPARE_ERR_OUTPUT, -errno, "%s: %s", tmp, strerror(errno));
+		goto out;
+	}
+	made_tmp = true;
+	char path[4352];
+	snprintf(path, sizeof path, "%s/vocab.txt", tmp);
+	if ((rc = write_file_sync(path, vtxt, vlen)) < 0) {
+		rc = fail(&r, PREPARE_ERR_OUTPUT, rc, "%s: %s", path, strerror(-rc));
+		goto out;
+	}
+	wr = (writer){.r = &r, .dir = tmp, .shard_tokens = o->shard_tokens ? o->shard_tokens : DEFAULT_SHARD_TOKENS,
+		      .shards = json_array(), .s = s};
+	wr.vocab = (shard_vocab_info){.vocab_size = s->vocab_size, .lowercase = lower, .special = sp};
+	memcpy(wr.vocab.sha256, s->vocab_sha256, 65);
+	w.counting = false;
+	pg.base = o->vocab_path ? 0 : total;
+	w.wp = wp;
+	w.lower = lower;
+	double tt = now();
+	if ((rc = run_pass(&r, &w, &pg, "tokenize", consume_tokens, &wr)) < 0)
+		goto out;
+	if ((rc = writer_close_shard(&wr)) < 0)
+		goto out;
+	s->tokenize_seconds = now() - tt;
+	if (s->tokens == 0) {
+		rc = fail(&r, PREPARE_ERR_INPUT, -ENODATA, "the corpus has no tokens");
+		goto out;
+	}
+
+	/* manifest last: its presence means the shards are complete */
+	json_t *inputs = json_array();
+	for (size_t i = 0; i < o->n_inputs; i++)
+		json_array_append_new(inputs, json_string(o->inputs[i]));
+	time_t tnow = time(NULL);
+	struct tm tm;
+	char when[32];
+	strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&tnow, &tm));
+	json_t *m = json_pack(
+		"{s:s, s:i, s:{s:s, s:s, s:I, s:b, s:b}, s:{s:I, s:I, s:I, s:I, s:I},"
+		" s:s, s:I, s:o, s:{s:I, s:I, s:I, s:I, s:I, s:I},"
+		" s:{s:o, s:s, s:s, s:I, s:s, s:s}}",
+		"format", SHARD_MANIFEST_FORMAT, "version", SHARD_MANIFEST_VERSION,
+		"vocab", "file", "vocab.txt", "sha256", s->vocab_sha256, "size", (json_int_t)s->vocab_size,
+		"lowercase", lower, "trained", s->vocab_trained,
+		"special", "pad", (json_int_t)sp.pad, "unk", (json_int_t)sp.unk, "cls", (json_int_t)sp.cls,
+		"sep", (json_int_t)sp.sep, "mask", (json_int_t)sp.mask,
+		"token_dtype", s->vocab_size <= 65536 ? "uint16" : "uint32",
+		"max_sentence_tokens", (json_int_t)o->max_sentence_tokens,
+		"shards", json_incref(wr.shards),
+		"totals", "files", (json_int_t)s->files, "bytes", (json_int_t)s->bytes,
+		"documents", (json_int_t)s->documents, "sentences", (json_int_t)s->sentences,
+		"tokens", (json_int_t)s->tokens, "unk", (json_int_t)s->unk,
+		"source", "inputs", inputs, "format", o->format == PREPARE_JSONL ? "jsonl" : "text",
+		"text_field", o->text_field ? o->text_field : "text",
+		"shard_tokens", (json_int_t)wr.shard_tokens, "created", when,
+		"tool", "bertd-prepare " BERTD_VERSION);
+	char *js = m ? json_dumps(m, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
+	json_decref(m);
+	if (!js) {
+		rc = fail(&r, PREPARE_ERR_INTERNAL, -ENOMEM, "cannot build the manifest");
+		goto out;
+	}
+	snprintf(path, sizeof path, "%s/%s", tmp, SHARD_MANIFEST_NAME);
+	size_t jl = strlen(js);
+	js[jl] = '\n';
+	rc = write_file_sync(path, js, jl + 1);
+	free(js);
+	if (rc < 0) {
+		rc = fail(&r, PREPARE_ERR_OUTPUT, rc, "%s: %s", path, strerror(-rc));
+		goto out;
+	}
+	int dfd = open(tmp, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd >= 0) {
+		fsync(dfd);
+		close(dfd);
+	}
+	if (rename(tmp, out_dir) != 0) {
+		rc = fail(&r, PREPARE_ERR_OUTPUT, -errno, "rename %s -> %s: %s", tmp, out_dir,
+			  strerror(errno));
+		goto out;
+	}
+	made_tmp = false;
+	/* make the rename itself durable */
+	char *slash = strrchr(out_dir, '/');
+	char parent[4096];
+	snprintf(parent, sizeof parent, "%.*s", slash ? (int)(slash - out_dir) : 1,
+		 slash ? (slash == out_dir ? "/" : out_dir) : ".");
+	dfd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd >= 0) {
+		fsync(dfd);
+		close(dfd);
+	}
+out:
+	if (wr.cur)
+		shard_writer_abort(wr.cur);
+	json_decref(wr.shards);
+	if (made_tmp)
+		rm_tree(tmp);
+	if (rc < 0 && *err == PREPARE_ERR_NONE)
+		fail(&r, rc == -ENOMEM ? PREPARE_ERR_INTERNAL : PREPARE_ERR_INPUT, rc, "%s", strerror(-rc));
+	s->seconds = now() - t0;
+	free(tmp);
+	free(out_dir);
+	free(vtxt);
+	wordpiece_destroy(wp);
+	vocab_counter_destroy(counter);
+	strvec_free(&r.files);
+	free(chunks.v);
+	return rc;
+}
+
+json_t *prepare_summary_json(const prepare_summary *s, const char *out_dir)
+{
+	double mbps = s->tokenize_seconds > 0 ? (double)s->bytes / 1e6 / s->tokenize_seconds : 0.0;
+	return json_pack("{s:b, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:i, s:b, s:b, s:s,"
+			 " s:f, s:f, s:f}",
+			 "ok", 1, "dataset", out_dir, "files", (json_int_t)s->files,
+			 "bytes", (json_int_t)s->bytes, "documents", (json_int_t)s->documents,
+			 "sentences", (json_int_t)s->sentences, "tokens", (json_int_t)s->tokens,
+			 "unk", (json_int_t)s->unk,
+			 "unk_rate", s->tokens ? (double)s->unk / (double)s->tokens : 0.0,
+			 "shards", (json_int_t)s->shards, "vocab_size", (int)s->vocab_size,
+			 "lowercase", s->lowercase, "vocab_trained", s->vocab_trained,
+			 "vocab_sha256", s->vocab_sha256, "seconds", s->seconds,
+			 "tokenize_seconds", s->tokenize_seconds, "mb_per_s", mbps);
+}

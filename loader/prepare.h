@@ -1,0 +1,87 @@
+/* prepare — raw corpus to a dataset directory of token shards (the library
+ * behind bertd-prepare; docs/formats.md describes the output).
+ *
+ * Input rules:
+ *  - text: one sentence per line; a blank line (only spaces, tabs, CR)
+ *    ends a document, and so does the end of each file. A corpus of one
+ *    paragraph per line is thus one document per file, each line a
+ *    "sentence". CRLF and a leading UTF-8 BOM are accepted. Lines that
+ *    tokenize to nothing (only control characters, say) are skipped.
+ *  - jsonl: one JSON object per line; its text field (a string) is one
+ *    document, each non-blank line of it a sentence. Blank input lines are
+ *    skipped; any other line that is not an object with that string field
+ *    is an error naming file and line.
+ *  - sentences longer than max_sentence_tokens are cut into pieces of at
+ *    most that many tokens (0 = never cut).
+ * Inputs may be files, directories (all regular files below, recursively,
+ * skipping names starting with '.'), or glob patterns; they are read in
+ * sorted order so the output does not depend on the thread count.
+ *
+ * The dataset is built in "<out>.tmp-<pid>" next to out and renamed to out
+ * only when complete, so a crash never leaves a directory that looks ready.
+ * Must never: tokenize anything twice for the same output, or leave out
+ * behind on failure.
+ */
+#ifndef BERTD_LOADER_PREPARE_H
+#define BERTD_LOADER_PREPARE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+typedef enum prepare_format { PREPARE_TEXT = 0, PREPARE_JSONL = 1 } prepare_format;
+
+typedef struct prepare_opts {
+	const char *const *inputs;  /* (n_inputs,) paths, directories or globs */
+	size_t n_inputs;
+	const char *out_dir;        /* must not exist yet */
+	prepare_format format;
+	const char *text_field;     /* jsonl; NULL = "text" */
+	const char *vocab_path;     /* NULL: train one (train_vocab_size) */
+	uint32_t train_vocab_size;
+	int lowercase;              /* 1, 0, or -1: infer from the vocab (uncased if
+				     * no entry has an ASCII capital; training: 1) */
+	uint64_t shard_tokens;      /* close a shard at the first document end past this; 0 = 64Mi */
+	uint32_t max_sentence_tokens; /* 0 = never cut */
+	int threads;                /* tokenizing threads, >= 1 */
+	int progress_fd;            /* JSON lines {"phase","bytes_done","bytes_total",...}, bytes_done
+				     * monotonic over the run (docs/formats.md); -1 = none.
+				     * Write errors are ignored; a caller whose reader may
+				     * close a pipe should ignore SIGPIPE (bertd-prepare does). */
+	bool progress_tty;          /* redraw a progress line on stderr */
+} prepare_opts;
+
+typedef struct prepare_summary {
+	uint64_t files, bytes, documents, sentences, tokens, unk, shards;
+	uint32_t vocab_size;
+	bool lowercase, vocab_trained;
+	char vocab_sha256[65];
+	double seconds;             /* wall time of the whole run */
+	double tokenize_seconds;    /* the tokenizing pass alone */
+} prepare_summary;
+
+/* Error classes, so a CLI can map them to exit codes. */
+enum prepare_error {
+	PREPARE_ERR_NONE = 0,
+	PREPARE_ERR_USAGE,   /* bad options */
+	PREPARE_ERR_INPUT,   /* no inputs, unreadable or malformed input, empty corpus */
+	PREPARE_ERR_VOCAB,   /* vocab missing, unusable, or lacking a special token */
+	PREPARE_ERR_OUTPUT,  /* out exists, or cannot be written */
+	PREPARE_ERR_INTERNAL /* out of memory, thread creation... */
+};
+
+/* Runs the whole preparation. Returns 0 with *s filled, or a negative errno
+ * with *err set to its class and msg (if not NULL) to a one-line reason. */
+int prepare_run(const prepare_opts *o, prepare_summary *s, enum prepare_error *err,
+		char *msg, size_t msg_len);
+
+/* Writes one line (n bytes, ending in '\n') whole to a progress fd, riding
+ * out partial writes and EINTR. Returns 0 or -errno (EPIPE: reader gone). */
+int prepare_write_line(int fd, const char *line, size_t n);
+
+/* The summary as a JSON object (caller owns, json_decref). */
+json_t *prepare_summary_json(const prepare_summary *s, const char *out_dir);
+
+#endif

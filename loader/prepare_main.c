@@ -1,0 +1,252 @@
+/* bertd-prepare — command line front end of prepare.c: raw corpus files to
+ * a dataset directory of token shards. Run by hand, or by the daemon as a
+ * child for POST /v1/datasets (it reads --progress-fd lines and the final
+ * JSON line on stdout). This file only parses options and reports; it must
+ * never hold preparation logic.
+ *
+ * Exit codes are bertd's common ones (common/exitcodes.h): 0 done;
+ * 1 internal error; 2 usage (bad options, or the output exists already);
+ * 3 out of memory; 5 data error (no inputs, unreadable or malformed input,
+ * empty corpus, vocab missing / unusable / lacking a special token);
+ * 7 I/O error writing the output.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "common/exitcodes.h"
+#include "common/log.h"
+#include "loader/prepare.h"
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: bertd-prepare -o DATASET_DIR (--vocab FILE | --train-vocab SIZE) [options] INPUT...\n"
+		"\n"
+		"Tokenizes a corpus once into memory-mappable token shards for bertd.\n"
+		"INPUT is a file, a directory (every file below it) or a glob pattern.\n"
+		"\n"
+		"  -o, --output DIR           dataset directory to create (must not exist)\n"
+		"  -f, --format text|jsonl    text: one sentence per line, blank line = new document\n"
+		"                             jsonl: one object per line, its text = one document\n"
+		"      --text-field NAME      jsonl field holding the text (default \"text\")\n"
+		"      --vocab FILE           BERT vocab.txt to tokenize with\n"
+		"      --train-vocab SIZE     train a WordPiece vocab of SIZE entries on the corpus\n"
+		"      --lowercase, --cased   uncased or cased pipeline (default: inferred from the\n"
+		"                             vocab; uncased when training)\n"
+		"      --shard-tokens N       start a new shard after N tokens (default 67108864)\n"
+		"      --max-sentence-tokens N  cut longer sentences (default 510, 0 = never)\n"
+		"  -j, --jobs N               tokenizing threads (default: online CPUs)\n"
+		"      --progress-fd N        write JSON progress lines to file descriptor N\n"
+		"  -v, --verbose              more log output\n"
+		"  -h, --help                 this text\n"
+		"\n"
+		"Prints a JSON summary line on stdout (\"ok\":true|false).\n"
+		"Exit codes: 0 ok, 1 internal, 2 usage or output exists, 3 out of memory,\n"
+		"5 input or vocab error, 7 cannot write the output.\n");
+}
+
+static int parse_u64(const char *s, uint64_t max, uint64_t *out)
+{
+	char *end;
+	errno = 0;
+	unsigned long long v = strtoull(s, &end, 10);
+	if (errno || end == s || *end || s[0] == '-' || v > max)
+		return -EINVAL;
+	*out = v;
+	return 0;
+}
+
+/* One JSON line on stdout and, when the daemon listens, on the progress fd. */
+static void emit_line(json_t *j, int progress_fd)
+{
+	char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+	if (!s)
+		return;
+	printf("%s\n", s);
+	fflush(stdout);
+	if (progress_fd >= 0) {
+		size_t n = strlen(s);
+		s[n] = '\n';
+		int rc = prepare_write_line(progress_fd, s, n + 1);
+		if (rc < 0)
+			log_debug("progress fd: %s", strerror(-rc));
+	}
+	free(s);
+}
+
+static int fail_json(int code, const char *msg, int progress_fd)
+{
+	json_t *j = json_pack("{s:b, s:s, s:i}", "ok", 0, "error", msg, "exit_code", code);
+	emit_line(j, progress_fd);
+	json_decref(j);
+	return code;
+}
+
+int main(int argc, char **argv)
+{
+	enum { O_TEXT_FIELD = 256, O_VOCAB, O_TRAIN, O_LOWER, O_CASED, O_SHARD, O_MAXSENT, O_PFD };
+	static const struct option longopts[] = {
+		{"output", required_argument, NULL, 'o'},
+		{"format", required_argument, NULL, 'f'},
+		{"text-field", required_argument, NULL, O_TEXT_FIELD},
+		{"vocab", required_argument, NULL, O_VOCAB},
+		{"train-vocab", required_argument, NULL, O_TRAIN},
+		{"lowercase", no_argument, NULL, O_LOWER},
+		{"cased", no_argument, NULL, O_CASED},
+		{"shard-tokens", required_argument, NULL, O_SHARD},
+		{"max-sentence-tokens", required_argument, NULL, O_MAXSENT},
+		{"jobs", required_argument, NULL, 'j'},
+		{"progress-fd", required_argument, NULL, O_PFD},
+		{"verbose", no_argument, NULL, 'v'},
+		{"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
+	};
+	log_init("bertd-prepare", LOG_LVL_INFO);
+	/* a progress reader that goes away must not kill us */
+	signal(SIGPIPE, SIG_IGN);
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	prepare_opts o = {.lowercase = -1, .max_sentence_tokens = 510,
+			  .threads = ncpu > 0 ? (int)(ncpu < 256 ? ncpu : 256) : 1, .progress_fd = -1};
+	uint64_t v;
+	char bad[256] = "";
+	int c;
+	while ((c = getopt_long(argc, argv, "o:f:j:vh", longopts, NULL)) != -1) {
+		switch (c) {
+		case 'o':
+			o.out_dir = optarg;
+			break;
+		case 'f':
+			if (!strcmp(optarg, "text"))
+				o.format = PREPARE_TEXT;
+			else if (!strcmp(optarg, "jsonl"))
+				o.format = PREPARE_JSONL;
+			else
+				snprintf(bad, sizeof bad, "--format must be text or jsonl");
+			break;
+		case O_TEXT_FIELD:
+			o.text_field = optarg;
+			break;
+		case O_VOCAB:
+			o.vocab_path = optarg;
+			break;
+		case O_TRAIN:
+			if (parse_u64(optarg, 1u << 24, &v) || v < 16)
+				snprintf(bad, sizeof bad, "--train-vocab wants 16..16777216");
+			else
+				o.train_vocab_size = (uint32_t)v;
+			break;
+		case O_LOWER:
+			o.lowercase = 1;
+			break;
+		case O_CASED:
+			o.lowercase = 0;
+			break;
+		case O_SHARD:
+			if (parse_u64(optarg, UINT64_MAX, &v) || v == 0)
+				snprintf(bad, sizeof bad, "--shard-tokens wants a positive integer");
+			else
+				o.shard_tokens = v;
+			break;
+		case O_MAXSENT:
+			if (parse_u64(optarg, UINT32_MAX, &v))
+				snprintf(bad, sizeof bad, "--max-sentence-tokens wants an integer");
+			else
+				o.max_sentence_tokens = (uint32_t)v;
+			break;
+		case 'j':
+			if (parse_u64(optarg, 1024, &v) || v == 0)
+				snprintf(bad, sizeof bad, "--jobs wants 1..1024");
+			else
+				o.threads = (int)v;
+			break;
+		case O_PFD:
+			if (parse_u64(optarg, INT_MAX, &v) || fcntl((int)v, F_GETFD) < 0)
+				snprintf(bad, sizeof bad, "--progress-fd wants an open file descriptor");
+			else
+				o.progress_fd = (int)v;
+			break;
+		case 'v':
+			log_set_level(LOG_LVL_DEBUG);
+			break;
+		case 'h':
+			usage(stdout);
+			return 0;
+		default:
+			usage(stderr);
+			return fail_json(BERTD_EXIT_BAD_CONFIG, "bad option", -1);
+		}
+	}
+	if (!bad[0] && !o.out_dir)
+		snprintf(bad, sizeof bad, "-o DATASET_DIR is required");
+	if (!bad[0] && optind >= argc)
+		snprintf(bad, sizeof bad, "no INPUT given");
+	if (!bad[0] && !!o.vocab_path == !!o.train_vocab_size)
+		snprintf(bad, sizeof bad, "give exactly one of --vocab FILE and --train-vocab SIZE");
+	if (bad[0]) {
+		log_error("%s", bad);
+		usage(stderr);
+		return fail_json(BERTD_EXIT_BAD_CONFIG, bad, -1);
+	}
+	if (o.train_vocab_size && o.lowercase < 0)
+		o.lowercase = 1;
+	o.inputs = (const char *const *)(argv + optind);
+	o.n_inputs = (size_t)(argc - optind);
+	o.progress_tty = isatty(STDERR_FILENO);
+
+	prepare_summary s;
+	enum prepare_error err;
+	char msg[1024];
+	int rc = prepare_run(&o, &s, &err, msg, sizeof msg);
+	if (rc < 0) {
+		int code = BERTD_EXIT_FAILURE;
+		if (rc == -ENOMEM)
+			code = BERTD_EXIT_OOM;
+		else if (err == PREPARE_ERR_USAGE || rc == -EEXIST)
+			code = BERTD_EXIT_BAD_CONFIG;
+		else if (err == PREPARE_ERR_INPUT || err == PREPARE_ERR_VOCAB)
+			code = BERTD_EXIT_DATA;
+		else if (err == PREPARE_ERR_OUTPUT)
+			code = BERTD_EXIT_IO;
+		return fail_json(code, msg[0] ? msg : strerror(-rc), o.progress_fd);
+	}
+	double mbps = s.tokenize_seconds > 0 ? (double)s.bytes / 1e6 / s.tokenize_seconds : 0.0;
+	fprintf(stderr,
+		"%s: %llu files, %.1f MB -> %llu documents, %llu sentences, %llu tokens in %llu shard(s)\n"
+		"  vocab %u entries (%s%s), unk rate %.4f%%, %.1f MB/s tokenizing with %d thread(s), %.2f s total\n",
+		o.out_dir, (unsigned long long)s.files, (double)s.bytes / 1e6,
+		(unsigned long long)s.documents, (unsigned long long)s.sentences,
+		(unsigned long long)s.tokens, (unsigned long long)s.shards, s.vocab_size,
+		s.lowercase ? "uncased" : "cased", s.vocab_trained ? ", trained" : "",
+		s.tokens ? 100.0 * (double)s.unk / (double)s.tokens : 0.0, mbps, o.threads, s.seconds);
+	json_t *j = prepare_summary_json(&s, o.out_dir);
+	char *js = j ? json_dumps(j, JSON_COMPACT) : NULL;
+	if (js)
+		printf("%s\n", js);
+	fflush(stdout);
+	free(js);
+	/* the daemon's progress channel ends with the same numbers under "stats" */
+	if (o.progress_fd >= 0) {
+		json_t *done = json_pack("{s:s, s:O}", "phase", "done", "stats", j);
+		char *ds = done ? json_dumps(done, JSON_COMPACT) : NULL;
+		if (ds) {
+			size_t n = strlen(ds);
+			ds[n] = '\n';
+			int wr = prepare_write_line(o.progress_fd, ds, n + 1);
+			if (wr < 0)
+				log_debug("progress fd: %s", strerror(-wr));
+		}
+		free(ds);
+		json_decref(done);
+	}
+	json_decref(j);
+	return BERTD_EXIT_OK;
+}

@@ -1,0 +1,92 @@
+-- bertd database schema: the only DDL in the project.
+--
+-- Embedded into bertd at build time (common/embed) and applied by
+-- daemon/store.c under PRAGMA user_version. The file is a list of numbered
+-- migrations; a line "-- migration N" starts migration N and they must run
+-- 1, 2, 3, ... with no gap. A database at version V gets migrations V+1..last,
+-- each in its own BEGIN IMMEDIATE transaction together with its
+-- "PRAGMA user_version = N", so a failed step leaves the file at N-1.
+--
+-- Rules for new migrations: append, never edit a released one; no
+-- BEGIN/COMMIT inside (the store owns the transaction); they run with
+-- foreign_keys=ON, so a table rebuild needs PRAGMA defer_foreign_keys.
+-- Only comments may precede the first marker.
+--
+-- Times are Unix epoch milliseconds; 0 means "not yet".
+
+-- migration 1: jobs, their events, idempotency keys, datasets, metrics, checkpoints
+CREATE TABLE jobs (
+	-- AUTOINCREMENT: a seq is never reused after a delete, so list cursors
+	-- stay valid.
+	seq            INTEGER PRIMARY KEY AUTOINCREMENT,
+	id             TEXT    NOT NULL UNIQUE,
+	name           TEXT    NOT NULL,
+	spec_json      TEXT    NOT NULL,
+	state          TEXT    NOT NULL CHECK (state IN ('queued', 'starting', 'running',
+	                   'restarting', 'stopping', 'completed', 'failed', 'canceled')),
+	priority       INTEGER NOT NULL DEFAULT 0,
+	restart_count  INTEGER NOT NULL DEFAULT 0 CHECK (restart_count >= 0),
+	failure_reason TEXT,
+	created_ms     INTEGER NOT NULL,
+	updated_ms     INTEGER NOT NULL,
+	started_ms     INTEGER NOT NULL DEFAULT 0,
+	finished_ms    INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX jobs_state_seq ON jobs (state, seq);
+
+CREATE TABLE job_events (
+	-- Row id gives the order of events written within the same millisecond.
+	id         INTEGER PRIMARY KEY,
+	job_id     TEXT    NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
+	time_ms    INTEGER NOT NULL,
+	from_state TEXT    NOT NULL,
+	to_state   TEXT    NOT NULL,
+	reason     TEXT
+);
+CREATE INDEX job_events_job ON job_events (job_id, id);
+
+-- No foreign key to jobs: a retried POST must replay the original answer
+-- even after that job was deleted. Old keys are pruned by age.
+CREATE TABLE idempotency_keys (
+	key           TEXT    PRIMARY KEY,
+	request_hash  TEXT    NOT NULL,
+	job_id        TEXT    NOT NULL,
+	response_json TEXT    NOT NULL,
+	created_ms    INTEGER NOT NULL
+);
+CREATE INDEX idempotency_keys_created ON idempotency_keys (created_ms);
+
+CREATE TABLE datasets (
+	id          TEXT    PRIMARY KEY,
+	name        TEXT    NOT NULL UNIQUE,
+	spec_json   TEXT    NOT NULL,
+	state       TEXT    NOT NULL CHECK (state IN ('preparing', 'ready', 'failed')),
+	bytes_done  INTEGER NOT NULL DEFAULT 0,
+	bytes_total INTEGER NOT NULL DEFAULT 0,
+	stats_json  TEXT,
+	error       TEXT,
+	created_ms  INTEGER NOT NULL,
+	updated_ms  INTEGER NOT NULL
+);
+
+-- One row per logged step; a step logged again after a restart from an
+-- earlier checkpoint replaces the old row.
+CREATE TABLE job_metrics (
+	job_id      TEXT    NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
+	step        INTEGER NOT NULL,
+	time_ms     INTEGER NOT NULL,
+	values_json TEXT    NOT NULL,
+	PRIMARY KEY (job_id, step)
+) WITHOUT ROWID;
+
+CREATE TABLE job_checkpoints (
+	job_id     TEXT    NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
+	step       INTEGER NOT NULL,
+	path       TEXT    NOT NULL,
+	bytes      INTEGER NOT NULL DEFAULT 0,
+	created_ms INTEGER NOT NULL,
+	PRIMARY KEY (job_id, step)
+) WITHOUT ROWID;
+
+-- migration 2: the devices a job runs on (JSON array, set at each start)
+ALTER TABLE jobs ADD COLUMN devices_json TEXT;

@@ -1,0 +1,148 @@
+/* gpu_check — see gpu_check.h. */
+#include "tests/gpu/gpu_check.h"
+
+int gpu_failures;
+
+/* Exits 77 (meson: SKIP) when there is no usable CUDA device. */
+void gpu_require_device(void)
+{
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n < 1) {
+        printf("SKIP: no CUDA device (%s)\n", e == cudaSuccess ? "count 0" : cudaGetErrorString(e));
+        exit(77);
+    }
+    struct cudaDeviceProp prop;
+    TCHECK(cudaGetDeviceProperties(&prop, 0));
+    printf("device 0: %s, sm_%d%d, %.1f GiB\n", prop.name, prop.major, prop.minor,
+           prop.totalGlobalMem / 1073741824.0);
+}
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+float frand(void) // uniform in (-1, 1)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)((double)(rng_state >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+float *host_rand(size_t n, float scale, float offset)
+{
+    float *h = malloc((n ? n : 1) * sizeof(float));
+    if (!h)
+        abort();
+    for (size_t i = 0; i < n; i++)
+        h[i] = offset + scale * frand();
+    return h;
+}
+
+float *host_copy(const float *src, size_t n)
+{
+    float *h = malloc((n ? n : 1) * sizeof(float));
+    if (!h)
+        abort();
+    memcpy(h, src, n * sizeof(float));
+    return h;
+}
+
+void *dev_alloc(size_t bytes)
+{
+    void *d = NULL;
+    TCHECK(cudaMalloc(&d, bytes ? bytes : 16));
+    return d;
+}
+
+/* Device buffer of n elements of dt holding h (converted on the device). */
+void *dev_from(const float *h, size_t n, kdtype dt)
+{
+    float *tmp = dev_alloc(n * sizeof(float));
+    TCHECK(cudaMemcpy(tmp, h, n * sizeof(float), cudaMemcpyHostToDevice));
+    if (dt == KDT_F32)
+        return tmp;
+    void *d = dev_alloc(n * kdtype_size(dt));
+    cuda_cast(d, dt, tmp, KDT_F32, n, 0);
+    TCHECK(cudaDeviceSynchronize());
+    TCHECK(cudaFree(tmp));
+    return d;
+}
+
+void dev_to(float *h, const void *d, size_t n, kdtype dt)
+{
+    if (dt == KDT_F32) {
+        TCHECK(cudaMemcpy(h, d, n * sizeof(float), cudaMemcpyDeviceToHost));
+        return;
+    }
+    float *tmp = dev_alloc(n * sizeof(float));
+    cuda_cast(tmp, KDT_F32, d, dt, n, 0);
+    TCHECK(cudaMemcpy(h, tmp, n * sizeof(float), cudaMemcpyDeviceToHost));
+    TCHECK(cudaFree(tmp));
+}
+
+void *dev_nan(size_t n, kdtype dt)
+{
+    void *d = dev_alloc(n * kdtype_size(dt));
+    cuda_fill_nan(d, dt, n, 0);
+    return d;
+}
+
+int32_t *dev_ints(const int32_t *h, size_t n)
+{
+    int32_t *d = dev_alloc(n * sizeof(int32_t));
+    TCHECK(cudaMemcpy(d, h, n * sizeof(int32_t), cudaMemcpyHostToDevice));
+    return d;
+}
+
+/* Rounds h in place to what dt can hold, so the CPU sees the GPU's inputs. */
+void round_to(float *h, size_t n, kdtype dt)
+{
+    if (dt == KDT_F32)
+        return;
+    void *d = dev_from(h, n, dt);
+    dev_to(h, d, n, dt);
+    TCHECK(cudaFree(d));
+}
+
+double tol_for(kdtype dt)
+{
+    return dt == KDT_F32 ? 1e-5 : 1e-2;
+}
+
+/* The comparison rule in the file header; prints one line; counts failures. */
+int check_close(const char *what, kdtype dt, const float *got, const float *ref, size_t n,
+                       double tol)
+{
+    double maxref = 0.0, maxerr = 0.0;
+    size_t bad = 0, worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double r = fabs((double)ref[i]);
+        if (r > maxref)
+            maxref = r;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(got[i])) {
+            bad++;
+            worst = i;
+            continue;
+        }
+        double e = fabs((double)got[i] - (double)ref[i]);
+        if (e > maxerr) {
+            maxerr = e;
+            if (!bad)
+                worst = i;
+        }
+    }
+    double rel = maxref > 0 ? maxerr / maxref : maxerr;
+    int ok = bad == 0 && rel <= tol && n > 0 && maxref > 0;
+    printf("%-4s %-44s %-4s n=%-8zu rel=%.3g (tol %.0e)%s", ok ? "ok" : "FAIL", what,
+           kdtype_name(dt), n, rel, tol, bad ? " NON-FINITE" : "");
+    if (!ok && n)
+        printf("  [%zu] got %.8g ref %.8g", worst, got[worst], ref[worst]);
+    if (maxref == 0)
+        printf("  (reference is all zeros: test input is wrong)");
+    printf("\n");
+    if (!ok)
+        gpu_failures++;
+    return ok;
+}
+

@@ -1,0 +1,58 @@
+/* gpu_check — helpers shared by the GPU tests: skip without a device (exit
+ * 77), device buffers filled from host floats through a dtype (so CPU
+ * references see exactly the rounded inputs the GPU sees), NaN-poisoned
+ * outputs, and the comparison rule. Plain C on purpose: these tests must build
+ * on a GPU box that has the CUDA toolkit and libc but no cmocka.
+ *
+ * Comparison: error = max_i |got_i - ref_i| / max_i |ref_i| (normwise
+ * relative, so a value near zero is judged against the tensor's scale, not
+ * against itself), and every got_i must be finite: a NaN never passes, and
+ * outputs start as NaN so an element the kernel forgot to write fails.
+ */
+#ifndef BERTD_TESTS_GPU_CHECK_H
+#define BERTD_TESTS_GPU_CHECK_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/kernels_cuda.h"
+
+#define TCHECK(call)                                                                      \
+    do {                                                                                  \
+        cudaError_t e_ = (call);                                                          \
+        if (e_ != cudaSuccess) {                                                          \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                 \
+                    cudaGetErrorString(e_));                                              \
+            exit(1);                                                                      \
+        }                                                                                 \
+    } while (0)
+
+extern int gpu_failures;
+
+/* Exits 77 (meson: SKIP) when there is no usable CUDA device; else prints it. */
+void gpu_require_device(void);
+/* Uniform in (-1, 1) from a fixed xorshift stream (reproducible runs). */
+float frand(void);
+/* n floats offset + scale * frand(); caller frees. */
+float *host_rand(size_t n, float scale, float offset);
+float *host_copy(const float *src, size_t n);
+void *dev_alloc(size_t bytes);
+/* Device buffer of n elements of dt holding h (converted on the device). */
+void *dev_from(const float *h, size_t n, kdtype dt);
+void dev_to(float *h, const void *d, size_t n, kdtype dt);
+/* n elements of dt, all NaN. */
+void *dev_nan(size_t n, kdtype dt);
+int32_t *dev_ints(const int32_t *h, size_t n);
+/* Rounds h in place to what dt can hold, so the CPU sees the GPU's inputs. */
+void round_to(float *h, size_t n, kdtype dt);
+/* 1e-5 for fp32, 1e-2 for bf16/fp16. */
+double tol_for(kdtype dt);
+/* The comparison rule above; prints one line; counts failures. Returns 1 if ok. */
+int check_close(const char *what, kdtype dt, const float *got, const float *ref, size_t n,
+                double tol);
+
+#endif

@@ -1,0 +1,388 @@
+/* test_model_cuda — the GPU model (worker/gpu_model.c) against the CPU model
+ * (worker/model.c, itself checked against HuggingFace): loss and every
+ * parameter gradient of one forward/backward with dropout on, then 10
+ * AdamW steps, in fp32 and bf16 (and fp16 where the device has it), MLM
+ * alone and with the NSP head (BertForPreTraining); fp16
+ * loss scaling (an injected inf skips the step, keeps the weights, halves the
+ * scale); the memory plan's refusal naming the largest batch that fits, and
+ * that batch then really fitting; bad batches refused. Exits 77 without a GPU.
+ *
+ * Tolerances (normwise relative, gpu_check.h): one op is held to 1e-5 (fp32)
+ * in test_kernels_cuda; a whole model composes ~20 ops per layer whose
+ * float summation orders differ (cuBLAS vs OpenBLAS, atomics vs serial
+ * loops), so fp32 gradients get 1e-4. 16-bit activations round every stored
+ * tensor to 8 (bf16) or 11 (fp16) bits: gradients get 5e-2, losses 1e-2.
+ * After 10 AdamW steps the parameter updates (p10 - p0) are compared in the
+ * 2-norm (fp32 1e-4, 16-bit 5e-2). Adam's first steps are nearly sign(g), so
+ * with the default eps a gradient element below the rounding noise would
+ * flip its update by 2*lr on one side only, turning rounding into an O(lr)
+ * difference; the test therefore sets eps to the RMS of the first gradient,
+ * which keeps each update a smooth function of its gradient (elements far
+ * above the noise still take sign-like steps). The AdamW arithmetic itself is
+ * checked bit for bit in test_kernels_cuda.
+ */
+#include "tests/gpu/gpu_check.h"
+#include "worker/gpu_model.h"
+#include "worker/model.h"
+#include "worker/optim.h"
+
+#include <errno.h>
+
+static bert_config tiny_config(int nsp)
+{
+    bert_config c;
+    bert_config_preset(&c, NULL);
+    c.vocab_size = 997;
+    c.hidden_size = 64;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 4;
+    c.intermediate_size = 160;
+    c.max_position_embeddings = 40;
+    c.hidden_dropout_prob = 0.1f;
+    c.attention_probs_dropout_prob = 0.1f;
+    c.layer_norm_eps = 1e-12f;
+    c.nsp = nsp;
+    return c;
+}
+
+enum { TB = 3, TT = 24, TM = 11 };
+
+typedef struct batch_store {
+    int32_t ids[TB * TT], types[TB * TT], lens[TB], pos[TM], labels[TM], nsp[TB];
+    bert_batch b;
+} batch_store;
+
+static void make_batch(batch_store *s, const bert_config *c, int k)
+{
+    for (int i = 0; i < TB * TT; i++) {
+        s->ids[i] = (int32_t)((i * 37 + k * 101 + 5) % c->vocab_size);
+        s->types[i] = (i % TT) >= TT / 2;
+    }
+    s->lens[0] = TT;
+    s->lens[1] = TT - 7;
+    s->lens[2] = 9 + k % 5;
+    for (int m = 0; m < TM; m++) {
+        int b = m % TB, t = (m * 5 + k) % s->lens[b];
+        s->pos[m] = b * TT + t;
+        s->labels[m] = (int32_t)((m * 131 + k * 7 + 1) % c->vocab_size);
+    }
+    /* positions must be distinct: nudge repeats */
+    for (int m = 0; m < TM; m++)
+        for (int j = 0; j < m; j++)
+            if (s->pos[j] == s->pos[m]) {
+                s->pos[m] = (s->pos[m] + 1) % (TB * TT);
+                j = -1;
+            }
+    for (int b = 0; b < TB; b++)
+        s->nsp[b] = (b + k) % 2;
+    s->b = (bert_batch){.B = TB, .T = TT, .M = TM, .input_ids = s->ids,
+                        .token_type_ids = s->types, .seq_lens = s->lens,
+                        .mlm_positions = s->pos, .mlm_labels = s->labels,
+                        .nsp_labels = c->nsp ? s->nsp : NULL};
+}
+
+static optim_config test_optim_config(void)
+{
+    optim_config oc;
+    optim_config_default(&oc, OPTIM_ADAMW);
+    oc.lr = 1e-3f;
+    oc.weight_decay = 0.01f;
+    oc.warmup_steps = 2;
+    oc.total_steps = 10;
+    return oc;
+}
+
+static double norm2_rel(const float *got, const float *ref, size_t n)
+{
+    double e = 0, r = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(got[i]))
+            return INFINITY;
+        double d = (double)got[i] - ref[i];
+        e += d * d;
+        r += (double)ref[i] * ref[i];
+    }
+    return r > 0 ? sqrt(e / r) : INFINITY;
+}
+
+static void report(int ok, const char *what, kdtype dt, double val, double tol)
+{
+    printf("%-4s %-44s %-4s rel=%.3g (tol %.0e)\n", ok ? "ok" : "FAIL", what, kdtype_name(dt), val,
+           tol);
+    gpu_failures += !ok;
+}
+
+static void test_forward_backward_steps(kdtype dt, int nsp)
+{
+    printf("--- whole model, %s%s\n", kdtype_name(dt), nsp ? ", with the NSP head" : "");
+    bert_config c = tiny_config(nsp);
+    optim_config oc = test_optim_config();
+    bert_model *cpu = NULL;
+    if (bert_model_create(&cpu, &c) != 0)
+        abort();
+    bert_model_init_weights(cpu, 1234);
+    gpu_model *g = NULL;
+    char err[256];
+    int rc = gpu_model_create(&g, &c, dt, 0, TB, TT, TM, &oc, err, sizeof err);
+    if (rc != 0) {
+        printf("FAIL gpu_model_create %s: %s\n", kdtype_name(dt), err);
+        gpu_failures++;
+        bert_model_destroy(cpu);
+        return;
+    }
+    size_t n = cpu->num_params;
+    if (gpu_model_set_params(g, cpu->params_memory) != 0)
+        abort();
+    /* GradScaler starts at 65536 and backs off on the first overflows; this
+     * test compares steps one for one, so fp16 starts at a scale that does
+     * not overflow (the backing off has its own test below) */
+    if (dt == KDT_F16)
+        g->scaler.scale = 1024.0f;
+    double gtol = dt == KDT_F32 ? 1e-4 : 5e-2, ltol = dt == KDT_F32 ? 1e-5 : 1e-2;
+
+    /* one forward/backward with dropout on */
+    batch_store bs;
+    make_batch(&bs, &c, 0);
+    bert_dropout d = {.train = 1, .seed = 99, .rank = 0, .step = 0, .micro = 0};
+    if (bert_model_forward(cpu, &bs.b, &d) != 0)
+        abort();
+    bert_model_zero_grad(cpu);
+    bert_model_backward(cpu, 1.0f);
+    if (gpu_model_upload(g, &bs.b, err, sizeof err) != 0) {
+        printf("FAIL upload: %s\n", err);
+        abort();
+    }
+    gpu_model_zero_grad(g);
+    float scale = gpu_model_loss_scale(g); // 1 unless fp16
+    gpu_model_forward(g, &d, scale);
+    float gl = gpu_model_loss(g);
+    double lrel = fabs((double)gl - cpu->loss) / fabs((double)cpu->loss);
+    report(isfinite(gl) && lrel <= ltol, "model loss (dropout on)", dt, lrel, ltol);
+    gpu_model_backward(g);
+    float *gg = malloc(n * 4);
+    if (gpu_model_get_grads(g, gg) != 0)
+        abort();
+    for (size_t i = 0; i < n; i++)
+        gg[i] /= scale;
+    size_t off = 0;
+    for (int i = 0; i < BERT_NUM_PARAM_TENSORS; i++) {
+        size_t sz = cpu->param_sizes[i];
+        if (sz) {
+            char name[64];
+            snprintf(name, sizeof name, "model grad %s", bert_param_name(i));
+            check_close(name, dt, gg + off, cpu->grads_memory + off, sz, gtol);
+        }
+        off += sz;
+    }
+
+    /* 10 AdamW steps over changing batches and dropout masks; eps at the
+     * gradient scale (see the file header), the same on both sides */
+    oc.eps = (float)(optim_global_norm(cpu->grads_memory, n) / sqrt((double)n));
+    g->ocfg.eps = oc.eps;
+    printf("     AdamW eps for the step comparison: %.3g\n", oc.eps);
+    size_t nseg = (size_t)bert_param_segments(&c, NULL, NULL, 0);
+    size_t *segs = calloc(nseg, sizeof *segs);
+    int *decays = calloc(nseg, sizeof *decays);
+    bert_param_segments(&c, segs, decays, (int)nseg);
+    optim *o = NULL;
+    if (optim_create(&o, &oc, segs, decays, (int)nseg) != 0)
+        abort();
+    float *p0 = host_copy(cpu->params_memory, n);
+    double worst_loss = 0;
+    for (int k = 0; k < 10; k++) {
+        make_batch(&bs, &c, k + 1);
+        bert_dropout dk = {.train = 1, .seed = 99, .rank = 0, .step = (uint32_t)k + 1};
+        bert_model_forward(cpu, &bs.b, &dk);
+        bert_model_zero_grad(cpu);
+        bert_model_backward(cpu, 1.0f);
+        if (optim_step(o, cpu->params_memory, cpu->grads_memory, NULL, NULL) != 0)
+            abort();
+        gpu_model_upload(g, &bs.b, err, sizeof err);
+        gpu_model_zero_grad(g);
+        gpu_model_forward(g, &dk, gpu_model_loss_scale(g));
+        float l = gpu_model_loss(g);
+        double e = isfinite(l) ? fabs((double)l - cpu->loss) / fabs((double)cpu->loss) : INFINITY;
+        if (e > worst_loss)
+            worst_loss = e;
+        gpu_model_backward(g);
+        int skipped = 0;
+        if (gpu_model_step(g, NULL, NULL, &skipped) != 0 || skipped) {
+            printf("FAIL gpu_model_step %d (skipped %d)\n", k, skipped);
+            gpu_failures++;
+        }
+    }
+    report(worst_loss <= ltol * 2, "10 AdamW steps: worst step loss", dt, worst_loss, ltol * 2);
+    float *gp = malloc(n * 4);
+    gpu_model_get_params(g, gp);
+    for (size_t i = 0; i < n; i++) {
+        gp[i] -= p0[i];
+        cpu->params_memory[i] -= p0[i];
+    }
+    double utol = dt == KDT_F32 ? 1e-4 : 5e-2;
+    double ur = norm2_rel(gp, cpu->params_memory, n);
+    report(ur <= utol, "10 AdamW steps: update p10 - p0", dt, ur, utol);
+    free(gg); free(gp); free(p0); free(segs); free(decays);
+    optim_destroy(o);
+    gpu_model_destroy(g);
+    bert_model_destroy(cpu);
+}
+
+static void test_loss_scaling(void)
+{
+    bert_config c = tiny_config(0);
+    optim_config oc = test_optim_config();
+    char err[256];
+    kdtype dt;
+    if (gpu_precision_pick("fp16", 0, &dt, err, sizeof err) != 0) {
+        printf("skip loss scaling: %s\n", err);
+        return;
+    }
+    bert_model *cpu = NULL;
+    if (bert_model_create(&cpu, &c) != 0)
+        abort();
+    bert_model_init_weights(cpu, 77);
+    gpu_model *g = NULL;
+    if (gpu_model_create(&g, &c, KDT_F16, 0, TB, TT, TM, &oc, err, sizeof err) != 0) {
+        printf("FAIL create fp16: %s\n", err);
+        gpu_failures++;
+        bert_model_destroy(cpu);
+        return;
+    }
+    gpu_model_set_params(g, cpu->params_memory);
+    size_t n = cpu->num_params;
+    float *before = malloc(n * 4), *after = malloc(n * 4);
+    batch_store bs;
+    make_batch(&bs, &c, 3);
+    g->scaler.scale = 2048.0f; // small enough that only the injected inf overflows
+    float s0 = gpu_model_loss_scale(g);
+    gpu_model_upload(g, &bs.b, err, sizeof err);
+    gpu_model_zero_grad(g);
+    gpu_model_forward(g, NULL, s0);
+    gpu_model_backward(g);
+    /* inject an overflow into one gradient (after backward has finished:
+     * the model's streams do not synchronise with the legacy stream) */
+    TCHECK(cudaStreamSynchronize(g->compute));
+    float inf = INFINITY;
+    TCHECK(cudaMemcpy(g->grads_memory + n / 3, &inf, sizeof inf, cudaMemcpyHostToDevice));
+    TCHECK(cudaDeviceSynchronize()); // a pageable copy may still be in flight
+
+    gpu_model_get_params(g, before);
+    int skipped = 0;
+    long t0 = g->t;
+    int rc = gpu_model_step(g, NULL, NULL, &skipped);
+    gpu_model_get_params(g, after);
+    int same = memcmp(before, after, n * 4) == 0;
+    float s1 = gpu_model_loss_scale(g);
+    int ok = rc == 0 && skipped == 1 && same && s1 == s0 * 0.5f && g->t == t0;
+    printf("%-4s %-44s fp16 skipped=%d params unchanged=%d scale %g -> %g\n", ok ? "ok" : "FAIL",
+           "overflow skips the step, halves the scale", skipped, same, s0, s1);
+    gpu_failures += !ok;
+
+    /* a clean step runs, unscales: its gradient norm matches fp32's */
+    gpu_model_zero_grad(g);
+    gpu_model_forward(g, NULL, s1);
+    gpu_model_backward(g);
+    double gn16 = 0, gn32 = 0;
+    rc = gpu_model_step(g, NULL, &gn16, &skipped);
+    bert_model_forward(cpu, &bs.b, NULL);
+    bert_model_zero_grad(cpu);
+    bert_model_backward(cpu, 1.0f);
+    gn32 = optim_global_norm(cpu->grads_memory, n);
+    double rel = fabs(gn16 - gn32) / gn32;
+    gpu_model_get_params(g, after);
+    ok = rc == 0 && !skipped && memcmp(before, after, n * 4) != 0 && rel < 5e-2 &&
+         gpu_model_loss_scale(g) == s1;
+    printf("%-4s %-44s fp16 gnorm %.6g vs fp32 %.6g (rel %.3g)\n", ok ? "ok" : "FAIL",
+           "scaled step unscales and updates", gn16, gn32, rel);
+    gpu_failures += !ok;
+    free(before); free(after);
+    gpu_model_destroy(g);
+    bert_model_destroy(cpu);
+}
+
+static void test_memory_plan(void)
+{
+    bert_config c;
+    bert_config_preset(&c, "bert-base");
+    optim_config oc;
+    optim_config_default(&oc, OPTIM_ADAMW);
+    char err[512];
+    gpu_model *g = NULL;
+    int want = 1000000;
+    int rc = gpu_model_create(&g, &c, KDT_BF16, 0, want, 512, want * 80, &oc, err, sizeof err);
+    const char *key = "largest per-device batch that fits is ";
+    const char *at = strstr(err, key);
+    int fit = at ? atoi(at + strlen(key)) : 0;
+    int ok = rc == -ENOMEM && !g && fit > 0 && fit < want;
+    printf("%-4s %-44s rc=%d: %s\n", ok ? "ok" : "FAIL", "oversized batch refused with advice", rc,
+           err);
+    gpu_failures += !ok;
+    if (g)
+        gpu_model_destroy(g);
+    if (fit > 0) {
+        g = NULL;
+        rc = gpu_model_create(&g, &c, KDT_BF16, 0, fit, 512, (int)((long long)want * 80 * fit / want),
+                              &oc, err, sizeof err);
+        printf("%-4s %-44s batch %d x 512: rc=%d %s\n", rc == 0 ? "ok" : "FAIL",
+               "the advised batch fits", fit, rc, rc ? err : "");
+        gpu_failures += rc != 0;
+        gpu_model_destroy(g);
+    }
+}
+
+static void test_bad_batches(void)
+{
+    bert_config c = tiny_config(0);
+    optim_config oc = test_optim_config();
+    char err[256];
+    gpu_model *g = NULL;
+    if (gpu_model_create(&g, &c, KDT_BF16, 0, TB, TT, TM, &oc, err, sizeof err) != 0) {
+        printf("skip bad batches: %s\n", err);
+        return;
+    }
+    batch_store bs;
+    make_batch(&bs, &c, 0);
+    bs.pos[3] = bs.pos[1];
+    int rc = gpu_model_upload(g, &bs.b, err, sizeof err);
+    printf("%-4s %-44s rc=%d %s\n", rc == -EINVAL ? "ok" : "FAIL", "repeated mlm position refused",
+           rc, err);
+    gpu_failures += rc != -EINVAL;
+    make_batch(&bs, &c, 0);
+    bs.ids[4] = c.vocab_size;
+    rc = gpu_model_upload(g, &bs.b, err, sizeof err);
+    printf("%-4s %-44s rc=%d %s\n", rc == -EINVAL ? "ok" : "FAIL", "token id outside vocab refused",
+           rc, err);
+    gpu_failures += rc != -EINVAL;
+    rc = gpu_model_backward(g);
+    printf("%-4s %-44s rc=%d\n", rc == -EINVAL ? "ok" : "FAIL", "backward without forward refused",
+           rc);
+    gpu_failures += rc != -EINVAL;
+    gpu_model_destroy(g);
+}
+
+int main(void)
+{
+    gpu_require_device();
+    bert_set_threads(4);
+    char err[128];
+    kdtype best;
+    if (gpu_precision_pick("auto", 0, &best, err, sizeof err) != 0) {
+        printf("FAIL precision pick: %s\n", err);
+        return 1;
+    }
+    printf("auto precision: %s\n", kdtype_name(best));
+    test_forward_backward_steps(KDT_F32, 0);
+    test_forward_backward_steps(KDT_F32, 1);
+    if (best == KDT_BF16) {
+        test_forward_backward_steps(KDT_BF16, 0);
+        test_forward_backward_steps(KDT_BF16, 1);
+    }
+    kdtype f16;
+    if (gpu_precision_pick("fp16", 0, &f16, err, sizeof err) == 0)
+        test_forward_backward_steps(KDT_F16, 0);
+    test_loss_scaling();
+    test_bad_batches();
+    test_memory_plan();
+    printf("%d failure(s)\n", gpu_failures);
+    return gpu_failures ? 1 : 0;
+}

@@ -1,0 +1,550 @@
+/* bertd-prepare (library and CLI): document and sentence rules with hand
+ * computed ids, BOM/CRLF, JSONL, identical output for any thread count,
+ * shard rotation at document ends, progress lines, vocab training, and bad
+ * inputs (empty files, 10,000 tiny files, one huge line, binary junk,
+ * missing or incomplete vocab, existing output) giving a clear error class
+ * and leaving nothing behind. BERTD_TEST_BIG_MB sizes the huge line (50). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include <jansson.h>
+
+#include "loader/prepare.h"
+#include "loader/shard.h"
+
+static char tmp[256];
+
+static void rm_rf(const char *p)
+{
+	struct stat st;
+	if (lstat(p, &st) != 0)
+		return;
+	if (S_ISDIR(st.st_mode)) {
+		DIR *d = opendir(p);
+		struct dirent *e;
+		while (d && (e = readdir(d))) {
+			if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+				continue;
+			char c[1024];
+			snprintf(c, sizeof c, "%s/%s", p, e->d_name);
+			rm_rf(c);
+		}
+		if (d)
+			closedir(d);
+		rmdir(p);
+	} else {
+		unlink(p);
+	}
+}
+
+static int setup(void **state)
+{
+	(void)state;
+	const char *base = getenv("TMPDIR");
+	snprintf(tmp, sizeof tmp, "%s/bertd-test-prepare-XXXXXX", base && base[0] ? base : "/tmp");
+	return mkdtemp(tmp) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	rm_rf(tmp);
+	return 0;
+}
+
+static void put(const char *name, const void *data, size_t n)
+{
+	char p[512];
+	snprintf(p, sizeof p, "%s/%s", tmp, name);
+	FILE *f = fopen(p, "wb");
+	assert_non_null(f);
+	assert_int_equal(fwrite(data, 1, n, f), n);
+	fclose(f);
+}
+
+static const char *path(const char *name)
+{
+	static char p[64][512];
+	static int k;
+	k = (k + 1) % 64;
+	snprintf(p[k], sizeof p[k], "%s/%s", tmp, name);
+	return p[k];
+}
+
+static char *slurp_file(const char *p, size_t *n)
+{
+	FILE *f = fopen(p, "rb");
+	assert_non_null(f);
+	fseek(f, 0, SEEK_END);
+	*n = (size_t)ftell(f);
+	fseek(f, 0, SEEK_SET);
+	char *b = malloc(*n + 1);
+	assert_int_equal(fread(b, 1, *n, f), *n);
+	b[*n] = '\0';
+	fclose(f);
+	return b;
+}
+
+static const char VOCAB[] = "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nhello\nworld\nfoo\nbar\n.\n##s\n";
+
+static int run_prep(prepare_opts *o, enum prepare_error *err, prepare_summary *s)
+{
+	char msg[512];
+	int rc = prepare_run(o, s, err, msg, sizeof msg);
+	if (rc < 0)
+		fprintf(stderr, "(expected?) prepare: %s\n", msg);
+	return rc;
+}
+
+static void expect_sent(const corpus_view *v, uint64_t s, const uint32_t *ids, size_t n)
+{
+	assert_int_equal(v->sent_off[s + 1] - v->sent_off[s], n);
+	for (size_t i = 0; i < n; i++)
+		assert_int_equal(corpus_token(v, v->sent_off[s] + i), ids[i]);
+}
+
+static void test_text_rules(void **state)
+{
+	(void)state;
+	put("vocab.txt", VOCAB, strlen(VOCAB));
+	/* BOM, CRLF, blank lines (one with spaces) between documents, a line
+	 * of control characters only (dropped), two files */
+	const char a[] = "\xEF\xBB\xBFhello world\r\nfoo bar.\r\n\r\n  \t\r\nhellos\n\x01\x02\n\n\n\nworld";
+	put("a.txt", a, sizeof a - 1);
+	put("b.txt", "foo\nbar\n", 8);
+	const char *in[] = {path("a.txt"), path("b.txt")};
+	prepare_opts o = {.inputs = in, .n_inputs = 2, .out_dir = path("ds"),
+			  .vocab_path = path("vocab.txt"), .lowercase = -1, .threads = 2, .progress_fd = -1};
+	prepare_summary s;
+	enum prepare_error err;
+	assert_int_equal(run_prep(&o, &err, &s), 0);
+	assert_true(s.lowercase); /* inferred: no capitals in the vocab */
+	shard_dataset *d;
+	assert_int_equal(shard_dataset_open(path("ds"), &d), 0);
+	const corpus_view *v = &d->views[0];
+	assert_int_equal(d->n_shards, 1);
+	assert_int_equal(v->n_docs, 4);
+	assert_int_equal(v->n_sents, 6);
+	assert_int_equal(v->token_bytes, 2);
+	static const uint32_t s0[] = {5, 6}, s1[] = {7, 8, 9}, s2[] = {5, 10}, s3[] = {6},
+			      s4[] = {7}, s5[] = {8};
+	expect_sent(v, 0, s0, 2);
+	expect_sent(v, 1, s1, 3);
+	expect_sent(v, 2, s2, 2);
+	expect_sent(v, 3, s3, 1);
+	expect_sent(v, 4, s4, 1);
+	expect_sent(v, 5, s5, 1);
+	static const uint64_t docs[] = {0, 2, 3, 4, 6};
+	assert_memory_equal(v->doc_off, docs, sizeof docs);
+	assert_int_equal(v->special.mask, 4);
+	assert_int_equal(s.documents, 4);
+	assert_int_equal(s.tokens, 10);
+	shard_dataset_close(d);
+	/* no temp dir left next to it */
+	DIR *dd = opendir(tmp);
+	struct dirent *e;
+	while ((e = readdir(dd)))
+		assert_null(strstr(e->d_name, ".tmp-"));
+	closedir(dd);
+	/* the output exists now */
+	assert_int_equal(run_prep(&o, &err, &s), -EEXIST);
+	assert_int_equal(err, PREPARE_ERR_OUTPUT);
+}
+
+/* A vocab over 65,536 entries makes uint32 shards, and the manifest says so. */
+static void test_big_vocab(void **state)
+{
+	(void)state;
+	size_t cap = 80000 * 12, n = 0;
+	char *v = malloc(cap);
+	n += (size_t)snprintf(v + n, cap - n, "%s", VOCAB);
+	for (int i = 0; i < 70000; i++)
+		n += (size_t)snprintf(v + n, cap - n, "w%d\n", i);
+	n += (size_t)snprintf(v + n, cap - n, "zzz\n");
+	put("big-vocab.txt", v, n);
+	free(v);
+	put("bv.txt", "zzz hello w69999\n", 17);
+	const char *in[] = {path("bv.txt")};
+	prepare_opts o = {.inputs = in, .n_inputs = 1, .out_dir = path("dbv"),
+			  .vocab_path = path("big-vocab.txt"), .lowercase = 1, .threads = 1,
+			  .progress_fd = -1};
+	prepare_summary s;
+	enum prepare_error err;
+	assert_int_equal(run_prep(&o, &err, &s), 0);
+	shard_dataset *d;
+	assert_int_equal(shard_dataset_open(path("dbv"), &d), 0);
+	const corpus_view *cv = &d->views[0];
+	assert_int_equal(cv->token_bytes, 4);
+	assert_int_equal(cv->vocab_size, 11 + 70000 + 1);
+	assert_int_equal(cv->n_tokens, 3);
+	assert_int_equal(corpus_token(cv, 0), 11 + 70000); /* zzz, beyond uint16 */
+	assert_int_equal(corpus_token(cv, 1), 5);
+	assert_int_equal(corpus_token(cv, 2), 11 + 69999);
+	shard_dataset_close(d);
+	size_t mn;
+	char *m = slurp_file(path("dbv/manifest.json"), &mn);
+	assert_non_null(strstr(m, "\"token_dtype\": \"uint32\""));
+	free(m);
+}
+
+static void test_jsonl(void **state)
+{
+	(void)state;
+	put("vocab.txt", VOCAB, strlen(VOCAB));
+	const char j[] = "{\"body\":\"hello world\\nfoo bar.\\n\\nhellos\",\"id\":1}\n\n"
+			 "{\"body\":\"world\"}\r\n";
+	put("c.jsonl", j, sizeof j - 1);
+	const char *in[] = {path("c.jsonl")};
+	prepare_opts o = {.inputs = in, .n_inputs = 1, .out_dir = path("dj"), .format = PREPARE_JSONL,
+			  .text_field = "body", .vocab_path = path("vocab.txt"), .lowercase = 1,
+			  .threads = 1, .progress_fd = -1};
+	prepare_summary s;
+	enum prepare_error err;
+	assert_int_equal(run_prep(&o, &err, &s), 0);
+	assert_int_equal(s.documents, 2);
+	assert_int_equal(s.sentences, 4);
+	assert_int_equal(s.tokens, 8);
+	/* a bad third line: error names the line, nothing is left behind */
+	const char bad[] = "{\"body\":\"hello\"}\n{\"body\":\"world\"}\n{\"body\":3}\n";
+	put("bad.jsonl", bad, sizeof bad - 1);
+	in[0] = path("bad.jsonl");
+	o.out_dir = path("dbad");
+	char msg[512];
+	assert_int_equal(prepare_run(&o, &s, &err, msg, sizeof msg), -EBADMSG);
+	assert_int_equal(err, PREPARE_ERR_INPUT);
+	assert_non_null(strstr(msg, "bad.jsonl:3:"));
+	assert_int_equal(access(path("dbad"), F_OK), -1);
+	put("bad2.jsonl", "[1,2]\n", 6);
+	in[0] = path("bad2.jsonl");
+	assert_int_equal(prepare_run(&o, &s, &err, msg, sizeof msg), -EBADMSG);
+	assert_non_null(strstr(msg, "not a JSON object"));
+}
+
+static char *slurp(const char *p, size_t *n)
+{
+	FILE *f = fopen(p, "rb");
+	if (!f)
+		return NULL;
+	fseek(f, 0, SEEK_END);
+	*n = (size_t)ftell(f);
+	fseek(f, 0, SEEK_SET);
+	char *b = malloc(*n + 1);
+	assert_int_equal(fread(b, 1, *n, f), *n);
+	fclose(f);
+	return b;
+}
+
+static void same_file(const char *a, const char *b)
+{
+	size_t na, nb;
+	char *x = slurp(a, &na), *y = slurp(b, &nb);
+	assert_non_null(x);
+	assert_non_null(y);
+	assert_int_equal(na, nb);
+	assert_memory_equal(x, y, na);
+	free(x);
+	free(y);
+}
+
+static void test_threads_and_shards(void **state)
+{
+	(void)state;
+	const char *dd = getenv("BERTD_SHARED_DATA");
+	char corpus[1024];
+	snprintf(corpus, sizeof corpus, "%s/pg2600-war-and-peace.txt", dd ? dd : "../shared/data");
+	char vocab[1024];
+	snprintf(vocab, sizeof vocab, "%s/bert-base-cased-vocab.txt", dd ? dd : "../shared/data");
+	const char *in[] = {corpus};
+	int pfd[2];
+	assert_int_equal(pipe(pfd), 0);
+	fcntl(pfd[0], F_SETFL, O_NONBLOCK);
+	fcntl(pfd[1], F_SETPIPE_SZ, 1 << 20);
+	prepare_opts o = {.inputs = in, .n_inputs = 1, .vocab_path = vocab, .lowercase = 0,
+			  .shard_tokens = 200000, .threads = 1, .progress_fd = pfd[1]};
+	prepare_summary s1, s3;
+	enum prepare_error err;
+	o.out_dir = path("t1");
+	assert_int_equal(run_prep(&o, &err, &s1), 0);
+	o.out_dir = path("t3");
+	o.threads = 3;
+	o.progress_fd = -1;
+	assert_int_equal(run_prep(&o, &err, &s3), 0);
+	assert_true(s1.shards >= 4); /* ~740k tokens, a new shard past 200k */
+	assert_int_equal(s1.shards, s3.shards);
+	assert_int_equal(s1.tokens, s3.tokens);
+	for (uint64_t k = 0; k < s1.shards; k++) {
+		char a[64], b[64];
+		snprintf(a, sizeof a, "t1/shard-%05llu.bin", (unsigned long long)k);
+		snprintf(b, sizeof b, "t3/shard-%05llu.bin", (unsigned long long)k);
+		same_file(path(a), path(b));
+		snprintf(a, sizeof a, "t1/shard-%05llu.idx", (unsigned long long)k);
+		snprintf(b, sizeof b, "t3/shard-%05llu.idx", (unsigned long long)k);
+		same_file(path(a), path(b));
+	}
+	shard_dataset *d;
+	assert_int_equal(shard_dataset_open(path("t1"), &d), 0);
+	assert_int_equal(d->n_shards, s1.shards);
+	assert_false(d->vocab.lowercase);
+	for (size_t k = 0; k + 1 < d->n_shards; k++)
+		assert_true(d->views[k].n_tokens >= 200000); /* only closed at a document end past it */
+	assert_int_equal(d->totals.tokens, s1.tokens);
+	shard_dataset_close(d);
+	/* progress: JSON lines, the last one complete */
+	char buf[1 << 16];
+	ssize_t n = read(pfd[0], buf, sizeof buf - 1);
+	assert_true(n > 0);
+	buf[n] = '\0';
+	char *last = NULL;
+	for (char *l = strtok(buf, "\n"); l; l = strtok(NULL, "\n"))
+		last = l;
+	json_error_t je;
+	json_t *j = json_loads(last, 0, &je);
+	assert_non_null(j);
+	assert_string_equal(json_string_value(json_object_get(j, "phase")), "tokenize");
+	assert_int_equal(json_integer_value(json_object_get(j, "bytes_done")),
+			 json_integer_value(json_object_get(j, "bytes_total")));
+	assert_int_equal(json_integer_value(json_object_get(j, "bytes_total")), 3290314);
+	json_decref(j);
+	close(pfd[0]);
+	close(pfd[1]);
+}
+
+static void test_train_vocab(void **state)
+{
+	(void)state;
+	const char *dd = getenv("BERTD_SHARED_DATA");
+	char corpus[1024];
+	snprintf(corpus, sizeof corpus, "%s/tinyshakespeare.txt", dd ? dd : "../shared/data");
+	const char *in[] = {corpus};
+	int pfd[2];
+	assert_int_equal(pipe(pfd), 0);
+	prepare_opts o = {.inputs = in, .n_inputs = 1, .train_vocab_size = 3000, .lowercase = 1,
+			  .threads = 2, .progress_fd = pfd[1]};
+	prepare_summary s;
+	enum prepare_error err;
+	o.out_dir = path("v1");
+	assert_int_equal(run_prep(&o, &err, &s), 0);
+	close(pfd[1]);
+	/* progress over both passes only grows, and ends complete */
+	char buf[1 << 16];
+	ssize_t n = read(pfd[0], buf, sizeof buf - 1);
+	close(pfd[0]);
+	assert_true(n > 0);
+	buf[n] = '\0';
+	long long prev = -1, done = 0, total = 0;
+	int phases = 0;
+	for (char *l = strtok(buf, "\n"); l; l = strtok(NULL, "\n")) {
+		json_error_t je;
+		json_t *j = json_loads(l, 0, &je);
+		assert_non_null(j);
+		done = json_integer_value(json_object_get(j, "bytes_done"));
+		total = json_integer_value(json_object_get(j, "bytes_total"));
+		assert_true(done >= prev);
+		prev = done;
+		phases |= strcmp(json_string_value(json_object_get(j, "phase")), "count") ? 2 : 1;
+		json_decref(j);
+	}
+	assert_int_equal(phases, 3);
+	assert_int_equal(total, 2 * 1115394);
+	assert_int_equal(done, total);
+	assert_true(s.vocab_trained);
+	assert_int_equal(s.vocab_size, 3000);
+	fprintf(stderr, "trained 3000 on tinyshakespeare: %llu tokens, unk rate %.5f%%\n",
+		(unsigned long long)s.tokens, 100.0 * (double)s.unk / (double)s.tokens);
+	assert_true((double)s.unk / (double)s.tokens < 0.001);
+	o.out_dir = path("v2");
+	o.threads = 1;
+	o.progress_fd = -1;
+	assert_int_equal(run_prep(&o, &err, &s), 0);
+	same_file(path("v1/vocab.txt"), path("v2/vocab.txt"));
+	same_file(path("v1/shard-00000.bin"), path("v2/shard-00000.bin"));
+	shard_dataset *d;
+	assert_int_equal(shard_dataset_open(path("v1"), &d), 0);
+	assert_int_equal(d->vocab.vocab_size, 3000);
+	shard_dataset_close(d);
+}
+
+static void test_bad_inputs(void **state)
+{
+	(void)state;
+	put("vocab.txt", VOCAB, strlen(VOCAB));
+	prepare_summary s;
+	enum prepare_error err;
+	const char *in[1];
+	prepare_opts o = {.inputs = in, .n_inputs = 1, .vocab_path = path("vocab.txt"),
+			  .lowercase = 1, .threads = 2, .progress_fd = -1};
+	/* empty files only */
+	put("e1.txt", "", 0);
+	put("e2.txt", "\n\n \n", 4);
+	in[0] = path("e?.txt"); /* a glob */
+	o.out_dir = path("de");
+	assert_int_equal(run_prep(&o, &err, &s), -ENODATA);
+	assert_int_equal(err, PREPARE_ERR_INPUT);
+	assert_int_equal(access(path("de"), F_OK), -1);
+	/* nothing there */
+	in[0] = path("nothing-*.txt");
+	assert_int_equal(run_prep(&o, &err, &s), -ENOENT);
+	assert_int_equal(err, PREPARE_ERR_INPUT);
+	in[0] = path("absent.txt");
+	assert_int_equal(run_prep(&o, &err, &s), -ENOENT);
+	/* vocab problems */
+	put("x.txt", "hello\n", 6);
+	in[0] = path("x.txt");
+	o.vocab_path = path("no-vocab.txt");
+	assert_int_equal(run_prep(&o, &err, &s), -ENOENT);
+	assert_int_equal(err, PREPARE_ERR_VOCAB);
+	put("nomask.txt", "[PAD]\n[UNK]\n[CLS]\n[SEP]\nhello\n", 29);
+	o.vocab_path = path("nomask.txt");
+	assert_int_equal(run_prep(&o, &err, &s), -EINVAL);
+	assert_int_equal(err, PREPARE_ERR_VOCAB);
+	o.vocab_path = path("vocab.txt");
+	/* binary junk: no crash; some ASCII words may survive */
+	unsigned char junk[1 << 16];
+	uint32_t x = 12345;
+	for (size_t i = 0; i < sizeof junk; i++) {
+		x = x * 1103515245 + 12345;
+		junk[i] = (unsigned char)(x >> 16);
+	}
+	put("junk.bin", junk, sizeof junk);
+	in[0] = path("junk.bin");
+	o.out_dir = path("dk");
+	int rc = run_prep(&o, &err, &s);
+	assert_true(rc == 0 || rc == -ENODATA);
+	/* 10,000 tiny files in a directory tree: one document each */
+	char dir[512];
+	snprintf(dir, sizeof dir, "%s/many", tmp);
+	assert_int_equal(mkdir(dir, 0755), 0);
+	for (int i = 0; i < 10000; i++) {
+		char p[600];
+		if (i % 1000 == 0) {
+			snprintf(p, sizeof p, "%s/d%d", dir, i / 1000);
+			assert_int_equal(mkdir(p, 0755), 0);
+		}
+		snprintf(p, sizeof p, "%s/d%d/f%05d.txt", dir, i / 1000, i);
+		FILE *f = fopen(p, "w");
+		assert_non_null(f);
+		fputs(i % 2 ? "hello world\n" : "foo\r\nbar", f);
+		fclose(f);
+	}
+	put("many/.hidden", "hello", 5);
+	in[0] = dir;
+	o.out_dir = path("dm");
+	assert_int_equal(run_prep(&o, &err, &s), 0);
+	assert_int_equal(s.files, 10000);
+	assert_int_equal(s.documents, 10000);
+	assert_int_equal(s.sentences, 15000);
+	assert_int_equal(s.tokens, 20000);
+	/* one huge line */
+	const char *mb_env = getenv("BERTD_TEST_BIG_MB");
+	size_t mb = mb_env ? strtoul(mb_env, NULL, 10) : 50;
+	size_t big = mb << 20;
+	char *line = malloc(big);
+	for (size_t i = 0; i < big; i += 12)
+		memcpy(line + i, "hello world ", big - i < 12 ? big - i : 12);
+	put("big.txt", line, big);
+	free(line);
+	in[0] = path("big.txt");
+	o.out_dir = path("db");
+	o.max_sentence_tokens = 510;
+	assert_int_equal(run_prep(&o, &err, &s), 0);
+	/* a cut-off tail "hello wo" still makes "hello" and one [UNK] */
+	uint64_t words = big / 12 * 2 + (big % 12 >= 5) + (big % 12 >= 7);
+	assert_int_equal(s.tokens, words);
+	assert_int_equal(s.documents, 1);
+	assert_int_equal(s.sentences, (words + 509) / 510);
+	/* usage errors */
+	o.threads = 0;
+	o.out_dir = path("du");
+	assert_int_equal(run_prep(&o, &err, &s), -EINVAL);
+	assert_int_equal(err, PREPARE_ERR_USAGE);
+}
+
+/* The CLI: exit codes and the JSON line on stdout. */
+static int run_cli(const char *args, json_t **last)
+{
+	const char *exe = getenv("BERTD_PREPARE_EXE");
+	char cmd[4096], out[600];
+	snprintf(out, sizeof out, "%s/cli-out.txt", tmp);
+	snprintf(cmd, sizeof cmd, "%s %s >%s 2>/dev/null", exe, args, out);
+	int st = system(cmd);
+	size_t n;
+	char *o = slurp(out, &n);
+	*last = NULL;
+	if (o && n) {
+		o[n] = '\0';
+		char *l = o + n - 1;
+		*l = '\0';
+		while (l > o && l[-1] != '\n')
+			l--;
+		json_error_t je;
+		*last = json_loads(l, 0, &je);
+	}
+	free(o);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void test_cli(void **state)
+{
+	(void)state;
+	if (!getenv("BERTD_PREPARE_EXE"))
+		skip();
+	put("vocab.txt", VOCAB, strlen(VOCAB));
+	put("in.txt", "hello world\n\nfoo\n", 17);
+	char a[2048];
+	json_t *j;
+	snprintf(a, sizeof a, "-o %s/cli1/ --vocab %s/vocab.txt -j 2 %s/in.txt", tmp, tmp, tmp);
+	assert_int_equal(run_cli(a, &j), 0);
+	assert_non_null(j);
+	assert_true(json_is_true(json_object_get(j, "ok")));
+	assert_int_equal(json_integer_value(json_object_get(j, "tokens")), 3);
+	assert_int_equal(json_integer_value(json_object_get(j, "documents")), 2);
+	json_decref(j);
+	assert_int_equal(run_cli(a, &j), 2); /* exists now: common/exitcodes.h BAD_CONFIG */
+	assert_true(json_is_false(json_object_get(j, "ok")));
+	assert_int_equal(json_integer_value(json_object_get(j, "exit_code")), 2);
+	json_decref(j);
+	snprintf(a, sizeof a, "-o %s/cli2 --vocab %s/none.txt %s/in.txt", tmp, tmp, tmp);
+	assert_int_equal(run_cli(a, &j), 5); /* DATA */
+	json_decref(j);
+	snprintf(a, sizeof a, "-o %s/cli2 --vocab %s/vocab.txt %s/none.txt", tmp, tmp, tmp);
+	assert_int_equal(run_cli(a, &j), 5);
+	json_decref(j);
+	snprintf(a, sizeof a, "-o %s/cli2 %s/in.txt", tmp, tmp);
+	assert_int_equal(run_cli(a, &j), 2);
+	json_decref(j);
+	snprintf(a, sizeof a, "-o %s/cli2 --vocab %s/vocab.txt --progress-fd 999 %s/in.txt", tmp, tmp, tmp);
+	assert_int_equal(run_cli(a, &j), 2);
+	json_decref(j);
+	/* the progress channel (here stdout itself) ends with {"stats": ...} */
+	snprintf(a, sizeof a, "-o %s/cli3 --vocab %s/vocab.txt --progress-fd 1 %s/in.txt", tmp, tmp, tmp);
+	assert_int_equal(run_cli(a, &j), 0);
+	assert_non_null(j);
+	assert_string_equal(json_string_value(json_object_get(j, "phase")), "done");
+	assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "stats"), "tokens")), 3);
+	json_decref(j);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_text_rules),
+		cmocka_unit_test(test_big_vocab),
+		cmocka_unit_test(test_jsonl),
+		cmocka_unit_test(test_threads_and_shards),
+		cmocka_unit_test(test_train_vocab),
+		cmocka_unit_test(test_bad_inputs),
+		cmocka_unit_test(test_cli),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,134 @@
+/* Vocab trainer: the merge order on the classic BPE toy corpus worked out by
+ * hand (see comments), determinism (twice, and counts split across
+ * "threads"), and a vocab trained on a real corpus tokenizing it with a low
+ * [UNK] rate and real compression. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "loader/vocab_train.h"
+#include "loader/wordpiece.h"
+
+static char *slurp(const char *path, size_t *n)
+{
+	FILE *f = fopen(path, "rb");
+	assert_non_null(f);
+	fseek(f, 0, SEEK_END);
+	*n = (size_t)ftell(f);
+	fseek(f, 0, SEEK_SET);
+	char *b = malloc(*n + 1);
+	assert_int_equal(fread(b, 1, *n, f), *n);
+	fclose(f);
+	return b;
+}
+
+static void test_toy_merges(void **state)
+{
+	(void)state;
+	vocab_counter *c;
+	assert_int_equal(vocab_counter_create(true, &c), 0);
+	/* low x5, lower x2, newest x6, widest x3. Pair counts: ##e ##s 9,
+	 * ##s ##t 9 -> "##es" (smaller string) first; then ##es ##t 9 ->
+	 * "##est"; then 7-way tie l ##o / ##o ##w -> "##ow" < "lo"; then
+	 * l ##ow 7 -> "low"; then the 6s: "##ew" < "##west" < "ne". */
+	assert_int_equal(vocab_counter_add_text(c, "low low low low LOW lower Lower", 31), 0);
+	const char *t2 = "newest newest newest newest newest newest widest widest widest";
+	assert_int_equal(vocab_counter_add_text(c, t2, strlen(t2)), 0);
+	assert_int_equal(vocab_counter_unique(c), 4);
+	vocab_train_opts o = {.vocab_size = 30, .min_frequency = 2};
+	char *v;
+	size_t n;
+	uint32_t nt;
+	assert_int_equal(vocab_train(c, &o, &v, &n, &nt), 0);
+	const char *want = "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n"
+			   "d\ne\ni\nl\nn\no\nr\ns\nt\nw\n"
+			   "##d\n##e\n##i\n##l\n##n\n##o\n##r\n##s\n##t\n##w\n"
+			   "##es\n##est\n##ow\nlow\n##ew\n";
+	assert_int_equal(nt, 30);
+	assert_int_equal(n, strlen(want));
+	assert_memory_equal(v, want, n);
+	free(v);
+	/* too small, and nothing counted */
+	o.vocab_size = 6;
+	assert_int_equal(vocab_train(c, &o, &v, &n, &nt), -EINVAL);
+	vocab_counter *e;
+	assert_int_equal(vocab_counter_create(true, &e), 0);
+	o.vocab_size = 100;
+	assert_int_equal(vocab_train(e, &o, &v, &n, &nt), -EINVAL);
+	vocab_counter_destroy(e);
+	vocab_counter_destroy(c);
+}
+
+static void test_real_corpus(void **state)
+{
+	(void)state;
+	const char *dd = getenv("BERTD_SHARED_DATA");
+	char path[4096];
+	snprintf(path, sizeof path, "%s/tinyshakespeare.txt", dd ? dd : "../shared/data");
+	size_t len;
+	char *txt = slurp(path, &len);
+	/* one counter over everything, and two "thread" counters merged */
+	vocab_counter *all, *h1, *h2;
+	assert_int_equal(vocab_counter_create(true, &all), 0);
+	assert_int_equal(vocab_counter_create(true, &h1), 0);
+	assert_int_equal(vocab_counter_create(true, &h2), 0);
+	assert_int_equal(vocab_counter_add_text(all, txt, len), 0);
+	char *mid = memchr(txt + len / 2, '\n', len - len / 2);
+	size_t cut = (size_t)(mid - txt);
+	assert_int_equal(vocab_counter_add_text(h2, txt + cut, len - cut), 0);
+	assert_int_equal(vocab_counter_add_text(h1, txt, cut), 0);
+	assert_int_equal(vocab_counter_merge(h1, h2), 0);
+	vocab_train_opts o = {.vocab_size = 4000};
+	char *v1, *v2;
+	size_t n1, n2;
+	uint32_t nt1, nt2;
+	assert_int_equal(vocab_train(all, &o, &v1, &n1, &nt1), 0);
+	assert_int_equal(vocab_train(h1, &o, &v2, &n2, &nt2), 0);
+	assert_int_equal(nt1, 4000);
+	assert_int_equal(n1, n2);
+	assert_memory_equal(v1, v2, n1);
+	free(v2);
+	assert_int_equal(vocab_train(all, &o, &v2, &n2, &nt2), 0);
+	assert_int_equal(n1, n2);
+	assert_memory_equal(v1, v2, n1);
+
+	wordpiece *wp;
+	assert_int_equal(wordpiece_create(v1, n1, true, &wp), 0);
+	assert_int_equal(wordpiece_vocab_size(wp), 4000);
+	corpus_special sp;
+	assert_int_equal(wordpiece_special(wp, &sp), 0);
+	assert_int_equal(sp.pad, 0);
+	assert_int_equal(sp.mask, 4);
+	wordpiece_ids ids = {0};
+	wordpiece_stats st = {0};
+	assert_int_equal(wordpiece_encode(wp, txt, len, &ids, &st), 0);
+	double unk = (double)st.unk / (double)st.tokens;
+	double per_word = (double)st.tokens / (double)st.words;
+	fprintf(stderr, "tinyshakespeare, trained 4000 uncased: %llu words -> %llu tokens "
+		"(%.3f per word), unk rate %.5f%%\n", (unsigned long long)st.words,
+		(unsigned long long)st.tokens, per_word, 100.0 * unk);
+	assert_true(unk < 0.001);
+	assert_true(per_word < 1.5); /* characters per word is about 4 */
+	wordpiece_ids_free(&ids);
+	wordpiece_destroy(wp);
+	free(v1);
+	free(v2);
+	vocab_counter_destroy(all);
+	vocab_counter_destroy(h1);
+	vocab_counter_destroy(h2);
+	free(txt);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_toy_merges),
+		cmocka_unit_test(test_real_corpus),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

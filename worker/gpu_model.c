@@ -1,0 +1,884 @@
+/* gpu_model — see gpu_model.h. The forward and backward follow
+ * worker/model.c op for op (same dropout streams, same order of gradient
+ * accumulation), with the fused kernels of kernels/cuda in place of op pairs:
+ * residual+dropout+LayerNorm, bias+GELU, softmax+cross-entropy(+its grad).
+ * Gradient rule: parameter gradients +=, activation gradients =.
+ */
+#include "worker/gpu_model.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Host-side CUDA calls in this module return errors to the caller. */
+#define GPU_TRY(call)                                                                     \
+    do {                                                                                  \
+        cudaError_t e_ = (call);                                                          \
+        if (e_ != cudaSuccess) {                                                          \
+            fprintf(stderr, "gpu_model: %s at %s:%d: %s\n", #call, __FILE__, __LINE__,    \
+                    cudaGetErrorString(e_));                                              \
+            rc = -EIO;                                                                    \
+            goto out;                                                                     \
+        }                                                                                 \
+    } while (0)
+
+enum { OPT_CHUNK = 32768 };             // elements per optimizer block
+static const size_t SLACK = 384u << 20; // cuBLAS workspace, context growth, fragmentation
+
+struct gpu_acts {
+    void *emb, *emb_ln, *x0;              // (N,C)
+    float *emb_mean, *emb_rstd;           // (N)
+    void *qkv_s;                          // (N,3C) scratch: fused QKV projection
+    void *qkvr;                           // (L,3,N,C) q,k,v per head, saved
+    void *att;                            // (L,B,NH,T,T) probabilities, saved
+    void *att_scratch;                    // (B*NH*T*T + N*C)
+    void *atty, *res1, *ln1, *res2, *ln2; // (L,N,C)
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd; // (L,N)
+    void *proj_s;                         // (N,C) scratch: attention / FFN output projection
+    void *fch, *fch_gelu;                 // (L,N,I)
+    void *hsel, *hd, *hg, *hln;           // (M,C)
+    float *h_mean, *h_rstd, *losses;      // (M)
+    float *loss_sum;                      // (2) sums of the MLM and NSP losses
+    void *logits;                         // (M,V) logits, then their gradient in place
+    void *d_res, *d_a, *d_b, *d_c;        // (N,C) backward scratch
+    void *d_qkv, *d_qkvr;                 // (N,3C)
+    void *d_att;                          // (B,NH,T,T)
+    void *d_fch, *d_fch_gelu;             // (N,I)
+    void *d_h1, *d_h2;                    // (M,C)
+    void *cls, *pool_pre, *pooled;        // (B,C) NSP head (nsp = 1 only)
+    void *nsp_logits;                     // (B,2) logits, then their gradient in place
+    float *nsp_losses;                    // (B)
+    void *d_cls, *d_pool;                 // (B,C)
+    int32_t *slot[2]; // each: ids (N), types (N), lens (B), positions (M), labels (M),
+                      // nsp labels (B), CLS rows b*T (B)
+};
+
+static size_t align256(size_t x)
+{
+    return (x + 255) & ~(size_t)255;
+}
+
+static size_t slot_ints(int B, int T, int M)
+{
+    return 2 * (size_t)B * T + 3 * (size_t)B + 2 * (size_t)(M > 0 ? M : 1);
+}
+
+/* Lays the activations out from base (or only sizes them when a is NULL).
+ * The single source of truth for both sizing and pointers. */
+static size_t act_layout(const bert_config *c, kdtype dt, int B, int T, int M, char *base,
+                         gpu_acts *a)
+{
+    size_t es = kdtype_size(dt), L = c->num_hidden_layers, C = c->hidden_size,
+           I = c->intermediate_size, V = c->vocab_size, NH = c->num_attention_heads,
+           N = (size_t)B * T, Mz = M > 0 ? (size_t)M : 1, BHTT = (size_t)B * NH * T * T,
+           nB = c->nsp ? (size_t)B : 0;
+    size_t off = 0;
+#define TAKE(field, count, esize)                                                         \
+    do {                                                                                  \
+        if (a)                                                                            \
+            a->field = (void *)(base + off);                                              \
+        off += align256((size_t)(count) * (esize));                                       \
+    } while (0)
+    TAKE(emb, N * C, es);
+    TAKE(emb_ln, N * C, es);
+    TAKE(x0, N * C, es);
+    TAKE(emb_mean, N, 4);
+    TAKE(emb_rstd, N, 4);
+    TAKE(qkv_s, N * 3 * C, es);
+    TAKE(qkvr, L * 3 * N * C, es);
+    TAKE(att, L * BHTT, es);
+    TAKE(att_scratch, BHTT + N * C, es);
+    TAKE(atty, L * N * C, es);
+    TAKE(res1, L * N * C, es);
+    TAKE(ln1, L * N * C, es);
+    TAKE(res2, L * N * C, es);
+    TAKE(ln2, L * N * C, es);
+    TAKE(ln1_mean, L * N, 4);
+    TAKE(ln1_rstd, L * N, 4);
+    TAKE(ln2_mean, L * N, 4);
+    TAKE(ln2_rstd, L * N, 4);
+    TAKE(proj_s, N * C, es);
+    TAKE(fch, L * N * I, es);
+    TAKE(fch_gelu, L * N * I, es);
+    TAKE(hsel, Mz * C, es);
+    TAKE(hd, Mz * C, es);
+    TAKE(hg, Mz * C, es);
+    TAKE(hln, Mz * C, es);
+    TAKE(h_mean, Mz, 4);
+    TAKE(h_rstd, Mz, 4);
+    TAKE(losses, Mz, 4);
+    TAKE(loss_sum, 2, 4);
+    TAKE(logits, Mz * V, es);
+    TAKE(d_res, N * C, es);
+    TAKE(d_a, N * C, es);
+    TAKE(d_b, N * C, es);
+    TAKE(d_c, N * C, es);
+    TAKE(d_qkv, N * 3 * C, es);
+    TAKE(d_qkvr, N * 3 * C, es);
+    TAKE(d_att, BHTT, es);
+    TAKE(d_fch, N * I, es);
+    TAKE(d_fch_gelu, N * I, es);
+    TAKE(d_h1, Mz * C, es);
+    TAKE(d_h2, Mz * C, es);
+    TAKE(cls, nB * C, es);
+    TAKE(pool_pre, nB * C, es);
+    TAKE(pooled, nB * C, es);
+    TAKE(nsp_logits, nB * 2, es);
+    TAKE(nsp_losses, nB, 4);
+    TAKE(d_cls, nB * C, es);
+    TAKE(d_pool, nB * C, es);
+    TAKE(slot[0], slot_ints(B, T, M), 4);
+    TAKE(slot[1], slot_ints(B, T, M), 4);
+#undef TAKE
+    return off;
+}
+
+size_t gpu_model_act_bytes(const bert_config *cfg, kdtype dt, int B, int T, int M)
+{
+    return act_layout(cfg, dt, B, T, M, NULL, NULL);
+}
+
+static size_t count_params(const bert_config *cfg)
+{
+    size_t s[BERT_NUM_PARAM_TENSORS], n = 0;
+    bert_param_sizes(cfg, s);
+    for (int i = 0; i < BERT_NUM_PARAM_TENSORS; i++)
+        n += s[i];
+    return n;
+}
+
+size_t gpu_model_state_bytes(const bert_config *cfg, kdtype dt)
+{
+    size_t n = count_params(cfg);
+    size_t lp = dt == KDT_F32 ? 0 : n * kdtype_size(dt);
+    return align256(n * 4 + lp) + align256(n * 4) + align256(2 * n * 4);
+}
+
+int gpu_precision_pick(const char *want, int device, kdtype *out, char *err, size_t errlen)
+{
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+        snprintf(err, errlen, "CUDA device %d is not usable", device);
+        return -ENODEV;
+    }
+    if (!want || strcmp(want, "auto") == 0) {
+        *out = major >= 8 ? KDT_BF16 : major == 7 ? KDT_F16 : KDT_F32;
+        return 0;
+    }
+    if (strcmp(want, "fp32") == 0) {
+        *out = KDT_F32;
+    } else if (strcmp(want, "fp16") == 0) {
+        if (major < 7) {
+            snprintf(err, errlen, "fp16 needs tensor cores (sm_70+); device is sm_%d%d", major,
+                     minor);
+            return -ENOTSUP;
+        }
+        *out = KDT_F16;
+    } else if (strcmp(want, "bf16") == 0) {
+        if (major < 8) {
+            snprintf(err, errlen, "bf16 needs sm_80+; device is sm_%d%d (use fp16)", major,
+                     minor);
+            return -ENOTSUP;
+        }
+        *out = KDT_BF16;
+    } else {
+        snprintf(err, errlen, "precision \"%s\": expected auto, bf16, fp16 or fp32", want);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+static void point_params(bert_params *p, float *mem, const size_t *sizes)
+{
+    float **ptrs = (float **)p;
+    for (int i = 0; i < BERT_NUM_PARAM_TENSORS; i++) {
+        ptrs[i] = mem;
+        mem += sizes[i];
+    }
+}
+
+static int scaled_M(int max_M, int max_B, int b)
+{
+    return (int)(((long long)max_M * b + max_B - 1) / max_B);
+}
+
+int gpu_model_create(gpu_model **out, const bert_config *cfg, kdtype dt, int device, int max_B,
+                     int T, int max_M, const optim_config *oc, char *err, size_t errlen)
+{
+    if (errlen)
+        err[0] = '\0';
+    int rc = bert_config_validate(cfg, err, errlen);
+    if (rc < 0)
+        return rc;
+    if (max_B < 1 || T < 1 || T > cfg->max_position_embeddings || max_M < 0 ||
+        (long long)max_M > (long long)max_B * T) {
+        snprintf(err, errlen, "capacity %d x %d with %d masked positions is impossible", max_B, T,
+                 max_M);
+        return -EINVAL;
+    }
+    rc = optim_config_validate(oc, err, errlen);
+    if (rc < 0)
+        return rc;
+    gpu_model *g = calloc(1, sizeof *g);
+    if (!g)
+        return -ENOMEM;
+    g->cfg = *cfg;
+    g->dt = dt;
+    g->device = device;
+    g->max_B = max_B;
+    g->T = T;
+    g->max_M = max_M;
+    g->ocfg = *oc;
+    g->staged = g->cur = -1;
+    bert_param_sizes(cfg, g->param_sizes);
+    g->num_params = count_params(cfg);
+    size_t *segs = NULL;
+    int *decays = NULL;
+    cuda_chunk *chunks = NULL;
+    uint8_t *dec8 = NULL;
+
+    GPU_TRY(cudaSetDevice(device));
+    /* the memory plan first: refuse clearly rather than fail half-way */
+    size_t free_b = 0, total_b = 0;
+    GPU_TRY(cudaMemGetInfo(&free_b, &total_b));
+    size_t state = gpu_model_state_bytes(cfg, dt);
+    size_t acts = gpu_model_act_bytes(cfg, dt, max_B, T, max_M);
+    if (state + acts + SLACK > free_b) {
+        int lo = 0, hi = max_B; // largest b in [1, max_B] that fits, 0 if none
+        while (lo < hi) {
+            int mid = lo + (hi - lo + 1) / 2;
+            size_t need = state + gpu_model_act_bytes(cfg, dt, mid, T, scaled_M(max_M, max_B, mid));
+            if (need + SLACK <= free_b)
+                lo = mid;
+            else
+                hi = mid - 1;
+        }
+        if (lo > 0)
+            snprintf(err, errlen,
+                     "batch %d x %d (%s) needs %.2f GiB of activations + %.2f GiB of "
+                     "parameters, gradients and optimizer state, but %.2f GiB of %.2f GiB are free "
+                     "on device %d: the largest per-device batch that fits is %d",
+                     max_B, T, kdtype_name(dt), acts / 1073741824.0, state / 1073741824.0,
+                     free_b / 1073741824.0, total_b / 1073741824.0, device, lo);
+        else
+            snprintf(err, errlen,
+                     "even a batch of 1 x %d (%s) does not fit: %.2f GiB of parameters, gradients "
+                     "and optimizer state with %.2f GiB free on device %d",
+                     T, kdtype_name(dt), state / 1073741824.0, free_b / 1073741824.0, device);
+        rc = -ENOMEM;
+        goto out;
+    }
+    rc = cuda_kernels_init();
+    if (rc < 0) {
+        snprintf(err, errlen, "cuBLAS initialisation failed on device %d", device);
+        goto out;
+    }
+
+    size_t n = g->num_params, lp_bytes = dt == KDT_F32 ? 0 : n * kdtype_size(dt);
+    GPU_TRY(cudaMalloc(&g->params_alloc, align256(n * 4 + lp_bytes)));
+    g->params_memory = g->params_alloc;
+    g->params_lp_memory = dt == KDT_F32 ? (void *)g->params_memory
+                                        : (void *)((char *)g->params_alloc + align256(n * 4));
+    GPU_TRY(cudaMalloc((void **)&g->grads_memory, n * 4));
+    GPU_TRY(cudaMalloc((void **)&g->opt_memory, 2 * n * 4));
+    g->acts_bytes = acts;
+    GPU_TRY(cudaMalloc(&g->acts_memory, acts));
+    GPU_TRY(cudaMemset(g->params_alloc, 0, align256(n * 4 + lp_bytes)));
+    GPU_TRY(cudaMemset(g->grads_memory, 0, n * 4));
+    GPU_TRY(cudaMemset(g->opt_memory, 0, 2 * n * 4));
+    point_params(&g->params, g->params_memory, g->param_sizes);
+    point_params(&g->grads, g->grads_memory, g->param_sizes);
+    g->acts = calloc(1, sizeof *g->acts);
+    if (!g->acts) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    act_layout(cfg, dt, max_B, T, max_M, g->acts_memory, g->acts);
+
+    /* optimizer: HF tensors (per layer, Q/K/V apart) cut into chunks */
+    int nseg = bert_param_segments(cfg, NULL, NULL, 0);
+    segs = calloc(nseg, sizeof *segs);
+    decays = calloc(nseg, sizeof *decays);
+    dec8 = calloc(nseg, 1);
+    if (!segs || !decays || !dec8) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    bert_param_segments(cfg, segs, decays, nseg);
+    int nch = 0;
+    for (int s = 0; s < nseg; s++)
+        nch += (int)((segs[s] + OPT_CHUNK - 1) / OPT_CHUNK);
+    chunks = calloc(nch ? nch : 1, sizeof *chunks);
+    if (!chunks) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    size_t off = 0;
+    int k = 0;
+    for (int s = 0; s < nseg; s++) {
+        for (size_t i = 0; i < segs[s]; i += OPT_CHUNK) {
+            size_t len = segs[s] - i < OPT_CHUNK ? segs[s] - i : OPT_CHUNK;
+            chunks[k++] = (cuda_chunk){.off = off + i, .len = (uint32_t)len, .seg = (uint32_t)s};
+        }
+        off += segs[s];
+        dec8[s] = (uint8_t)decays[s];
+    }
+    g->num_chunks = nch;
+    g->num_segs = nseg;
+    GPU_TRY(cudaMalloc((void **)&g->chunks, (nch ? nch : 1) * sizeof *chunks));
+    GPU_TRY(cudaMemcpy(g->chunks, chunks, nch * sizeof *chunks, cudaMemcpyHostToDevice));
+    GPU_TRY(cudaMalloc((void **)&g->seg_decay, nseg));
+    GPU_TRY(cudaMemcpy(g->seg_decay, dec8, nseg, cudaMemcpyHostToDevice));
+    GPU_TRY(cudaMalloc((void **)&g->seg_norms, 2 * (size_t)nseg * sizeof(double)));
+    GPU_TRY(cudaMalloc((void **)&g->sumsq, sizeof(double)));
+    GPU_TRY(cudaMalloc((void **)&g->nonfinite, sizeof(int)));
+
+    GPU_TRY(cudaStreamCreateWithFlags(&g->compute, cudaStreamNonBlocking));
+    GPU_TRY(cudaStreamCreateWithFlags(&g->copy, cudaStreamNonBlocking));
+    g->comm = g->compute;
+    for (int i = 0; i < 2; i++) {
+        GPU_TRY(cudaEventCreateWithFlags(&g->slot_ready[i], cudaEventDisableTiming));
+        GPU_TRY(cudaEventCreateWithFlags(&g->slot_free[i], cudaEventDisableTiming));
+        GPU_TRY(cudaMallocHost((void **)&g->host_slot[i],
+                               slot_ints(max_B, T, max_M) * sizeof(int32_t)));
+    }
+    GPU_TRY(cudaEventCreateWithFlags(&g->loss_ready, cudaEventDisableTiming));
+    GPU_TRY(cudaEventCreateWithFlags(&g->grads_ready, cudaEventDisableTiming));
+    GPU_TRY(cudaEventCreateWithFlags(&g->comm_done, cudaEventDisableTiming));
+    GPU_TRY(cudaMallocHost((void **)&g->loss_host, 2 * sizeof(float)));
+    GPU_TRY(cudaMallocHost((void **)&g->norm_host, sizeof(double)));
+    GPU_TRY(cudaMallocHost((void **)&g->flag_host, sizeof(int)));
+
+    /* The memsets and copies above ran on the legacy stream, which the
+     * model's non-blocking streams do not wait for: finish them now. */
+    GPU_TRY(cudaDeviceSynchronize());
+    /* torch.cuda.amp.GradScaler defaults; only fp16 needs it */
+    g->scaler = (gpu_loss_scaler){.scale = dt == KDT_F16 ? 65536.0f : 1.0f,
+                                  .enabled = dt == KDT_F16, .growth_interval = 2000};
+    *out = g;
+    g = NULL;
+    rc = 0;
+out:
+    if (rc < 0 && err[0] == '\0')
+        snprintf(err, errlen, "CUDA setup failed on device %d (see log)", device);
+    free(segs);
+    free(decays);
+    free(dec8);
+    free(chunks);
+    gpu_model_destroy(g);
+    return rc;
+}
+
+void gpu_model_destroy(gpu_model *g)
+{
+    if (!g)
+        return;
+    if (g->compute)
+        cudaStreamSynchronize(g->compute);
+    if (g->copy)
+        cudaStreamSynchronize(g->copy);
+    cudaFree(g->params_alloc);
+    cudaFree(g->grads_memory);
+    cudaFree(g->opt_memory);
+    cudaFree(g->acts_memory);
+    cudaFree(g->chunks);
+    cudaFree(g->seg_decay);
+    cudaFree(g->seg_norms);
+    cudaFree(g->sumsq);
+    cudaFree(g->nonfinite);
+    for (int i = 0; i < 2; i++) {
+        if (g->slot_ready[i])
+            cudaEventDestroy(g->slot_ready[i]);
+        if (g->slot_free[i])
+            cudaEventDestroy(g->slot_free[i]);
+        cudaFreeHost(g->host_slot[i]);
+    }
+    if (g->loss_ready)
+        cudaEventDestroy(g->loss_ready);
+    if (g->grads_ready)
+        cudaEventDestroy(g->grads_ready);
+    if (g->comm_done)
+        cudaEventDestroy(g->comm_done);
+    cudaFreeHost(g->loss_host);
+    cudaFreeHost(g->norm_host);
+    cudaFreeHost(g->flag_host);
+    if (g->own_comm)
+        cudaStreamDestroy(g->comm);
+    if (g->compute)
+        cudaStreamDestroy(g->compute);
+    if (g->copy)
+        cudaStreamDestroy(g->copy);
+    free(g->acts);
+    free(g);
+}
+
+static int copy_sync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind,
+                     cudaStream_t s)
+{
+    int rc = 0;
+    GPU_TRY(cudaMemcpyAsync(dst, src, bytes, kind, s));
+    GPU_TRY(cudaStreamSynchronize(s));
+out:
+    return rc;
+}
+
+int gpu_model_set_params(gpu_model *g, const float *host)
+{
+    int rc = copy_sync(g->params_memory, host, g->num_params * 4, cudaMemcpyHostToDevice,
+                       g->compute);
+    if (rc < 0)
+        return rc;
+    if (g->dt != KDT_F32)
+        cuda_cast(g->params_lp_memory, g->dt, g->params_memory, KDT_F32, g->num_params,
+                  g->compute);
+    GPU_TRY(cudaStreamSynchronize(g->compute));
+out:
+    return rc;
+}
+
+int gpu_model_get_params(gpu_model *g, float *host)
+{
+    return copy_sync(host, g->params_memory, g->num_params * 4, cudaMemcpyDeviceToHost,
+                     g->compute);
+}
+
+int gpu_model_get_grads(gpu_model *g, float *host)
+{
+    return copy_sync(host, g->grads_memory, g->num_params * 4, cudaMemcpyDeviceToHost,
+                     g->compute);
+}
+
+int gpu_model_get_opt_state(gpu_model *g, float *host)
+{
+    return copy_sync(host, g->opt_memory, 2 * g->num_params * 4, cudaMemcpyDeviceToHost,
+                     g->compute);
+}
+
+int gpu_model_set_opt_state(gpu_model *g, const float *host, long t)
+{
+    if (t < 0)
+        return -EINVAL;
+    g->t = t;
+    return copy_sync(g->opt_memory, host, 2 * g->num_params * 4, cudaMemcpyHostToDevice,
+                     g->compute);
+}
+
+int gpu_model_upload(gpu_model *g, const bert_batch *b, char *err, size_t errlen)
+{
+    int rc;
+    /* bert_batch_validate reads only the config of the model it is given */
+    bert_model view;
+    memset(&view, 0, sizeof view);
+    view.cfg = g->cfg;
+    rc = bert_batch_validate(&view, b, err, errlen);
+    if (rc < 0)
+        return rc;
+    if (b->B > g->max_B || b->T > g->T || b->M > g->max_M) {
+        snprintf(err, errlen, "batch %d x %d with %d masked positions exceeds the capacity %d x %d "
+                 "with %d", b->B, b->T, b->M, g->max_B, g->T, g->max_M);
+        return -EINVAL;
+    }
+    if (g->dt != KDT_F32 && b->M > 0) {
+        /* 16-bit gradient scatter has no atomics: positions must be distinct */
+        size_t N = (size_t)b->B * b->T;
+        unsigned char *seen = calloc(N, 1);
+        if (!seen)
+            return -ENOMEM;
+        for (int i = 0; i < b->M; i++) {
+            if (seen[b->mlm_positions[i]]++) {
+                snprintf(err, errlen, "mlm_positions[%d] = %d repeats an earlier position", i,
+                         b->mlm_positions[i]);
+                free(seen);
+                return -EINVAL;
+            }
+        }
+        free(seen);
+    }
+    int s = g->staged < 0 ? 0 : 1 - g->staged;
+    if (s == g->cur && g->have_forward) {
+        /* only two slots: the one in use by a pending backward is never reused */
+        s = 1 - s;
+    }
+    size_t N = (size_t)b->B * b->T;
+    /* the pinned slot may still be feeding its previous copy */
+    GPU_TRY(cudaEventSynchronize(g->slot_ready[s]));
+    int32_t *h = g->host_slot[s];
+    memcpy(h, b->input_ids, N * 4);
+    memcpy(h + N, b->token_type_ids, N * 4);
+    memcpy(h + 2 * N, b->seq_lens, (size_t)b->B * 4);
+    if (b->M > 0) {
+        memcpy(h + 2 * N + b->B, b->mlm_positions, (size_t)b->M * 4);
+        memcpy(h + 2 * N + b->B + b->M, b->mlm_labels, (size_t)b->M * 4);
+    }
+    int32_t *nsp = h + 2 * N + b->B + 2 * (size_t)b->M, *cls = nsp + b->B;
+    for (int i = 0; i < b->B; i++) {
+        nsp[i] = g->cfg.nsp ? b->nsp_labels[i] : 0;
+        cls[i] = i * b->T;
+    }
+    /* the device slot may still be read by the step that used it last */
+    GPU_TRY(cudaStreamWaitEvent(g->copy, g->slot_free[s], 0));
+    GPU_TRY(cudaMemcpyAsync(g->acts->slot[s], h, slot_ints(b->B, b->T, b->M) * 4,
+                            cudaMemcpyHostToDevice, g->copy));
+    GPU_TRY(cudaEventRecord(g->slot_ready[s], g->copy));
+    /* only the shapes are kept: the caller's arrays may go away now */
+    g->batch[s] = (bert_batch){.B = b->B, .T = b->T, .M = b->M};
+    g->staged = s;
+    rc = 0;
+out:
+    return rc;
+}
+
+/* The Philox stream of one dropout site, or NULL when that dropout is off
+ * (worker/model.c site_rng, same arguments). */
+static const philox_stream *site_rng(philox_stream *s, const bert_dropout *d, float p,
+                                     int layer, int site)
+{
+    if (!d || !d->train || p <= 0.0f)
+        return NULL;
+    philox_stream_init(s, d->seed, d->rank, d->step, d->micro, (uint32_t)layer, (uint32_t)site);
+    return s;
+}
+
+/* pointer to element idx of a dt buffer */
+static void *el(void *base, size_t idx, kdtype dt)
+{
+    return (char *)base + idx * kdtype_size(dt);
+}
+
+/* the dt copy of parameter tensor i, at element offset k within it */
+static void *lp(gpu_model *g, int i, size_t k)
+{
+    size_t off = 0;
+    for (int j = 0; j < i; j++)
+        off += g->param_sizes[j];
+    return el(g->params_lp_memory, off + k, g->dt);
+}
+
+int gpu_model_forward(gpu_model *g, const bert_dropout *d, float loss_scale)
+{
+    if (g->staged < 0)
+        return -EINVAL;
+    int rc = 0;
+    int s = g->staged;
+    const bert_batch *b = &g->batch[s];
+    const bert_config *c = &g->cfg;
+    int B = b->B, T = b->T, C = c->hidden_size, NH = c->num_attention_heads,
+        I = c->intermediate_size, L = c->num_hidden_layers, V = c->vocab_size, M = b->M;
+    size_t N = (size_t)B * T, NC = N * C;
+    float eps = c->layer_norm_eps, ph = c->hidden_dropout_prob,
+          pa = c->attention_probs_dropout_prob;
+    kdtype dt = g->dt;
+    cudaStream_t st = g->compute;
+    bert_params *p = &g->params;
+    gpu_acts *a = g->acts;
+    philox_stream rs;
+    const philox_stream *r;
+    const int32_t *ids = g->acts->slot[s], *tt = ids + N, *lens = tt + N, *pos = lens + B,
+                  *labels = pos + M, *nsp_labels = labels + M, *cls_rows = nsp_labels + B;
+
+    GPU_TRY(cudaStreamWaitEvent(st, g->slot_ready[s], 0));
+    g->cur = s;
+    cuda_embeddings_forward_dt(a->emb, ids, tt, p->wte, p->wpe, p->wtt, B, T, C, dt, st);
+    cuda_layernorm_forward_dt(a->emb_ln, a->emb_mean, a->emb_rstd, a->emb, p->emb_lnw, p->emb_lnb,
+                              (int)N, C, eps, dt, st);
+    r = site_rng(&rs, d, ph, L, DROPOUT_SITE_EMB);
+    cuda_dropout_forward_dt(a->x0, a->emb_ln, r, ph, NC, dt, st);
+
+    for (int l = 0; l < L; l++) {
+        const void *x = l == 0 ? a->x0 : el(a->ln2, (size_t)(l - 1) * NC, dt); // (N,C)
+        void *qkvr = el(a->qkvr, (size_t)l * 3 * NC, dt);
+        void *att = el(a->att, (size_t)l * B * NH * T * T, dt);
+        void *atty = el(a->atty, l * NC, dt), *res1 = el(a->res1, l * NC, dt),
+             *ln1 = el(a->ln1, l * NC, dt), *res2 = el(a->res2, l * NC, dt),
+             *ln2 = el(a->ln2, l * NC, dt);
+        void *fch = el(a->fch, (size_t)l * N * I, dt), *fch_gelu = el(a->fch_gelu, (size_t)l * N * I, dt);
+
+        cuda_matmul_forward_dt(a->qkv_s, x, lp(g, BP_QKVW, (size_t)l * 3 * C * C),
+                               p->qkvb + (size_t)l * 3 * C, (int)N, C, 3 * C, dt, st);
+        r = site_rng(&rs, d, pa, l, DROPOUT_SITE_ATTN_PROBS);
+        cuda_attention_forward_dt(atty, qkvr, att, a->att_scratch, a->qkv_s, lens, r, pa, B, T, C,
+                                  NH, dt, st);
+        cuda_matmul_forward_dt(a->proj_s, atty, lp(g, BP_ATTPROJW, (size_t)l * C * C),
+                               p->attprojb + (size_t)l * C, (int)N, C, C, dt, st);
+        r = site_rng(&rs, d, ph, l, DROPOUT_SITE_ATTN_OUT);
+        cuda_residual_dropout_layernorm_forward_dt(ln1, res1, a->ln1_mean + l * N,
+                                                   a->ln1_rstd + l * N, x, a->proj_s, r, ph,
+                                                   p->ln1w + (size_t)l * C, p->ln1b + (size_t)l * C,
+                                                   (int)N, C, eps, dt, st);
+        cuda_matmul_forward_dt(fch, ln1, lp(g, BP_FCW, (size_t)l * I * C), NULL, (int)N, C, I, dt,
+                               st);
+        cuda_bias_gelu_forward_dt(fch_gelu, fch, p->fcb + (size_t)l * I, (int)N, I, dt, st);
+        cuda_matmul_forward_dt(a->proj_s, fch_gelu, lp(g, BP_FCPROJW, (size_t)l * C * I),
+                               p->fcprojb + (size_t)l * C, (int)N, I, C, dt, st);
+        r = site_rng(&rs, d, ph, l, DROPOUT_SITE_FFN_OUT);
+        cuda_residual_dropout_layernorm_forward_dt(ln2, res2, a->ln2_mean + l * N,
+                                                   a->ln2_rstd + l * N, ln1, a->proj_s, r, ph,
+                                                   p->ln2w + (size_t)l * C, p->ln2b + (size_t)l * C,
+                                                   (int)N, C, eps, dt, st);
+    }
+    const void *hidden = el(a->ln2, (size_t)(L - 1) * NC, dt); // (N,C)
+
+    /* MLM head on the masked rows only; the loss gradient is written in
+     * place of the logits right away (the logits are not needed again) */
+    if (M > 0) {
+        cuda_gather_rows_forward_dt(a->hsel, hidden, pos, M, C, dt, st);
+        cuda_matmul_forward_dt(a->hd, a->hsel, lp(g, BP_HEAD_W, 0), NULL, M, C, C, dt, st);
+        cuda_bias_gelu_forward_dt(a->hg, a->hd, p->head_b, M, C, dt, st);
+        cuda_layernorm_forward_dt(a->hln, a->h_mean, a->h_rstd, a->hg, p->head_lnw, p->head_lnb, M,
+                                  C, eps, dt, st);
+        cuda_matmul_forward_dt(a->logits, a->hln, lp(g, BP_WTE, 0), p->dec_b, M, C, V, dt, st);
+        cuda_mlm_xent_fused_dt(a->losses, a->logits, labels,
+                               loss_scale > 0 ? loss_scale / (float)M : 0.0f, M, V, dt, st);
+        cuda_sum(a->loss_sum, a->losses, M, st);
+    } else {
+        GPU_TRY(cudaMemsetAsync(a->loss_sum, 0, sizeof(float), st));
+    }
+    /* NSP head (BertForPreTraining): pooler on the CLS rows, 2-way loss */
+    if (c->nsp) {
+        cuda_gather_rows_forward_dt(a->cls, hidden, cls_rows, B, C, dt, st);
+        cuda_matmul_forward_dt(a->pool_pre, a->cls, lp(g, BP_POOL_W, 0), p->pool_b, B, C, C, dt,
+                               st);
+        cuda_tanh_forward_dt(a->pooled, a->pool_pre, (size_t)B * C, dt, st);
+        cuda_matmul_forward_dt(a->nsp_logits, a->pooled, lp(g, BP_NSP_W, 0), p->nsp_b, B, C, 2,
+                               dt, st);
+        cuda_mlm_xent_fused_dt(a->nsp_losses, a->nsp_logits, nsp_labels,
+                               loss_scale > 0 ? loss_scale / (float)B : 0.0f, B, 2, dt, st);
+        cuda_sum(a->loss_sum + 1, a->nsp_losses, B, st);
+    } else {
+        GPU_TRY(cudaMemsetAsync(a->loss_sum + 1, 0, sizeof(float), st));
+    }
+    GPU_TRY(cudaMemcpyAsync(g->loss_host, a->loss_sum, 2 * sizeof(float), cudaMemcpyDeviceToHost,
+                            st));
+    GPU_TRY(cudaEventRecord(g->loss_ready, st));
+    GPU_TRY(cudaEventRecord(g->slot_free[s], st));
+    g->have_forward = loss_scale > 0;
+    g->loss_scale_fwd = loss_scale;
+    g->dropout_cur = d ? *d : (bert_dropout){0};
+out:
+    return rc;
+}
+
+float gpu_model_loss(gpu_model *g)
+{
+    if (g->cur < 0 || cudaEventSynchronize(g->loss_ready) != cudaSuccess)
+        return NAN;
+    int M = g->batch[g->cur].M, B = g->batch[g->cur].B;
+    float mlm = M > 0 ? g->loss_host[0] / (float)M : 0.0f;
+    return g->cfg.nsp ? mlm + g->loss_host[1] / (float)B : mlm;
+}
+
+void gpu_model_zero_grad(gpu_model *g)
+{
+    cudaError_t e = cudaMemsetAsync(g->grads_memory, 0, g->num_params * 4, g->compute);
+    if (e != cudaSuccess)
+        fprintf(stderr, "gpu_model: zero_grad: %s\n", cudaGetErrorString(e));
+}
+
+int gpu_model_backward(gpu_model *g)
+{
+    if (!g->have_forward || g->cur < 0)
+        return -EINVAL;
+    int rc = 0;
+    int s = g->cur;
+    const bert_batch *b = &g->batch[s];
+    const bert_config *c = &g->cfg;
+    const bert_dropout *d = &g->dropout_cur;
+    int B = b->B, T = b->T, C = c->hidden_size, NH = c->num_attention_heads,
+        I = c->intermediate_size, L = c->num_hidden_layers, V = c->vocab_size, M = b->M;
+    size_t N = (size_t)B * T, NC = N * C;
+    float ph = c->hidden_dropout_prob, pa = c->attention_probs_dropout_prob;
+    kdtype dt = g->dt;
+    cudaStream_t st = g->compute;
+    bert_params *p = &g->params, *gr = &g->grads;
+    gpu_acts *a = g->acts;
+    philox_stream rs;
+    const philox_stream *r;
+    const int32_t *ids = a->slot[s], *tt = ids + N, *lens = tt + N, *pos = lens + B,
+                  *cls_rows = pos + 2 * (size_t)M + B;
+
+    GPU_TRY(cudaMemsetAsync(a->d_res, 0, NC * kdtype_size(dt), st)); // d hidden, scattered below
+    if (M > 0) {
+        /* a->logits holds d(loss_scale * loss)/d logits since forward */
+        cuda_matmul_backward_dt(a->d_h1, gr->wte, gr->dec_b, a->logits, a->hln, lp(g, BP_WTE, 0),
+                                M, C, V, dt, st);
+        cuda_layernorm_backward_dt(a->d_h2, gr->head_lnw, gr->head_lnb, a->d_h1, a->hg,
+                                   p->head_lnw, a->h_mean, a->h_rstd, M, C, dt, st);
+        cuda_gelu_backward_dt(a->d_h1, a->hd, a->d_h2, (size_t)M * C, dt, st);
+        cuda_matmul_backward_dt(a->d_h2, gr->head_w, gr->head_b, a->d_h1, a->hsel,
+                                lp(g, BP_HEAD_W, 0), M, C, C, dt, st);
+        cuda_gather_rows_backward_dt(a->d_res, a->d_h2, pos, M, C, dt, st);
+    }
+    if (c->nsp) {
+        /* a->nsp_logits holds the gradient of loss_scale * nsp loss */
+        cuda_matmul_backward_dt(a->d_pool, gr->nsp_w, gr->nsp_b, a->nsp_logits, a->pooled,
+                                lp(g, BP_NSP_W, 0), B, C, 2, dt, st);
+        cuda_tanh_backward_dt(a->d_cls, a->pooled, a->d_pool, (size_t)B * C, dt, st);
+        cuda_matmul_backward_dt(a->d_pool, gr->pool_w, gr->pool_b, a->d_cls, a->cls,
+                                lp(g, BP_POOL_W, 0), B, C, C, dt, st);
+        cuda_gather_rows_backward_dt(a->d_res, a->d_pool, cls_rows, B, C, dt, st); // rows b*T
+    }
+    /* d(layer output) = d_res + d_extra (the second piece, from the next
+     * layer's QKV projection; none for the last layer) */
+    const void *d_extra = NULL;
+    for (int l = L - 1; l >= 0; l--) {
+        const void *x = l == 0 ? a->x0 : el(a->ln2, (size_t)(l - 1) * NC, dt);
+        void *qkvr = el(a->qkvr, (size_t)l * 3 * NC, dt);
+        void *att = el(a->att, (size_t)l * B * NH * T * T, dt);
+        void *atty = el(a->atty, l * NC, dt), *res1 = el(a->res1, l * NC, dt),
+             *ln1 = el(a->ln1, l * NC, dt), *res2 = el(a->res2, l * NC, dt);
+        void *fch = el(a->fch, (size_t)l * N * I, dt), *fch_gelu = el(a->fch_gelu, (size_t)l * N * I, dt);
+
+        /* LN2 over res2 = ln1 + dropout(fcproj): d_a = d ln1 (residual part),
+         * d_c = d fcproj */
+        r = site_rng(&rs, d, ph, l, DROPOUT_SITE_FFN_OUT);
+        cuda_residual_dropout_layernorm_backward_dt(
+            a->d_a, a->d_c, gr->ln2w + (size_t)l * C, gr->ln2b + (size_t)l * C, a->d_res, d_extra,
+            res2, p->ln2w + (size_t)l * C, a->ln2_mean + l * N, a->ln2_rstd + l * N, r, ph, (int)N,
+            C, dt, st);
+        cuda_matmul_backward_dt(a->d_fch_gelu, gr->fcprojw + (size_t)l * C * I,
+                                gr->fcprojb + (size_t)l * C, a->d_c, fch_gelu,
+                                lp(g, BP_FCPROJW, (size_t)l * C * I), (int)N, I, C, dt, st);
+        cuda_gelu_backward_dt(a->d_fch, fch, a->d_fch_gelu, N * I, dt, st);
+        cuda_matmul_backward_dt(a->d_b, gr->fcw + (size_t)l * I * C, gr->fcb + (size_t)l * I,
+                                a->d_fch, ln1, lp(g, BP_FCW, (size_t)l * I * C), (int)N, C, I, dt,
+                                st);
+        /* LN1 over res1 = x + dropout(attproj), fed d ln1 = d_a + d_b:
+         * d_res = d x (residual part), d_c = d attproj */
+        r = site_rng(&rs, d, ph, l, DROPOUT_SITE_ATTN_OUT);
+        cuda_residual_dropout_layernorm_backward_dt(
+            a->d_res, a->d_c, gr->ln1w + (size_t)l * C, gr->ln1b + (size_t)l * C, a->d_a, a->d_b,
+            res1, p->ln1w + (size_t)l * C, a->ln1_mean + l * N, a->ln1_rstd + l * N, r, ph, (int)N,
+            C, dt, st);
+        cuda_matmul_backward_dt(a->d_a, gr->attprojw + (size_t)l * C * C,
+                                gr->attprojb + (size_t)l * C, a->d_c, atty,
+                                lp(g, BP_ATTPROJW, (size_t)l * C * C), (int)N, C, C, dt, st);
+        r = site_rng(&rs, d, pa, l, DROPOUT_SITE_ATTN_PROBS);
+        cuda_attention_backward_dt(a->d_qkv, a->d_qkvr, a->d_att, a->att_scratch, a->d_a, qkvr,
+                                   att, lens, r, pa, B, T, C, NH, dt, st);
+        cuda_matmul_backward_dt(a->d_b, gr->qkvw + (size_t)l * 3 * C * C,
+                                gr->qkvb + (size_t)l * 3 * C, a->d_qkv, x,
+                                lp(g, BP_QKVW, (size_t)l * 3 * C * C), (int)N, C, 3 * C, dt, st);
+        d_extra = a->d_b;
+    }
+    /* x0 = dropout(LN(emb)): d x0 = d_res + d_b */
+    cuda_residual_forward_dt(a->d_a, a->d_res, a->d_b, NC, dt, st);
+    r = site_rng(&rs, d, ph, L, DROPOUT_SITE_EMB);
+    cuda_dropout_forward_dt(a->d_c, a->d_a, r, ph, NC, dt, st); // backward = same mask
+    cuda_layernorm_backward_dt(a->d_b, gr->emb_lnw, gr->emb_lnb, a->d_c, a->emb, p->emb_lnw,
+                               a->emb_mean, a->emb_rstd, (int)N, C, dt, st);
+    cuda_embeddings_backward_dt(gr->wte, gr->wpe, gr->wtt, a->d_b, ids, tt, B, T, C, dt, st);
+    GPU_TRY(cudaEventRecord(g->slot_free[s], st));
+    /* the logits now hold gradients: another backward needs a new forward */
+    g->have_forward = 0;
+out:
+    return rc;
+}
+
+int gpu_model_set_allreduce(gpu_model *g, gpu_allreduce_fn fn, void *ctx, cudaStream_t stream)
+{
+    int rc = 0;
+    if (g->comm && g->comm != g->compute) {
+        GPU_TRY(cudaStreamSynchronize(g->comm));
+        if (g->own_comm)
+            GPU_TRY(cudaStreamDestroy(g->comm));
+    }
+    g->comm = g->compute;
+    g->own_comm = 0;
+    g->allreduce = fn;
+    g->allreduce_ctx = ctx;
+    if (!fn)
+        return 0;
+    if (stream) {
+        g->comm = stream;
+    } else {
+        GPU_TRY(cudaStreamCreateWithFlags(&g->comm, cudaStreamNonBlocking));
+        g->own_comm = 1;
+    }
+out:
+    return rc;
+}
+
+float gpu_model_loss_scale(const gpu_model *g)
+{
+    return g->scaler.enabled ? g->scaler.scale : 1.0f;
+}
+
+int gpu_model_step(gpu_model *g, double *lr_out, double *gnorm_out, int *skipped)
+{
+    int rc = 0;
+    const optim_config *c = &g->ocfg;
+    cudaStream_t st = g->compute;
+    if (skipped)
+        *skipped = 0;
+    if (g->allreduce) {
+        GPU_TRY(cudaEventRecord(g->grads_ready, st));
+        GPU_TRY(cudaStreamWaitEvent(g->comm, g->grads_ready, 0));
+        rc = g->allreduce(g->allreduce_ctx, g->grads_memory, g->num_params, g->comm);
+        if (rc < 0)
+            goto out;
+        GPU_TRY(cudaEventRecord(g->comm_done, g->comm));
+        GPU_TRY(cudaStreamWaitEvent(st, g->comm_done, 0));
+    }
+    GPU_TRY(cudaMemsetAsync(g->sumsq, 0, sizeof(double), st));
+    GPU_TRY(cudaMemsetAsync(g->nonfinite, 0, sizeof(int), st));
+    cuda_sumsq_check(g->sumsq, g->nonfinite, g->grads_memory, g->num_params, st);
+    GPU_TRY(cudaMemcpyAsync(g->norm_host, g->sumsq, sizeof(double), cudaMemcpyDeviceToHost, st));
+    GPU_TRY(cudaMemcpyAsync(g->flag_host, g->nonfinite, sizeof(int), cudaMemcpyDeviceToHost, st));
+    GPU_TRY(cudaStreamSynchronize(st));
+    float scale = gpu_model_loss_scale(g);
+    if (*g->flag_host || !isfinite(*g->norm_host)) {
+        if (!g->scaler.enabled) {
+            rc = -ERANGE; // caller decides: fail the job (bf16/fp32 never overflow benignly)
+            goto out;
+        }
+        /* fp16 overflow: skip this update, back off the scale */
+        g->scaler.scale = scale * 0.5f;
+        g->scaler.good_steps = 0;
+        g->scaler.skipped++;
+        if (skipped)
+            *skipped = 1;
+        if (gnorm_out)
+            *gnorm_out = INFINITY;
+        if (lr_out)
+            *lr_out = optim_lr_at(c, g->t);
+        goto out;
+    }
+    double gnorm = sqrt(*g->norm_host) / (double)scale;
+    float clip = 1.0f;
+    if (c->max_grad_norm > 0) {
+        if (c->kind == OPTIM_ADAMW) {
+            double coef = (double)c->max_grad_norm / (gnorm + 1e-6);
+            clip = (float)(coef < 1.0 ? coef : 1.0);
+        } else {
+            clip = (float)((double)c->max_grad_norm /
+                           (gnorm > c->max_grad_norm ? gnorm : c->max_grad_norm));
+        }
+    }
+    /* unscaling folds into the clip multiplier: one pass over the gradients */
+    float gmul = scale == 1.0f ? clip : (float)((double)clip / scale);
+    double lr = optim_lr_at(c, g->t);
+    g->t++;
+    float *m = g->opt_memory, *v = g->opt_memory + g->num_params;
+    void *plp = g->dt == KDT_F32 ? NULL : g->params_lp_memory;
+    if (c->kind == OPTIM_ADAMW)
+        cuda_adamw_step(g->params_memory, plp, g->dt, g->grads_memory, m, v, g->chunks,
+                        g->num_chunks, g->seg_decay, lr, c->beta1, c->beta2, c->eps,
+                        c->weight_decay, gmul, g->t, st);
+    else
+        cuda_lamb_step(g->params_memory, plp, g->dt, g->grads_memory, m, v, g->chunks,
+                       g->num_chunks, g->seg_decay, g->seg_norms, g->num_segs, lr, c->beta1,
+                       c->beta2, c->eps, c->weight_decay, gmul, g->t, st);
+    if (g->scaler.enabled && ++g->scaler.good_steps >= g->scaler.growth_interval) {
+        g->scaler.scale = scale * 2.0f;
+        g->scaler.good_steps = 0;
+    }
+    if (lr_out)
+        *lr_out = lr;
+    if (gnorm_out)
+        *gnorm_out = gnorm;
+out:
+    return rc;
+}

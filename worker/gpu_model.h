@@ -1,0 +1,165 @@
+/* gpu_model — the BERT-for-MLM model of worker/model.h on one CUDA device:
+ * the same parameter layout (size table, one span), forward and backward
+ * composed from kernels/cuda ops in the activation precision of choice, the
+ * optimizer (AdamW / LAMB of worker/optim.h) as multi-tensor kernels over the
+ * span, dynamic loss scaling for fp16, and batch upload through pinned,
+ * double-buffered host memory on a copy stream.
+ *
+ * Memory: one cudaMalloc per category: parameters (fp32 master span + its
+ * 16-bit copy that GEMMs read), gradients (fp32 span), optimizer state
+ * (m, v: 2 fp32 spans) and activations (sized for B_max x T x M_max by
+ * gpu_model_act_bytes; includes the two device batch slots). A batch that
+ * does not fit is refused at create time with the largest B that would.
+ *
+ * Streams: `compute` runs every kernel; `copy` runs H2D batch copies, ordered
+ * with events (a slot is rewritten only after the step that read it is done).
+ * A communication hook (gpu_model_set_allreduce) runs between backward and
+ * the optimizer on the caller's stream, ordered by events.
+ *
+ * With nsp = 1 the pooler and next-sentence head of BertForPreTraining run
+ * too, and the loss is MLM + NSP as in worker/model.c.
+ * This module never exits the process and never does file I/O.
+ * Dims: B batch, T seq, C hidden, NH heads, I intermediate, L layers, V vocab,
+ * N = B*T, M masked positions.
+ */
+#ifndef BERTD_WORKER_GPU_MODEL_H
+#define BERTD_WORKER_GPU_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/kernels_cuda.h"
+#include "worker/model.h"
+#include "worker/optim.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* "auto" picks from the device's compute capability: bf16 on sm_80+, fp16
+ * (with loss scaling) on sm_70/75, fp32 below. "bf16" | "fp16" | "fp32"
+ * force one; bf16 on a device below sm_80 is -ENOTSUP (no bf16 tensor cores).
+ * Returns 0 or a negative errno. */
+int gpu_precision_pick(const char *want, int device, kdtype *out, char *err, size_t errlen);
+
+/* Device bytes of activations (including batch slots) for a B x T batch with
+ * up to M masked positions. */
+size_t gpu_model_act_bytes(const bert_config *cfg, kdtype dt, int B, int T, int M);
+/* Device bytes of parameters (+16-bit copy), gradients and optimizer state. */
+size_t gpu_model_state_bytes(const bert_config *cfg, kdtype dt);
+
+typedef struct gpu_acts gpu_acts; // layout private to gpu_model.c
+
+/* fp16 dynamic loss scaling (torch.cuda.amp.GradScaler defaults). */
+typedef struct gpu_loss_scaler {
+    float scale;         // current multiplier of the loss; 1 when disabled
+    int enabled;
+    int growth_interval; // good steps before the scale doubles
+    int good_steps;
+    long skipped;        // steps skipped for overflow so far
+} gpu_loss_scaler;
+
+/* Reduces grads (num floats, device) across ranks, in place, enqueued on
+ * stream. Returns 0 or a negative errno. */
+typedef int (*gpu_allreduce_fn)(void *ctx, float *grads, size_t num, cudaStream_t stream);
+
+typedef struct gpu_model {
+    bert_config cfg;
+    kdtype dt;                     // activation / GEMM operand type
+    int device;
+    size_t param_sizes[BERT_NUM_PARAM_TENSORS];
+    size_t num_params;
+    void *params_alloc;            // category 1: [fp32 master | dt copy]
+    float *params_memory;          // (num_params) fp32 master
+    bert_params params;            // fp32 pointers into params_memory
+    void *params_lp_memory;        // (num_params) in dt; == params_memory for fp32
+    float *grads_memory;           // category 2: (num_params) fp32
+    bert_params grads;
+    float *opt_memory;             // category 3: (2, num_params) m then v
+    void *acts_memory;             // category 4
+    size_t acts_bytes;
+    gpu_acts *acts;
+    int max_B, T, max_M;           // capacity of the activations
+    /* optimizer */
+    optim_config ocfg;
+    long t;                        // updates applied so far
+    cuda_chunk *chunks;            // device (num_chunks)
+    int num_chunks, num_segs;
+    uint8_t *seg_decay;            // device (num_segs)
+    double *seg_norms;             // device (2, num_segs) LAMB scratch
+    double *sumsq;                 // device (1)
+    int *nonfinite;                // device (1)
+    gpu_loss_scaler scaler;
+    /* streams and batch staging */
+    cudaStream_t compute, copy;
+    cudaEvent_t slot_ready[2], slot_free[2], loss_ready;
+    int32_t *host_slot[2];         // pinned staging
+    int staged, cur;               // slot of the last upload / of the last forward (-1 none)
+    bert_batch batch[2];           // shapes of each slot (B, T, M only)
+    float *loss_host;              // pinned (2): sums of the MLM and NSP losses of the last forward
+    double *norm_host;             // pinned (1)
+    int *flag_host;                // pinned (1)
+    gpu_allreduce_fn allreduce;
+    void *allreduce_ctx;
+    cudaStream_t comm;             // stream given to allreduce (its own, or compute)
+    cudaEvent_t grads_ready, comm_done;
+    int own_comm;                  // comm was created here
+    int have_forward;
+    bert_dropout dropout_cur;      // masks of the last forward, redrawn in backward
+    float loss_scale_fwd;          // loss scale the last forward wrote gradients for
+} gpu_model;
+
+/* Creates the model on `device` with activations for up to max_B x T with up
+ * to max_M masked positions, parameters zeroed, optimizer oc. Checks the
+ * memory first: when the whole does not fit in free device memory, returns
+ * -ENOMEM with err naming what was needed, what is free and the largest
+ * max_B that fits (max_M scaled with it). Caller owns; gpu_model_destroy. */
+int gpu_model_create(gpu_model **out, const bert_config *cfg, kdtype dt, int device, int max_B,
+                     int T, int max_M, const optim_config *oc, char *err, size_t errlen);
+void gpu_model_destroy(gpu_model *g);
+
+/* Copies fp32 parameters (num_params, host) in, refreshing the 16-bit copy;
+ * and out. Synchronous. */
+int gpu_model_set_params(gpu_model *g, const float *host);
+int gpu_model_get_params(gpu_model *g, float *host);
+int gpu_model_get_grads(gpu_model *g, float *host);
+/* Optimizer state (2*num_params: m then v) in and out, for checkpoints. */
+int gpu_model_get_opt_state(gpu_model *g, float *host);
+int gpu_model_set_opt_state(gpu_model *g, const float *host, long t);
+
+/* Validates b and enqueues its copy into the next device slot (pinned
+ * staging, copy stream). Returns immediately; the next forward uses it.
+ * -EINVAL with err for a batch that does not fit the model or capacity. */
+int gpu_model_upload(gpu_model *g, const bert_batch *b, char *err, size_t errlen);
+/* Forward on the last uploaded batch. loss_scale > 0: training; the MLM head
+ * writes the gradient of loss_scale * loss in place for backward. 0: eval
+ * only. Asynchronous; gpu_model_loss waits for the loss. */
+int gpu_model_forward(gpu_model *g, const bert_dropout *d, float loss_scale);
+/* Loss of the last forward, mean MLM (+ mean NSP when nsp = 1), as
+ * worker/model.c's m->loss (waits for it). */
+float gpu_model_loss(gpu_model *g);
+void gpu_model_zero_grad(gpu_model *g);
+/* Accumulates (+=) into grads the gradient of loss_scale * loss of the last
+ * forward, which must have been a training forward. */
+int gpu_model_backward(gpu_model *g);
+
+/* The communication hook; NULL fn removes it. stream NULL: a stream of the
+ * model's own is created for it. */
+int gpu_model_set_allreduce(gpu_model *g, gpu_allreduce_fn fn, void *ctx, cudaStream_t stream);
+
+/* One optimizer update from the accumulated (loss-scaled) gradients:
+ * all-reduce hook, global norm, overflow check (fp16: a non-finite gradient
+ * skips the update and halves the scale; otherwise non-finite is -ERANGE),
+ * unscale and clip folded into the update, lr from the schedule at index t.
+ * *skipped is set to 1 when the step was skipped. Reports lr and the
+ * unscaled gradient norm. Synchronizes once (the norm). */
+int gpu_model_step(gpu_model *g, double *lr_out, double *gnorm_out, int *skipped);
+
+/* Loss scale to pass to the next forward (1 unless fp16). */
+float gpu_model_loss_scale(const gpu_model *g);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

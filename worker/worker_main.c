@@ -1,0 +1,568 @@
+/* bertd-worker — one training process of a job: rank r of G, one device.
+ *
+ * Reads the job file the daemon wrote (docs/formats.md), builds or
+ * loads the model, takes its batches from the job's ring (loader processes)
+ * or builds them itself (dataloader_num_workers = 0, the serial baseline),
+ * trains with gradients averaged over ranks every step (worker/comm.c), and
+ * reports to the daemon over fd 3: hello, metrics every logging_steps
+ * (rank 0, reduced over ranks), checkpoints, errors. Rank 0 writes the
+ * checkpoints and, at the end, the HuggingFace export.
+ *
+ * Stopping: a {"type":"stop"} from the daemon (cancel, shutdown) is agreed
+ * on by all ranks in the same step (the flag rides the loss all-reduce), so
+ * they stop together; rank 0 checkpoints and every rank exits 6.
+ *
+ * Exit codes: common/exitcodes.h. Never touches SQLite; never exits from
+ * anywhere but main.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <dirent.h>
+#include <jansson.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/exitcodes.h"
+#include "common/log.h"
+#include "common/msg.h"
+#include "loader/batch.h"
+#include "loader/batchjob.h"
+#include "loader/ring.h"
+#include "worker/checkpoint.h"
+#include "worker/comm.h"
+#include "worker/hf.h"
+#include "worker/train.h"
+
+#define DAEMON_FD 3
+#define RING_WAIT_MS 1000      /* one bounded wait; the loop re-checks stop and peers */
+#define COMM_TIMEOUT_MS 60000
+
+typedef struct worker {
+	int rank, world;
+	batchjob bj;
+	json_t *job;               /* the job file */
+	const char *checkpoint_dir, *export_dir, *resume_from;
+	int daemon_fd;             /* -1 when run by hand without a daemon */
+	msg_reader rd;
+	bool stop_requested;
+	/* batches */
+	batchjob_data data;        /* serial path (no loaders) */
+	ring *rg;                  /* loader path */
+	void *local_slot;          /* (slot_bytes,) serial path buffer */
+	int32_t *mlm_pos, *mlm_lab; /* (M*B*P,) flattened masked positions/labels */
+	/* training */
+	trainer *tr;
+	comm *cm;
+	/* telemetry for the current logging window */
+	double win_data_s, win_step_s, win_comm_s;
+	double win_tokens;
+	double win_loss;             /* sum of step losses (rank-averaged) */
+	int64_t win_steps;
+	uint64_t epoch;
+} worker;
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void send_msg(worker *w, json_t *m)
+{
+	if (w->daemon_fd >= 0 && m)
+		msg_send(w->daemon_fd, m);
+	json_decref(m);
+}
+
+/* Tells the daemon why, then returns the exit code to use. */
+static int fail(worker *w, int code, const char *kind, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+static int fail(worker *w, int code, const char *kind, const char *fmt, ...)
+{
+	char msg[1024];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+	log_error("%s", msg);
+	send_msg(w, json_pack("{s:s, s:s, s:s, s:i}", "type", "error", "code", kind, "message", msg,
+			      "rank", w->rank));
+	return code;
+}
+
+/* Non-blocking look at the daemon's socket: notices stop requests. */
+static void poll_daemon(worker *w)
+{
+	if (w->daemon_fd < 0)
+		return;
+	for (;;) {
+		long n = msg_reader_fill(&w->rd, w->daemon_fd);
+		if (n == 0) { /* the daemon is gone: stop cleanly, keep the checkpoint */
+			w->stop_requested = true;
+			w->daemon_fd = -1;
+			return;
+		}
+		if (n < 0)
+			break;
+	}
+	json_t *m;
+	while (msg_reader_next(&w->rd, &m) == 1) {
+		const char *type = json_string_value(json_object_get(m, "type"));
+		if (type && strcmp(type, "stop") == 0) {
+			log_info("stop requested (%s)", json_string_value(json_object_get(m, "reason")));
+			w->stop_requested = true;
+		}
+		json_decref(m);
+	}
+}
+
+/* ---- batches ---- */
+
+/* Points b at the batch in slot, flattening the per-sequence masked
+ * positions (B, P) into the model's (n_pred,) b*T+t form. */
+static int slot_to_batch(worker *w, const void *slot, int micro, bert_batch *b)
+{
+	const batch_header *h = slot;
+	const batch_layout *l = &w->bj.ring.layout;
+	int rc = batch_header_check(h, l);
+	if (rc < 0)
+		return rc;
+	const char *base = slot;
+	const int32_t *pos = (const int32_t *)(base + h->off_mlm_positions);
+	const int32_t *lab = (const int32_t *)(base + h->off_mlm_labels);
+	const int32_t *npred = (const int32_t *)(base + h->off_n_pred);
+	int32_t *fp = w->mlm_pos + (size_t)micro * l->B * l->P;
+	int32_t *fl = w->mlm_lab + (size_t)micro * l->B * l->P;
+	int m = 0;
+	for (uint32_t s = 0; s < l->B; s++) {
+		for (int i = 0; i < npred[s] && (uint32_t)i < l->P; i++) {
+			fp[m] = (int32_t)(s * l->T) + pos[s * l->P + i];
+			fl[m] = lab[s * l->P + i];
+			m++;
+		}
+	}
+	*b = (bert_batch){
+		.B = (int)l->B, .T = (int)l->T, .M = m,
+		.input_ids = (const int32_t *)(base + h->off_input_ids),
+		.token_type_ids = (const int32_t *)(base + h->off_token_type_ids),
+		.seq_lens = (const int32_t *)(base + h->off_seq_lens),
+		.mlm_positions = fp, .mlm_labels = fl,
+		.nsp_labels = (h->flags & BATCH_FLAG_NSP) ? (const int32_t *)(base + h->off_nsp_labels) : NULL,
+	};
+	w->win_tokens += h->n_tokens;
+	w->epoch = h->epoch;
+	return 0;
+}
+
+/* ---- gradient sync hook (train.h) ---- */
+
+typedef struct sync_ctx {
+	worker *w;
+	double flags[3]; /* [loss, tokens, stop] summed over ranks */
+} sync_ctx;
+
+static int grad_sync(void *ctx, float *grads, size_t n, double *loss)
+{
+	sync_ctx *s = ctx;
+	worker *w = s->w;
+	double t0 = now_s();
+	int rc = comm_allreduce_mean(w->cm, grads, n);
+	if (rc == 0) {
+		s->flags[0] = *loss;
+		s->flags[1] = w->win_tokens;
+		s->flags[2] = w->stop_requested ? 1.0 : 0.0;
+		rc = comm_allreduce_sum_f64(w->cm, s->flags, 3);
+		*loss = s->flags[0] / w->world;
+		if (s->flags[2] > 0)
+			w->stop_requested = true; /* any rank's stop stops all, same step */
+	}
+	w->win_comm_s += now_s() - t0;
+	return rc;
+}
+
+/* ---- checkpoints ---- */
+
+static int64_t dir_bytes(const char *dir)
+{
+	DIR *d = opendir(dir);
+	if (!d)
+		return 0;
+	int64_t total = 0;
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		char p[PATH_MAX];
+		struct stat st;
+		snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+		if (e->d_name[0] != '.' && stat(p, &st) == 0 && S_ISREG(st.st_mode))
+			total += st.st_size;
+	}
+	closedir(d);
+	return total;
+}
+
+/* Rank 0: saves ckpt-<step> (pruning to save_total_limit) and tells the
+ * daemon which checkpoints now exist. */
+static int save_checkpoint(worker *w, char *err, size_t errlen)
+{
+	trainer *t = w->tr;
+	json_t *extra = json_pack("{s:I, s:i}", "epoch", (json_int_t)w->epoch, "world_size", w->world);
+	int rc = checkpoint_save(w->checkpoint_dir, t->step, t->model, t->opt, extra,
+				 w->bj.spec.training.save_total_limit, err, errlen);
+	json_decref(extra);
+	if (rc < 0)
+		return rc;
+	char path[PATH_MAX];
+	snprintf(path, sizeof path, "%s/ckpt-%ld", w->checkpoint_dir, t->step);
+	json_t *present = json_array();
+	DIR *d = opendir(w->checkpoint_dir);
+	struct dirent *e;
+	while (d && (e = readdir(d))) {
+		long s;
+		char tail;
+		if (sscanf(e->d_name, "ckpt-%ld%c", &s, &tail) == 1)
+			json_array_append_new(present, json_integer(s));
+	}
+	if (d)
+		closedir(d);
+	send_msg(w, json_pack("{s:s, s:I, s:s, s:I, s:o}", "type", "checkpoint", "step", (json_int_t)t->step,
+			      "path", path, "bytes", (json_int_t)dir_bytes(path), "present_steps", present));
+	log_info("checkpoint %s", path);
+	return 0;
+}
+
+/* ---- setup ---- */
+
+/* The spec's model and training settings (train.c), with what only this
+ * process knows: the dataset's vocab, threads, and that this file (not
+ * train.c) logs and checkpoints, so the daemon hears of each. */
+static int build_train_config(worker *w, train_config *tc, char *err, size_t errlen)
+{
+	jobspec spec = w->bj.spec;
+	const shard_vocab_info *vi = &w->data.shards->vocab;
+	if (spec.model.vocab_size <= 0)
+		spec.model.vocab_size = (int)vi->vocab_size;
+	if ((uint32_t)spec.model.vocab_size < vi->vocab_size) {
+		snprintf(err, errlen, "model.vocab_size %d is smaller than the dataset's vocab (%u)",
+			 spec.model.vocab_size, vi->vocab_size);
+		return -EINVAL;
+	}
+	const char *omp = getenv("OMP_NUM_THREADS");
+	int threads = omp && atoi(omp) > 0 ? atoi(omp) : 1;
+	int rc = train_config_from_jobspec(tc, &spec, NULL, threads, (uint32_t)w->rank, err, errlen);
+	if (rc < 0)
+		return rc;
+	tc->model.pad_token_id = (int)vi->special.pad;
+	tc->logging_steps = 0;
+	tc->save_steps = 0;
+	/* init_from points into the spec copy above: use the job's own */
+	tc->init_from = w->bj.spec.init_from[0] ? w->bj.spec.init_from : NULL;
+	return 0;
+}
+
+static int parse_args(int argc, char **argv, const char **job_path, int *rank)
+{
+	static const struct option opts[] = {
+		{"job", required_argument, 0, 'j'}, {"rank", required_argument, 0, 'r'},
+		{"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
+	};
+	int c;
+	*job_path = NULL;
+	*rank = -1;
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		char *end;
+		switch (c) {
+		case 'j': *job_path = optarg; break;
+		case 'r':
+			*rank = (int)strtol(optarg, &end, 10);
+			if (*end || *rank < 0)
+				return -EINVAL;
+			break;
+		case 'h':
+			printf("usage: bertd-worker --job <job.json> --rank <r>\n"
+			       "Runs rank r of a bertd training job; started by the daemon with its\n"
+			       "socket on fd 3 (docs/formats.md).\n");
+			return 1;
+		default: return -EINVAL;
+		}
+	}
+	return *job_path && *rank >= 0 && optind == argc ? 0 : -EINVAL;
+}
+
+static const char *jstr(json_t *o, const char *k)
+{
+	return json_string_value(json_object_get(o, k));
+}
+
+/* ---- the loop ---- */
+
+static int train(worker *w)
+{
+	char err[512];
+	const jobspec_training *ta = &w->bj.spec.training;
+	const int M = ta->gradient_accumulation_steps;
+	const int64_t max_steps = ta->max_steps;
+	const batch_layout *l = &w->bj.ring.layout;
+	bert_batch micro[64];
+	sync_ctx sc = {.w = w};
+	if (w->world > 1) {
+		w->tr->cfg.grad_sync = grad_sync;
+		w->tr->cfg.grad_sync_ctx = &sc;
+	}
+	double t_log = now_s();
+	while (w->tr->step < max_steps) {
+		poll_daemon(w);
+		if (w->world == 1 && w->stop_requested)
+			break;
+		double t0 = now_s();
+		for (int k = 0; k < M; k++) {
+			void *slot = NULL;
+			if (w->rg) {
+				int rc;
+				while ((rc = ring_next(w->rg, (uint32_t)w->rank, RING_WAIT_MS, &slot)) == -ETIMEDOUT) {
+					poll_daemon(w);
+					if (w->world == 1 && w->stop_requested)
+						break;
+				}
+				if (rc == -ETIMEDOUT)
+					goto stop; /* stop requested while starved */
+				if (rc == RING_END)
+					return fail(w, BERTD_EXIT_DATA, "data", "the batch stream ended at step %ld",
+						    w->tr->step);
+				if (rc < 0)
+					return fail(w, BERTD_EXIT_DATA, "data", "no batch from the loaders: %s",
+						    strerror(-rc));
+				/* The rank's stream hands out one slot at a time, and a
+				 * step needs M: copy it out and give the slot back at once
+				 * so loaders keep producing while we compute. */
+				void *dst = (char *)w->local_slot + (size_t)k * l->slot_bytes;
+				memcpy(dst, slot, l->slot_bytes);
+				ring_release(w->rg, (uint32_t)w->rank);
+				slot = dst;
+			} else {
+				uint64_t global = ((uint64_t)w->tr->step * (uint64_t)M + (uint64_t)k) *
+						  (uint64_t)w->world + (uint64_t)w->rank;
+				int rc = mlm_batch_build(w->data.ds, l, (uint32_t)w->world, (uint32_t)M, global,
+							 (char *)w->local_slot + (size_t)k * l->slot_bytes);
+				if (rc < 0)
+					return fail(w, BERTD_EXIT_DATA, "data", "building batch %llu: %s",
+						    (unsigned long long)global, strerror(-rc));
+				slot = (char *)w->local_slot + (size_t)k * l->slot_bytes;
+			}
+			if (slot_to_batch(w, slot, k, &micro[k]) < 0)
+				return fail(w, BERTD_EXIT_DATA, "data", "batch slot failed its header check");
+		}
+		double t1 = now_s();
+		w->win_data_s += t1 - t0;
+		train_result res;
+		int rc = trainer_step(w->tr, micro, M, &res, err, sizeof err);
+		if (rc == -EPIPE || rc == -EPROTO)
+			return fail(w, BERTD_EXIT_PEER_LOST, "peer_lost", "%s", err);
+		if (rc == -ENOMEM)
+			return fail(w, BERTD_EXIT_OOM, "oom", "%s", err);
+		if (rc < 0)
+			return fail(w, BERTD_EXIT_FAILURE, "internal", "%s", err);
+		w->win_step_s += now_s() - t0;
+		w->win_steps++;
+		w->win_loss += res.loss;
+
+		bool log_now = ta->logging_steps > 0 && res.step % ta->logging_steps == 0;
+		if (log_now || res.step == max_steps) {
+			double tokens = w->world > 1 ? sc.flags[1] : w->win_tokens;
+			double wall = now_s() - t_log;
+			if (w->rank == 0) {
+				json_t *m = json_pack("{s:s, s:I, s:I, s:f, s:f, s:f, s:f, s:f, s:{s:f, s:f, s:f}}",
+						      "type", "metrics", "step", (json_int_t)res.step,
+						      "epoch", (json_int_t)w->epoch, "loss", w->win_loss / (double)w->win_steps,
+						      "learning_rate", res.lr, "grad_norm", res.grad_norm,
+						      "tokens_per_s", wall > 0 ? tokens / wall : 0.0,
+						      "step_time_ms", 1000.0 * w->win_step_s / (double)w->win_steps,
+						      "phases_ms", "data_wait", 1000.0 * w->win_data_s / (double)w->win_steps,
+						      "allreduce", 1000.0 * w->win_comm_s / (double)w->win_steps,
+						      "compute", 1000.0 * (w->win_step_s - w->win_data_s - w->win_comm_s) /
+								 (double)w->win_steps);
+				send_msg(w, m);
+				log_info("step %ld/%lld loss %.4f lr %.3g grad_norm %.3f tokens/s %.0f", res.step,
+					 (long long)max_steps, w->win_loss / (double)w->win_steps, res.lr, res.grad_norm,
+					 wall > 0 ? tokens / wall : 0.0);
+			}
+			w->win_data_s = w->win_step_s = w->win_comm_s = w->win_tokens = w->win_loss = 0;
+			w->win_steps = 0;
+			t_log = now_s();
+		}
+		if (w->rank == 0 && ta->save_steps > 0 && res.step % ta->save_steps == 0 && res.step != max_steps) {
+			if ((rc = save_checkpoint(w, err, sizeof err)) < 0)
+				return fail(w, BERTD_EXIT_IO, "io", "writing checkpoint: %s", err);
+		}
+		if (w->stop_requested)
+			goto stop;
+	}
+	/* done: final checkpoint and the HuggingFace export */
+	if (w->rank == 0) {
+		int rc;
+		if ((rc = save_checkpoint(w, err, sizeof err)) < 0)
+			return fail(w, BERTD_EXIT_IO, "io", "writing the final checkpoint: %s", err);
+		if ((rc = hf_export(w->tr->model, w->export_dir, w->data.shards ? w->data.shards->vocab_path : NULL,
+				    err, sizeof err)) < 0)
+			return fail(w, BERTD_EXIT_IO, "io", "exporting the model: %s", err);
+		send_msg(w, json_pack("{s:s, s:s}", "type", "exported", "path", w->export_dir));
+		log_info("exported the model to %s", w->export_dir);
+	}
+	if (w->cm && comm_barrier(w->cm) < 0)
+		return fail(w, BERTD_EXIT_PEER_LOST, "peer_lost", "a peer was lost at the end of training");
+	return BERTD_EXIT_OK;
+stop:
+	if (w->rank == 0 && w->tr->step > 0) {
+		int rc = save_checkpoint(w, err, sizeof err);
+		if (rc < 0)
+			return fail(w, BERTD_EXIT_IO, "io", "writing the stop checkpoint: %s", err);
+	}
+	log_info("stopped at step %ld", w->tr->step);
+	return BERTD_EXIT_STOPPED;
+}
+
+int main(int argc, char **argv)
+{
+	char name[32] = "bertd-worker";
+	log_init(name, LOG_LVL_INFO);
+	worker w = {.daemon_fd = -1};
+	const char *job_path;
+	int rc = parse_args(argc, argv, &job_path, &w.rank);
+	if (rc == 1)
+		return 0;
+	if (rc < 0) {
+		fprintf(stderr, "usage: bertd-worker --job <job.json> --rank <r>\n");
+		return BERTD_EXIT_BAD_CONFIG;
+	}
+	snprintf(name, sizeof name, "bertd-worker[%d]", w.rank);
+	log_init(name, LOG_LVL_INFO);
+	signal(SIGPIPE, SIG_IGN);
+	if (fcntl(DAEMON_FD, F_GETFD) >= 0) {
+		w.daemon_fd = DAEMON_FD;
+		fcntl(DAEMON_FD, F_SETFL, fcntl(DAEMON_FD, F_GETFL) | O_NONBLOCK);
+	}
+	msg_reader_init(&w.rd);
+	int code = BERTD_EXIT_OK;
+	char err[512];
+
+	json_error_t jerr;
+	w.job = json_load_file(job_path, JSON_REJECT_DUPLICATES, &jerr);
+	if (!w.job) {
+		code = fail(&w, BERTD_EXIT_BAD_CONFIG, "bad_config", "cannot read job file %s: %s", job_path, jerr.text);
+		goto out;
+	}
+	if (batchjob_from_json(w.job, &w.bj) < 0) {
+		code = fail(&w, BERTD_EXIT_BAD_CONFIG, "bad_config", "job file %s is not usable (see log)", job_path);
+		goto out;
+	}
+	w.world = (int)w.bj.world_size;
+	w.checkpoint_dir = jstr(w.job, "checkpoint_dir");
+	w.export_dir = jstr(w.job, "export_dir");
+	w.resume_from = jstr(w.job, "resume_from");
+	json_t *dev = json_array_get(json_object_get(w.job, "devices"), (size_t)w.rank);
+	const char *kind = jstr(dev, "kind");
+	if (w.rank >= w.world || !w.checkpoint_dir || !w.export_dir || !kind) {
+		code = fail(&w, BERTD_EXIT_BAD_CONFIG, "bad_config", "job file lacks rank %d's device or its directories",
+			    w.rank);
+		goto out;
+	}
+	send_msg(&w, json_pack("{s:s, s:i, s:i, s:s}", "type", "hello", "rank", w.rank, "pid", (int)getpid(),
+			       "device", kind));
+	if (strcmp(kind, "cpu") != 0) {
+		/* The CUDA training path (worker/gpu_model.c) is not wired into
+		 * this process yet; refuse rather than silently train on the CPU. */
+		code = fail(&w, BERTD_EXIT_BAD_CONFIG, "bad_config",
+			    "device kind %s: this bertd-worker trains on the CPU backend only so far", kind);
+		goto out;
+	}
+	if (w.bj.spec.training.bf16 == 1 || w.bj.spec.training.fp16 == 1) {
+		code = fail(&w, BERTD_EXIT_BAD_CONFIG, "bad_config",
+			    "bf16/fp16 asked for, but this job runs on the CPU backend (fp32 only)");
+		goto out;
+	}
+
+	/* Data: the dataset is opened by every rank (its vocab sizes the model);
+	 * batches come from the ring when loaders run, else are built here. */
+	if ((rc = batchjob_data_open(&w.bj, &w.data)) < 0) {
+		code = fail(&w, BERTD_EXIT_DATA, "data", "dataset %s: %s", w.bj.dataset_dir, strerror(-rc));
+		goto out;
+	}
+	const batch_layout *l = &w.bj.ring.layout;
+	int M = w.bj.spec.training.gradient_accumulation_steps;
+	if (M > 64) {
+		code = fail(&w, BERTD_EXIT_BAD_CONFIG, "bad_config", "gradient_accumulation_steps above 64");
+		goto out;
+	}
+	w.mlm_pos = calloc((size_t)M * l->B * l->P, sizeof(int32_t));
+	w.mlm_lab = calloc((size_t)M * l->B * l->P, sizeof(int32_t));
+	if (!w.mlm_pos || !w.mlm_lab) {
+		code = fail(&w, BERTD_EXIT_OOM, "oom", "out of memory for batch buffers");
+		goto out;
+	}
+	if (posix_memalign(&w.local_slot, BATCH_ALIGN, (size_t)M * l->slot_bytes) != 0) {
+		code = fail(&w, BERTD_EXIT_OOM, "oom", "out of memory for batch slots");
+		goto out;
+	}
+	if (w.bj.spec.training.dataloader_num_workers > 0 &&
+	    (rc = ring_open(&w.rg, w.bj.shm_name, &w.bj.ring)) < 0) {
+		code = fail(&w, BERTD_EXIT_DATA, "data", "cannot open the batch ring %s: %s", w.bj.shm_name,
+			    strerror(-rc));
+		goto out;
+	}
+
+	train_config tc;
+	if (build_train_config(&w, &tc, err, sizeof err) < 0) {
+		code = fail(&w, BERTD_EXIT_BAD_CONFIG, "bad_config", "%s", err);
+		goto out;
+	}
+	if ((rc = trainer_create(&w.tr, &tc, err, sizeof err)) < 0) {
+		code = fail(&w, rc == -ENOMEM ? BERTD_EXIT_OOM : BERTD_EXIT_BAD_CONFIG,
+			    rc == -ENOMEM ? "oom" : "bad_config", "%s", err);
+		goto out;
+	}
+	if (w.resume_from && (rc = trainer_resume(w.tr, w.resume_from, err, sizeof err)) < 0) {
+		code = fail(&w, BERTD_EXIT_DATA, "data", "resuming from %s: %s", w.resume_from, err);
+		goto out;
+	}
+	if (w.tr->step != w.bj.start_step) {
+		code = fail(&w, BERTD_EXIT_DATA, "data", "checkpoint step %ld disagrees with the job's resume step %lld",
+			    w.tr->step, (long long)w.bj.start_step);
+		goto out;
+	}
+	if (w.world > 1) {
+		char cname[160];
+		comm_name_for_job(cname, sizeof cname, w.bj.job_id);
+		if ((rc = comm_create_shm(&w.cm, cname, w.rank, w.world, COMM_DEFAULT_MAX_FLOATS, COMM_TIMEOUT_MS)) < 0) {
+			code = fail(&w, BERTD_EXIT_PEER_LOST, "peer_lost", "joining the %d-rank group failed: %s",
+				    w.world, strerror(-rc));
+			goto out;
+		}
+	}
+	log_info("rank %d/%d on %s: %d layers, hidden %d, vocab %d, batch %u x %u, accumulation %d, from step %ld",
+		 w.rank, w.world, kind, tc.model.num_hidden_layers, tc.model.hidden_size, tc.model.vocab_size, l->B,
+		 l->T, M, w.tr->step);
+	code = train(&w);
+	if (code == BERTD_EXIT_PEER_LOST && w.cm)
+		comm_abort(w.cm, -EPIPE);
+out:
+	comm_destroy(w.cm);
+	trainer_destroy(w.tr);
+	if (w.rg)
+		ring_detach(w.rg);
+	free(w.local_slot);
+	free(w.mlm_pos);
+	free(w.mlm_lab);
+	if (w.data.ds || w.data.shards)
+		batchjob_data_close(&w.data);
+	msg_reader_free(&w.rd);
+	json_decref(w.job);
+	return code;
+}
