@@ -189,6 +189,18 @@ static void test_hf_export_import_lossless(void **state)
     assert_int_equal(hf_init_from(&bad, dir, err, sizeof err), -EINVAL);
     print_message("  mismatched config: %s\n", err);
     assert_non_null(strstr(err, "word_embeddings"));
+    /* broken or unsupported config.json: clear errors */
+    static const char *bad_cfgs[] = {"{\"hidden_size\": ", "{\"hidden_size\": \"16\"}",
+                                     "{\"hidden_act\": \"relu\"}",
+                                     "{\"num_attention_heads\": 5, \"hidden_size\": 16}"};
+    for (int i = 0; i < 4; i++) {
+        cf = fopen(path, "w");
+        fputs(bad_cfgs[i], cf);
+        fclose(cf);
+        assert_int_equal(hf_init_from(&bad, dir, err, sizeof err), -EINVAL);
+        assert_null(bad);
+        print_message("  bad config.json: %s\n", err);
+    }
     bert_model_destroy(m);
     bert_model_destroy(back);
     char cmd[300];
