@@ -157,9 +157,10 @@ static void test_hf_export_import_lossless(void **state)
         m->params_memory[i] += 1e-3f * (float)((i * 2654435761u) % 1000) / 1000.0f;
     char dir[] = "/tmp/bertd-hf-XXXXXX", err[256];
     assert_non_null(mkdtemp(dir));
-    const char *shared = getenv("BERTD_SHARED_DATA");
+    const char *fixtures = getenv("BERTD_MODEL_FIXTURES");
+    assert_non_null(fixtures);
     char vocab[4096];
-    snprintf(vocab, sizeof vocab, "%s/bert-base-uncased-vocab.txt", shared ? shared : ".");
+    snprintf(vocab, sizeof vocab, "%s/hf_tiny/vocab.txt", fixtures);
     int rc = hf_export(m, dir, vocab, err, sizeof err);
     if (rc < 0)
         fail_msg("export: %s", err);
