@@ -171,6 +171,11 @@ static void test_hf_export_import_lossless(void **state)
     assert_int_equal(back->cfg.hidden_size, 16);
     assert_int_equal(back->num_params, m->num_params);
     assert_memory_equal(back->params_memory, m->params_memory, m->num_params * sizeof(float));
+    /* vocab.txt travels with the export, byte for byte */
+    char vpath[4200], cmd0[8500];
+    snprintf(vpath, sizeof vpath, "%s/vocab.txt", dir);
+    snprintf(cmd0, sizeof cmd0, "cmp -s '%s' '%s'", vocab, vpath);
+    assert_int_equal(system(cmd0), 0);
     /* the export leaves the tied decoder weight out, as HF does */
     st_file *f = NULL;
     char path[4200];
