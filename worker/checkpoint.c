@@ -96,7 +96,17 @@ static void prune(const char *root, int keep_last)
     long *steps = NULL;
     size_t n = 0, cap = 0;
     struct dirent *e;
+    char path[4400];
     while ((e = readdir(d))) {
+        size_t len = strlen(e->d_name);
+        if (strncmp(e->d_name, "ckpt-", 5) == 0 && len > 4 &&
+            strcmp(e->d_name + len - 4, ".tmp") == 0) {
+            /* a save that crashed part-way: one writer per job, so any .tmp
+             * left when a save has just succeeded is stale */
+            snprintf(path, sizeof path, "%s/%s", root, e->d_name);
+            remove_tree(path);
+            continue;
+        }
         long s = parse_ckpt_name(e->d_name);
         if (s < 0 || !is_complete(root, e->d_name))
             continue;
@@ -111,7 +121,6 @@ static void prune(const char *root, int keep_last)
     }
     closedir(d);
     qsort(steps, n, sizeof *steps, cmp_long);
-    char path[4400];
     for (size_t i = 0; i + (size_t)keep_last < n; i++) {
         snprintf(path, sizeof path, "%s/ckpt-%ld", root, steps[i]);
         remove_tree(path);

@@ -157,9 +157,10 @@ static void test_hf_export_import_lossless(void **state)
         m->params_memory[i] += 1e-3f * (float)((i * 2654435761u) % 1000) / 1000.0f;
     char dir[] = "/tmp/bertd-hf-XXXXXX", err[256];
     assert_non_null(mkdtemp(dir));
-    const char *shared = getenv("BERTD_SHARED_DATA");
+    const char *fixtures = getenv("BERTD_MODEL_FIXTURES");
+    assert_non_null(fixtures);
     char vocab[4096];
-    snprintf(vocab, sizeof vocab, "%s/bert-base-uncased-vocab.txt", shared ? shared : ".");
+    snprintf(vocab, sizeof vocab, "%s/hf_tiny/vocab.txt", fixtures);
     int rc = hf_export(m, dir, vocab, err, sizeof err);
     if (rc < 0)
         fail_msg("export: %s", err);
@@ -170,6 +171,11 @@ static void test_hf_export_import_lossless(void **state)
     assert_int_equal(back->cfg.hidden_size, 16);
     assert_int_equal(back->num_params, m->num_params);
     assert_memory_equal(back->params_memory, m->params_memory, m->num_params * sizeof(float));
+    /* vocab.txt travels with the export, byte for byte */
+    char vpath[4200], cmd0[8500];
+    snprintf(vpath, sizeof vpath, "%s/vocab.txt", dir);
+    snprintf(cmd0, sizeof cmd0, "cmp -s '%s' '%s'", vocab, vpath);
+    assert_int_equal(system(cmd0), 0);
     /* the export leaves the tied decoder weight out, as HF does */
     st_file *f = NULL;
     char path[4200];
@@ -189,6 +195,18 @@ static void test_hf_export_import_lossless(void **state)
     assert_int_equal(hf_init_from(&bad, dir, err, sizeof err), -EINVAL);
     print_message("  mismatched config: %s\n", err);
     assert_non_null(strstr(err, "word_embeddings"));
+    /* broken or unsupported config.json: clear errors */
+    static const char *bad_cfgs[] = {"{\"hidden_size\": ", "{\"hidden_size\": \"16\"}",
+                                     "{\"hidden_act\": \"relu\"}",
+                                     "{\"num_attention_heads\": 5, \"hidden_size\": 16}"};
+    for (int i = 0; i < 4; i++) {
+        cf = fopen(path, "w");
+        fputs(bad_cfgs[i], cf);
+        fclose(cf);
+        assert_int_equal(hf_init_from(&bad, dir, err, sizeof err), -EINVAL);
+        assert_null(bad);
+        print_message("  bad config.json: %s\n", err);
+    }
     bert_model_destroy(m);
     bert_model_destroy(back);
     char cmd[300];

@@ -263,7 +263,10 @@ static void test_keep_last_and_incomplete(void **state)
     tc.save_total_limit = 2;
     trainer *t = NULL;
     assert_int_equal(trainer_create(&t, &tc, err, sizeof err), 0);
+    snprintf(path, sizeof path, "%s/ckpt-77.tmp", dir); // debris of a crashed save
+    assert_int_equal(mkdir(path, 0755), 0);
     run(t, 4, 1);
+    assert_int_equal(access(path, F_OK), -1); // pruned with the old checkpoints
     struct stat st;
     for (int s = 1; s <= 4; s++) {
         snprintf(path, sizeof path, "%s/ckpt-%d/DONE", dir, s);
@@ -286,6 +289,12 @@ static void test_keep_last_and_incomplete(void **state)
     snprintf(path, sizeof path, "%s/ckpt-4", dir);
     assert_int_equal(trainer_resume(o, path, err, sizeof err), -EINVAL);
     print_message("  mismatched checkpoint: %s\n", err);
+    /* a damaged checkpoint is an error, not a crash: truncate params */
+    char pfile[4300];
+    snprintf(pfile, sizeof pfile, "%s/params.safetensors", path);
+    assert_int_equal(truncate(pfile, 1000), 0);
+    assert_int_equal(checkpoint_load(path, t->model, t->opt, &step, err, sizeof err) < 0, 1);
+    print_message("  truncated checkpoint: %s\n", err);
     bert_config rc_cfg;
     assert_int_equal(checkpoint_read_config(path, &rc_cfg, err, sizeof err), 0);
     assert_int_equal(rc_cfg.hidden_size, 32);
