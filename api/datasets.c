@@ -163,7 +163,16 @@ static json_t *dataset_request(api_request *req, json_t *in, enum MHD_Result *re
 			return NULL;
 		}
 		json_object_foreach(v, key, size) {
-			if (strcmp(key, "vocab_size") != 0) {
+			if (strcmp(key, "lowercase") == 0) {
+				/* also accepted here, where a vocab being trained has its casing */
+				if (!json_is_boolean(size) && !json_is_null(size)) {
+					*ret = api_reply_problem(req, API_P_INVALID_REQUEST, "vocab.train.lowercase",
+								 "must be true, false or null");
+					return NULL;
+				}
+				if (json_is_boolean(size) && json_is_null(lowercase))
+					lowercase = json_boolean(json_is_true(size));
+			} else if (strcmp(key, "vocab_size") != 0) {
 				char f[160];
 				snprintf(f, sizeof f, "vocab.train.%s", key);
 				*ret = api_reply_problem(req, API_P_INVALID_REQUEST, f, "unknown key");

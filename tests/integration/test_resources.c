@@ -119,6 +119,8 @@ static void test_dataset_validation(void **state)
 		       422, "invalid-request", "colour");
 	expect_problem(&f->d, "{\"name\":\"x\",\"source\":\"corpus.txt\",\"format\":\"xml\",\"vocab\":{\"train\":{\"vocab_size\":500}}}",
 		       422, "invalid-request", "format");
+	expect_problem(&f->d, "{\"name\":\"x\",\"source\":\"corpus.txt\",\"vocab\":{\"train\":{\"vocab_size\":500,\"lowercase\":1}}}",
+		       422, "invalid-request", "vocab.train.lowercase");
 	expect_problem(&f->d, "[1]", 400, "bad-request", NULL);
 
 	http_resp r;
