@@ -9,6 +9,7 @@
  *   a child dies otherwise --> the rest are killed; retryable and restarts
  *       left --> restarting (resumes from the last checkpoint), else failed.
  */
+#include "daemon/telemetry.h"
 #include "daemon/supervisor.h"
 
 #include <errno.h>
@@ -382,7 +383,8 @@ static int latest_checkpoint(supervisor *sv, const char *id, char *path, size_t 
 static void fail_job_now(supervisor *sv, const char *id, unsigned from, const char *reason)
 {
 	log_warn("job %s failed: %s", id, reason);
-	store_job_transition(sv->st, id, from, JOB_FAILED, reason, NULL);
+	if (store_job_transition(sv->st, id, from, JOB_FAILED, reason, NULL) == 0)
+		telemetry_job_finished(JOB_FAILED);
 }
 
 static int write_job_file(supervisor *sv, run *r, const char *dataset_dir, const char *resume)
@@ -599,22 +601,26 @@ static void run_maybe_finish(supervisor *sv, run *r)
 		store_job_transition(sv->st, r->id, live, JOB_QUEUED, "daemon shutting down; resumes on next start",
 				     NULL);
 	} else if (state == JOB_STOPPING && (!r->failed || r->stop_sent)) {
-		store_job_transition(sv->st, r->id, JOB_MASK(JOB_STOPPING), JOB_CANCELED,
-				     r->reason[0] && !r->stop_sent ? r->reason : "canceled by user", NULL);
+		if (store_job_transition(sv->st, r->id, JOB_MASK(JOB_STOPPING), JOB_CANCELED,
+					 r->reason[0] && !r->stop_sent ? r->reason : "canceled by user", NULL) == 0)
+			telemetry_job_finished(JOB_CANCELED);
 	} else if (!r->failed) {
-		store_job_transition(sv->st, r->id, live, JOB_COMPLETED, "training finished", NULL);
+		if (store_job_transition(sv->st, r->id, live, JOB_COMPLETED, "training finished", NULL) == 0)
+			telemetry_job_finished(JOB_COMPLETED);
 	} else if (r->retryable && restarts < max_restarts) {
 		int n = 0;
 		store_job_bump_restarts(sv->st, r->id, &n);
 		char why[640];
 		snprintf(why, sizeof why, "%s; restart %d of %d from the last checkpoint", r->reason, n, max_restarts);
 		store_job_transition(sv->st, r->id, live, JOB_RESTARTING, why, NULL);
+		telemetry_job_restarted();
 		log_info("job %s: %s", r->id, why);
 	} else {
 		char why[640];
 		snprintf(why, sizeof why, "%s%s", r->reason,
 			 r->retryable ? " (no restarts left)" : "");
-		store_job_transition(sv->st, r->id, live, JOB_FAILED, why, NULL);
+		if (store_job_transition(sv->st, r->id, live, JOB_FAILED, why, NULL) == 0)
+			telemetry_job_finished(JOB_FAILED);
 		log_warn("job %s failed: %s", r->id, why);
 	}
 	run_free(r);
