@@ -163,6 +163,25 @@ static void write_jobs(FILE *f, running *jobs, size_t n)
 		}
 	}
 
+	family(f, "bertd_job_host_cpu_utilization_ratio", "gauge",
+	       "Host CPU utilization (/proc/stat) over the newest logging window, 0..1 of all cores.");
+	for (size_t i = 0; i < n; i++) {
+		snprintf(lab, sizeof lab, "job=\"%s\"", jobs[i].id);
+		sample(f, "bertd_job_host_cpu_utilization_ratio", lab,
+		       num(json_object_get(jobs[i].v, "host"), "cpu_util_pct") / 100.0);
+	}
+	family(f, "bertd_job_loader_cpu_ratio", "gauge",
+	       "CPU time of each loader process per wall second over the newest logging window.");
+	for (size_t i = 0; i < n; i++) {
+		const json_t *ls = json_object_get(json_object_get(jobs[i].v, "host"), "loader_cpu_pct");
+		size_t k;
+		const json_t *x;
+		json_array_foreach(ls, k, x) {
+			snprintf(lab, sizeof lab, "job=\"%s\",loader=\"%zu\"", jobs[i].id, k);
+			sample(f, "bertd_job_loader_cpu_ratio", lab, json_is_number(x) ? json_number_value(x) / 100.0 : NAN);
+		}
+	}
+
 	family(f, "bertd_job_gpu_utilization_ratio", "gauge", "GPU utilization (NVML) over the newest logging window, 0..1.");
 	for (size_t i = 0; i < n; i++) {
 		const json_t *ds = json_object_get(jobs[i].v, "devices");

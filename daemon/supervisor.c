@@ -10,6 +10,7 @@
  *       left --> restarting (resumes from the last checkpoint), else failed.
  */
 #include "daemon/telemetry.h"
+#include "daemon/telemetry_sampler.h"
 #include "daemon/supervisor.h"
 
 #include <errno.h>
@@ -66,6 +67,7 @@ typedef struct run {
 	bool failed, retryable;
 	char reason[512];
 	int64_t last_step;
+	tsampler *ts;          /* device/host samples between metrics rows; NULL if none */
 	struct supervisor *sv;
 	struct run *next;
 } run;
@@ -95,6 +97,7 @@ static void run_free(run *r)
 		free(r->kids[i]);
 	}
 	json_decref(r->spec);
+	tsampler_destroy(r->ts);
 	free(r);
 }
 
@@ -138,6 +141,8 @@ static void handle_job_message(supervisor *sv, run *r, child *c, json_t *m)
 		json_t *vals = json_deep_copy(m);
 		json_object_del(vals, "type");
 		json_object_del(vals, "step");
+		if (r->ts)
+			tsampler_flush(r->ts, vals);
 		char *text = json_dumps(vals, JSON_COMPACT);
 		struct timespec ts;
 		clock_gettime(CLOCK_REALTIME, &ts);
@@ -492,6 +497,13 @@ static int start_job(supervisor *sv, const store_job *j, const int *dev, int nde
 	store_job_set_devices(sv->st, r->id, djs);
 	free(djs);
 	json_decref(dj);
+	unsigned nvidx[64];
+	int ngpu = 0;
+	for (int i = 0; i < ndev; i++)
+		if (sv->devs[dev[i]].kind == DEVICE_CUDA)
+			nvidx[ngpu++] = (unsigned)sv->devs[dev[i]].index;
+	if (tsampler_create(&r->ts, nvidx, ngpu) < 0)
+		r->ts = NULL; /* telemetry is optional; training is not */
 	r->start_ms = now_ms();
 	r->max_runtime_ms = spec.max_runtime_seconds > 0 ? spec.max_runtime_seconds * 1000 : 0;
 	r->next = sv->runs;
@@ -745,6 +757,14 @@ static void tick_running(supervisor *sv)
 					if (!r->kids[i]->exited)
 						proc_signal(&r->kids[i]->p, SIGKILL);
 			continue;
+		}
+		if (r->ts) {
+			pid_t lp[TSAMPLER_MAX_LOADERS];
+			int nl = 0;
+			for (int i = 0; i < r->nkids && nl < TSAMPLER_MAX_LOADERS; i++)
+				if (r->kids[i]->role == ROLE_LOADER && !r->kids[i]->exited)
+					lp[nl++] = r->kids[i]->p.pid;
+			tsampler_sample(r->ts, lp, nl, now);
 		}
 		store_job j;
 		if (store_job_get(sv->st, r->id, &j) < 0)

@@ -463,6 +463,30 @@ static void test_prometheus_metrics(void **state)
 			fail_msg("job never logged a step");
 		pause_ms(100);
 	}
+	/* the daemon's own samples (host CPU, loader CPU) join a row once a
+	 * window spans two of its ticks */
+	snprintf(path, sizeof path, "/v1/jobs/%s/metrics?limit=10000", id);
+	json_t *host = NULL;
+	for (int i = 0; !host; i++) {
+		json_t *m = get_json(&f->d, path);
+		json_t *rows = json_object_get(m, "metrics");
+		json_t *last = json_array_get(rows, json_array_size(rows) - 1);
+		if (json_object_get(last, "host"))
+			host = json_incref(json_object_get(last, "host"));
+		json_decref(m);
+		if (i > DEADLINE_S * 10)
+			fail_msg("no host sample in the job's rows");
+		if (!host)
+			pause_ms(100);
+	}
+	double cpu = num(host, "cpu_util_pct");
+	assert_true(cpu >= 0 && cpu <= 100);
+	json_t *lcpu = json_object_get(host, "loader_cpu_pct");
+	assert_int_equal(json_array_size(lcpu), 1); /* one loader */
+	assert_true(json_number_value(json_array_get(lcpu, 0)) >= 0);
+	json_decref(host);
+	snprintf(path, sizeof path, "/v1/jobs/%s", id);
+
 	http_resp r;
 	assert_int_equal(http_get(&f->d, "/metrics", &r), 0);
 	assert_int_equal(r.status, 200);
@@ -478,6 +502,8 @@ static void test_prometheus_metrics(void **state)
 	snprintf(key, sizeof key, "bertd_job_loader_wait_seconds{job=\"%s\",side=\"consumer\"}", id);
 	assert_true(has_series(p, key));
 	assert_true(has_series(p, "bertd_http_requests_total{code=\"200\"}"));
+	snprintf(key, sizeof key, "bertd_job_loader_cpu_ratio{job=\"%s\",loader=\"0\"}", id);
+	assert_true(has_series(p, key));
 	assert_true(has_series(p, "bertd_jobs_submitted_total"));
 	assert_true(has_series(p, "bertd_jobs{state=\"running\"}"));
 

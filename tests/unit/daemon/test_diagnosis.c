@@ -13,6 +13,11 @@
 #include <string.h>
 
 #include "daemon/diagnosis.h"
+#include "daemon/telemetry_sampler.h"
+
+#include <dlfcn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #define N 10
 
@@ -344,6 +349,78 @@ static void test_sample_from_json_and_report(void **state)
 	json_decref(o);
 }
 
+static long self_utime(void)
+{
+	FILE *f = fopen("/proc/self/stat", "r");
+	char buf[1024];
+	size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+	if (f)
+		fclose(f);
+	buf[n] = 0;
+	char *p = strrchr(buf, ')');
+	long ut = -1;
+	if (p)
+		sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %ld", &ut);
+	return ut;
+}
+
+/* The daemon's own sampler: host CPU and loader CPU time from procfs (this
+ * test process plays a loader that burns CPU, a reaped child one that is
+ * gone), device samples only where NVML exists. */
+static void test_sampler_host_and_loaders(void **state)
+{
+	(void)state;
+	pid_t gone = fork();
+	assert_true(gone >= 0);
+	if (gone == 0)
+		_exit(0);
+	assert_int_equal(waitpid(gone, NULL, 0), gone);
+	pid_t pids[2] = {getpid(), gone};
+	unsigned idx = 0;
+	tsampler *ts;
+	assert_int_equal(tsampler_create(&ts, &idx, 1), 0);
+	json_t *row = json_object();
+	tsampler_flush(ts, row); /* nothing sampled: the row is left alone */
+	assert_int_equal(json_object_size(row), 0);
+	tsampler_sample(ts, pids, 2, 1000);
+	/* burn CPU until the kernel has charged this process another tick */
+	long u0 = self_utime();
+	volatile double x = 0;
+	for (long i = 0; self_utime() == u0 && i < 1000000000L; i++)
+		for (int k = 0; k < 100000; k++)
+			x += k * 1e-9;
+	assert_true(self_utime() > u0);
+	tsampler_sample(ts, pids, 2, 2000);
+	tsampler_flush(ts, row);
+	json_t *host = json_object_get(row, "host");
+	assert_non_null(host);
+	double cpu = json_number_value(json_object_get(host, "cpu_util_pct"));
+	assert_true(cpu > 0 && cpu <= 100);
+	json_t *ld = json_object_get(host, "loader_cpu_pct");
+	assert_int_equal(json_array_size(ld), 2);
+	assert_true(json_number_value(json_array_get(ld, 0)) > 0);
+	assert_true(json_is_null(json_array_get(ld, 1)));
+	/* a row before the next sample carries the same interval */
+	json_t *row2 = json_object();
+	tsampler_flush(ts, row2);
+	assert_true(json_equal(json_object_get(row2, "host"), host));
+	void *nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+	if (!nvml) {
+		assert_null(json_object_get(row, "devices")); /* no NVML: no_data, not an error */
+	} else {
+		dlclose(nvml);
+		json_t *d = json_object_get(row, "devices");
+		if (d) {
+			double u = json_number_value(json_object_get(json_array_get(d, 0), "util_pct"));
+			assert_true(u >= 0 && u <= 100);
+		}
+	}
+	json_decref(row);
+	json_decref(row2);
+	tsampler_destroy(ts);
+	assert_int_equal(tsampler_create(&ts, &idx, TSAMPLER_MAX_DEVICES + 1), -EINVAL);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -357,6 +434,7 @@ int main(void)
 		cmocka_unit_test(test_window_uses_latest),
 		cmocka_unit_test(test_config_parse_errors),
 		cmocka_unit_test(test_sample_from_json_and_report),
+		cmocka_unit_test(test_sampler_host_and_loaders),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
