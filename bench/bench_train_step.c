@@ -1,6 +1,8 @@
 /* bench_train_step — times bertd's CPU training step (forward, backward,
  * AdamW with clipping) on random token batches with ~15% masked positions.
- * Prints one line "bertd_step_ms <median> <min>" for train_step_vs_torch.py,
+ * Prints "bertd_steps_ms <t1> ... <tSTEPS>" (wall), "bertd_cpu_ms ..." (process
+ * CPU time, all threads) then "masked <M> loss <x>" for
+ * train_step_vs_torch.py,
  * which runs PyTorch on the same config in the same run and makes the table.
  * Usage: bench_train_step PRESET B T THREADS STEPS */
 #include "worker/train.h"
@@ -9,12 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static uint64_t xs(uint64_t *s)
 {
@@ -69,22 +65,31 @@ int main(int argc, char **argv)
     }
     bert_batch batch = {.B = B, .T = T, .M = M, .input_ids = ids, .token_type_ids = tt,
                         .seq_lens = lens, .mlm_positions = pos, .mlm_labels = lab};
-    double *ms = malloc(sizeof(double) * steps);
+    double *ms = malloc(sizeof(double) * steps), *cpu = malloc(sizeof(double) * steps);
     train_result r;
     for (int s = -2; s < steps; s++) { // two warm-up steps
-        struct timespec a, b2;
+        struct timespec a, b2, ca, cb;
         clock_gettime(CLOCK_MONOTONIC, &a);
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ca);
         if (trainer_step(t, &batch, 1, &r, err, sizeof err) < 0) {
             fprintf(stderr, "%s\n", err);
             return 1;
         }
         clock_gettime(CLOCK_MONOTONIC, &b2);
-        if (s >= 0)
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cb);
+        if (s >= 0) {
             ms[s] = (b2.tv_sec - a.tv_sec) * 1e3 + (b2.tv_nsec - a.tv_nsec) / 1e6;
+            cpu[s] = (cb.tv_sec - ca.tv_sec) * 1e3 + (cb.tv_nsec - ca.tv_nsec) / 1e6;
+        }
     }
-    qsort(ms, steps, sizeof *ms, cmp_double);
-    printf("bertd_step_ms %.2f %.2f masked %d loss %.4f\n", ms[steps / 2], ms[0], M, r.loss);
-    free(ms); free(ids); free(tt); free(lens); free(pos); free(lab);
+    printf("bertd_steps_ms");
+    for (int s = 0; s < steps; s++)
+        printf(" %.2f", ms[s]);
+    printf("\nbertd_cpu_ms");
+    for (int s = 0; s < steps; s++)
+        printf(" %.2f", cpu[s]);
+    printf("\nmasked %d loss %.4f\n", M, r.loss);
+    free(ms); free(cpu); free(ids); free(tt); free(lens); free(pos); free(lab);
     trainer_destroy(t);
     return 0;
 }

@@ -68,6 +68,7 @@ typedef struct run {
 	char reason[512];
 	int64_t last_step;
 	tsampler *ts;          /* device/host samples between metrics rows; NULL if none */
+	const char *stop_why;   /* reason recorded when a stop ends the job */
 	struct supervisor *sv;
 	struct run *next;
 } run;
@@ -614,7 +615,8 @@ static void run_maybe_finish(supervisor *sv, run *r)
 				     NULL);
 	} else if (state == JOB_STOPPING && (!r->failed || r->stop_sent)) {
 		if (store_job_transition(sv->st, r->id, JOB_MASK(JOB_STOPPING), JOB_CANCELED,
-					 r->reason[0] && !r->stop_sent ? r->reason : "canceled by user", NULL) == 0)
+					 r->reason[0] && !r->stop_sent ? r->reason
+					 : r->stop_why ? r->stop_why : "canceled by user", NULL) == 0)
 			telemetry_job_finished(JOB_CANCELED);
 	} else if (!r->failed) {
 		if (store_job_transition(sv->st, r->id, live, JOB_COMPLETED, "training finished", NULL) == 0)
@@ -774,6 +776,7 @@ static void tick_running(supervisor *sv)
 		if (!stop && r->max_runtime_ms && now - r->start_ms > r->max_runtime_ms) {
 			store_job_transition(sv->st, r->id, JOB_MASK(JOB_STARTING) | JOB_MASK(JOB_RUNNING),
 					     JOB_STOPPING, "stopping_condition.max_runtime_seconds reached", NULL);
+			r->stop_why = "stopped at stopping_condition.max_runtime_seconds (checkpoint kept)";
 			stop = true;
 		}
 		if (stop && !r->stop_sent) {

@@ -50,6 +50,10 @@ enum { DROPOUT_SITE_EMB = 0, DROPOUT_SITE_ATTN_PROBS = 1, DROPOUT_SITE_ATTN_OUT 
        DROPOUT_SITE_FFN_OUT = 3 };
 
 void philox4x32_10(uint32_t out[4], const uint32_t ctr[4], const uint32_t key[2]);
+/* Eight calls at once: counters (ctr0[l], ctr_hi[0..2]); out[w][l] is word w
+ * of lane l. Same bits as philox4x32_10, vectorizable. */
+void philox4x32_10_x8(uint32_t out[4][8], const uint32_t ctr0[8], const uint32_t ctr_hi[3],
+                      const uint32_t key[2]);
 void philox_stream_init(philox_stream *s, uint64_t seed, uint32_t rank, uint32_t step,
                         uint32_t micro, uint32_t layer, uint32_t site);
 /* The uint32 drawn for element i of the stream (4 per Philox call). */

@@ -1,9 +1,9 @@
 /* batchjob — what a job's batch pipeline is, derived once from the job file
- * (docs/formats-process.md: job.json) so that every bertd-loader and every
+ * (docs/formats.md: job.json) so that every bertd-loader and every
  * bertd-worker of the job computes the same MLM options, ring geometry and
  * start/end batch, and opens the same dataset.
  *
- * Batch numbering (docs/formats-batch.md): global batch n = (step*M + micro)*G
+ * Batch numbering (docs/formats.md): global batch n = (step*M + micro)*G
  * + rank, G = world_size, M = gradient_accumulation_steps; a job resumed from
  * checkpoints/ckpt-<k> starts at step k (k steps are done), n = k*M*G, and
  * ends before max_steps*M*G.

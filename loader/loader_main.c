@@ -8,7 +8,7 @@
  *
  * Two ways to run it:
  *   --job job.json [--index i --count L]   as the daemon starts it
- *       (docs/formats-process.md): dataset, MLM options and ring geometry
+ *       (docs/formats.md): dataset, MLM options and ring geometry
  *       come from the job file (batchjob.h); the segment is created or
  *       attached (ring_open), so loaders and workers may start in any order.
  *   --ring NAME (--dataset DIR | --raw DIR...) [MLM options]   by hand or
@@ -168,15 +168,17 @@ static int parse(int argc, char **argv, opts *o)
 
 int main(int argc, char **argv)
 {
+	pid_t parent = getppid(); /* first thing: compared after prctl below */
 	log_init("bertd-loader", LOG_LVL_INFO);
 	opts o = {0};
 	if (parse(argc, argv, &o) != 0)
 		return BERTD_EXIT_BAD_CONFIG;
 
-	/* Die with the process that spawned us; the getppid check closes the
-	 * window where it died before prctl. SIGTERM (not KILL) so an
-	 * unfinished claim is handed back. */
-	if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() == 1) {
+	/* Die with the process that spawned us; comparing getppid with its
+	 * value at start closes the window where it died before prctl (not
+	 * "ppid == 1": the daemon may itself be PID 1 in a container). SIGTERM
+	 * (not KILL) so an unfinished claim is handed back. */
+	if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != parent) {
 		log_error("parent is gone; not starting");
 		return BERTD_EXIT_OK;
 	}
@@ -295,8 +297,9 @@ int main(int argc, char **argv)
 	}
 	mlm_stats st;
 	mlm_dataset_stats(ds, &st);
-	log_info("%llu sequences/epoch, pad fraction %.3f, %llu empty documents skipped",
-		 (unsigned long long)st.n_samples, st.pad_fraction, (unsigned long long)st.n_empty_docs);
+	log_info("%llu sequences/epoch, pad fraction %.3f, %llu empty documents skipped, index %.1f MiB",
+		 (unsigned long long)st.n_samples, st.pad_fraction, (unsigned long long)st.n_empty_docs,
+		 (double)st.index_bytes / 1048576.0);
 	build_ctx bc = {.ds = ds, .p = ring_get_params(r)};
 	rc = ring_produce(r, build, &bc, &g_stop);
 	if (rc == -EINTR) {

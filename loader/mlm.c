@@ -1,5 +1,5 @@
 /* mlm — sample index, packing, masking and batch assembly (see mlm.h and
- * docs/formats-batch.md for the rules).
+ * docs/formats.md for the rules).
  *
  * Randomness: every draw is philox(key = seed, counter = (what, which, j)),
  * where `what` names the decision (PURPOSE_*), `which` the sample (or sample
@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/jobspec.h"
 #include "common/log.h"
 #include "common/sha256.h"
 #include "loader/philox.h"
@@ -26,7 +27,7 @@ enum {
 	PURPOSE_PERM = 5,   /* epoch permutation round keys */
 };
 
-/* One sample: segment A = sentences [a_sent, a_sent + a_n) of shard a_shard,
+/* One NSP sample: segment A = sentences [a_sent, a_sent + a_n) of shard a_shard,
  * segment B likewise (b_n = 0 without NSP). Empty sentences inside a range
  * contribute nothing. */
 typedef struct sample_ref {
@@ -41,8 +42,13 @@ struct mlm_dataset {
 	mlm_config cfg;
 	const corpus_view *shards; /* (n_shards,) borrowed */
 	uint32_t n_shards;
-	sample_ref *refs;          /* (n_samples,) */
-	uint64_t n_samples, cap_refs;
+	/* Full-sentences samples are consecutive runs of sentences, so sample i
+	 * is global sentences [starts[i], starts[i+1]) cut at its shard's end:
+	 * 8 bytes per sample. NSP samples need both segments: refs. */
+	uint64_t *starts;          /* (n_samples + 1,) full-sentences only */
+	sample_ref *refs;          /* (n_samples,) NSP only */
+	uint64_t *shard_sent0;     /* (n_shards + 1,) global index of each shard's first sentence */
+	uint64_t n_samples, cap;
 	mlm_stats stats;
 	uint32_t perm_half_bits;   /* Feistel half width for n_samples */
 	uint8_t *special_bits;     /* (vocab_size/8 + 1,) never-masked ids */
@@ -94,9 +100,8 @@ void mlm_config_defaults(mlm_config *c, uint32_t max_seq_len)
 	memset(c, 0, sizeof(*c));
 	c->seed = 42;
 	c->max_seq_len = max_seq_len;
-	c->max_pred = (max_seq_len * 5 + 31) / 32;
-	if (c->max_pred == 0)
-		c->max_pred = 1;
+	/* the job spec's default, so hand runs and jobs agree */
+	c->max_pred = (uint32_t)jobspec_default_max_predictions((int)max_seq_len, 0.15);
 	c->mlm_probability = 0.15f;
 	c->mask_replace_prob = 0.8f;
 	c->random_replace_prob = 0.1f;
@@ -184,15 +189,33 @@ static int view_check(const corpus_view *c, uint32_t k)
 
 static int refs_push(mlm_dataset *ds, const sample_ref *r)
 {
-	if (ds->n_samples == ds->cap_refs) {
-		uint64_t cap = ds->cap_refs ? ds->cap_refs * 2 : 1024;
+	if (ds->n_samples == ds->cap) {
+		uint64_t cap = ds->cap ? ds->cap * 2 : 1024;
 		sample_ref *p = realloc(ds->refs, cap * sizeof(*p));
 		if (!p)
 			return -ENOMEM;
 		ds->refs = p;
-		ds->cap_refs = cap;
+		ds->cap = cap;
 	}
 	ds->refs[ds->n_samples++] = *r;
+	return 0;
+}
+
+/* Appends a full-sentences sample starting at global sentence g (sample
+ * count unchanged when sentinel: the end marker after the last sample). */
+static int starts_push(mlm_dataset *ds, uint64_t g, int sentinel)
+{
+	if (ds->n_samples + 1 >= ds->cap) {
+		uint64_t cap = ds->cap ? ds->cap * 2 : 1024;
+		uint64_t *p = realloc(ds->starts, cap * sizeof(*p));
+		if (!p)
+			return -ENOMEM;
+		ds->starts = p;
+		ds->cap = cap;
+	}
+	ds->starts[ds->n_samples] = g;
+	if (!sentinel)
+		ds->n_samples++;
 	return 0;
 }
 
@@ -216,7 +239,6 @@ static int index_full_sentences(mlm_dataset *ds)
 	const uint64_t cap = ds->cfg.max_seq_len - 2;
 	for (uint32_t k = 0; k < ds->n_shards; k++) {
 		const corpus_view *c = &ds->shards[k];
-		sample_ref cur = {0};
 		uint64_t used = 0, last_doc = UINT64_MAX, target = draw_target(ds, cap);
 		int open = 0;
 		uint64_t d = 0;
@@ -229,19 +251,17 @@ static int index_full_sentences(mlm_dataset *ds)
 			uint64_t sep = (open && d != last_doc) ? 1 : 0;
 			if (open && used + sep + len > target) {
 				ds->stats.n_tokens_packed += used + 2;
-				int rc = refs_push(ds, &cur);
-				if (rc)
-					return rc;
 				open = 0;
 				used = 0;
 				sep = 0;
 				target = draw_target(ds, cap);
 			}
 			if (!open) {
-				cur = (sample_ref){.a_sent = s, .a_shard = k};
+				int rc = starts_push(ds, ds->shard_sent0[k] + s, 0);
+				if (rc)
+					return rc;
 				open = 1;
 			}
-			cur.a_n = (uint32_t)(s - cur.a_sent + 1);
 			uint64_t take = len;
 			if (used + sep + take > cap) {
 				ds->stats.n_tokens_truncated += used + sep + take - cap;
@@ -250,14 +270,10 @@ static int index_full_sentences(mlm_dataset *ds)
 			used += sep + take;
 			last_doc = d;
 		}
-		if (open) {
+		if (open)
 			ds->stats.n_tokens_packed += used + 2;
-			int rc = refs_push(ds, &cur);
-			if (rc)
-				return rc;
-		}
 	}
-	return 0;
+	return starts_push(ds, ds->shard_sent0[ds->n_shards], 1);
 }
 
 typedef struct doc_ref {
@@ -404,6 +420,14 @@ int mlm_dataset_create(mlm_dataset **out, const corpus_view *shards, uint32_t n_
 	ds->cfg = *cfg;
 	ds->shards = shards;
 	ds->n_shards = n_shards;
+	ds->shard_sent0 = malloc(sizeof(uint64_t) * (n_shards + 1));
+	if (!ds->shard_sent0) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	ds->shard_sent0[0] = 0;
+	for (uint32_t k = 0; k < n_shards; k++)
+		ds->shard_sent0[k + 1] = ds->shard_sent0[k] + shards[k].n_sents;
 	docs = malloc(sizeof(*docs) * (n_docs ? n_docs : 1));
 	if (!docs) {
 		rc = -ENOMEM;
@@ -435,6 +459,7 @@ int mlm_dataset_create(mlm_dataset **out, const corpus_view *shards, uint32_t n_
 	if (rc)
 		goto out;
 	ds->stats.n_samples = ds->n_samples;
+	ds->stats.index_bytes = cfg->nsp ? ds->n_samples * sizeof(sample_ref) : (ds->n_samples + 1) * sizeof(uint64_t);
 	ds->stats.pad_fraction =
 		1.0 - (double)ds->stats.n_tokens_packed / ((double)ds->n_samples * cfg->max_seq_len);
 	ds->perm_half_bits = half_bits_for(ds->n_samples);
@@ -451,6 +476,8 @@ void mlm_dataset_destroy(mlm_dataset *ds)
 	if (!ds)
 		return;
 	free(ds->refs);
+	free(ds->starts);
+	free(ds->shard_sent0);
 	free(ds->special_bits);
 	free(ds);
 }
@@ -573,16 +600,27 @@ static int copy_range(const corpus_view *c, uint64_t s0, uint64_t n, int doc_sep
 int mlm_sample_pack(const mlm_dataset *ds, uint64_t s, int32_t *ids, int32_t *token_type_ids,
 		    int32_t *nsp_label)
 {
-	const sample_ref *r = &ds->refs[s];
 	const uint32_t T = ds->cfg.max_seq_len;
-	const corpus_view *ca = &ds->shards[r->a_shard];
-	const corpus_special *sp = &ca->special;
-	const uint32_t V = ca->vocab_size;
+	const corpus_special *sp = &ds->shards[0].special;
+	const uint32_t V = ds->shards[0].vocab_size;
 	uint32_t pos = 0;
 	int rc;
 	ids[pos++] = (int32_t)sp->cls;
 	if (!ds->cfg.nsp) {
-		rc = copy_range(ca, r->a_sent, r->a_n, 1, 0, T - 2, ids, &pos, V);
+		uint64_t g0 = ds->starts[s], g1 = ds->starts[s + 1];
+		/* the shard holding g0: shard_sent0[k] <= g0 < shard_sent0[k+1] */
+		uint32_t lo = 0, hi = ds->n_shards - 1;
+		while (lo < hi) {
+			uint32_t mid = (lo + hi + 1) / 2;
+			if (ds->shard_sent0[mid] <= g0)
+				lo = mid;
+			else
+				hi = mid - 1;
+		}
+		while (ds->shard_sent0[lo + 1] <= g0) /* skip shards without sentences */
+			lo++;
+		uint64_t end = g1 < ds->shard_sent0[lo + 1] ? g1 : ds->shard_sent0[lo + 1];
+		rc = copy_range(&ds->shards[lo], g0 - ds->shard_sent0[lo], end - g0, 1, 0, T - 2, ids, &pos, V);
 		if (rc)
 			return rc;
 		ids[pos++] = (int32_t)sp->sep;
@@ -590,6 +628,8 @@ int mlm_sample_pack(const mlm_dataset *ds, uint64_t s, int32_t *ids, int32_t *to
 		if (nsp_label)
 			*nsp_label = 0;
 	} else {
+		const sample_ref *r = &ds->refs[s];
+		const corpus_view *ca = &ds->shards[r->a_shard];
 		const corpus_view *cb = &ds->shards[r->b_shard];
 		uint64_t la = range_tokens(ca, r->a_sent, r->a_sent + r->a_n);
 		uint64_t lb = range_tokens(cb, r->b_sent, r->b_sent + r->b_n);

@@ -5,7 +5,7 @@
  * global batch number gives byte-identical slots in any process, in any order,
  * which is what lets L loader processes race freely and a resumed job continue
  * from nothing but its step (DESIGN.md section 5). The packing and masking
- * rules are written down in docs/formats-batch.md.
+ * rules are written down in docs/formats.md.
  *
  * Dimension letters as in batch.h: B sequences, T max_seq_length,
  * P max_predictions_per_seq; G consumer ranks, M micro-batches per step.
@@ -39,7 +39,8 @@ typedef struct mlm_config {
 
 /* Fills the HuggingFace/BERT defaults for max_seq_length T:
  * 0.15 / 0.8 / 0.1, short_seq_prob 0.1, no NSP, no WWM, seed 42, and
- * P = ceil(T * 5 / 32) (20 at 128, 80 at 512, as in BERT's scripts). */
+ * P = jobspec_default_max_predictions(T, 0.15): 15% of T rounded up to a
+ * multiple of 4 (20 at 128, 80 at 512, as in BERT's scripts). */
 void mlm_config_defaults(mlm_config *c, uint32_t max_seq_len);
 
 /* A digest of every field that changes batch bytes (not the bitmap's
@@ -56,10 +57,11 @@ typedef struct mlm_stats {
 	uint64_t n_tokens_packed;    /* tokens placed in samples, incl. [CLS]/[SEP] */
 	uint64_t n_tokens_truncated; /* corpus tokens dropped by truncation */
 	double pad_fraction;         /* 1 - n_tokens_packed / (n_samples * T) */
+	uint64_t index_bytes;        /* sample index each process holds (8 B/sample, 40 with NSP) */
 } mlm_stats;
 
 /* Indexes the corpus into samples (one sequential O(sentences) pass; keeps
- * about 40 bytes per sample). The views and cfg->is_continuation are borrowed
+ * 8 bytes per sample, 40 with NSP). The views and cfg->is_continuation are borrowed
  * and must outlive the dataset; *out is owned by the caller
  * (mlm_dataset_destroy). Errors: -EINVAL bad config (message logged),
  * -EBADMSG malformed view (offsets not monotonic or out of range, special id

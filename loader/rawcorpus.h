@@ -2,7 +2,7 @@
  * directory (meta.txt, tokens.bin, sent_off.bin, doc_off.bin), mmap'ed into
  * a corpus_view: bertd-loader --raw input for benchmarks and hand runs
  * (training jobs read token shards, shard.h); its layout is
- * documented in docs/formats-batch.md. Produced by bench/loader_hf.py.
+ * documented in docs/formats.md. Produced by bench/loader_hf.py.
  *
  * Must never copy the arrays: a loader process maps them read-only.
  */

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/procstat.h"
 
 #define RING_MAGIC 0x474E4952u /* "RING" */
 #define RING_VERSION 1u
@@ -102,42 +103,6 @@ static void futex_bump_wake(_Atomic uint32_t *w)
 	syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
-/* Field 22 of /proc/<pid>/stat (start time in clock ticks since boot) and
- * the state letter; 0 when the process is gone. */
-static uint64_t proc_starttime(pid_t pid, char *state)
-{
-	char path[64], buf[1024];
-	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return 0;
-	ssize_t n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n <= 0)
-		return 0;
-	buf[n] = '\0';
-	char *p = strrchr(buf, ')'); /* comm may hold spaces and parens */
-	if (!p || p[1] != ' ')
-		return 0;
-	p += 2;
-	*state = *p;
-	/* p is at field 3; skip to field 22 */
-	for (int field = 3; field < 22 && p; field++) {
-		p = strchr(p, ' ');
-		if (p)
-			p++;
-	}
-	return p ? strtoull(p, NULL, 10) : 0;
-}
-
-static int proc_alive(pid_t pid, uint64_t starttime)
-{
-	char state = 0;
-	uint64_t st = proc_starttime(pid, &state);
-	if (st == 0 || st != starttime)
-		return 0;
-	return state != 'Z' && state != 'X' && state != 'x';
-}
 
 int ring_name_for_job(char *buf, size_t n, const char *job_id)
 {
@@ -440,7 +405,7 @@ static void recover_batch(ring *r, uint64_t n)
 	for (int i = 0; i < RING_MAX_PRODUCERS; i++) {
 		ring_producer *p = &c->producers[i];
 		pid_t pid = atomic_load(&p->pid);
-		if (pid == 0 || !proc_alive(pid, atomic_load(&p->starttime)))
+		if (pid == 0 || !procstat_alive(pid, atomic_load(&p->starttime)))
 			continue;
 		if (atomic_load(&p->claiming) || atomic_load(&p->claim) == n)
 			return;
@@ -524,11 +489,11 @@ int ring_producer_register(ring *r)
 		return -EBUSY;
 	char state;
 	pid_t me = getpid();
-	uint64_t st = proc_starttime(me, &state);
+	uint64_t st = procstat_starttime(me, &state);
 	for (int i = 0; i < RING_MAX_PRODUCERS; i++) {
 		ring_producer *p = &r->ctl->producers[i];
 		int32_t pid = atomic_load(&p->pid);
-		if (pid != 0 && proc_alive(pid, atomic_load(&p->starttime)))
+		if (pid != 0 && procstat_alive(pid, atomic_load(&p->starttime)))
 			continue;
 		/* free, or left by a dead process: whatever it held is found
 		 * missing by the consumer and re-queued, so reuse is safe */
@@ -703,7 +668,7 @@ int ring_producers_alive(const ring *r)
 	for (int i = 0; i < RING_MAX_PRODUCERS; i++) {
 		const ring_producer *p = &r->ctl->producers[i];
 		pid_t pid = atomic_load(&p->pid);
-		n += pid != 0 && proc_alive(pid, atomic_load(&p->starttime));
+		n += pid != 0 && procstat_alive(pid, atomic_load(&p->starttime));
 	}
 	return n;
 }

@@ -1,6 +1,6 @@
 /* checkpoint — durable training checkpoints for exact resume.
  *
- * Layout (docs/formats-checkpoint.md): <root>/ckpt-<step>/ holding
+ * Layout (docs/formats.md): <root>/ckpt-<step>/ holding
  * params.safetensors (the flat parameter span), optim.safetensors (the flat
  * AdamW/LAMB moments), state.json (format version, step, model config,
  * optimizer config and counters, loss scale) and DONE, written last. Every

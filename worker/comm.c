@@ -1,5 +1,5 @@
 /* comm — the generic comm_* entry points and the shm backend for CPU workers
- * (protocol and layout: docs/formats-comm.md).
+ * (protocol and layout: docs/formats.md).
  *
  * Every collective is a sequence of sync points. At a sync point a rank
  * bumps its own phase counter (with a signature of the operation, so ranks
@@ -15,6 +15,7 @@
  * data is ordered by them (written before the phase store, read after the
  * phase load).
  */
+#include "common/procstat.h"
 #include "worker/comm.h"
 
 #include <errno.h>
@@ -191,43 +192,6 @@ static void futex_bump_wake(_Atomic uint32_t *w)
     syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
-/* Field 22 of /proc/<pid>/stat (start time in clock ticks since boot) and
- * the state letter; 0 when the process is gone. kill(pid, 0) is not enough:
- * a killed peer stays a zombie (and "exists") until its parent reaps it.
- * (Same check as loader/ring.c.) */
-static uint64_t proc_starttime(pid_t pid, char *state)
-{
-    char path[64], buf[1024];
-    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    ssize_t n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (n <= 0)
-        return 0;
-    buf[n] = '\0';
-    char *p = strrchr(buf, ')'); /* comm may hold spaces and parens */
-    if (!p || p[1] != ' ')
-        return 0;
-    p += 2;
-    *state = *p;
-    for (int field = 3; field < 22 && p; field++) {
-        p = strchr(p, ' ');
-        if (p)
-            p++;
-    }
-    return p ? strtoull(p, NULL, 10) : 0;
-}
-
-static int proc_alive(pid_t pid, uint64_t starttime)
-{
-    char state = 0;
-    uint64_t st = proc_starttime(pid, &state);
-    if (st == 0 || st != starttime)
-        return 0;
-    return state != 'Z' && state != 'X' && state != 'x';
-}
 
 static inline float *slab(comm_shm *s, int g, unsigned h)
 {
@@ -272,7 +236,7 @@ static int check_peers(comm_shm *s, uint64_t p, int check_procs, int joining)
             shm_abort_reason(s, -EPIPE, "rank %d left the group before phase %d", g, (int)p);
             return -EPIPE;
         }
-        if (check_procs && !proc_alive(pid, st)) {
+        if (check_procs && !procstat_alive(pid, st)) {
             if (atomic_load(&r->left) && (joining || atomic_load(&r->phase) >= p))
                 continue; /* it left cleanly while we looked */
             shm_abort_reason(s, -EPIPE, "rank %d (pid %d) died", g, (int)pid);
@@ -590,7 +554,7 @@ static int attach_segment(comm_shm *s, int world, size_t max_floats)
          * rank 0 is about to replace */
         comm_rank_ctl *r0 = &c->ranks[0];
         pid_t pid = atomic_load(&r0->pid);
-        if (pid == 0 || !proc_alive(pid, atomic_load(&r0->starttime)) || atomic_load(&c->abort_err)) {
+        if (pid == 0 || !procstat_alive(pid, atomic_load(&r0->starttime)) || atomic_load(&c->abort_err)) {
             rc = -EAGAIN;
         } else if (c->world != (uint32_t)world || c->max_floats != max_floats) {
             /* ranks started with different settings: fail the whole group now
@@ -615,7 +579,7 @@ static int register_self(comm_shm *s)
     comm_rank_ctl *r = &s->ctl->ranks[s->base.rank];
     pid_t me = getpid();
     char state;
-    uint64_t st = proc_starttime(me, &state); /* 0 only without /proc: then peers never check us */
+    uint64_t st = procstat_starttime(me, &state); /* 0 only without /proc: then peers never check us */
     int32_t zero = 0;
     if (!atomic_compare_exchange_strong(&r->pid, &zero, (int32_t)me)) {
         log_error("comm %s: rank %d is already held by pid %d", s->name, s->base.rank, (int)zero);

@@ -6,7 +6,7 @@
  *    one slab per rank; collectives are a reduce-scatter + all-gather over the
  *    slabs, synchronized with futexes on shared words. Sums run in rank order
  *    0..G-1, so every rank gets bit-identical, run-to-run deterministic
- *    results. Layout and protocol: docs/formats-comm.md.
+ *    results. Layout and protocol: docs/formats.md.
  *  - NCCL (CUDA workers, built when cuda_enabled): ncclCommInitRank with a
  *    unique id that rank 0 makes and the caller relays (the daemon socket);
  *    bucketed allreduce on a dedicated stream ordered with events.

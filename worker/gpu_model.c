@@ -40,14 +40,19 @@ struct gpu_acts {
     void *fch, *fch_gelu;                 // (L,N,I)
     void *hsel, *hd, *hg, *hln;           // (M,C)
     float *h_mean, *h_rstd, *losses;      // (M)
-    float *loss_sum;                      // (1)
+    float *loss_sum;                      // (2) sums of the MLM and NSP losses
     void *logits;                         // (M,V) logits, then their gradient in place
     void *d_res, *d_a, *d_b, *d_c;        // (N,C) backward scratch
     void *d_qkv, *d_qkvr;                 // (N,3C)
     void *d_att;                          // (B,NH,T,T)
     void *d_fch, *d_fch_gelu;             // (N,I)
     void *d_h1, *d_h2;                    // (M,C)
-    int32_t *slot[2];                     // (2N + B + 2M) each: ids, types, lens, positions, labels
+    void *cls, *pool_pre, *pooled;        // (B,C) NSP head (nsp = 1 only)
+    void *nsp_logits;                     // (B,2) logits, then their gradient in place
+    float *nsp_losses;                    // (B)
+    void *d_cls, *d_pool;                 // (B,C)
+    int32_t *slot[2]; // each: ids (N), types (N), lens (B), positions (M), labels (M),
+                      // nsp labels (B), CLS rows b*T (B)
 };
 
 static size_t align256(size_t x)
@@ -57,7 +62,7 @@ static size_t align256(size_t x)
 
 static size_t slot_ints(int B, int T, int M)
 {
-    return 2 * (size_t)B * T + (size_t)B + 2 * (size_t)(M > 0 ? M : 1);
+    return 2 * (size_t)B * T + 3 * (size_t)B + 2 * (size_t)(M > 0 ? M : 1);
 }
 
 /* Lays the activations out from base (or only sizes them when a is NULL).
@@ -67,7 +72,8 @@ static size_t act_layout(const bert_config *c, kdtype dt, int B, int T, int M, c
 {
     size_t es = kdtype_size(dt), L = c->num_hidden_layers, C = c->hidden_size,
            I = c->intermediate_size, V = c->vocab_size, NH = c->num_attention_heads,
-           N = (size_t)B * T, Mz = M > 0 ? (size_t)M : 1, BHTT = (size_t)B * NH * T * T;
+           N = (size_t)B * T, Mz = M > 0 ? (size_t)M : 1, BHTT = (size_t)B * NH * T * T,
+           nB = c->nsp ? (size_t)B : 0;
     size_t off = 0;
 #define TAKE(field, count, esize)                                                         \
     do {                                                                                  \
@@ -103,7 +109,7 @@ static size_t act_layout(const bert_config *c, kdtype dt, int B, int T, int M, c
     TAKE(h_mean, Mz, 4);
     TAKE(h_rstd, Mz, 4);
     TAKE(losses, Mz, 4);
-    TAKE(loss_sum, 1, 4);
+    TAKE(loss_sum, 2, 4);
     TAKE(logits, Mz * V, es);
     TAKE(d_res, N * C, es);
     TAKE(d_a, N * C, es);
@@ -116,6 +122,13 @@ static size_t act_layout(const bert_config *c, kdtype dt, int B, int T, int M, c
     TAKE(d_fch_gelu, N * I, es);
     TAKE(d_h1, Mz * C, es);
     TAKE(d_h2, Mz * C, es);
+    TAKE(cls, nB * C, es);
+    TAKE(pool_pre, nB * C, es);
+    TAKE(pooled, nB * C, es);
+    TAKE(nsp_logits, nB * 2, es);
+    TAKE(nsp_losses, nB, 4);
+    TAKE(d_cls, nB * C, es);
+    TAKE(d_pool, nB * C, es);
     TAKE(slot[0], slot_ints(B, T, M), 4);
     TAKE(slot[1], slot_ints(B, T, M), 4);
 #undef TAKE
@@ -200,10 +213,6 @@ int gpu_model_create(gpu_model **out, const bert_config *cfg, kdtype dt, int dev
     int rc = bert_config_validate(cfg, err, errlen);
     if (rc < 0)
         return rc;
-    if (cfg->nsp) {
-        snprintf(err, errlen, "the CUDA backend has no NSP head yet (nsp = 1)");
-        return -ENOTSUP;
-    }
     if (max_B < 1 || T < 1 || T > cfg->max_position_embeddings || max_M < 0 ||
         (long long)max_M > (long long)max_B * T) {
         snprintf(err, errlen, "capacity %d x %d with %d masked positions is impossible", max_B, T,
@@ -339,10 +348,13 @@ int gpu_model_create(gpu_model **out, const bert_config *cfg, kdtype dt, int dev
     GPU_TRY(cudaEventCreateWithFlags(&g->loss_ready, cudaEventDisableTiming));
     GPU_TRY(cudaEventCreateWithFlags(&g->grads_ready, cudaEventDisableTiming));
     GPU_TRY(cudaEventCreateWithFlags(&g->comm_done, cudaEventDisableTiming));
-    GPU_TRY(cudaMallocHost((void **)&g->loss_host, sizeof(float)));
+    GPU_TRY(cudaMallocHost((void **)&g->loss_host, 2 * sizeof(float)));
     GPU_TRY(cudaMallocHost((void **)&g->norm_host, sizeof(double)));
     GPU_TRY(cudaMallocHost((void **)&g->flag_host, sizeof(int)));
 
+    /* The memsets and copies above ran on the legacy stream, which the
+     * model's non-blocking streams do not wait for: finish them now. */
+    GPU_TRY(cudaDeviceSynchronize());
     /* torch.cuda.amp.GradScaler defaults; only fp16 needs it */
     g->scaler = (gpu_loss_scaler){.scale = dt == KDT_F16 ? 65536.0f : 1.0f,
                                   .enabled = dt == KDT_F16, .growth_interval = 2000};
@@ -501,6 +513,11 @@ int gpu_model_upload(gpu_model *g, const bert_batch *b, char *err, size_t errlen
         memcpy(h + 2 * N + b->B, b->mlm_positions, (size_t)b->M * 4);
         memcpy(h + 2 * N + b->B + b->M, b->mlm_labels, (size_t)b->M * 4);
     }
+    int32_t *nsp = h + 2 * N + b->B + 2 * (size_t)b->M, *cls = nsp + b->B;
+    for (int i = 0; i < b->B; i++) {
+        nsp[i] = g->cfg.nsp ? b->nsp_labels[i] : 0;
+        cls[i] = i * b->T;
+    }
     /* the device slot may still be read by the step that used it last */
     GPU_TRY(cudaStreamWaitEvent(g->copy, g->slot_free[s], 0));
     GPU_TRY(cudaMemcpyAsync(g->acts->slot[s], h, slot_ints(b->B, b->T, b->M) * 4,
@@ -560,7 +577,7 @@ int gpu_model_forward(gpu_model *g, const bert_dropout *d, float loss_scale)
     philox_stream rs;
     const philox_stream *r;
     const int32_t *ids = g->acts->slot[s], *tt = ids + N, *lens = tt + N, *pos = lens + B,
-                  *labels = pos + M;
+                  *labels = pos + M, *nsp_labels = labels + M, *cls_rows = nsp_labels + B;
 
     GPU_TRY(cudaStreamWaitEvent(st, g->slot_ready[s], 0));
     g->cur = s;
@@ -619,7 +636,22 @@ int gpu_model_forward(gpu_model *g, const bert_dropout *d, float loss_scale)
     } else {
         GPU_TRY(cudaMemsetAsync(a->loss_sum, 0, sizeof(float), st));
     }
-    GPU_TRY(cudaMemcpyAsync(g->loss_host, a->loss_sum, sizeof(float), cudaMemcpyDeviceToHost, st));
+    /* NSP head (BertForPreTraining): pooler on the CLS rows, 2-way loss */
+    if (c->nsp) {
+        cuda_gather_rows_forward_dt(a->cls, hidden, cls_rows, B, C, dt, st);
+        cuda_matmul_forward_dt(a->pool_pre, a->cls, lp(g, BP_POOL_W, 0), p->pool_b, B, C, C, dt,
+                               st);
+        cuda_tanh_forward_dt(a->pooled, a->pool_pre, (size_t)B * C, dt, st);
+        cuda_matmul_forward_dt(a->nsp_logits, a->pooled, lp(g, BP_NSP_W, 0), p->nsp_b, B, C, 2,
+                               dt, st);
+        cuda_mlm_xent_fused_dt(a->nsp_losses, a->nsp_logits, nsp_labels,
+                               loss_scale > 0 ? loss_scale / (float)B : 0.0f, B, 2, dt, st);
+        cuda_sum(a->loss_sum + 1, a->nsp_losses, B, st);
+    } else {
+        GPU_TRY(cudaMemsetAsync(a->loss_sum + 1, 0, sizeof(float), st));
+    }
+    GPU_TRY(cudaMemcpyAsync(g->loss_host, a->loss_sum, 2 * sizeof(float), cudaMemcpyDeviceToHost,
+                            st));
     GPU_TRY(cudaEventRecord(g->loss_ready, st));
     GPU_TRY(cudaEventRecord(g->slot_free[s], st));
     g->have_forward = loss_scale > 0;
@@ -633,8 +665,9 @@ float gpu_model_loss(gpu_model *g)
 {
     if (g->cur < 0 || cudaEventSynchronize(g->loss_ready) != cudaSuccess)
         return NAN;
-    int M = g->batch[g->cur].M;
-    return M > 0 ? *g->loss_host / (float)M : 0.0f;
+    int M = g->batch[g->cur].M, B = g->batch[g->cur].B;
+    float mlm = M > 0 ? g->loss_host[0] / (float)M : 0.0f;
+    return g->cfg.nsp ? mlm + g->loss_host[1] / (float)B : mlm;
 }
 
 void gpu_model_zero_grad(gpu_model *g)
@@ -663,7 +696,8 @@ int gpu_model_backward(gpu_model *g)
     gpu_acts *a = g->acts;
     philox_stream rs;
     const philox_stream *r;
-    const int32_t *ids = a->slot[s], *tt = ids + N, *lens = tt + N, *pos = lens + B;
+    const int32_t *ids = a->slot[s], *tt = ids + N, *lens = tt + N, *pos = lens + B,
+                  *cls_rows = pos + 2 * (size_t)M + B;
 
     GPU_TRY(cudaMemsetAsync(a->d_res, 0, NC * kdtype_size(dt), st)); // d hidden, scattered below
     if (M > 0) {
@@ -676,6 +710,15 @@ int gpu_model_backward(gpu_model *g)
         cuda_matmul_backward_dt(a->d_h2, gr->head_w, gr->head_b, a->d_h1, a->hsel,
                                 lp(g, BP_HEAD_W, 0), M, C, C, dt, st);
         cuda_gather_rows_backward_dt(a->d_res, a->d_h2, pos, M, C, dt, st);
+    }
+    if (c->nsp) {
+        /* a->nsp_logits holds the gradient of loss_scale * nsp loss */
+        cuda_matmul_backward_dt(a->d_pool, gr->nsp_w, gr->nsp_b, a->nsp_logits, a->pooled,
+                                lp(g, BP_NSP_W, 0), B, C, 2, dt, st);
+        cuda_tanh_backward_dt(a->d_cls, a->pooled, a->d_pool, (size_t)B * C, dt, st);
+        cuda_matmul_backward_dt(a->d_pool, gr->pool_w, gr->pool_b, a->d_cls, a->cls,
+                                lp(g, BP_POOL_W, 0), B, C, C, dt, st);
+        cuda_gather_rows_backward_dt(a->d_res, a->d_pool, cls_rows, B, C, dt, st); // rows b*T
     }
     /* d(layer output) = d_res + d_extra (the second piece, from the next
      * layer's QKV projection; none for the last layer) */

@@ -16,7 +16,8 @@
  * A communication hook (gpu_model_set_allreduce) runs between backward and
  * the optimizer on the caller's stream, ordered by events.
  *
- * Not supported here (refused with -ENOTSUP): the NSP head (nsp = 1).
+ * With nsp = 1 the pooler and next-sentence head of BertForPreTraining run
+ * too, and the loss is MLM + NSP as in worker/model.c.
  * This module never exits the process and never does file I/O.
  * Dims: B batch, T seq, C hidden, NH heads, I intermediate, L layers, V vocab,
  * N = B*T, M masked positions.
@@ -96,7 +97,7 @@ typedef struct gpu_model {
     int32_t *host_slot[2];         // pinned staging
     int staged, cur;               // slot of the last upload / of the last forward (-1 none)
     bert_batch batch[2];           // shapes of each slot (B, T, M only)
-    float *loss_host;              // pinned (1): sum of the MLM losses of the last forward
+    float *loss_host;              // pinned (2): sums of the MLM and NSP losses of the last forward
     double *norm_host;             // pinned (1)
     int *flag_host;                // pinned (1)
     gpu_allreduce_fn allreduce;
@@ -135,7 +136,8 @@ int gpu_model_upload(gpu_model *g, const bert_batch *b, char *err, size_t errlen
  * writes the gradient of loss_scale * loss in place for backward. 0: eval
  * only. Asynchronous; gpu_model_loss waits for the loss. */
 int gpu_model_forward(gpu_model *g, const bert_dropout *d, float loss_scale);
-/* Mean MLM loss of the last forward (waits for it). */
+/* Loss of the last forward, mean MLM (+ mean NSP when nsp = 1), as
+ * worker/model.c's m->loss (waits for it). */
 float gpu_model_loss(gpu_model *g);
 void gpu_model_zero_grad(gpu_model *g);
 /* Accumulates (+=) into grads the gradient of loss_scale * loss of the last

@@ -138,13 +138,15 @@ json_t *bert_config_to_json(const bert_config *c)
         if (cfg_fields[i].is_float) {
             float f;
             memcpy(&f, src, sizeof f);
-            /* print the float's shortest decimal so 0.1f reads as 0.1 */
+            /* the shortest decimal that reads back as the same float, so 0.1f
+             * is written 0.1 as HF's config.json has it */
             char buf[32];
-            snprintf(buf, sizeof buf, "%.9g", f);
+            for (int prec = 6; prec <= 9; prec++) {
+                snprintf(buf, sizeof buf, "%.*g", prec, f);
+                if ((float)strtod(buf, NULL) == f)
+                    break;
+            }
             json_object_set_new(o, cfg_fields[i].name, json_real(strtod(buf, NULL)));
-            snprintf(buf, sizeof buf, "%g", f);
-            if ((float)strtod(buf, NULL) == f)
-                json_object_set_new(o, cfg_fields[i].name, json_real(strtod(buf, NULL)));
         } else {
             int x;
             memcpy(&x, src, sizeof x);
@@ -522,7 +524,6 @@ int bert_model_backward(bert_model *m, float loss_scale)
     bert_acts *a = &m->acts;
     philox_stream rs;
     const philox_stream *r;
-    const float *hidden = a->ln2 + (size_t)(L - 1) * N * C;
 
     memset(a->d_res, 0, N * C * sizeof(float)); // d hidden, filled by scatter below
     if (M > 0) {
@@ -549,7 +550,6 @@ int bert_model_backward(bert_model *m, float loss_scale)
             for (int k = 0; k < C; k++)
                 a->d_res[(size_t)i * T * C + k] += a->d_pool[(size_t)i * C + k];
     }
-    (void)hidden;
 
     for (int l = L - 1; l >= 0; l--) {
         const float *x = l == 0 ? a->x0 : a->ln2 + (l - 1) * N * C;

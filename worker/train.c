@@ -9,6 +9,69 @@
 #include <stdlib.h>
 #include <string.h>
 
+int train_config_from_jobspec(train_config *cfg, const jobspec *spec, const char *output_dir,
+                              int threads, uint32_t rank, char *err, size_t errlen)
+{
+    const jobspec_model *jm = &spec->model;
+    const jobspec_training *jt = &spec->training;
+    memset(cfg, 0, sizeof *cfg);
+    bert_config *m = &cfg->model;
+    bert_config_preset(m, NULL);
+    if (strcmp(jm->hidden_act, "gelu") != 0) {
+        snprintf(err, errlen, "model.hidden_act: only \"gelu\" is supported");
+        return -EINVAL;
+    }
+    m->vocab_size = jm->vocab_size;
+    m->hidden_size = jm->hidden_size;
+    m->num_hidden_layers = jm->num_hidden_layers;
+    m->num_attention_heads = jm->num_attention_heads;
+    m->intermediate_size = jm->intermediate_size;
+    m->max_position_embeddings = jm->max_position_embeddings;
+    m->type_vocab_size = jm->type_vocab_size;
+    m->hidden_dropout_prob = (float)jm->hidden_dropout_prob;
+    m->attention_probs_dropout_prob = (float)jm->attention_probs_dropout_prob;
+    m->layer_norm_eps = (float)jm->layer_norm_eps;
+    m->initializer_range = (float)jm->initializer_range;
+    m->nsp = spec->mlm.nsp;
+    int rc = bert_config_validate(m, err, errlen);
+    if (rc < 0)
+        return rc;
+    optim_kind kind;
+    if (optim_kind_parse(jt->optim, &kind) < 0) {
+        snprintf(err, errlen, "training_args.optim: unknown optimizer '%s'", jt->optim);
+        return -EINVAL;
+    }
+    optim_config *o = &cfg->optim;
+    optim_config_default(o, kind);
+    if (sched_kind_parse(jt->lr_scheduler_type, &o->sched) < 0) {
+        snprintf(err, errlen, "training_args.lr_scheduler_type: unknown schedule '%s'",
+                 jt->lr_scheduler_type);
+        return -EINVAL;
+    }
+    o->lr = (float)jt->learning_rate;
+    o->beta1 = (float)jt->adam_beta1;
+    o->beta2 = (float)jt->adam_beta2;
+    o->eps = (float)jt->adam_epsilon;
+    o->weight_decay = (float)jt->weight_decay;
+    o->max_grad_norm = (float)jt->max_grad_norm;
+    o->total_steps = jt->max_steps;
+    /* transformers TrainingArguments.get_warmup_steps */
+    o->warmup_steps = jt->warmup_steps > 0 ? jt->warmup_steps
+                                           : (long)ceil((double)jt->max_steps * jt->warmup_ratio);
+    if ((rc = optim_config_validate(o, err, errlen)) < 0)
+        return rc;
+    cfg->grad_accum = jt->gradient_accumulation_steps;
+    cfg->logging_steps = (int)jt->logging_steps;
+    cfg->save_steps = (int)jt->save_steps;
+    cfg->save_total_limit = jt->save_total_limit;
+    cfg->seed = jt->seed;
+    cfg->rank = rank;
+    cfg->threads = threads;
+    cfg->output_dir = output_dir;
+    cfg->init_from = spec->init_from[0] ? spec->init_from : NULL;
+    return 0;
+}
+
 void trainer_destroy(trainer *t)
 {
     if (!t)

@@ -7,6 +7,7 @@
 #ifndef BERTD_WORKER_TRAIN_H
 #define BERTD_WORKER_TRAIN_H
 
+#include "common/jobspec.h"
 #include "worker/checkpoint.h"
 #include "worker/model.h"
 #include "worker/optim.h"
@@ -48,6 +49,13 @@ typedef struct trainer {
     long step;               // optimizer updates done
 } trainer;
 
+/* Fills cfg from an effective job spec (common/jobspec.h): BertConfig from
+ * spec->model (vocab_size 0 must have been resolved by the caller), optimizer,
+ * schedule and loop settings from spec->training, nsp from spec->mlm. HF
+ * semantics: warmup_ratio applies when warmup_steps is 0. output_dir and
+ * init_from are borrowed from the arguments / spec. -EINVAL with a message. */
+int train_config_from_jobspec(train_config *cfg, const jobspec *spec, const char *output_dir,
+                              int threads, uint32_t rank, char *err, size_t errlen);
 /* Creates model (init_from or seeded init) and optimizer. Caller owns. */
 int trainer_create(trainer **out, const train_config *cfg, char *err, size_t errlen);
 void trainer_destroy(trainer *t);

@@ -1,6 +1,6 @@
 /* bertd-worker — one training process of a job: rank r of G, one device.
  *
- * Reads the job file the daemon wrote (docs/formats-process.md), builds or
+ * Reads the job file the daemon wrote (docs/formats.md), builds or
  * loads the model, takes its batches from the job's ring (loader processes)
  * or builds them itself (dataloader_num_workers = 0, the serial baseline),
  * trains with gradients averaged over ranks every step (worker/comm.c), and
@@ -267,57 +267,30 @@ static int save_checkpoint(worker *w, char *err, size_t errlen)
 
 /* ---- setup ---- */
 
+/* The spec's model and training settings (train.c), with what only this
+ * process knows: the dataset's vocab, threads, and that this file (not
+ * train.c) logs and checkpoints, so the daemon hears of each. */
 static int build_train_config(worker *w, train_config *tc, char *err, size_t errlen)
 {
-	const jobspec *js = &w->bj.spec;
-	const jobspec_model *jm = &js->model;
-	memset(tc, 0, sizeof *tc);
-	bert_config *mc = &tc->model;
+	jobspec spec = w->bj.spec;
 	const shard_vocab_info *vi = &w->data.shards->vocab;
-	*mc = (bert_config){
-		.vocab_size = jm->vocab_size > 0 ? jm->vocab_size : (int)vi->vocab_size,
-		.hidden_size = jm->hidden_size,
-		.num_hidden_layers = jm->num_hidden_layers,
-		.num_attention_heads = jm->num_attention_heads,
-		.intermediate_size = jm->intermediate_size,
-		.max_position_embeddings = jm->max_position_embeddings,
-		.type_vocab_size = jm->type_vocab_size,
-		.pad_token_id = (int)vi->special.pad,
-		.hidden_dropout_prob = (float)jm->hidden_dropout_prob,
-		.attention_probs_dropout_prob = (float)jm->attention_probs_dropout_prob,
-		.layer_norm_eps = (float)jm->layer_norm_eps,
-		.initializer_range = (float)jm->initializer_range,
-		.nsp = js->mlm.nsp,
-	};
-	if ((uint32_t)mc->vocab_size < vi->vocab_size) {
+	if (spec.model.vocab_size <= 0)
+		spec.model.vocab_size = (int)vi->vocab_size;
+	if ((uint32_t)spec.model.vocab_size < vi->vocab_size) {
 		snprintf(err, errlen, "model.vocab_size %d is smaller than the dataset's vocab (%u)",
-			 mc->vocab_size, vi->vocab_size);
+			 spec.model.vocab_size, vi->vocab_size);
 		return -EINVAL;
 	}
-	const jobspec_training *ta = &js->training;
-	optim_config_default(&tc->optim, strcmp(ta->optim, "lamb") == 0 ? OPTIM_LAMB : OPTIM_ADAMW);
-	tc->optim.lr = (float)ta->learning_rate;
-	tc->optim.beta1 = (float)ta->adam_beta1;
-	tc->optim.beta2 = (float)ta->adam_beta2;
-	tc->optim.eps = (float)ta->adam_epsilon;
-	tc->optim.weight_decay = (float)ta->weight_decay;
-	tc->optim.max_grad_norm = (float)ta->max_grad_norm;
-	if (sched_kind_parse(ta->lr_scheduler_type, &tc->optim.sched) < 0) {
-		snprintf(err, errlen, "lr_scheduler_type %s is not supported", ta->lr_scheduler_type);
-		return -EINVAL;
-	}
-	tc->optim.total_steps = ta->max_steps;
-	tc->optim.warmup_steps = ta->warmup_steps > 0 ? ta->warmup_steps
-						      : (long)(ta->warmup_ratio * (double)ta->max_steps + 0.999999);
-	tc->grad_accum = ta->gradient_accumulation_steps;
-	tc->logging_steps = 0; /* this file logs, with rank-reduced numbers */
-	tc->save_steps = 0;    /* and checkpoints, so the daemon hears of each */
-	tc->save_total_limit = ta->save_total_limit;
-	tc->seed = ta->seed;
-	tc->rank = (uint32_t)w->rank;
 	const char *omp = getenv("OMP_NUM_THREADS");
-	tc->threads = omp && atoi(omp) > 0 ? atoi(omp) : 1;
-	tc->init_from = js->init_from[0] ? js->init_from : NULL;
+	int threads = omp && atoi(omp) > 0 ? atoi(omp) : 1;
+	int rc = train_config_from_jobspec(tc, &spec, NULL, threads, (uint32_t)w->rank, err, errlen);
+	if (rc < 0)
+		return rc;
+	tc->model.pad_token_id = (int)vi->special.pad;
+	tc->logging_steps = 0;
+	tc->save_steps = 0;
+	/* init_from points into the spec copy above: use the job's own */
+	tc->init_from = w->bj.spec.init_from[0] ? w->bj.spec.init_from : NULL;
 	return 0;
 }
 
@@ -342,7 +315,7 @@ static int parse_args(int argc, char **argv, const char **job_path, int *rank)
 		case 'h':
 			printf("usage: bertd-worker --job <job.json> --rank <r>\n"
 			       "Runs rank r of a bertd training job; started by the daemon with its\n"
-			       "socket on fd 3 (docs/formats-process.md).\n");
+			       "socket on fd 3 (docs/formats.md).\n");
 			return 1;
 		default: return -EINVAL;
 		}

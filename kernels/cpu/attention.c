@@ -12,15 +12,36 @@
 
 #define ROWBUF 8192 /* elements of the per-thread masked-probability buffer */
 
-/* Draw for element i, reusing the 4 draws of the last Philox call. */
-static inline uint32_t draw(const philox_stream *s, uint64_t i, uint64_t *group, uint32_t u[4])
+/* dst[k] = draw of element start + k, k < n <= 256: whole Philox blocks of
+ * 8 calls (32 draws) at a time so they vectorize. */
+static void draws(const philox_stream *s, uint64_t start, int n, uint32_t *dst)
 {
-    if ((i >> 2) != *group) {
-        *group = i >> 2;
-        uint32_t ctr[4] = {(uint32_t)*group, s->ctr[0], s->ctr[1], s->ctr[2]};
-        philox4x32_10(u, ctr, s->key);
+    uint64_t g0 = start >> 2, g1 = (start + (uint64_t)n - 1) >> 2;
+    for (uint64_t g = g0; g <= g1; g += 8) {
+        uint32_t ctr0[8], u[4][8];
+        for (int l = 0; l < 8; l++)
+            ctr0[l] = (uint32_t)(g + (uint64_t)l);
+        philox4x32_10_x8(u, ctr0, s->ctr, s->key);
+        for (int l = 0; l < 8; l++)
+            for (int w = 0; w < 4; w++) {
+                uint64_t idx = (g + (uint64_t)l) * 4 + (uint64_t)w;
+                if (idx >= start && idx < start + (uint64_t)n)
+                    dst[idx - start] = u[w][l];
+            }
     }
-    return u[i & 3];
+}
+
+/* x[j] = keep ? x[j] * scale : 0 for j < len, mask of elements base + j. */
+static void apply_mask(kreal *dst, const kreal *src, int len, uint64_t base,
+                       const philox_stream *rng, uint32_t thresh, kreal scale)
+{
+    uint32_t u[256];
+    for (int j0 = 0; j0 < len; j0 += 256) {
+        int n = len - j0 < 256 ? len - j0 : 256;
+        draws(rng, base + (uint64_t)j0, n, u);
+        for (int k = 0; k < n; k++)
+            dst[j0 + k] = u[k] >= thresh ? src[j0 + k] * scale : 0;
+    }
 }
 
 static inline int key_len(const int32_t *seq_lens, int b, int T)
@@ -35,15 +56,9 @@ static inline int key_len(const int32_t *seq_lens, int b, int T)
 static void dropped_rows(kreal *buf, const kreal *A, int r0, int rows, int len, int T,
                          size_t base, const philox_stream *rng, uint32_t thresh, kreal keep)
 {
-    for (int r = 0; r < rows; r++) {
-        uint64_t group = UINT64_MAX;
-        uint32_t u[4];
-        size_t rb = base + (size_t)(r0 + r) * T;
-        const kreal *a = A + (size_t)(r0 + r) * T;
-        kreal *o = buf + (size_t)r * len;
-        for (int j = 0; j < len; j++)
-            o[j] = draw(rng, rb + j, &group, u) >= thresh ? a[j] * keep : 0;
-    }
+    for (int r = 0; r < rows; r++)
+        apply_mask(buf + (size_t)r * len, A + (size_t)(r0 + r) * T, len,
+                   base + (size_t)(r0 + r) * T, rng, thresh, keep);
 }
 
 void KOP(attention_forward)(kreal *out, kreal *att, const kreal *qkv, const int32_t *seq_lens,
@@ -143,13 +158,8 @@ void KOP(attention_backward)(kreal *dqkv, kreal *datt, const kreal *dout, const 
             for (int i = 0; i < T; i++) {
                 const kreal *a = A + (size_t)i * T;
                 kreal *d = D + (size_t)i * T;
-                if (drop) {
-                    uint64_t group = UINT64_MAX;
-                    uint32_t u[4];
-                    size_t rb = base + (size_t)i * T;
-                    for (int j = 0; j < len; j++)
-                        d[j] = draw(rng, rb + j, &group, u) >= thresh ? d[j] * keep : 0;
-                }
+                if (drop)
+                    apply_mask(d, d, len, base + (size_t)i * T, rng, thresh, keep);
                 kreal dot = 0;
                 for (int j = 0; j < len; j++)
                     dot += a[j] * d[j];

@@ -49,14 +49,17 @@ void KOP(dropout_forward)(kreal *out, const kreal *inp, const philox_stream *rng
     }
     uint32_t thresh = dropout_threshold(p);
     kreal scale = (kreal)(1.0 / (1.0 - (double)p));
-    /* one Philox call yields the draws of 4 consecutive elements */
-    size_t groups = (N + 3) / 4;
+    /* one Philox call yields the draws of 4 consecutive elements; 8 calls
+     * (32 elements) are made at once so they vectorize */
+    size_t blocks = (N + 31) / 32;
 #pragma omp parallel for
-    for (size_t g = 0; g < groups; g++) {
-        uint32_t ctr[4] = {(uint32_t)g, rng->ctr[0], rng->ctr[1], rng->ctr[2]}, u[4];
-        philox4x32_10(u, ctr, rng->key);
-        for (size_t k = 0, i = 4 * g; k < 4 && i < N; k++, i++)
-            out[i] = u[k] >= thresh ? inp[i] * scale : 0;
+    for (size_t blk = 0; blk < blocks; blk++) {
+        uint32_t ctr0[8], u[4][8];
+        for (int l = 0; l < 8; l++)
+            ctr0[l] = (uint32_t)(blk * 8 + l);
+        philox4x32_10_x8(u, ctr0, rng->ctr, rng->key);
+        for (size_t k = 0, i = 32 * blk; k < 32 && i < N; k++, i++)
+            out[i] = u[k & 3][k >> 2] >= thresh ? inp[i] * scale : 0;
     }
 }
 

@@ -57,13 +57,18 @@ void KOP(matmul_backward)(kreal *dinp, kreal *dweight, kreal *dbias, const kreal
         if (hi > lo) {
             K_GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, hi - lo, C, N, 1.0, dout + lo, OC,
                    inp, C, 1.0, dweight + (size_t)lo * C, C);
-            if (dbias)
-                for (int o = lo; o < hi; o++) {
-                    double s = 0.0;
-                    for (int n = 0; n < N; n++)
-                        s += dout[(size_t)n * OC + o];
-                    dbias[o] += (kreal)s;
+            /* column sums walked row by row (unit stride), 256 columns at a time */
+            for (int o0 = lo; dbias && o0 < hi; o0 += 256) {
+                int w = hi - o0 < 256 ? hi - o0 : 256;
+                double acc[256] = {0};
+                for (int n = 0; n < N; n++) {
+                    const kreal *d = dout + (size_t)n * OC + o0;
+                    for (int k = 0; k < w; k++)
+                        acc[k] += d[k];
                 }
+                for (int k = 0; k < w; k++)
+                    dbias[o0 + k] += (kreal)acc[k];
+            }
         }
     }
 }

@@ -69,6 +69,22 @@ __global__ void softmax_forward_kernel(T *att, T *pd, const int32_t *seq_lens, f
             sum += expf(to_f(a[j]) * scale - mx);
         float inv = 1.0f / warp_sum(sum);
         size_t base = row * T_;
+        if (drop && (T_ & 3) == 0) {
+            /* rows start on a Philox group: one draw serves 4 keys */
+            for (int q = lane; 4 * q < T_; q += 32) {
+                uint4 r = philox_group(s, (uint32_t)((base >> 2) + q));
+                uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int j = 4 * q + e;
+                    float p = j < len ? expf(to_f(a[j]) * scale - mx) * inv : 0.0f;
+                    T pt = from_f<T>(p);
+                    a[j] = pt;
+                    pd[base + j] = from_f<T>(w[e] >= thresh ? to_f(pt) * keep_scale : 0.0f);
+                }
+            }
+            continue;
+        }
         for (int j = lane; j < T_; j += 32) {
             float p = j < len ? expf(to_f(a[j]) * scale - mx) * inv : 0.0f;
             T pt = from_f<T>(p);
@@ -80,14 +96,24 @@ __global__ void softmax_forward_kernel(T *att, T *pd, const int32_t *seq_lens, f
     }
 }
 
-/* pd = dropout(att), regenerated for backward. */
+/* pd = dropout(att), regenerated for backward. The Philox element index is
+ * the flat index into att, so each thread takes one group of 4. */
 template <typename T>
 __global__ void dropout_probs_kernel(T *pd, const T *att, philox_dev s, uint32_t thresh,
                                      float keep_scale, size_t n)
 {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        pd[i] = from_f<T>(philox_u32(s, i) >= thresh ? to_f(att[i]) * keep_scale : 0.0f);
+    size_t groups = (n + 3) / 4;
+    for (size_t q = (size_t)blockIdx.x * blockDim.x + threadIdx.x; q < groups;
+         q += (size_t)gridDim.x * blockDim.x) {
+        uint4 r = philox_group(s, (uint32_t)q);
+        uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            size_t i = 4 * q + e;
+            if (i < n)
+                pd[i] = from_f<T>(w[e] >= thresh ? to_f(att[i]) * keep_scale : 0.0f);
+        }
+    }
 }
 
 /* In place on datt: d(scores) from d(dropped probs), through the mask and
@@ -106,6 +132,35 @@ __global__ void softmax_backward_kernel(T *datt, const T *att, const int32_t *se
         size_t base = row * T_;
         const T *a = att + base;
         T *da = datt + base;
+        if (drop && (T_ & 3) == 0) {
+            /* rows start on a Philox group: one draw serves 4 keys */
+            float dot = 0.0f;
+            for (int q = lane; 4 * q < len; q += 32) {
+                uint4 r = philox_group(s, (uint32_t)((base >> 2) + q));
+                uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int j = 4 * q + e;
+                    if (j < len)
+                        dot += to_f(a[j]) * to_f(da[j]) * (w[e] >= thresh ? keep_scale : 0.0f);
+                }
+            }
+            dot = warp_sum(dot);
+            for (int q = lane; 4 * q < T_; q += 32) {
+                uint4 r = philox_group(s, (uint32_t)((base >> 2) + q));
+                uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int j = 4 * q + e;
+                    float g = 0.0f;
+                    if (j < len)
+                        g = to_f(a[j]) * (to_f(da[j]) * (w[e] >= thresh ? keep_scale : 0.0f) - dot) *
+                            scale;
+                    da[j] = from_f<T>(g);
+                }
+            }
+            continue;
+        }
         float dot = 0.0f;
         for (int j = lane; j < len; j += 32) {
             float m = drop ? (philox_u32(s, base + j) >= thresh ? keep_scale : 0.0f) : 1.0f;
@@ -184,7 +239,7 @@ void attention_backward_t(T *dqkv, T *dqkvr, T *datt, T *scratch, const T *dout,
     float keep_scale = drop ? (float)(1.0 / (1.0 - (double)p)) : 1.0f;
     const T *pd = att;
     if (drop) {
-        dropout_probs_kernel<T><<<grid_for(BNH * TT, 256), 256, 0, stream>>>(
+        dropout_probs_kernel<T><<<grid_for((BNH * TT + 3) / 4, 256), 256, 0, stream>>>(
             scratch, att, s, thresh, keep_scale, BNH * TT);
         LAUNCH_CHECK();
         pd = scratch;

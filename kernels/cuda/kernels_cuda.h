@@ -15,8 +15,9 @@
  * All launches are asynchronous on `stream`; errors in arguments that the CPU
  * would not see (a launch failure) abort through CUDA_CHECK with file:line,
  * as llm.c does: they are programming errors, not bad input. This module
- * never allocates device memory and never synchronizes except where a
- * function says it returns a host value.
+ * allocates device memory only in cuda_kernels_init (the cuBLAS handle and
+ * its workspace), never synchronizes the device, and never validates user
+ * data: callers (worker/gpu_model.c) check shapes and ids first.
  *
  * Dims as in kernels.h: B, T, C, NH, I, V, N = B*T, M masked rows.
  */

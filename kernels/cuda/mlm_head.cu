@@ -89,7 +89,7 @@ __global__ void xent_backward_kernel(float *dlogits, const float *probs, const i
         d[v] = pr[v] * g - (v == tgt ? g : 0.0f);
 }
 
-__global__ void sum_kernel(float *out, const float *x, int n)
+__global__ void __launch_bounds__(1024) sum_kernel(float *out, const float *x, int n)
 {
     __shared__ double sh[32];
     double s = 0.0;

@@ -163,7 +163,7 @@ static void test_attention(kdtype dt, int B, int T, int C, int NH, float p)
     philox_stream rs;
     philox_stream_init(&rs, 42, 0, 9, 0, 2, DROPOUT_SITE_ATTN_PROBS);
     const philox_stream *r = p > 0 ? &rs : NULL;
-    float *qkv = host_rand(nq, 2, 0);
+    float *qkv = host_rand(nq, 1, 0); // scores are stored in dt before the softmax: keep them O(1)
     round_to(qkv, nq, dt);
     float *out = malloc(nc * 4), *att = malloc(na * 4), *got = malloc(na * 4);
     attention_forward(out, att, qkv, lens, r, p, B, T, C, NH);
@@ -313,12 +313,13 @@ static void test_res_drop_ln(kdtype dt)
     round_to(g2, n, dt);
     float *gw = host_rand(C, 1, 0), *gb = host_rand(C, 1, 0), *dres_ref = malloc(n * 4),
           *dy_ref = malloc(n * 4);
+    /* seed the device gradients before the CPU accumulates into gw, gb */
+    float *dgw = dev_from(gw, C, KDT_F32), *dgb = dev_from(gb, C, KDT_F32);
     residual_forward(tmp, g1, g2, n);
     layernorm_backward(dres_ref, gw, gb, tmp, res, w, mean, rstd, N, C);
     dropout_backward(dy_ref, dres_ref, &s, P_DROP, n);
     void *dg1 = dev_from(g1, n, dt), *dg2 = dev_from(g2, n, dt), *ddres = dev_nan(n, dt),
          *ddy = dev_nan(n, dt);
-    float *dgw = dev_from(gw, C, KDT_F32), *dgb = dev_from(gb, C, KDT_F32);
     cuda_residual_dropout_layernorm_backward_dt(ddres, ddy, dgw, dgb, dg1, dg2, dres, dw, dmean,
                                                 drstd, &s, P_DROP, N, C, dt, 0);
     dev_to(got, ddres, n, dt);
@@ -327,6 +328,8 @@ static void test_res_drop_ln(kdtype dt)
     check_close("residual_dropout_layernorm bwd dy", dt, got, dy_ref, n, tol_for(dt));
     dev_to(got, dgw, C, KDT_F32);
     check_close("residual_dropout_layernorm bwd dweight", dt, got, gw, C, tol_for(dt));
+    dev_to(got, dgb, C, KDT_F32);
+    check_close("residual_dropout_layernorm bwd dbias", dt, got, gb, C, tol_for(dt));
     free(x); free(y); free(w); free(b); free(tmp); free(res); free(out); free(mean); free(rstd);
     free(got); free(g1); free(g2); free(gw); free(gb); free(dres_ref); free(dy_ref);
     cudaFree(dx); cudaFree(dy); cudaFree(dres); cudaFree(dout); cudaFree(dw); cudaFree(db);
@@ -528,7 +531,8 @@ int main(void)
         test_matmul(dt, 37, 72, 101);
         test_matmul(dt, 1024, 768, 3072);
         test_attention(dt, 3, 13, 48, 4, 0.0f);
-        test_attention(dt, 2, 70, 64, 2, P_DROP);
+        test_attention(dt, 2, 70, 64, 2, P_DROP); // T % 4 != 0: per-element Philox
+        test_attention(dt, 3, 72, 96, 3, P_DROP); // T % 4 == 0: one Philox group per 4 keys
         test_pointwise(dt);
         test_bias_gelu(dt);
         test_res_drop_ln(dt);

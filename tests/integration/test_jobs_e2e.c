@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -296,6 +297,31 @@ static void test_full_run(void **state)
 	json_decref(cfg);
 	snprintf(file, sizeof file, "%s/vocab.txt", jstr(job, "model_dir"));
 	assert_int_equal(access(file, R_OK), 0);
+	/* model.safetensors: u64 header length, a JSON header, then the data;
+	 * HF names with the shapes of this config (transformers loads the same
+	 * files in tests/unit/worker's export check) */
+	snprintf(file, sizeof file, "%s/model.safetensors", jstr(job, "model_dir"));
+	FILE *st = fopen(file, "rb");
+	assert_non_null(st);
+	unsigned char len8[8];
+	assert_int_equal(fread(len8, 1, 8, st), 8);
+	uint64_t hl = 0;
+	for (int i = 7; i >= 0; i--)
+		hl = hl << 8 | len8[i];
+	assert_true(hl > 2 && hl < (1u << 20));
+	char *hdr = calloc(1, hl + 1);
+	assert_int_equal(fread(hdr, 1, hl, st), hl);
+	fclose(st);
+	json_t *h = json_loads(hdr, 0, NULL);
+	free(hdr);
+	assert_non_null(h);
+	json_t *we = json_object_get(h, "bert.embeddings.word_embeddings.weight");
+	assert_non_null(we);
+	assert_string_equal(json_string_value(json_object_get(we, "dtype")), "F32");
+	assert_int_equal(json_integer_value(json_array_get(json_object_get(we, "shape"), 0)), 400);
+	assert_int_equal(json_integer_value(json_array_get(json_object_get(we, "shape"), 1)), 32);
+	assert_non_null(json_object_get(h, "cls.predictions.transform.dense.weight"));
+	json_decref(h);
 	/* worker logs are served */
 	snprintf(path, sizeof path, "/v1/jobs/%s/logs?rank=1&tail=5", id);
 	assert_int_equal(http_get(&f->d, path, &r), 0);
@@ -313,11 +339,11 @@ static void test_kill_worker_resumes_exactly(void **state)
 {
 	fx *f = *state;
 	wait_dataset_ready(&f->d);
-	char *ref = submit(&f->d, SPEC("ref", "30", "2", "1", ""));
+	char *ref = submit(&f->d, SPEC("ref", "150", "2", "1", ""));
 	json_t *jref = wait_job(&f->d, ref, "completed|failed|canceled");
 	assert_string_equal(jstr(jref, "state"), "completed");
 
-	char *id = submit(&f->d, SPEC("killed", "30", "2", "1", ""));
+	char *id = submit(&f->d, SPEC("killed", "150", "2", "1", ""));
 	wait_step(&f->d, id, 15); /* past the step-10 checkpoint */
 	pid_t pids[4];
 	int n = find_pids(id, "--rank 1", pids, 4);
@@ -362,7 +388,7 @@ static void test_kill_daemon_resumes(void **state)
 {
 	fx *f = *state;
 	wait_dataset_ready(&f->d);
-	char *id = submit(&f->d, SPEC("survivor", "40", "2", "1", ""));
+	char *id = submit(&f->d, SPEC("survivor", "150", "2", "1", ""));
 	wait_step(&f->d, id, 15);
 	bertd_kill9(&f->d);
 	/* children die with their parent (PR_SET_PDEATHSIG); wait for them */
@@ -405,6 +431,39 @@ static void test_cancel_running(void **state)
 	json_t *job = wait_job(&f->d, id, "canceled|failed|completed");
 	assert_string_equal(jstr(job, "state"), "canceled");
 	assert_true(json_is_object(json_object_get(job, "last_checkpoint"))); /* checkpointed on the way out */
+	json_decref(job);
+	free(id);
+}
+
+static void test_max_runtime(void **state)
+{
+	fx *f = *state;
+	wait_dataset_ready(&f->d);
+	const char *spec =
+		"{\"name\":\"timeboxed\",\"dataset\":\"shakes\","
+		"\"model\":{\"preset\":\"bert-tiny\",\"hidden_size\":32,\"num_hidden_layers\":1,"
+		"\"num_attention_heads\":2,\"intermediate_size\":64,\"max_position_embeddings\":64},"
+		"\"training_args\":{\"per_device_train_batch_size\":8,\"max_seq_length\":32,\"max_steps\":1000000,"
+		"\"logging_steps\":5,\"save_steps\":1000,\"dataloader_num_workers\":0},"
+		"\"stopping_condition\":{\"max_runtime_seconds\":2}}";
+	char *id = submit(&f->d, spec);
+	json_t *job = wait_job(&f->d, id, "canceled|failed|completed");
+	assert_string_equal(jstr(job, "state"), "canceled");
+	assert_true(json_is_object(json_object_get(job, "last_checkpoint"))); /* work kept */
+	char path[128];
+	snprintf(path, sizeof path, "/v1/jobs/%s/events", id);
+	http_resp r;
+	assert_int_equal(http_get(&f->d, path, &r), 0);
+	bool limit = false, ended = false;
+	size_t i;
+	json_t *e;
+	json_array_foreach(json_object_get(r.json, "events"), i, e) {
+		limit |= !strcmp(jstr(e, "to"), "stopping") && strstr(jstr(e, "reason"), "max_runtime_seconds");
+		ended |= !strcmp(jstr(e, "to"), "canceled") && strstr(jstr(e, "reason"), "max_runtime_seconds");
+	}
+	assert_true(limit);
+	assert_true(ended);
+	http_resp_free(&r);
 	json_decref(job);
 	free(id);
 }
@@ -468,6 +527,79 @@ static void test_missing_dataset_fails(void **state)
 	json_decref(job);
 }
 
+/* SIGTERM drains: a running job checkpoints, goes back to queued, and the
+ * next daemon resumes it from that checkpoint. */
+static void test_sigterm_requeues(void **state)
+{
+	fx *f = *state;
+	wait_dataset_ready(&f->d);
+	char *id = submit(&f->d, SPEC("drained", "150", "2", "1", ""));
+	wait_step(&f->d, id, 15);
+	assert_int_equal(bertd_stop(&f->d), 0); /* exit 0 after draining */
+	pid_t pids[8];
+	assert_int_equal(find_pids(id, NULL, pids, 8), 0);
+	assert_int_equal(start(f, false), 0);
+	json_t *job = wait_job(&f->d, id, "completed|failed|canceled");
+	assert_string_equal(jstr(job, "state"), "completed");
+	char path[128];
+	snprintf(path, sizeof path, "/v1/jobs/%s/events", id);
+	http_resp r;
+	assert_int_equal(http_get(&f->d, path, &r), 0);
+	bool requeued = false, resumed = false;
+	size_t i;
+	json_t *e;
+	json_array_foreach(json_object_get(r.json, "events"), i, e) {
+		requeued |= !strcmp(jstr(e, "to"), "queued") && strstr(jstr(e, "reason"), "shutting down");
+		resumed |= strstr(jstr(e, "reason"), "resuming from checkpoint") != NULL;
+	}
+	assert_true(requeued);
+	assert_true(resumed);
+	http_resp_free(&r);
+	json_decref(job);
+	free(id);
+}
+
+/* The volume holding job files fills up: the job fails with the reason,
+ * the daemon keeps serving, the store is intact. A small tmpfs stands in
+ * for the full disk (skipped where the test may not mount). */
+static void test_disk_full(void **state)
+{
+	fx *f = *state;
+	wait_dataset_ready(&f->d);
+	char jobs[160];
+	snprintf(jobs, sizeof jobs, "%s/jobs", f->d.state_dir);
+	mkdir(jobs, 0700);
+	if (mount("tmpfs", jobs, "tmpfs", 0, "size=256k") < 0) {
+		fprintf(stderr, "cannot mount a tmpfs (%s): skipping\n", strerror(errno));
+		skip();
+	}
+	char *id = submit(&f->d, SPEC("full-disk", "40", "1", "0", ""));
+	json_t *job = wait_job(&f->d, id, "completed|failed|canceled");
+	assert_string_equal(jstr(job, "state"), "failed");
+	const char *why = jstr(job, "failure_reason");
+	if (!strstr(why, "No space left on device"))
+		fail_msg("failure reason: %s", why);
+	json_decref(job);
+	/* still serving, store intact */
+	http_resp r;
+	assert_int_equal(http_get(&f->d, "/v1/jobs", &r), 0);
+	assert_int_equal(r.status, 200);
+	assert_int_equal(json_array_size(json_object_get(r.json, "jobs")), 1);
+	http_resp_free(&r);
+	assert_int_equal(bertd_stop(&f->d), 0);
+	assert_int_equal(umount2(jobs, MNT_DETACH), 0);
+	char cmd[400];
+	snprintf(cmd, sizeof cmd, "sqlite3 '%s/bertd.db' 'PRAGMA integrity_check' 2>/dev/null", f->d.state_dir);
+	FILE *p = popen(cmd, "r"); /* the sqlite3 CLI comes with scripts/setup */
+	assert_non_null(p);
+	char out[64] = "";
+	assert_non_null(fgets(out, sizeof out, p));
+	pclose(p);
+	assert_string_equal(out, "ok\n");
+	assert_int_equal(start(f, false), 0);
+	free(id);
+}
+
 int main(void)
 {
 	curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -476,8 +608,11 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_kill_worker_resumes_exactly, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_kill_daemon_resumes, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_cancel_running, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_max_runtime, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_two_at_once_third_waits, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_missing_dataset_fails, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_sigterm_requeues, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_disk_full, setup, teardown),
 	};
 	int rc = cmocka_run_group_tests(tests, NULL, NULL);
 	curl_global_cleanup();

@@ -198,6 +198,45 @@ static void test_dataset_prepare(void **state)
 	free(id);
 }
 
+/* The daemon dies while a dataset is preparing (possibly after bertd-prepare
+ * renamed its output into place): the next daemon prepares it again from
+ * scratch, so no half dataset is ever ready. */
+static void test_dataset_restart(void **state)
+{
+	fx *f = *state;
+	if (!getenv("BERTD_EXPECT_PREPARE") || strcmp(getenv("BERTD_EXPECT_PREPARE"), "ready") != 0)
+		skip();
+	char p[256];
+	snprintf(p, sizeof p, "%s/corpus.txt", f->data);
+	write_file(p, "One sentence.\nAnother one.\n\nSecond document here.\n");
+	http_resp r;
+	assert_int_equal(http_post_json(&f->d, "/v1/datasets",
+					"{\"name\":\"again\",\"source\":\"corpus.txt\","
+					"\"vocab\":{\"train\":{\"vocab_size\":150}}}", &r), 0);
+	assert_int_equal(r.status, 201);
+	char id[64];
+	snprintf(id, sizeof id, "%s", jstr(r.json, "id"));
+	http_resp_free(&r);
+	bertd_kill9(&f->d);
+	/* what a half-finished attempt could leave behind */
+	char dir[300], junk[400];
+	snprintf(dir, sizeof dir, "%s/datasets/again", f->data);
+	char parent[300];
+	snprintf(parent, sizeof parent, "%s/datasets", f->data);
+	mkdir(parent, 0700);
+	mkdir(dir, 0700);
+	snprintf(junk, sizeof junk, "%s/half-written.bin", dir);
+	write_file(junk, "garbage");
+	const char *extra[] = {"--data-roots", f->data, "--devices", "cpu", "--cpu-slots", "3", NULL};
+	assert_int_equal(bertd_start(&f->d, extra), 0);
+	json_t *done = wait_dataset(&f->d, id);
+	assert_string_equal(jstr(done, "state"), "ready");
+	assert_int_equal(access(junk, F_OK), -1); /* prepared afresh */
+	snprintf(junk, sizeof junk, "%s/manifest.json", dir);
+	assert_int_equal(access(junk, R_OK), 0);
+	json_decref(done);
+}
+
 static void test_devices(void **state)
 {
 	fx *f = *state;
@@ -261,6 +300,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_dataset_validation, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_dataset_prepare, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_dataset_restart, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_devices, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_job_subresources, setup, teardown),
 	};

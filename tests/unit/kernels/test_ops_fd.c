@@ -188,6 +188,27 @@ static void attention_case(float p)
         for (int i = 0; i < T; i++)
             for (int j = lens[1]; j < T; j++)
                 assert_true(a.att[(((size_t)1 * NH + h) * T + i) * T + j] == 0.0);
+    if (p > 0) { /* kept probabilities follow the per-element Philox stream */
+        /* with V = one-hot of key j in channel 0 of head 0, out[b,i,0] = Pdrop[b,0,i,j] */
+        double *q2 = malloc(nqkv * sizeof(double)), *o2 = malloc(nout * sizeof(double));
+        memcpy(q2, a.qkv, nqkv * sizeof(double));
+        uint32_t th = dropout_threshold(p);
+        for (int j = 0; j < T; j++) {
+            for (int bt = 0; bt < B * T; bt++)
+                q2[(size_t)bt * 3 * C + 2 * C] = (bt % T) == j;
+            attention_forward_f64(o2, a.att, q2, lens, &s, p, B, T, C, NH);
+            for (int b = 0; b < B; b++)
+                for (int i = 0; i < T; i++) {
+                    size_t e = (((size_t)b * NH + 0) * T + i) * T + j;
+                    int kept = philox_stream_u32(&s, e) >= th;
+                    double want = kept && j < lens[b] ? a.att[e] / (1 - p) : 0;
+                    assert_true(fabs(o2[((size_t)b * T + i) * C] - want) < 1e-6);
+                }
+        }
+        free(q2);
+        free(o2);
+        objective(&c);
+    }
     double *dqkv = filled(nqkv, NAN), *datt = malloc(sizeof(double) * B * NH * T * T);
     attention_backward_f64(dqkv, datt, c.w, a.qkv, a.att, lens, a.rng, p, B, T, C, NH);
     check_grad(p > 0 ? "attention dqkv (dropout 0.3)" : "attention dqkv", &c, a.qkv, nqkv, dqkv, 0);
@@ -246,6 +267,10 @@ static void test_pointwise(void **state)
                     assert_true(fabs(c.out[i] - p.inp[i] / 0.75) < 1e-12);
             }
             assert_true(dropped > 0 && dropped < (int)n);
+            /* the mask is exactly the per-element Philox stream (the CUDA twin's contract) */
+            uint32_t th = dropout_threshold(0.25f);
+            for (size_t i = 0; i < n; i++)
+                assert_int_equal(c.out[i] != 0, philox_stream_u32(&s, i) >= th);
         }
         free(p.inp); free(c.out); free(c.w); free(d);
     }

@@ -124,6 +124,58 @@ static void test_pack_full_sentences(void **state)
 	check_full_sentences(0.1f, 2);
 }
 
+/* Samples walk shard 0, then shard 1, ...; none mixes shards; a shard
+ * without sentences is skipped. */
+static void test_pack_multi_shard(void **state)
+{
+	(void)state;
+	synth_corpus a, b;
+	synth_spec sp = {.n_docs = 40, .min_sents = 1, .max_sents = 6, .min_len = 1, .max_len = 30,
+			 .empty_doc_every = 5, .vocab_size = 30522, .token_bytes = 2, .seed = 31};
+	assert_int_equal(synth_build(&a, &sp), 0);
+	sp.seed = 32;
+	sp.n_docs = 55;
+	assert_int_equal(synth_build(&b, &sp), 0);
+	static const uint64_t zero[1] = {0};
+	corpus_view empty = a.view;
+	empty.n_tokens = 0;
+	empty.n_sents = 0;
+	empty.n_docs = 0;
+	empty.sent_off = zero;
+	empty.doc_off = zero;
+	corpus_view views[4] = {empty, a.view, empty, b.view};
+	mlm_config cfg;
+	mlm_config_defaults(&cfg, 64);
+	mlm_dataset *ds;
+	assert_int_equal(mlm_dataset_create(&ds, views, 4, &cfg), 0);
+	mlm_stats st;
+	mlm_dataset_stats(ds, &st);
+	assert_int_equal(st.index_bytes, (st.n_samples + 1) * 8);
+	int32_t ids[64], tt[64];
+	uint32_t k = 1;
+	uint64_t pos = 0;
+	for (uint64_t s = 0; s < st.n_samples; s++) {
+		if (pos == views[k].n_tokens) { /* shard done: the next sample starts the next one */
+			k += 2;
+			pos = 0;
+		}
+		assert_true(k < 4);
+		int len = mlm_sample_pack(ds, s, ids, tt, NULL);
+		for (int i = 1; i < len - 1; i++) {
+			if (ids[i] == SEP)
+				continue;
+			assert_true(pos < views[k].n_tokens); /* never runs into the next shard */
+			assert_int_equal((uint32_t)ids[i], ctok(&views[k], pos));
+			pos++;
+		}
+	}
+	assert_int_equal(k, 3);
+	assert_int_equal(pos, b.view.n_tokens);
+	mlm_dataset_destroy(ds);
+	synth_free(&a);
+	synth_free(&b);
+}
+
 static void test_pack_truncates_long_sentence(void **state)
 {
 	(void)state;
@@ -460,7 +512,7 @@ static void test_batch_pure_function(void **state)
 	synth_corpus sc;
 	mlm_dataset *ds = dataset_of(50, &sc, 7);
 	batch_layout l;
-	assert_int_equal(batch_layout_init(&l, 8, 8, 2), 0);
+	assert_int_equal(batch_layout_init(&l, 8, 8, 4), 0); /* P: the default at T=8 */
 	assert_int_equal(l.slot_bytes % BATCH_ALIGN, 0);
 	void *a = aligned_alloc(BATCH_ALIGN, l.slot_bytes), *b = aligned_alloc(BATCH_ALIGN, l.slot_bytes);
 	char ha[20][65], hb[65];
@@ -490,12 +542,13 @@ static void test_batch_pure_function(void **state)
 	const uint8_t *base = b;
 	for (uint32_t j = 0; j < 8; j++) {
 		uint64_t p = 13 * 8 + j;
-		int32_t ids[8], tt[8], pos[2], lab[2];
+		int32_t ids[8], tt[8], pos[4], lab[4];
 		uint64_t s = mlm_epoch_index(ds, p / 50, p % 50);
 		int len = mlm_sample_pack(ds, s, ids, tt, NULL);
 		mlm_sample_mask(ds, p / 50, s, ids, len, pos, lab);
 		assert_memory_equal(base + l.off_input_ids + j * 8 * 4, ids, sizeof(ids));
-		assert_memory_equal(base + l.off_mlm_labels + j * 2 * 4, lab, sizeof(lab));
+		assert_memory_equal(base + l.off_mlm_labels + j * 4 * 4, lab, sizeof(lab));
+		assert_memory_equal(base + l.off_mlm_positions + j * 4 * 4, pos, sizeof(pos));
 		assert_int_equal(((const int32_t *)(base + l.off_seq_lens))[j], len);
 	}
 	/* another seed, another batch */
@@ -506,7 +559,7 @@ static void test_batch_pure_function(void **state)
 	assert_string_not_equal(ha[0], hb);
 	/* batch bigger than the dataset */
 	batch_layout big;
-	assert_int_equal(batch_layout_init(&big, 64, 8, 2), 0);
+	assert_int_equal(batch_layout_init(&big, 64, 8, 4), 0);
 	void *c = aligned_alloc(BATCH_ALIGN, big.slot_bytes);
 	assert_int_equal(mlm_batch_build(ds, &big, 1, 1, 0, c), -ENODATA);
 	assert_int_equal(mlm_batch_build(ds, &l, 0, 1, 0, b), -EINVAL);
@@ -598,6 +651,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_pack_full_sentences),
+		cmocka_unit_test(test_pack_multi_shard),
 		cmocka_unit_test(test_pack_truncates_long_sentence),
 		cmocka_unit_test(test_pack_nsp),
 		cmocka_unit_test(test_mask_statistics),

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
@@ -64,9 +65,17 @@ static int build_cb(void *ctx, uint64_t global, void *slot)
 	return mlm_batch_build(f->ds, &f->l, NG, NM, global, slot);
 }
 
+/* Forked children die with the test, even when a failed assert skips the
+ * test's own shutdown. */
+static void child_init(void)
+{
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+}
+
 /* Child body: attach by name like bertd-loader does and produce. */
 static void producer_child(const char *name)
 {
+	child_init();
 	ring *r = NULL;
 	if (ring_attach(&r, name) != 0)
 		_exit(10);
@@ -280,6 +289,7 @@ static void test_producer_error_reaches_consumer(void **state)
 	assert_int_equal(ring_create(&r, name, &p), 0);
 	pid_t pid = fork();
 	if (pid == 0) {
+		child_init();
 		ring *cr;
 		if (ring_attach(&cr, name))
 			_exit(10);
@@ -358,6 +368,7 @@ static void test_open_race(void **state)
 	for (int i = 0; i < N; i++) {
 		pids[i] = fork();
 		if (pids[i] == 0) {
+			child_init();
 			close(gun[1]);
 			char c;
 			if (read(gun[0], &c, 1) != 0) /* all start together at EOF */

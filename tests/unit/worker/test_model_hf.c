@@ -97,6 +97,45 @@ static void test_forward_backward_matches_hf(void **state)
     fixture_free(&f);
 }
 
+/* BertForPreTraining: MLM + next-sentence loss, pooler and seq_relationship. */
+static void test_nsp_matches_hf(void **state)
+{
+    (void)state;
+    ref_fixture f;
+    fixture_load(&f);
+    bert_model *m = NULL;
+    char dir[4300], err[512];
+    snprintf(dir, sizeof dir, "%s/hf_tiny_nsp", f.dir);
+    if (hf_init_from(&m, dir, err, sizeof err) < 0)
+        fail_msg("hf_init_from: %s", err);
+    assert_int_equal(m->cfg.nsp, 1);
+    const st_tensor *t = st_find(f.ref, "nsp.batch.nsp_labels");
+    assert_non_null(t);
+    int32_t nsp_labels[8];
+    assert_true(st_numel(t) == (size_t)f.batch.B && f.batch.B <= 8);
+    memcpy(nsp_labels, f.ref->data + t->begin, sizeof(int32_t) * f.batch.B);
+    bert_batch b = f.batch;
+    b.nsp_labels = nsp_labels;
+    assert_int_equal(bert_model_forward(m, &b, NULL), 0);
+    size_t n;
+    float *loss = fixture_tensor(&f, "nsp.loss", &n), *mlm = fixture_tensor(&f, "nsp.mlm_loss", &n),
+          *logits = fixture_tensor(&f, "nsp.nsp_logits", &n);
+    print_message("  loss %.7f (mlm %.7f) hf %.7f (mlm %.7f)\n", m->loss, m->mlm_loss, loss[0],
+                  mlm[0]);
+    assert_true(fabs(m->loss - loss[0]) <= TOL * fabs(loss[0]));
+    assert_true(fabs(m->mlm_loss - mlm[0]) <= TOL * fabs(mlm[0]));
+    assert_int_equal(n, (size_t)2 * f.batch.B);
+    assert_true(rel_l2(m->acts.nsp_logits, logits, n, FLOOR) <= TOL);
+    bert_model_zero_grad(m);
+    assert_int_equal(bert_model_backward(m, 1.0f), 0);
+    compare_table(&f, m, m->grads_memory, "nsp.grad.", TOL);
+    free(loss);
+    free(mlm);
+    free(logits);
+    bert_model_destroy(m);
+    fixture_free(&f);
+}
+
 static void run_steps(optim_kind kind, const char *prefix)
 {
     ref_fixture f;
@@ -148,6 +187,34 @@ static void run_steps(optim_kind kind, const char *prefix)
     fixture_free(&f);
 }
 
+/* All four HF schedules, including past the end of training. */
+static void test_schedules_match_hf(void **state)
+{
+    (void)state;
+    ref_fixture f;
+    fixture_load(&f);
+    static const char *names[] = {"linear", "cosine", "constant", "constant_with_warmup"};
+    for (int k = 0; k < 4; k++) {
+        optim_config oc;
+        optim_config_default(&oc, OPTIM_ADAMW);
+        assert_int_equal(sched_kind_parse(names[k], &oc.sched), 0);
+        oc.lr = 1.0f;
+        oc.warmup_steps = 3;
+        oc.total_steps = 10;
+        char name[64];
+        snprintf(name, sizeof name, "sched.%s", names[k]);
+        size_t n;
+        float *ref = fixture_tensor(&f, name, &n);
+        assert_int_equal(n, 12);
+        for (size_t s = 0; s < n; s++)
+            if (!(fabs(optim_lr_at(&oc, (long)s) - ref[s]) <= 1e-7))
+                fail_msg("%s step %zu: %.9g, HF %.9g", names[k], s, optim_lr_at(&oc, (long)s),
+                         ref[s]);
+        free(ref);
+    }
+    fixture_free(&f);
+}
+
 static void test_adamw_steps_match_torch(void **state)
 {
     (void)state;
@@ -165,6 +232,8 @@ int main(void)
     bert_set_threads(2);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_forward_backward_matches_hf),
+        cmocka_unit_test(test_nsp_matches_hf),
+        cmocka_unit_test(test_schedules_match_hf),
         cmocka_unit_test(test_adamw_steps_match_torch),
         cmocka_unit_test(test_lamb_steps_match_reference),
     };

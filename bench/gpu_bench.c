@@ -1,0 +1,344 @@
+/* gpu_bench — bertd's GPU training step (worker/gpu_model.c, bf16 by
+ * default) against HuggingFace BertForMaskedLM + torch (bf16 autocast, fused
+ * AdamW; bench/gpu_hf.py) on the same model shape, batch and sequence
+ * length, in the same run.
+ *
+ * For bert-base at max_seq_length 128 and 512 it times full training steps
+ * (upload, zero_grad, forward, backward, AdamW) with CUDA events per phase,
+ * and prints tokens/s, the step-time breakdown, achieved TFLOP/s and MFU
+ * against the chip's dense bf16 peak (--peak-tflops, default 989 = H100/H200
+ * SXM datasheet), then one line starting "BENCH " for scripts.
+ *
+ * FLOPs per step are counted the same way for both implementations (the
+ * model's useful work: encoder GEMMs and attention on all tokens, MLM head on
+ * the masked 15%, x3 for forward + backward), so MFU compares like with like
+ * even though HF's head computes logits for every token.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "worker/gpu_model.h"
+#include "worker/model.h"
+
+#ifndef BENCH_HF_SCRIPT
+#define BENCH_HF_SCRIPT "bench/gpu_hf.py"
+#endif
+
+#define BCHECK(call)                                                                      \
+    do {                                                                                  \
+        cudaError_t e_ = (call);                                                          \
+        if (e_ != cudaSuccess) {                                                          \
+            fprintf(stderr, "gpu_bench: %s: %s\n", #call, cudaGetErrorString(e_));        \
+            exit(1);                                                                      \
+        }                                                                                 \
+    } while (0)
+
+typedef struct result {
+    double tok_s, step_ms, fwd_ms, bwd_ms, opt_ms, tflops, mfu;
+    int ok;
+} result;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Training FLOPs of one step (see the file header). */
+static double step_flops(const bert_config *c, int B, int T, int M)
+{
+    double C = c->hidden_size, I = c->intermediate_size, L = c->num_hidden_layers,
+           V = c->vocab_size, N = (double)B * T;
+    double enc = 2.0 * N * L * (4 * C * C + 2 * C * I); // QKV, proj, FC1, FC2
+    double att = 2.0 * 2.0 * (double)B * T * T * C * L;  // QK^T and PV, all heads
+    double head = 2.0 * M * (C * C + C * V);             // transform + decoder
+    return 3.0 * (enc + att + head);
+}
+
+typedef struct batch_buf {
+    int32_t *ids, *types, *lens, *pos, *labels;
+    bert_batch b;
+} batch_buf;
+
+/* Full-length sequences, 15% of positions masked (distinct, spread out). */
+static void make_batch(batch_buf *bb, const bert_config *c, int B, int T, int k)
+{
+    size_t N = (size_t)B * T;
+    int M = (int)(0.15 * (double)N);
+    bb->ids = malloc(N * 4);
+    bb->types = malloc(N * 4);
+    bb->lens = malloc((size_t)B * 4);
+    bb->pos = malloc((size_t)(M ? M : 1) * 4);
+    bb->labels = malloc((size_t)(M ? M : 1) * 4);
+    if (!bb->ids || !bb->types || !bb->lens || !bb->pos || !bb->labels)
+        abort();
+    uint64_t s = 0x9E3779B97F4A7C15ull * (uint64_t)(k + 1);
+    for (size_t i = 0; i < N; i++) {
+        s ^= s << 13; s ^= s >> 7; s ^= s << 17;
+        bb->ids[i] = 1000 + (int32_t)(s % (uint64_t)(c->vocab_size - 1000));
+        bb->types[i] = (int32_t)(i % T) >= T / 2;
+    }
+    for (int b = 0; b < B; b++)
+        bb->lens[b] = T;
+    /* stride 6 or 7 (about 1 in 6.7) from a per-batch offset: distinct */
+    for (int m = 0; m < M; m++) {
+        bb->pos[m] = (int32_t)(((size_t)m * N / M + k) % N);
+        bb->labels[m] = bb->ids[bb->pos[m]];
+    }
+    bb->b = (bert_batch){.B = B, .T = T, .M = M, .input_ids = bb->ids,
+                         .token_type_ids = bb->types, .seq_lens = bb->lens,
+                         .mlm_positions = bb->pos, .mlm_labels = bb->labels};
+}
+
+static void free_batch(batch_buf *bb)
+{
+    free(bb->ids); free(bb->types); free(bb->lens); free(bb->pos); free(bb->labels);
+}
+
+static result bench_bertd(const bert_config *c, const float *params, kdtype dt, int B, int T,
+                          int warmup, int steps, double peak)
+{
+    result r = {0};
+    optim_config oc;
+    optim_config_default(&oc, OPTIM_ADAMW);
+    oc.lr = 1e-4f;
+    oc.weight_decay = 0.01f;
+    oc.total_steps = 100000;
+    batch_buf bb[2];
+    make_batch(&bb[0], c, B, T, 0);
+    make_batch(&bb[1], c, B, T, 1);
+    int M = bb[0].b.M;
+    gpu_model *g = NULL;
+    char err[512];
+    if (gpu_model_create(&g, c, dt, 0, B, T, M, &oc, err, sizeof err) != 0) {
+        fprintf(stderr, "gpu_bench: %s\n", err);
+        goto out;
+    }
+    if (gpu_model_set_params(g, params) != 0)
+        goto out;
+    cudaEvent_t ev[4];
+    for (int i = 0; i < 4; i++)
+        BCHECK(cudaEventCreate(&ev[i]));
+    double fwd = 0, bwd = 0, opt = 0, t0 = 0;
+    if (gpu_model_upload(g, &bb[0].b, err, sizeof err) != 0) {
+        fprintf(stderr, "gpu_bench: %s\n", err);
+        goto out;
+    }
+    for (int s = 0; s < warmup + steps; s++) {
+        if (s == warmup) {
+            BCHECK(cudaStreamSynchronize(g->compute));
+            t0 = now_s();
+        }
+        bert_dropout d = {.train = 1, .seed = 1, .step = (uint32_t)s};
+        BCHECK(cudaEventRecord(ev[0], g->compute));
+        gpu_model_zero_grad(g);
+        gpu_model_forward(g, &d, gpu_model_loss_scale(g));
+        BCHECK(cudaEventRecord(ev[1], g->compute));
+        /* the next batch's copy overlaps this step's compute */
+        if (gpu_model_upload(g, &bb[(s + 1) % 2].b, err, sizeof err) != 0) {
+            fprintf(stderr, "gpu_bench: %s\n", err);
+            goto out;
+        }
+        gpu_model_backward(g);
+        BCHECK(cudaEventRecord(ev[2], g->compute));
+        int skipped = 0;
+        int rc = gpu_model_step(g, NULL, NULL, &skipped);
+        if (rc != 0) {
+            fprintf(stderr, "gpu_bench: optimizer step failed (%d): non-finite gradients\n", rc);
+            goto out;
+        }
+        BCHECK(cudaEventRecord(ev[3], g->compute));
+        if (s >= warmup) {
+            BCHECK(cudaEventSynchronize(ev[3]));
+            float a, b2, c2;
+            BCHECK(cudaEventElapsedTime(&a, ev[0], ev[1]));
+            BCHECK(cudaEventElapsedTime(&b2, ev[1], ev[2]));
+            BCHECK(cudaEventElapsedTime(&c2, ev[2], ev[3]));
+            fwd += a;
+            bwd += b2;
+            opt += c2;
+        }
+    }
+    BCHECK(cudaStreamSynchronize(g->compute));
+    double wall = now_s() - t0;
+    float loss = gpu_model_loss(g);
+    r.step_ms = wall * 1e3 / steps;
+    r.fwd_ms = fwd / steps;
+    r.bwd_ms = bwd / steps;
+    r.opt_ms = opt / steps;
+    r.tok_s = (double)B * T * steps / wall;
+    r.tflops = step_flops(c, B, T, M) / (wall / steps) / 1e12;
+    r.mfu = r.tflops / peak;
+    r.ok = isfinite(loss);
+    printf("  bertd %s B=%d T=%d: last loss %.4f\n", kdtype_name(dt), B, T, loss);
+    for (int i = 0; i < 4; i++)
+        cudaEventDestroy(ev[i]);
+out:
+    gpu_model_destroy(g);
+    free_batch(&bb[0]);
+    free_batch(&bb[1]);
+    return r;
+}
+
+static result bench_hf(const char *python, const char *script, const bert_config *c, int B, int T,
+                       int warmup, int steps, double peak)
+{
+    result r = {0};
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "%s %s --batch %d --seq %d --warmup %d --steps %d --vocab %d --layers %d "
+             "--hidden %d --heads %d --intermediate %d 2>&1",
+             python, script, B, T, warmup, steps, c->vocab_size, c->num_hidden_layers,
+             c->hidden_size, c->num_attention_heads, c->intermediate_size);
+    FILE *f = popen(cmd, "r");
+    if (!f) {
+        fprintf(stderr, "gpu_bench: cannot run %s\n", cmd);
+        return r;
+    }
+    char line[1024];
+    while (fgets(line, sizeof line, f)) {
+        double step, fw, bw, op;
+        if (sscanf(line, "HF_RESULT step_ms=%lf fwd_ms=%lf bwd_ms=%lf opt_ms=%lf", &step, &fw, &bw,
+                   &op) == 4) {
+            r.step_ms = step;
+            r.fwd_ms = fw;
+            r.bwd_ms = bw;
+            r.opt_ms = op;
+            r.ok = 1;
+        } else {
+            printf("  hf: %s", line); // torch's own messages, kept for diagnosis
+        }
+    }
+    int st = pclose(f);
+    if (st != 0 || !r.ok) {
+        fprintf(stderr, "gpu_bench: HF reference failed (status %d)\n", st);
+        r.ok = 0;
+        return r;
+    }
+    int M = (int)(0.15 * (double)B * T);
+    r.tok_s = (double)B * T / (r.step_ms / 1e3);
+    r.tflops = step_flops(c, B, T, M) / (r.step_ms / 1e3) / 1e12;
+    r.mfu = r.tflops / peak;
+    return r;
+}
+
+/* HF _init_weights' distribution (N(0, 0.02) matrices, LayerNorm 1, biases
+ * 0) from a fast xorshift + Box-Muller: bert_model_init_weights' Philox draw
+ * is exact but takes seconds per 100M parameters on one core. */
+static void quick_init(bert_model *m)
+{
+    float **p = (float **)&m->params;
+    uint64_t s = 0x2545F4914F6CDD1Dull;
+    for (int i = 0; i < BERT_NUM_PARAM_TENSORS; i++) {
+        int ln = i == BP_EMB_LNW || i == BP_LN1W || i == BP_LN2W || i == BP_HEAD_LNW;
+        for (size_t k = 0; k < m->param_sizes[i]; k++) {
+            float v = ln ? 1.0f : 0.0f;
+            if (bert_param_decays(i)) {
+                s ^= s << 13; s ^= s >> 7; s ^= s << 17;
+                double u1 = ((double)(s >> 11) + 1.0) / 9007199254740993.0;
+                s ^= s << 13; s ^= s >> 7; s ^= s << 17;
+                double u2 = (double)(s >> 11) / 9007199254740992.0;
+                v = (float)(m->cfg.initializer_range * sqrt(-2.0 * log(u1)) *
+                            cos(6.283185307179586 * u2));
+            }
+            p[i][k] = v;
+        }
+    }
+}
+
+static void row(int T, int B, const char *name, const result *r, const result *ref)
+{
+    if (!r->ok) {
+        printf("%5d %5d %-22s %12s\n", T, B, name, "failed");
+        return;
+    }
+    printf("%5d %5d %-22s %12.0f %9.2f %8.2f %8.2f %8.2f %8.1f %6.1f%%", T, B, name, r->tok_s,
+           r->step_ms, r->fwd_ms, r->bwd_ms, r->opt_ms, r->tflops, 100.0 * r->mfu);
+    if (ref && ref->ok)
+        printf(" %7.2fx", r->tok_s / ref->tok_s);
+    printf("\n");
+}
+
+int main(int argc, char **argv)
+{
+    const char *script = BENCH_HF_SCRIPT, *python = "python3", *prec = "auto";
+    double peak = 989.0;
+    int b128 = 128, b512 = 32, steps = 20, warmup = 5, hf = 1;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--hf-script") && i + 1 < argc) script = argv[++i];
+        else if (!strcmp(argv[i], "--python") && i + 1 < argc) python = argv[++i];
+        else if (!strcmp(argv[i], "--precision") && i + 1 < argc) prec = argv[++i];
+        else if (!strcmp(argv[i], "--peak-tflops") && i + 1 < argc) peak = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--batch128") && i + 1 < argc) b128 = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--batch512") && i + 1 < argc) b512 = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--no-hf")) hf = 0;
+        else {
+            fprintf(stderr, "usage: %s [--precision auto|bf16|fp16|fp32] [--batch128 N] "
+                    "[--batch512 N] [--steps N] [--warmup N] [--peak-tflops X] "
+                    "[--python P] [--hf-script S] [--no-hf]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (steps < 1 || warmup < 0 || b128 < 1 || b512 < 1 || !(peak > 0)) {
+        fprintf(stderr, "gpu_bench: steps, batches and peak must be positive\n");
+        return 2;
+    }
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
+        fprintf(stderr, "gpu_bench: no CUDA device\n");
+        return 77;
+    }
+    struct cudaDeviceProp prop;
+    BCHECK(cudaGetDeviceProperties(&prop, 0));
+    kdtype dt;
+    char err[256];
+    if (gpu_precision_pick(prec, 0, &dt, err, sizeof err) != 0) {
+        fprintf(stderr, "gpu_bench: %s\n", err);
+        return 2;
+    }
+    bert_config c;
+    bert_config_preset(&c, "bert-base");
+    bert_model *host = NULL;
+    if (bert_model_create(&host, &c) != 0)
+        return 1;
+    quick_init(host);
+    printf("gpu_bench: bert-base (%zu params), %s on %s (sm_%d%d), peak %.0f TFLOP/s dense bf16\n",
+           host->num_params, kdtype_name(dt), prop.name, prop.major, prop.minor, peak);
+
+    int Ts[2] = {128, 512}, Bs[2] = {b128, b512};
+    result ours[2], ref[2];
+    for (int k = 0; k < 2; k++) {
+        ours[k] = bench_bertd(&c, host->params_memory, dt, Bs[k], Ts[k], warmup, steps, peak);
+        ref[k] = hf ? bench_hf(python, script, &c, Bs[k], Ts[k], warmup, steps, peak)
+                    : (result){0};
+    }
+    printf("\n%5s %5s %-22s %12s %9s %8s %8s %8s %8s %7s %8s\n", "seq", "batch", "implementation",
+           "tokens/s", "step ms", "fwd ms", "bwd ms", "opt ms", "TFLOP/s", "MFU", "vs HF");
+    for (int k = 0; k < 2; k++) {
+        char name[40];
+        snprintf(name, sizeof name, "bertd %s", kdtype_name(dt));
+        row(Ts[k], Bs[k], name, &ours[k], &ref[k]);
+        row(Ts[k], Bs[k], "HF torch bf16 autocast", &ref[k], NULL);
+    }
+    printf("(MFU = model FLOPs / step time / %.0f TFLOP/s; HF fwd/bwd/opt from torch events)\n",
+           peak);
+    printf("BENCH gpu_train device=\"%s\" precision=%s peak_tflops=%.0f", prop.name,
+           kdtype_name(dt), peak);
+    for (int k = 0; k < 2; k++)
+        printf(" T%d_B=%d T%d_bertd_tok_s=%.0f T%d_hf_tok_s=%.0f T%d_ratio=%.3f T%d_bertd_mfu=%.4f "
+               "T%d_hf_mfu=%.4f",
+               Ts[k], Bs[k], Ts[k], ours[k].ok ? ours[k].tok_s : -1.0, Ts[k],
+               ref[k].ok ? ref[k].tok_s : -1.0, Ts[k],
+               ours[k].ok && ref[k].ok ? ours[k].tok_s / ref[k].tok_s : -1.0, Ts[k],
+               ours[k].ok ? ours[k].mfu : -1.0, Ts[k], ref[k].ok ? ref[k].mfu : -1.0);
+    printf("\n");
+    bert_model_destroy(host);
+    return ours[0].ok && ours[1].ok ? 0 : 1;
+}

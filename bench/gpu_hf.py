@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""gpu_hf -- the reference for bench/gpu_bench.c: HuggingFace BertForMaskedLM
+training steps with torch on one GPU, bf16 autocast, fused AdamW, the same
+model shape, batch and sequence length, 15% of positions labelled (the rest
+-100), dropout on. Weights are randomly initialised (no download).
+
+Prints one line:
+  HF_RESULT step_ms=<mean> fwd_ms=<mean> bwd_ms=<mean> opt_ms=<mean>
+timed with CUDA events after --warmup untimed steps. Python is allowed here
+only as a benchmark reference; nothing in bertd runs it.
+"""
+import argparse
+import sys
+import time
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, required=True)
+    ap.add_argument("--seq", type=int, required=True)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--vocab", type=int, default=30522)
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--hidden", type=int, default=768)
+    ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--intermediate", type=int, default=3072)
+    a = ap.parse_args()
+
+    import torch
+    from transformers import BertConfig, BertForMaskedLM
+
+    if not torch.cuda.is_available():
+        print("gpu_hf: torch sees no CUDA device", file=sys.stderr)
+        return 77
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=a.vocab, hidden_size=a.hidden, num_hidden_layers=a.layers,
+                     num_attention_heads=a.heads, intermediate_size=a.intermediate,
+                     max_position_embeddings=512)
+    model = BertForMaskedLM(cfg).to(dev)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
+
+    B, T = a.batch, a.seq
+    N = B * T
+    M = int(0.15 * N)
+
+    def batch(k):
+        g = torch.Generator(device="cpu").manual_seed(k)
+        ids = torch.randint(1000, a.vocab, (B, T), generator=g)
+        tt = (torch.arange(T) >= T // 2).long().expand(B, T).contiguous()
+        labels = torch.full((N,), -100, dtype=torch.long)
+        pos = (torch.arange(M) * N // M + k) % N  # same positions as gpu_bench.c
+        labels[pos] = ids.view(-1)[pos]
+        return (ids.to(dev), tt.to(dev), torch.ones(B, T, dtype=torch.long, device=dev),
+                labels.view(B, T).to(dev))
+
+    batches = [batch(0), batch(1)]
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+    fwd = bwd = optt = 0.0
+    t0 = None
+    for s in range(a.warmup + a.steps):
+        if s == a.warmup:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+        ids, tt, am, labels = batches[s % 2]
+        ev[0].record()
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model(input_ids=ids, token_type_ids=tt, attention_mask=am, labels=labels)
+        ev[1].record()
+        out.loss.backward()
+        ev[2].record()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        ev[3].record()
+        if s >= a.warmup:
+            ev[3].synchronize()
+            fwd += ev[0].elapsed_time(ev[1])
+            bwd += ev[1].elapsed_time(ev[2])
+            optt += ev[2].elapsed_time(ev[3])
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    n = a.steps
+    print(f"gpu_hf: torch {torch.__version__}, last loss {out.loss.item():.4f}", flush=True)
+    print(f"HF_RESULT step_ms={wall * 1e3 / n:.3f} fwd_ms={fwd / n:.3f} bwd_ms={bwd / n:.3f} "
+          f"opt_ms={optt / n:.3f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
