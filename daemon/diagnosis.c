@@ -214,14 +214,22 @@ static void rule_input_bound(const diag_config *cfg, const diag_job *job, const 
 	double busy = step - wait;
 	int L = job->loader_workers;
 	double build = L > 0 ? (double)L * step : wait;
-	int want = busy > 0 ? (int)ceil(build / busy) : L + 2;
+	/* clamp in double: a near-zero busy time must not overflow the int */
+	double want_d = busy > 0 ? ceil(build / busy) : L + 2;
+	if (!(want_d <= 64))
+		want_d = 64;
+	int want = (int)want_d;
 	if (want <= L)
-		want = L + 1;
-	if (want > 64)
-		want = 64;
-	snprintf(r->remedy, sizeof r->remedy,
-		 "data wait is %.0f%% of step time: raise dataloader_num_workers from %d to %d", 100 * share, L,
-		 want);
+		want = L + 1 < 64 ? L + 1 : 64;
+	if (L >= 64)
+		snprintf(r->remedy, sizeof r->remedy,
+			 "data wait is %.0f%% of step time with dataloader_num_workers at its maximum (64): make "
+			 "batches cheaper (mlm.whole_word_mask false, a shorter max_seq_length)",
+			 100 * share);
+	else
+		snprintf(r->remedy, sizeof r->remedy,
+			 "data wait is %.0f%% of step time: raise dataloader_num_workers from %d to %d", 100 * share,
+			 L, want);
 }
 
 /* Utilization values over the window, all devices; returns how many. */
@@ -336,7 +344,8 @@ static void rule_batch_small(const diag_config *cfg, const diag_job *job, const 
 	double p95 = percentile(vals, nu, 95);
 	bool small = share < max_mem && p95 < max_util;
 	/* Keep 20% headroom; activations grow about linearly with the batch. */
-	int want = (int)floor((double)job->batch_size * 0.8 / share);
+	double want_d = share > 0 ? floor((double)job->batch_size * 0.8 / share) : 65536;
+	int want = want_d < 65536 ? (int)want_d : 65536; /* the spec's maximum */
 	if (want <= job->batch_size)
 		small = false;
 	set(r, small ? DIAG_ISSUE : DIAG_OK, share, max_mem);
@@ -404,6 +413,8 @@ static void rule_ckpt(const diag_config *cfg, const diag_job *job, const diag_sa
 		 100 * share, ck / (double)n, 100 * thr);
 	if (r->status == DIAG_ISSUE) {
 		double f = thr > 0 ? ceil(share / thr) : 10;
+		if (!(f <= 1e6))
+			f = 1e6;
 		snprintf(r->remedy, sizeof r->remedy,
 			 "checkpoints take %.0f%% of step time: raise save_steps from %lld to %lld", 100 * share,
 			 (long long)job->save_steps, (long long)((double)job->save_steps * (f < 2 ? 2 : f)));

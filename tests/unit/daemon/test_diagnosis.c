@@ -114,6 +114,25 @@ static void test_input_bound_fires_with_knob(void **state)
 	assert_string_equal(rep.r[DIAG_INPUT_BOUND].remedy,
 			    "data wait is 38% of step time: raise dataloader_num_workers from 0 to 1");
 
+	/* all wait, no work: no division blow-up, a bounded suggestion */
+	for (int i = 0; i < N; i++) {
+		s[i].data_wait_ms = 100;
+		s[i].compute_ms = s[i].allreduce_ms = s[i].optimizer_ms = 0;
+	}
+	job.loader_workers = 2;
+	rep = run(&job, s, N);
+	assert_string_equal(rep.r[DIAG_INPUT_BOUND].remedy,
+			    "data wait is 100% of step time: raise dataloader_num_workers from 2 to 4");
+	job.loader_workers = 64;
+	rep = run(&job, s, N);
+	assert_non_null(strstr(rep.r[DIAG_INPUT_BOUND].remedy, "dataloader_num_workers at its maximum (64)"));
+	healthy(s, N);
+	for (int i = 0; i < N; i++) {
+		s[i].data_wait_ms = 38;
+		s[i].compute_ms = 56;
+	}
+	job.loader_workers = 0;
+
 	/* a threshold above the share silences it */
 	diag_config cfg;
 	char field[128], detail[128];
@@ -149,6 +168,12 @@ static void test_gpu_rules(void **state)
 	/* 8 * 0.8 / 0.1 = 64 */
 	assert_non_null(strstr(rep.r[DIAG_BATCH_TOO_SMALL].remedy, "per_device_train_batch_size from 8 to about 64"));
 	assert_int_equal(rep.r[DIAG_FLUCTUATING_GPU_UTILIZATION].status, DIAG_OK);
+
+	/* no memory used at all: the suggestion stops at the spec's maximum */
+	add_gpus(s, N, 2, 30, 0, 80000);
+	rep = run(&job, s, N);
+	assert_non_null(strstr(rep.r[DIAG_BATCH_TOO_SMALL].remedy, "from 8 to about 65536"));
+	add_gpus(s, N, 2, 30, 8000, 80000);
 
 	/* low utilization while input-bound points at the loaders instead */
 	for (int i = 0; i < N; i++)
