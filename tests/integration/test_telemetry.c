@@ -282,6 +282,57 @@ static void test_loader_job_verdict_follows_phases(void **state)
 	free(id);
 }
 
+/* Two workers: each rank's busy time rides the all-reduce to rank 0, the
+ * all-reduce is timed, and the straggler / communication rules have data;
+ * their verdicts follow from the rows. */
+static void test_two_ranks_report_per_rank_times(void **state)
+{
+	fx *f = *state;
+	const char *spec =
+		"{\"name\":\"ranks\",\"dataset\":\"shakes\",\"model\":{\"preset\":\"bert-tiny\",\"hidden_size\":32,"
+		"\"num_hidden_layers\":1,\"num_attention_heads\":2,\"intermediate_size\":64,"
+		"\"max_position_embeddings\":64},\"training_args\":{\"per_device_train_batch_size\":8,"
+		"\"max_seq_length\":32,\"max_steps\":20,\"logging_steps\":5,\"save_steps\":100,"
+		"\"dataloader_num_workers\":0,\"seed\":7},\"resources\":{\"gpus\":2}}";
+	char *id = submit(&f->d, spec);
+	char path[128];
+	snprintf(path, sizeof path, "/v1/jobs/%s", id);
+	json_t *j = wait_for(&f->d, path, "completed|failed");
+	assert_string_equal(jstr(j, "state"), "completed");
+	json_decref(j);
+	snprintf(path, sizeof path, "/v1/jobs/%s/metrics", id);
+	json_t *m = get_json(&f->d, path);
+	json_t *rows = json_object_get(m, "metrics");
+	assert_true(json_array_size(rows) >= 2);
+	double busy[2] = {0, 0}, ar = 0, step = 0;
+	size_t i;
+	json_t *r;
+	json_array_foreach(rows, i, r) {
+		json_t *rk = json_object_get(r, "rank_step_ms");
+		assert_int_equal(json_array_size(rk), 2);
+		for (int k = 0; k < 2; k++) {
+			double b = json_number_value(json_array_get(rk, k));
+			/* busy (data + forward/backward) fits inside the step */
+			assert_true(b > 0 && b <= num(r, "step_time_ms") * (1 + 1e-9));
+			busy[k] += b;
+		}
+		ar += num(json_object_get(r, "phases_ms"), "allreduce");
+		step += num(r, "step_time_ms");
+	}
+	assert_true(ar > 0);
+	json_decref(m);
+	snprintf(path, sizeof path, "/v1/jobs/%s/diagnosis", id);
+	json_t *dg = get_json(&f->d, path);
+	json_t *cb = rule(dg, "communication_bound"), *st = rule(dg, "straggler");
+	assert_true(fabs(num(cb, "value") - ar / step) <= 1e-9 * (ar / step));
+	assert_string_equal(jstr(cb, "status"), ar / step > 0.25 ? "issue" : "ok");
+	double hi = busy[0] > busy[1] ? busy[0] : busy[1], lo = busy[0] > busy[1] ? busy[1] : busy[0];
+	assert_true(fabs(num(st, "value") - hi / lo) <= 1e-9 * (hi / lo));
+	assert_string_equal(jstr(st, "status"), hi / lo > 1.25 ? "issue" : "ok");
+	json_decref(dg);
+	free(id);
+}
+
 static void test_profiler_rules_validated(void **state)
 {
 	fx *f = *state;
@@ -538,6 +589,7 @@ int main(void)
 		cmocka_unit_test(test_profiler_rules_validated),
 		cmocka_unit_test(test_serial_job_diagnosed_from_its_phases),
 		cmocka_unit_test(test_loader_job_verdict_follows_phases),
+		cmocka_unit_test(test_two_ranks_report_per_rank_times),
 		cmocka_unit_test(test_prometheus_metrics),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
