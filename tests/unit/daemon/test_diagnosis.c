@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "daemon/diagnosis.h"
@@ -430,7 +431,27 @@ static void test_sampler_host_and_loaders(void **state)
 	tsampler_flush(ts, row2);
 	assert_true(json_equal(json_object_get(row2, "host"), host));
 	void *nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-	if (!nvml) {
+	if (getenv("BERTD_TEST_FAKE_NVML")) {
+		/* tests/unit/daemon/fake_nvml.c: utilization 20 then 60, memory
+		 * 1000 then 3000 MiB of 80000, 300 W, SM clock 1500 MHz */
+		assert_non_null(nvml);
+		dlclose(nvml);
+		json_t *d = json_array_get(json_object_get(row, "devices"), 0);
+		assert_non_null(d);
+		assert_double_equal(json_number_value(json_object_get(d, "util_pct")), 40, 1e-12);
+		assert_double_equal(json_number_value(json_object_get(d, "mem_used_mib")), 3000, 1e-12);
+		assert_double_equal(json_number_value(json_object_get(d, "mem_total_mib")), 80000, 1e-12);
+		assert_double_equal(json_number_value(json_object_get(d, "power_w")), 300, 1e-12);
+		assert_double_equal(json_number_value(json_object_get(d, "sm_clock_mhz")), 1500, 1e-12);
+		/* the window restarted: the row before the next sample has no devices */
+		assert_null(json_object_get(row2, "devices"));
+		/* and what the sampler wrote is what the rules read */
+		diag_sample ds;
+		assert_int_equal(diag_sample_from_json(row, 5, 1, &ds), 0);
+		assert_int_equal(ds.n_devices, 1);
+		assert_double_equal(ds.dev[0].util_pct, 40, 1e-12);
+		assert_double_equal(ds.dev[0].mem_used_mib, 3000, 1e-12);
+	} else if (!nvml) {
 		assert_null(json_object_get(row, "devices")); /* no NVML: no_data, not an error */
 	} else {
 		dlclose(nvml);
