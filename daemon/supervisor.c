@@ -23,6 +23,7 @@
 #include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/timerfd.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -36,6 +37,7 @@
 #include "daemon/scheduler.h"
 
 #define MAX_CHILDREN 130 /* 64 workers + 64 loaders + slack */
+#define TELEMETRY_SAMPLE_MS 500 /* GPU/host sampling period of running jobs */
 
 enum child_role { ROLE_WORKER, ROLE_LOADER, ROLE_PREPARE };
 
@@ -82,6 +84,7 @@ struct supervisor {
 	size_t ndev;
 	const char **dev_job;  /* (ndev,) job id on each device or NULL */
 	run *runs;
+	int sample_fd;         /* timerfd: telemetry samples every TELEMETRY_SAMPLE_MS; -1 if none */
 };
 
 static int64_t now_ms(void)
@@ -760,14 +763,6 @@ static void tick_running(supervisor *sv)
 						proc_signal(&r->kids[i]->p, SIGKILL);
 			continue;
 		}
-		if (r->ts) {
-			pid_t lp[TSAMPLER_MAX_LOADERS];
-			int nl = 0;
-			for (int i = 0; i < r->nkids && nl < TSAMPLER_MAX_LOADERS; i++)
-				if (r->kids[i]->role == ROLE_LOADER && !r->kids[i]->exited)
-					lp[nl++] = r->kids[i]->p.pid;
-			tsampler_sample(r->ts, lp, nl, now);
-		}
 		store_job j;
 		if (store_job_get(sv->st, r->id, &j) < 0)
 			continue;
@@ -845,6 +840,49 @@ static void tick_schedule(supervisor *sv)
 	}
 }
 
+/* Telemetry timer: one sample of every running job's devices, host CPU
+ * and loaders (folded into its next metrics row). */
+static void on_sample(loop *l, int fd, uint32_t events, void *arg)
+{
+	(void)l;
+	(void)events;
+	supervisor *sv = arg;
+	uint64_t expirations;
+	if (read(fd, &expirations, sizeof expirations) < 0)
+		return;
+	int64_t now = now_ms();
+	for (run *r = sv->runs; r; r = r->next) {
+		if (r->is_dataset || r->killing || !r->ts)
+			continue;
+		pid_t lp[TSAMPLER_MAX_LOADERS];
+		int nl = 0;
+		for (int i = 0; i < r->nkids && nl < TSAMPLER_MAX_LOADERS; i++)
+			if (r->kids[i]->role == ROLE_LOADER && !r->kids[i]->exited)
+				lp[nl++] = r->kids[i]->p.pid;
+		tsampler_sample(r->ts, lp, nl, now);
+	}
+}
+
+/* Telemetry is optional: without the timer jobs run, rows just lack samples. */
+static void sample_timer_start(supervisor *sv)
+{
+	sv->sample_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+	if (sv->sample_fd < 0) {
+		log_warn("telemetry sampling off: timerfd: %s", strerror(errno));
+		return;
+	}
+	struct itimerspec its = {
+		.it_interval = {TELEMETRY_SAMPLE_MS / 1000, (TELEMETRY_SAMPLE_MS % 1000) * 1000000L},
+		.it_value = {TELEMETRY_SAMPLE_MS / 1000, (TELEMETRY_SAMPLE_MS % 1000) * 1000000L},
+	};
+	if (timerfd_settime(sv->sample_fd, 0, &its, NULL) < 0 ||
+	    loop_add(sv->lp, sv->sample_fd, EPOLLIN, on_sample, sv) < 0) {
+		log_warn("telemetry sampling off: cannot arm its timer");
+		close(sv->sample_fd);
+		sv->sample_fd = -1;
+	}
+}
+
 void supervisor_tick(supervisor *sv)
 {
 	tick_datasets(sv);
@@ -896,6 +934,7 @@ int supervisor_create(supervisor **out, const supervisor_config *cfg, loop *lp, 
 		sv->cfg.stop_timeout_ms = 120000;
 	sv->lp = lp;
 	sv->st = st;
+	sv->sample_fd = -1;
 	sv->devs = calloc(ndev ? ndev : 1, sizeof *sv->devs);
 	sv->dev_job = calloc(ndev ? ndev : 1, sizeof *sv->dev_job);
 	if (!sv->devs || !sv->dev_job) {
@@ -905,6 +944,7 @@ int supervisor_create(supervisor **out, const supervisor_config *cfg, loop *lp, 
 	memcpy(sv->devs, devices, ndev * sizeof *devices);
 	sv->ndev = ndev;
 	recover(sv);
+	sample_timer_start(sv);
 	*out = sv;
 	return 0;
 }
@@ -974,5 +1014,9 @@ void supervisor_destroy(supervisor *sv)
 		free((char *)(sv->dev_job ? sv->dev_job[d] : NULL));
 	free(sv->dev_job);
 	free(sv->devs);
+	if (sv->sample_fd >= 0) {
+		loop_del(sv->lp, sv->sample_fd);
+		close(sv->sample_fd);
+	}
 	free(sv);
 }

@@ -1,7 +1,7 @@
 /* telemetry_sampler — see telemetry_sampler.h. NVML is declared here by
  * hand like in devices.c (stable C ABI), loaded once per process on first
  * use; a failed load is remembered so a machine without a GPU pays for one
- * dlopen attempt, not one per tick. */
+ * dlopen attempt, not one per sample. */
 #include "daemon/telemetry_sampler.h"
 
 #include <dlfcn.h>
@@ -226,7 +226,7 @@ void tsampler_flush(tsampler *s, json_t *row)
 		s->t0_ms = s->t1_ms;
 		memcpy(s->loader_cpu0, s->loader_cpu1, sizeof s->loader_cpu0[0] * (size_t)s->nloaders);
 	}
-	/* Rows come faster than the 1 s tick on small models: each carries the
+	/* Rows come faster than the samples on small models: each carries the
 	 * newest complete interval rather than nothing. */
 	if (s->host_last)
 		json_object_set(row, "host", s->host_last);

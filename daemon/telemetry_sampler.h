@@ -3,7 +3,7 @@
  * power and SM clock through NVML (dlopen'ed; absent NVML or a CPU job
  * means no device samples, not an error), host CPU utilization from
  * /proc/stat and each loader's CPU use from /proc/<pid>/stat. The
- * supervisor samples on its tick and, when a worker's metrics message
+ * supervisor samples every 500 ms (a timerfd on its loop) and, when a worker's metrics message
  * arrives, folds the window's aggregates into the row it stores
  * ("devices", "host"; docs/diagnosis.md).
  *
