@@ -362,6 +362,7 @@ typedef struct prom {
 	char type[64][16];
 	int nfam;
 	char series[512][256]; /* name{labels} seen, for duplicates */
+	double value[512];
 	int nseries;
 } prom;
 
@@ -460,6 +461,7 @@ static void prom_parse(const char *text, prom *p)
 			if (strcmp(p->series[k], key) == 0)
 				fail_msg("duplicate series %s", key);
 		assert_true(p->nseries < 512);
+		p->value[p->nseries] = v;
 		snprintf(p->series[p->nseries++], sizeof p->series[0], "%s", key);
 	}
 	regfree(&help);
@@ -474,6 +476,15 @@ static bool has_series(const prom *p, const char *key)
 		if (strcmp(p->series[k], key) == 0)
 			return true;
 	return false;
+}
+
+static double series_value(const prom *p, const char *key)
+{
+	for (int k = 0; k < p->nseries; k++)
+		if (strcmp(p->series[k], key) == 0)
+			return p->value[k];
+	fail_msg("no series %s", key);
+	return NAN;
 }
 
 static void test_parser_accepts_and_refuses(void **state)
@@ -576,8 +587,11 @@ static void test_prometheus_metrics(void **state)
 	http_resp_free(&r);
 	snprintf(key, sizeof key, "bertd_job_loss{job=\"%s\"}", id);
 	assert_false(has_series(p, key));
-	assert_true(has_series(p, "bertd_jobs_finished_total{result=\"canceled\"}"));
-	assert_true(has_series(p, "bertd_http_requests_total{code=\"401\"}"));
+	/* this daemon's cancels so far: only this job's (the others completed) */
+	assert_true(series_value(p, "bertd_jobs_finished_total{result=\"canceled\"}") == 1);
+	assert_true(series_value(p, "bertd_jobs_finished_total{result=\"completed\"}") >= 3);
+	assert_true(series_value(p, "bertd_http_requests_total{code=\"401\"}") >= 1);
+	assert_true(series_value(p, "bertd_http_requests_total{code=\"422\"}") >= 3);
 	free(p);
 	free(id);
 }
