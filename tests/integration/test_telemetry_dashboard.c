@@ -181,6 +181,7 @@ static void test_dashboard_renders(void **state)
 		fail_msg("console errors:\n%s", errs);
 	/* the job is listed, every chart drew a series, the diagnosis shows */
 	assert_non_null(strstr(html, "<td>dash</td>"));
+	assert_non_null(strstr(html, "<tr class=\"job sel\">")); /* the shown job is highlighted */
 	assert_non_null(strstr(html, "data-name=\"loss\""));
 	assert_non_null(strstr(html, "data-name=\"tokens/s\""));
 	assert_non_null(strstr(html, "data-name=\"data_wait\""));
