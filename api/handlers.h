@@ -23,6 +23,15 @@ enum MHD_Result jobs_metrics(api_request *req);
 enum MHD_Result jobs_checkpoints(api_request *req);
 enum MHD_Result jobs_logs(api_request *req);
 
+/* diagnosis.c */
+enum MHD_Result jobs_diagnosis(api_request *req);
+
+/* prom.c */
+enum MHD_Result prom_metrics(api_request *req);
+
+/* dashboard.c */
+enum MHD_Result dashboard_get(api_request *req);
+
 /* devices.c */
 enum MHD_Result devices_list(api_request *req);
 

@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "daemon/telemetry.h"
 
 #define DEFAULT_MAX_BODY (1u << 20)
 #define DEFAULT_THREADS 4
@@ -234,6 +235,8 @@ static enum MHD_Result reply(api_request *req, unsigned status, const char *cont
 		ok &= MHD_add_response_header(r, req->hdr_name[i], req->hdr_value[i]);
 	if (ok == MHD_YES)
 		ok = MHD_queue_response(req->conn, status, r);
+	if (ok == MHD_YES)
+		telemetry_http_reply(status);
 	MHD_destroy_response(r);
 	req->replied = true;
 	return ok;

@@ -19,12 +19,14 @@
 #include <time.h>
 
 #include "api/handlers.h"
+#include "api/diagnosis.h"
 #include "api/http.h"
 #include "api/paths.h"
 #include "common/jobspec.h"
 #include "common/sha256.h"
 #include "common/log.h"
 #include "daemon/store.h"
+#include "daemon/telemetry.h"
 
 #define LIST_LIMIT_DEFAULT 20
 #define LIST_LIMIT_MAX 100
@@ -113,6 +115,11 @@ static json_t *job_json(store *st, const store_job *j, const api_config *cfg)
 		snprintf(path, sizeof path, "%s/jobs/%s/export", cfg->state_dir, j->id);
 		json_object_set_new(o, "model_dir", json_string(path));
 	}
+	diag_report rep;
+	if (api_diagnose(st, j, now_ms(), &rep) == 0)
+		json_object_set_new(o, "diagnosis", json_string(rep.summary));
+	else
+		json_object_set_new(o, "diagnosis", json_null());
 	if (spec)
 		json_object_set_new(o, "spec", spec);
 	return o;
@@ -257,6 +264,14 @@ enum MHD_Result jobs_create(api_request *req)
 	}
 	if (!init_from_ok(req, spec, &ret))
 		goto out;
+	/* profiler.rules: the thresholds belong to the rules (docs/diagnosis.md) */
+	diag_config dcfg;
+	char dfield[160], ddetail[160];
+	if (diag_config_parse(json_object_get(json_object_get(spec, "profiler"), "rules"), &dcfg, dfield,
+			      sizeof dfield, ddetail, sizeof ddetail) < 0) {
+		ret = api_reply_problem(req, API_P_INVALID_SPEC, dfield, "%s", ddetail);
+		goto out;
+	}
 	spec_text = api_json_dumps(spec, false);
 	if (!spec_text) {
 		ret = api_reply_problem(req, API_P_INTERNAL, NULL, "out of memory");
@@ -285,13 +300,14 @@ enum MHD_Result jobs_create(api_request *req)
 		json_int_t max_steps = json_integer_value(
 			json_object_get(json_object_get(spec, "training_args"), "max_steps"));
 		body = dump_line(json_pack("{s:s, s:s, s:s, s:i, s:o, s:o, s:n, s:n, s:i, s:n, s:[], "
-					   "s:{s:i, s:I}, s:n, s:O}",
+					   "s:{s:i, s:I}, s:n, s:s, s:O}",
 					   "id", job.id, "name", job.name, "state", "queued",
 					   "priority", job.priority,
 					   "created_at", time_json(now), "updated_at", time_json(now),
 					   "started_at", "finished_at", "restart_count", 0,
 					   "failure_reason", "devices", "progress", "step", 0,
-					   "max_steps", max_steps, "last_checkpoint", "spec", spec));
+					   "max_steps", max_steps, "last_checkpoint", "diagnosis",
+					   "no telemetry yet", "spec", spec));
 		if (!body) {
 			rc = -ENOMEM;
 			break;
@@ -308,6 +324,7 @@ enum MHD_Result jobs_create(api_request *req)
 			goto out;
 		}
 		log_info("job %s submitted (%s)", id, name ? name : "");
+		telemetry_job_submitted();
 		ret = api_reply_raw(req, MHD_HTTP_CREATED, "application/json", body, strlen(body));
 	} else if (rc == -EEXIST && prev_hash) {
 		if (strcmp(prev_hash, hash) != 0) {
@@ -532,6 +549,7 @@ enum MHD_Result jobs_cancel(api_request *req)
 					  "canceled by user", &cur);
 		if (rc == 0) {
 			log_info("job %s canceled while queued", id);
+			telemetry_job_finished(JOB_CANCELED);
 			return reply_job(req, MHD_HTTP_OK, id);
 		}
 		if (rc != -EBUSY)

@@ -10,6 +10,8 @@
 #include "api/handlers.h"
 
 static const api_route routes[] = {
+	{"GET",    "/",                     dashboard_get,  API_ROUTE_PUBLIC},
+	{"GET",    "/metrics",              prom_metrics,   0},
 	{"GET",    "/v1/healthz",           system_healthz, API_ROUTE_PUBLIC},
 	{"GET",    "/v1/version",           system_version, 0},
 	{"POST",   "/v1/jobs",              jobs_create,    0},
@@ -21,6 +23,7 @@ static const api_route routes[] = {
 	{"GET",    "/v1/jobs/{id}/metrics", jobs_metrics,   0},
 	{"GET",    "/v1/jobs/{id}/checkpoints", jobs_checkpoints, 0},
 	{"GET",    "/v1/jobs/{id}/logs",    jobs_logs,      0},
+	{"GET",    "/v1/jobs/{id}/diagnosis", jobs_diagnosis, 0},
 	{"GET",    "/v1/devices",           devices_list,   0},
 	{"POST",   "/v1/datasets",          datasets_create, 0},
 	{"GET",    "/v1/datasets",          datasets_list,   0},
@@ -39,6 +42,13 @@ static bool path_matches(const char *tmpl, const char *path, api_path_args *args
 	size_t nargs = 0;
 	if (*tmpl != '/' || *path != '/')
 		return false;
+	if (tmpl[1] == 0 || path[1] == 0) { /* the root has no segment to walk */
+		if (tmpl[1] != 0 || path[1] != 0)
+			return false;
+		if (args)
+			args->n = 0;
+		return true;
+	}
 	while (*tmpl && *path) {
 		if (*tmpl != '/' || *path != '/')
 			return false;

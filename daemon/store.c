@@ -1348,8 +1348,9 @@ out:
 	return rc < 0 ? rc : 0;
 }
 
-int store_metric_list(store *s, const char *job_id, int64_t since_step, int limit,
-		      store_metric **out, size_t *n)
+/* The query of store_metric_list / store_metric_tail: ?1 job, ?2 since, ?3 limit. */
+static int metric_query(store *s, const char *sql, const char *job_id, int64_t since_step, int limit,
+			store_metric **out, size_t *n)
 {
 	sqlite3_stmt *st = NULL;
 	store_metric *arr = NULL;
@@ -1364,8 +1365,7 @@ int store_metric_list(store *s, const char *job_id, int64_t since_step, int limi
 		goto out;
 	if ((rc = job_exists(s, job_id)) < 0)
 		goto out;
-	if ((rc = prep(s, "SELECT step, time_ms, values_json FROM job_metrics "
-			  "WHERE job_id = ?1 AND step > ?2 ORDER BY step LIMIT ?3", &st)) < 0)
+	if ((rc = prep(s, sql, &st)) < 0)
 		goto out;
 	if ((rc = bind_text(st, 1, job_id)) < 0 || (rc = bind_i64(st, 2, since_step)) < 0 ||
 	    (rc = bind_i64(st, 3, limit)) < 0)
@@ -1394,6 +1394,21 @@ out:
 	*out = arr;
 	*n = cnt;
 	return 0;
+}
+
+int store_metric_list(store *s, const char *job_id, int64_t since_step, int limit,
+		      store_metric **out, size_t *n)
+{
+	return metric_query(s, "SELECT step, time_ms, values_json FROM job_metrics "
+			       "WHERE job_id = ?1 AND step > ?2 ORDER BY step LIMIT ?3",
+			    job_id, since_step, limit, out, n);
+}
+
+int store_metric_tail(store *s, const char *job_id, int limit, store_metric **out, size_t *n)
+{
+	return metric_query(s, "SELECT step, time_ms, values_json FROM (SELECT * FROM job_metrics "
+			       "WHERE job_id = ?1 AND step > ?2 ORDER BY step DESC LIMIT ?3) ORDER BY step",
+			    job_id, -1, limit, out, n);
 }
 
 /* ---- checkpoints ---- */

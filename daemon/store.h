@@ -213,6 +213,8 @@ int store_metric_insert(store *s, const char *job_id, int64_t step, int64_t time
  * (store_metrics_free), possibly empty. -ENOENT no job. */
 int store_metric_list(store *s, const char *job_id, int64_t since_step, int limit,
 		      store_metric **out, size_t *n);
+/* The newest limit rows (>= 1), oldest first; otherwise as store_metric_list. */
+int store_metric_tail(store *s, const char *job_id, int limit, store_metric **out, size_t *n);
 void store_metrics_free(store_metric *m, size_t n);
 /* The newest metrics row of a job into *out (free out->values_json).
  * -ENOENT when the job has none (or does not exist). */

@@ -9,6 +9,8 @@
  *   a child dies otherwise --> the rest are killed; retryable and restarts
  *       left --> restarting (resumes from the last checkpoint), else failed.
  */
+#include "daemon/telemetry.h"
+#include "daemon/telemetry_sampler.h"
 #include "daemon/supervisor.h"
 
 #include <errno.h>
@@ -21,6 +23,7 @@
 #include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/timerfd.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -34,6 +37,7 @@
 #include "daemon/scheduler.h"
 
 #define MAX_CHILDREN 130 /* 64 workers + 64 loaders + slack */
+#define TELEMETRY_SAMPLE_MS 500 /* GPU/host sampling period of running jobs */
 
 enum child_role { ROLE_WORKER, ROLE_LOADER, ROLE_PREPARE };
 
@@ -65,6 +69,7 @@ typedef struct run {
 	bool failed, retryable;
 	char reason[512];
 	int64_t last_step;
+	tsampler *ts;          /* device/host samples between metrics rows; NULL if none */
 	const char *stop_why;   /* reason recorded when a stop ends the job */
 	struct supervisor *sv;
 	struct run *next;
@@ -79,6 +84,7 @@ struct supervisor {
 	size_t ndev;
 	const char **dev_job;  /* (ndev,) job id on each device or NULL */
 	run *runs;
+	int sample_fd;         /* timerfd: telemetry samples every TELEMETRY_SAMPLE_MS; -1 if none */
 };
 
 static int64_t now_ms(void)
@@ -95,6 +101,7 @@ static void run_free(run *r)
 		free(r->kids[i]);
 	}
 	json_decref(r->spec);
+	tsampler_destroy(r->ts);
 	free(r);
 }
 
@@ -138,6 +145,8 @@ static void handle_job_message(supervisor *sv, run *r, child *c, json_t *m)
 		json_t *vals = json_deep_copy(m);
 		json_object_del(vals, "type");
 		json_object_del(vals, "step");
+		if (r->ts)
+			tsampler_flush(r->ts, vals);
 		char *text = json_dumps(vals, JSON_COMPACT);
 		struct timespec ts;
 		clock_gettime(CLOCK_REALTIME, &ts);
@@ -383,7 +392,8 @@ static int latest_checkpoint(supervisor *sv, const char *id, char *path, size_t 
 static void fail_job_now(supervisor *sv, const char *id, unsigned from, const char *reason)
 {
 	log_warn("job %s failed: %s", id, reason);
-	store_job_transition(sv->st, id, from, JOB_FAILED, reason, NULL);
+	if (store_job_transition(sv->st, id, from, JOB_FAILED, reason, NULL) == 0)
+		telemetry_job_finished(JOB_FAILED);
 }
 
 static int write_job_file(supervisor *sv, run *r, const char *dataset_dir, const char *resume)
@@ -491,6 +501,13 @@ static int start_job(supervisor *sv, const store_job *j, const int *dev, int nde
 	store_job_set_devices(sv->st, r->id, djs);
 	free(djs);
 	json_decref(dj);
+	unsigned nvidx[64];
+	int ngpu = 0;
+	for (int i = 0; i < ndev; i++)
+		if (sv->devs[dev[i]].kind == DEVICE_CUDA)
+			nvidx[ngpu++] = (unsigned)sv->devs[dev[i]].index;
+	if (tsampler_create(&r->ts, nvidx, ngpu) < 0)
+		r->ts = NULL; /* telemetry is optional; training is not */
 	r->start_ms = now_ms();
 	r->max_runtime_ms = spec.max_runtime_seconds > 0 ? spec.max_runtime_seconds * 1000 : 0;
 	r->next = sv->runs;
@@ -600,23 +617,27 @@ static void run_maybe_finish(supervisor *sv, run *r)
 		store_job_transition(sv->st, r->id, live, JOB_QUEUED, "daemon shutting down; resumes on next start",
 				     NULL);
 	} else if (state == JOB_STOPPING && (!r->failed || r->stop_sent)) {
-		store_job_transition(sv->st, r->id, JOB_MASK(JOB_STOPPING), JOB_CANCELED,
-				     r->reason[0] && !r->stop_sent ? r->reason
-				     : r->stop_why ? r->stop_why : "canceled by user", NULL);
+		if (store_job_transition(sv->st, r->id, JOB_MASK(JOB_STOPPING), JOB_CANCELED,
+					 r->reason[0] && !r->stop_sent ? r->reason
+					 : r->stop_why ? r->stop_why : "canceled by user", NULL) == 0)
+			telemetry_job_finished(JOB_CANCELED);
 	} else if (!r->failed) {
-		store_job_transition(sv->st, r->id, live, JOB_COMPLETED, "training finished", NULL);
+		if (store_job_transition(sv->st, r->id, live, JOB_COMPLETED, "training finished", NULL) == 0)
+			telemetry_job_finished(JOB_COMPLETED);
 	} else if (r->retryable && restarts < max_restarts) {
 		int n = 0;
 		store_job_bump_restarts(sv->st, r->id, &n);
 		char why[640];
 		snprintf(why, sizeof why, "%s; restart %d of %d from the last checkpoint", r->reason, n, max_restarts);
 		store_job_transition(sv->st, r->id, live, JOB_RESTARTING, why, NULL);
+		telemetry_job_restarted();
 		log_info("job %s: %s", r->id, why);
 	} else {
 		char why[640];
 		snprintf(why, sizeof why, "%s%s", r->reason,
 			 r->retryable ? " (no restarts left)" : "");
-		store_job_transition(sv->st, r->id, live, JOB_FAILED, why, NULL);
+		if (store_job_transition(sv->st, r->id, live, JOB_FAILED, why, NULL) == 0)
+			telemetry_job_finished(JOB_FAILED);
 		log_warn("job %s failed: %s", r->id, why);
 	}
 	run_free(r);
@@ -819,6 +840,49 @@ static void tick_schedule(supervisor *sv)
 	}
 }
 
+/* Telemetry timer: one sample of every running job's devices, host CPU
+ * and loaders (folded into its next metrics row). */
+static void on_sample(loop *l, int fd, uint32_t events, void *arg)
+{
+	(void)l;
+	(void)events;
+	supervisor *sv = arg;
+	uint64_t expirations;
+	if (read(fd, &expirations, sizeof expirations) < 0)
+		return;
+	int64_t now = now_ms();
+	for (run *r = sv->runs; r; r = r->next) {
+		if (r->is_dataset || r->killing || !r->ts)
+			continue;
+		pid_t lp[TSAMPLER_MAX_LOADERS];
+		int nl = 0;
+		for (int i = 0; i < r->nkids && nl < TSAMPLER_MAX_LOADERS; i++)
+			if (r->kids[i]->role == ROLE_LOADER && !r->kids[i]->exited)
+				lp[nl++] = r->kids[i]->p.pid;
+		tsampler_sample(r->ts, lp, nl, now);
+	}
+}
+
+/* Telemetry is optional: without the timer jobs run, rows just lack samples. */
+static void sample_timer_start(supervisor *sv)
+{
+	sv->sample_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+	if (sv->sample_fd < 0) {
+		log_warn("telemetry sampling off: timerfd: %s", strerror(errno));
+		return;
+	}
+	struct itimerspec its = {
+		.it_interval = {TELEMETRY_SAMPLE_MS / 1000, (TELEMETRY_SAMPLE_MS % 1000) * 1000000L},
+		.it_value = {TELEMETRY_SAMPLE_MS / 1000, (TELEMETRY_SAMPLE_MS % 1000) * 1000000L},
+	};
+	if (timerfd_settime(sv->sample_fd, 0, &its, NULL) < 0 ||
+	    loop_add(sv->lp, sv->sample_fd, EPOLLIN, on_sample, sv) < 0) {
+		log_warn("telemetry sampling off: cannot arm its timer");
+		close(sv->sample_fd);
+		sv->sample_fd = -1;
+	}
+}
+
 void supervisor_tick(supervisor *sv)
 {
 	tick_datasets(sv);
@@ -870,6 +934,7 @@ int supervisor_create(supervisor **out, const supervisor_config *cfg, loop *lp, 
 		sv->cfg.stop_timeout_ms = 120000;
 	sv->lp = lp;
 	sv->st = st;
+	sv->sample_fd = -1;
 	sv->devs = calloc(ndev ? ndev : 1, sizeof *sv->devs);
 	sv->dev_job = calloc(ndev ? ndev : 1, sizeof *sv->dev_job);
 	if (!sv->devs || !sv->dev_job) {
@@ -879,6 +944,7 @@ int supervisor_create(supervisor **out, const supervisor_config *cfg, loop *lp, 
 	memcpy(sv->devs, devices, ndev * sizeof *devices);
 	sv->ndev = ndev;
 	recover(sv);
+	sample_timer_start(sv);
 	*out = sv;
 	return 0;
 }
@@ -948,5 +1014,9 @@ void supervisor_destroy(supervisor *sv)
 		free((char *)(sv->dev_job ? sv->dev_job[d] : NULL));
 	free(sv->dev_job);
 	free(sv->devs);
+	if (sv->sample_fd >= 0) {
+		loop_del(sv->lp, sv->sample_fd);
+		close(sv->sample_fd);
+	}
 	free(sv);
 }

@@ -44,6 +44,11 @@
 #define DAEMON_FD 3
 #define RING_WAIT_MS 1000      /* one bounded wait; the loop re-checks stop and peers */
 #define COMM_TIMEOUT_MS 60000
+#define WIN_STEPS_MAX 4096     /* steps kept per logging window for the p95s */
+#define WIN_MAX_RANKS 64       /* per-rank busy times reported up to this world size */
+
+/* Phases of a step, in the order of the metrics message's phases_ms. */
+enum { PH_STEP, PH_DATA, PH_COMPUTE, PH_ALLREDUCE, PH_OPTIMIZER, PH_COUNT };
 
 typedef struct worker {
 	int rank, world;
@@ -67,6 +72,13 @@ typedef struct worker {
 	double win_loss;             /* sum of step losses (rank-averaged) */
 	int64_t win_steps;
 	uint64_t epoch;
+	double win_ckpt_s;           /* rank 0's checkpoint writes (training stalls) */
+	double t_step0, t_sync0, t_sync1; /* this step: start, grad sync start/end (s) */
+	double win_rank_busy_s[WIN_MAX_RANKS]; /* (world,) per-rank data + fwd/bwd, summed */
+	/* (WIN_STEPS_MAX, PH_COUNT) per-step phase times of the window, ms, for
+	 * the p95s; past WIN_STEPS_MAX steps the oldest are overwritten */
+	double (*win_ph)[PH_COUNT];
+	ring_counters ring_prev;     /* loader counters at the window's start */
 } worker;
 
 static double now_s(void)
@@ -167,7 +179,7 @@ static int slot_to_batch(worker *w, const void *slot, int micro, bert_batch *b)
 
 typedef struct sync_ctx {
 	worker *w;
-	double flags[3]; /* [loss, tokens, stop] summed over ranks */
+	double flags[3 + WIN_MAX_RANKS]; /* [loss, tokens, stop, busy per rank] summed over ranks */
 } sync_ctx;
 
 static int grad_sync(void *ctx, float *grads, size_t n, double *loss)
@@ -175,17 +187,31 @@ static int grad_sync(void *ctx, float *grads, size_t n, double *loss)
 	sync_ctx *s = ctx;
 	worker *w = s->w;
 	double t0 = now_s();
+	w->t_sync0 = t0;
+	if (!w->cm) { /* one worker: the hook only marks where backward ended */
+		w->t_sync1 = t0;
+		return 0;
+	}
 	int rc = comm_allreduce_mean(w->cm, grads, n);
 	if (rc == 0) {
+		/* Each rank's busy time (data + forward/backward) travels in its
+		 * own slot, so rank 0 can name a straggler. */
+		int nr = w->world <= WIN_MAX_RANKS ? w->world : 0;
+		memset(s->flags, 0, sizeof s->flags);
 		s->flags[0] = *loss;
 		s->flags[1] = w->win_tokens;
 		s->flags[2] = w->stop_requested ? 1.0 : 0.0;
-		rc = comm_allreduce_sum_f64(w->cm, s->flags, 3);
+		if (nr)
+			s->flags[3 + w->rank] = t0 - w->t_step0;
+		rc = comm_allreduce_sum_f64(w->cm, s->flags, 3 + nr);
 		*loss = s->flags[0] / w->world;
 		if (s->flags[2] > 0)
 			w->stop_requested = true; /* any rank's stop stops all, same step */
+		for (int k = 0; k < nr; k++)
+			w->win_rank_busy_s[k] += s->flags[3 + k];
 	}
-	w->win_comm_s += now_s() - t0;
+	w->t_sync1 = now_s();
+	w->win_comm_s += w->t_sync1 - t0;
 	return rc;
 }
 
@@ -304,6 +330,73 @@ static const char *jstr(json_t *o, const char *k)
 
 /* ---- the loop ---- */
 
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+/* Nearest-rank 95th percentile of phase p over the window's kept steps. */
+static double window_p95(const worker *w, int p, double *scratch)
+{
+	size_t n = w->win_steps < WIN_STEPS_MAX ? (size_t)w->win_steps : WIN_STEPS_MAX;
+	if (n == 0)
+		return 0;
+	for (size_t i = 0; i < n; i++)
+		scratch[i] = w->win_ph[i][p];
+	qsort(scratch, n, sizeof *scratch, cmp_double);
+	size_t rank = (n * 95 + 99) / 100;
+	return scratch[rank ? rank - 1 : 0];
+}
+
+/* Rank 0: adds the window's step-time breakdown to metrics message m:
+ * per-step means (phases_ms), p95s (phases_p95_ms, step_time_p95_ms), the
+ * loader ring's counters and each rank's busy time (docs/diagnosis.md). */
+static void add_window_timing(worker *w, json_t *m)
+{
+	static double scratch[WIN_STEPS_MAX];
+	const double n = (double)w->win_steps;
+	size_t kept = w->win_steps < WIN_STEPS_MAX ? (size_t)w->win_steps : WIN_STEPS_MAX;
+	double mean[PH_COUNT] = {0};
+	for (size_t i = 0; i < kept; i++)
+		for (int p = 0; p < PH_COUNT; p++)
+			mean[p] += w->win_ph[i][p] / (double)kept;
+	/* data and all-reduce are exact window sums; the split of the rest
+	 * into forward/backward and optimizer comes from the kept steps */
+	double data = 1000.0 * w->win_data_s / n, ar = 1000.0 * w->win_comm_s / n;
+	double rest = 1000.0 * (w->win_step_s - w->win_data_s - w->win_comm_s) / n;
+	double split = mean[PH_COMPUTE] + mean[PH_OPTIMIZER];
+	double opt = split > 0 ? rest * mean[PH_OPTIMIZER] / split : 0;
+	json_object_set_new(m, "phases_ms",
+			    json_pack("{s:f, s:f, s:f, s:f, s:f, s:f}", "data_wait", data, "h2d", 0.0, /* CPU: none */
+				      "compute", rest - opt, "allreduce", ar, "optimizer", opt, "checkpoint",
+				      1000.0 * w->win_ckpt_s / n));
+	json_object_set_new(m, "step_time_p95_ms", json_real(window_p95(w, PH_STEP, scratch)));
+	json_object_set_new(m, "phases_p95_ms",
+			    json_pack("{s:f, s:f, s:f, s:f}", "data_wait", window_p95(w, PH_DATA, scratch),
+				      "compute", window_p95(w, PH_COMPUTE, scratch), "allreduce",
+				      window_p95(w, PH_ALLREDUCE, scratch), "optimizer",
+				      window_p95(w, PH_OPTIMIZER, scratch)));
+	if (w->world > 1 && w->world <= WIN_MAX_RANKS) {
+		json_t *ranks = json_array();
+		for (int k = 0; k < w->world; k++)
+			json_array_append_new(ranks, json_real(1000.0 * w->win_rank_busy_s[k] / n));
+		json_object_set_new(m, "rank_step_ms", ranks);
+	}
+	if (w->rg) {
+		ring_counters c;
+		ring_get_counters(w->rg, (uint32_t)w->rank, &c);
+		json_object_set_new(
+			m, "loader",
+			json_pack("{s:f, s:f, s:I}", "consumer_wait_ms",
+				  (double)(c.consumer_wait_ns - w->ring_prev.consumer_wait_ns) / 1e6 / n,
+				  "producer_wait_ms",
+				  (double)(c.producer_wait_ns - w->ring_prev.producer_wait_ns) / 1e6 / n,
+				  "batches_built", (json_int_t)(c.batches_built - w->ring_prev.batches_built)));
+		w->ring_prev = c;
+	}
+}
+
 static int train(worker *w)
 {
 	char err[512];
@@ -313,16 +406,19 @@ static int train(worker *w)
 	const batch_layout *l = &w->bj.ring.layout;
 	bert_batch micro[64];
 	sync_ctx sc = {.w = w};
-	if (w->world > 1) {
-		w->tr->cfg.grad_sync = grad_sync;
-		w->tr->cfg.grad_sync_ctx = &sc;
-	}
+	/* Also with one worker: the hook marks where backward ends, which
+	 * splits forward+backward from the optimizer in the step timing. */
+	w->tr->cfg.grad_sync = grad_sync;
+	w->tr->cfg.grad_sync_ctx = &sc;
+	if (w->rg)
+		ring_get_counters(w->rg, (uint32_t)w->rank, &w->ring_prev);
 	double t_log = now_s();
 	while (w->tr->step < max_steps) {
 		poll_daemon(w);
 		if (w->world == 1 && w->stop_requested)
 			break;
 		double t0 = now_s();
+		w->t_step0 = t0;
 		for (int k = 0; k < M; k++) {
 			void *slot = NULL;
 			if (w->rg) {
@@ -370,7 +466,14 @@ static int train(worker *w)
 			return fail(w, BERTD_EXIT_OOM, "oom", "%s", err);
 		if (rc < 0)
 			return fail(w, BERTD_EXIT_FAILURE, "internal", "%s", err);
-		w->win_step_s += now_s() - t0;
+		double t_end = now_s();
+		w->win_step_s += t_end - t0;
+		double *ph = w->win_ph[w->win_steps % WIN_STEPS_MAX];
+		ph[PH_STEP] = 1000.0 * (t_end - t0);
+		ph[PH_DATA] = 1000.0 * (t1 - t0);
+		ph[PH_COMPUTE] = 1000.0 * (w->t_sync0 - t1);
+		ph[PH_ALLREDUCE] = 1000.0 * (w->t_sync1 - w->t_sync0);
+		ph[PH_OPTIMIZER] = 1000.0 * (t_end - w->t_sync1);
 		w->win_steps++;
 		w->win_loss += res.loss;
 
@@ -379,28 +482,29 @@ static int train(worker *w)
 			double tokens = w->world > 1 ? sc.flags[1] : w->win_tokens;
 			double wall = now_s() - t_log;
 			if (w->rank == 0) {
-				json_t *m = json_pack("{s:s, s:I, s:I, s:f, s:f, s:f, s:f, s:f, s:{s:f, s:f, s:f}}",
+				json_t *m = json_pack("{s:s, s:I, s:I, s:f, s:f, s:f, s:f, s:f}",
 						      "type", "metrics", "step", (json_int_t)res.step,
 						      "epoch", (json_int_t)w->epoch, "loss", w->win_loss / (double)w->win_steps,
 						      "learning_rate", res.lr, "grad_norm", res.grad_norm,
 						      "tokens_per_s", wall > 0 ? tokens / wall : 0.0,
-						      "step_time_ms", 1000.0 * w->win_step_s / (double)w->win_steps,
-						      "phases_ms", "data_wait", 1000.0 * w->win_data_s / (double)w->win_steps,
-						      "allreduce", 1000.0 * w->win_comm_s / (double)w->win_steps,
-						      "compute", 1000.0 * (w->win_step_s - w->win_data_s - w->win_comm_s) /
-								 (double)w->win_steps);
+						      "step_time_ms", 1000.0 * w->win_step_s / (double)w->win_steps);
+				add_window_timing(w, m);
 				send_msg(w, m);
 				log_info("step %ld/%lld loss %.4f lr %.3g grad_norm %.3f tokens/s %.0f", res.step,
 					 (long long)max_steps, w->win_loss / (double)w->win_steps, res.lr, res.grad_norm,
 					 wall > 0 ? tokens / wall : 0.0);
 			}
 			w->win_data_s = w->win_step_s = w->win_comm_s = w->win_tokens = w->win_loss = 0;
+			w->win_ckpt_s = 0;
+			memset(w->win_rank_busy_s, 0, sizeof w->win_rank_busy_s);
 			w->win_steps = 0;
 			t_log = now_s();
 		}
 		if (w->rank == 0 && ta->save_steps > 0 && res.step % ta->save_steps == 0 && res.step != max_steps) {
+			double tc = now_s();
 			if ((rc = save_checkpoint(w, err, sizeof err)) < 0)
 				return fail(w, BERTD_EXIT_IO, "io", "writing checkpoint: %s", err);
+			w->win_ckpt_s += now_s() - tc; /* reported with the next window */
 		}
 		if (w->stop_requested)
 			goto stop;
@@ -503,7 +607,8 @@ int main(int argc, char **argv)
 	}
 	w.mlm_pos = calloc((size_t)M * l->B * l->P, sizeof(int32_t));
 	w.mlm_lab = calloc((size_t)M * l->B * l->P, sizeof(int32_t));
-	if (!w.mlm_pos || !w.mlm_lab) {
+	w.win_ph = calloc(WIN_STEPS_MAX, sizeof *w.win_ph);
+	if (!w.mlm_pos || !w.mlm_lab || !w.win_ph) {
 		code = fail(&w, BERTD_EXIT_OOM, "oom", "out of memory for batch buffers");
 		goto out;
 	}
@@ -560,6 +665,7 @@ out:
 	free(w.local_slot);
 	free(w.mlm_pos);
 	free(w.mlm_lab);
+	free(w.win_ph);
 	if (w.data.ds || w.data.shards)
 		batchjob_data_close(&w.data);
 	msg_reader_free(&w.rd);

@@ -57,6 +57,15 @@ static void test_real_table_matches(void **state)
 	assert_int_equal(match("GET", "/v1/jobs/j2/events", &r, &a, allow), M_OK);
 	assert_ptr_equal(r->handler, jobs_events);
 	assert_string_equal(a.v[0], "j2");
+	/* the root (dashboard) and /metrics (Prometheus) */
+	assert_int_equal(match("GET", "/", &r, &a, allow), M_OK);
+	assert_ptr_equal(r->handler, dashboard_get);
+	assert_int_equal(a.n, 0);
+	assert_int_equal(match("GET", "/metrics", &r, &a, allow), M_OK);
+	assert_ptr_equal(r->handler, prom_metrics);
+	assert_int_equal(match("GET", "/v1/jobs/j3/diagnosis", &r, &a, allow), M_OK);
+	assert_ptr_equal(r->handler, jobs_diagnosis);
+	assert_string_equal(a.v[0], "j3");
 	/* HEAD is answered by the GET handler (MHD drops the body). */
 	assert_int_equal(match("HEAD", "/v1/jobs/j2", &r, &a, allow), M_OK);
 	assert_ptr_equal(r->handler, jobs_get);
@@ -68,7 +77,7 @@ static void test_real_table_refuses(void **state)
 	const api_route *r = NULL;
 	api_path_args a;
 	char allow[128];
-	const char *nope[] = {"/", "", "/v1", "/v1/", "/v1/jobs/", "/v1//jobs", "//v1/jobs",
+	const char *nope[] = {"//", "", "/v1", "/v1/", "/v1/jobs/", "/v1//jobs", "//v1/jobs",
 			      "/v1/jobsx", "/v1/job", "/v2/jobs", "/v1/jobs/a/b",
 			      "/v1/jobs/a/cancel/", "/v1/jobs//cancel", "/v1/healthz/x",
 			      "v1/jobs", "/V1/jobs"};

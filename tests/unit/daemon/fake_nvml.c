@@ -1,0 +1,59 @@
+/* fake_nvml — a stand-in libnvidia-ml.so.1 for the telemetry sampler's
+ * unit test on machines without a GPU: the six NVML entry points the
+ * sampler dlsym's, with known readings, so the test can check the
+ * aggregation (mean utilization, peak memory, mean power and clock)
+ * exactly. Never linked into the daemon; only found through the test's
+ * LD_LIBRARY_PATH. */
+typedef struct { unsigned gpu, memory; } nvml_util;
+typedef struct { unsigned long long total, free, used; } nvml_memory;
+
+int nvmlInit_v2(void);
+int nvmlDeviceGetHandleByIndex_v2(unsigned i, void **h);
+int nvmlDeviceGetUtilizationRates(void *h, nvml_util *u);
+int nvmlDeviceGetMemoryInfo(void *h, nvml_memory *m);
+int nvmlDeviceGetPowerUsage(void *h, unsigned *mw);
+int nvmlDeviceGetClockInfo(void *h, int type, unsigned *mhz);
+
+static int calls; /* utilization reads so far: readings alternate */
+static int handles[8];
+
+int nvmlInit_v2(void) { return 0; }
+
+int nvmlDeviceGetHandleByIndex_v2(unsigned i, void **h)
+{
+	if (i >= 8)
+		return 2; /* NVML_ERROR_INVALID_ARGUMENT */
+	*h = &handles[i];
+	return 0;
+}
+
+int nvmlDeviceGetUtilizationRates(void *h, nvml_util *u)
+{
+	(void)h;
+	u->gpu = calls++ % 2 ? 60 : 20; /* 20, 60, 20, ... */
+	u->memory = 0;
+	return 0;
+}
+
+int nvmlDeviceGetMemoryInfo(void *h, nvml_memory *m)
+{
+	(void)h;
+	m->total = 80000ull << 20;
+	m->used = (calls % 2 ? 1000ull : 3000ull) << 20; /* read after utilization: 1000, 3000, ... */
+	m->free = m->total - m->used;
+	return 0;
+}
+
+int nvmlDeviceGetPowerUsage(void *h, unsigned *mw)
+{
+	(void)h;
+	*mw = 300000;
+	return 0;
+}
+
+int nvmlDeviceGetClockInfo(void *h, int type, unsigned *mhz)
+{
+	(void)h;
+	*mhz = type == 1 ? 1500 : 0;
+	return 0;
+}
