@@ -20,6 +20,7 @@
 
 #include "daemon/store.h"
 #include "harness.h"
+#include "it_util.h"
 
 #define MAX_BODY 4096
 #define MAX_BODY_S "4096"
@@ -90,14 +91,6 @@ static bool matches(const char *s, const char *re)
 	return ok;
 }
 
-static const char *jstr(json_t *o, const char *key)
-{
-	const char *s = json_string_value(json_object_get(o, key));
-	if (!s)
-		fail_msg("no string member '%s'", key);
-	return s;
-}
-
 static void check_problem(const http_resp *r, long status, const char *code, const char *field)
 {
 	char ct[128], type[128];
@@ -107,12 +100,12 @@ static void check_problem(const http_resp *r, long status, const char *code, con
 	assert_string_equal(ct, "application/problem+json");
 	assert_non_null(r->json);
 	snprintf(type, sizeof type, "urn:bertd:problem:%s", code);
-	assert_string_equal(jstr(r->json, "type"), type);
+	assert_string_equal(it_jstr(r->json, "type"), type);
 	assert_int_equal(json_integer_value(json_object_get(r->json, "status")), status);
-	assert_true(strlen(jstr(r->json, "title")) > 0);
-	assert_true(strlen(jstr(r->json, "detail")) > 0);
+	assert_true(strlen(it_jstr(r->json, "title")) > 0);
+	assert_true(strlen(it_jstr(r->json, "detail")) > 0);
 	if (field)
-		assert_string_equal(jstr(r->json, "field"), field);
+		assert_string_equal(it_jstr(r->json, "field"), field);
 }
 
 static void check_json_ct(const http_resp *r)
@@ -129,7 +122,7 @@ static char *submit(const bertd *d, const char *spec)
 	assert_int_equal(http_post_json(d, "/v1/jobs", spec, &r), 0);
 	if (r.status != 201)
 		fail_msg("submit: status %ld: %s", r.status, r.body);
-	char *id = strdup(jstr(r.json, "id"));
+	char *id = strdup(it_jstr(r.json, "id"));
 	http_resp_free(&r);
 	return id;
 }
@@ -158,7 +151,7 @@ static void test_healthz_and_version(void **state)
 	assert_int_equal(http_do(d, "GET", "/v1/healthz", NULL, 0, NULL, H_NO_AUTH, &r), 0);
 	assert_int_equal(r.status, 200);
 	check_json_ct(&r);
-	assert_string_equal(jstr(r.json, "status"), "ok");
+	assert_string_equal(it_jstr(r.json, "status"), "ok");
 	http_resp_free(&r);
 
 	assert_int_equal(http_do(d, "HEAD", "/v1/healthz", NULL, 0, NULL, H_NO_AUTH, &r), 0);
@@ -169,8 +162,8 @@ static void test_healthz_and_version(void **state)
 	assert_int_equal(http_get(d, "/v1/version", &r), 0);
 	assert_int_equal(r.status, 200);
 	check_json_ct(&r);
-	assert_string_equal(jstr(r.json, "api"), "v1");
-	assert_true(matches(jstr(r.json, "version"), "^[0-9]+\\.[0-9]+\\.[0-9]+"));
+	assert_string_equal(it_jstr(r.json, "api"), "v1");
+	assert_true(matches(it_jstr(r.json, "version"), "^[0-9]+\\.[0-9]+\\.[0-9]+"));
 	assert_true(json_is_boolean(json_object_get(r.json, "cuda")));
 	assert_non_null(http_header(&r, "Cache-Control", v, sizeof v));
 	assert_string_equal(v, "no-store");
@@ -224,7 +217,7 @@ static void test_404_and_405(void **state)
 	char v[256];
 	assert_int_equal(http_get(d, "/v1/nope", &r), 0);
 	check_problem(&r, 404, "not-found", NULL);
-	assert_string_equal(jstr(r.json, "instance"), "/v1/nope");
+	assert_string_equal(it_jstr(r.json, "instance"), "/v1/nope");
 	http_resp_free(&r);
 	assert_int_equal(http_get(d, "/v1/jobs/", &r), 0);
 	check_problem(&r, 404, "not-found", NULL);
@@ -258,32 +251,32 @@ static void test_submit_and_get(void **state)
 	if (r.status != 201)
 		fail_msg("status %ld: %s", r.status, r.body);
 	check_json_ct(&r);
-	const char *id = jstr(r.json, "id");
+	const char *id = it_jstr(r.json, "id");
 	assert_true(matches(id, "^job-[0-9a-f]{16}$"));
 	assert_non_null(http_header(&r, "Location", loc, sizeof loc));
 	snprintf(path, sizeof path, "/v1/jobs/%s", id);
 	assert_string_equal(loc, path);
-	assert_string_equal(jstr(r.json, "name"), "it-job");
-	assert_string_equal(jstr(r.json, "state"), "queued");
-	assert_true(matches(jstr(r.json, "created_at"),
+	assert_string_equal(it_jstr(r.json, "name"), "it-job");
+	assert_string_equal(it_jstr(r.json, "state"), "queued");
+	assert_true(matches(it_jstr(r.json, "created_at"),
 			    "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\\.[0-9]+)?Z$"));
 	assert_int_equal(json_integer_value(json_object_get(r.json, "restart_count")), 0);
 	assert_true(json_is_null(json_object_get(r.json, "failure_reason")));
 	json_t *spec = json_object_get(r.json, "spec");
 	assert_true(json_is_object(spec));
 	/* The effective spec: what was sent, plus every default filled in. */
-	assert_string_equal(jstr(spec, "dataset"), "wikitext2");
+	assert_string_equal(it_jstr(spec, "dataset"), "wikitext2");
 	assert_true(json_object_size(spec) > 2);
 	assert_true(json_is_object(json_object_get(spec, "training_args")));
 
 	assert_int_equal(http_get(d, loc, &g), 0);
 	assert_int_equal(g.status, 200);
 	check_json_ct(&g);
-	assert_string_equal(jstr(g.json, "id"), id);
-	assert_string_equal(jstr(g.json, "state"), "queued");
+	assert_string_equal(it_jstr(g.json, "id"), id);
+	assert_string_equal(it_jstr(g.json, "state"), "queued");
 	assert_true(json_equal(json_object_get(g.json, "spec"), spec));
 	/* the 201 body is the same representation GET gives while queued */
-	assert_string_equal(jstr(g.json, "created_at"), jstr(r.json, "created_at"));
+	assert_string_equal(it_jstr(g.json, "created_at"), it_jstr(r.json, "created_at"));
 	assert_true(json_equal(json_object_get(g.json, "progress"), json_object_get(r.json, "progress")));
 	assert_true(json_equal(json_object_get(g.json, "devices"), json_object_get(r.json, "devices")));
 	assert_true(json_is_null(json_object_get(g.json, "last_checkpoint")));
@@ -357,7 +350,7 @@ static void test_400_bad_json(void **state)
 	strcat(ok, "}");
 	assert_int_equal(http_post_json(d, "/v1/jobs", ok, &r), 0);
 	assert_true(r.status == 400 || r.status == 422);
-	assert_string_not_equal(jstr(r.json, "type"), "urn:bertd:problem:json-too-deep");
+	assert_string_not_equal(it_jstr(r.json, "type"), "urn:bertd:problem:json-too-deep");
 	http_resp_free(&r);
 }
 
@@ -445,7 +438,7 @@ static void test_idempotent_submit(void **state)
 	/* Without a key, the same body is a new job. */
 	assert_int_equal(http_post_json(d, "/v1/jobs", SPEC_OK, &c), 0);
 	assert_int_equal(c.status, 201);
-	assert_string_not_equal(jstr(c.json, "id"), jstr(a.json, "id"));
+	assert_string_not_equal(it_jstr(c.json, "id"), it_jstr(a.json, "id"));
 	http_resp_free(&c);
 
 	const char *badkey[] = {"Idempotency-Key: has space", NULL};
@@ -522,7 +515,7 @@ static int walk(const bertd *d, const char *limit, const char *filter, char ids[
 		assert_true(json_is_array(jobs));
 		sizes[pages++] = (int)json_array_size(jobs);
 		for (size_t i = 0; i < json_array_size(jobs); i++)
-			snprintf(ids[(*n)++], 32, "%s", jstr(json_array_get(jobs, i), "id"));
+			snprintf(ids[(*n)++], 32, "%s", it_jstr(json_array_get(jobs, i), "id"));
 		json_t *next = json_object_get(r.json, "next_cursor");
 		assert_true(json_is_null(next) || json_is_string(next));
 		if (json_is_null(next)) {
@@ -624,8 +617,8 @@ static void test_cancel_and_events(void **state)
 	post_path(d, "/v1/jobs/%s/cancel", id, &r);
 	assert_int_equal(r.status, 200);
 	check_json_ct(&r);
-	assert_string_equal(jstr(r.json, "id"), id);
-	assert_string_equal(jstr(r.json, "state"), "canceled");
+	assert_string_equal(it_jstr(r.json, "id"), id);
+	assert_string_equal(it_jstr(r.json, "state"), "canceled");
 	assert_true(json_is_string(json_object_get(r.json, "finished_at")));
 	http_resp_free(&r);
 
@@ -635,12 +628,12 @@ static void test_cancel_and_events(void **state)
 	json_t *ev = json_object_get(r.json, "events");
 	assert_int_equal(json_array_size(ev), 2);
 	json_t *e0 = json_array_get(ev, 0), *e1 = json_array_get(ev, 1);
-	assert_string_equal(jstr(e0, "to"), "queued");
-	assert_string_equal(jstr(e1, "from"), "queued");
-	assert_string_equal(jstr(e1, "to"), "canceled");
-	assert_string_equal(jstr(e1, "reason"), "canceled by user");
-	assert_true(matches(jstr(e1, "time"), "^[0-9]{4}-[0-9]{2}-[0-9]{2}T.*Z$"));
-	assert_true(strcmp(jstr(e0, "time"), jstr(e1, "time")) <= 0);
+	assert_string_equal(it_jstr(e0, "to"), "queued");
+	assert_string_equal(it_jstr(e1, "from"), "queued");
+	assert_string_equal(it_jstr(e1, "to"), "canceled");
+	assert_string_equal(it_jstr(e1, "reason"), "canceled by user");
+	assert_true(matches(it_jstr(e1, "time"), "^[0-9]{4}-[0-9]{2}-[0-9]{2}T.*Z$"));
+	assert_true(strcmp(it_jstr(e0, "time"), it_jstr(e1, "time")) <= 0);
 	http_resp_free(&r);
 
 	/* Terminal: a second cancel conflicts and changes nothing. */
@@ -710,7 +703,7 @@ static void test_init_from_confined_to_data_roots(void **state)
 	if (r.status != 201)
 		fail_msg("%ld %s", r.status, r.body);
 	char *real = realpath(p, NULL);
-	assert_string_equal(jstr(json_object_get(r.json, "spec"), "init_from"), real);
+	assert_string_equal(it_jstr(json_object_get(r.json, "spec"), "init_from"), real);
 	free(real);
 	http_resp_free(&r);
 
@@ -756,12 +749,12 @@ static void test_cancel_running_moves_to_stopping(void **state)
 	post_path(d, "/v1/jobs/%s/cancel", id, &r);
 	if (r.status != 202)
 		fail_msg("cancel of a running job: %ld %s", r.status, r.body);
-	assert_string_equal(jstr(r.json, "state"), "stopping");
+	assert_string_equal(it_jstr(r.json, "state"), "stopping");
 	http_resp_free(&r);
 	/* Asking again while it stops is not an error and changes nothing. */
 	post_path(d, "/v1/jobs/%s/cancel", id, &r);
 	assert_int_equal(r.status, 202);
-	assert_string_equal(jstr(r.json, "state"), "stopping");
+	assert_string_equal(it_jstr(r.json, "state"), "stopping");
 	http_resp_free(&r);
 	snprintf(path, sizeof path, "/v1/jobs/%s", id);
 	assert_int_equal(http_do(d, "DELETE", path, NULL, 0, NULL, H_AUTH, &r), 0);
@@ -772,9 +765,9 @@ static void test_cancel_running_moves_to_stopping(void **state)
 	json_t *ev = json_object_get(r.json, "events");
 	assert_int_equal(json_array_size(ev), 4); /* submitted, starting, running, stopping */
 	json_t *last = json_array_get(ev, 3);
-	assert_string_equal(jstr(last, "from"), "running");
-	assert_string_equal(jstr(last, "to"), "stopping");
-	assert_string_equal(jstr(last, "reason"), "cancel requested by user");
+	assert_string_equal(it_jstr(last, "from"), "running");
+	assert_string_equal(it_jstr(last, "to"), "stopping");
+	assert_string_equal(it_jstr(last, "reason"), "cancel requested by user");
 	http_resp_free(&r);
 
 	/* The supervisor finishes the stop; then the job is deletable. */
@@ -814,17 +807,17 @@ static void test_job_survives_kill9(void **state)
 	const char *extra[] = {"--max-body-bytes", MAX_BODY_S, HOLD, NULL};
 	assert_int_equal(bertd_start(d, extra), 0);
 	assert_string_equal(d->token, token_before); /* the token file is reused */
-	get_path(d, "/v1/jobs/%s", jstr(r.json, "id"), &g);
+	get_path(d, "/v1/jobs/%s", it_jstr(r.json, "id"), &g);
 	assert_int_equal(g.status, 200);
-	assert_string_equal(jstr(g.json, "state"), "queued");
-	assert_string_equal(jstr(g.json, "name"), "it-job");
+	assert_string_equal(it_jstr(g.json, "state"), "queued");
+	assert_string_equal(it_jstr(g.json, "name"), "it-job");
 	assert_true(json_equal(json_object_get(g.json, "spec"), json_object_get(r.json, "spec")));
 	http_resp_free(&g);
-	get_path(d, "/v1/jobs/%s/events", jstr(r.json, "id"), &g);
+	get_path(d, "/v1/jobs/%s/events", it_jstr(r.json, "id"), &g);
 	assert_int_equal(g.status, 200);
 	json_t *ev = json_object_get(g.json, "events");
 	assert_int_equal(json_array_size(ev), 1);
-	assert_string_equal(jstr(json_array_get(ev, 0), "to"), "queued");
+	assert_string_equal(it_jstr(json_array_get(ev, 0), "to"), "queued");
 	http_resp_free(&g);
 	http_resp_free(&r);
 }

@@ -29,6 +29,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "it_util.h"
 
 #define DEADLINE_S 240
 
@@ -36,37 +37,6 @@ typedef struct fx {
 	bertd d;
 	char data[160];
 } fx;
-
-static const char *jstr(json_t *o, const char *key)
-{
-	const char *s = json_string_value(json_object_get(o, key));
-	if (!s)
-		fail_msg("no string member '%s'", key);
-	return s;
-}
-
-static void pause_ms(int ms)
-{
-	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-	nanosleep(&ts, NULL);
-}
-
-/* Writes the first n lines of a shared corpus into the data root. */
-static void make_corpus(const fx *f, const char *name, int n)
-{
-	const char *shared = getenv("BERTD_SHARED_DATA");
-	assert_non_null(shared);
-	char src[512], dst[512], line[4096];
-	snprintf(src, sizeof src, "%s/tinyshakespeare.txt", shared);
-	snprintf(dst, sizeof dst, "%s/%s", f->data, name);
-	FILE *in = fopen(src, "r"), *out = fopen(dst, "w");
-	assert_non_null(in);
-	assert_non_null(out);
-	for (int i = 0; i < n && fgets(line, sizeof line, in); i++)
-		fputs(line, out);
-	fclose(in);
-	fclose(out);
-}
 
 static int start(fx *f, bool fresh)
 {
@@ -86,7 +56,7 @@ static int setup(void **state)
 	fx *f = calloc(1, sizeof *f);
 	if (!f || start(f, true))
 		return -1;
-	make_corpus(f, "shakes.txt", 3000);
+	it_make_corpus(f->data, "shakes.txt", 3000);
 	http_resp r;
 	if (http_post_json(&f->d, "/v1/datasets",
 			   "{\"name\":\"shakes\",\"source\":\"shakes.txt\",\"vocab\":{\"train\":{\"vocab_size\":400}}}",
@@ -110,34 +80,10 @@ static int teardown(void **state)
 	return rc == 0 ? 0 : -1;
 }
 
-/* Polls GET path until its "state" is one of the |-separated states. */
-static json_t *wait_for(const bertd *d, const char *path, const char *states)
-{
-	for (int i = 0; i < DEADLINE_S * 10; i++) {
-		http_resp r;
-		assert_int_equal(http_get(d, path, &r), 0);
-		assert_int_equal(r.status, 200);
-		char want[160];
-		snprintf(want, sizeof want, "|%s|", states);
-		char have[64];
-		snprintf(have, sizeof have, "|%s|", jstr(r.json, "state"));
-		if (strstr(want, have)) {
-			json_t *o = json_incref(r.json);
-			http_resp_free(&r);
-			return o;
-		}
-		http_resp_free(&r);
-		pause_ms(100);
-	}
-	bertd_print_log(d);
-	fail_msg("%s not in %s after %d s", path, states, DEADLINE_S);
-	return NULL;
-}
-
 static void wait_dataset_ready(const bertd *d)
 {
-	json_t *ds = wait_for(d, "/v1/datasets/shakes", "ready|failed");
-	assert_string_equal(jstr(ds, "state"), "ready");
+	json_t *ds = it_wait_state(d, "/v1/datasets/shakes", "ready|failed", DEADLINE_S);
+	assert_string_equal(it_jstr(ds, "state"), "ready");
 	json_decref(ds);
 }
 
@@ -157,7 +103,7 @@ static char *submit(const bertd *d, const char *spec)
 	assert_int_equal(http_post_json(d, "/v1/jobs", spec, &r), 0);
 	if (r.status != 201)
 		fail_msg("submit: %ld %s", r.status, r.body);
-	char *id = strdup(jstr(r.json, "id"));
+	char *id = strdup(it_jstr(r.json, "id"));
 	http_resp_free(&r);
 	return id;
 }
@@ -166,7 +112,7 @@ static json_t *wait_job(const bertd *d, const char *id, const char *states)
 {
 	char path[96];
 	snprintf(path, sizeof path, "/v1/jobs/%s", id);
-	return wait_for(d, path, states);
+	return it_wait_state(d, path, states, DEADLINE_S);
 }
 
 /* Polls until the job has logged at least `step`. */
@@ -178,14 +124,14 @@ static void wait_step(const bertd *d, const char *id, long step)
 		http_resp r;
 		assert_int_equal(http_get(d, path, &r), 0);
 		json_int_t s = json_integer_value(json_object_get(json_object_get(r.json, "progress"), "step"));
-		const char *st = jstr(r.json, "state");
+		const char *st = it_jstr(r.json, "state");
 		bool terminal = !strcmp(st, "completed") || !strcmp(st, "failed") || !strcmp(st, "canceled");
 		http_resp_free(&r);
 		if (s >= step)
 			return;
 		if (terminal)
 			fail_msg("job %s ended (%s) before step %ld", id, st, step);
-		pause_ms(100);
+		it_pause_ms(100);
 	}
 	fail_msg("job %s did not reach step %ld", id, step);
 }
@@ -235,7 +181,7 @@ static int find_pids(const char *a, const char *b, pid_t *out, int cap)
 static void sha_of_export(const json_t *job, char hex[65])
 {
 	char path[1200], cmd[1300];
-	snprintf(path, sizeof path, "%s/model.safetensors", jstr((json_t *)job, "model_dir"));
+	snprintf(path, sizeof path, "%s/model.safetensors", it_jstr((json_t *)job, "model_dir"));
 	snprintf(cmd, sizeof cmd, "sha256sum '%s'", path);
 	FILE *p = popen(cmd, "r");
 	assert_non_null(p);
@@ -262,8 +208,8 @@ static void test_full_run(void **state)
 	wait_dataset_ready(&f->d);
 	char *id = submit(&f->d, SPEC("full", "60", "2", "1", ""));
 	json_t *job = wait_job(&f->d, id, "completed|failed|canceled");
-	if (strcmp(jstr(job, "state"), "completed") != 0)
-		fail_msg("job ended %s: %s", jstr(job, "state"),
+	if (strcmp(it_jstr(job, "state"), "completed") != 0)
+		fail_msg("job ended %s: %s", it_jstr(job, "state"),
 			 json_string_value(json_object_get(job, "failure_reason")));
 	assert_int_equal(json_array_size(json_object_get(job, "devices")), 2);
 	json_t *m = metrics_of(&f->d, id);
@@ -290,17 +236,17 @@ static void test_full_run(void **state)
 	http_resp_free(&r);
 	/* the export exists and parses as safetensors + config */
 	char file[1200];
-	snprintf(file, sizeof file, "%s/config.json", jstr(job, "model_dir"));
+	snprintf(file, sizeof file, "%s/config.json", it_jstr(job, "model_dir"));
 	json_t *cfg = json_load_file(file, 0, NULL);
 	assert_non_null(cfg);
 	assert_int_equal(json_integer_value(json_object_get(cfg, "hidden_size")), 32);
 	json_decref(cfg);
-	snprintf(file, sizeof file, "%s/vocab.txt", jstr(job, "model_dir"));
+	snprintf(file, sizeof file, "%s/vocab.txt", it_jstr(job, "model_dir"));
 	assert_int_equal(access(file, R_OK), 0);
 	/* model.safetensors: u64 header length, a JSON header, then the data;
 	 * HF names with the shapes of this config (transformers loads the same
 	 * files in tests/unit/worker's export check) */
-	snprintf(file, sizeof file, "%s/model.safetensors", jstr(job, "model_dir"));
+	snprintf(file, sizeof file, "%s/model.safetensors", it_jstr(job, "model_dir"));
 	FILE *st = fopen(file, "rb");
 	assert_non_null(st);
 	unsigned char len8[8];
@@ -341,7 +287,7 @@ static void test_kill_worker_resumes_exactly(void **state)
 	wait_dataset_ready(&f->d);
 	char *ref = submit(&f->d, SPEC("ref", "150", "2", "1", ""));
 	json_t *jref = wait_job(&f->d, ref, "completed|failed|canceled");
-	assert_string_equal(jstr(jref, "state"), "completed");
+	assert_string_equal(it_jstr(jref, "state"), "completed");
 
 	char *id = submit(&f->d, SPEC("killed", "150", "2", "1", ""));
 	wait_step(&f->d, id, 15); /* past the step-10 checkpoint */
@@ -350,8 +296,8 @@ static void test_kill_worker_resumes_exactly(void **state)
 	assert_int_equal(n, 1);
 	assert_int_equal(kill(pids[0], SIGKILL), 0);
 	json_t *job = wait_job(&f->d, id, "completed|failed|canceled");
-	if (strcmp(jstr(job, "state"), "completed") != 0)
-		fail_msg("job ended %s: %s", jstr(job, "state"),
+	if (strcmp(it_jstr(job, "state"), "completed") != 0)
+		fail_msg("job ended %s: %s", it_jstr(job, "state"),
 			 json_string_value(json_object_get(job, "failure_reason")));
 	assert_int_equal(json_integer_value(json_object_get(job, "restart_count")), 1);
 
@@ -375,7 +321,7 @@ static void test_kill_worker_resumes_exactly(void **state)
 	size_t i;
 	json_t *e;
 	json_array_foreach(json_object_get(r.json, "events"), i, e)
-		saw_restart |= !strcmp(jstr(e, "to"), "restarting") && strstr(jstr(e, "reason"), "rank 1");
+		saw_restart |= !strcmp(it_jstr(e, "to"), "restarting") && strstr(it_jstr(e, "reason"), "rank 1");
 	assert_true(saw_restart);
 	http_resp_free(&r);
 	json_decref(job);
@@ -394,12 +340,12 @@ static void test_kill_daemon_resumes(void **state)
 	/* children die with their parent (PR_SET_PDEATHSIG); wait for them */
 	pid_t pids[8];
 	for (int i = 0; i < 100 && find_pids(id, NULL, pids, 8) > 0; i++)
-		pause_ms(100);
+		it_pause_ms(100);
 	assert_int_equal(find_pids(id, NULL, pids, 8), 0);
 	assert_int_equal(start(f, false), 0);
 	json_t *job = wait_job(&f->d, id, "completed|failed|canceled");
-	if (strcmp(jstr(job, "state"), "completed") != 0)
-		fail_msg("job ended %s: %s", jstr(job, "state"),
+	if (strcmp(it_jstr(job, "state"), "completed") != 0)
+		fail_msg("job ended %s: %s", it_jstr(job, "state"),
 			 json_string_value(json_object_get(job, "failure_reason")));
 	char path[128];
 	snprintf(path, sizeof path, "/v1/jobs/%s/events", id);
@@ -409,7 +355,7 @@ static void test_kill_daemon_resumes(void **state)
 	size_t i;
 	json_t *e;
 	json_array_foreach(json_object_get(r.json, "events"), i, e)
-		resumed |= strstr(jstr(e, "reason"), "resuming from checkpoint") != NULL;
+		resumed |= strstr(it_jstr(e, "reason"), "resuming from checkpoint") != NULL;
 	assert_true(resumed);
 	http_resp_free(&r);
 	json_decref(job);
@@ -429,7 +375,7 @@ static void test_cancel_running(void **state)
 	assert_int_equal(r.status, 202);
 	http_resp_free(&r);
 	json_t *job = wait_job(&f->d, id, "canceled|failed|completed");
-	assert_string_equal(jstr(job, "state"), "canceled");
+	assert_string_equal(it_jstr(job, "state"), "canceled");
 	assert_true(json_is_object(json_object_get(job, "last_checkpoint"))); /* checkpointed on the way out */
 	json_decref(job);
 	free(id);
@@ -448,7 +394,7 @@ static void test_max_runtime(void **state)
 		"\"stopping_condition\":{\"max_runtime_seconds\":2}}";
 	char *id = submit(&f->d, spec);
 	json_t *job = wait_job(&f->d, id, "canceled|failed|completed");
-	assert_string_equal(jstr(job, "state"), "canceled");
+	assert_string_equal(it_jstr(job, "state"), "canceled");
 	assert_true(json_is_object(json_object_get(job, "last_checkpoint"))); /* work kept */
 	char path[128];
 	snprintf(path, sizeof path, "/v1/jobs/%s/events", id);
@@ -458,8 +404,8 @@ static void test_max_runtime(void **state)
 	size_t i;
 	json_t *e;
 	json_array_foreach(json_object_get(r.json, "events"), i, e) {
-		limit |= !strcmp(jstr(e, "to"), "stopping") && strstr(jstr(e, "reason"), "max_runtime_seconds");
-		ended |= !strcmp(jstr(e, "to"), "canceled") && strstr(jstr(e, "reason"), "max_runtime_seconds");
+		limit |= !strcmp(it_jstr(e, "to"), "stopping") && strstr(it_jstr(e, "reason"), "max_runtime_seconds");
+		ended |= !strcmp(it_jstr(e, "to"), "canceled") && strstr(it_jstr(e, "reason"), "max_runtime_seconds");
 	}
 	assert_true(limit);
 	assert_true(ended);
@@ -484,18 +430,18 @@ static void test_two_at_once_third_waits(void **state)
 	snprintf(path, sizeof path, "/v1/jobs/%s", c);
 	http_resp r;
 	assert_int_equal(http_get(&f->d, path, &r), 0);
-	assert_string_equal(jstr(r.json, "state"), "queued"); /* both slots are taken */
+	assert_string_equal(it_jstr(r.json, "state"), "queued"); /* both slots are taken */
 	http_resp_free(&r);
 	snprintf(path, sizeof path, "/v1/jobs/%s/cancel", a);
 	assert_int_equal(http_do(&f->d, "POST", path, NULL, 0, NULL, H_AUTH, &r), 0);
 	http_resp_free(&r);
 	json_t *jc = wait_job(&f->d, c, "completed|failed|canceled");
-	assert_string_equal(jstr(jc, "state"), "completed");
+	assert_string_equal(it_jstr(jc, "state"), "completed");
 	snprintf(path, sizeof path, "/v1/jobs/%s/cancel", b);
 	assert_int_equal(http_do(&f->d, "POST", path, NULL, 0, NULL, H_AUTH, &r), 0);
 	http_resp_free(&r);
 	json_t *jb2 = wait_job(&f->d, b, "canceled|failed|completed");
-	assert_string_equal(jstr(jb2, "state"), "canceled");
+	assert_string_equal(it_jstr(jb2, "state"), "canceled");
 	json_decref(ja);
 	json_decref(jb);
 	json_decref(jb2);
@@ -512,18 +458,18 @@ static void test_missing_dataset_fails(void **state)
 	assert_int_equal(http_post_json(&f->d, "/v1/jobs", "{\"dataset\":\"nope\",\"model\":{\"preset\":\"bert-tiny\"}}", &r), 0);
 	assert_int_equal(r.status, 201);
 	char id[64];
-	snprintf(id, sizeof id, "%s", jstr(r.json, "id"));
+	snprintf(id, sizeof id, "%s", it_jstr(r.json, "id"));
 	http_resp_free(&r);
 	json_t *job = wait_job(&f->d, id, "failed|completed|canceled");
-	assert_string_equal(jstr(job, "state"), "failed");
-	assert_non_null(strstr(jstr(job, "failure_reason"), "dataset \"nope\" does not exist"));
+	assert_string_equal(it_jstr(job, "state"), "failed");
+	assert_non_null(strstr(it_jstr(job, "failure_reason"), "dataset \"nope\" does not exist"));
 	json_decref(job);
 	/* a job wanting more devices than exist fails at once too */
 	assert_int_equal(http_post_json(&f->d, "/v1/jobs", "{\"dataset\":\"shakes\",\"resources\":{\"gpus\":8}}", &r), 0);
-	snprintf(id, sizeof id, "%s", jstr(r.json, "id"));
+	snprintf(id, sizeof id, "%s", it_jstr(r.json, "id"));
 	http_resp_free(&r);
 	job = wait_job(&f->d, id, "failed|completed|canceled");
-	assert_non_null(strstr(jstr(job, "failure_reason"), "asks for 8 devices"));
+	assert_non_null(strstr(it_jstr(job, "failure_reason"), "asks for 8 devices"));
 	json_decref(job);
 }
 
@@ -540,7 +486,7 @@ static void test_sigterm_requeues(void **state)
 	assert_int_equal(find_pids(id, NULL, pids, 8), 0);
 	assert_int_equal(start(f, false), 0);
 	json_t *job = wait_job(&f->d, id, "completed|failed|canceled");
-	assert_string_equal(jstr(job, "state"), "completed");
+	assert_string_equal(it_jstr(job, "state"), "completed");
 	char path[128];
 	snprintf(path, sizeof path, "/v1/jobs/%s/events", id);
 	http_resp r;
@@ -549,8 +495,8 @@ static void test_sigterm_requeues(void **state)
 	size_t i;
 	json_t *e;
 	json_array_foreach(json_object_get(r.json, "events"), i, e) {
-		requeued |= !strcmp(jstr(e, "to"), "queued") && strstr(jstr(e, "reason"), "shutting down");
-		resumed |= strstr(jstr(e, "reason"), "resuming from checkpoint") != NULL;
+		requeued |= !strcmp(it_jstr(e, "to"), "queued") && strstr(it_jstr(e, "reason"), "shutting down");
+		resumed |= strstr(it_jstr(e, "reason"), "resuming from checkpoint") != NULL;
 	}
 	assert_true(requeued);
 	assert_true(resumed);
@@ -575,8 +521,8 @@ static void test_disk_full(void **state)
 	}
 	char *id = submit(&f->d, SPEC("full-disk", "40", "1", "0", ""));
 	json_t *job = wait_job(&f->d, id, "completed|failed|canceled");
-	assert_string_equal(jstr(job, "state"), "failed");
-	const char *why = jstr(job, "failure_reason");
+	assert_string_equal(it_jstr(job, "state"), "failed");
+	const char *why = it_jstr(job, "failure_reason");
 	if (!strstr(why, "No space left on device"))
 		fail_msg("failure reason: %s", why);
 	json_decref(job);

@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "it_util.h"
 
 typedef struct fx {
 	bertd d;
@@ -60,14 +61,6 @@ static int teardown(void **state)
 	return rc == 0 ? 0 : -1;
 }
 
-static const char *jstr(json_t *o, const char *key)
-{
-	const char *s = json_string_value(json_object_get(o, key));
-	if (!s)
-		fail_msg("no string member '%s'", key);
-	return s;
-}
-
 static void expect_problem(const bertd *d, const char *body, long status, const char *code,
 			   const char *field)
 {
@@ -77,9 +70,9 @@ static void expect_problem(const bertd *d, const char *body, long status, const 
 		fail_msg("%s -> %ld (want %ld): %s", body, r.status, status, r.body);
 	char type[128];
 	snprintf(type, sizeof type, "urn:bertd:problem:%s", code);
-	assert_string_equal(jstr(r.json, "type"), type);
+	assert_string_equal(it_jstr(r.json, "type"), type);
 	if (field)
-		assert_string_equal(jstr(r.json, "field"), field);
+		assert_string_equal(it_jstr(r.json, "field"), field);
 	http_resp_free(&r);
 }
 
@@ -142,7 +135,7 @@ static json_t *wait_dataset(const bertd *d, const char *id)
 		http_resp r;
 		assert_int_equal(http_get(d, path, &r), 0);
 		assert_int_equal(r.status, 200);
-		if (strcmp(jstr(r.json, "state"), "preparing") != 0) {
+		if (strcmp(it_jstr(r.json, "state"), "preparing") != 0) {
 			json_t *o = json_incref(r.json);
 			http_resp_free(&r);
 			return o;
@@ -169,9 +162,9 @@ static void test_dataset_prepare(void **state)
 		fail_msg("status %ld: %s", r.status, r.body);
 	char loc[128];
 	assert_non_null(http_header(&r, "Location", loc, sizeof loc));
-	char *id = strdup(jstr(r.json, "id"));
-	assert_string_equal(jstr(r.json, "name"), "tiny");
-	assert_string_equal(jstr(r.json, "state"), "preparing");
+	char *id = strdup(it_jstr(r.json, "id"));
+	assert_string_equal(it_jstr(r.json, "name"), "tiny");
+	assert_string_equal(it_jstr(r.json, "state"), "preparing");
 	json_t *req = json_object_get(r.json, "request");
 	assert_true(json_is_null(json_object_get(req, "lowercase"))); /* inferred */
 	assert_string_equal(json_string_value(json_object_get(req, "format")), "text");
@@ -183,18 +176,18 @@ static void test_dataset_prepare(void **state)
 	/* by name works as well as by id */
 	assert_int_equal(http_get(&f->d, "/v1/datasets/tiny", &r), 0);
 	assert_int_equal(r.status, 200);
-	assert_string_equal(jstr(r.json, "id"), id);
+	assert_string_equal(it_jstr(r.json, "id"), id);
 	http_resp_free(&r);
 
 	json_t *done = wait_dataset(&f->d, id);
 	const char *expect = getenv("BERTD_EXPECT_PREPARE");
 	if (expect && strcmp(expect, "ready") == 0) {
-		assert_string_equal(jstr(done, "state"), "ready");
+		assert_string_equal(it_jstr(done, "state"), "ready");
 		assert_true(json_is_object(json_object_get(done, "stats")));
 	} else {
 		/* this build has no bertd-prepare: the supervisor must say so */
-		assert_string_equal(jstr(done, "state"), "failed");
-		assert_non_null(strstr(jstr(done, "error"), "bertd-prepare"));
+		assert_string_equal(it_jstr(done, "state"), "failed");
+		assert_non_null(strstr(it_jstr(done, "error"), "bertd-prepare"));
 	}
 	json_decref(done);
 	free(id);
@@ -217,7 +210,7 @@ static void test_dataset_restart(void **state)
 					"\"vocab\":{\"train\":{\"vocab_size\":150}}}", &r), 0);
 	assert_int_equal(r.status, 201);
 	char id[64];
-	snprintf(id, sizeof id, "%s", jstr(r.json, "id"));
+	snprintf(id, sizeof id, "%s", it_jstr(r.json, "id"));
 	http_resp_free(&r);
 	bertd_kill9(&f->d);
 	/* what a half-finished attempt could leave behind */
@@ -232,7 +225,7 @@ static void test_dataset_restart(void **state)
 	const char *extra[] = {"--data-roots", f->data, "--devices", "cpu", "--cpu-slots", "3", NULL};
 	assert_int_equal(bertd_start(&f->d, extra), 0);
 	json_t *done = wait_dataset(&f->d, id);
-	assert_string_equal(jstr(done, "state"), "ready");
+	assert_string_equal(it_jstr(done, "state"), "ready");
 	assert_int_equal(access(junk, F_OK), -1); /* prepared afresh */
 	snprintf(junk, sizeof junk, "%s/manifest.json", dir);
 	assert_int_equal(access(junk, R_OK), 0);
@@ -249,7 +242,7 @@ static void test_devices(void **state)
 	assert_int_equal(json_array_size(devs), 3);
 	for (size_t i = 0; i < 3; i++) {
 		json_t *d = json_array_get(devs, i);
-		assert_string_equal(jstr(d, "kind"), "cpu");
+		assert_string_equal(it_jstr(d, "kind"), "cpu");
 		assert_int_equal(json_integer_value(json_object_get(d, "index")), (json_int_t)i);
 		assert_true(json_is_null(json_object_get(d, "job")));
 	}
@@ -263,7 +256,7 @@ static void test_job_subresources(void **state)
 	assert_int_equal(http_post_json(&f->d, "/v1/jobs", "{\"dataset\":\"tiny\"}", &r), 0);
 	assert_int_equal(r.status, 201);
 	char id[64];
-	snprintf(id, sizeof id, "%s", jstr(r.json, "id"));
+	snprintf(id, sizeof id, "%s", it_jstr(r.json, "id"));
 	http_resp_free(&r);
 
 	char path[160];

@@ -31,6 +31,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "it_util.h"
 
 #define DEADLINE_S 240
 
@@ -38,65 +39,6 @@ typedef struct fx {
 	bertd d;
 	char data[160];
 } fx;
-
-static void pause_ms(int ms)
-{
-	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-	nanosleep(&ts, NULL);
-}
-
-static const char *jstr(json_t *o, const char *key)
-{
-	const char *s = json_string_value(json_object_get(o, key));
-	if (!s)
-		fail_msg("no string member '%s'", key);
-	return s;
-}
-
-static void make_corpus(const fx *f, const char *name, int n)
-{
-	const char *shared = getenv("BERTD_SHARED_DATA");
-	assert_non_null(shared);
-	char src[512], dst[512], line[4096];
-	snprintf(src, sizeof src, "%s/tinyshakespeare.txt", shared);
-	snprintf(dst, sizeof dst, "%s/%s", f->data, name);
-	FILE *in = fopen(src, "r"), *out = fopen(dst, "w");
-	assert_non_null(in);
-	assert_non_null(out);
-	for (int i = 0; i < n && fgets(line, sizeof line, in); i++)
-		fputs(line, out);
-	fclose(in);
-	fclose(out);
-}
-
-static json_t *get_json(const bertd *d, const char *path)
-{
-	http_resp r;
-	assert_int_equal(http_get(d, path, &r), 0);
-	if (r.status != 200 || !r.json)
-		fail_msg("GET %s: %ld %s", path, r.status, r.body);
-	json_t *o = json_incref(r.json);
-	http_resp_free(&r);
-	return o;
-}
-
-/* Polls GET path until its "state" is one of the |-separated states. */
-static json_t *wait_for(const bertd *d, const char *path, const char *states)
-{
-	for (int i = 0; i < DEADLINE_S * 10; i++) {
-		json_t *o = get_json(d, path);
-		char want[160], have[64];
-		snprintf(want, sizeof want, "|%s|", states);
-		snprintf(have, sizeof have, "|%s|", jstr(o, "state"));
-		if (strstr(want, have))
-			return o;
-		json_decref(o);
-		pause_ms(100);
-	}
-	bertd_print_log(d);
-	fail_msg("%s not in %s after %d s", path, states, DEADLINE_S);
-	return NULL;
-}
 
 static int setup(void **state)
 {
@@ -109,7 +51,7 @@ static int setup(void **state)
 			       "--schedule", "true", "--stop-timeout-s", "60", NULL};
 	if (bertd_start(&f->d, extra))
 		return -1;
-	make_corpus(f, "shakes.txt", 2000);
+	it_make_corpus(f->data, "shakes.txt", 2000);
 	http_resp r;
 	if (http_post_json(&f->d, "/v1/datasets",
 			   "{\"name\":\"shakes\",\"source\":\"shakes.txt\",\"vocab\":{\"train\":{\"vocab_size\":400}}}",
@@ -118,7 +60,7 @@ static int setup(void **state)
 		return -1;
 	}
 	http_resp_free(&r);
-	json_t *ds = wait_for(&f->d, "/v1/datasets/shakes", "ready|failed");
+	json_t *ds = it_wait_state(&f->d, "/v1/datasets/shakes", "ready|failed", DEADLINE_S);
 	int ok = strcmp(json_string_value(json_object_get(ds, "state")), "ready") == 0;
 	json_decref(ds);
 	if (!ok)
@@ -152,7 +94,7 @@ static char *submit(const bertd *d, const char *spec)
 	assert_int_equal(http_post_json(d, "/v1/jobs", spec, &r), 0);
 	if (r.status != 201)
 		fail_msg("submit: %ld %s", r.status, r.body);
-	char *id = strdup(jstr(r.json, "id"));
+	char *id = strdup(it_jstr(r.json, "id"));
 	http_resp_free(&r);
 	return id;
 }
@@ -161,7 +103,7 @@ static json_t *rule(json_t *diag, const char *name)
 {
 	size_t i;
 	json_t *r;
-	json_array_foreach(json_object_get(diag, "rules"), i, r) if (strcmp(jstr(r, "rule"), name) == 0) return r;
+	json_array_foreach(json_object_get(diag, "rules"), i, r) if (strcmp(it_jstr(r, "rule"), name) == 0) return r;
 	fail_msg("no rule %s", name);
 	return NULL;
 }
@@ -181,7 +123,7 @@ static double recorded_share(const bertd *d, const char *id, bool loaders)
 {
 	char path[128];
 	snprintf(path, sizeof path, "/v1/jobs/%s/metrics", id);
-	json_t *m = get_json(d, path);
+	json_t *m = it_get_json(d, path);
 	json_t *rows = json_object_get(m, "metrics");
 	size_t n = json_array_size(rows);
 	assert_true(n >= 2);
@@ -231,31 +173,31 @@ static void test_serial_job_diagnosed_from_its_phases(void **state)
 				      ",\"profiler\":{\"rules\":{\"input_bound\":{\"max_data_wait_share\":0}}}"));
 	char path[128];
 	snprintf(path, sizeof path, "/v1/jobs/%s", id);
-	json_t *j = wait_for(&f->d, path, "completed|failed");
-	assert_string_equal(jstr(j, "state"), "completed");
+	json_t *j = it_wait_state(&f->d, path, "completed|failed", DEADLINE_S);
+	assert_string_equal(it_jstr(j, "state"), "completed");
 	double share = recorded_share(&f->d, id, false);
 	assert_true(share > 0);
 
 	snprintf(path, sizeof path, "/v1/jobs/%s/diagnosis", id);
-	json_t *dg = get_json(&f->d, path);
+	json_t *dg = it_get_json(&f->d, path);
 	json_t *ib = rule(dg, "input_bound");
-	assert_string_equal(jstr(ib, "status"), "issue");
+	assert_string_equal(it_jstr(ib, "status"), "issue");
 	assert_true(fabs(num(ib, "value") - share) <= 1e-9 * share);
 	assert_true(num(ib, "threshold") == 0);
-	assert_non_null(strstr(jstr(ib, "remedy"), "raise dataloader_num_workers from 0 to "));
+	assert_non_null(strstr(it_jstr(ib, "remedy"), "raise dataloader_num_workers from 0 to "));
 	/* CPU job: GPU rules have no data; one worker: no all-reduce */
-	assert_string_equal(jstr(rule(dg, "low_gpu_utilization"), "status"), "no_data");
-	assert_string_equal(jstr(rule(dg, "batch_too_small"), "status"), "no_data");
-	assert_string_equal(jstr(rule(dg, "communication_bound"), "status"), "no_data");
-	assert_string_equal(jstr(rule(dg, "slow_start"), "status"), "ok");
-	assert_string_equal(jstr(rule(dg, "straggler"), "status"), "no_data");
+	assert_string_equal(it_jstr(rule(dg, "low_gpu_utilization"), "status"), "no_data");
+	assert_string_equal(it_jstr(rule(dg, "batch_too_small"), "status"), "no_data");
+	assert_string_equal(it_jstr(rule(dg, "communication_bound"), "status"), "no_data");
+	assert_string_equal(it_jstr(rule(dg, "slow_start"), "status"), "ok");
+	assert_string_equal(it_jstr(rule(dg, "straggler"), "status"), "no_data");
 	/* the job's one-line summary is the diagnosis summary */
 	json_decref(j);
 	snprintf(path, sizeof path, "/v1/jobs/%s", id);
-	j = get_json(&f->d, path);
-	assert_string_equal(jstr(j, "diagnosis"), jstr(dg, "summary"));
-	assert_non_null(strstr(jstr(j, "diagnosis"), "input_bound: data wait is"));
-	assert_non_null(strstr(jstr(j, "diagnosis"), "dataloader_num_workers"));
+	j = it_get_json(&f->d, path);
+	assert_string_equal(it_jstr(j, "diagnosis"), it_jstr(dg, "summary"));
+	assert_non_null(strstr(it_jstr(j, "diagnosis"), "input_bound: data wait is"));
+	assert_non_null(strstr(it_jstr(j, "diagnosis"), "dataloader_num_workers"));
 	json_decref(dg);
 	json_decref(j);
 	free(id);
@@ -267,17 +209,17 @@ static void test_loader_job_verdict_follows_phases(void **state)
 	char *id = submit(&f->d, SPEC("loaders", "40", "2", ""));
 	char path[128];
 	snprintf(path, sizeof path, "/v1/jobs/%s", id);
-	json_t *j = wait_for(&f->d, path, "completed|failed");
-	assert_string_equal(jstr(j, "state"), "completed");
+	json_t *j = it_wait_state(&f->d, path, "completed|failed", DEADLINE_S);
+	assert_string_equal(it_jstr(j, "state"), "completed");
 	json_decref(j);
 	double share = recorded_share(&f->d, id, true);
 	snprintf(path, sizeof path, "/v1/jobs/%s/diagnosis", id);
-	json_t *dg = get_json(&f->d, path);
+	json_t *dg = it_get_json(&f->d, path);
 	json_t *ib = rule(dg, "input_bound");
 	assert_true(fabs(num(ib, "value") - share) <= 1e-9 * share + 1e-15);
 	assert_true(num(ib, "threshold") == 0.15);
-	assert_string_equal(jstr(ib, "status"), share > 0.15 ? "issue" : "ok");
-	fprintf(stderr, "2 loaders: data wait share %.4f -> %s\n", share, jstr(ib, "status"));
+	assert_string_equal(it_jstr(ib, "status"), share > 0.15 ? "issue" : "ok");
+	fprintf(stderr, "2 loaders: data wait share %.4f -> %s\n", share, it_jstr(ib, "status"));
 	json_decref(dg);
 	free(id);
 }
@@ -297,11 +239,11 @@ static void test_two_ranks_report_per_rank_times(void **state)
 	char *id = submit(&f->d, spec);
 	char path[128];
 	snprintf(path, sizeof path, "/v1/jobs/%s", id);
-	json_t *j = wait_for(&f->d, path, "completed|failed");
-	assert_string_equal(jstr(j, "state"), "completed");
+	json_t *j = it_wait_state(&f->d, path, "completed|failed", DEADLINE_S);
+	assert_string_equal(it_jstr(j, "state"), "completed");
 	json_decref(j);
 	snprintf(path, sizeof path, "/v1/jobs/%s/metrics", id);
-	json_t *m = get_json(&f->d, path);
+	json_t *m = it_get_json(&f->d, path);
 	json_t *rows = json_object_get(m, "metrics");
 	assert_true(json_array_size(rows) >= 2);
 	double busy[2] = {0, 0}, ar = 0, step = 0;
@@ -322,13 +264,13 @@ static void test_two_ranks_report_per_rank_times(void **state)
 	assert_true(ar > 0);
 	json_decref(m);
 	snprintf(path, sizeof path, "/v1/jobs/%s/diagnosis", id);
-	json_t *dg = get_json(&f->d, path);
+	json_t *dg = it_get_json(&f->d, path);
 	json_t *cb = rule(dg, "communication_bound"), *st = rule(dg, "straggler");
 	assert_true(fabs(num(cb, "value") - ar / step) <= 1e-9 * (ar / step));
-	assert_string_equal(jstr(cb, "status"), ar / step > 0.25 ? "issue" : "ok");
+	assert_string_equal(it_jstr(cb, "status"), ar / step > 0.25 ? "issue" : "ok");
 	double hi = busy[0] > busy[1] ? busy[0] : busy[1], lo = busy[0] > busy[1] ? busy[1] : busy[0];
 	assert_true(fabs(num(st, "value") - hi / lo) <= 1e-9 * (hi / lo));
-	assert_string_equal(jstr(st, "status"), hi / lo > 1.25 ? "issue" : "ok");
+	assert_string_equal(it_jstr(st, "status"), hi / lo > 1.25 ? "issue" : "ok");
 	json_decref(dg);
 	free(id);
 }
@@ -350,7 +292,7 @@ static void test_profiler_rules_validated(void **state)
 		http_resp r;
 		assert_int_equal(http_post_json(&f->d, "/v1/jobs", spec, &r), 0);
 		assert_int_equal(r.status, 422);
-		assert_string_equal(jstr(r.json, "field"), bad[i].field);
+		assert_string_equal(it_jstr(r.json, "field"), bad[i].field);
 		http_resp_free(&r);
 	}
 }
@@ -515,22 +457,22 @@ static void test_prometheus_metrics(void **state)
 	assert_non_null(p);
 	/* wait for a logged step, then scrape */
 	for (int i = 0;; i++) {
-		json_t *j = get_json(&f->d, path);
+		json_t *j = it_get_json(&f->d, path);
 		json_int_t step = json_integer_value(json_object_get(json_object_get(j, "progress"), "step"));
-		bool running = strcmp(jstr(j, "state"), "running") == 0;
+		bool running = strcmp(it_jstr(j, "state"), "running") == 0;
 		json_decref(j);
 		if (running && step >= 5)
 			break;
 		if (i > DEADLINE_S * 10)
 			fail_msg("job never logged a step");
-		pause_ms(100);
+		it_pause_ms(100);
 	}
 	/* the daemon's own samples (host CPU, loader CPU) join a row once a
 	 * window spans two of its ticks */
 	snprintf(path, sizeof path, "/v1/jobs/%s/metrics?limit=10000", id);
 	json_t *host = NULL;
 	for (int i = 0; !host; i++) {
-		json_t *m = get_json(&f->d, path);
+		json_t *m = it_get_json(&f->d, path);
 		json_t *rows = json_object_get(m, "metrics");
 		json_t *last = json_array_get(rows, json_array_size(rows) - 1);
 		if (json_object_get(last, "host"))
@@ -539,7 +481,7 @@ static void test_prometheus_metrics(void **state)
 		if (i > DEADLINE_S * 10)
 			fail_msg("no host sample in the job's rows");
 		if (!host)
-			pause_ms(100);
+			it_pause_ms(100);
 	}
 	double cpu = num(host, "cpu_util_pct");
 	assert_true(cpu >= 0 && cpu <= 100);
@@ -579,8 +521,8 @@ static void test_prometheus_metrics(void **state)
 	assert_int_equal(http_post_json(&f->d, path, "{}", &r), 0);
 	http_resp_free(&r);
 	snprintf(path, sizeof path, "/v1/jobs/%s", id);
-	json_t *j = wait_for(&f->d, path, "canceled|failed|completed");
-	assert_string_equal(jstr(j, "state"), "canceled");
+	json_t *j = it_wait_state(&f->d, path, "canceled|failed|completed", DEADLINE_S);
+	assert_string_equal(it_jstr(j, "state"), "canceled");
 	json_decref(j);
 	assert_int_equal(http_get(&f->d, "/metrics", &r), 0);
 	prom_parse(r.body, p);

@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "it_util.h"
 
 #define DEADLINE_S 120
 
@@ -43,40 +44,6 @@ static bool find_chromium(void)
 		}
 	}
 	return false;
-}
-
-static void pause_ms(int ms)
-{
-	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-	nanosleep(&ts, NULL);
-}
-
-static json_t *get_json(const bertd *d, const char *path)
-{
-	http_resp r;
-	assert_int_equal(http_get(d, path, &r), 0);
-	if (r.status != 200 || !r.json)
-		fail_msg("GET %s: %ld %s", path, r.status, r.body);
-	json_t *o = json_incref(r.json);
-	http_resp_free(&r);
-	return o;
-}
-
-static json_t *wait_for(const bertd *d, const char *path, const char *states)
-{
-	for (int i = 0; i < DEADLINE_S * 10; i++) {
-		json_t *o = get_json(d, path);
-		char want[160], have[64];
-		snprintf(want, sizeof want, "|%s|", states);
-		snprintf(have, sizeof have, "|%s|", json_string_value(json_object_get(o, "state")));
-		if (strstr(want, have))
-			return o;
-		json_decref(o);
-		pause_ms(100);
-	}
-	bertd_print_log(d);
-	fail_msg("%s not in %s after %d s", path, states, DEADLINE_S);
-	return NULL;
 }
 
 static char *slurp(const char *path)
@@ -136,7 +103,7 @@ static void test_dashboard_renders(void **state)
 					&r), 0);
 	assert_int_equal(r.status, 201);
 	http_resp_free(&r);
-	json_decref(wait_for(&d, "/v1/datasets/shakes", "ready"));
+	json_decref(it_wait_state(&d, "/v1/datasets/shakes", "ready", DEADLINE_S));
 	assert_int_equal(http_post_json(&d, "/v1/jobs",
 					"{\"name\":\"dash\",\"dataset\":\"shakes\",\"model\":{\"preset\":\"bert-tiny\","
 					"\"hidden_size\":32,\"num_hidden_layers\":1,\"num_attention_heads\":2,"
@@ -148,7 +115,7 @@ static void test_dashboard_renders(void **state)
 	char path[96];
 	snprintf(path, sizeof path, "/v1/jobs/%s", json_string_value(json_object_get(r.json, "id")));
 	http_resp_free(&r);
-	json_t *j = wait_for(&d, path, "completed|failed");
+	json_t *j = it_wait_state(&d, path, "completed|failed", DEADLINE_S);
 	assert_string_equal(json_string_value(json_object_get(j, "state")), "completed");
 	json_decref(j);
 

@@ -1,0 +1,25 @@
+/* it_util — small cmocka helpers shared by the integration tests: JSON
+ * field access that fails the test, bounded polling of a resource's state,
+ * and corpus files cut from the shared data. */
+#ifndef BERTD_TESTS_IT_UTIL_H
+#define BERTD_TESTS_IT_UTIL_H
+
+#include <jansson.h>
+
+#include "harness.h"
+
+/* The string member key of o; fails the test when absent. */
+const char *it_jstr(json_t *o, const char *key);
+/* GET path, which must answer 200 with JSON; returns it (caller decrefs). */
+json_t *it_get_json(const bertd *d, const char *path);
+/* Polls GET path (every 100 ms, at most deadline_s) until its "state" is
+ * one of the '|'-separated states; returns the object (caller decrefs) or
+ * fails the test with the daemon's log. States change asynchronously, so
+ * the tests poll with a deadline and assert on states, never on timing. */
+json_t *it_wait_state(const bertd *d, const char *path, const char *states, int deadline_s);
+void it_pause_ms(int ms);
+/* Writes the first n lines of $BERTD_SHARED_DATA/tinyshakespeare.txt to
+ * dir/name. */
+void it_make_corpus(const char *dir, const char *name, int n);
+
+#endif
