@@ -589,7 +589,7 @@ static void run_maybe_finish(supervisor *sv, run *r)
 			/* bertd-prepare's last line carried the stats */
 			store_dataset_finish(sv->st, r->id, DATASET_READY, NULL, NULL);
 		}
-		log_info("dataset %s %s%s%s", r->id, r->failed ? "failed: " : "ready", r->failed ? r->reason : "", "");
+		log_info("dataset %s %s%s", r->id, r->failed ? "failed: " : "ready", r->failed ? r->reason : "");
 		run_free(r);
 		return;
 	}
