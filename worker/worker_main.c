@@ -759,16 +759,22 @@ static int gpu_setup(worker *w)
 	return 0;
 }
 
-/* Copies the device's parameters and optimizer state into the host trainer
- * (checkpoints and the export read them there). */
+/* Rank 0: copies the device's parameters and optimizer state into the host
+ * trainer, where checkpoints and the export read them. Other ranks write
+ * nothing and skip the copy. Returns 0 or the exit code (already reported). */
 static int gpu_to_host(worker *w)
 {
-	int rc;
-	if (w->nccl && (rc = comm_nccl_drain(w->nccl)) < 0)
-		return rc;
-	if ((rc = gpu_model_get_params(w->gm, w->tr->model->params_memory)) < 0 ||
-	    (rc = gpu_model_get_opt_state(w->gm, w->tr->opt->state_memory)) < 0)
-		return rc;
+	int rc = 0;
+	if (w->rank != 0)
+		return 0;
+	if (w->nccl)
+		rc = comm_nccl_drain(w->nccl);
+	if (rc == 0 && (rc = gpu_model_get_params(w->gm, w->tr->model->params_memory)) == 0)
+		rc = gpu_model_get_opt_state(w->gm, w->tr->opt->state_memory);
+	if (rc == -EPIPE)
+		return fail(w, BERTD_EXIT_PEER_LOST, "peer_lost", "a peer was lost before copying the model back");
+	if (rc < 0)
+		return fail(w, BERTD_EXIT_FAILURE, "internal", "copying the model from the GPU: %s", strerror(-rc));
 	w->tr->opt->t = w->gm->t;
 	return 0;
 }
@@ -920,10 +926,8 @@ static int train_gpu(worker *w)
 		log_window(w, &res, &sc, &t_log);
 		if (w->rank == 0 && ta->save_steps > 0 && res.step % ta->save_steps == 0 && res.step != max_steps) {
 			double tc = now_s();
-			if ((rc = gpu_to_host(w)) < 0)
-				return fail(w, rc == -EPIPE ? BERTD_EXIT_PEER_LOST : BERTD_EXIT_FAILURE,
-					    rc == -EPIPE ? "peer_lost" : "internal", "copying the model from the GPU: %s",
-					    strerror(-rc));
+			if ((code = gpu_to_host(w)) != 0)
+				return code;
 			if ((rc = save_checkpoint(w, err, sizeof err)) < 0)
 				return fail(w, BERTD_EXIT_IO, "io", "writing checkpoint: %s", err);
 			w->win_ckpt_s += now_s() - tc; /* reported with the next window */
@@ -931,17 +935,9 @@ static int train_gpu(worker *w)
 		if (w->stop_requested)
 			goto stop;
 	}
-	if ((code = gpu_to_host(w)) < 0)
-		return fail(w, code == -EPIPE ? BERTD_EXIT_PEER_LOST : BERTD_EXIT_FAILURE,
-			    code == -EPIPE ? "peer_lost" : "internal", "copying the model from the GPU: %s",
-			    strerror(-code));
-	return finish_run(w);
+	return (code = gpu_to_host(w)) != 0 ? code : finish_run(w);
 stop:
-	if ((code = gpu_to_host(w)) < 0)
-		return fail(w, code == -EPIPE ? BERTD_EXIT_PEER_LOST : BERTD_EXIT_FAILURE,
-			    code == -EPIPE ? "peer_lost" : "internal", "copying the model from the GPU: %s",
-			    strerror(-code));
-	return stop_run(w);
+	return (code = gpu_to_host(w)) != 0 ? code : stop_run(w);
 }
 #endif /* BERTD_CUDA */
 
@@ -1002,7 +998,7 @@ int main(int argc, char **argv)
 #ifdef BERTD_CUDA
 			    "device kind %s: this bertd-worker trains on \"cpu\" or \"cuda\"", kind);
 #else
-			    "device kind %s: this bertd-worker trains on the CPU backend only so far", kind);
+			    "device kind %s: this bertd-worker was built without CUDA (CPU backend only)", kind);
 #endif
 		goto out;
 	}
