@@ -8,6 +8,12 @@
  * (rank 0, reduced over ranks), checkpoints, errors. Rank 0 writes the
  * checkpoints and, at the end, the HuggingFace export.
  *
+ * Device kind "cuda" (CUDA builds): the model trains on the GPU
+ * (worker/gpu_model.h, gradients averaged with NCCL when world > 1); the
+ * CPU trainer then only makes or loads the weights and holds the copy that
+ * checkpoints and the export are written from (docs/cuda.md). That path has
+ * been compiled, never yet run on a GPU.
+ *
  * Stopping: a {"type":"stop"} from the daemon (cancel, shutdown) is agreed
  * on by all ranks in the same step (the flag rides the loss all-reduce), so
  * they stop together; rank 0 checkpoints and every rank exits 6.
