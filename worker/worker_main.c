@@ -8,6 +8,12 @@
  * (rank 0, reduced over ranks), checkpoints, errors. Rank 0 writes the
  * checkpoints and, at the end, the HuggingFace export.
  *
+ * Device kind "cuda" (CUDA builds): the model trains on the GPU
+ * (worker/gpu_model.h, gradients averaged with NCCL when world > 1); the
+ * CPU trainer then only makes or loads the weights and holds the copy that
+ * checkpoints and the export are written from (docs/cuda.md). That path has
+ * been compiled, never yet run on a GPU.
+ *
  * Stopping: a {"type":"stop"} from the daemon (cancel, shutdown) is agreed
  * on by all ranks in the same step (the flag rides the loss all-reduce), so
  * they stop together; rank 0 checkpoints and every rank exits 6.
@@ -40,6 +46,10 @@
 #include "worker/comm.h"
 #include "worker/hf.h"
 #include "worker/train.h"
+#ifdef BERTD_CUDA
+#include <poll.h>
+#include "worker/gpu_model.h"
+#endif
 
 #define DAEMON_FD 3
 #define RING_WAIT_MS 1000      /* one bounded wait; the loop re-checks stop and peers */
@@ -68,6 +78,7 @@ typedef struct worker {
 	comm *cm;
 	/* telemetry for the current logging window */
 	double win_data_s, win_step_s, win_comm_s;
+	double win_h2d_s;            /* batch uploads to the device; 0 on the CPU */
 	double win_tokens;
 	double win_loss;             /* sum of step losses (rank-averaged) */
 	int64_t win_steps;
@@ -79,6 +90,12 @@ typedef struct worker {
 	 * the p95s; past WIN_STEPS_MAX steps the oldest are overwritten */
 	double (*win_ph)[PH_COUNT];
 	ring_counters ring_prev;     /* loader counters at the window's start */
+#ifdef BERTD_CUDA
+	gpu_model *gm;               /* device kind "cuda": the model lives here, tr is its host mirror */
+	comm *nccl;                  /* gradient all-reduce between GPU ranks (world > 1) */
+	void *pinned_area;           /* ring slot area registered with cudaHostRegister, or NULL */
+	double gnorm_last;           /* last finite grad norm (fp16 skipped steps report it) */
+#endif
 } worker;
 
 static double now_s(void)
@@ -182,6 +199,31 @@ typedef struct sync_ctx {
 	double flags[3 + WIN_MAX_RANKS]; /* [loss, tokens, stop, busy per rank] summed over ranks */
 } sync_ctx;
 
+/* Sums the step's loss, tokens, stop flag and per-rank busy time over the
+ * ranks (host doubles, w->cm); *loss comes back averaged. */
+static int sync_flags(sync_ctx *s, double *loss, double busy_s)
+{
+	worker *w = s->w;
+	/* Each rank's busy time (data + forward/backward) travels in its
+	 * own slot, so rank 0 can name a straggler. */
+	int nr = w->world <= WIN_MAX_RANKS ? w->world : 0;
+	memset(s->flags, 0, sizeof s->flags);
+	s->flags[0] = *loss;
+	s->flags[1] = w->win_tokens;
+	s->flags[2] = w->stop_requested ? 1.0 : 0.0;
+	if (nr)
+		s->flags[3 + w->rank] = busy_s;
+	int rc = comm_allreduce_sum_f64(w->cm, s->flags, 3 + nr);
+	if (rc < 0)
+		return rc;
+	*loss = s->flags[0] / w->world;
+	if (s->flags[2] > 0)
+		w->stop_requested = true; /* any rank's stop stops all, same step */
+	for (int k = 0; k < nr; k++)
+		w->win_rank_busy_s[k] += s->flags[3 + k];
+	return 0;
+}
+
 static int grad_sync(void *ctx, float *grads, size_t n, double *loss)
 {
 	sync_ctx *s = ctx;
@@ -193,23 +235,8 @@ static int grad_sync(void *ctx, float *grads, size_t n, double *loss)
 		return 0;
 	}
 	int rc = comm_allreduce_mean(w->cm, grads, n);
-	if (rc == 0) {
-		/* Each rank's busy time (data + forward/backward) travels in its
-		 * own slot, so rank 0 can name a straggler. */
-		int nr = w->world <= WIN_MAX_RANKS ? w->world : 0;
-		memset(s->flags, 0, sizeof s->flags);
-		s->flags[0] = *loss;
-		s->flags[1] = w->win_tokens;
-		s->flags[2] = w->stop_requested ? 1.0 : 0.0;
-		if (nr)
-			s->flags[3 + w->rank] = t0 - w->t_step0;
-		rc = comm_allreduce_sum_f64(w->cm, s->flags, 3 + nr);
-		*loss = s->flags[0] / w->world;
-		if (s->flags[2] > 0)
-			w->stop_requested = true; /* any rank's stop stops all, same step */
-		for (int k = 0; k < nr; k++)
-			w->win_rank_busy_s[k] += s->flags[3 + k];
-	}
+	if (rc == 0)
+		rc = sync_flags(s, loss, t0 - w->t_step0);
 	w->t_sync1 = now_s();
 	w->win_comm_s += w->t_sync1 - t0;
 	return rc;
@@ -364,11 +391,12 @@ static void add_window_timing(worker *w, json_t *m)
 	/* data and all-reduce are exact window sums; the split of the rest
 	 * into forward/backward and optimizer comes from the kept steps */
 	double data = 1000.0 * w->win_data_s / n, ar = 1000.0 * w->win_comm_s / n;
-	double rest = 1000.0 * (w->win_step_s - w->win_data_s - w->win_comm_s) / n;
+	double h2d = 1000.0 * w->win_h2d_s / n;
+	double rest = 1000.0 * (w->win_step_s - w->win_data_s - w->win_comm_s - w->win_h2d_s) / n;
 	double split = mean[PH_COMPUTE] + mean[PH_OPTIMIZER];
 	double opt = split > 0 ? rest * mean[PH_OPTIMIZER] / split : 0;
 	json_object_set_new(m, "phases_ms",
-			    json_pack("{s:f, s:f, s:f, s:f, s:f, s:f}", "data_wait", data, "h2d", 0.0, /* CPU: none */
+			    json_pack("{s:f, s:f, s:f, s:f, s:f, s:f}", "data_wait", data, "h2d", h2d, /* CPU: 0 */
 				      "compute", rest - opt, "allreduce", ar, "optimizer", opt, "checkpoint",
 				      1000.0 * w->win_ckpt_s / n));
 	json_object_set_new(m, "step_time_p95_ms", json_real(window_p95(w, PH_STEP, scratch)));
@@ -395,6 +423,72 @@ static void add_window_timing(worker *w, json_t *m)
 				  "batches_built", (json_int_t)(c.batches_built - w->ring_prev.batches_built)));
 		w->ring_prev = c;
 	}
+}
+
+/* After the step that made res: at the end of a logging window (and at
+ * the last step) rank 0 sends the metrics message; every rank starts a new
+ * window. */
+static void log_window(worker *w, const train_result *res, const sync_ctx *sc, double *t_log)
+{
+	const jobspec_training *ta = &w->bj.spec.training;
+	const int64_t max_steps = ta->max_steps;
+	bool log_now = ta->logging_steps > 0 && res->step % ta->logging_steps == 0;
+	if (!log_now && res->step != max_steps)
+		return;
+	double tokens = w->world > 1 ? sc->flags[1] : w->win_tokens;
+	double wall = now_s() - *t_log;
+	if (w->rank == 0) {
+		json_t *m = json_pack("{s:s, s:I, s:I, s:f, s:f, s:f, s:f, s:f}",
+				      "type", "metrics", "step", (json_int_t)res->step,
+				      "epoch", (json_int_t)w->epoch, "loss", w->win_loss / (double)w->win_steps,
+				      "learning_rate", res->lr, "grad_norm", res->grad_norm,
+				      "tokens_per_s", wall > 0 ? tokens / wall : 0.0,
+				      "step_time_ms", 1000.0 * w->win_step_s / (double)w->win_steps);
+		add_window_timing(w, m);
+		send_msg(w, m);
+		log_info("step %ld/%lld loss %.4f lr %.3g grad_norm %.3f tokens/s %.0f", res->step,
+			 (long long)max_steps, w->win_loss / (double)w->win_steps, res->lr, res->grad_norm,
+			 wall > 0 ? tokens / wall : 0.0);
+	}
+	w->win_data_s = w->win_step_s = w->win_comm_s = w->win_tokens = w->win_loss = 0;
+	w->win_h2d_s = 0;
+	w->win_ckpt_s = 0;
+	memset(w->win_rank_busy_s, 0, sizeof w->win_rank_busy_s);
+	w->win_steps = 0;
+	*t_log = now_s();
+}
+
+/* Training done: rank 0 writes the final checkpoint and the HuggingFace
+ * export from the host model; all ranks meet once more. */
+static int finish_run(worker *w)
+{
+	char err[512];
+	if (w->rank == 0) {
+		int rc;
+		if ((rc = save_checkpoint(w, err, sizeof err)) < 0)
+			return fail(w, BERTD_EXIT_IO, "io", "writing the final checkpoint: %s", err);
+		if ((rc = hf_export(w->tr->model, w->export_dir, w->data.shards ? w->data.shards->vocab_path : NULL,
+				    err, sizeof err)) < 0)
+			return fail(w, BERTD_EXIT_IO, "io", "exporting the model: %s", err);
+		send_msg(w, json_pack("{s:s, s:s}", "type", "exported", "path", w->export_dir));
+		log_info("exported the model to %s", w->export_dir);
+	}
+	if (w->cm && comm_barrier(w->cm) < 0)
+		return fail(w, BERTD_EXIT_PEER_LOST, "peer_lost", "a peer was lost at the end of training");
+	return BERTD_EXIT_OK;
+}
+
+/* Stopped on request: rank 0 checkpoints what it has. */
+static int stop_run(worker *w)
+{
+	char err[512];
+	if (w->rank == 0 && w->tr->step > 0) {
+		int rc = save_checkpoint(w, err, sizeof err);
+		if (rc < 0)
+			return fail(w, BERTD_EXIT_IO, "io", "writing the stop checkpoint: %s", err);
+	}
+	log_info("stopped at step %ld", w->tr->step);
+	return BERTD_EXIT_STOPPED;
 }
 
 static int train(worker *w)
@@ -477,29 +571,7 @@ static int train(worker *w)
 		w->win_steps++;
 		w->win_loss += res.loss;
 
-		bool log_now = ta->logging_steps > 0 && res.step % ta->logging_steps == 0;
-		if (log_now || res.step == max_steps) {
-			double tokens = w->world > 1 ? sc.flags[1] : w->win_tokens;
-			double wall = now_s() - t_log;
-			if (w->rank == 0) {
-				json_t *m = json_pack("{s:s, s:I, s:I, s:f, s:f, s:f, s:f, s:f}",
-						      "type", "metrics", "step", (json_int_t)res.step,
-						      "epoch", (json_int_t)w->epoch, "loss", w->win_loss / (double)w->win_steps,
-						      "learning_rate", res.lr, "grad_norm", res.grad_norm,
-						      "tokens_per_s", wall > 0 ? tokens / wall : 0.0,
-						      "step_time_ms", 1000.0 * w->win_step_s / (double)w->win_steps);
-				add_window_timing(w, m);
-				send_msg(w, m);
-				log_info("step %ld/%lld loss %.4f lr %.3g grad_norm %.3f tokens/s %.0f", res.step,
-					 (long long)max_steps, w->win_loss / (double)w->win_steps, res.lr, res.grad_norm,
-					 wall > 0 ? tokens / wall : 0.0);
-			}
-			w->win_data_s = w->win_step_s = w->win_comm_s = w->win_tokens = w->win_loss = 0;
-			w->win_ckpt_s = 0;
-			memset(w->win_rank_busy_s, 0, sizeof w->win_rank_busy_s);
-			w->win_steps = 0;
-			t_log = now_s();
-		}
+		log_window(w, &res, &sc, &t_log);
 		if (w->rank == 0 && ta->save_steps > 0 && res.step % ta->save_steps == 0 && res.step != max_steps) {
 			double tc = now_s();
 			if ((rc = save_checkpoint(w, err, sizeof err)) < 0)
@@ -509,29 +581,371 @@ static int train(worker *w)
 		if (w->stop_requested)
 			goto stop;
 	}
-	/* done: final checkpoint and the HuggingFace export */
-	if (w->rank == 0) {
-		int rc;
-		if ((rc = save_checkpoint(w, err, sizeof err)) < 0)
-			return fail(w, BERTD_EXIT_IO, "io", "writing the final checkpoint: %s", err);
-		if ((rc = hf_export(w->tr->model, w->export_dir, w->data.shards ? w->data.shards->vocab_path : NULL,
-				    err, sizeof err)) < 0)
-			return fail(w, BERTD_EXIT_IO, "io", "exporting the model: %s", err);
-		send_msg(w, json_pack("{s:s, s:s}", "type", "exported", "path", w->export_dir));
-		log_info("exported the model to %s", w->export_dir);
-	}
-	if (w->cm && comm_barrier(w->cm) < 0)
-		return fail(w, BERTD_EXIT_PEER_LOST, "peer_lost", "a peer was lost at the end of training");
-	return BERTD_EXIT_OK;
+	return finish_run(w);
 stop:
-	if (w->rank == 0 && w->tr->step > 0) {
-		int rc = save_checkpoint(w, err, sizeof err);
-		if (rc < 0)
-			return fail(w, BERTD_EXIT_IO, "io", "writing the stop checkpoint: %s", err);
-	}
-	log_info("stopped at step %ld", w->tr->step);
-	return BERTD_EXIT_STOPPED;
+	return stop_run(w);
 }
+
+#ifdef BERTD_CUDA
+/* ---- the CUDA path (device kind "cuda", worker/gpu_model.h) ----
+ *
+ * The host trainer (w->tr) is kept as the model's mirror: it initialises the
+ * weights (seeded init, init_from, or a checkpoint), and before every
+ * checkpoint and the export the device state is copied back into it, so
+ * checkpoint.c and hf.c write the same formats as on the CPU. The daemon
+ * sets CUDA_VISIBLE_DEVICES to the job's device, so this process uses
+ * device 0. Compiled in CUDA builds; not yet run on a GPU (docs/cuda.md). */
+
+#define GPU_DEVICE 0
+
+/* The spec's bf16/fp16 tri-state as gpu_precision_pick's wish. */
+static const char *precision_want(int bf16, int fp16)
+{
+	if (bf16 == 1)
+		return "bf16";
+	if (fp16 == 1)
+		return "fp16";
+	if (bf16 == 0 && fp16 == 0)
+		return "fp32";
+	return "auto";
+}
+
+#ifdef BERTD_NCCL
+static int nccl_id_send(void *ctx, const void *id, size_t len)
+{
+	worker *w = ctx;
+	char hex[2 * 512 + 1];
+	if (w->daemon_fd < 0 || len > 512)
+		return -ENOTCONN; /* run by hand: nobody relays the id */
+	for (size_t i = 0; i < len; i++)
+		snprintf(hex + 2 * i, 3, "%02x", ((const unsigned char *)id)[i]);
+	json_t *m = json_pack("{s:s, s:s}", "type", "nccl_id", "id", hex);
+	int rc = m ? msg_send(w->daemon_fd, m) : -ENOMEM;
+	json_decref(m);
+	return rc < 0 ? rc : 0;
+}
+
+static int hex_decode(const char *hex, unsigned char *out, size_t len)
+{
+	if (strlen(hex) != 2 * len)
+		return -EPROTO;
+	for (size_t i = 0; i < len; i++) {
+		unsigned v;
+		if (sscanf(hex + 2 * i, "%2x", &v) != 1)
+			return -EPROTO;
+		out[i] = (unsigned char)v;
+	}
+	return 0;
+}
+
+/* Ranks > 0: waits (bounded) for rank 0's id, relayed by the daemon. Other
+ * messages are dropped, except a stop, which ends the wait. */
+static int nccl_id_recv(void *ctx, void *id, size_t len)
+{
+	worker *w = ctx;
+	if (w->daemon_fd < 0)
+		return -ENOTCONN;
+	double deadline = now_s() + COMM_TIMEOUT_MS / 1000.0;
+	for (;;) {
+		json_t *m;
+		int rc;
+		while ((rc = msg_reader_next(&w->rd, &m)) == 1) {
+			const char *type = jstr(m, "type");
+			if (type && strcmp(type, "stop") == 0) {
+				w->stop_requested = true;
+				json_decref(m);
+				return -ECANCELED;
+			}
+			if (type && strcmp(type, "nccl_id") == 0) {
+				const char *hex = jstr(m, "id");
+				rc = hex ? hex_decode(hex, id, len) : -EPROTO;
+				json_decref(m);
+				return rc;
+			}
+			json_decref(m);
+		}
+		if (rc < 0)
+			return rc;
+		double left = deadline - now_s();
+		if (left <= 0)
+			return -ETIMEDOUT;
+		struct pollfd p = {.fd = w->daemon_fd, .events = POLLIN};
+		int pr = poll(&p, 1, (int)(left * 1000.0) + 1);
+		if (pr < 0 && errno != EINTR)
+			return -errno;
+		if (pr > 0) {
+			long n = msg_reader_fill(&w->rd, w->daemon_fd);
+			if (n == 0)
+				return -EPIPE; /* the daemon is gone */
+			if (n < 0 && n != -EAGAIN)
+				return (int)n;
+		}
+	}
+}
+
+/* gpu_model's all-reduce hook (docs/formats.md, NCCL backend). */
+static int nccl_hook(void *ctx, float *grads, size_t n, cudaStream_t s)
+{
+	worker *w = ctx;
+	w->t_sync0 = now_s();
+	int rc = comm_nccl_bucket_start(w->nccl, grads, n, s);
+	if (rc == 0)
+		rc = comm_nccl_buckets_wait(w->nccl, s);
+	/* gpu_model_step syncs the host once (the norm): drain first, so a lost
+	 * peer is a bounded -EPIPE here instead of a hang in that sync */
+	if (rc == 0)
+		rc = comm_nccl_drain(w->nccl);
+	w->t_sync1 = now_s();
+	return rc;
+}
+#endif
+
+/* Picks the precision, creates the device model from the host trainer's
+ * weights and optimizer state, pins the ring when asked and joins the NCCL
+ * group. Returns 0 or the exit code (already reported). */
+static int gpu_setup(worker *w)
+{
+	char err[512];
+	const jobspec_training *ta = &w->bj.spec.training;
+	const batch_layout *l = &w->bj.ring.layout;
+	kdtype dt;
+	int rc = gpu_precision_pick(precision_want(ta->bf16, ta->fp16), GPU_DEVICE, &dt, err, sizeof err);
+	if (rc == -ENOTSUP || rc == -EINVAL)
+		return fail(w, BERTD_EXIT_BAD_CONFIG, "bad_config", "%s", err);
+	if (rc < 0)
+		return fail(w, BERTD_EXIT_FAILURE, "internal", "no usable CUDA device: %s", err);
+	/* auto picked what the spec turned off (e.g. bf16: false): full precision */
+	if ((dt == KDT_BF16 && ta->bf16 == 0) || (dt == KDT_F16 && ta->fp16 == 0))
+		dt = KDT_F32;
+	rc = gpu_model_create(&w->gm, &w->tr->model->cfg, dt, GPU_DEVICE, (int)l->B, (int)l->T,
+			      (int)(l->B * l->P), &w->tr->opt->cfg, err, sizeof err);
+	if (rc == -ENOMEM)
+		return fail(w, BERTD_EXIT_OOM, "oom", "%s", err); /* names the largest batch that fits */
+	if (rc == -EINVAL)
+		return fail(w, BERTD_EXIT_BAD_CONFIG, "bad_config", "%s", err);
+	if (rc < 0)
+		return fail(w, BERTD_EXIT_FAILURE, "internal", "creating the GPU model: %s", err);
+	if ((rc = gpu_model_set_params(w->gm, w->tr->model->params_memory)) < 0 ||
+	    (rc = gpu_model_set_opt_state(w->gm, w->tr->opt->state_memory, w->tr->opt->t)) < 0)
+		return fail(w, BERTD_EXIT_FAILURE, "internal", "copying the model to the GPU: %s", strerror(-rc));
+	if (w->rg && ta->dataloader_pin_memory) {
+		/* gpu_model_upload stages every batch through its own pinned buffer,
+		 * so registering the slots changes only what that host copy reads
+		 * from; a zero-copy upload straight from the slot needs a gpu_model
+		 * call that takes caller-pinned memory (not there yet). */
+		size_t bytes;
+		void *area = ring_slot_area(w->rg, &bytes);
+		cudaError_t ce = cudaHostRegister(area, bytes, cudaHostRegisterDefault);
+		if (ce == cudaSuccess)
+			w->pinned_area = area;
+		else
+			log_warn("cannot pin the batch ring (%zu bytes): %s; uploading from pageable memory", bytes,
+				 cudaGetErrorString(ce));
+	}
+	if (w->world > 1) {
+#ifdef BERTD_NCCL
+		rc = comm_create_nccl(&w->nccl, w->rank, w->world, GPU_DEVICE, COMM_FP32, nccl_id_send, nccl_id_recv,
+				      w, COMM_TIMEOUT_MS);
+		if (rc == -ECANCELED) {
+			log_info("stopped while waiting for the NCCL id");
+			return BERTD_EXIT_STOPPED;
+		}
+		if (rc < 0)
+			return fail(w, BERTD_EXIT_PEER_LOST, "peer_lost", "joining the %d-GPU NCCL group failed: %s",
+				    w->world, strerror(-rc));
+		if ((rc = gpu_model_set_allreduce(w->gm, nccl_hook, w, NULL)) < 0)
+			return fail(w, BERTD_EXIT_FAILURE, "internal", "setting the all-reduce hook: %s", strerror(-rc));
+#else
+		return fail(w, BERTD_EXIT_BAD_CONFIG, "bad_config",
+			    "a %d-GPU job, but this bertd-worker was built without NCCL", w->world);
+#endif
+	}
+	log_info("GPU model: %s, batch %u x %u, %zu parameters", dt == KDT_BF16 ? "bf16" : dt == KDT_F16 ? "fp16" : "fp32",
+		 l->B, l->T, w->gm->num_params);
+	return 0;
+}
+
+/* Rank 0: copies the device's parameters and optimizer state into the host
+ * trainer, where checkpoints and the export read them. Other ranks write
+ * nothing and skip the copy. Returns 0 or the exit code (already reported). */
+static int gpu_to_host(worker *w)
+{
+	int rc = 0;
+	if (w->rank != 0)
+		return 0;
+	if (w->nccl)
+		rc = comm_nccl_drain(w->nccl);
+	if (rc == 0 && (rc = gpu_model_get_params(w->gm, w->tr->model->params_memory)) == 0)
+		rc = gpu_model_get_opt_state(w->gm, w->tr->opt->state_memory);
+	if (rc == -EPIPE)
+		return fail(w, BERTD_EXIT_PEER_LOST, "peer_lost", "a peer was lost before copying the model back");
+	if (rc < 0)
+		return fail(w, BERTD_EXIT_FAILURE, "internal", "copying the model from the GPU: %s", strerror(-rc));
+	w->tr->opt->t = w->gm->t;
+	return 0;
+}
+
+/* Micro-batch k of this step into *b: from the ring (*from_ring: the caller
+ * releases the slot once the batch is uploaded) or built here. Returns 0, 1
+ * when a stop came while starved, or -1 with *code set (already reported). */
+static int gpu_next_batch(worker *w, int k, bert_batch *b, bool *from_ring, int *code)
+{
+	const batch_layout *l = &w->bj.ring.layout;
+	const int M = w->bj.spec.training.gradient_accumulation_steps;
+	void *slot = NULL;
+	*from_ring = false;
+	if (w->rg) {
+		int rc;
+		while ((rc = ring_next(w->rg, (uint32_t)w->rank, RING_WAIT_MS, &slot)) == -ETIMEDOUT) {
+			poll_daemon(w);
+			if (w->world == 1 && w->stop_requested)
+				break;
+		}
+		if (rc == -ETIMEDOUT)
+			return 1;
+		if (rc == RING_END) {
+			*code = fail(w, BERTD_EXIT_DATA, "data", "the batch stream ended at step %ld", w->tr->step);
+			return -1;
+		}
+		if (rc < 0) {
+			*code = fail(w, BERTD_EXIT_DATA, "data", "no batch from the loaders: %s", strerror(-rc));
+			return -1;
+		}
+		*from_ring = true;
+	} else {
+		uint64_t global = ((uint64_t)w->tr->step * (uint64_t)M + (uint64_t)k) * (uint64_t)w->world +
+				  (uint64_t)w->rank;
+		slot = (char *)w->local_slot + (size_t)k * l->slot_bytes;
+		int rc = mlm_batch_build(w->data.ds, l, (uint32_t)w->world, (uint32_t)M, global, slot);
+		if (rc < 0) {
+			*code = fail(w, BERTD_EXIT_DATA, "data", "building batch %llu: %s", (unsigned long long)global,
+				     strerror(-rc));
+			return -1;
+		}
+	}
+	if (slot_to_batch(w, slot, k, b) < 0) {
+		if (*from_ring)
+			ring_release(w->rg, (uint32_t)w->rank);
+		*code = fail(w, BERTD_EXIT_DATA, "data", "batch slot failed its header check");
+		return -1;
+	}
+	return 0;
+}
+
+/* The loop of train() on the device. Per micro-batch: fetch, upload, read
+ * the previous micro-batch's loss (the host fetched while the device
+ * computed), forward, backward; then the optimizer step with the NCCL
+ * all-reduce inside it, and the loss/tokens/stop sums over ranks (w->cm). */
+static int train_gpu(worker *w)
+{
+	char err[512];
+	const jobspec_training *ta = &w->bj.spec.training;
+	const int M = ta->gradient_accumulation_steps;
+	const int64_t max_steps = ta->max_steps;
+	gpu_model *g = w->gm;
+	sync_ctx sc = {.w = w};
+	int code = BERTD_EXIT_OK;
+	if (w->rg)
+		ring_get_counters(w->rg, (uint32_t)w->rank, &w->ring_prev);
+	double t_log = now_s();
+	while (w->tr->step < max_steps) {
+		poll_daemon(w);
+		if (w->world == 1 && w->stop_requested)
+			break;
+		double t0 = now_s(), data_s = 0, h2d_s = 0, loss = 0;
+		w->t_step0 = t0;
+		gpu_model_zero_grad(g);
+		for (int k = 0; k < M; k++) {
+			bert_batch b;
+			bool from_ring;
+			double ta0 = now_s();
+			int rc = gpu_next_batch(w, k, &b, &from_ring, &code);
+			if (rc == 1)
+				goto stop;
+			if (rc < 0)
+				return code;
+			double tb = now_s();
+			data_s += tb - ta0;
+			rc = gpu_model_upload(g, &b, err, sizeof err);
+			if (from_ring)
+				ring_release(w->rg, (uint32_t)w->rank); /* the upload copied it out */
+			if (rc == -EINVAL)
+				return fail(w, BERTD_EXIT_DATA, "data", "step %ld: unusable batch: %s", w->tr->step, err);
+			if (rc < 0)
+				return fail(w, BERTD_EXIT_FAILURE, "internal", "step %ld: uploading a batch: %s",
+					    w->tr->step, strerror(-rc));
+			h2d_s += now_s() - tb;
+			if (k > 0)
+				loss += gpu_model_loss(g);
+			bert_dropout d = {.train = 1, .seed = w->tr->cfg.seed, .rank = w->tr->cfg.rank,
+					  .step = (uint32_t)w->tr->step, .micro = (uint32_t)k};
+			if ((rc = gpu_model_forward(g, &d, gpu_model_loss_scale(g) / (float)M)) < 0 ||
+			    (rc = gpu_model_backward(g)) < 0)
+				return fail(w, BERTD_EXIT_FAILURE, "internal", "step %ld: forward/backward failed: %s",
+					    w->tr->step, strerror(-rc));
+		}
+		loss += gpu_model_loss(g); /* waits for the last backward's forward */
+		loss /= M;
+		double t1 = now_s();
+		w->t_sync0 = w->t_sync1 = t1; /* the NCCL hook moves them */
+		double lr = 0, gnorm = 0;
+		int skipped = 0;
+		int rc = gpu_model_step(g, &lr, &gnorm, &skipped);
+		if (rc == -EPIPE)
+			return fail(w, BERTD_EXIT_PEER_LOST, "peer_lost", "step %ld: the NCCL all-reduce failed",
+				    w->tr->step);
+		if (rc == -ERANGE)
+			return fail(w, BERTD_EXIT_FAILURE, "internal", "step %ld: gradient norm is not finite (loss %g)",
+				    w->tr->step, loss);
+		if (rc < 0)
+			return fail(w, BERTD_EXIT_FAILURE, "internal", "step %ld: optimizer step failed: %s", w->tr->step,
+				    strerror(-rc));
+		if (skipped) {
+			log_warn("step %ld: fp16 gradient overflow, update skipped (loss scale now %g)", w->tr->step,
+				 (double)gpu_model_loss_scale(g));
+			gnorm = w->gnorm_last; /* JSON has no infinity */
+		}
+		w->gnorm_last = gnorm;
+		double t2 = now_s(), ar_s = w->t_sync1 - w->t_sync0;
+		if (w->cm) {
+			if ((rc = sync_flags(&sc, &loss, t1 - t0)) < 0)
+				return fail(w, BERTD_EXIT_PEER_LOST, "peer_lost", "step %ld: a peer was lost: %s",
+					    w->tr->step, strerror(-rc));
+			ar_s += now_s() - t2;
+		}
+		w->tr->step++;
+		train_result res = {.step = w->tr->step, .loss = loss, .lr = lr, .grad_norm = gnorm};
+		double t_end = now_s();
+		w->win_data_s += data_s;
+		w->win_h2d_s += h2d_s;
+		w->win_comm_s += ar_s;
+		w->win_step_s += t_end - t0;
+		double *ph = w->win_ph[w->win_steps % WIN_STEPS_MAX];
+		ph[PH_STEP] = 1000.0 * (t_end - t0);
+		ph[PH_DATA] = 1000.0 * data_s;
+		ph[PH_COMPUTE] = 1000.0 * (t1 - t0 - data_s - h2d_s);
+		ph[PH_ALLREDUCE] = 1000.0 * ar_s;
+		ph[PH_OPTIMIZER] = 1000.0 * (t2 - t1 - (w->t_sync1 - w->t_sync0));
+		w->win_steps++;
+		w->win_loss += res.loss;
+
+		log_window(w, &res, &sc, &t_log);
+		if (w->rank == 0 && ta->save_steps > 0 && res.step % ta->save_steps == 0 && res.step != max_steps) {
+			double tc = now_s();
+			if ((code = gpu_to_host(w)) != 0)
+				return code;
+			if ((rc = save_checkpoint(w, err, sizeof err)) < 0)
+				return fail(w, BERTD_EXIT_IO, "io", "writing checkpoint: %s", err);
+			w->win_ckpt_s += now_s() - tc; /* reported with the next window */
+		}
+		if (w->stop_requested)
+			goto stop;
+	}
+	return (code = gpu_to_host(w)) != 0 ? code : finish_run(w);
+stop:
+	return (code = gpu_to_host(w)) != 0 ? code : stop_run(w);
+}
+#endif /* BERTD_CUDA */
 
 int main(int argc, char **argv)
 {
@@ -580,14 +994,21 @@ int main(int argc, char **argv)
 	}
 	send_msg(&w, json_pack("{s:s, s:i, s:i, s:s}", "type", "hello", "rank", w.rank, "pid", (int)getpid(),
 			       "device", kind));
-	if (strcmp(kind, "cpu") != 0) {
-		/* The CUDA training path (worker/gpu_model.c) is not wired into
-		 * this process yet; refuse rather than silently train on the CPU. */
+	bool on_gpu = false;
+#ifdef BERTD_CUDA
+	on_gpu = strcmp(kind, "cuda") == 0;
+#endif
+	if (strcmp(kind, "cpu") != 0 && !on_gpu) {
+		/* refuse rather than silently train on the CPU */
 		code = fail(&w, BERTD_EXIT_BAD_CONFIG, "bad_config",
-			    "device kind %s: this bertd-worker trains on the CPU backend only so far", kind);
+#ifdef BERTD_CUDA
+			    "device kind %s: this bertd-worker trains on \"cpu\" or \"cuda\"", kind);
+#else
+			    "device kind %s: this bertd-worker was built without CUDA (CPU backend only)", kind);
+#endif
 		goto out;
 	}
-	if (w.bj.spec.training.bf16 == 1 || w.bj.spec.training.fp16 == 1) {
+	if (!on_gpu && (w.bj.spec.training.bf16 == 1 || w.bj.spec.training.fp16 == 1)) {
 		code = fail(&w, BERTD_EXIT_BAD_CONFIG, "bad_config",
 			    "bf16/fp16 asked for, but this job runs on the CPU backend (fp32 only)");
 		goto out;
@@ -642,6 +1063,11 @@ int main(int argc, char **argv)
 			    w.tr->step, (long long)w.bj.start_step);
 		goto out;
 	}
+#ifdef BERTD_CUDA
+	/* the host trainer above made (or loaded) the weights; the device takes them */
+	if (on_gpu && (code = gpu_setup(&w)) != 0)
+		goto out;
+#endif
 	if (w.world > 1) {
 		char cname[160];
 		comm_name_for_job(cname, sizeof cname, w.bj.job_id);
@@ -654,10 +1080,22 @@ int main(int argc, char **argv)
 	log_info("rank %d/%d on %s: %d layers, hidden %d, vocab %d, batch %u x %u, accumulation %d, from step %ld",
 		 w.rank, w.world, kind, tc.model.num_hidden_layers, tc.model.hidden_size, tc.model.vocab_size, l->B,
 		 l->T, M, w.tr->step);
+#ifdef BERTD_CUDA
+	code = on_gpu ? train_gpu(&w) : train(&w);
+#else
 	code = train(&w);
+#endif
 	if (code == BERTD_EXIT_PEER_LOST && w.cm)
 		comm_abort(w.cm, -EPIPE);
 out:
+#ifdef BERTD_CUDA
+	if (code == BERTD_EXIT_PEER_LOST && w.nccl)
+		comm_abort(w.nccl, -EPIPE);
+	comm_destroy(w.nccl);
+	gpu_model_destroy(w.gm);
+	if (w.pinned_area)
+		cudaHostUnregister(w.pinned_area);
+#endif
 	comm_destroy(w.cm);
 	trainer_destroy(w.tr);
 	if (w.rg)
