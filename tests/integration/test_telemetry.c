@@ -254,8 +254,11 @@ static void test_two_ranks_report_per_rank_times(void **state)
 		assert_int_equal(json_array_size(rk), 2);
 		for (int k = 0; k < 2; k++) {
 			double b = json_number_value(json_array_get(rk, k));
-			/* busy (data + forward/backward) fits inside the step */
-			assert_true(b > 0 && b <= num(r, "step_time_ms") * (1 + 1e-9));
+			/* No upper bound from rank 0's step time: each rank starts its
+			 * step clock when its own previous step ended, so a rank that
+			 * finished its optimizer step earlier can be busy a little
+			 * longer than rank 0's step measured (seen flaking at 1 in 6). */
+			assert_true(b > 0);
 			busy[k] += b;
 		}
 		ar += num(json_object_get(r, "phases_ms"), "allreduce");
