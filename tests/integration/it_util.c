@@ -67,3 +67,25 @@ void it_make_corpus(const char *dir, const char *name, int n)
 	fclose(in);
 	fclose(out);
 }
+
+char *it_submit(const bertd *d, const char *spec)
+{
+	http_resp r;
+	assert_int_equal(http_post_json(d, "/v1/jobs", spec, &r), 0);
+	if (r.status != 201)
+		fail_msg("submit: status %ld: %s", r.status, r.body);
+	char *id = strdup(it_jstr(r.json, "id"));
+	http_resp_free(&r);
+	return id;
+}
+
+int it_daemon_finish(bertd *d)
+{
+	int rc = d->pid ? bertd_stop(d) : 0;
+	if (rc != 0) {
+		fprintf(stderr, "bertd exited with %d after SIGTERM (want 0)\n", rc);
+		bertd_print_log(d);
+	}
+	bertd_destroy(d);
+	return rc == 0 ? 0 : -1;
+}

@@ -22,4 +22,10 @@ void it_pause_ms(int ms);
  * dir/name. */
 void it_make_corpus(const char *dir, const char *name, int n);
 
+/* POST /v1/jobs with spec; asserts 201 and returns the new id (caller frees). */
+char *it_submit(const bertd *d, const char *spec);
+/* Ends a test's daemon: SIGTERM (when running) must give exit 0, else its
+ * log is printed; then the temp root is removed. 0, or -1 for a bad exit. */
+int it_daemon_finish(bertd *d);
+
 #endif

@@ -71,14 +71,9 @@ fail:
 static int teardown(void **state)
 {
 	bertd *d = *state;
-	int rc = bertd_stop(d);
-	if (rc != 0) {
-		fprintf(stderr, "bertd exited with %d after SIGTERM (want 0)\n", rc);
-		bertd_print_log(d);
-	}
-	bertd_destroy(d);
+	int rc = it_daemon_finish(d);
 	free(d);
-	return rc == 0 ? 0 : -1;
+	return rc;
 }
 
 static bool matches(const char *s, const char *re)
@@ -113,18 +108,6 @@ static void check_json_ct(const http_resp *r)
 	char ct[128];
 	assert_non_null(http_header(r, "Content-Type", ct, sizeof ct));
 	assert_string_equal(ct, "application/json");
-}
-
-/* Submits spec, asserts 201, returns the new id (caller frees). */
-static char *submit(const bertd *d, const char *spec)
-{
-	http_resp r;
-	assert_int_equal(http_post_json(d, "/v1/jobs", spec, &r), 0);
-	if (r.status != 201)
-		fail_msg("submit: status %ld: %s", r.status, r.body);
-	char *id = strdup(it_jstr(r.json, "id"));
-	http_resp_free(&r);
-	return id;
 }
 
 static void post_path(const bertd *d, const char *fmt, const char *id, http_resp *r)
@@ -534,7 +517,7 @@ static void test_list_paging(void **state)
 	char made[25][32], seen[40][32];
 	int n = 0, sizes[20];
 	for (int i = 0; i < 25; i++) {
-		char *id = submit(d, SPEC_OK);
+		char *id = it_submit(d, SPEC_OK);
 		snprintf(made[i], 32, "%s", id);
 		free(id);
 	}
@@ -574,7 +557,7 @@ static void test_list_paging(void **state)
 static void test_filter_by_state(void **state)
 {
 	bertd *d = *state;
-	char *a = submit(d, SPEC_OK), *b = submit(d, SPEC_OK), *c = submit(d, SPEC_OK);
+	char *a = it_submit(d, SPEC_OK), *b = it_submit(d, SPEC_OK), *c = it_submit(d, SPEC_OK);
 	http_resp r;
 	post_path(d, "/v1/jobs/%s/cancel", b, &r);
 	assert_int_equal(r.status, 200);
@@ -612,7 +595,7 @@ static void test_filter_by_state(void **state)
 static void test_cancel_and_events(void **state)
 {
 	bertd *d = *state;
-	char *id = submit(d, SPEC_OK);
+	char *id = it_submit(d, SPEC_OK);
 	http_resp r;
 	post_path(d, "/v1/jobs/%s/cancel", id, &r);
 	assert_int_equal(r.status, 200);
@@ -656,7 +639,7 @@ static void test_cancel_and_events(void **state)
 static void test_delete(void **state)
 {
 	bertd *d = *state;
-	char *id = submit(d, SPEC_OK), path[128];
+	char *id = it_submit(d, SPEC_OK), path[128];
 	http_resp r;
 	snprintf(path, sizeof path, "/v1/jobs/%s", id);
 	assert_int_equal(http_do(d, "DELETE", path, NULL, 0, NULL, H_AUTH, &r), 0);
@@ -736,7 +719,7 @@ static void test_init_from_confined_to_data_roots(void **state)
 static void test_cancel_running_moves_to_stopping(void **state)
 {
 	bertd *d = *state;
-	char *id = submit(d, SPEC_OK), db[160], path[128];
+	char *id = it_submit(d, SPEC_OK), db[160], path[128];
 	http_resp r;
 	store *st = NULL;
 	snprintf(db, sizeof db, "%s/bertd.db", d->state_dir);

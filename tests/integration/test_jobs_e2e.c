@@ -72,12 +72,9 @@ static int setup(void **state)
 static int teardown(void **state)
 {
 	fx *f = *state;
-	int rc = f->d.pid ? bertd_stop(&f->d) : 0;
-	if (rc != 0)
-		bertd_print_log(&f->d);
-	bertd_destroy(&f->d);
+	int rc = it_daemon_finish(&f->d);
 	free(f);
-	return rc == 0 ? 0 : -1;
+	return rc;
 }
 
 static void wait_dataset_ready(const bertd *d)
@@ -96,17 +93,6 @@ static void wait_dataset_ready(const bertd *d)
 	",\"logging_steps\":5,\"save_steps\":10,\"learning_rate\":0.01,\"warmup_steps\":2,"              \
 	"\"dataloader_num_workers\":" loaders ",\"seed\":7" extra "},"                                     \
 	"\"resources\":{\"gpus\":" gpus "}}"
-
-static char *submit(const bertd *d, const char *spec)
-{
-	http_resp r;
-	assert_int_equal(http_post_json(d, "/v1/jobs", spec, &r), 0);
-	if (r.status != 201)
-		fail_msg("submit: %ld %s", r.status, r.body);
-	char *id = strdup(it_jstr(r.json, "id"));
-	http_resp_free(&r);
-	return id;
-}
 
 static json_t *wait_job(const bertd *d, const char *id, const char *states)
 {
@@ -206,7 +192,7 @@ static void test_full_run(void **state)
 {
 	fx *f = *state;
 	wait_dataset_ready(&f->d);
-	char *id = submit(&f->d, SPEC("full", "60", "2", "1", ""));
+	char *id = it_submit(&f->d, SPEC("full", "60", "2", "1", ""));
 	json_t *job = wait_job(&f->d, id, "completed|failed|canceled");
 	if (strcmp(it_jstr(job, "state"), "completed") != 0)
 		fail_msg("job ended %s: %s", it_jstr(job, "state"),
@@ -285,11 +271,11 @@ static void test_kill_worker_resumes_exactly(void **state)
 {
 	fx *f = *state;
 	wait_dataset_ready(&f->d);
-	char *ref = submit(&f->d, SPEC("ref", "150", "2", "1", ""));
+	char *ref = it_submit(&f->d, SPEC("ref", "150", "2", "1", ""));
 	json_t *jref = wait_job(&f->d, ref, "completed|failed|canceled");
 	assert_string_equal(it_jstr(jref, "state"), "completed");
 
-	char *id = submit(&f->d, SPEC("killed", "150", "2", "1", ""));
+	char *id = it_submit(&f->d, SPEC("killed", "150", "2", "1", ""));
 	wait_step(&f->d, id, 15); /* past the step-10 checkpoint */
 	pid_t pids[4];
 	int n = find_pids(id, "--rank 1", pids, 4);
@@ -334,7 +320,7 @@ static void test_kill_daemon_resumes(void **state)
 {
 	fx *f = *state;
 	wait_dataset_ready(&f->d);
-	char *id = submit(&f->d, SPEC("survivor", "150", "2", "1", ""));
+	char *id = it_submit(&f->d, SPEC("survivor", "150", "2", "1", ""));
 	wait_step(&f->d, id, 15);
 	bertd_kill9(&f->d);
 	/* children die with their parent (PR_SET_PDEATHSIG); wait for them */
@@ -366,7 +352,7 @@ static void test_cancel_running(void **state)
 {
 	fx *f = *state;
 	wait_dataset_ready(&f->d);
-	char *id = submit(&f->d, SPEC("cancel-me", "100000", "1", "0", ""));
+	char *id = it_submit(&f->d, SPEC("cancel-me", "100000", "1", "0", ""));
 	wait_step(&f->d, id, 5);
 	char path[128];
 	snprintf(path, sizeof path, "/v1/jobs/%s/cancel", id);
@@ -392,7 +378,7 @@ static void test_max_runtime(void **state)
 		"\"training_args\":{\"per_device_train_batch_size\":8,\"max_seq_length\":32,\"max_steps\":1000000,"
 		"\"logging_steps\":5,\"save_steps\":1000,\"dataloader_num_workers\":0},"
 		"\"stopping_condition\":{\"max_runtime_seconds\":2}}";
-	char *id = submit(&f->d, spec);
+	char *id = it_submit(&f->d, spec);
 	json_t *job = wait_job(&f->d, id, "canceled|failed|completed");
 	assert_string_equal(it_jstr(job, "state"), "canceled");
 	assert_true(json_is_object(json_object_get(job, "last_checkpoint"))); /* work kept */
@@ -418,9 +404,9 @@ static void test_two_at_once_third_waits(void **state)
 {
 	fx *f = *state;
 	wait_dataset_ready(&f->d);
-	char *a = submit(&f->d, SPEC("a", "100000", "1", "0", ""));
-	char *b = submit(&f->d, SPEC("b", "100000", "1", "0", ""));
-	char *c = submit(&f->d, SPEC("c", "10", "1", "0", ""));
+	char *a = it_submit(&f->d, SPEC("a", "100000", "1", "0", ""));
+	char *b = it_submit(&f->d, SPEC("b", "100000", "1", "0", ""));
+	char *c = it_submit(&f->d, SPEC("c", "10", "1", "0", ""));
 	json_t *ja = wait_job(&f->d, a, "running"), *jb = wait_job(&f->d, b, "running");
 	/* disjoint slots */
 	json_int_t da = json_integer_value(json_object_get(json_array_get(json_object_get(ja, "devices"), 0), "id"));
@@ -479,7 +465,7 @@ static void test_sigterm_requeues(void **state)
 {
 	fx *f = *state;
 	wait_dataset_ready(&f->d);
-	char *id = submit(&f->d, SPEC("drained", "150", "2", "1", ""));
+	char *id = it_submit(&f->d, SPEC("drained", "150", "2", "1", ""));
 	wait_step(&f->d, id, 15);
 	assert_int_equal(bertd_stop(&f->d), 0); /* exit 0 after draining */
 	pid_t pids[8];
@@ -519,7 +505,7 @@ static void test_disk_full(void **state)
 		fprintf(stderr, "cannot mount a tmpfs (%s): skipping\n", strerror(errno));
 		skip();
 	}
-	char *id = submit(&f->d, SPEC("full-disk", "40", "1", "0", ""));
+	char *id = it_submit(&f->d, SPEC("full-disk", "40", "1", "0", ""));
 	json_t *job = wait_job(&f->d, id, "completed|failed|canceled");
 	assert_string_equal(it_jstr(job, "state"), "failed");
 	const char *why = it_jstr(job, "failure_reason");

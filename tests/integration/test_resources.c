@@ -53,12 +53,9 @@ static int setup(void **state)
 static int teardown(void **state)
 {
 	fx *f = *state;
-	int rc = bertd_stop(&f->d);
-	if (rc != 0)
-		bertd_print_log(&f->d);
-	bertd_destroy(&f->d);
+	int rc = it_daemon_finish(&f->d);
 	free(f);
-	return rc == 0 ? 0 : -1;
+	return rc;
 }
 
 static void expect_problem(const bertd *d, const char *body, long status, const char *code,

@@ -72,12 +72,9 @@ static int setup(void **state)
 static int teardown(void **state)
 {
 	fx *f = *state;
-	int rc = f->d.pid ? bertd_stop(&f->d) : 0;
-	if (rc != 0)
-		bertd_print_log(&f->d);
-	bertd_destroy(&f->d);
+	int rc = it_daemon_finish(&f->d);
 	free(f);
-	return rc == 0 ? 0 : -1;
+	return rc;
 }
 
 #define SPEC(name, steps, loaders, profiler)                                                           \
@@ -87,17 +84,6 @@ static int teardown(void **state)
 	"\"training_args\":{\"per_device_train_batch_size\":8,\"max_seq_length\":32,\"max_steps\":" steps \
 	",\"logging_steps\":5,\"save_steps\":20,\"dataloader_num_workers\":" loaders ",\"seed\":7},"      \
 	"\"resources\":{\"gpus\":1}" profiler "}"
-
-static char *submit(const bertd *d, const char *spec)
-{
-	http_resp r;
-	assert_int_equal(http_post_json(d, "/v1/jobs", spec, &r), 0);
-	if (r.status != 201)
-		fail_msg("submit: %ld %s", r.status, r.body);
-	char *id = strdup(it_jstr(r.json, "id"));
-	http_resp_free(&r);
-	return id;
-}
 
 static json_t *rule(json_t *diag, const char *name)
 {
@@ -169,7 +155,7 @@ static double recorded_share(const bertd *d, const char *id, bool loaders)
 static void test_serial_job_diagnosed_from_its_phases(void **state)
 {
 	fx *f = *state;
-	char *id = submit(&f->d, SPEC("serial", "40", "0",
+	char *id = it_submit(&f->d, SPEC("serial", "40", "0",
 				      ",\"profiler\":{\"rules\":{\"input_bound\":{\"max_data_wait_share\":0}}}"));
 	char path[128];
 	snprintf(path, sizeof path, "/v1/jobs/%s", id);
@@ -206,7 +192,7 @@ static void test_serial_job_diagnosed_from_its_phases(void **state)
 static void test_loader_job_verdict_follows_phases(void **state)
 {
 	fx *f = *state;
-	char *id = submit(&f->d, SPEC("loaders", "40", "2", ""));
+	char *id = it_submit(&f->d, SPEC("loaders", "40", "2", ""));
 	char path[128];
 	snprintf(path, sizeof path, "/v1/jobs/%s", id);
 	json_t *j = it_wait_state(&f->d, path, "completed|failed", DEADLINE_S);
@@ -236,7 +222,7 @@ static void test_two_ranks_report_per_rank_times(void **state)
 		"\"max_position_embeddings\":64},\"training_args\":{\"per_device_train_batch_size\":8,"
 		"\"max_seq_length\":32,\"max_steps\":20,\"logging_steps\":5,\"save_steps\":100,"
 		"\"dataloader_num_workers\":0,\"seed\":7},\"resources\":{\"gpus\":2}}";
-	char *id = submit(&f->d, spec);
+	char *id = it_submit(&f->d, spec);
 	char path[128];
 	snprintf(path, sizeof path, "/v1/jobs/%s", id);
 	json_t *j = it_wait_state(&f->d, path, "completed|failed", DEADLINE_S);
@@ -453,7 +439,7 @@ static void test_prometheus_metrics(void **state)
 {
 	fx *f = *state;
 	/* long enough to scrape while it runs; canceled afterwards */
-	char *id = submit(&f->d, SPEC("prom", "100000", "1", ""));
+	char *id = it_submit(&f->d, SPEC("prom", "100000", "1", ""));
 	char path[128], key[256];
 	snprintf(path, sizeof path, "/v1/jobs/%s", id);
 	prom *p = calloc(1, sizeof *p);
