@@ -216,10 +216,13 @@ void tsampler_flush(tsampler *s, json_t *row)
 												: json_real(100.0 * d / wall));
 		}
 		json_decref(s->host_last);
-		s->host_last = json_pack("{s:f, s:o}", "cpu_util_pct",
-					 100.0 * (double)(s->cpu_busy1 - s->cpu_busy0) /
-						 (double)(s->cpu_total1 - s->cpu_total0),
-					 "loader_cpu_pct", ld);
+		/* The kernel's idle and iowait counters are not monotonic (NO_HZ
+		 * idle accounting; iowait can step back), so "busy" may move a
+		 * little against "total": difference signed, then clamp. */
+		double busy = (double)s->cpu_busy1 - (double)s->cpu_busy0;
+		double pct = 100.0 * busy / (double)(s->cpu_total1 - s->cpu_total0);
+		pct = pct < 0 ? 0 : pct > 100 ? 100 : pct;
+		s->host_last = json_pack("{s:f, s:o}", "cpu_util_pct", pct, "loader_cpu_pct", ld);
 		/* the window's end is the next one's start */
 		s->cpu_busy0 = s->cpu_busy1;
 		s->cpu_total0 = s->cpu_total1;
