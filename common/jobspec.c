@@ -190,9 +190,13 @@ static const struct field retry_fields[] = {
 	INT("max_restarts", 0, 100, 3, 0, T_INT, max_restarts),
 };
 
-/* Reserved for the telemetry rules; their content is validated there. */
+/* rules: validated by the telemetry rules (daemon/diagnosis.c).
+ * simulate_data_delay_ms: every batch takes this much longer to produce, in
+ * a loader or on the serial path (loader/batchjob.h) — a slow data source on
+ * demand, to see the diagnosis and size dataloader_num_workers for it. */
 static const struct field profiler_fields[] = {
 	{.key = "rules", .kind = K_OBJECT, .preset_dim = -1, .t = T_NONE},
+	INT("simulate_data_delay_ms", 0, 60000, 0, 0, T_INT, simulate_data_delay_ms),
 };
 
 #define SEC(a) { a, sizeof a / sizeof a[0] }

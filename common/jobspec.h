@@ -91,6 +91,7 @@ typedef struct jobspec {
 	char device[8];                /* "auto" | "cuda" | "cpu" */
 	int64_t max_runtime_seconds;   /* 0 = no limit (null in JSON) */
 	int max_restarts;
+	int simulate_data_delay_ms;    /* profiler.simulate_data_delay_ms: 0 = off */
 } jobspec;
 
 /* Fills *out from an effective spec: one jobspec_normalize would return

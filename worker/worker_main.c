@@ -540,6 +540,7 @@ static int train(worker *w)
 			} else {
 				uint64_t global = ((uint64_t)w->tr->step * (uint64_t)M + (uint64_t)k) *
 						  (uint64_t)w->world + (uint64_t)w->rank;
+				batchjob_simulated_delay(&w->bj);
 				int rc = mlm_batch_build(w->data.ds, l, (uint32_t)w->world, (uint32_t)M, global,
 							 (char *)w->local_slot + (size_t)k * l->slot_bytes);
 				if (rc < 0)
@@ -816,6 +817,7 @@ static int gpu_next_batch(worker *w, int k, bert_batch *b, bool *from_ring, int 
 		uint64_t global = ((uint64_t)w->tr->step * (uint64_t)M + (uint64_t)k) * (uint64_t)w->world +
 				  (uint64_t)w->rank;
 		slot = (char *)w->local_slot + (size_t)k * l->slot_bytes;
+		batchjob_simulated_delay(&w->bj);
 		int rc = mlm_batch_build(w->data.ds, l, (uint32_t)w->world, (uint32_t)M, global, slot);
 		if (rc < 0) {
 			*code = fail(w, BERTD_EXIT_DATA, "data", "building batch %llu: %s", (unsigned long long)global,

@@ -251,9 +251,10 @@ static void test_minimal_gets_every_default(void **state)
 	assert_true(json_is_null(get(o, "stopping_condition", "max_runtime_seconds")));
 	assert_int_equal(geti(o, "retry_policy", "max_restarts"), 3);
 	json_t *prof = get(o, NULL, "profiler");
-	assert_int_equal(json_object_size(prof), 1);
+	assert_int_equal(json_object_size(prof), 2);
 	assert_true(json_is_object(get(o, "profiler", "rules")));
 	assert_int_equal(json_object_size(get(o, "profiler", "rules")), 0);
+	assert_int_equal(json_integer_value(get(o, "profiler", "simulate_data_delay_ms")), 0);
 	json_decref(o);
 
 	/* null means "the default" for every key, sections included */
