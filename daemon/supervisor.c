@@ -818,10 +818,13 @@ static void tick_schedule(supervisor *sv)
 		for (size_t i = 0; i < n; i++) {
 			if (find_run(sv, jobs[i].id))
 				continue;
-			jobspec spec;
-			jobspec_error jerr;
-			json_t *js = stored_spec_load(jobs[i].spec_json);
-			int want = js && jobspec_from_json(js, &spec, &jerr) == 0 ? spec.gpus : 1;
+			/* Only resources.gpus is needed here, every tick, for every
+			 * queued job: read it without validating the whole spec
+			 * (start_job does that). A spec without it asks for 1. */
+			json_t *js = json_loads(jobs[i].spec_json, 0, NULL);
+			json_t *g = json_object_get(json_object_get(js, "resources"), "gpus");
+			int want = json_is_integer(g) && json_integer_value(g) >= 1 && json_integer_value(g) <= 64
+					   ? (int)json_integer_value(g) : 1;
 			json_decref(js);
 			q[nq] = (sched_job){jobs[i].id, jobs[i].priority, jobs[i].seq, want};
 			map[nq++] = i;
