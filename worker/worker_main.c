@@ -573,6 +573,20 @@ static int train(worker *w)
 		w->win_loss += res.loss;
 
 		log_window(w, &res, &sc, &t_log);
+		if (ta->save_steps > 0 && res.step % ta->save_steps == 0 && res.step != max_steps && w->cm) {
+			/* Replicas are identical by construction (same init, same
+			 * all-reduced gradients, same update); checked before rank 0
+			 * checkpoints, so a diverged state is never saved. */
+			rc = comm_replicas_agree(w->cm, w->tr->model->params_memory,
+						 w->tr->model->num_params * sizeof(float));
+			if (rc == 0)
+				return fail(w, BERTD_EXIT_FAILURE, "internal",
+					    "the ranks' parameters differ at step %ld: a replica diverged "
+					    "(restarting from the last checkpoint)",
+					    (long)res.step);
+			if (rc < 0)
+				return fail(w, BERTD_EXIT_PEER_LOST, "peer_lost", "checking replicas: %s", strerror(-rc));
+		}
 		if (w->rank == 0 && ta->save_steps > 0 && res.step % ta->save_steps == 0 && res.step != max_steps) {
 			double tc = now_s();
 			if ((rc = save_checkpoint(w, err, sizeof err)) < 0)
