@@ -70,6 +70,7 @@ typedef struct jobspec_training {
 	int save_total_limit;
 	int dataloader_num_workers;    /* 0 = the worker builds batches serially */
 	bool dataloader_pin_memory;
+	char ddp_reduce_dtype[8];      /* fp32 | bf16 | fp16: the GPU gradient all-reduce's type */
 } jobspec_training;
 
 typedef struct jobspec_mlm {

@@ -759,7 +759,9 @@ static int gpu_setup(worker *w)
 	}
 	if (w->world > 1) {
 #ifdef BERTD_NCCL
-		rc = comm_create_nccl(&w->nccl, w->rank, w->world, GPU_DEVICE, COMM_FP32, nccl_id_send, nccl_id_recv,
+		const char *rd = w->bj.spec.training.ddp_reduce_dtype; /* normalized: fp32 | bf16 | fp16 */
+		comm_dtype reduce = !strcmp(rd, "bf16") ? COMM_BF16 : !strcmp(rd, "fp16") ? COMM_FP16 : COMM_FP32;
+		rc = comm_create_nccl(&w->nccl, w->rank, w->world, GPU_DEVICE, reduce, nccl_id_send, nccl_id_recv,
 				      w, COMM_TIMEOUT_MS);
 		if (rc == -ECANCELED) {
 			log_info("stopped while waiting for the NCCL id");
