@@ -413,7 +413,11 @@ static void migrations_free(migrations *m)
 	m->n = 0;
 }
 
-/* Returns the migration number if line (up to eol) is a marker, else 0. */
+/* Returns the migration number if line (up to eol) is a marker, 0 if it is
+ * not one, -1 if it starts like one but is malformed. Migrations count from
+ * 1, so "-- migration 0" is malformed rather than "not a marker" (it would
+ * otherwise pass silently as a comment inside the previous migration); the
+ * number ends the line or is followed by a title after ':' or a blank. */
 static long marker_number(const char *line, const char *eol)
 {
 	static const char tag[] = "-- migration ";
@@ -422,13 +426,15 @@ static long marker_number(const char *line, const char *eol)
 		return 0;
 	const char *p = line + tl;
 	long v = 0;
-	if (*p < '0' || *p > '9')
+	if (*p < '1' || *p > '9')
 		return -1;
 	for (; p < eol && *p >= '0' && *p <= '9'; p++) {
 		v = v * 10 + (*p - '0');
 		if (v > INT_MAX)
 			return -1;
 	}
+	if (p < eol && *p != ':' && *p != ' ' && *p != '\t' && *p != '\r')
+		return -1;
 	return v;
 }
 

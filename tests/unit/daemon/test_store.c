@@ -226,7 +226,7 @@ static void test_not_a_database(void **state)
 static void test_migrate_forward(void **state)
 {
 	fixture *f = *state;
-	char p[320];
+	char p[320], q0[340];
 	snprintf(p, sizeof p, "%s/mig.db", f->dir);
 	const char *v1 = "-- header comment\n\n-- migration 1\nCREATE TABLE t (a INTEGER);\n";
 	const char *v3 = "-- header comment\n\n-- migration 1\nCREATE TABLE t (a INTEGER);\n"
@@ -268,6 +268,27 @@ static void test_migrate_forward(void **state)
 	assert_int_equal(store_open_schema(&s, p, "-- just a comment\n"), -EINVAL);
 	assert_int_equal(store_open_schema(&s, p, "-- migration x\nSELECT 1;\n"), -EINVAL);
 	assert_int_equal(raw_int(p, "PRAGMA user_version", NULL), 3);
+	/* A marker with a number out of sequence is refused even where it could
+	 * pass for a comment inside the migration before it, and on a new file. */
+	char p0[330];
+	snprintf(p0, sizeof p0, "%s/mig0.db", f->dir);
+	assert_int_equal(store_open_schema(&s, p0, "-- migration 1\nCREATE TABLE w (a);\n"
+						   "-- migration 0\nCREATE TABLE x (b);\n"), -EINVAL);
+	assert_int_equal(store_open_schema(&s, p0, "-- migration 1\nCREATE TABLE w (a);\n"
+						   "-- migration 2x\nCREATE TABLE x (b);\n"), -EINVAL);
+	assert_null(s);
+	/* "-- migration N" may carry a title after a colon or a space. */
+	assert_int_equal(store_open_schema(&s, p0, "-- migration 1\nCREATE TABLE w (a);\n"
+						   "-- migration 2 x\nCREATE TABLE x (b);\n"
+						   "-- migration 3:y\nCREATE TABLE y (c);\r\n"
+						   "-- migration 4\r\nCREATE TABLE z (d);\n"), 0);
+	assert_int_equal(store_schema_version(s), 4);
+	store_close(s);
+	static const char *const sfx[] = {"", "-wal", "-shm"};
+	for (size_t i = 0; i < sizeof sfx / sizeof sfx[0]; i++) {
+		snprintf(q0, sizeof q0, "%s%s", p0, sfx[i]);
+		unlink(q0);
+	}
 	char q[330];
 	snprintf(q, sizeof q, "%s-wal", p);
 	unlink(q);
