@@ -298,15 +298,17 @@ static void *grow(void *arr, size_t *cap, size_t n, size_t elem)
 }
 
 /* Result rows gathered into a growing array: read fills one element and,
- * when it fails, leaves nothing allocated in it, so the caller's free of the
- * first n elements is always right. */
+ * when it fails, leaves nothing allocated in it, so free_all of the first n
+ * elements is always right. */
 typedef struct rows {
 	void *arr;
 	size_t n, cap, elem;
 	row_fn *read;
+	void (*free_all)(void *arr, size_t n);
 } rows;
 
-#define ROWS(type, read_fn) ((rows){.elem = sizeof(type), .read = (read_fn)})
+#define ROWS(type, read_fn, free_fn) \
+	((rows){.elem = sizeof(type), .read = (read_fn), .free_all = (free_fn)})
 
 static int rows_push(sqlite3_stmt *st, void *ctx)
 {
@@ -319,6 +321,19 @@ static int rows_push(sqlite3_stmt *st, void *ctx)
 	if (rc == 0)
 		r->n++;
 	return rc;
+}
+
+/* Ends a collection by the call's result rc: on success hands the array over
+ * (caller owns it, *n elements); on error frees it and returns NULL, *n 0. */
+static void *rows_take(rows *r, int rc, size_t *n)
+{
+	if (rc < 0) {
+		r->free_all(r->arr, r->n);
+		*n = 0;
+		return NULL;
+	}
+	*n = r->n;
+	return r->arr;
 }
 
 static int int_row(sqlite3_stmt *st, void *out)
@@ -713,6 +728,11 @@ void store_jobs_free(store_job *jobs, size_t n)
 	free(jobs);
 }
 
+static void jobs_free_rows(void *arr, size_t n)
+{
+	store_jobs_free(arr, n);
+}
+
 enum { PREV_HASH, PREV_RESPONSE, PREV_JOB_ID, PREV_COUNT };
 
 typedef struct job_insert {
@@ -829,17 +849,14 @@ int store_job_list(store *s, unsigned state_mask, int64_t after_seq, int limit,
 	for (int i = 0; i < JOB_STATE_COUNT; i++)
 		args[2 + i] = ARG_TEXT((state_mask & JOB_MASK(i)) ? job_state_names[i] : NULL);
 	args[10] = ARG_I64((int64_t)limit + 1);
-	job_page pg = {.r = ROWS(store_job, job_read), .limit = (size_t)limit};
+	job_page pg = {.r = ROWS(store_job, job_read, jobs_free_rows), .limit = (size_t)limit};
 	int rc = locked_exec(s, TXN_NONE, "SELECT " JOB_COLS " FROM jobs WHERE seq > ?1 AND "
 					  "(?2 = 0 OR state IN (?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)) "
 					  "ORDER BY seq LIMIT ?11",
 			     args, sizeof args / sizeof args[0], job_page_row, &pg);
-	if (rc < 0) {
-		store_jobs_free(pg.r.arr, pg.r.n);
+	*out = rows_take(&pg.r, rc, n);
+	if (rc < 0)
 		return rc;
-	}
-	*out = pg.r.arr;
-	*n = pg.r.n;
 	*next_seq = pg.next_seq;
 	return 0;
 }
@@ -972,6 +989,11 @@ void store_events_free(store_event *ev, size_t n)
 	free(ev);
 }
 
+static void events_free_rows(void *arr, size_t n)
+{
+	store_events_free(arr, n);
+}
+
 static int event_read(sqlite3_stmt *st, void *dst)
 {
 	store_event *e = dst;
@@ -988,18 +1010,13 @@ int store_job_events(store *s, const char *id, store_event **out, size_t *n)
 	*n = 0;
 	if (!id)
 		return -EINVAL;
-	job_rows q = {.job_id = id, .r = ROWS(store_event, event_read),
+	job_rows q = {.job_id = id, .r = ROWS(store_event, event_read, events_free_rows),
 		      .sql = "SELECT time_ms, from_state, to_state, reason FROM job_events "
 			     "WHERE job_id = ?1 ORDER BY id",
 		      .args = {ARG_TEXT(id)}, .nargs = 1};
 	int rc = in_txn(s, TXN_READ, job_rows_txn, &q);
-	if (rc < 0) {
-		store_events_free(q.r.arr, q.r.n);
-		return rc;
-	}
-	*out = q.r.arr;
-	*n = q.r.n;
-	return 0;
+	*out = rows_take(&q.r, rc, n);
+	return rc < 0 ? rc : 0;
 }
 
 static int count_row(sqlite3_stmt *st, void *ctx)
@@ -1056,6 +1073,11 @@ void store_datasets_free(store_dataset *ds, size_t n)
 	free(ds);
 }
 
+static void datasets_free_rows(void *arr, size_t n)
+{
+	store_datasets_free(arr, n);
+}
+
 /* One DATASET_COLS row into a store_dataset (a row_fn). */
 static int dataset_read(sqlite3_stmt *st, void *dst)
 {
@@ -1110,18 +1132,11 @@ int store_dataset_get_by_name(store *s, const char *name, store_dataset *out)
 
 int store_dataset_list(store *s, store_dataset **out, size_t *n)
 {
-	*out = NULL;
-	*n = 0;
-	rows r = ROWS(store_dataset, dataset_read);
+	rows r = ROWS(store_dataset, dataset_read, datasets_free_rows);
 	int rc = locked_exec(s, TXN_NONE, "SELECT " DATASET_COLS " FROM datasets "
 					  "ORDER BY created_ms, rowid", NO_ARGS, rows_push, &r);
-	if (rc < 0) {
-		store_datasets_free(r.arr, r.n);
-		return rc;
-	}
-	*out = r.arr;
-	*n = r.n;
-	return 0;
+	*out = rows_take(&r, rc, n);
+	return rc < 0 ? rc : 0;
 }
 
 static int dataset_state_row(sqlite3_stmt *st, void *out)
@@ -1226,6 +1241,11 @@ void store_metrics_free(store_metric *m, size_t n)
 	free(m);
 }
 
+static void metrics_free_rows(void *arr, size_t n)
+{
+	store_metrics_free(arr, n);
+}
+
 /* step, time_ms, values_json into a store_metric (a row_fn). */
 static int metric_read(sqlite3_stmt *st, void *dst)
 {
@@ -1253,16 +1273,11 @@ static int metric_query(store *s, const char *sql, const char *job_id, int64_t s
 	*n = 0;
 	if (!job_id || limit < 1)
 		return -EINVAL;
-	job_rows q = {.job_id = job_id, .sql = sql, .r = ROWS(store_metric, metric_read),
+	job_rows q = {.job_id = job_id, .sql = sql, .r = ROWS(store_metric, metric_read, metrics_free_rows),
 		      .args = {ARG_TEXT(job_id), ARG_I64(since_step), ARG_I64(limit)}, .nargs = 3};
 	int rc = in_txn(s, TXN_READ, job_rows_txn, &q);
-	if (rc < 0) {
-		store_metrics_free(q.r.arr, q.r.n);
-		return rc;
-	}
-	*out = q.r.arr;
-	*n = q.r.n;
-	return 0;
+	*out = rows_take(&q.r, rc, n);
+	return rc < 0 ? rc : 0;
 }
 
 int store_metric_list(store *s, const char *job_id, int64_t since_step, int limit,
@@ -1302,6 +1317,11 @@ void store_checkpoints_free(store_checkpoint *c, size_t n)
 	free(c);
 }
 
+static void checkpoints_free_rows(void *arr, size_t n)
+{
+	store_checkpoints_free(arr, n);
+}
+
 static int checkpoint_read(sqlite3_stmt *st, void *dst)
 {
 	store_checkpoint *c = dst;
@@ -1317,18 +1337,13 @@ int store_checkpoint_list(store *s, const char *job_id, store_checkpoint **out, 
 	*n = 0;
 	if (!job_id)
 		return -EINVAL;
-	job_rows q = {.job_id = job_id, .r = ROWS(store_checkpoint, checkpoint_read),
+	job_rows q = {.job_id = job_id, .r = ROWS(store_checkpoint, checkpoint_read, checkpoints_free_rows),
 		      .sql = "SELECT step, path, bytes, created_ms FROM job_checkpoints "
 			     "WHERE job_id = ?1 ORDER BY step",
 		      .args = {ARG_TEXT(job_id)}, .nargs = 1};
 	int rc = in_txn(s, TXN_READ, job_rows_txn, &q);
-	if (rc < 0) {
-		store_checkpoints_free(q.r.arr, q.r.n);
-		return rc;
-	}
-	*out = q.r.arr;
-	*n = q.r.n;
-	return 0;
+	*out = rows_take(&q.r, rc, n);
+	return rc < 0 ? rc : 0;
 }
 
 int store_checkpoint_delete(store *s, const char *job_id, int64_t step)
