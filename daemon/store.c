@@ -371,7 +371,7 @@ static int job_state_row(sqlite3_stmt *st, void *out)
 static int job_state_of(store *s, const char *id, enum job_state *out)
 {
 	return found(sql_exec(s, "SELECT state FROM jobs WHERE id = ?1", ARGS(ARG_TEXT(id)),
-				job_state_row, out), -ENOENT);
+			      job_state_row, out), -ENOENT);
 }
 
 static int job_exists(store *s, const char *id)
@@ -813,7 +813,7 @@ int store_job_get(store *s, const char *id, store_job *out)
 	if (!id)
 		return -EINVAL;
 	return found(locked_exec(s, TXN_NONE, "SELECT " JOB_COLS " FROM jobs WHERE id = ?1",
-				   ARGS(ARG_TEXT(id)), job_read, out), -ENOENT);
+				 ARGS(ARG_TEXT(id)), job_read, out), -ENOENT);
 }
 
 /* A page of store_job_list: one row more than the page is asked for, and
@@ -927,9 +927,9 @@ int store_job_set_devices(store *s, const char *id, const char *devices_json)
 		return -EINVAL;
 	/* No row changed: no such job. */
 	return found(locked_exec(s, TXN_WRITE, "UPDATE jobs SET devices_json = ?2, updated_ms = ?3 "
-						 "WHERE id = ?1",
-				   ARGS(ARG_TEXT(id), ARG_TEXT(devices_json), ARG_I64(now_ms())),
-				   NULL, NULL), -ENOENT);
+					       "WHERE id = ?1",
+				 ARGS(ARG_TEXT(id), ARG_TEXT(devices_json), ARG_I64(now_ms())),
+				 NULL, NULL), -ENOENT);
 }
 
 typedef struct job_restarts {
@@ -942,12 +942,12 @@ static int job_bump_restarts_txn(store *s, void *ctx)
 {
 	job_restarts *c = ctx;
 	int rc = found(sql_exec(s, "UPDATE jobs SET restart_count = restart_count + 1, "
-				     "updated_ms = ?2 WHERE id = ?1",
-				  ARGS(ARG_TEXT(c->id), ARG_I64(c->t)), NULL, NULL), -ENOENT);
+				   "updated_ms = ?2 WHERE id = ?1",
+				ARGS(ARG_TEXT(c->id), ARG_I64(c->t)), NULL, NULL), -ENOENT);
 	if (rc < 0)
 		return rc;
 	return found(sql_exec(s, "SELECT restart_count FROM jobs WHERE id = ?1",
-				ARGS(ARG_TEXT(c->id)), int_row, &c->count), -EIO);
+			      ARGS(ARG_TEXT(c->id)), int_row, &c->count), -EIO);
 }
 
 int store_job_bump_restarts(store *s, const char *id, int *count)
@@ -1117,7 +1117,7 @@ static int dataset_get_where(store *s, const char *sql, const char *key, store_d
 	if (!key)
 		return -EINVAL;
 	return found(locked_exec(s, TXN_NONE, sql, ARGS(ARG_TEXT(key)), dataset_read, out),
-		       -ENOENT);
+		     -ENOENT);
 }
 
 int store_dataset_get(store *s, const char *id, store_dataset *out)
@@ -1149,7 +1149,7 @@ static int dataset_check_preparing(store *s, const char *id)
 {
 	enum dataset_state ds;
 	int rc = found(sql_exec(s, "SELECT state FROM datasets WHERE id = ?1", ARGS(ARG_TEXT(id)),
-				  dataset_state_row, &ds), -ENOENT);
+				dataset_state_row, &ds), -ENOENT);
 	if (rc < 0)
 		return rc;
 	return ds == DATASET_PREPARING ? 0 : -EBUSY;
@@ -1261,8 +1261,8 @@ int store_metric_latest(store *s, const char *job_id, store_metric *out)
 	if (!job_id)
 		return -EINVAL;
 	return found(locked_exec(s, TXN_READ, "SELECT step, time_ms, values_json FROM job_metrics "
-						"WHERE job_id = ?1 ORDER BY step DESC LIMIT 1",
-				   ARGS(ARG_TEXT(job_id)), metric_read, out), -ENOENT);
+					      "WHERE job_id = ?1 ORDER BY step DESC LIMIT 1",
+				 ARGS(ARG_TEXT(job_id)), metric_read, out), -ENOENT);
 }
 
 /* The query of store_metric_list / store_metric_tail: ?1 job, ?2 since, ?3 limit. */
@@ -1352,6 +1352,6 @@ int store_checkpoint_delete(store *s, const char *job_id, int64_t step)
 		return -EINVAL;
 	/* No row changed: no such job or step. */
 	return found(locked_exec(s, TXN_WRITE, "DELETE FROM job_checkpoints "
-						 "WHERE job_id = ?1 AND step = ?2",
-				   ARGS(ARG_TEXT(job_id), ARG_I64(step)), NULL, NULL), -ENOENT);
+					       "WHERE job_id = ?1 AND step = ?2",
+				 ARGS(ARG_TEXT(job_id), ARG_I64(step)), NULL, NULL), -ENOENT);
 }
