@@ -112,27 +112,38 @@ static void report(int ok, const char *what, kdtype dt, double val, double tol)
     gpu_failures += !ok;
 }
 
+/* A CPU model with seeded weights and a GPU model holding the same ones;
+ * NULL (counted as a failure, *cpu freed) when the GPU model cannot be made. */
+static gpu_model *make_pair(const bert_config *c, kdtype dt, const optim_config *oc, uint64_t seed,
+                            bert_model **cpu)
+{
+    if (bert_model_create(cpu, c) != 0)
+        abort();
+    bert_model_init_weights(*cpu, seed);
+    gpu_model *g = NULL;
+    char err[256];
+    if (gpu_model_create(&g, c, dt, 0, TB, TT, TM, oc, err, sizeof err) != 0) {
+        printf("FAIL gpu_model_create %s: %s\n", kdtype_name(dt), err);
+        gpu_failures++;
+        bert_model_destroy(*cpu);
+        return NULL;
+    }
+    if (gpu_model_set_params(g, (*cpu)->params_memory) != 0)
+        abort();
+    return g;
+}
+
 static void test_forward_backward_steps(kdtype dt, int nsp)
 {
     printf("--- whole model, %s%s\n", kdtype_name(dt), nsp ? ", with the NSP head" : "");
     bert_config c = tiny_config(nsp);
     optim_config oc = test_optim_config();
     bert_model *cpu = NULL;
-    if (bert_model_create(&cpu, &c) != 0)
-        abort();
-    bert_model_init_weights(cpu, 1234);
-    gpu_model *g = NULL;
-    char err[256];
-    int rc = gpu_model_create(&g, &c, dt, 0, TB, TT, TM, &oc, err, sizeof err);
-    if (rc != 0) {
-        printf("FAIL gpu_model_create %s: %s\n", kdtype_name(dt), err);
-        gpu_failures++;
-        bert_model_destroy(cpu);
+    gpu_model *g = make_pair(&c, dt, &oc, 1234, &cpu);
+    if (!g)
         return;
-    }
+    char err[256];
     size_t n = cpu->num_params;
-    if (gpu_model_set_params(g, cpu->params_memory) != 0)
-        abort();
     /* GradScaler starts at 65536 and backs off on the first overflows; this
      * test compares steps one for one, so fp16 starts at a scale that does
      * not overflow (the backing off has its own test below) */
@@ -398,20 +409,11 @@ static void test_buckets_final_and_complete(int nsp)
     bert_config c = tiny_config(nsp);
     optim_config oc = test_optim_config();
     bert_model *cpu = NULL;
-    if (bert_model_create(&cpu, &c) != 0)
-        abort();
-    bert_model_init_weights(cpu, 77);
-    gpu_model *g = NULL;
-    char err[256];
-    if (gpu_model_create(&g, &c, KDT_F32, 0, TB, TT, TM, &oc, err, sizeof err) != 0) {
-        printf("FAIL gpu_model_create: %s\n", err);
-        gpu_failures++;
-        bert_model_destroy(cpu);
+    gpu_model *g = make_pair(&c, KDT_F32, &oc, 77, &cpu);
+    if (!g)
         return;
-    }
+    char err[256];
     size_t n = cpu->num_params;
-    if (gpu_model_set_params(g, cpu->params_memory) != 0)
-        abort();
     shadow sh = {.seen = calloc(n, 1), .base = g->grads_memory};
     TCHECK(cudaMalloc((void **)&sh.dev, n * sizeof(float)));
     gpu_model_set_buckets(g, shadow_bucket, shadow_finish, &sh);

@@ -157,6 +157,26 @@ static double recorded_share(const bertd *d, const char *id, bool loaders)
 	return wait / step;
 }
 
+/* Runs spec to completion and returns its diagnosis (caller decrefs), with
+ * *share the data-wait share recomputed from its rows and *ib its
+ * input_bound rule, whose value must be that share. */
+static json_t *run_diagnosed(const bertd *d, const char *spec, bool loaders, double *share, json_t **ib)
+{
+	char *id = it_submit(d, spec);
+	char path[128];
+	snprintf(path, sizeof path, "/v1/jobs/%s", id);
+	json_t *j = it_wait_state(d, path, "completed|failed", DEADLINE_S);
+	assert_string_equal(it_jstr(j, "state"), "completed");
+	json_decref(j);
+	*share = recorded_share(d, id, loaders);
+	snprintf(path, sizeof path, "/v1/jobs/%s/diagnosis", id);
+	json_t *dg = it_get_json(d, path);
+	*ib = rule(dg, "input_bound");
+	assert_true(fabs(num(*ib, "value") - *share) <= 1e-9 * *share + 1e-15);
+	free(id);
+	return dg;
+}
+
 static void test_serial_job_diagnosed_from_its_phases(void **state)
 {
 	fx *f = *state;
@@ -197,22 +217,12 @@ static void test_serial_job_diagnosed_from_its_phases(void **state)
 static void test_loader_job_verdict_follows_phases(void **state)
 {
 	fx *f = *state;
-	char *id = it_submit(&f->d, SPEC("loaders", "40", "2", ""));
-	char path[128];
-	snprintf(path, sizeof path, "/v1/jobs/%s", id);
-	json_t *j = it_wait_state(&f->d, path, "completed|failed", DEADLINE_S);
-	assert_string_equal(it_jstr(j, "state"), "completed");
-	json_decref(j);
-	double share = recorded_share(&f->d, id, true);
-	snprintf(path, sizeof path, "/v1/jobs/%s/diagnosis", id);
-	json_t *dg = it_get_json(&f->d, path);
-	json_t *ib = rule(dg, "input_bound");
-	assert_true(fabs(num(ib, "value") - share) <= 1e-9 * share + 1e-15);
+	double share;
+	json_t *ib, *dg = run_diagnosed(&f->d, SPEC("loaders", "40", "2", ""), true, &share, &ib);
 	assert_true(num(ib, "threshold") == 0.15);
 	assert_string_equal(it_jstr(ib, "status"), share > 0.15 ? "issue" : "ok");
 	fprintf(stderr, "2 loaders: data wait share %.4f -> %s\n", share, it_jstr(ib, "status"));
 	json_decref(dg);
-	free(id);
 }
 
 /* The issue's end-to-end check, with the data source made slow on purpose
@@ -245,45 +255,24 @@ static void test_loader_job_verdict_follows_phases(void **state)
 static void test_slow_source_input_bound_until_enough_loaders(void **state)
 {
 	fx *f = *state;
-	char path[128];
-	char *id = it_submit(&f->d, SLOW_SPEC("slow-serial", "0"));
-	snprintf(path, sizeof path, "/v1/jobs/%s", id);
-	json_t *j = it_wait_state(&f->d, path, "completed|failed", DEADLINE_S);
-	assert_string_equal(it_jstr(j, "state"), "completed");
-	json_decref(j);
-	double share = recorded_share(&f->d, id, false);
-	snprintf(path, sizeof path, "/v1/jobs/%s/diagnosis", id);
-	json_t *dg = it_get_json(&f->d, path);
-	json_t *ib = rule(dg, "input_bound");
+	double share;
+	json_t *ib, *dg = run_diagnosed(&f->d, SLOW_SPEC("slow-serial", "0"), false, &share, &ib);
 	assert_true(num(ib, "threshold") == 0.15);
 	assert_string_equal(it_jstr(ib, "status"), "issue");
-	assert_true(fabs(num(ib, "value") - share) <= 1e-9 * share);
 	int want = 0;
 	const char *rem = strstr(it_jstr(ib, "remedy"), "raise dataloader_num_workers from 0 to ");
 	assert_non_null(rem);
 	assert_int_equal(sscanf(rem, "raise dataloader_num_workers from 0 to %d", &want), 1);
 	/* serial path: a batch takes the data wait itself; aim at 2/3 load */
-	double busy_share = 1 - share;
-	assert_int_equal(want, (int)ceil(1.5 * share / busy_share));
+	assert_int_equal(want, (int)ceil(1.5 * share / (1 - share)));
 	assert_true(want >= 1 && want <= 24);
 	fprintf(stderr, "slow source, 0 loaders: data wait share %.3f -> remedy %d loaders\n", share, want);
 	json_decref(dg);
-	free(id);
 
-	id = it_submit(&f->d, SLOW_SPEC("slow-loaders", "24"));
-	snprintf(path, sizeof path, "/v1/jobs/%s", id);
-	j = it_wait_state(&f->d, path, "completed|failed", DEADLINE_S);
-	assert_string_equal(it_jstr(j, "state"), "completed");
-	json_decref(j);
-	share = recorded_share(&f->d, id, true);
-	snprintf(path, sizeof path, "/v1/jobs/%s/diagnosis", id);
-	dg = it_get_json(&f->d, path);
-	ib = rule(dg, "input_bound");
+	dg = run_diagnosed(&f->d, SLOW_SPEC("slow-loaders", "24"), true, &share, &ib);
 	fprintf(stderr, "slow source, 24 loaders: data wait share %.3f -> %s\n", share, it_jstr(ib, "status"));
 	assert_string_equal(it_jstr(ib, "status"), "ok");
-	assert_true(fabs(num(ib, "value") - share) <= 1e-9 * share + 1e-15);
 	json_decref(dg);
-	free(id);
 }
 
 /* Two workers: each rank's busy time rides the all-reduce to rank 0, the
