@@ -140,8 +140,10 @@ static void test_forward(kdtype dt, int N, int C, int OC, int required)
         dev_to(got, act, no, dt);
         snprintf(name, sizeof name, "lt fwd GELU_AUX_BIAS act (tanh form) %dx%dx%d", N, C, OC);
         check_close(name, dt, got, gt, no, tol_gelu(dt));
-        if (dt == KDT_F32) {
-            /* which GELU is it? judged where the forms differ beyond noise */
+        if (dt == KDT_F32 && no >= 100000) {
+            /* which GELU is it? judged where the forms differ beyond noise
+             * (at bert-base widths the pre-activations reach |x| > 1.3,
+             * where they do; small shapes stay mostly below) */
             size_t n = 0, nearer_tanh = 0;
             for (size_t i = 0; i < no; i++) {
                 double e = gelu_erf(ref[i]), t = gelu_tanh(ref[i]);
