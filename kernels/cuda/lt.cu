@@ -378,8 +378,10 @@ int cuda_lt_matmul_backward_dt(void *dinp, float *dweight, float *dbias, const v
 {
     if (pre && !dinp)
         return -EINVAL;
-    if (N <= 0 || OC <= 0 || C <= 0)
-        return N <= 0 || OC <= 0 ? 0 : -ENOTSUP;
+    if (N <= 0) // nothing to add; dinp has no rows
+        return 0;
+    if (OC <= 0 || C <= 0) // degenerate GEMMs: the cuBLAS path writes the zeros
+        return -ENOTSUP;
     if ((pre && C % 8) || (dbias && (size_t)OC > LT_BGRAD_FLOATS))
         return -ENOTSUP;
     /* both plans before anything runs: -ENOTSUP means nothing was enqueued */
