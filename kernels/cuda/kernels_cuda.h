@@ -61,14 +61,15 @@ void cuda_lt_stats(long *plans, long *heuristic_queries);
  * "gelu_new"), not BERT's erf "gelu": pre (N,OC) receives inp@W^T + bias and
  * out = gelu_tanh(pre); it needs OC % 8 == 0.
  * Returns 0, or -ENOTSUP having enqueued nothing when cuBLASLt has no
- * algorithm for this shape, dtype, epilogue and alignment (or cuda_lt_init
- * has not run): the caller then uses cuda_matmul_forward_dt. */
+ * algorithm for this shape, dtype, epilogue and alignment (bias and pre must
+ * be 16-byte aligned), or cuda_lt_init has not run on this thread: the
+ * caller then uses cuda_matmul_forward_dt. */
 int cuda_lt_matmul_forward_dt(void *out, void *pre, const void *inp, const void *weight,
                               const void *bias, int N, int C, int OC, kdtype dt,
                               cudaStream_t stream);
 /* The backward of that: dinp (N,C, may be NULL) = dout @ weight, or with pre
- * (N,C: the saved pre-activation of the GELU that produced inp; needs dinp
- * and C % 8 == 0) dinp = (dout @ weight) * gelu_tanh'(pre); dweight (OC,C)
+ * (N,C: the saved pre-activation of the GELU that produced inp; needs dinp,
+ * C % 8 == 0 and 16-byte alignment) dinp = (dout @ weight) * gelu_tanh'(pre); dweight (OC,C)
  * fp32 += dout^T @ inp; dbias (OC, fp32, may be NULL) += column sums of dout
  * (the BGRADB epilogue of the dweight GEMM). Returns 0; -ENOTSUP when
  * cuBLASLt cannot run it: then dweight and dbias are untouched (dinp may have
