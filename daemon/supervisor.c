@@ -554,7 +554,12 @@ static int start_job(supervisor *sv, const store_job *j, const int *dev, int nde
 		snprintf(omp, sizeof omp, "OMP_NUM_THREADS=%d", threads);
 		snprintf(blas, sizeof blas, "OPENBLAS_NUM_THREADS=%d", threads);
 		char *argv[] = {worker_bin, "--job", job_json, "--rank", rank, NULL};
-		char *envp[] = {"PATH=/usr/bin:/bin", cvd, omp, blas, NULL};
+		/* BERTD_GEMM=cublas (worker/gpu_model.h) reaches the workers: the
+		 * operator's way back from the cuBLASLt GEMM path */
+		char gemm[64];
+		const char *gv = getenv("BERTD_GEMM");
+		snprintf(gemm, sizeof gemm, "BERTD_GEMM=%s", gv ? gv : "");
+		char *envp[] = {"PATH=/usr/bin:/bin", cvd, omp, blas, gv ? gemm : NULL, NULL};
 		rc = spawn_child(sv, r, ROLE_WORKER, k, argv, envp, logp);
 	}
 	if (rc < 0) {

@@ -205,6 +205,37 @@ static int scaled_M(int max_M, int max_B, int b)
     return (int)(((long long)max_M * b + max_B - 1) / max_B);
 }
 
+/* BERTD_GEMM: unset or "auto" prefers cuBLASLt and falls back to cuBLAS when
+ * it cannot start; "cublaslt" insists on it; "cublas" forces the cuBLAS path
+ * (the way back if the cuBLASLt path misbehaves on some GPU or driver). */
+static int gemm_pick(gpu_model *g, char *err, size_t errlen)
+{
+    const char *v = getenv("BERTD_GEMM");
+    int need = 0;
+    g->gemm_lt = 0;
+    if (v && strcmp(v, "cublas") == 0)
+        return 0;
+    if (v && strcmp(v, "cublaslt") == 0) {
+        need = 1;
+    } else if (v && *v && strcmp(v, "auto") != 0) {
+        snprintf(err, errlen, "BERTD_GEMM=\"%s\": expected cublas, cublaslt or auto", v);
+        return -EINVAL;
+    }
+    int rc = cuda_lt_init();
+    if (rc < 0) {
+        if (need) {
+            snprintf(err, errlen, "BERTD_GEMM=cublaslt, but cuBLASLt could not start on device %d",
+                     g->device);
+            return rc;
+        }
+        fprintf(stderr, "gpu_model: cuBLASLt unavailable (%s): linear layers use cuBLAS\n",
+                strerror(-rc));
+        return 0;
+    }
+    g->gemm_lt = 1;
+    return 0;
+}
+
 int gpu_model_create(gpu_model **out, const bert_config *cfg, kdtype dt, int device, int max_B,
                      int T, int max_M, const optim_config *oc, char *err, size_t errlen)
 {
@@ -276,6 +307,9 @@ int gpu_model_create(gpu_model **out, const bert_config *cfg, kdtype dt, int dev
         snprintf(err, errlen, "cuBLAS initialisation failed on device %d", device);
         goto out;
     }
+    rc = gemm_pick(g, err, errlen);
+    if (rc < 0)
+        goto out;
 
     size_t n = g->num_params, lp_bytes = dt == KDT_F32 ? 0 : n * kdtype_size(dt);
     GPU_TRY(cudaMalloc(&g->params_alloc, align256(n * 4 + lp_bytes)));
@@ -563,6 +597,65 @@ static void *lp(gpu_model *g, int i, size_t k)
     return el(g->params_lp_memory, off + k, g->dt);
 }
 
+/* fp32 parameter tensor i and its gradient, at element offset k within it */
+static size_t param_at(const gpu_model *g, int i, size_t k)
+{
+    for (int j = 0; j < i; j++)
+        k += g->param_sizes[j];
+    return k;
+}
+static float *pf(gpu_model *g, int i, size_t k)
+{
+    return g->params_memory + param_at(g, i, k);
+}
+static float *gf(gpu_model *g, int i, size_t k)
+{
+    return g->grads_memory + param_at(g, i, k);
+}
+
+/* The linear layers: weight tensor wi at element offset woff, bias tensor bi
+ * at boff. cuBLASLt with the bias in the GEMM's epilogue (it reads the
+ * bias's dt copy) when g->gemm_lt and cuBLASLt has an algorithm for the
+ * shape; else cuBLAS and a bias pass over the output (fp32 bias). */
+static void linear_forward(gpu_model *g, void *out, const void *inp, int wi, size_t woff, int bi,
+                           size_t boff, int N, int C, int OC)
+{
+    const void *w = lp(g, wi, woff);
+    if (g->gemm_lt && cuda_lt_matmul_forward_dt(out, NULL, inp, w, lp(g, bi, boff), N, C, OC,
+                                                g->dt, g->compute) == 0)
+        return;
+    cuda_matmul_forward_dt(out, inp, w, pf(g, bi, boff), N, C, OC, g->dt, g->compute);
+}
+
+/* pre = inp @ W^T + b, act = gelu(pre), GELU in the erf form of HF "gelu".
+ * cuBLASLt's GELU epilogue is the tanh form, so on the cuBLASLt path only
+ * the bias is fused and the GELU stays a pass of its own; the cuBLAS path
+ * keeps its fused bias+GELU pass. */
+static void linear_gelu_forward(gpu_model *g, void *act, void *pre, const void *inp, int wi,
+                                size_t woff, int bi, size_t boff, int N, int C, int OC)
+{
+    const void *w = lp(g, wi, woff);
+    if (g->gemm_lt && cuda_lt_matmul_forward_dt(pre, NULL, inp, w, lp(g, bi, boff), N, C, OC,
+                                                g->dt, g->compute) == 0) {
+        cuda_gelu_forward_dt(act, pre, (size_t)N * OC, g->dt, g->compute);
+        return;
+    }
+    cuda_matmul_forward_dt(pre, inp, w, NULL, N, C, OC, g->dt, g->compute);
+    cuda_bias_gelu_forward_dt(act, pre, pf(g, bi, boff), N, OC, g->dt, g->compute);
+}
+
+/* dinp (may be NULL) =, dW +=, db += (BGRADB epilogue on the cuBLASLt path). */
+static void linear_backward(gpu_model *g, void *dinp, const void *dout, const void *inp, int wi,
+                            size_t woff, int bi, size_t boff, int N, int C, int OC)
+{
+    const void *w = lp(g, wi, woff);
+    float *dw = gf(g, wi, woff), *db = gf(g, bi, boff);
+    if (g->gemm_lt && cuda_lt_matmul_backward_dt(dinp, dw, db, dout, inp, w, NULL, N, C, OC,
+                                                 g->dt, g->compute) == 0)
+        return;
+    cuda_matmul_backward_dt(dinp, dw, db, dout, inp, w, N, C, OC, g->dt, g->compute);
+}
+
 int gpu_model_forward(gpu_model *g, const bert_dropout *d, float loss_scale)
 {
     if (g->staged < 0)
@@ -602,23 +695,22 @@ int gpu_model_forward(gpu_model *g, const bert_dropout *d, float loss_scale)
              *ln2 = el(a->ln2, l * NC, dt);
         void *fch = el(a->fch, (size_t)l * N * I, dt), *fch_gelu = el(a->fch_gelu, (size_t)l * N * I, dt);
 
-        cuda_matmul_forward_dt(a->qkv_s, x, lp(g, BP_QKVW, (size_t)l * 3 * C * C),
-                               p->qkvb + (size_t)l * 3 * C, (int)N, C, 3 * C, dt, st);
+        linear_forward(g, a->qkv_s, x, BP_QKVW, (size_t)l * 3 * C * C, BP_QKVB, (size_t)l * 3 * C,
+                       (int)N, C, 3 * C);
         r = site_rng(&rs, d, pa, l, DROPOUT_SITE_ATTN_PROBS);
         cuda_attention_forward_dt(atty, qkvr, att, a->att_scratch, a->qkv_s, lens, r, pa, B, T, C,
                                   NH, dt, st);
-        cuda_matmul_forward_dt(a->proj_s, atty, lp(g, BP_ATTPROJW, (size_t)l * C * C),
-                               p->attprojb + (size_t)l * C, (int)N, C, C, dt, st);
+        linear_forward(g, a->proj_s, atty, BP_ATTPROJW, (size_t)l * C * C, BP_ATTPROJB,
+                       (size_t)l * C, (int)N, C, C);
         r = site_rng(&rs, d, ph, l, DROPOUT_SITE_ATTN_OUT);
         cuda_residual_dropout_layernorm_forward_dt(ln1, res1, a->ln1_mean + l * N,
                                                    a->ln1_rstd + l * N, x, a->proj_s, r, ph,
                                                    p->ln1w + (size_t)l * C, p->ln1b + (size_t)l * C,
                                                    (int)N, C, eps, dt, st);
-        cuda_matmul_forward_dt(fch, ln1, lp(g, BP_FCW, (size_t)l * I * C), NULL, (int)N, C, I, dt,
-                               st);
-        cuda_bias_gelu_forward_dt(fch_gelu, fch, p->fcb + (size_t)l * I, (int)N, I, dt, st);
-        cuda_matmul_forward_dt(a->proj_s, fch_gelu, lp(g, BP_FCPROJW, (size_t)l * C * I),
-                               p->fcprojb + (size_t)l * C, (int)N, I, C, dt, st);
+        linear_gelu_forward(g, fch_gelu, fch, ln1, BP_FCW, (size_t)l * I * C, BP_FCB,
+                            (size_t)l * I, (int)N, C, I);
+        linear_forward(g, a->proj_s, fch_gelu, BP_FCPROJW, (size_t)l * C * I, BP_FCPROJB,
+                       (size_t)l * C, (int)N, I, C);
         r = site_rng(&rs, d, ph, l, DROPOUT_SITE_FFN_OUT);
         cuda_residual_dropout_layernorm_forward_dt(ln2, res2, a->ln2_mean + l * N,
                                                    a->ln2_rstd + l * N, ln1, a->proj_s, r, ph,
@@ -631,11 +723,10 @@ int gpu_model_forward(gpu_model *g, const bert_dropout *d, float loss_scale)
      * place of the logits right away (the logits are not needed again) */
     if (M > 0) {
         cuda_gather_rows_forward_dt(a->hsel, hidden, pos, M, C, dt, st);
-        cuda_matmul_forward_dt(a->hd, a->hsel, lp(g, BP_HEAD_W, 0), NULL, M, C, C, dt, st);
-        cuda_bias_gelu_forward_dt(a->hg, a->hd, p->head_b, M, C, dt, st);
+        linear_gelu_forward(g, a->hg, a->hd, a->hsel, BP_HEAD_W, 0, BP_HEAD_B, 0, M, C, C);
         cuda_layernorm_forward_dt(a->hln, a->h_mean, a->h_rstd, a->hg, p->head_lnw, p->head_lnb, M,
                                   C, eps, dt, st);
-        cuda_matmul_forward_dt(a->logits, a->hln, lp(g, BP_WTE, 0), p->dec_b, M, C, V, dt, st);
+        linear_forward(g, a->logits, a->hln, BP_WTE, 0, BP_DEC_B, 0, M, C, V);
         cuda_mlm_xent_fused_dt(a->losses, a->logits, labels,
                                loss_scale > 0 ? loss_scale / (float)M : 0.0f, M, V, dt, st);
         cuda_sum(a->loss_sum, a->losses, M, st);
@@ -645,11 +736,9 @@ int gpu_model_forward(gpu_model *g, const bert_dropout *d, float loss_scale)
     /* NSP head (BertForPreTraining): pooler on the CLS rows, 2-way loss */
     if (c->nsp) {
         cuda_gather_rows_forward_dt(a->cls, hidden, cls_rows, B, C, dt, st);
-        cuda_matmul_forward_dt(a->pool_pre, a->cls, lp(g, BP_POOL_W, 0), p->pool_b, B, C, C, dt,
-                               st);
+        linear_forward(g, a->pool_pre, a->cls, BP_POOL_W, 0, BP_POOL_B, 0, B, C, C);
         cuda_tanh_forward_dt(a->pooled, a->pool_pre, (size_t)B * C, dt, st);
-        cuda_matmul_forward_dt(a->nsp_logits, a->pooled, lp(g, BP_NSP_W, 0), p->nsp_b, B, C, 2,
-                               dt, st);
+        linear_forward(g, a->nsp_logits, a->pooled, BP_NSP_W, 0, BP_NSP_B, 0, B, C, 2);
         cuda_mlm_xent_fused_dt(a->nsp_losses, a->nsp_logits, nsp_labels,
                                loss_scale > 0 ? loss_scale / (float)B : 0.0f, B, 2, dt, st);
         cuda_sum(a->loss_sum + 1, a->nsp_losses, B, st);
@@ -721,22 +810,18 @@ int gpu_model_backward(gpu_model *g)
     GPU_TRY(cudaMemsetAsync(a->d_res, 0, NC * kdtype_size(dt), st)); // d hidden, scattered below
     if (M > 0) {
         /* a->logits holds d(loss_scale * loss)/d logits since forward */
-        cuda_matmul_backward_dt(a->d_h1, gr->wte, gr->dec_b, a->logits, a->hln, lp(g, BP_WTE, 0),
-                                M, C, V, dt, st);
+        linear_backward(g, a->d_h1, a->logits, a->hln, BP_WTE, 0, BP_DEC_B, 0, M, C, V);
         cuda_layernorm_backward_dt(a->d_h2, gr->head_lnw, gr->head_lnb, a->d_h1, a->hg,
                                    p->head_lnw, a->h_mean, a->h_rstd, M, C, dt, st);
         cuda_gelu_backward_dt(a->d_h1, a->hd, a->d_h2, (size_t)M * C, dt, st);
-        cuda_matmul_backward_dt(a->d_h2, gr->head_w, gr->head_b, a->d_h1, a->hsel,
-                                lp(g, BP_HEAD_W, 0), M, C, C, dt, st);
+        linear_backward(g, a->d_h2, a->d_h1, a->hsel, BP_HEAD_W, 0, BP_HEAD_B, 0, M, C, C);
         cuda_gather_rows_backward_dt(a->d_res, a->d_h2, pos, M, C, dt, st);
     }
     if (c->nsp) {
         /* a->nsp_logits holds the gradient of loss_scale * nsp loss */
-        cuda_matmul_backward_dt(a->d_pool, gr->nsp_w, gr->nsp_b, a->nsp_logits, a->pooled,
-                                lp(g, BP_NSP_W, 0), B, C, 2, dt, st);
+        linear_backward(g, a->d_pool, a->nsp_logits, a->pooled, BP_NSP_W, 0, BP_NSP_B, 0, B, C, 2);
         cuda_tanh_backward_dt(a->d_cls, a->pooled, a->d_pool, (size_t)B * C, dt, st);
-        cuda_matmul_backward_dt(a->d_pool, gr->pool_w, gr->pool_b, a->d_cls, a->cls,
-                                lp(g, BP_POOL_W, 0), B, C, C, dt, st);
+        linear_backward(g, a->d_pool, a->d_cls, a->cls, BP_POOL_W, 0, BP_POOL_B, 0, B, C, C);
         cuda_gather_rows_backward_dt(a->d_res, a->d_pool, cls_rows, B, C, dt, st); // rows b*T
     }
     /* d(layer output) = d_res + d_extra (the second piece, from the next
@@ -757,13 +842,11 @@ int gpu_model_backward(gpu_model *g)
             a->d_a, a->d_c, gr->ln2w + (size_t)l * C, gr->ln2b + (size_t)l * C, a->d_res, d_extra,
             res2, p->ln2w + (size_t)l * C, a->ln2_mean + l * N, a->ln2_rstd + l * N, r, ph, (int)N,
             C, dt, st);
-        cuda_matmul_backward_dt(a->d_fch_gelu, gr->fcprojw + (size_t)l * C * I,
-                                gr->fcprojb + (size_t)l * C, a->d_c, fch_gelu,
-                                lp(g, BP_FCPROJW, (size_t)l * C * I), (int)N, I, C, dt, st);
+        linear_backward(g, a->d_fch_gelu, a->d_c, fch_gelu, BP_FCPROJW, (size_t)l * C * I,
+                        BP_FCPROJB, (size_t)l * C, (int)N, I, C);
         cuda_gelu_backward_dt(a->d_fch, fch, a->d_fch_gelu, N * I, dt, st);
-        cuda_matmul_backward_dt(a->d_b, gr->fcw + (size_t)l * I * C, gr->fcb + (size_t)l * I,
-                                a->d_fch, ln1, lp(g, BP_FCW, (size_t)l * I * C), (int)N, C, I, dt,
-                                st);
+        linear_backward(g, a->d_b, a->d_fch, ln1, BP_FCW, (size_t)l * I * C, BP_FCB, (size_t)l * I,
+                        (int)N, C, I);
         /* LN1 over res1 = x + dropout(attproj), fed d ln1 = d_a + d_b:
          * d_res = d x (residual part), d_c = d attproj */
         r = site_rng(&rs, d, ph, l, DROPOUT_SITE_ATTN_OUT);
@@ -771,15 +854,13 @@ int gpu_model_backward(gpu_model *g)
             a->d_res, a->d_c, gr->ln1w + (size_t)l * C, gr->ln1b + (size_t)l * C, a->d_a, a->d_b,
             res1, p->ln1w + (size_t)l * C, a->ln1_mean + l * N, a->ln1_rstd + l * N, r, ph, (int)N,
             C, dt, st);
-        cuda_matmul_backward_dt(a->d_a, gr->attprojw + (size_t)l * C * C,
-                                gr->attprojb + (size_t)l * C, a->d_c, atty,
-                                lp(g, BP_ATTPROJW, (size_t)l * C * C), (int)N, C, C, dt, st);
+        linear_backward(g, a->d_a, a->d_c, atty, BP_ATTPROJW, (size_t)l * C * C, BP_ATTPROJB,
+                        (size_t)l * C, (int)N, C, C);
         r = site_rng(&rs, d, pa, l, DROPOUT_SITE_ATTN_PROBS);
         cuda_attention_backward_dt(a->d_qkv, a->d_qkvr, a->d_att, a->att_scratch, a->d_a, qkvr,
                                    att, lens, r, pa, B, T, C, NH, dt, st);
-        cuda_matmul_backward_dt(a->d_b, gr->qkvw + (size_t)l * 3 * C * C,
-                                gr->qkvb + (size_t)l * 3 * C, a->d_qkv, x,
-                                lp(g, BP_QKVW, (size_t)l * 3 * C * C), (int)N, C, 3 * C, dt, st);
+        linear_backward(g, a->d_b, a->d_qkv, x, BP_QKVW, (size_t)l * 3 * C * C, BP_QKVB,
+                        (size_t)l * 3 * C, (int)N, C, 3 * C);
         d_extra = a->d_b;
         /* layer l's weight matrices are final: reduce them while the
          * layers below run backward */

@@ -10,6 +10,16 @@
  * (m, v: 2 fp32 spans) and activations (sized for B_max x T x M_max by
  * gpu_model_act_bytes; includes the two device batch slots). A batch that
  * does not fit is refused at create time with the largest B that would.
+ * Outside the categories, per thread and inside the SLACK the plan keeps
+ * free: the cuBLAS workspace (32 MiB, kernels/cuda/matmul.cu) and, on the
+ * cuBLASLt path, one more allocation of 33 MiB (cuBLASLt workspace + fp32
+ * bias-gradient scratch, kernels/cuda/lt.cu), both made once at create.
+ *
+ * GEMMs: the linear layers run through cuBLASLt with the bias added (and the
+ * bias gradient summed) in the GEMM's epilogue where cuBLASLt has an
+ * algorithm for the shape, else through cuBLAS plus separate bias passes.
+ * BERTD_GEMM=cublas in the environment forces the cuBLAS path (read at
+ * create; "cublaslt" requires cuBLASLt; unset or "auto" prefers it).
  *
  * Streams: `compute` runs every kernel; `copy` runs H2D batch copies, ordered
  * with events (a slot is rewritten only after the step that read it is done).
@@ -74,6 +84,7 @@ typedef int (*gpu_bucket_finish_fn)(void *ctx, cudaStream_t compute);
 typedef struct gpu_model {
     bert_config cfg;
     kdtype dt;                     // activation / GEMM operand type
+    int gemm_lt;                   // 1: linear layers through cuBLASLt epilogues (BERTD_GEMM)
     int device;
     size_t param_sizes[BERT_NUM_PARAM_TENSORS];
     size_t num_params;

@@ -16,8 +16,9 @@
  * would not see (a launch failure) abort through CUDA_CHECK with file:line,
  * as llm.c does: they are programming errors, not bad input. This module
  * allocates device memory only in cuda_kernels_init (the cuBLAS handle and
- * its workspace), never synchronizes the device, and never validates user
- * data: callers (worker/gpu_model.c) check shapes and ids first.
+ * its workspace) and cuda_lt_init (the cuBLASLt workspace), never
+ * synchronizes the device, and never validates user data: callers
+ * (worker/gpu_model.c) check shapes and ids first.
  *
  * Dims as in kernels.h: B, T, C, NH, I, V, N = B*T, M masked rows.
  */
@@ -44,6 +45,39 @@ const char *kdtype_name(kdtype dt);
  * Returns 0 or -EIO (message logged to stderr). */
 int cuda_kernels_init(void);
 void cuda_kernels_shutdown(void);
+
+/* ---- nn.Linear GEMMs through cuBLASLt with fused epilogues (lt.cu) ----
+ * The calling thread's cuBLASLt handle, 32 MiB workspace and 1 MiB of
+ * bias-gradient scratch (one cudaMalloc), and its cache of per-shape matmul
+ * plans. Like the cuBLAS workspace, one thread's calls must not run on two
+ * streams at once. 0, -EIO (no cuBLASLt) or -ENOMEM. */
+int cuda_lt_init(void);
+void cuda_lt_shutdown(void);
+/* Plans cached so far and heuristic queries made, for this thread. */
+void cuda_lt_stats(long *plans, long *heuristic_queries);
+/* out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias, all of type dt; bias (OC)
+ * is in dt too (the GEMM's bias epilogue reads the output type) and may be
+ * NULL. pre != NULL selects the GELU epilogue, which is the TANH form (HF
+ * "gelu_new"), not BERT's erf "gelu": pre (N,OC) receives inp@W^T + bias and
+ * out = gelu_tanh(pre); it needs OC % 8 == 0.
+ * Returns 0, or -ENOTSUP having enqueued nothing when cuBLASLt has no
+ * algorithm for this shape, dtype, epilogue and alignment (bias and pre must
+ * be 16-byte aligned), or cuda_lt_init has not run on this thread: the
+ * caller then uses cuda_matmul_forward_dt. */
+int cuda_lt_matmul_forward_dt(void *out, void *pre, const void *inp, const void *weight,
+                              const void *bias, int N, int C, int OC, kdtype dt,
+                              cudaStream_t stream);
+/* The backward of that: dinp (N,C, may be NULL) = dout @ weight, or with pre
+ * (N,C: the saved pre-activation of the GELU that produced inp; needs dinp,
+ * C % 8 == 0 and 16-byte alignment) dinp = (dout @ weight) * gelu_tanh'(pre); dweight (OC,C)
+ * fp32 += dout^T @ inp; dbias (OC, fp32, may be NULL) += column sums of dout
+ * (the BGRADB epilogue of the dweight GEMM). Returns 0; -ENOTSUP when
+ * cuBLASLt cannot run it: then dweight and dbias are untouched (dinp may have
+ * been written) and the caller runs cuda_matmul_backward_dt; -EINVAL for pre
+ * without dinp. */
+int cuda_lt_matmul_backward_dt(void *dinp, float *dweight, float *dbias, const void *dout,
+                               const void *inp, const void *weight, const void *pre, int N,
+                               int C, int OC, kdtype dt, cudaStream_t stream);
 
 /* ---- conversions and fills ---- */
 void cuda_cast(void *dst, kdtype dst_dt, const void *src, kdtype src_dt, size_t n,
