@@ -554,12 +554,20 @@ static int start_job(supervisor *sv, const store_job *j, const int *dev, int nde
 		snprintf(omp, sizeof omp, "OMP_NUM_THREADS=%d", threads);
 		snprintf(blas, sizeof blas, "OPENBLAS_NUM_THREADS=%d", threads);
 		char *argv[] = {worker_bin, "--job", job_json, "--rank", rank, NULL};
-		/* BERTD_GEMM=cublas (worker/gpu_model.h) reaches the workers: the
-		 * operator's way back from the cuBLASLt GEMM path */
-		char gemm[64];
-		const char *gv = getenv("BERTD_GEMM");
-		snprintf(gemm, sizeof gemm, "BERTD_GEMM=%s", gv ? gv : "");
-		char *envp[] = {"PATH=/usr/bin:/bin", cvd, omp, blas, gv ? gemm : NULL, NULL};
+		/* The CUDA path's switches (docs/cuda.md) reach the workers from the
+		 * daemon's environment — the operator's way back to the plain paths
+		 * (BERTD_GEMM=cublas, BERTD_ATTENTION=unfused, BERTD_DDP_OVERLAP=0)
+		 * if a fast path misbehaves on their GPUs; nothing else leaks in. */
+		static const char *const pass[] = {"BERTD_GEMM", "BERTD_ATTENTION", "BERTD_DDP_OVERLAP"};
+		char passed[3][96];
+		char *envp[4 + 3 + 1] = {"PATH=/usr/bin:/bin", cvd, omp, blas};
+		int ne = 4;
+		for (size_t i = 0; i < sizeof pass / sizeof pass[0]; i++) {
+			const char *v = getenv(pass[i]);
+			if (v && snprintf(passed[i], sizeof passed[i], "%s=%s", pass[i], v) < (int)sizeof passed[i])
+				envp[ne++] = passed[i];
+		}
+		envp[ne] = NULL;
 		rc = spawn_child(sv, r, ROLE_WORKER, k, argv, envp, logp);
 	}
 	if (rc < 0) {
