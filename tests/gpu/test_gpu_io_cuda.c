@@ -331,6 +331,7 @@ static void test_release_rule(void)
     if (gpu_model_upload_inplace(g, &b, err, sizeof err) != 0)
         abort();
     cudaError_t q = cudaEventQuery(g->slot_ready[g->staged]);
+    (void)cudaGetLastError(); // "not ready" must not reach the next launch check
     ok_if(q == cudaErrorNotReady, "in place: copy still pending behind the step",
           cudaGetErrorName(q));
     /* a loader overwriting the slot now (as it would after an early
@@ -358,6 +359,7 @@ static void test_release_rule(void)
     if (gpu_model_upload(g, &b, err, sizeof err) != 0)
         abort();
     q = cudaEventQuery(g->slot_ready[g->staged]);
+    (void)cudaGetLastError();
     ok_if(q == cudaErrorNotReady, "staged: copy still pending behind the step",
           cudaGetErrorName(q));
     fill_slot(slot, &l, &c, 1);
