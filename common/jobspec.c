@@ -129,6 +129,11 @@ static const struct choice sched_choices[] = {
 	{"constant_with_warmup", "constant_with_warmup"}, {NULL, NULL},
 };
 /* HF's AdamW spellings all mean decoupled-weight-decay Adam here. */
+static const struct choice reduce_choices[] = {
+	{"fp32", "fp32"}, {"float32", "fp32"}, {"bf16", "bf16"}, {"bfloat16", "bf16"},
+	{"fp16", "fp16"}, {"float16", "fp16"}, {NULL, NULL},
+};
+
 static const struct choice optim_choices[] = {
 	{"adamw", "adamw"}, {"adamw_torch", "adamw"}, {"adamw_hf", "adamw"},
 	{"lamb", "lamb"}, {NULL, NULL},
@@ -157,6 +162,7 @@ static const struct field training_fields[] = {
 	INT("save_total_limit", 1, 1000, 3, 0, T_INT, training.save_total_limit),
 	INT("dataloader_num_workers", 0, 64, 2, 0, T_INT, training.dataloader_num_workers),
 	BOOL("dataloader_pin_memory", 1, 0, T_BOOL, training.dataloader_pin_memory),
+	ENUM("ddp_reduce_dtype", reduce_choices, "fp32", training.ddp_reduce_dtype),
 };
 
 /* ---- mlm (DataCollatorForLanguageModeling + BERT's data recipe) ---- */
@@ -190,9 +196,13 @@ static const struct field retry_fields[] = {
 	INT("max_restarts", 0, 100, 3, 0, T_INT, max_restarts),
 };
 
-/* Reserved for the telemetry rules; their content is validated there. */
+/* rules: validated by the telemetry rules (daemon/diagnosis.c).
+ * simulate_data_delay_ms: every batch takes this much longer to produce, in
+ * a loader or on the serial path (loader/batchjob.h) — a slow data source on
+ * demand, to see the diagnosis and size dataloader_num_workers for it. */
 static const struct field profiler_fields[] = {
 	{.key = "rules", .kind = K_OBJECT, .preset_dim = -1, .t = T_NONE},
+	INT("simulate_data_delay_ms", 0, 60000, 0, 0, T_INT, simulate_data_delay_ms),
 };
 
 #define SEC(a) { a, sizeof a / sizeof a[0] }

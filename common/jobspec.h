@@ -70,6 +70,7 @@ typedef struct jobspec_training {
 	int save_total_limit;
 	int dataloader_num_workers;    /* 0 = the worker builds batches serially */
 	bool dataloader_pin_memory;
+	char ddp_reduce_dtype[8];      /* fp32 | bf16 | fp16: the GPU gradient all-reduce's type */
 } jobspec_training;
 
 typedef struct jobspec_mlm {
@@ -91,6 +92,7 @@ typedef struct jobspec {
 	char device[8];                /* "auto" | "cuda" | "cpu" */
 	int64_t max_runtime_seconds;   /* 0 = no limit (null in JSON) */
 	int max_restarts;
+	int simulate_data_delay_ms;    /* profiler.simulate_data_delay_ms: 0 = off */
 } jobspec;
 
 /* Fills *out from an effective spec: one jobspec_normalize would return

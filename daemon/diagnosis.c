@@ -210,12 +210,15 @@ static void rule_input_bound(const diag_config *cfg, const diag_job *job, const 
 		return;
 	/* With L loaders each building a batch in B ms the worker gets L/B
 	 * batches per ms; input-bound means step = B/L, so B = L*step (B = wait
-	 * on the serial path, L = 0). Enough loaders: L' >= B / compute. */
+	 * on the serial path, L = 0). Enough loaders: L'/B >= 1/busy. Supply
+	 * exactly equal to demand still queues whenever a batch is slow (a
+	 * queue at utilization 1 never drains), so aim the loaders at 2/3
+	 * utilization: L' = ceil(1.5 B / busy). */
 	double busy = step - wait;
 	int L = job->loader_workers;
 	double build = L > 0 ? (double)L * step : wait;
 	/* clamp in double: a near-zero busy time must not overflow the int */
-	double want_d = busy > 0 ? ceil(build / busy) : L + 2;
+	double want_d = busy > 0 ? ceil(1.5 * build / busy) : L + 2;
 	if (!(want_d <= 64))
 		want_d = 64;
 	int want = (int)want_d;

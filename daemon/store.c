@@ -94,19 +94,9 @@ static int64_t now_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static void lock(store *s)
-{
-	pthread_mutex_lock(&s->mu);
-}
-
-static void unlock(store *s)
-{
-	pthread_mutex_unlock(&s->mu);
-}
-
-/* Maps a SQLite result to our error convention. Constraint failures are
- * expected outcomes (duplicate key, missing parent row) and are not logged;
- * anything else is a real failure and is. */
+/* Maps a SQLite result to our error convention; the one place that does.
+ * Constraint failures are expected outcomes (duplicate key, missing parent
+ * row) and are not logged; anything else is a real failure and is. */
 static int sqlerr(store *s, int rc, const char *what)
 {
 	switch (rc) {
@@ -132,51 +122,102 @@ static int sqlerr(store *s, int rc, const char *what)
 	}
 }
 
-static int prep(store *s, const char *sql, sqlite3_stmt **st)
-{
-	*st = NULL;
-	return sqlerr(s, sqlite3_prepare_v2(s->db, sql, -1, st, NULL), sql);
-}
-
-/* Steps a statement that returns no rows. */
-static int run(store *s, sqlite3_stmt *st)
-{
-	int rc = sqlite3_step(st);
-	return rc == SQLITE_DONE ? 0 : sqlerr(s, rc, sqlite3_sql(st));
-}
-
-/* Steps a query: 1 for a row, 0 at the end, negative on error. */
-static int next_row(store *s, sqlite3_stmt *st)
-{
-	int rc = sqlite3_step(st);
-	if (rc == SQLITE_ROW)
-		return 1;
-	return rc == SQLITE_DONE ? 0 : sqlerr(s, rc, sqlite3_sql(st));
-}
-
+/* SQL text with no parameters whose rows, if any, are not wanted (BEGIN,
+ * COMMIT, PRAGMA settings); everything else goes through sql_exec. */
 static int exec_sql(store *s, const char *sql)
 {
 	return sqlerr(s, sqlite3_exec(s->db, sql, NULL, NULL, NULL), sql);
 }
 
-enum txn_kind { TXN_READ, TXN_WRITE };
+/* One value for a "?N" parameter: text (NULL binds SQL NULL; the string must
+ * outlive the statement, it is bound without a copy) or an integer. */
+typedef struct sqlarg {
+	bool is_text;
+	const char *text;
+	int64_t i64;
+} sqlarg;
+
+#define ARG_TEXT(v) ((sqlarg){.is_text = true, .text = (v)})
+#define ARG_I64(v) ((sqlarg){.i64 = (int64_t)(v)})
+/* Expands to the two arguments "array, count" that sql_exec and locked_exec
+ * take: ARGS(ARG_TEXT(id), ARG_I64(t)) binds ?1 and ?2. */
+#define ARGS(...) (const sqlarg[]){__VA_ARGS__}, \
+	sizeof((const sqlarg[]){__VA_ARGS__}) / sizeof(sqlarg)
+#define NO_ARGS NULL, 0
+
+/* Called for each result row; returns 0, or a negative error that stops the
+ * statement and becomes sql_exec's result. */
+typedef int row_fn(sqlite3_stmt *st, void *ctx);
+
+/* Prepares sql, binds args to ?1..?nargs, and steps it to the end, handing
+ * each result row to row(st, ctx). Returns the number of rows handed over
+ * when row is given, else (a write) the number of rows the statement
+ * changed, or a negative error. The caller holds the mutex. */
+static int sql_exec(store *s, const char *sql, const sqlarg *args, size_t nargs, row_fn *row,
+		    void *ctx)
+{
+	sqlite3_stmt *st = NULL;
+	int rows = 0;
+	int rc = sqlerr(s, sqlite3_prepare_v2(s->db, sql, -1, &st, NULL), sql);
+	for (size_t i = 0; rc == 0 && i < nargs; i++) {
+		const sqlarg *a = &args[i];
+		int b = !a->is_text ? sqlite3_bind_int64(st, (int)i + 1, a->i64)
+			: a->text   ? sqlite3_bind_text(st, (int)i + 1, a->text, -1, SQLITE_STATIC)
+				    : sqlite3_bind_null(st, (int)i + 1);
+		rc = sqlerr(s, b, sql);
+	}
+	if (rc < 0)
+		goto out;
+	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+		if (row && (rc = row(st, ctx)) < 0)
+			goto out;
+		rows++;
+	}
+	if (rc != SQLITE_DONE) {
+		rc = sqlerr(s, rc, sql);
+		goto out;
+	}
+	rc = row ? rows : sqlite3_changes(s->db);
+out:
+	sqlite3_finalize(st);
+	return rc;
+}
+
+/* Reads sql_exec's count for a statement that should touch one row (a
+ * lookup by key, a keyed update): 0 when it read or changed a row, none when
+ * it did not, else its error. */
+static int found(int rc, int none)
+{
+	return rc < 0 ? rc : rc == 0 ? none : 0;
+}
+
+/* ---- transactions ---- */
+
+/* TXN_NONE: a single statement, atomic on its own. TXN_READ: a deferred
+ * transaction, so several reads see one snapshot. TXN_WRITE: BEGIN IMMEDIATE,
+ * so the write lock is taken before the first read and a read-then-write
+ * cannot fail halfway on a lock upgrade. */
+enum txn_kind { TXN_NONE, TXN_READ, TXN_WRITE };
 
 static int txn_begin(store *s, enum txn_kind kind)
 {
+	if (kind == TXN_NONE)
+		return 0;
 	return exec_sql(s, kind == TXN_WRITE ? "BEGIN IMMEDIATE" : "BEGIN");
 }
 
-/* Commits when rc is 0, else rolls back; returns the final result. A no-op
- * when no transaction is open (never begun, or SQLite already rolled it back
- * after an I/O or memory error). */
+/* Commits when rc >= 0 (success, possibly a count), else rolls back; returns
+ * the final result. A no-op when no transaction is open (never begun, or
+ * SQLite already rolled it back after an I/O or memory error). */
 static int txn_end(store *s, int rc)
 {
 	if (sqlite3_get_autocommit(s->db))
 		return rc;
-	if (rc == 0) {
-		rc = exec_sql(s, "COMMIT");
-		if (rc == 0)
-			return 0;
+	if (rc >= 0) {
+		int crc = exec_sql(s, "COMMIT");
+		if (crc == 0)
+			return rc;
+		rc = crc;
 	}
 	if (!sqlite3_get_autocommit(s->db) &&
 	    sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL) != SQLITE_OK)
@@ -184,18 +225,49 @@ static int txn_end(store *s, int rc)
 	return rc;
 }
 
-/* Binds text, NULL as SQL NULL. Caller's strings outlive the statement. */
-static int bind_text(sqlite3_stmt *st, int i, const char *v)
+/* The body of a transaction: returns >= 0 to commit, a negative error to
+ * roll back. */
+typedef int txn_fn(store *s, void *ctx);
+
+/* The frame of every public call: takes the mutex for the whole call (so a
+ * transaction never interleaves with another caller's statements), runs fn
+ * in a transaction of the given kind, commits or rolls back by its result,
+ * and returns that result. */
+static int in_txn(store *s, enum txn_kind kind, txn_fn *fn, void *ctx)
 {
-	int rc = v ? sqlite3_bind_text(st, i, v, -1, SQLITE_STATIC) : sqlite3_bind_null(st, i);
-	return rc == SQLITE_OK ? 0 : rc == SQLITE_NOMEM ? -ENOMEM : -EIO;
+	pthread_mutex_lock(&s->mu);
+	int rc = txn_begin(s, kind);
+	if (rc == 0)
+		rc = fn(s, ctx);
+	rc = txn_end(s, rc);
+	pthread_mutex_unlock(&s->mu);
+	return rc;
 }
 
-static int bind_i64(sqlite3_stmt *st, int i, int64_t v)
+typedef struct one_stmt {
+	const char *sql;
+	const sqlarg *args;
+	size_t nargs;
+	row_fn *row;
+	void *ctx;
+} one_stmt;
+
+static int one_stmt_txn(store *s, void *ctx)
 {
-	int rc = sqlite3_bind_int64(st, i, v);
-	return rc == SQLITE_OK ? 0 : -EIO;
+	one_stmt *o = ctx;
+	return sql_exec(s, o->sql, o->args, o->nargs, o->row, o->ctx);
 }
+
+/* A public call that is one statement: sql_exec inside in_txn. A write
+ * returns the rows changed, so callers that must not pass a count on map it. */
+static int locked_exec(store *s, enum txn_kind kind, const char *sql, const sqlarg *args,
+		       size_t nargs, row_fn *row, void *ctx)
+{
+	one_stmt o = {.sql = sql, .args = args, .nargs = nargs, .row = row, .ctx = ctx};
+	return in_txn(s, kind, one_stmt_txn, &o);
+}
+
+/* ---- reading rows ---- */
 
 /* Copies a text column (NULL stays NULL). */
 static int dup_col(sqlite3_stmt *st, int col, char **out)
@@ -225,6 +297,51 @@ static void *grow(void *arr, size_t *cap, size_t n, size_t elem)
 	return p;
 }
 
+/* Result rows gathered into a growing array: read fills one element and,
+ * when it fails, leaves nothing allocated in it, so free_all of the first n
+ * elements is always right. */
+typedef struct rows {
+	void *arr;
+	size_t n, cap, elem;
+	row_fn *read;
+	void (*free_all)(void *arr, size_t n);
+} rows;
+
+#define ROWS(type, read_fn, free_fn) \
+	((rows){.elem = sizeof(type), .read = (read_fn), .free_all = (free_fn)})
+
+static int rows_push(sqlite3_stmt *st, void *ctx)
+{
+	rows *r = ctx;
+	void *p = grow(r->arr, &r->cap, r->n, r->elem);
+	if (!p)
+		return -ENOMEM;
+	r->arr = p;
+	int rc = r->read(st, (char *)r->arr + r->n * r->elem);
+	if (rc == 0)
+		r->n++;
+	return rc;
+}
+
+/* Ends a collection by the call's result rc: on success hands the array over
+ * (caller owns it, *n elements); on error frees it and returns NULL, *n 0. */
+static void *rows_take(rows *r, int rc, size_t *n)
+{
+	if (rc < 0) {
+		r->free_all(r->arr, r->n);
+		*n = 0;
+		return NULL;
+	}
+	*n = r->n;
+	return r->arr;
+}
+
+static int int_row(sqlite3_stmt *st, void *out)
+{
+	*(int *)out = sqlite3_column_int(st, 0);
+	return 0;
+}
+
 static int col_job_state(sqlite3_stmt *st, int col, enum job_state *out)
 {
 	const char *t = (const char *)sqlite3_column_text(st, col);
@@ -245,24 +362,16 @@ static int col_dataset_state(sqlite3_stmt *st, int col, enum dataset_state *out)
 	return 0;
 }
 
+static int job_state_row(sqlite3_stmt *st, void *out)
+{
+	return col_job_state(st, 0, out);
+}
+
 /* Current state of a job inside an open transaction; -ENOENT if none. */
 static int job_state_of(store *s, const char *id, enum job_state *out)
 {
-	sqlite3_stmt *st = NULL;
-	int rc = prep(s, "SELECT state FROM jobs WHERE id = ?1", &st);
-	if (rc < 0)
-		goto out;
-	if ((rc = bind_text(st, 1, id)) < 0)
-		goto out;
-	rc = next_row(s, st);
-	if (rc == 0)
-		rc = -ENOENT;
-	if (rc < 0)
-		goto out;
-	rc = col_job_state(st, 0, out);
-out:
-	sqlite3_finalize(st);
-	return rc;
+	return found(sql_exec(s, "SELECT state FROM jobs WHERE id = ?1", ARGS(ARG_TEXT(id)),
+			      job_state_row, out), -ENOENT);
 }
 
 static int job_exists(store *s, const char *id)
@@ -274,19 +383,31 @@ static int job_exists(store *s, const char *id)
 static int event_insert(store *s, const char *id, int64_t t, enum job_state from,
 			enum job_state to, const char *reason)
 {
-	sqlite3_stmt *st = NULL;
-	int rc = prep(s, "INSERT INTO job_events (job_id, time_ms, from_state, to_state, reason) "
-			 "VALUES (?1, ?2, ?3, ?4, ?5)", &st);
+	int rc = sql_exec(s, "INSERT INTO job_events (job_id, time_ms, from_state, to_state, reason) "
+			     "VALUES (?1, ?2, ?3, ?4, ?5)",
+			  ARGS(ARG_TEXT(id), ARG_I64(t), ARG_TEXT(job_state_name(from)),
+			       ARG_TEXT(job_state_name(to)), ARG_TEXT(reason)), NULL, NULL);
+	return rc < 0 ? rc : 0;
+}
+
+/* Rows of one job's child table (events, metrics, checkpoints), read in one
+ * snapshot with the check that the job exists, so "no such job" (-ENOENT)
+ * and "no rows yet" (0 rows) are told apart. */
+typedef struct job_rows {
+	const char *job_id;
+	const char *sql;
+	sqlarg args[3];
+	size_t nargs;
+	rows r;
+} job_rows;
+
+static int job_rows_txn(store *s, void *ctx)
+{
+	job_rows *q = ctx;
+	int rc = job_exists(s, q->job_id);
 	if (rc < 0)
-		goto out;
-	if ((rc = bind_text(st, 1, id)) < 0 || (rc = bind_i64(st, 2, t)) < 0 ||
-	    (rc = bind_text(st, 3, job_state_name(from))) < 0 ||
-	    (rc = bind_text(st, 4, job_state_name(to))) < 0 || (rc = bind_text(st, 5, reason)) < 0)
-		goto out;
-	rc = run(s, st);
-out:
-	sqlite3_finalize(st);
-	return rc;
+		return rc;
+	return sql_exec(s, q->sql, q->args, q->nargs, rows_push, &q->r);
 }
 
 /* ---- schema and migrations ---- */
@@ -307,7 +428,11 @@ static void migrations_free(migrations *m)
 	m->n = 0;
 }
 
-/* Returns the migration number if line (up to eol) is a marker, else 0. */
+/* Returns the migration number if line (up to eol) is a marker, 0 if it is
+ * not one, -1 if it starts like one but is malformed. Migrations count from
+ * 1, so "-- migration 0" is malformed rather than "not a marker" (it would
+ * otherwise pass silently as a comment inside the previous migration); the
+ * number ends the line or is followed by a title after ':' or a blank. */
 static long marker_number(const char *line, const char *eol)
 {
 	static const char tag[] = "-- migration ";
@@ -316,13 +441,15 @@ static long marker_number(const char *line, const char *eol)
 		return 0;
 	const char *p = line + tl;
 	long v = 0;
-	if (*p < '0' || *p > '9')
+	if (*p < '1' || *p > '9')
 		return -1;
 	for (; p < eol && *p >= '0' && *p <= '9'; p++) {
 		v = v * 10 + (*p - '0');
 		if (v > INT_MAX)
 			return -1;
 	}
+	if (p < eol && *p != ':' && *p != ' ' && *p != '\t' && *p != '\r')
+		return -1;
 	return v;
 }
 
@@ -392,64 +519,56 @@ out:
 	return rc;
 }
 
-static int user_version(store *s, int *v)
+
+typedef struct migration_step {
+	const migrations *m;
+	const char *path;
+	int applied; /* the version the last step reached */
+} migration_step;
+
+/* One migration in the caller's write transaction: 1 when it applied one, 0
+ * when the file is at the latest version. The version is read under the
+ * write lock: another process may have migrated meanwhile. */
+static int migrate_step(store *s, void *ctx)
 {
-	sqlite3_stmt *st = NULL;
-	int rc = prep(s, "PRAGMA user_version", &st);
+	migration_step *c = ctx;
+	int v = -1;
+	int rc = found(sql_exec(s, "PRAGMA user_version", NO_ARGS, int_row, &v), -EIO);
 	if (rc < 0)
-		goto out;
-	rc = next_row(s, st);
-	if (rc == 0)
-		rc = -EIO;
-	if (rc < 0)
-		goto out;
-	*v = sqlite3_column_int(st, 0);
-	rc = 0;
-out:
-	sqlite3_finalize(st);
-	return rc;
+		return rc;
+	if (v > c->m->n || v < 0) {
+		log_error("store: %s has schema version %d but this bertd knows only up to %d; "
+			  "refusing to open it (use a newer bertd)", c->path, v, c->m->n);
+		return -EPROTO;
+	}
+	if (v == c->m->n)
+		return 0;
+	char *err = NULL;
+	if (sqlite3_exec(s->db, c->m->sql[v], NULL, NULL, &err) != SQLITE_OK) {
+		log_error("store: %s: migration %d failed: %s", c->path, v + 1,
+			  err ? err : sqlite3_errmsg(s->db));
+		sqlite3_free(err);
+		return -EIO;
+	}
+	char pragma[48]; /* an integer we computed, never user data */
+	snprintf(pragma, sizeof pragma, "PRAGMA user_version = %d", v + 1);
+	if ((rc = exec_sql(s, pragma)) < 0)
+		return rc;
+	c->applied = v + 1;
+	return 1;
 }
 
 /* Brings the file to the latest version, one transaction per migration, so
- * a failing step leaves it at the previous version. The version is re-read
- * under the write lock: another process may have migrated meanwhile. */
+ * a failing step leaves it at the previous version. */
 static int migrate(store *s, const char *path, const char *schema)
 {
 	migrations m;
 	int rc = migrations_parse(schema, &m);
 	if (rc < 0)
 		return rc;
-	for (;;) {
-		int v = -1;
-		if ((rc = txn_begin(s, TXN_WRITE)) < 0)
-			break;
-		if ((rc = user_version(s, &v)) < 0)
-			goto step_end;
-		if (v > m.n || v < 0) {
-			log_error("store: %s has schema version %d but this bertd knows only up to %d; "
-				  "refusing to open it (use a newer bertd)", path, v, m.n);
-			rc = -EPROTO;
-			goto step_end;
-		}
-		if (v == m.n)
-			goto step_end;
-		char *err = NULL;
-		if (sqlite3_exec(s->db, m.sql[v], NULL, NULL, &err) != SQLITE_OK) {
-			log_error("store: %s: migration %d failed: %s", path, v + 1,
-				  err ? err : sqlite3_errmsg(s->db));
-			sqlite3_free(err);
-			rc = -EIO;
-			goto step_end;
-		}
-		char pragma[48]; /* an integer we computed, never user data */
-		snprintf(pragma, sizeof pragma, "PRAGMA user_version = %d", v + 1);
-		rc = exec_sql(s, pragma);
-step_end:
-		rc = txn_end(s, rc);
-		if (rc < 0 || v == m.n)
-			break;
-		log_info("store: %s migrated to schema version %d", path, v + 1);
-	}
+	migration_step c = {.m = &m, .path = path};
+	while ((rc = in_txn(s, TXN_WRITE, migrate_step, &c)) == 1)
+		log_info("store: %s migrated to schema version %d", path, c.applied);
 	migrations_free(&m);
 	return rc;
 }
@@ -467,23 +586,24 @@ int store_schema_latest(void)
 
 /* ---- open / close ---- */
 
+typedef struct text_buf {
+	char *buf;
+	size_t size;
+} text_buf;
+
+static int text_row(sqlite3_stmt *st, void *ctx)
+{
+	text_buf *b = ctx;
+	const char *t = (const char *)sqlite3_column_text(st, 0);
+	snprintf(b->buf, b->size, "%s", t ? t : "");
+	return 0;
+}
+
+/* The one-row answer of a PRAGMA, as text. */
 static int pragma_text(store *s, const char *sql, char *out, size_t outsz)
 {
-	sqlite3_stmt *st = NULL;
-	int rc = prep(s, sql, &st);
-	if (rc < 0)
-		goto out;
-	rc = next_row(s, st);
-	if (rc == 0)
-		rc = -EIO;
-	if (rc < 0)
-		goto out;
-	const char *t = (const char *)sqlite3_column_text(st, 0);
-	snprintf(out, outsz, "%s", t ? t : "");
-	rc = 0;
-out:
-	sqlite3_finalize(st);
-	return rc;
+	text_buf b = {.buf = out, .size = outsz};
+	return found(sql_exec(s, sql, NO_ARGS, text_row, &b), -EIO);
 }
 
 int store_open_schema(store **out, const char *path, const char *schema)
@@ -557,9 +677,7 @@ void store_close(store *s)
 int store_schema_version(store *s)
 {
 	int v = 0;
-	lock(s);
-	int rc = user_version(s, &v);
-	unlock(s);
+	int rc = found(locked_exec(s, TXN_NONE, "PRAGMA user_version", NO_ARGS, int_row, &v), -EIO);
 	return rc < 0 ? rc : v;
 }
 
@@ -568,8 +686,10 @@ int store_schema_version(store *s)
 #define JOB_COLS "seq, id, name, spec_json, state, priority, restart_count, failure_reason, " \
 		 "created_ms, updated_ms, started_ms, finished_ms, devices_json"
 
-static int job_read(sqlite3_stmt *st, store_job *j)
+/* One JOB_COLS row into a store_job (a row_fn). */
+static int job_read(sqlite3_stmt *st, void *dst)
 {
+	store_job *j = dst;
 	int rc;
 	memset(j, 0, sizeof *j);
 	j->seq = sqlite3_column_int64(st, 0);
@@ -608,337 +728,258 @@ void store_jobs_free(store_job *jobs, size_t n)
 	free(jobs);
 }
 
-/* Fills the prev_* outputs from an existing idempotency key; 1 if found. */
-static int idem_lookup(store *s, const char *key, char **prev_hash, char **prev_response,
-		       char **prev_job_id)
+static void jobs_free_rows(void *arr, size_t n)
 {
-	sqlite3_stmt *st = NULL;
-	int rc = prep(s, "SELECT request_hash, response_json, job_id FROM idempotency_keys "
-			 "WHERE key = ?1", &st);
-	if (rc < 0)
-		goto out;
-	if ((rc = bind_text(st, 1, key)) < 0)
-		goto out;
-	if ((rc = next_row(s, st)) <= 0)
-		goto out;
-	if ((prev_hash && (rc = dup_col(st, 0, prev_hash)) < 0) ||
-	    (prev_response && (rc = dup_col(st, 1, prev_response)) < 0) ||
-	    (prev_job_id && (rc = dup_col(st, 2, prev_job_id)) < 0))
-		goto out;
-	rc = 1;
-out:
-	sqlite3_finalize(st);
+	store_jobs_free(arr, n);
+}
+
+enum { PREV_HASH, PREV_RESPONSE, PREV_JOB_ID, PREV_COUNT };
+
+typedef struct job_insert {
+	const store_job *job;
+	const char *idem_key, *idem_hash, *response_json;
+	int64_t t;
+	char *prev[PREV_COUNT]; /* what an existing idempotency key recorded */
+} job_insert;
+
+static int idem_read(sqlite3_stmt *st, void *ctx)
+{
+	char **prev = ctx;
+	int rc = 0;
+	for (int i = 0; i < PREV_COUNT && rc == 0; i++)
+		rc = dup_col(st, i, &prev[i]);
 	return rc;
+}
+
+static int job_insert_txn(store *s, void *ctx)
+{
+	job_insert *c = ctx;
+	const store_job *j = c->job;
+	int rc;
+	if (c->idem_key) {
+		rc = sql_exec(s, "SELECT request_hash, response_json, job_id FROM idempotency_keys "
+				 "WHERE key = ?1", ARGS(ARG_TEXT(c->idem_key)), idem_read, c->prev);
+		if (rc != 0)
+			return rc < 0 ? rc : -EEXIST;
+	}
+	if ((rc = sql_exec(s, "INSERT INTO jobs (id, name, spec_json, state, priority, created_ms, "
+			      "updated_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6)",
+			   ARGS(ARG_TEXT(j->id), ARG_TEXT(j->name), ARG_TEXT(j->spec_json),
+				ARG_TEXT(job_state_name(JOB_QUEUED)), ARG_I64(j->priority),
+				ARG_I64(c->t)), NULL, NULL)) < 0 ||
+	    (rc = event_insert(s, j->id, c->t, JOB_QUEUED, JOB_QUEUED, "submitted")) < 0)
+		return rc;
+	if (!c->idem_key)
+		return 0;
+	rc = sql_exec(s, "INSERT INTO idempotency_keys (key, request_hash, job_id, response_json, "
+			 "created_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+		      ARGS(ARG_TEXT(c->idem_key), ARG_TEXT(c->idem_hash), ARG_TEXT(j->id),
+			   ARG_TEXT(c->response_json), ARG_I64(c->t)), NULL, NULL);
+	return rc < 0 ? rc : 0;
 }
 
 int store_job_insert(store *s, const store_job *job,
 		     const char *idem_key, const char *idem_hash, const char *response_json,
 		     char **prev_hash, char **prev_response, char **prev_job_id)
 {
-	sqlite3_stmt *st = NULL;
-	int rc;
-	char *ph = NULL, *pr = NULL, *pj = NULL;
-	if (prev_hash)
-		*prev_hash = NULL;
-	if (prev_response)
-		*prev_response = NULL;
-	if (prev_job_id)
-		*prev_job_id = NULL;
+	char **want[PREV_COUNT] = {prev_hash, prev_response, prev_job_id};
+	for (int i = 0; i < PREV_COUNT; i++)
+		if (want[i])
+			*want[i] = NULL;
 	if (!job || !job->id || !job->name || !job->spec_json ||
 	    (idem_key && (!idem_hash || !response_json)))
 		return -EINVAL;
-	int64_t t = job->created_ms > 0 ? job->created_ms : now_ms(); /* the API stamps its 201 with it */
-	lock(s);
-	if ((rc = txn_begin(s, TXN_WRITE)) < 0)
-		goto out;
-	if (idem_key) {
-		rc = idem_lookup(s, idem_key, &ph, &pr, &pj);
-		if (rc < 0)
-			goto out;
-		if (rc == 1) {
-			rc = -EEXIST;
-			goto out;
+	job_insert c = {.job = job, .idem_key = idem_key, .idem_hash = idem_hash,
+			.response_json = response_json,
+			/* the API stamps its 201 with created_ms */
+			.t = job->created_ms > 0 ? job->created_ms : now_ms()};
+	int rc = in_txn(s, TXN_WRITE, job_insert_txn, &c);
+	/* The key's record goes out only with the -EEXIST it caused: -EEXIST
+	 * with the prevs left NULL means the job id was taken. */
+	bool replay = rc == -EEXIST && c.prev[PREV_HASH];
+	for (int i = 0; i < PREV_COUNT; i++) {
+		if (replay && want[i]) {
+			*want[i] = c.prev[i];
+			c.prev[i] = NULL;
 		}
+		free(c.prev[i]);
 	}
-	if ((rc = prep(s, "INSERT INTO jobs (id, name, spec_json, state, priority, created_ms, "
-			  "updated_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6)", &st)) < 0)
-		goto out;
-	if ((rc = bind_text(st, 1, job->id)) < 0 || (rc = bind_text(st, 2, job->name)) < 0 ||
-	    (rc = bind_text(st, 3, job->spec_json)) < 0 ||
-	    (rc = bind_text(st, 4, job_state_name(JOB_QUEUED))) < 0 ||
-	    (rc = bind_i64(st, 5, job->priority)) < 0 || (rc = bind_i64(st, 6, t)) < 0)
-		goto out;
-	if ((rc = run(s, st)) < 0)
-		goto out;
-	if ((rc = event_insert(s, job->id, t, JOB_QUEUED, JOB_QUEUED, "submitted")) < 0)
-		goto out;
-	if (idem_key) {
-		sqlite3_finalize(st);
-		if ((rc = prep(s, "INSERT INTO idempotency_keys (key, request_hash, job_id, "
-				  "response_json, created_ms) VALUES (?1, ?2, ?3, ?4, ?5)", &st)) < 0)
-			goto out;
-		if ((rc = bind_text(st, 1, idem_key)) < 0 || (rc = bind_text(st, 2, idem_hash)) < 0 ||
-		    (rc = bind_text(st, 3, job->id)) < 0 || (rc = bind_text(st, 4, response_json)) < 0 ||
-		    (rc = bind_i64(st, 5, t)) < 0)
-			goto out;
-		rc = run(s, st);
-	}
-out:
-	sqlite3_finalize(st);
-	rc = txn_end(s, rc);
-	unlock(s);
-	if (rc == -EEXIST && ph) {
-		if (prev_hash) {
-			*prev_hash = ph;
-			ph = NULL;
-		}
-		if (prev_response) {
-			*prev_response = pr;
-			pr = NULL;
-		}
-		if (prev_job_id) {
-			*prev_job_id = pj;
-			pj = NULL;
-		}
-	}
-	free(ph);
-	free(pr);
-	free(pj);
 	return rc;
 }
 
 int store_job_get(store *s, const char *id, store_job *out)
 {
-	sqlite3_stmt *st = NULL;
-	int rc;
 	memset(out, 0, sizeof *out);
 	if (!id)
 		return -EINVAL;
-	lock(s);
-	if ((rc = prep(s, "SELECT " JOB_COLS " FROM jobs WHERE id = ?1", &st)) < 0)
-		goto out;
-	if ((rc = bind_text(st, 1, id)) < 0)
-		goto out;
-	rc = next_row(s, st);
-	if (rc == 0)
-		rc = -ENOENT;
-	if (rc < 0)
-		goto out;
-	rc = job_read(st, out);
-out:
-	sqlite3_finalize(st);
-	unlock(s);
-	return rc;
+	return found(locked_exec(s, TXN_NONE, "SELECT " JOB_COLS " FROM jobs WHERE id = ?1",
+				 ARGS(ARG_TEXT(id)), job_read, out), -ENOENT);
+}
+
+/* A page of store_job_list: one row more than the page is asked for, and
+ * its arrival says there is a next page. */
+typedef struct job_page {
+	rows r;
+	size_t limit;
+	int64_t next_seq;
+} job_page;
+
+static int job_page_row(sqlite3_stmt *st, void *ctx)
+{
+	job_page *pg = ctx;
+	if (pg->r.n == pg->limit) {
+		pg->next_seq = ((store_job *)pg->r.arr)[pg->r.n - 1].seq;
+		return 0;
+	}
+	return rows_push(st, &pg->r);
 }
 
 int store_job_list(store *s, unsigned state_mask, int64_t after_seq, int limit,
 		   store_job **out, size_t *n, int64_t *next_seq)
 {
-	sqlite3_stmt *st = NULL;
-	store_job *arr = NULL;
-	size_t cnt = 0, cap = 0;
-	int64_t next = 0;
-	int rc;
 	*out = NULL;
 	*n = 0;
 	*next_seq = 0;
 	if (limit < 1 || (state_mask & ~((1u << JOB_STATE_COUNT) - 1)))
 		return -EINVAL;
-	lock(s);
 	/* The mask becomes eight bound parameters, NULL for states not wanted:
 	 * "state IN (NULL, ...)" never matches a NULL, so those drop out. */
-	if ((rc = prep(s, "SELECT " JOB_COLS " FROM jobs WHERE seq > ?1 AND "
-			  "(?2 = 0 OR state IN (?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)) "
-			  "ORDER BY seq LIMIT ?11", &st)) < 0)
-		goto out;
-	if ((rc = bind_i64(st, 1, after_seq)) < 0 || (rc = bind_i64(st, 2, state_mask)) < 0 ||
-	    (rc = bind_i64(st, 11, (int64_t)limit + 1)) < 0)
-		goto out;
+	_Static_assert(JOB_STATE_COUNT == 8, "the IN list below has one parameter per state");
+	sqlarg args[11] = {ARG_I64(after_seq), ARG_I64(state_mask)};
 	for (int i = 0; i < JOB_STATE_COUNT; i++)
-		if ((rc = bind_text(st, 3 + i, (state_mask & JOB_MASK(i)) ? job_state_names[i] : NULL)) < 0)
-			goto out;
-	while ((rc = next_row(s, st)) == 1) {
-		if (cnt == (size_t)limit) { /* one row past the page: there is more */
-			next = arr[cnt - 1].seq;
-			break;
-		}
-		void *p = grow(arr, &cap, cnt, sizeof *arr);
-		if (!p) {
-			rc = -ENOMEM;
-			goto out;
-		}
-		arr = p;
-		if ((rc = job_read(st, &arr[cnt])) < 0)
-			goto out;
-		cnt++;
-	}
+		args[2 + i] = ARG_TEXT((state_mask & JOB_MASK(i)) ? job_state_names[i] : NULL);
+	args[10] = ARG_I64((int64_t)limit + 1);
+	job_page pg = {.r = ROWS(store_job, job_read, jobs_free_rows), .limit = (size_t)limit};
+	int rc = locked_exec(s, TXN_NONE, "SELECT " JOB_COLS " FROM jobs WHERE seq > ?1 AND "
+					  "(?2 = 0 OR state IN (?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)) "
+					  "ORDER BY seq LIMIT ?11",
+			     args, sizeof args / sizeof args[0], job_page_row, &pg);
+	*out = rows_take(&pg.r, rc, n);
 	if (rc < 0)
-		goto out;
-	rc = 0;
-out:
-	sqlite3_finalize(st);
-	unlock(s);
-	if (rc < 0) {
-		store_jobs_free(arr, cnt);
 		return rc;
-	}
-	*out = arr;
-	*n = cnt;
-	*next_seq = next;
+	*next_seq = pg.next_seq;
 	return 0;
+}
+
+typedef struct job_change {
+	const char *id;
+	unsigned from_mask;
+	enum job_state to;
+	const char *reason;
+	enum job_state *cur;
+	int64_t t;
+} job_change;
+
+static int job_transition_txn(store *s, void *ctx)
+{
+	job_change *c = ctx;
+	enum job_state was;
+	int rc = job_state_of(s, c->id, &was);
+	if (rc < 0)
+		return rc;
+	if (c->cur)
+		*c->cur = was;
+	if (!(c->from_mask & JOB_MASK(was)))
+		return -EBUSY;
+	rc = sql_exec(s, "UPDATE jobs SET state = ?2, updated_ms = ?3, "
+			 "started_ms = CASE WHEN ?4 AND started_ms = 0 THEN ?3 ELSE started_ms END, "
+			 "finished_ms = CASE WHEN ?5 THEN ?3 ELSE 0 END, "
+			 "failure_reason = ?6 WHERE id = ?1",
+		      ARGS(ARG_TEXT(c->id), ARG_TEXT(job_state_name(c->to)), ARG_I64(c->t),
+			   ARG_I64(c->to == JOB_RUNNING), ARG_I64(job_state_is_terminal(c->to)),
+			   ARG_TEXT(c->to == JOB_FAILED ? c->reason : NULL)), NULL, NULL);
+	if (rc < 0)
+		return rc;
+	return event_insert(s, c->id, c->t, was, c->to, c->reason);
 }
 
 int store_job_transition(store *s, const char *id, unsigned from_mask, enum job_state to,
 			 const char *reason, enum job_state *cur)
 {
-	sqlite3_stmt *st = NULL;
-	enum job_state was;
-	int rc;
 	if (!id || (unsigned)to >= JOB_STATE_COUNT)
 		return -EINVAL;
-	int64_t t = now_ms();
-	lock(s);
-	if ((rc = txn_begin(s, TXN_WRITE)) < 0)
-		goto out;
-	if ((rc = job_state_of(s, id, &was)) < 0)
-		goto out;
-	if (cur)
-		*cur = was;
-	if (!(from_mask & JOB_MASK(was))) {
-		rc = -EBUSY;
-		goto out;
-	}
-	if ((rc = prep(s, "UPDATE jobs SET state = ?2, updated_ms = ?3, "
-			  "started_ms = CASE WHEN ?4 AND started_ms = 0 THEN ?3 ELSE started_ms END, "
-			  "finished_ms = CASE WHEN ?5 THEN ?3 ELSE 0 END, "
-			  "failure_reason = ?6 WHERE id = ?1", &st)) < 0)
-		goto out;
-	if ((rc = bind_text(st, 1, id)) < 0 || (rc = bind_text(st, 2, job_state_name(to))) < 0 ||
-	    (rc = bind_i64(st, 3, t)) < 0 || (rc = bind_i64(st, 4, to == JOB_RUNNING)) < 0 ||
-	    (rc = bind_i64(st, 5, job_state_is_terminal(to))) < 0 ||
-	    (rc = bind_text(st, 6, to == JOB_FAILED ? reason : NULL)) < 0)
-		goto out;
-	if ((rc = run(s, st)) < 0)
-		goto out;
-	rc = event_insert(s, id, t, was, to, reason);
-out:
-	sqlite3_finalize(st);
-	rc = txn_end(s, rc);
-	unlock(s);
-	return rc;
+	job_change c = {.id = id, .from_mask = from_mask, .to = to, .reason = reason, .cur = cur,
+			.t = now_ms()};
+	return in_txn(s, TXN_WRITE, job_transition_txn, &c);
+}
+
+static int job_note_txn(store *s, void *ctx)
+{
+	job_change *c = ctx;
+	enum job_state was;
+	int rc = job_state_of(s, c->id, &was);
+	if (rc < 0)
+		return rc;
+	return event_insert(s, c->id, c->t, was, was, c->reason);
 }
 
 int store_job_note(store *s, const char *id, const char *reason)
 {
-	enum job_state was;
-	int rc;
 	if (!id)
 		return -EINVAL;
-	int64_t t = now_ms();
-	lock(s);
-	if ((rc = txn_begin(s, TXN_WRITE)) < 0)
-		goto out;
-	if ((rc = job_state_of(s, id, &was)) < 0)
-		goto out;
-	rc = event_insert(s, id, t, was, was, reason);
-out:
-	rc = txn_end(s, rc);
-	unlock(s);
-	return rc;
+	job_change c = {.id = id, .reason = reason, .t = now_ms()};
+	return in_txn(s, TXN_WRITE, job_note_txn, &c);
 }
 
 int store_job_set_devices(store *s, const char *id, const char *devices_json)
 {
-	sqlite3_stmt *st = NULL;
-	int rc;
 	if (!id)
 		return -EINVAL;
-	lock(s);
-	if ((rc = txn_begin(s, TXN_WRITE)) < 0)
-		goto out;
-	if ((rc = prep(s, "UPDATE jobs SET devices_json = ?2, updated_ms = ?3 WHERE id = ?1", &st)) < 0)
-		goto out;
-	if ((rc = bind_text(st, 1, id)) < 0 || (rc = bind_text(st, 2, devices_json)) < 0 ||
-	    (rc = bind_i64(st, 3, now_ms())) < 0)
-		goto out;
-	if ((rc = run(s, st)) < 0)
-		goto out;
-	rc = sqlite3_changes(s->db) == 0 ? -ENOENT : 0;
-out:
-	sqlite3_finalize(st);
-	rc = txn_end(s, rc);
-	unlock(s);
-	return rc;
+	/* No row changed: no such job. */
+	return found(locked_exec(s, TXN_WRITE, "UPDATE jobs SET devices_json = ?2, updated_ms = ?3 "
+					       "WHERE id = ?1",
+				 ARGS(ARG_TEXT(id), ARG_TEXT(devices_json), ARG_I64(now_ms())),
+				 NULL, NULL), -ENOENT);
+}
+
+typedef struct job_restarts {
+	const char *id;
+	int64_t t;
+	int count;
+} job_restarts;
+
+static int job_bump_restarts_txn(store *s, void *ctx)
+{
+	job_restarts *c = ctx;
+	int rc = found(sql_exec(s, "UPDATE jobs SET restart_count = restart_count + 1, "
+				   "updated_ms = ?2 WHERE id = ?1",
+				ARGS(ARG_TEXT(c->id), ARG_I64(c->t)), NULL, NULL), -ENOENT);
+	if (rc < 0)
+		return rc;
+	return found(sql_exec(s, "SELECT restart_count FROM jobs WHERE id = ?1",
+			      ARGS(ARG_TEXT(c->id)), int_row, &c->count), -EIO);
 }
 
 int store_job_bump_restarts(store *s, const char *id, int *count)
 {
-	sqlite3_stmt *st = NULL;
-	int rc;
 	if (!id)
 		return -EINVAL;
-	int64_t t = now_ms();
-	lock(s);
-	if ((rc = txn_begin(s, TXN_WRITE)) < 0)
-		goto out;
-	if ((rc = prep(s, "UPDATE jobs SET restart_count = restart_count + 1, updated_ms = ?2 "
-			  "WHERE id = ?1", &st)) < 0)
-		goto out;
-	if ((rc = bind_text(st, 1, id)) < 0 || (rc = bind_i64(st, 2, t)) < 0)
-		goto out;
-	if ((rc = run(s, st)) < 0)
-		goto out;
-	if (sqlite3_changes(s->db) == 0) {
-		rc = -ENOENT;
-		goto out;
-	}
-	sqlite3_finalize(st);
-	if ((rc = prep(s, "SELECT restart_count FROM jobs WHERE id = ?1", &st)) < 0)
-		goto out;
-	if ((rc = bind_text(st, 1, id)) < 0)
-		goto out;
-	rc = next_row(s, st);
-	if (rc == 0)
-		rc = -EIO;
-	if (rc < 0)
-		goto out;
-	if (count)
-		*count = sqlite3_column_int(st, 0);
-	rc = 0;
-out:
-	sqlite3_finalize(st);
-	rc = txn_end(s, rc);
-	unlock(s);
+	job_restarts c = {.id = id, .t = now_ms()};
+	int rc = in_txn(s, TXN_WRITE, job_bump_restarts_txn, &c);
+	if (rc == 0 && count)
+		*count = c.count;
 	return rc;
+}
+
+static int job_delete_txn(store *s, void *ctx)
+{
+	const char *id = *(const char **)ctx;
+	enum job_state was;
+	int rc = job_state_of(s, id, &was);
+	if (rc < 0)
+		return rc;
+	if (!job_state_is_terminal(was))
+		return -EBUSY;
+	/* Events, metrics and checkpoint rows go with it (ON DELETE CASCADE). */
+	rc = sql_exec(s, "DELETE FROM jobs WHERE id = ?1", ARGS(ARG_TEXT(id)), NULL, NULL);
+	return rc < 0 ? rc : 0;
 }
 
 int store_job_delete(store *s, const char *id)
 {
-	sqlite3_stmt *st = NULL;
-	enum job_state was;
-	int rc;
 	if (!id)
 		return -EINVAL;
-	lock(s);
-	if ((rc = txn_begin(s, TXN_WRITE)) < 0)
-		goto out;
-	if ((rc = job_state_of(s, id, &was)) < 0)
-		goto out;
-	if (!job_state_is_terminal(was)) {
-		rc = -EBUSY;
-		goto out;
-	}
-	/* Events, metrics and checkpoint rows go with it (ON DELETE CASCADE). */
-	if ((rc = prep(s, "DELETE FROM jobs WHERE id = ?1", &st)) < 0)
-		goto out;
-	if ((rc = bind_text(st, 1, id)) < 0)
-		goto out;
-	rc = run(s, st);
-out:
-	sqlite3_finalize(st);
-	rc = txn_end(s, rc);
-	unlock(s);
-	return rc;
+	return in_txn(s, TXN_WRITE, job_delete_txn, &id);
 }
 
 void store_events_free(store_event *ev, size_t n)
@@ -948,94 +989,64 @@ void store_events_free(store_event *ev, size_t n)
 	free(ev);
 }
 
+static void events_free_rows(void *arr, size_t n)
+{
+	store_events_free(arr, n);
+}
+
+static int event_read(sqlite3_stmt *st, void *dst)
+{
+	store_event *e = dst;
+	int rc;
+	e->time_ms = sqlite3_column_int64(st, 0);
+	if ((rc = col_job_state(st, 1, &e->from)) < 0 || (rc = col_job_state(st, 2, &e->to)) < 0)
+		return rc;
+	return dup_col(st, 3, &e->reason); /* the only allocation, so last */
+}
+
 int store_job_events(store *s, const char *id, store_event **out, size_t *n)
 {
-	sqlite3_stmt *st = NULL;
-	store_event *arr = NULL;
-	size_t cnt = 0, cap = 0;
-	int rc;
 	*out = NULL;
 	*n = 0;
 	if (!id)
 		return -EINVAL;
-	lock(s);
-	if ((rc = txn_begin(s, TXN_READ)) < 0)
-		goto out;
-	if ((rc = job_exists(s, id)) < 0)
-		goto out;
-	if ((rc = prep(s, "SELECT time_ms, from_state, to_state, reason FROM job_events "
-			  "WHERE job_id = ?1 ORDER BY id", &st)) < 0)
-		goto out;
-	if ((rc = bind_text(st, 1, id)) < 0)
-		goto out;
-	while ((rc = next_row(s, st)) == 1) {
-		void *p = grow(arr, &cap, cnt, sizeof *arr);
-		if (!p) {
-			rc = -ENOMEM;
-			goto out;
-		}
-		arr = p;
-		store_event *e = &arr[cnt];
-		e->time_ms = sqlite3_column_int64(st, 0);
-		if ((rc = col_job_state(st, 1, &e->from)) < 0 ||
-		    (rc = col_job_state(st, 2, &e->to)) < 0 || (rc = dup_col(st, 3, &e->reason)) < 0)
-			goto out;
-		cnt++;
-	}
-out:
-	sqlite3_finalize(st);
-	rc = txn_end(s, rc);
-	unlock(s);
-	if (rc < 0) {
-		store_events_free(arr, cnt);
-		return rc;
-	}
-	*out = arr;
-	*n = cnt;
-	return 0;
+	job_rows q = {.job_id = id, .r = ROWS(store_event, event_read, events_free_rows),
+		      .sql = "SELECT time_ms, from_state, to_state, reason FROM job_events "
+			     "WHERE job_id = ?1 ORDER BY id",
+		      .args = {ARG_TEXT(id)}, .nargs = 1};
+	int rc = in_txn(s, TXN_READ, job_rows_txn, &q);
+	*out = rows_take(&q.r, rc, n);
+	return rc < 0 ? rc : 0;
+}
+
+static int count_row(sqlite3_stmt *st, void *ctx)
+{
+	int64_t *counts = ctx;
+	enum job_state js;
+	int rc = col_job_state(st, 0, &js);
+	if (rc == 0)
+		counts[js] = sqlite3_column_int64(st, 1);
+	return rc;
 }
 
 int store_job_counts(store *s, int64_t counts[JOB_STATE_COUNT])
 {
-	sqlite3_stmt *st = NULL;
-	int rc;
 	for (int i = 0; i < JOB_STATE_COUNT; i++)
 		counts[i] = 0;
-	lock(s);
-	if ((rc = prep(s, "SELECT state, COUNT(*) FROM jobs GROUP BY state", &st)) < 0)
-		goto out;
-	while ((rc = next_row(s, st)) == 1) {
-		enum job_state js;
-		if ((rc = col_job_state(st, 0, &js)) < 0)
-			goto out;
-		counts[js] = sqlite3_column_int64(st, 1);
-	}
-out:
-	sqlite3_finalize(st);
-	unlock(s);
-	return rc;
+	int rc = locked_exec(s, TXN_NONE, "SELECT state, COUNT(*) FROM jobs GROUP BY state", NO_ARGS,
+			     count_row, counts);
+	return rc < 0 ? rc : 0;
 }
 
 int store_idem_prune(store *s, int64_t before_ms, int64_t *removed)
 {
-	sqlite3_stmt *st = NULL;
-	int rc;
-	lock(s);
-	if ((rc = txn_begin(s, TXN_WRITE)) < 0)
-		goto out;
-	if ((rc = prep(s, "DELETE FROM idempotency_keys WHERE created_ms < ?1", &st)) < 0)
-		goto out;
-	if ((rc = bind_i64(st, 1, before_ms)) < 0)
-		goto out;
-	if ((rc = run(s, st)) < 0)
-		goto out;
+	int rc = locked_exec(s, TXN_WRITE, "DELETE FROM idempotency_keys WHERE created_ms < ?1",
+			     ARGS(ARG_I64(before_ms)), NULL, NULL);
+	if (rc < 0)
+		return rc;
 	if (removed)
-		*removed = sqlite3_changes(s->db);
-out:
-	sqlite3_finalize(st);
-	rc = txn_end(s, rc);
-	unlock(s);
-	return rc;
+		*removed = rc;
+	return 0;
 }
 
 /* ---- datasets ---- */
@@ -1062,8 +1073,15 @@ void store_datasets_free(store_dataset *ds, size_t n)
 	free(ds);
 }
 
-static int dataset_read(sqlite3_stmt *st, store_dataset *d)
+static void datasets_free_rows(void *arr, size_t n)
 {
+	store_datasets_free(arr, n);
+}
+
+/* One DATASET_COLS row into a store_dataset (a row_fn). */
+static int dataset_read(sqlite3_stmt *st, void *dst)
+{
+	store_dataset *d = dst;
 	int rc;
 	memset(d, 0, sizeof *d);
 	if ((rc = dup_col(st, 0, &d->id)) < 0 || (rc = dup_col(st, 1, &d->name)) < 0 ||
@@ -1082,52 +1100,24 @@ out:
 
 int store_dataset_insert(store *s, const store_dataset *ds)
 {
-	sqlite3_stmt *st = NULL;
-	int rc;
 	if (!ds || !ds->id || !ds->name || !ds->spec_json || ds->bytes_total < 0)
 		return -EINVAL;
-	int64_t t = now_ms();
-	lock(s);
-	if ((rc = txn_begin(s, TXN_WRITE)) < 0)
-		goto out;
-	if ((rc = prep(s, "INSERT INTO datasets (id, name, spec_json, state, bytes_total, "
-			  "created_ms, updated_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6)", &st)) < 0)
-		goto out;
-	if ((rc = bind_text(st, 1, ds->id)) < 0 || (rc = bind_text(st, 2, ds->name)) < 0 ||
-	    (rc = bind_text(st, 3, ds->spec_json)) < 0 ||
-	    (rc = bind_text(st, 4, dataset_state_name(DATASET_PREPARING))) < 0 ||
-	    (rc = bind_i64(st, 5, ds->bytes_total)) < 0 || (rc = bind_i64(st, 6, t)) < 0)
-		goto out;
-	rc = run(s, st);
-out:
-	sqlite3_finalize(st);
-	rc = txn_end(s, rc);
-	unlock(s);
-	return rc;
+	int rc = locked_exec(s, TXN_WRITE, "INSERT INTO datasets (id, name, spec_json, state, "
+					   "bytes_total, created_ms, updated_ms) "
+					   "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6)",
+			     ARGS(ARG_TEXT(ds->id), ARG_TEXT(ds->name), ARG_TEXT(ds->spec_json),
+				  ARG_TEXT(dataset_state_name(DATASET_PREPARING)),
+				  ARG_I64(ds->bytes_total), ARG_I64(now_ms())), NULL, NULL);
+	return rc < 0 ? rc : 0;
 }
 
 static int dataset_get_where(store *s, const char *sql, const char *key, store_dataset *out)
 {
-	sqlite3_stmt *st = NULL;
-	int rc;
 	memset(out, 0, sizeof *out);
 	if (!key)
 		return -EINVAL;
-	lock(s);
-	if ((rc = prep(s, sql, &st)) < 0)
-		goto out;
-	if ((rc = bind_text(st, 1, key)) < 0)
-		goto out;
-	rc = next_row(s, st);
-	if (rc == 0)
-		rc = -ENOENT;
-	if (rc < 0)
-		goto out;
-	rc = dataset_read(st, out);
-out:
-	sqlite3_finalize(st);
-	unlock(s);
-	return rc;
+	return found(locked_exec(s, TXN_NONE, sql, ARGS(ARG_TEXT(key)), dataset_read, out),
+		     -ENOENT);
 }
 
 int store_dataset_get(store *s, const char *id, store_dataset *out)
@@ -1142,143 +1132,89 @@ int store_dataset_get_by_name(store *s, const char *name, store_dataset *out)
 
 int store_dataset_list(store *s, store_dataset **out, size_t *n)
 {
-	sqlite3_stmt *st = NULL;
-	store_dataset *arr = NULL;
-	size_t cnt = 0, cap = 0;
-	int rc;
-	*out = NULL;
-	*n = 0;
-	lock(s);
-	if ((rc = prep(s, "SELECT " DATASET_COLS " FROM datasets ORDER BY created_ms, rowid", &st)) < 0)
-		goto out;
-	while ((rc = next_row(s, st)) == 1) {
-		void *p = grow(arr, &cap, cnt, sizeof *arr);
-		if (!p) {
-			rc = -ENOMEM;
-			goto out;
-		}
-		arr = p;
-		if ((rc = dataset_read(st, &arr[cnt])) < 0)
-			goto out;
-		cnt++;
-	}
-out:
-	sqlite3_finalize(st);
-	unlock(s);
-	if (rc < 0) {
-		store_datasets_free(arr, cnt);
-		return rc;
-	}
-	*out = arr;
-	*n = cnt;
-	return 0;
+	rows r = ROWS(store_dataset, dataset_read, datasets_free_rows);
+	int rc = locked_exec(s, TXN_NONE, "SELECT " DATASET_COLS " FROM datasets "
+					  "ORDER BY created_ms, rowid", NO_ARGS, rows_push, &r);
+	*out = rows_take(&r, rc, n);
+	return rc < 0 ? rc : 0;
+}
+
+static int dataset_state_row(sqlite3_stmt *st, void *out)
+{
+	return col_dataset_state(st, 0, out);
 }
 
 /* Inside a write transaction: -ENOENT, or -EBUSY unless preparing. */
 static int dataset_check_preparing(store *s, const char *id)
 {
-	sqlite3_stmt *st = NULL;
 	enum dataset_state ds;
-	int rc = prep(s, "SELECT state FROM datasets WHERE id = ?1", &st);
+	int rc = found(sql_exec(s, "SELECT state FROM datasets WHERE id = ?1", ARGS(ARG_TEXT(id)),
+				dataset_state_row, &ds), -ENOENT);
 	if (rc < 0)
-		goto out;
-	if ((rc = bind_text(st, 1, id)) < 0)
-		goto out;
-	rc = next_row(s, st);
-	if (rc == 0)
-		rc = -ENOENT;
+		return rc;
+	return ds == DATASET_PREPARING ? 0 : -EBUSY;
+}
+
+/* An update of a dataset that is still preparing: ?1 is its id. */
+typedef struct dataset_update {
+	const char *sql;
+	sqlarg args[5];
+} dataset_update;
+
+static int dataset_update_txn(store *s, void *ctx)
+{
+	dataset_update *u = ctx;
+	int rc = dataset_check_preparing(s, u->args[0].text);
 	if (rc < 0)
-		goto out;
-	if ((rc = col_dataset_state(st, 0, &ds)) < 0)
-		goto out;
-	rc = ds == DATASET_PREPARING ? 0 : -EBUSY;
-out:
-	sqlite3_finalize(st);
-	return rc;
+		return rc;
+	rc = sql_exec(s, u->sql, u->args, sizeof u->args / sizeof u->args[0], NULL, NULL);
+	return rc < 0 ? rc : 0;
 }
 
 int store_dataset_progress(store *s, const char *id, int64_t bytes_done, int64_t bytes_total,
 			   const char *stats_json)
 {
-	sqlite3_stmt *st = NULL;
-	int rc;
 	if (!id || bytes_done < 0 || bytes_total < 0)
 		return -EINVAL;
-	int64_t t = now_ms();
-	lock(s);
-	if ((rc = txn_begin(s, TXN_WRITE)) < 0)
-		goto out;
-	if ((rc = dataset_check_preparing(s, id)) < 0)
-		goto out;
-	if ((rc = prep(s, "UPDATE datasets SET bytes_done = ?2, bytes_total = ?3, "
-			  "stats_json = COALESCE(?4, stats_json), updated_ms = ?5 WHERE id = ?1", &st)) < 0)
-		goto out;
-	if ((rc = bind_text(st, 1, id)) < 0 || (rc = bind_i64(st, 2, bytes_done)) < 0 ||
-	    (rc = bind_i64(st, 3, bytes_total)) < 0 || (rc = bind_text(st, 4, stats_json)) < 0 ||
-	    (rc = bind_i64(st, 5, t)) < 0)
-		goto out;
-	rc = run(s, st);
-out:
-	sqlite3_finalize(st);
-	rc = txn_end(s, rc);
-	unlock(s);
-	return rc;
+	dataset_update u = {
+		.sql = "UPDATE datasets SET bytes_done = ?2, bytes_total = ?3, "
+		       "stats_json = COALESCE(?4, stats_json), updated_ms = ?5 WHERE id = ?1",
+		.args = {ARG_TEXT(id), ARG_I64(bytes_done), ARG_I64(bytes_total),
+			 ARG_TEXT(stats_json), ARG_I64(now_ms())}};
+	return in_txn(s, TXN_WRITE, dataset_update_txn, &u);
 }
 
 int store_dataset_finish(store *s, const char *id, enum dataset_state to, const char *error,
 			 const char *stats_json)
 {
-	sqlite3_stmt *st = NULL;
-	int rc;
 	if (!id || (to != DATASET_READY && to != DATASET_FAILED))
 		return -EINVAL;
-	int64_t t = now_ms();
-	lock(s);
-	if ((rc = txn_begin(s, TXN_WRITE)) < 0)
-		goto out;
-	if ((rc = dataset_check_preparing(s, id)) < 0)
-		goto out;
-	if ((rc = prep(s, "UPDATE datasets SET state = ?2, error = ?3, "
-			  "stats_json = COALESCE(?4, stats_json), updated_ms = ?5 WHERE id = ?1", &st)) < 0)
-		goto out;
-	if ((rc = bind_text(st, 1, id)) < 0 || (rc = bind_text(st, 2, dataset_state_name(to))) < 0 ||
-	    (rc = bind_text(st, 3, to == DATASET_FAILED ? error : NULL)) < 0 ||
-	    (rc = bind_text(st, 4, stats_json)) < 0 || (rc = bind_i64(st, 5, t)) < 0)
-		goto out;
-	rc = run(s, st);
-out:
-	sqlite3_finalize(st);
-	rc = txn_end(s, rc);
-	unlock(s);
-	return rc;
+	dataset_update u = {
+		.sql = "UPDATE datasets SET state = ?2, error = ?3, "
+		       "stats_json = COALESCE(?4, stats_json), updated_ms = ?5 WHERE id = ?1",
+		.args = {ARG_TEXT(id), ARG_TEXT(dataset_state_name(to)),
+			 ARG_TEXT(to == DATASET_FAILED ? error : NULL), ARG_TEXT(stats_json),
+			 ARG_I64(now_ms())}};
+	return in_txn(s, TXN_WRITE, dataset_update_txn, &u);
+}
+
+static int dataset_delete_txn(store *s, void *ctx)
+{
+	const char *id = *(const char **)ctx;
+	int rc = dataset_check_preparing(s, id);
+	if (rc == 0)
+		return -EBUSY; /* the prepare process is still writing its shards */
+	if (rc != -EBUSY)
+		return rc;
+	rc = sql_exec(s, "DELETE FROM datasets WHERE id = ?1", ARGS(ARG_TEXT(id)), NULL, NULL);
+	return rc < 0 ? rc : 0;
 }
 
 int store_dataset_delete(store *s, const char *id)
 {
-	sqlite3_stmt *st = NULL;
-	int rc;
 	if (!id)
 		return -EINVAL;
-	lock(s);
-	if ((rc = txn_begin(s, TXN_WRITE)) < 0)
-		goto out;
-	rc = dataset_check_preparing(s, id);
-	if (rc == 0)
-		rc = -EBUSY; /* the prepare process is still writing its shards */
-	else if (rc == -EBUSY)
-		rc = 0;
-	if (rc < 0)
-		goto out;
-	if ((rc = prep(s, "DELETE FROM datasets WHERE id = ?1", &st)) < 0)
-		goto out;
-	if ((rc = bind_text(st, 1, id)) < 0)
-		goto out;
-	rc = run(s, st);
-out:
-	sqlite3_finalize(st);
-	rc = txn_end(s, rc);
-	unlock(s);
-	return rc;
+	return in_txn(s, TXN_WRITE, dataset_delete_txn, &id);
 }
 
 /* ---- metrics ---- */
@@ -1286,27 +1222,16 @@ out:
 int store_metric_insert(store *s, const char *job_id, int64_t step, int64_t time_ms,
 			const char *values_json)
 {
-	sqlite3_stmt *st = NULL;
-	int rc;
 	if (!job_id || !values_json || step < 0)
 		return -EINVAL;
-	lock(s);
-	if ((rc = txn_begin(s, TXN_WRITE)) < 0)
-		goto out;
 	/* A missing job fails the foreign key, which sqlerr maps to -ENOENT. */
-	if ((rc = prep(s, "INSERT INTO job_metrics (job_id, step, time_ms, values_json) "
-			  "VALUES (?1, ?2, ?3, ?4) ON CONFLICT (job_id, step) DO UPDATE SET "
-			  "time_ms = excluded.time_ms, values_json = excluded.values_json", &st)) < 0)
-		goto out;
-	if ((rc = bind_text(st, 1, job_id)) < 0 || (rc = bind_i64(st, 2, step)) < 0 ||
-	    (rc = bind_i64(st, 3, time_ms)) < 0 || (rc = bind_text(st, 4, values_json)) < 0)
-		goto out;
-	rc = run(s, st);
-out:
-	sqlite3_finalize(st);
-	rc = txn_end(s, rc);
-	unlock(s);
-	return rc;
+	int rc = locked_exec(s, TXN_WRITE, "INSERT INTO job_metrics (job_id, step, time_ms, "
+					   "values_json) VALUES (?1, ?2, ?3, ?4) "
+					   "ON CONFLICT (job_id, step) DO UPDATE SET "
+					   "time_ms = excluded.time_ms, values_json = excluded.values_json",
+			     ARGS(ARG_TEXT(job_id), ARG_I64(step), ARG_I64(time_ms),
+				  ARG_TEXT(values_json)), NULL, NULL);
+	return rc < 0 ? rc : 0;
 }
 
 void store_metrics_free(store_metric *m, size_t n)
@@ -1316,84 +1241,43 @@ void store_metrics_free(store_metric *m, size_t n)
 	free(m);
 }
 
+static void metrics_free_rows(void *arr, size_t n)
+{
+	store_metrics_free(arr, n);
+}
+
+/* step, time_ms, values_json into a store_metric (a row_fn). */
+static int metric_read(sqlite3_stmt *st, void *dst)
+{
+	store_metric *m = dst;
+	m->step = sqlite3_column_int64(st, 0);
+	m->time_ms = sqlite3_column_int64(st, 1);
+	return dup_col(st, 2, &m->values_json);
+}
+
 int store_metric_latest(store *s, const char *job_id, store_metric *out)
 {
-	sqlite3_stmt *st = NULL;
-	int rc;
 	memset(out, 0, sizeof *out);
 	if (!job_id)
 		return -EINVAL;
-	lock(s);
-	if ((rc = txn_begin(s, TXN_READ)) < 0)
-		goto out;
-	if ((rc = prep(s, "SELECT step, time_ms, values_json FROM job_metrics "
-			  "WHERE job_id = ?1 ORDER BY step DESC LIMIT 1", &st)) < 0)
-		goto out;
-	if ((rc = bind_text(st, 1, job_id)) < 0)
-		goto out;
-	rc = next_row(s, st);
-	if (rc == 0) {
-		rc = -ENOENT;
-		goto out;
-	}
-	if (rc < 0)
-		goto out;
-	out->step = sqlite3_column_int64(st, 0);
-	out->time_ms = sqlite3_column_int64(st, 1);
-	rc = dup_col(st, 2, &out->values_json);
-out:
-	sqlite3_finalize(st);
-	rc = txn_end(s, rc);
-	unlock(s);
-	return rc < 0 ? rc : 0;
+	return found(locked_exec(s, TXN_READ, "SELECT step, time_ms, values_json FROM job_metrics "
+					      "WHERE job_id = ?1 ORDER BY step DESC LIMIT 1",
+				 ARGS(ARG_TEXT(job_id)), metric_read, out), -ENOENT);
 }
 
 /* The query of store_metric_list / store_metric_tail: ?1 job, ?2 since, ?3 limit. */
 static int metric_query(store *s, const char *sql, const char *job_id, int64_t since_step, int limit,
 			store_metric **out, size_t *n)
 {
-	sqlite3_stmt *st = NULL;
-	store_metric *arr = NULL;
-	size_t cnt = 0, cap = 0;
-	int rc;
 	*out = NULL;
 	*n = 0;
 	if (!job_id || limit < 1)
 		return -EINVAL;
-	lock(s);
-	if ((rc = txn_begin(s, TXN_READ)) < 0)
-		goto out;
-	if ((rc = job_exists(s, job_id)) < 0)
-		goto out;
-	if ((rc = prep(s, sql, &st)) < 0)
-		goto out;
-	if ((rc = bind_text(st, 1, job_id)) < 0 || (rc = bind_i64(st, 2, since_step)) < 0 ||
-	    (rc = bind_i64(st, 3, limit)) < 0)
-		goto out;
-	while ((rc = next_row(s, st)) == 1) {
-		void *p = grow(arr, &cap, cnt, sizeof *arr);
-		if (!p) {
-			rc = -ENOMEM;
-			goto out;
-		}
-		arr = p;
-		arr[cnt].step = sqlite3_column_int64(st, 0);
-		arr[cnt].time_ms = sqlite3_column_int64(st, 1);
-		if ((rc = dup_col(st, 2, &arr[cnt].values_json)) < 0)
-			goto out;
-		cnt++;
-	}
-out:
-	sqlite3_finalize(st);
-	rc = txn_end(s, rc);
-	unlock(s);
-	if (rc < 0) {
-		store_metrics_free(arr, cnt);
-		return rc;
-	}
-	*out = arr;
-	*n = cnt;
-	return 0;
+	job_rows q = {.job_id = job_id, .sql = sql, .r = ROWS(store_metric, metric_read, metrics_free_rows),
+		      .args = {ARG_TEXT(job_id), ARG_I64(since_step), ARG_I64(limit)}, .nargs = 3};
+	int rc = in_txn(s, TXN_READ, job_rows_txn, &q);
+	*out = rows_take(&q.r, rc, n);
+	return rc < 0 ? rc : 0;
 }
 
 int store_metric_list(store *s, const char *job_id, int64_t since_step, int limit,
@@ -1415,27 +1299,15 @@ int store_metric_tail(store *s, const char *job_id, int limit, store_metric **ou
 
 int store_checkpoint_insert(store *s, const char *job_id, const store_checkpoint *c)
 {
-	sqlite3_stmt *st = NULL;
-	int rc;
 	if (!job_id || !c || !c->path || c->step < 0 || c->bytes < 0)
 		return -EINVAL;
-	int64_t t = now_ms();
-	lock(s);
-	if ((rc = txn_begin(s, TXN_WRITE)) < 0)
-		goto out;
-	if ((rc = prep(s, "INSERT INTO job_checkpoints (job_id, step, path, bytes, created_ms) "
-			  "VALUES (?1, ?2, ?3, ?4, ?5)", &st)) < 0)
-		goto out;
-	if ((rc = bind_text(st, 1, job_id)) < 0 || (rc = bind_i64(st, 2, c->step)) < 0 ||
-	    (rc = bind_text(st, 3, c->path)) < 0 || (rc = bind_i64(st, 4, c->bytes)) < 0 ||
-	    (rc = bind_i64(st, 5, t)) < 0)
-		goto out;
-	rc = run(s, st);
-out:
-	sqlite3_finalize(st);
-	rc = txn_end(s, rc);
-	unlock(s);
-	return rc;
+	/* A missing job fails the foreign key (-ENOENT), a recorded step the
+	 * primary key (-EEXIST). */
+	int rc = locked_exec(s, TXN_WRITE, "INSERT INTO job_checkpoints (job_id, step, path, bytes, "
+					   "created_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+			     ARGS(ARG_TEXT(job_id), ARG_I64(c->step), ARG_TEXT(c->path),
+				  ARG_I64(c->bytes), ARG_I64(now_ms())), NULL, NULL);
+	return rc < 0 ? rc : 0;
 }
 
 void store_checkpoints_free(store_checkpoint *c, size_t n)
@@ -1445,73 +1317,41 @@ void store_checkpoints_free(store_checkpoint *c, size_t n)
 	free(c);
 }
 
+static void checkpoints_free_rows(void *arr, size_t n)
+{
+	store_checkpoints_free(arr, n);
+}
+
+static int checkpoint_read(sqlite3_stmt *st, void *dst)
+{
+	store_checkpoint *c = dst;
+	c->step = sqlite3_column_int64(st, 0);
+	c->bytes = sqlite3_column_int64(st, 2);
+	c->created_ms = sqlite3_column_int64(st, 3);
+	return dup_col(st, 1, &c->path);
+}
+
 int store_checkpoint_list(store *s, const char *job_id, store_checkpoint **out, size_t *n)
 {
-	sqlite3_stmt *st = NULL;
-	store_checkpoint *arr = NULL;
-	size_t cnt = 0, cap = 0;
-	int rc;
 	*out = NULL;
 	*n = 0;
 	if (!job_id)
 		return -EINVAL;
-	lock(s);
-	if ((rc = txn_begin(s, TXN_READ)) < 0)
-		goto out;
-	if ((rc = job_exists(s, job_id)) < 0)
-		goto out;
-	if ((rc = prep(s, "SELECT step, path, bytes, created_ms FROM job_checkpoints "
-			  "WHERE job_id = ?1 ORDER BY step", &st)) < 0)
-		goto out;
-	if ((rc = bind_text(st, 1, job_id)) < 0)
-		goto out;
-	while ((rc = next_row(s, st)) == 1) {
-		void *p = grow(arr, &cap, cnt, sizeof *arr);
-		if (!p) {
-			rc = -ENOMEM;
-			goto out;
-		}
-		arr = p;
-		arr[cnt].step = sqlite3_column_int64(st, 0);
-		arr[cnt].bytes = sqlite3_column_int64(st, 2);
-		arr[cnt].created_ms = sqlite3_column_int64(st, 3);
-		if ((rc = dup_col(st, 1, &arr[cnt].path)) < 0)
-			goto out;
-		cnt++;
-	}
-out:
-	sqlite3_finalize(st);
-	rc = txn_end(s, rc);
-	unlock(s);
-	if (rc < 0) {
-		store_checkpoints_free(arr, cnt);
-		return rc;
-	}
-	*out = arr;
-	*n = cnt;
-	return 0;
+	job_rows q = {.job_id = job_id, .r = ROWS(store_checkpoint, checkpoint_read, checkpoints_free_rows),
+		      .sql = "SELECT step, path, bytes, created_ms FROM job_checkpoints "
+			     "WHERE job_id = ?1 ORDER BY step",
+		      .args = {ARG_TEXT(job_id)}, .nargs = 1};
+	int rc = in_txn(s, TXN_READ, job_rows_txn, &q);
+	*out = rows_take(&q.r, rc, n);
+	return rc < 0 ? rc : 0;
 }
 
 int store_checkpoint_delete(store *s, const char *job_id, int64_t step)
 {
-	sqlite3_stmt *st = NULL;
-	int rc;
 	if (!job_id)
 		return -EINVAL;
-	lock(s);
-	if ((rc = txn_begin(s, TXN_WRITE)) < 0)
-		goto out;
-	if ((rc = prep(s, "DELETE FROM job_checkpoints WHERE job_id = ?1 AND step = ?2", &st)) < 0)
-		goto out;
-	if ((rc = bind_text(st, 1, job_id)) < 0 || (rc = bind_i64(st, 2, step)) < 0)
-		goto out;
-	if ((rc = run(s, st)) < 0)
-		goto out;
-	if (sqlite3_changes(s->db) == 0)
-		rc = -ENOENT;
-out:
-	sqlite3_finalize(st);
-	rc = txn_end(s, rc);
-	unlock(s);
-	return rc;
+	/* No row changed: no such job or step. */
+	return found(locked_exec(s, TXN_WRITE, "DELETE FROM job_checkpoints "
+					       "WHERE job_id = ?1 AND step = ?2",
+				 ARGS(ARG_TEXT(job_id), ARG_I64(step)), NULL, NULL), -ENOENT);
 }

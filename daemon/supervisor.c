@@ -423,6 +423,19 @@ static int write_job_file(supervisor *sv, run *r, const char *dataset_dir, const
 	return rc;
 }
 
+/* A stored spec, normalized again: a job queued by an older bertd lacks
+ * keys added since, and normalizing an effective spec only fills those
+ * defaults (docs/jobspec.md). NULL when it is not JSON or not a valid spec. */
+static json_t *stored_spec_load(const char *spec_json)
+{
+	json_t *in = json_loads(spec_json, 0, NULL), *out = NULL;
+	jobspec_error jerr;
+	if (in && jobspec_normalize(in, &out, &jerr) < 0)
+		out = NULL;
+	json_decref(in);
+	return out;
+}
+
 static int start_job(supervisor *sv, const store_job *j, const int *dev, int ndev, bool resumed)
 {
 	char reason[1400];
@@ -432,7 +445,7 @@ static int start_job(supervisor *sv, const store_job *j, const int *dev, int nde
 	r->sv = sv;
 	snprintf(r->id, sizeof r->id, "%s", j->id);
 	job_dir(sv, j->id, r->dir, sizeof r->dir);
-	r->spec = json_loads(j->spec_json, 0, NULL);
+	r->spec = stored_spec_load(j->spec_json);
 	jobspec spec;
 	jobspec_error jerr;
 	unsigned from = JOB_MASK(resumed ? JOB_RESTARTING : JOB_QUEUED);
@@ -805,10 +818,13 @@ static void tick_schedule(supervisor *sv)
 		for (size_t i = 0; i < n; i++) {
 			if (find_run(sv, jobs[i].id))
 				continue;
-			jobspec spec;
-			jobspec_error jerr;
+			/* Only resources.gpus is needed here, every tick, for every
+			 * queued job: read it without validating the whole spec
+			 * (start_job does that). A spec without it asks for 1. */
 			json_t *js = json_loads(jobs[i].spec_json, 0, NULL);
-			int want = js && jobspec_from_json(js, &spec, &jerr) == 0 ? spec.gpus : 1;
+			json_t *g = json_object_get(json_object_get(js, "resources"), "gpus");
+			int want = json_is_integer(g) && json_integer_value(g) >= 1 && json_integer_value(g) <= 64
+					   ? (int)json_integer_value(g) : 1;
 			json_decref(js);
 			q[nq] = (sched_job){jobs[i].id, jobs[i].priority, jobs[i].seq, want};
 			map[nq++] = i;

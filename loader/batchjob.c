@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/log.h"
 
@@ -205,4 +206,14 @@ void batchjob_data_close(batchjob_data *d)
 	if (d->shards)
 		shard_dataset_close(d->shards);
 	memset(d, 0, sizeof(*d));
+}
+
+void batchjob_simulated_delay(const batchjob *bj)
+{
+	int ms = bj->spec.simulate_data_delay_ms;
+	if (ms <= 0)
+		return;
+	struct timespec left = {ms / 1000, (long)(ms % 1000) * 1000000L};
+	while (clock_nanosleep(CLOCK_MONOTONIC, 0, &left, &left) == EINTR)
+		;
 }

@@ -56,6 +56,13 @@ typedef struct batchjob_data {
 int batchjob_data_open(batchjob *bj, batchjob_data *out);
 void batchjob_data_close(batchjob_data *d);
 
+/* profiler.simulate_data_delay_ms: sleeps that long (0 = returns at once),
+ * called once per batch by whoever builds it — each loader, or the worker on
+ * the serial path — so a slow data source (network storage, a cold page
+ * cache) can be had on demand. A sleep, not CPU work: it models waiting for
+ * storage, which parallel loaders hide and the serial path cannot. */
+void batchjob_simulated_delay(const batchjob *bj);
+
 /* Bit v set when line v of the vocab file starts with "##". Returns a new
  * bitmap of vocab_size/8 + 1 bytes (caller frees), or NULL (logged). */
 uint8_t *batchjob_continuation_bitmap(const char *vocab_path, uint32_t vocab_size);

@@ -52,11 +52,14 @@ static void on_signal(int sig)
 typedef struct build_ctx {
 	const mlm_dataset *ds;
 	const ring_params *p;
+	const batchjob *bj; /* NULL in --raw mode */
 } build_ctx;
 
 static int build(void *ctx, uint64_t global, void *slot)
 {
 	build_ctx *b = ctx;
+	if (b->bj)
+		batchjob_simulated_delay(b->bj);
 	return mlm_batch_build(b->ds, &b->p->layout, b->p->G, b->p->M, global, slot);
 }
 
@@ -300,7 +303,7 @@ int main(int argc, char **argv)
 	log_info("%llu sequences/epoch, pad fraction %.3f, %llu empty documents skipped, index %.1f MiB",
 		 (unsigned long long)st.n_samples, st.pad_fraction, (unsigned long long)st.n_empty_docs,
 		 (double)st.index_bytes / 1048576.0);
-	build_ctx bc = {.ds = ds, .p = ring_get_params(r)};
+	build_ctx bc = {.ds = ds, .p = ring_get_params(r), .bj = o.job ? &bj : NULL};
 	rc = ring_produce(r, build, &bc, &g_stop);
 	if (rc == -EINTR) {
 		log_info("stopping on signal");

@@ -73,6 +73,33 @@ int comm_broadcast(comm *c, void *buf, size_t bytes, int root)
     return c->ops->broadcast(c, buf, bytes, root);
 }
 
+int comm_replicas_agree(comm *c, const void *buf, size_t bytes)
+{
+    const unsigned char *p = buf;
+    uint64_t h = 14695981039346656037ull;
+    size_t i = 0;
+    for (; i + 8 <= bytes; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        h = (h ^ w) * 1099511628211ull;
+    }
+    for (; i < bytes; i++)
+        h = (h ^ p[i]) * 1099511628211ull;
+    double v[8]; /* [piece 0..3, piece^2 0..3] */
+    for (int k = 0; k < 4; k++) {
+        double x = (double)((h >> (16 * k)) & 0xffffu);
+        v[k] = x;
+        v[4 + k] = x * x;
+    }
+    int rc = comm_allreduce_sum_f64(c, v, 8);
+    if (rc < 0)
+        return rc;
+    for (int k = 0; k < 4; k++)
+        if ((double)c->world * v[4 + k] != v[k] * v[k])
+            return 0;
+    return 1;
+}
+
 void comm_abort(comm *c, int err)
 {
     c->ops->abort(c, err);

@@ -84,6 +84,15 @@ int comm_barrier(comm *c);
  * 0, -EPIPE, -EPROTO, -EINVAL (bad root). */
 int comm_broadcast(comm *c, void *buf, size_t bytes, int root);
 
+/* Whether every rank holds the same bytes (replicas that should be identical
+ * by construction: the parameters after an all-reduced step). Each rank
+ * hashes its buffer (64-bit FNV-1a over 8-byte words); the group sums the
+ * hash's four 16-bit pieces and their squares in f64 — exact, as pieces are
+ * below 2^16 and G <= 64 — and the pieces agree iff G*sum(x^2) == sum(x)^2.
+ * A collective: every rank calls it (bytes may differ; it is hashed).
+ * Returns 1 (all equal), 0 (some rank differs), -EPIPE, -EPROTO. */
+int comm_replicas_agree(comm *c, const void *buf, size_t bytes);
+
 /* Declares the group dead (err, a negative errno, is logged): every rank's
  * current and next collective returns -EPIPE. For a rank that hit a local
  * fatal error, so its peers need not wait out their timeout. */

@@ -348,6 +348,8 @@ int gpu_model_create(gpu_model **out, const bert_config *cfg, kdtype dt, int dev
     GPU_TRY(cudaEventCreateWithFlags(&g->loss_ready, cudaEventDisableTiming));
     GPU_TRY(cudaEventCreateWithFlags(&g->grads_ready, cudaEventDisableTiming));
     GPU_TRY(cudaEventCreateWithFlags(&g->comm_done, cudaEventDisableTiming));
+    GPU_TRY(cudaEventCreate(&g->t_bwd_done)); // timed: exposed communication
+    GPU_TRY(cudaEventCreate(&g->t_comm_waited));
     GPU_TRY(cudaMallocHost((void **)&g->loss_host, 2 * sizeof(float)));
     GPU_TRY(cudaMallocHost((void **)&g->norm_host, sizeof(double)));
     GPU_TRY(cudaMallocHost((void **)&g->flag_host, sizeof(int)));
@@ -402,6 +404,10 @@ void gpu_model_destroy(gpu_model *g)
         cudaEventDestroy(g->grads_ready);
     if (g->comm_done)
         cudaEventDestroy(g->comm_done);
+    if (g->t_bwd_done)
+        cudaEventDestroy(g->t_bwd_done);
+    if (g->t_comm_waited)
+        cudaEventDestroy(g->t_comm_waited);
     cudaFreeHost(g->loss_host);
     cudaFreeHost(g->norm_host);
     cudaFreeHost(g->flag_host);
@@ -746,6 +752,19 @@ void gpu_model_zero_grad(gpu_model *g)
         fprintf(stderr, "gpu_model: zero_grad: %s\n", cudaGetErrorString(e));
 }
 
+/* Enqueues bucket b's ranges (bert_grad_bucket) through the bucket hook. */
+static int reduce_bucket(gpu_model *g, int b)
+{
+    size_t off[BERT_BUCKET_MAX_RANGES], n[BERT_BUCKET_MAX_RANGES];
+    int k = bert_grad_bucket(&g->cfg, b, off, n);
+    for (int i = 0; i < k; i++) {
+        int rc = g->bucket(g->bucket_ctx, g->grads_memory + off[i], n[i], g->compute);
+        if (rc < 0)
+            return rc;
+    }
+    return k < 0 ? k : 0;
+}
+
 int gpu_model_backward(gpu_model *g)
 {
     if (!g->have_forward || g->cur < 0)
@@ -831,6 +850,10 @@ int gpu_model_backward(gpu_model *g)
                                 gr->qkvb + (size_t)l * 3 * C, a->d_qkv, x,
                                 lp(g, BP_QKVW, (size_t)l * 3 * C * C), (int)N, C, 3 * C, dt, st);
         d_extra = a->d_b;
+        /* layer l's weight matrices are final: reduce them while the
+         * layers below run backward */
+        if (g->bucket_armed && (rc = reduce_bucket(g, l)) < 0)
+            goto out;
     }
     /* x0 = dropout(LN(emb)): d x0 = d_res + d_b */
     cuda_residual_forward_dt(a->d_a, a->d_res, a->d_b, NC, dt, st);
@@ -839,6 +862,12 @@ int gpu_model_backward(gpu_model *g)
     cuda_layernorm_backward_dt(a->d_b, gr->emb_lnw, gr->emb_lnb, a->d_c, a->emb, p->emb_lnw,
                                a->emb_mean, a->emb_rstd, (int)N, C, dt, st);
     cuda_embeddings_backward_dt(gr->wte, gr->wpe, gr->wtt, a->d_b, ids, tt, B, T, C, dt, st);
+    if (g->bucket_armed) { /* the rest (embeddings, biases, LayerNorms, heads) */
+        if ((rc = reduce_bucket(g, L)) < 0)
+            goto out;
+        g->bucket_armed = 0;
+        g->buckets_started = 1;
+    }
     GPU_TRY(cudaEventRecord(g->slot_free[s], st));
     /* the logits now hold gradients: another backward needs a new forward */
     g->have_forward = 0;
@@ -868,6 +897,27 @@ int gpu_model_set_allreduce(gpu_model *g, gpu_allreduce_fn fn, void *ctx, cudaSt
     }
 out:
     return rc;
+}
+
+int gpu_model_set_buckets(gpu_model *g, gpu_bucket_fn bucket, gpu_bucket_finish_fn finish, void *ctx)
+{
+    if (bucket && !finish)
+        return -EINVAL;
+    g->bucket = bucket;
+    g->bucket_finish = bucket ? finish : NULL;
+    g->bucket_ctx = bucket ? ctx : NULL;
+    g->bucket_armed = g->buckets_started = 0;
+    return 0;
+}
+
+void gpu_model_reduce_in_next_backward(gpu_model *g)
+{
+    g->bucket_armed = g->bucket != NULL;
+}
+
+float gpu_model_exposed_comm_ms(const gpu_model *g)
+{
+    return g->exposed_comm_ms;
 }
 
 float gpu_model_loss_scale(const gpu_model *g)
@@ -900,7 +950,17 @@ int gpu_model_step(gpu_model *g, double *lr_out, double *gnorm_out, int *skipped
     cudaStream_t st = g->compute;
     if (skipped)
         *skipped = 0;
-    if (g->allreduce) {
+    /* The compute stream's wait for communication, timed between two
+     * events on it: what the reduction did not hide behind backward. */
+    int timed = g->buckets_started || g->allreduce;
+    g->exposed_comm_ms = 0;
+    if (timed)
+        GPU_TRY(cudaEventRecord(g->t_bwd_done, st));
+    if (g->buckets_started) {
+        g->buckets_started = 0;
+        if ((rc = g->bucket_finish(g->bucket_ctx, st)) < 0)
+            goto out;
+    } else if (g->allreduce) {
         GPU_TRY(cudaEventRecord(g->grads_ready, st));
         GPU_TRY(cudaStreamWaitEvent(g->comm, g->grads_ready, 0));
         rc = g->allreduce(g->allreduce_ctx, g->grads_memory, g->num_params, g->comm);
@@ -909,12 +969,16 @@ int gpu_model_step(gpu_model *g, double *lr_out, double *gnorm_out, int *skipped
         GPU_TRY(cudaEventRecord(g->comm_done, g->comm));
         GPU_TRY(cudaStreamWaitEvent(st, g->comm_done, 0));
     }
+    if (timed)
+        GPU_TRY(cudaEventRecord(g->t_comm_waited, st));
     GPU_TRY(cudaMemsetAsync(g->sumsq, 0, sizeof(double), st));
     GPU_TRY(cudaMemsetAsync(g->nonfinite, 0, sizeof(int), st));
     cuda_sumsq_check(g->sumsq, g->nonfinite, g->grads_memory, g->num_params, st);
     GPU_TRY(cudaMemcpyAsync(g->norm_host, g->sumsq, sizeof(double), cudaMemcpyDeviceToHost, st));
     GPU_TRY(cudaMemcpyAsync(g->flag_host, g->nonfinite, sizeof(int), cudaMemcpyDeviceToHost, st));
     GPU_TRY(cudaStreamSynchronize(st));
+    if (timed)
+        GPU_TRY(cudaEventElapsedTime(&g->exposed_comm_ms, g->t_bwd_done, g->t_comm_waited));
     float scale = gpu_model_loss_scale(g);
     if (*g->flag_host || !isfinite(*g->norm_host)) {
         if (!g->scaler.enabled) {

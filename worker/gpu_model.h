@@ -67,6 +67,13 @@ typedef struct gpu_loss_scaler {
  * stream. Returns 0 or a negative errno. */
 typedef int (*gpu_allreduce_fn)(void *ctx, float *grads, size_t num, cudaStream_t stream);
 
+/* Gradient buckets, reduced while backward still runs (bert_grad_bucket):
+ * bucket enqueues the reduction of grads[0..num) after the work already on
+ * the compute stream, without blocking it; finish makes the compute stream
+ * wait (on the device) for every bucket enqueued. 0 or a negative errno. */
+typedef int (*gpu_bucket_fn)(void *ctx, float *grads, size_t num, cudaStream_t compute);
+typedef int (*gpu_bucket_finish_fn)(void *ctx, cudaStream_t compute);
+
 typedef struct gpu_model {
     bert_config cfg;
     kdtype dt;                     // activation / GEMM operand type
@@ -107,6 +114,13 @@ typedef struct gpu_model {
     void *allreduce_ctx;
     cudaStream_t comm;             // stream given to allreduce (its own, or compute)
     cudaEvent_t grads_ready, comm_done;
+    gpu_bucket_fn bucket;          // overlapped reduction (gpu_model_set_buckets)
+    gpu_bucket_finish_fn bucket_finish;
+    void *bucket_ctx;
+    int bucket_armed;              // the next backward enqueues buckets
+    int buckets_started;           // the last backward did: step only waits
+    cudaEvent_t t_bwd_done, t_comm_waited; // timing: compute stream before/after the comm wait
+    float exposed_comm_ms;         // of the last step (GPU timeline), 0 without comm
     int own_comm;                  // comm was created here
     int have_forward;
     bert_dropout dropout_cur;      // masks of the last forward, redrawn in backward
@@ -171,6 +185,21 @@ int gpu_model_backward(gpu_model *g);
 /* The communication hook; NULL fn removes it. stream NULL: a stream of the
  * model's own is created for it. */
 int gpu_model_set_allreduce(gpu_model *g, gpu_allreduce_fn fn, void *ctx, cudaStream_t stream);
+
+/* Overlapped reduction: bucket/finish hooks (NULL bucket removes them).
+ * Used only for a backward armed by gpu_model_reduce_in_next_backward; a
+ * step after an unarmed backward falls back to the all-reduce hook. */
+int gpu_model_set_buckets(gpu_model *g, gpu_bucket_fn bucket, gpu_bucket_finish_fn finish, void *ctx);
+/* Arms the bucket hooks for the next gpu_model_backward only: call it before
+ * the backward of a step's last micro-batch (earlier micro-batches still add
+ * to the gradients, so their buckets would not be final). As that backward
+ * finishes layer l (L-1 first) it enqueues bucket l; after the embeddings,
+ * bucket L. gpu_model_step then only waits for them. */
+void gpu_model_reduce_in_next_backward(gpu_model *g);
+/* Milliseconds the compute stream waited for gradient communication in the
+ * last gpu_model_step (the exposed all-reduce, measured with CUDA events on
+ * the GPU timeline); 0 when nothing was reduced. */
+float gpu_model_exposed_comm_ms(const gpu_model *g);
 
 /* One optimizer update from the accumulated (loss-scaled) gradients:
  * all-reduce hook, global norm, overflow check (fp16: a non-finite gradient

@@ -223,6 +223,43 @@ int bert_param_segments(const bert_config *cfg, size_t *sizes, int *decays, int 
     return n;
 }
 
+static int is_layer_matrix(int i)
+{
+    return i == BP_QKVW || i == BP_ATTPROJW || i == BP_FCW || i == BP_FCPROJW;
+}
+
+int bert_grad_bucket(const bert_config *cfg, int bucket, size_t off[BERT_BUCKET_MAX_RANGES],
+                     size_t n[BERT_BUCKET_MAX_RANGES])
+{
+    int L = cfg->num_hidden_layers;
+    if (bucket < 0 || bucket > L)
+        return -EINVAL;
+    size_t s[BERT_NUM_PARAM_TENSORS], at = 0;
+    bert_param_sizes(cfg, s);
+    int k = 0;
+    for (int i = 0; i < BERT_NUM_PARAM_TENSORS; at += s[i], i++) {
+        size_t o, len;
+        if (bucket < L && is_layer_matrix(i)) { /* layer `bucket`'s slice */
+            len = s[i] / (size_t)L;
+            o = at + (size_t)bucket * len;
+        } else if (bucket == L && !is_layer_matrix(i) && s[i]) {
+            o = at;
+            len = s[i];
+        } else {
+            continue;
+        }
+        if (k > 0 && off[k - 1] + n[k - 1] == o) { /* adjacent: merge */
+            n[k - 1] += len;
+            continue;
+        }
+        if (k == BERT_BUCKET_MAX_RANGES)
+            return -EINVAL; /* cannot happen with this layout (at most 5) */
+        off[k] = o;
+        n[k++] = len;
+    }
+    return k;
+}
+
 static float *alloc_floats(size_t n)
 {
     void *p = NULL;

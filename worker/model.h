@@ -94,6 +94,21 @@ const char *bert_param_name(int i);
  * ratios). Returns the count; writes at most cap entries. */
 int bert_param_segments(const bert_config *cfg, size_t *sizes, int *decays, int cap);
 
+/* Gradient buckets, for all-reducing gradients while backward still runs
+ * (CUDA data parallel). Backward finishes layer L-1 first and the
+ * embeddings last; a layer's four weight matrices (QKV, attention output,
+ * FFN in and out: >99% of a layer's parameters) are final once that layer's
+ * backward is done, each one contiguous range of the span. Bucket l (0..L-1)
+ * is layer l's four matrices; bucket L is everything else — embeddings and
+ * the decoder weight tied to them, every layer's biases and LayerNorms, the
+ * heads — final only when backward ends. Writes the bucket's ranges as
+ * (offset, floats) into off/n, adjacent ranges merged; returns how many (at
+ * most BERT_BUCKET_MAX_RANGES), or -EINVAL for a bucket outside 0..L. Over
+ * buckets 0..L the ranges cover the span exactly once. */
+#define BERT_BUCKET_MAX_RANGES 8
+int bert_grad_bucket(const bert_config *cfg, int bucket, size_t off[BERT_BUCKET_MAX_RANGES],
+                     size_t n[BERT_BUCKET_MAX_RANGES]);
+
 enum {
     BA_EMB, BA_EMB_LN, BA_EMB_MEAN, BA_EMB_RSTD, BA_X0,
     BA_QKV, BA_ATT, BA_ATTY, BA_ATTPROJ, BA_RES1, BA_LN1, BA_LN1_MEAN, BA_LN1_RSTD,

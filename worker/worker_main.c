@@ -566,6 +566,7 @@ static int train(worker *w)
 			} else {
 				uint64_t global = ((uint64_t)w->tr->step * (uint64_t)M + (uint64_t)k) *
 						  (uint64_t)w->world + (uint64_t)w->rank;
+				batchjob_simulated_delay(&w->bj);
 				int rc = mlm_batch_build(w->data.ds, l, (uint32_t)w->world, (uint32_t)M, global,
 							 (char *)w->local_slot + (size_t)k * l->slot_bytes);
 				if (rc < 0)
@@ -600,6 +601,20 @@ static int train(worker *w)
 		w->win_loss += res.loss;
 
 		log_window(w, &res, &sc, &t_log);
+		if (ta->save_steps > 0 && res.step % ta->save_steps == 0 && res.step != max_steps && w->cm) {
+			/* Replicas are identical by construction (same init, same
+			 * all-reduced gradients, same update); checked before rank 0
+			 * checkpoints, so a diverged state is never saved. */
+			rc = comm_replicas_agree(w->cm, w->tr->model->params_memory,
+						 w->tr->model->num_params * sizeof(float));
+			if (rc == 0)
+				return fail(w, BERTD_EXIT_FAILURE, "internal",
+					    "the ranks' parameters differ at step %ld: a replica diverged "
+					    "(restarting from the last checkpoint)",
+					    (long)res.step);
+			if (rc < 0)
+				return fail(w, BERTD_EXIT_PEER_LOST, "peer_lost", "checking replicas: %s", strerror(-rc));
+		}
 		if (w->rank == 0 && ta->save_steps > 0 && res.step % ta->save_steps == 0 && res.step != max_steps) {
 			double tc = now_s();
 			if ((rc = save_checkpoint(w, err, sizeof err)) < 0)
@@ -726,6 +741,26 @@ static int nccl_hook(void *ctx, float *grads, size_t n, cudaStream_t s)
 	w->t_sync1 = now_s();
 	return rc;
 }
+
+/* The overlapped path: gpu_model enqueues each gradient bucket as backward
+ * finishes it, then, in gpu_model_step, finish makes the compute stream wait
+ * for them all. */
+static int nccl_bucket(void *ctx, float *grads, size_t n, cudaStream_t s)
+{
+	worker *w = ctx;
+	return comm_nccl_bucket_start(w->nccl, grads, n, s);
+}
+
+static int nccl_bucket_finish(void *ctx, cudaStream_t s)
+{
+	worker *w = ctx;
+	w->t_sync0 = now_s();
+	int rc = comm_nccl_buckets_wait(w->nccl, s);
+	if (rc == 0) /* bounded: a lost peer is -EPIPE here, not a hang in the step's sync */
+		rc = comm_nccl_drain(w->nccl);
+	w->t_sync1 = now_s();
+	return rc;
+}
 #endif
 
 /* Picks the precision, creates the device model from the host trainer's
@@ -797,7 +832,9 @@ static int gpu_setup(worker *w)
 	}
 	if (w->world > 1) {
 #ifdef BERTD_NCCL
-		rc = comm_create_nccl(&w->nccl, w->rank, w->world, GPU_DEVICE, COMM_FP32, nccl_id_send, nccl_id_recv,
+		const char *rd = w->bj.spec.training.ddp_reduce_dtype; /* normalized: fp32 | bf16 | fp16 */
+		comm_dtype reduce = !strcmp(rd, "bf16") ? COMM_BF16 : !strcmp(rd, "fp16") ? COMM_FP16 : COMM_FP32;
+		rc = comm_create_nccl(&w->nccl, w->rank, w->world, GPU_DEVICE, reduce, nccl_id_send, nccl_id_recv,
 				      w, COMM_TIMEOUT_MS);
 		if (rc == -ECANCELED) {
 			log_info("stopped while waiting for the NCCL id");
@@ -808,6 +845,11 @@ static int gpu_setup(worker *w)
 				    w->world, strerror(-rc));
 		if ((rc = gpu_model_set_allreduce(w->gm, nccl_hook, w, NULL)) < 0)
 			return fail(w, BERTD_EXIT_FAILURE, "internal", "setting the all-reduce hook: %s", strerror(-rc));
+		/* BERTD_DDP_OVERLAP=0: one all-reduce after backward (the hook
+		 * above), e.g. to rule the overlap out when debugging a GPU run */
+		const char *ov = getenv("BERTD_DDP_OVERLAP");
+		if (!(ov && strcmp(ov, "0") == 0))
+			gpu_model_set_buckets(w->gm, nccl_bucket, nccl_bucket_finish, w);
 #else
 		return fail(w, BERTD_EXIT_BAD_CONFIG, "bad_config",
 			    "a %d-GPU job, but this bertd-worker was built without NCCL", w->world);
@@ -870,6 +912,7 @@ static int gpu_next_batch(worker *w, int k, bert_batch *b, bool *from_ring, int 
 		uint64_t global = ((uint64_t)w->tr->step * (uint64_t)M + (uint64_t)k) * (uint64_t)w->world +
 				  (uint64_t)w->rank;
 		slot = (char *)w->local_slot + (size_t)k * l->slot_bytes;
+		batchjob_simulated_delay(&w->bj);
 		int rc = mlm_batch_build(w->data.ds, l, (uint32_t)w->world, (uint32_t)M, global, slot);
 		if (rc < 0) {
 			*code = fail(w, BERTD_EXIT_DATA, "data", "building batch %llu: %s", (unsigned long long)global,
@@ -936,6 +979,8 @@ static int train_gpu(worker *w)
 				loss += gpu_model_loss(g);
 			bert_dropout d = {.train = 1, .seed = w->tr->cfg.seed, .rank = w->tr->cfg.rank,
 					  .step = (uint32_t)w->tr->step, .micro = (uint32_t)k};
+			if (k == M - 1) /* only the last micro-batch's gradients are final */
+				gpu_model_reduce_in_next_backward(g);
 			if ((rc = gpu_model_forward(g, &d, gpu_model_loss_scale(g) / (float)M)) < 0 ||
 			    (rc = gpu_model_backward(g)) < 0)
 				return fail(w, BERTD_EXIT_FAILURE, "internal", "step %ld: forward/backward failed: %s",
@@ -978,7 +1023,9 @@ static int train_gpu(worker *w)
 			gnorm = w->gnorm_last; /* JSON has no infinity */
 		}
 		w->gnorm_last = gnorm;
-		double t2 = now_s(), ar_s = w->t_sync1 - w->t_sync0;
+		/* exposed all-reduce: the compute stream's wait, from CUDA events
+		 * (host clocks would also count the backward still running) */
+		double t2 = now_s(), ar_s = gpu_model_exposed_comm_ms(g) / 1000.0;
 		if (w->cm) {
 			if ((rc = sync_flags(&sc, &loss, t1 - t0)) < 0)
 				return fail(w, BERTD_EXIT_PEER_LOST, "peer_lost", "step %ld: a peer was lost: %s",
@@ -993,11 +1040,16 @@ static int train_gpu(worker *w)
 		w->win_comm_s += ar_s;
 		w->win_step_s += t_end - t0;
 		double *ph = w->win_ph[w->win_steps % WIN_STEPS_MAX];
+		/* Host clocks see the backward still running on the device as time
+		 * in the hook's drain: that part is compute, the rest of the step
+		 * after the measured phases too, so the phases add up to the step. */
+		double opt_s = t2 - t1 - (w->t_sync1 - w->t_sync0);
+		double comp_s = (t_end - t0) - data_s - h2d_s - ar_s - opt_s;
 		ph[PH_STEP] = 1000.0 * (t_end - t0);
 		ph[PH_DATA] = 1000.0 * data_s;
-		ph[PH_COMPUTE] = 1000.0 * (t1 - t0 - data_s - h2d_s);
+		ph[PH_COMPUTE] = 1000.0 * (comp_s > 0 ? comp_s : 0);
 		ph[PH_ALLREDUCE] = 1000.0 * ar_s;
-		ph[PH_OPTIMIZER] = 1000.0 * (t2 - t1 - (w->t_sync1 - w->t_sync0));
+		ph[PH_OPTIMIZER] = 1000.0 * opt_s;
 		w->win_steps++;
 		w->win_loss += res.loss;
 

@@ -112,27 +112,38 @@ static void report(int ok, const char *what, kdtype dt, double val, double tol)
     gpu_failures += !ok;
 }
 
+/* A CPU model with seeded weights and a GPU model holding the same ones;
+ * NULL (counted as a failure, *cpu freed) when the GPU model cannot be made. */
+static gpu_model *make_pair(const bert_config *c, kdtype dt, const optim_config *oc, uint64_t seed,
+                            bert_model **cpu)
+{
+    if (bert_model_create(cpu, c) != 0)
+        abort();
+    bert_model_init_weights(*cpu, seed);
+    gpu_model *g = NULL;
+    char err[256];
+    if (gpu_model_create(&g, c, dt, 0, TB, TT, TM, oc, err, sizeof err) != 0) {
+        printf("FAIL gpu_model_create %s: %s\n", kdtype_name(dt), err);
+        gpu_failures++;
+        bert_model_destroy(*cpu);
+        return NULL;
+    }
+    if (gpu_model_set_params(g, (*cpu)->params_memory) != 0)
+        abort();
+    return g;
+}
+
 static void test_forward_backward_steps(kdtype dt, int nsp)
 {
     printf("--- whole model, %s%s\n", kdtype_name(dt), nsp ? ", with the NSP head" : "");
     bert_config c = tiny_config(nsp);
     optim_config oc = test_optim_config();
     bert_model *cpu = NULL;
-    if (bert_model_create(&cpu, &c) != 0)
-        abort();
-    bert_model_init_weights(cpu, 1234);
-    gpu_model *g = NULL;
-    char err[256];
-    int rc = gpu_model_create(&g, &c, dt, 0, TB, TT, TM, &oc, err, sizeof err);
-    if (rc != 0) {
-        printf("FAIL gpu_model_create %s: %s\n", kdtype_name(dt), err);
-        gpu_failures++;
-        bert_model_destroy(cpu);
+    gpu_model *g = make_pair(&c, dt, &oc, 1234, &cpu);
+    if (!g)
         return;
-    }
+    char err[256];
     size_t n = cpu->num_params;
-    if (gpu_model_set_params(g, cpu->params_memory) != 0)
-        abort();
     /* GradScaler starts at 65536 and backs off on the first overflows; this
      * test compares steps one for one, so fp16 starts at a scale that does
      * not overflow (the backing off has its own test below) */
@@ -360,6 +371,104 @@ static void test_bad_batches(void)
     gpu_model_destroy(g);
 }
 
+/* ---- overlapped gradient buckets ----
+ * A bucket hook that, stream-ordered on the compute stream, snapshots each
+ * range into a shadow buffer and marks it covered. After backward: every
+ * parameter covered exactly once, and every snapshot equal to the final
+ * gradient — a bucket enqueued before backward had finished writing its
+ * range would have snapshotted a partial value. Then finish + step must run
+ * through the bucket path (exposed time measured, >= 0). */
+typedef struct shadow {
+    float *dev;          /* (n) device snapshot */
+    unsigned char *seen; /* (n) host coverage count */
+    const float *base;   /* g->grads_memory */
+    int finished, calls;
+} shadow;
+
+static int shadow_bucket(void *ctx, float *grads, size_t n, cudaStream_t s)
+{
+    shadow *sh = ctx;
+    size_t off = (size_t)(grads - sh->base);
+    TCHECK(cudaMemcpyAsync(sh->dev + off, grads, n * sizeof(float), cudaMemcpyDeviceToDevice, s));
+    for (size_t i = 0; i < n; i++)
+        sh->seen[off + i]++;
+    sh->calls++;
+    return 0;
+}
+
+static int shadow_finish(void *ctx, cudaStream_t s)
+{
+    (void)s;
+    ((shadow *)ctx)->finished++;
+    return 0;
+}
+
+static void test_buckets_final_and_complete(int nsp)
+{
+    printf("--- gradient buckets during backward%s\n", nsp ? " (NSP head)" : "");
+    bert_config c = tiny_config(nsp);
+    optim_config oc = test_optim_config();
+    bert_model *cpu = NULL;
+    gpu_model *g = make_pair(&c, KDT_F32, &oc, 77, &cpu);
+    if (!g)
+        return;
+    char err[256];
+    size_t n = cpu->num_params;
+    shadow sh = {.seen = calloc(n, 1), .base = g->grads_memory};
+    TCHECK(cudaMalloc((void **)&sh.dev, n * sizeof(float)));
+    gpu_model_set_buckets(g, shadow_bucket, shadow_finish, &sh);
+    batch_store bs;
+    bert_dropout d = {.train = 1, .seed = 5, .rank = 0, .step = 0};
+    gpu_model_zero_grad(g);
+    for (int k = 0; k < 2; k++) { /* two micro-batches: only the last one buckets */
+        make_batch(&bs, &c, k);
+        d.micro = (uint32_t)k;
+        if (gpu_model_upload(g, &bs.b, err, sizeof err) != 0)
+            abort();
+        if (k == 1)
+            gpu_model_reduce_in_next_backward(g);
+        gpu_model_forward(g, &d, 1.0f);
+        gpu_model_backward(g);
+        if (k == 0 && sh.calls != 0) {
+            printf("FAIL buckets enqueued during an unarmed backward (%d)\n", sh.calls);
+            gpu_failures++;
+        }
+    }
+    float *final = malloc(n * 4), *snap = malloc(n * 4);
+    if (gpu_model_get_grads(g, final) != 0)
+        abort();
+    TCHECK(cudaDeviceSynchronize());
+    TCHECK(cudaMemcpy(snap, sh.dev, n * 4, cudaMemcpyDeviceToHost));
+    size_t bad_cover = 0, bad_value = 0;
+    for (size_t i = 0; i < n; i++) {
+        bad_cover += sh.seen[i] != 1;
+        bad_value += sh.seen[i] == 1 && memcmp(&snap[i], &final[i], 4) != 0;
+    }
+    report(bad_cover == 0, "bucket coverage: params not bucketed exactly once", KDT_F32, (double)bad_cover, 0);
+    report(bad_value == 0, "bucket snapshots differing from final grads", KDT_F32, (double)bad_value, 0);
+    int skipped = 0;
+    if (gpu_model_step(g, NULL, NULL, &skipped) != 0 || sh.finished != 1) {
+        printf("FAIL step through the bucket path (finish called %d times)\n", sh.finished);
+        gpu_failures++;
+    }
+    float ms = gpu_model_exposed_comm_ms(g);
+    report(isfinite(ms) && ms >= 0, "exposed comm ms (finite, >= 0)", KDT_F32, ms, 0);
+    /* the next step without arming falls back: no new buckets, no finish */
+    gpu_model_zero_grad(g);
+    gpu_model_upload(g, &bs.b, err, sizeof err);
+    gpu_model_forward(g, &d, 1.0f);
+    gpu_model_backward(g);
+    gpu_model_step(g, NULL, NULL, &skipped);
+    if (sh.finished != 1) {
+        printf("FAIL finish called after an unarmed backward\n");
+        gpu_failures++;
+    }
+    cudaFree(sh.dev);
+    free(sh.seen); free(final); free(snap);
+    gpu_model_destroy(g);
+    bert_model_destroy(cpu);
+}
+
 int main(void)
 {
     gpu_require_device();
@@ -381,6 +490,8 @@ int main(void)
     if (gpu_precision_pick("fp16", 0, &f16, err, sizeof err) == 0)
         test_forward_backward_steps(KDT_F16, 0);
     test_loss_scaling();
+    test_buckets_final_and_complete(0);
+    test_buckets_final_and_complete(1);
     test_bad_batches();
     test_memory_plan();
     printf("%d failure(s)\n", gpu_failures);

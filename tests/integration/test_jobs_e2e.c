@@ -459,6 +459,38 @@ static void test_missing_dataset_fails(void **state)
 	json_decref(job);
 }
 
+/* A job queued by an older bertd, whose stored effective spec lacks keys
+ * added since (here profiler.simulate_data_delay_ms), still runs: the
+ * supervisor normalizes stored specs again, which only fills defaults. */
+static void test_spec_from_older_bertd_runs(void **state)
+{
+	fx *f = *state;
+	wait_dataset_ready(&f->d);
+	assert_int_equal(bertd_stop(&f->d), 0);
+	const char *held[] = {"--data-roots", f->data, "--devices", "cpu", "--cpu-slots", "2",
+			      "--schedule", "false", NULL};
+	assert_int_equal(bertd_start(&f->d, held), 0);
+	char *id = it_submit(&f->d, SPEC("older", "10", "1", "0", ""));
+	assert_int_equal(bertd_stop(&f->d), 0);
+	char cmd[1024];
+	snprintf(cmd, sizeof cmd,
+		 "sqlite3 '%s/bertd.db' \"UPDATE jobs SET spec_json = "
+		 "json_remove(spec_json, '$.profiler.simulate_data_delay_ms') WHERE id = '%s'; "
+		 "SELECT json_extract(spec_json, '$.profiler') FROM jobs WHERE id = '%s'\"",
+		 f->d.state_dir, id, id);
+	FILE *p = popen(cmd, "r"); /* the sqlite3 CLI comes with scripts/setup */
+	assert_non_null(p);
+	char out[256] = "";
+	assert_non_null(fgets(out, sizeof out, p));
+	assert_int_equal(pclose(p), 0);
+	assert_null(strstr(out, "simulate_data_delay_ms")); /* really the old shape now */
+	assert_int_equal(start(f, false), 0);
+	json_t *job = wait_job(&f->d, id, "completed|failed|canceled");
+	assert_string_equal(it_jstr(job, "state"), "completed");
+	json_decref(job);
+	free(id);
+}
+
 /* SIGTERM drains: a running job checkpoints, goes back to queued, and the
  * next daemon resumes it from that checkpoint. */
 static void test_sigterm_requeues(void **state)
@@ -535,6 +567,8 @@ static void test_disk_full(void **state)
 int main(void)
 {
 	curl_global_init(CURL_GLOBAL_DEFAULT);
+	if (getenv("IT_ONLY")) /* a glob of test names, for running one by hand */
+		cmocka_set_test_filter(getenv("IT_ONLY"));
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_full_run, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_kill_worker_resumes_exactly, setup, teardown),
@@ -544,6 +578,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_two_at_once_third_waits, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_missing_dataset_fails, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_sigterm_requeues, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_spec_from_older_bertd_runs, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_disk_full, setup, teardown),
 	};
 	int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -191,7 +191,7 @@ static void test_minimal_gets_every_default(void **state)
 		"warmup_ratio", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon",
 		"max_grad_norm", "max_steps", "max_seq_length", "optim", "bf16", "fp16", "seed",
 		"logging_steps", "save_steps", "save_total_limit", "dataloader_num_workers",
-		"dataloader_pin_memory"};
+		"dataloader_pin_memory", "ddp_reduce_dtype"};
 	expect_keys(json_object_get(o, "training_args"), ta, sizeof ta / sizeof ta[0]);
 	static const char *const mlm[] = {"mlm_probability", "mask_replace_prob",
 		"random_replace_prob", "whole_word_mask", "nsp", "max_predictions_per_seq",
@@ -238,6 +238,7 @@ static void test_minimal_gets_every_default(void **state)
 	assert_int_equal(geti(o, "training_args", "save_total_limit"), 3);
 	assert_int_equal(geti(o, "training_args", "dataloader_num_workers"), 2);
 	assert_true(json_is_true(get(o, "training_args", "dataloader_pin_memory")));
+	assert_string_equal(gets_(o, "training_args", "ddp_reduce_dtype"), "fp32");
 	/* DataCollatorForLanguageModeling defaults, BERT's data recipe */
 	assert_true(getd(o, "mlm", "mlm_probability") == 0.15);
 	assert_true(getd(o, "mlm", "mask_replace_prob") == 0.8);
@@ -251,9 +252,10 @@ static void test_minimal_gets_every_default(void **state)
 	assert_true(json_is_null(get(o, "stopping_condition", "max_runtime_seconds")));
 	assert_int_equal(geti(o, "retry_policy", "max_restarts"), 3);
 	json_t *prof = get(o, NULL, "profiler");
-	assert_int_equal(json_object_size(prof), 1);
+	assert_int_equal(json_object_size(prof), 2);
 	assert_true(json_is_object(get(o, "profiler", "rules")));
 	assert_int_equal(json_object_size(get(o, "profiler", "rules")), 0);
+	assert_int_equal(json_integer_value(get(o, "profiler", "simulate_data_delay_ms")), 0);
 	json_decref(o);
 
 	/* null means "the default" for every key, sections included */
@@ -444,6 +446,10 @@ static void test_bad_specs(void **state)
 		{"{\"dataset\":\"x\",\"training_args\":{\"optim\":\"sgd\"}}", 422, "training_args.optim"},
 		{"{\"dataset\":\"x\",\"training_args\":{\"optim\":\"adamw\\u0000\"}}", 422, "training_args.optim"},
 		{"{\"dataset\":\"x\",\"training_args\":{\"optim\":\"ADAMW\"}}", 422, "training_args.optim"},
+		{"{\"dataset\":\"x\",\"training_args\":{\"ddp_reduce_dtype\":\"fp8\"}}", 422,
+		 "training_args.ddp_reduce_dtype"},
+		{"{\"dataset\":\"x\",\"training_args\":{\"ddp_reduce_dtype\":16}}", 422,
+		 "training_args.ddp_reduce_dtype"},
 		{"{\"dataset\":\"x\",\"model\":{\"preset\":\"bert-huge\"}}", 422, "model.preset"},
 		{"{\"dataset\":\"x\",\"model\":{\"preset\":\"custom\"}}", 422, "model.preset"},
 		{"{\"dataset\":\"x\",\"model\":{\"hidden_act\":\"relu\"}}", 422, "model.hidden_act"},
@@ -620,6 +626,7 @@ static void test_from_json(void **state)
 	assert_int_equal(s.training.save_steps, 1000);
 	assert_int_equal(s.training.dataloader_num_workers, 8);
 	assert_true(s.training.dataloader_pin_memory);
+	assert_string_equal(s.training.ddp_reduce_dtype, "fp32");
 	assert_true(s.mlm.mlm_probability == 0.15);
 	assert_false(s.mlm.nsp);
 	assert_int_equal(s.mlm.max_predictions_per_seq, 20);
@@ -632,7 +639,8 @@ static void test_from_json(void **state)
 	eff = normalize_ok("{\"dataset\":\"d\",\"init_from\":\"/x/ckpt-5\",\"priority\":-7,"
 			   "\"model\":{\"vocab_size\":30528,\"preset\":\"bert-tiny\"},"
 			   "\"training_args\":{\"seed\":9223372036854775807,\"bf16\":false,"
-			   "\"lr_scheduler_type\":\"constant_with_warmup\",\"dataloader_pin_memory\":false},"
+			   "\"lr_scheduler_type\":\"constant_with_warmup\",\"dataloader_pin_memory\":false,"
+			   "\"ddp_reduce_dtype\":\"bfloat16\"},"
 			   "\"mlm\":{\"nsp\":true,\"whole_word_mask\":true},"
 			   "\"resources\":{\"device\":\"cpu\",\"gpus\":3},"
 			   "\"stopping_condition\":{\"max_runtime_seconds\":3600}}");
@@ -647,6 +655,7 @@ static void test_from_json(void **state)
 	assert_int_equal(s.training.fp16, JOBSPEC_AUTO);
 	assert_string_equal(s.training.lr_scheduler_type, "constant_with_warmup");
 	assert_false(s.training.dataloader_pin_memory);
+	assert_string_equal(s.training.ddp_reduce_dtype, "bf16"); /* the alias, spelled canonically */
 	assert_true(s.mlm.nsp);
 	assert_true(s.mlm.whole_word_mask);
 	assert_string_equal(s.device, "cpu");

@@ -103,13 +103,14 @@ static void test_input_bound_fires_with_knob(void **state)
 	assert_int_equal(rep.r[DIAG_INPUT_BOUND].status, DIAG_ISSUE);
 	assert_double_equal(rep.r[DIAG_INPUT_BOUND].value, 0.38, 1e-12);
 	/* 2 loaders give 1 batch per 100 ms, so one takes 200 ms; the worker is
-	 * busy 62 ms: ceil(200/62) = 4 loaders. */
+	 * busy 62 ms: ceil(1.5 x 200/62) = 5 loaders (4 would run at 0.81
+	 * utilization, 5 at 0.65). */
 	assert_string_equal(rep.r[DIAG_INPUT_BOUND].remedy,
-			    "data wait is 38% of step time: raise dataloader_num_workers from 2 to 4");
+			    "data wait is 38% of step time: raise dataloader_num_workers from 2 to 5");
 	assert_non_null(strstr(rep.summary, "input_bound"));
 	assert_non_null(strstr(rep.summary, "dataloader_num_workers"));
 
-	/* the serial path: the wait is the build itself: 38 / 62 -> 1 loader */
+	/* the serial path: the wait is the build itself: 1.5 x 38 / 62 -> 1 loader */
 	job.loader_workers = 0;
 	rep = run(&job, s, N);
 	assert_string_equal(rep.r[DIAG_INPUT_BOUND].remedy,

@@ -496,6 +496,53 @@ static void test_size_mismatch(void **state)
     assert_true(codes[0] == RC_EPROTO || codes[1] == RC_EPROTO);
 }
 
+/* ---- replica check ---- */
+
+typedef struct agree_arg {
+    int odd_rank;   /* this rank's buffer differs, -1 for none */
+    size_t odd_at;  /* in which byte */
+    size_t bytes;
+} agree_arg;
+
+enum { RC_AGREE = 40, RC_DIFFER = 41 };
+
+static int agree_rank(int rank, int world, const char *name, void *argp)
+{
+    agree_arg *a = argp;
+    comm *c = NULL;
+    if (comm_create_shm(&c, name, rank, world, MAXF, TIMEOUT_MS) != 0)
+        return RC_CREATE;
+    unsigned char *buf = malloc(a->bytes);
+    for (size_t i = 0; i < a->bytes; i++)
+        buf[i] = (unsigned char)(mix(i) >> 7);
+    if (rank == a->odd_rank)
+        buf[a->odd_at] ^= 0x10; /* one bit, as a flipped or stale value would */
+    int rc = comm_replicas_agree(c, buf, a->bytes);
+    free(buf);
+    comm_destroy(c);
+    return rc == 1 ? RC_AGREE : rc == 0 ? RC_DIFFER : code_of(rc);
+}
+
+/* Equal buffers agree on every rank; one bit off on one rank — in a whole
+ * 8-byte word or in the tail — is seen by every rank. */
+static void test_replicas_agree(void **state)
+{
+    (void)state;
+    static const agree_arg cases[] = {
+        {-1, 0, 4003}, {2, 0, 4003}, {1, 2000, 4003}, {0, 4002, 4003}, {2, 1, 3},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        char name[COMM_NAME_MAX];
+        test_name(name, sizeof(name));
+        agree_arg a = cases[k];
+        int codes[3];
+        run_all(3, name, agree_rank, &a, codes);
+        for (int g = 0; g < 3; g++)
+            assert_int_equal(codes[g], a.odd_rank < 0 ? RC_AGREE : RC_DIFFER);
+        assert_unlinked(name);
+    }
+}
+
 static void test_bad_args(void **state)
 {
     (void)state;
@@ -522,6 +569,7 @@ static void test_bad_args(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_replicas_agree),
         cmocka_unit_test(test_bad_args),
         cmocka_unit_test(test_order_matters),
         cmocka_unit_test(test_exact_1),
