@@ -5,6 +5,9 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
+#include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,13 +146,42 @@ static json_t *optim_json(const optim *o)
                      (json_int_t)c->total_steps, "updates", (json_int_t)o->t);
 }
 
+checkpoint_scaler checkpoint_scaler_disabled(void)
+{
+    return (checkpoint_scaler){.scale = 1.0f, .enabled = 0, .growth_interval = 2000};
+}
+
+static json_t *scaler_json(const checkpoint_scaler *ls)
+{
+    return json_pack("{s:b, s:f, s:i, s:i, s:I}", "enabled", ls->enabled, "scale",
+                     (double)ls->scale, "growth_interval", ls->growth_interval, "good_steps",
+                     ls->good_steps, "skipped", (json_int_t)ls->skipped);
+}
+
 int checkpoint_save(const char *root, long step, const bert_model *m, const optim *o,
                     const json_t *extra, int keep_last, char *err, size_t errlen)
+{
+    return checkpoint_save_scaled(root, step, m, o, NULL, extra, keep_last, err, errlen);
+}
+
+int checkpoint_save_scaled(const char *root, long step, const bert_model *m, const optim *o,
+                           const checkpoint_scaler *ls, const json_t *extra, int keep_last,
+                           char *err, size_t errlen)
 {
     char tmpdir[4200], final[4200], path[4300];
     json_t *state = NULL;
     char *text = NULL;
     int rc;
+    checkpoint_scaler off = checkpoint_scaler_disabled();
+    if (!ls)
+        ls = &off;
+    /* JSON has no inf/NaN, and a reader refuses a scale of 0: say so now
+     * rather than write a checkpoint nobody can resume from */
+    if (!isfinite(ls->scale) || ls->scale <= 0.0f) {
+        snprintf(err, errlen, "loss scale %g cannot be saved (must be finite and > 0)",
+                 (double)ls->scale);
+        return -EINVAL;
+    }
     if (mkdir(root, 0755) < 0 && errno != EEXIST) {
         rc = -errno;
         snprintf(err, errlen, "mkdir %s: %s", root, strerror(errno));
@@ -184,9 +216,12 @@ int checkpoint_save(const char *root, long step, const bert_model *m, const opti
     for (int i = 0; i < BERT_NUM_PARAM_TENSORS; i++)
         json_array_append_new(tensors, json_pack("{s:s, s:I}", "name", bert_param_name(i),
                                                  "numel", (json_int_t)m->param_sizes[i]));
-    state = json_pack("{s:s, s:i, s:I, s:I, s:f, s:o, s:o, s:o}", "format", "bertd-checkpoint",
-                      "version", CHECKPOINT_FORMAT_VERSION, "step", (json_int_t)step,
-                      "num_params", (json_int_t)m->num_params, "loss_scale", 1.0, "model",
+    /* "loss_scale" is format 1's original key (always 1.0 then); it stays,
+     * equal to loss_scaler.scale, for readers that know only it */
+    state = json_pack("{s:s, s:i, s:I, s:I, s:f, s:o, s:o, s:o, s:o}", "format",
+                      "bertd-checkpoint", "version", CHECKPOINT_FORMAT_VERSION, "step",
+                      (json_int_t)step, "num_params", (json_int_t)m->num_params, "loss_scale",
+                      (double)ls->scale, "loss_scaler", scaler_json(ls), "model",
                       bert_config_to_json(&m->cfg), "param_tensors", tensors, "optimizer",
                       o ? optim_json(o) : json_null());
     if (!state) {
@@ -273,6 +308,74 @@ static json_t *load_state(const char *dir, char *err, size_t errlen)
     return s;
 }
 
+/* An integer member of o in [lo, hi] into *v; -EINVAL naming it otherwise. */
+static int scaler_int(const json_t *o, const char *key, long long lo, long long hi, long long *v,
+                      const char *dir, char *err, size_t errlen)
+{
+    json_t *j = json_object_get(o, key);
+    if (!json_is_integer(j) || json_integer_value(j) < lo || json_integer_value(j) > hi) {
+        snprintf(err, errlen, "%s: state.json loss_scaler.%s must be an integer in [%lld, %lld]",
+                 dir, key, lo, hi);
+        return -EINVAL;
+    }
+    *v = json_integer_value(j);
+    return 0;
+}
+
+/* state.json's loss scaler: 0 and *out, 1 when absent (format 1 as first
+ * written, whose "loss_scale" was always 1 and is not read), -EINVAL. */
+static int parse_scaler(const json_t *state, const char *dir, checkpoint_scaler *out, char *err,
+                        size_t errlen)
+{
+    *out = checkpoint_scaler_disabled();
+    json_t *o = json_object_get(state, "loss_scaler");
+    if (!o)
+        return 1;
+    if (!json_is_object(o)) {
+        snprintf(err, errlen, "%s: state.json loss_scaler must be an object", dir);
+        return -EINVAL;
+    }
+    json_t *en = json_object_get(o, "enabled"), *sc = json_object_get(o, "scale");
+    if (!json_is_boolean(en)) {
+        snprintf(err, errlen, "%s: state.json loss_scaler.enabled must be true or false", dir);
+        return -EINVAL;
+    }
+    double scale = json_is_number(sc) ? json_number_value(sc) : NAN;
+    if (!(scale > 0.0 && scale <= FLT_MAX) || (!json_is_true(en) && scale != 1.0)) {
+        snprintf(err, errlen,
+                 "%s: state.json loss_scaler.scale must be a number in (0, %g] (1 when disabled)",
+                 dir, (double)FLT_MAX);
+        return -EINVAL;
+    }
+    long long gi, good, skipped;
+    int rc;
+    if ((rc = scaler_int(o, "growth_interval", 1, INT_MAX, &gi, dir, err, errlen)) < 0 ||
+        (rc = scaler_int(o, "good_steps", 0, gi - 1, &good, dir, err, errlen)) < 0 ||
+        (rc = scaler_int(o, "skipped", 0, LONG_MAX, &skipped, dir, err, errlen)) < 0)
+        return rc;
+    json_t *legacy = json_object_get(state, "loss_scale");
+    if (legacy && (!json_is_number(legacy) || json_number_value(legacy) != scale)) {
+        snprintf(err, errlen, "%s: state.json loss_scale disagrees with loss_scaler.scale %g", dir,
+                 scale);
+        return -EINVAL;
+    }
+    *out = (checkpoint_scaler){.scale = (float)scale, .enabled = json_is_true(en),
+                               .growth_interval = (int)gi, .good_steps = (int)good,
+                               .skipped = (long)skipped};
+    return 0;
+}
+
+int checkpoint_read_scaler(const char *dir, checkpoint_scaler *out, char *err, size_t errlen)
+{
+    *out = checkpoint_scaler_disabled();
+    json_t *s = load_state(dir, err, errlen);
+    if (!s)
+        return -EINVAL;
+    int rc = parse_scaler(s, dir, out, err, errlen);
+    json_decref(s);
+    return rc;
+}
+
 int checkpoint_read_config(const char *dir, bert_config *cfg, char *err, size_t errlen)
 {
     json_t *s = load_state(dir, err, errlen);
@@ -315,6 +418,9 @@ int checkpoint_load(const char *dir, bert_model *m, optim *o, long *step, char *
         return -EINVAL;
     int rc = -EINVAL;
     char path[4300];
+    checkpoint_scaler ls;
+    if (parse_scaler(s, dir, &ls, err, errlen) < 0)
+        goto out; // rc is -EINVAL: refuse a damaged state.json before loading anything
     json_t *np = json_object_get(s, "num_params"), *st = json_object_get(s, "step");
     if (!json_is_integer(np) || (size_t)json_integer_value(np) != m->num_params ||
         !json_is_integer(st)) {

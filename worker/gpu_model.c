@@ -506,7 +506,19 @@ int gpu_model_set_opt_state(gpu_model *g, const float *host, long t)
                      g->compute);
 }
 
-int gpu_model_upload(gpu_model *g, const bert_batch *b, char *err, size_t errlen)
+/* Ints of a device slot a B x T batch with M masked positions really uses:
+ * ids (N), types (N), lens (B), positions (M), labels (M), nsp (B), CLS rows
+ * (B). slot_ints is the capacity. */
+static size_t slot_used(int B, int T, int M)
+{
+    return 2 * (size_t)B * T + 3 * (size_t)B + 2 * (size_t)M;
+}
+
+/* Both uploads: validate, pick the device slot, fill the pinned staging
+ * buffer (all of it, or with inplace only the part after ids/types/lens),
+ * then on the copy stream wait until the slot's last reader is done, copy,
+ * record slot_ready. */
+static int upload_batch(gpu_model *g, const bert_batch *b, int inplace, char *err, size_t errlen)
 {
     int rc;
     /* bert_batch_validate reads only the config of the model it is given */
@@ -542,31 +554,88 @@ int gpu_model_upload(gpu_model *g, const bert_batch *b, char *err, size_t errlen
         /* only two slots: the one in use by a pending backward is never reused */
         s = 1 - s;
     }
-    size_t N = (size_t)b->B * b->T;
+    size_t N = (size_t)b->B * b->T, head = 2 * N + (size_t)b->B; // ids, types, lens
     /* the pinned slot may still be feeding its previous copy */
     GPU_TRY(cudaEventSynchronize(g->slot_ready[s]));
     int32_t *h = g->host_slot[s];
-    memcpy(h, b->input_ids, N * 4);
-    memcpy(h + N, b->token_type_ids, N * 4);
-    memcpy(h + 2 * N, b->seq_lens, (size_t)b->B * 4);
-    if (b->M > 0) {
-        memcpy(h + 2 * N + b->B, b->mlm_positions, (size_t)b->M * 4);
-        memcpy(h + 2 * N + b->B + b->M, b->mlm_labels, (size_t)b->M * 4);
+    if (!inplace) {
+        memcpy(h, b->input_ids, N * 4);
+        memcpy(h + N, b->token_type_ids, N * 4);
+        memcpy(h + 2 * N, b->seq_lens, (size_t)b->B * 4);
     }
-    int32_t *nsp = h + 2 * N + b->B + 2 * (size_t)b->M, *cls = nsp + b->B;
+    if (b->M > 0) {
+        memcpy(h + head, b->mlm_positions, (size_t)b->M * 4);
+        memcpy(h + head + b->M, b->mlm_labels, (size_t)b->M * 4);
+    }
+    int32_t *nsp = h + head + 2 * (size_t)b->M, *cls = nsp + b->B;
     for (int i = 0; i < b->B; i++) {
         nsp[i] = g->cfg.nsp ? b->nsp_labels[i] : 0;
         cls[i] = i * b->T;
     }
     /* the device slot may still be read by the step that used it last */
     GPU_TRY(cudaStreamWaitEvent(g->copy, g->slot_free[s], 0));
-    GPU_TRY(cudaMemcpyAsync(g->acts->slot[s], h, slot_ints(b->B, b->T, b->M) * 4,
-                            cudaMemcpyHostToDevice, g->copy));
+    int32_t *d = g->acts->slot[s];
+    size_t used = slot_used(b->B, b->T, b->M);
+    if (inplace) {
+        /* one DMA per contiguous run of the caller's ids | types | lens (a
+         * ring slot has them back to back when B*T is a multiple of 16) */
+        const int32_t *src[3] = {b->input_ids, b->token_type_ids, b->seq_lens};
+        size_t cnt[3] = {N, N, (size_t)b->B}, off = 0;
+        for (int i = 0; i < 3;) {
+            const int32_t *p = src[i];
+            size_t n = cnt[i++];
+            while (i < 3 && src[i] == p + n)
+                n += cnt[i++];
+            GPU_TRY(cudaMemcpyAsync(d + off, p, n * 4, cudaMemcpyHostToDevice, g->copy));
+            off += n;
+        }
+        GPU_TRY(cudaMemcpyAsync(d + head, h + head, (used - head) * 4, cudaMemcpyHostToDevice,
+                                g->copy));
+    } else {
+        GPU_TRY(cudaMemcpyAsync(d, h, used * 4, cudaMemcpyHostToDevice, g->copy));
+    }
     GPU_TRY(cudaEventRecord(g->slot_ready[s], g->copy));
-    /* only the shapes are kept: the caller's arrays may go away now */
+    /* only the shapes are kept: after gpu_model_upload the caller's arrays
+     * may go away; after gpu_model_upload_inplace, once upload_wait returns */
     g->batch[s] = (bert_batch){.B = b->B, .T = b->T, .M = b->M};
     g->staged = s;
     rc = 0;
+out:
+    return rc;
+}
+
+int gpu_model_upload(gpu_model *g, const bert_batch *b, char *err, size_t errlen)
+{
+    return upload_batch(g, b, 0, err, errlen);
+}
+
+int gpu_model_upload_inplace(gpu_model *g, const bert_batch *b, char *err, size_t errlen)
+{
+    return upload_batch(g, b, 1, err, errlen);
+}
+
+int gpu_model_upload_wait(gpu_model *g)
+{
+    int rc = 0;
+    if (g->staged < 0)
+        return -EINVAL;
+    GPU_TRY(cudaEventSynchronize(g->slot_ready[g->staged]));
+out:
+    return rc;
+}
+
+int gpu_model_read_staged(gpu_model *g, int32_t *host, size_t n)
+{
+    int rc = 0;
+    if (g->staged < 0)
+        return -EINVAL;
+    const bert_batch *b = &g->batch[g->staged];
+    if (n != slot_used(b->B, b->T, b->M))
+        return -EINVAL;
+    GPU_TRY(cudaEventSynchronize(g->slot_ready[g->staged]));
+    GPU_TRY(cudaMemcpyAsync(host, g->acts->slot[g->staged], n * 4, cudaMemcpyDeviceToHost,
+                            g->copy));
+    GPU_TRY(cudaStreamSynchronize(g->copy));
 out:
     return rc;
 }
@@ -935,6 +1004,24 @@ float gpu_model_exposed_comm_ms(const gpu_model *g)
 float gpu_model_loss_scale(const gpu_model *g)
 {
     return g->scaler.enabled ? g->scaler.scale : 1.0f;
+}
+
+void gpu_model_get_scaler(const gpu_model *g, gpu_loss_scaler *out)
+{
+    *out = g->scaler;
+}
+
+int gpu_model_set_scaler(gpu_model *g, const gpu_loss_scaler *s)
+{
+    if (!isfinite(s->scale) || s->scale <= 0.0f || s->growth_interval < 1 || s->good_steps < 0 ||
+        s->good_steps >= s->growth_interval || s->skipped < 0)
+        return -EINVAL;
+    /* bf16/fp32 never scale, and a run that did not scale has no state an
+     * fp16 run could go on from: keep this model's own */
+    if (!g->scaler.enabled || !s->enabled)
+        return 0;
+    g->scaler = *s;
+    return 0;
 }
 
 int gpu_model_step(gpu_model *g, double *lr_out, double *gnorm_out, int *skipped)

@@ -2,8 +2,11 @@
  * the same parameter layout (size table, one span), forward and backward
  * composed from kernels/cuda ops in the activation precision of choice, the
  * optimizer (AdamW / LAMB of worker/optim.h) as multi-tensor kernels over the
- * span, dynamic loss scaling for fp16, and batch upload through pinned,
- * double-buffered host memory on a copy stream.
+ * span, dynamic loss scaling for fp16 (state readable and restorable for
+ * checkpoints), and batch upload into two device slots on a copy stream:
+ * staged through the model's pinned buffers, or DMA'd straight from the
+ * caller's memory (a cudaHostRegister'ed ring slot) with an event the caller
+ * waits on before it hands that memory back.
  *
  * Memory: one cudaMalloc per category: parameters (fp32 master span + its
  * 16-bit copy that GEMMs read), gradients (fp32 span), optimizer state
@@ -112,7 +115,7 @@ typedef struct gpu_model {
     /* streams and batch staging */
     cudaStream_t compute, copy;
     cudaEvent_t slot_ready[2], slot_free[2], loss_ready;
-    int32_t *host_slot[2];         // pinned staging
+    int32_t *host_slot[2];         // pinned staging, each laid out as a device slot
     int staged, cur;               // slot of the last upload / of the last forward (-1 none)
     bert_batch batch[2];           // shapes of each slot (B, T, M only)
     float *loss_host;              // pinned (2): sums of the MLM and NSP losses of the last forward
@@ -154,9 +157,30 @@ int gpu_model_get_opt_state(gpu_model *g, float *host);
 int gpu_model_set_opt_state(gpu_model *g, const float *host, long t);
 
 /* Validates b and enqueues its copy into the next device slot (pinned
- * staging, copy stream). Returns immediately; the next forward uses it.
+ * staging, copy stream). Returns once b's arrays are copied into the staging
+ * buffer: the caller may reuse them at once; the next forward uses the slot.
  * -EINVAL with err for a batch that does not fit the model or capacity. */
 int gpu_model_upload(gpu_model *g, const bert_batch *b, char *err, size_t errlen);
+/* As gpu_model_upload, but input_ids, token_type_ids and seq_lens (2N + B
+ * ints, the bulk of a batch) are DMA'd on the copy stream straight from the
+ * caller's memory, without a host copy: a true asynchronous DMA when that
+ * memory is page-locked (a cudaHostRegister'ed ring slot area), the driver's
+ * staged pageable copy otherwise. The rest (masked positions and labels, NSP
+ * labels, CLS rows: 2M + 2B ints, flattened on the host anyway) still goes
+ * through the pinned staging buffer. The caller must keep those three arrays
+ * unchanged until gpu_model_upload_wait has returned 0 (a ring slot is
+ * released only then). */
+int gpu_model_upload_inplace(gpu_model *g, const bert_batch *b, char *err, size_t errlen);
+/* Blocks until the last upload's copy has finished reading host memory: a
+ * cudaEventSynchronize on that copy's event alone, never a device-wide or
+ * compute-stream sync (the copy may still wait, on the device, for the step
+ * that last read its device slot). 0, -EINVAL without an upload, or -EIO. */
+int gpu_model_upload_wait(gpu_model *g);
+/* Copies the device slot of the last upload back, synchronously (tests and
+ * debugging): n must be 2N + 3B + 2M for that batch; host gets ids (N),
+ * types (N), lens (B), positions (M), labels (M), NSP labels (B), CLS rows
+ * (B). 0, -EINVAL, or -EIO. */
+int gpu_model_read_staged(gpu_model *g, int32_t *host, size_t n);
 /* Forward on the last uploaded batch. loss_scale > 0: training; the MLM head
  * writes the gradient of loss_scale * loss in place for backward. 0: eval
  * only. Asynchronous; gpu_model_loss waits for the loss. */
@@ -198,6 +222,14 @@ int gpu_model_step(gpu_model *g, double *lr_out, double *gnorm_out, int *skipped
 
 /* Loss scale to pass to the next forward (1 unless fp16). */
 float gpu_model_loss_scale(const gpu_model *g);
+/* The loss scaler's state, for checkpoints. */
+void gpu_model_get_scaler(const gpu_model *g, gpu_loss_scaler *out);
+/* Restores a saved state (resume). A model that does not scale (bf16, fp32)
+ * ignores it and keeps scale 1; a saved state that did not scale (a CPU,
+ * bf16 or fp32 run) leaves this model's defaults. -EINVAL, model unchanged,
+ * for an impossible state: scale not finite or <= 0, growth_interval < 1,
+ * good_steps outside [0, growth_interval), skipped < 0. */
+int gpu_model_set_scaler(gpu_model *g, const gpu_loss_scaler *s);
 
 #ifdef __cplusplus
 }

@@ -71,11 +71,13 @@ typedef struct worker {
 	/* batches */
 	batchjob_data data;        /* serial path (no loaders) */
 	ring *rg;                  /* loader path */
-	void *local_slot;          /* (slot_bytes,) serial path buffer */
+	void *local_slot;          /* (M, slot_bytes) serial path batches; loader path copies of micro-batches 0..M-2 */
 	int32_t *mlm_pos, *mlm_lab; /* (M*B*P,) flattened masked positions/labels */
 	/* training */
 	trainer *tr;
 	comm *cm;
+	checkpoint_scaler ckpt_scaler; /* loss scaler of the checkpoint resumed from */
+	bool have_ckpt_scaler;       /* false: none, or a checkpoint that predates it */
 	/* telemetry for the current logging window */
 	double win_data_s, win_step_s, win_comm_s;
 	double win_h2d_s;            /* batch uploads to the device; 0 on the CPU */
@@ -93,7 +95,10 @@ typedef struct worker {
 #ifdef BERTD_CUDA
 	gpu_model *gm;               /* device kind "cuda": the model lives here, tr is its host mirror */
 	comm *nccl;                  /* gradient all-reduce between GPU ranks (world > 1) */
-	void *pinned_area;           /* ring slot area registered with cudaHostRegister, or NULL */
+	void *pinned_area;           /* ring slot area (loaders) or local_slot (serial) registered with
+					cudaHostRegister, or NULL */
+	bool h2d_inplace;            /* uploads DMA from the slot itself (pinned, or pageable when
+					pin_memory is false); false: staged through gpu_model's buffer */
 	double gnorm_last;           /* last finite grad norm (fp16 skipped steps report it) */
 #endif
 } worker;
@@ -267,9 +272,19 @@ static int64_t dir_bytes(const char *dir)
 static int save_checkpoint(worker *w, char *err, size_t errlen)
 {
 	trainer *t = w->tr;
+	checkpoint_scaler ls = checkpoint_scaler_disabled(); /* the CPU trainer never scales */
+#ifdef BERTD_CUDA
+	if (w->gm) {
+		gpu_loss_scaler gs;
+		gpu_model_get_scaler(w->gm, &gs);
+		ls = (checkpoint_scaler){.scale = gs.scale, .enabled = gs.enabled,
+					 .growth_interval = gs.growth_interval, .good_steps = gs.good_steps,
+					 .skipped = gs.skipped};
+	}
+#endif
 	json_t *extra = json_pack("{s:I, s:i}", "epoch", (json_int_t)w->epoch, "world_size", w->world);
-	int rc = checkpoint_save(w->checkpoint_dir, t->step, t->model, t->opt, extra,
-				 w->bj.spec.training.save_total_limit, err, errlen);
+	int rc = checkpoint_save_scaled(w->checkpoint_dir, t->step, t->model, t->opt, &ls, extra,
+					w->bj.spec.training.save_total_limit, err, errlen);
 	json_decref(extra);
 	if (rc < 0)
 		return rc;
@@ -513,6 +528,7 @@ static int train(worker *w)
 			break;
 		double t0 = now_s();
 		w->t_step0 = t0;
+		bool held = false; /* the last micro-batch's ring slot, read in place */
 		for (int k = 0; k < M; k++) {
 			void *slot = NULL;
 			if (w->rg) {
@@ -530,13 +546,23 @@ static int train(worker *w)
 				if (rc < 0)
 					return fail(w, BERTD_EXIT_DATA, "data", "no batch from the loaders: %s",
 						    strerror(-rc));
-				/* The rank's stream hands out one slot at a time, and a
-				 * step needs M: copy it out and give the slot back at once
-				 * so loaders keep producing while we compute. */
-				void *dst = (char *)w->local_slot + (size_t)k * l->slot_bytes;
-				memcpy(dst, slot, l->slot_bytes);
-				ring_release(w->rg, (uint32_t)w->rank);
-				slot = dst;
+				/* A rank's ring hands out one slot at a time (ring_next
+				 * gives the next only after ring_release), and a step needs
+				 * all M micro-batches at once: micro-batches 0..M-2 are
+				 * copied out and their slots given back at once; the last
+				 * is read in place and released after the step. Holding one
+				 * slot leaves S-1 >= 3 for the loaders to fill meanwhile,
+				 * and the consumer never asks for its next sequence while
+				 * holding one, so this cannot deadlock; the bytes are those
+				 * of the copy, so results do not change. */
+				if (k < M - 1) {
+					void *dst = (char *)w->local_slot + (size_t)k * l->slot_bytes;
+					memcpy(dst, slot, l->slot_bytes);
+					ring_release(w->rg, (uint32_t)w->rank);
+					slot = dst;
+				} else {
+					held = true;
+				}
 			} else {
 				uint64_t global = ((uint64_t)w->tr->step * (uint64_t)M + (uint64_t)k) *
 						  (uint64_t)w->world + (uint64_t)w->rank;
@@ -555,6 +581,8 @@ static int train(worker *w)
 		w->win_data_s += t1 - t0;
 		train_result res;
 		int rc = trainer_step(w->tr, micro, M, &res, err, sizeof err);
+		if (held && rc == 0)
+			ring_release(w->rg, (uint32_t)w->rank); /* the step has read it */
 		if (rc == -EPIPE || rc == -EPROTO)
 			return fail(w, BERTD_EXIT_PEER_LOST, "peer_lost", "%s", err);
 		if (rc == -ENOMEM)
@@ -763,19 +791,44 @@ static int gpu_setup(worker *w)
 	if ((rc = gpu_model_set_params(w->gm, w->tr->model->params_memory)) < 0 ||
 	    (rc = gpu_model_set_opt_state(w->gm, w->tr->opt->state_memory, w->tr->opt->t)) < 0)
 		return fail(w, BERTD_EXIT_FAILURE, "internal", "copying the model to the GPU: %s", strerror(-rc));
-	if (w->rg && ta->dataloader_pin_memory) {
-		/* gpu_model_upload stages every batch through its own pinned buffer,
-		 * so registering the slots changes only what that host copy reads
-		 * from; a zero-copy upload straight from the slot needs a gpu_model
-		 * call that takes caller-pinned memory (not there yet). */
-		size_t bytes;
-		void *area = ring_slot_area(w->rg, &bytes);
+	if (w->have_ckpt_scaler) {
+		const checkpoint_scaler *cs = &w->ckpt_scaler;
+		gpu_loss_scaler gs = {.scale = cs->scale, .enabled = cs->enabled,
+				      .growth_interval = cs->growth_interval, .good_steps = cs->good_steps,
+				      .skipped = cs->skipped};
+		if (gpu_model_set_scaler(w->gm, &gs) < 0) /* checkpoint.c validated the same bounds */
+			return fail(w, BERTD_EXIT_DATA, "data", "the checkpoint's loss scaler is not usable");
+		if (w->gm->scaler.enabled && cs->enabled)
+			log_info("fp16 loss scale restored from the checkpoint: %g (%d good steps, %ld skipped)",
+				 (double)cs->scale, cs->good_steps, cs->skipped);
+		else if (cs->enabled)
+			log_info("the checkpoint's fp16 loss scale (%g) is not used: training in %s", (double)cs->scale,
+				 kdtype_name(dt));
+	}
+	/* Where uploads read a batch from (docs/cuda.md, "Data path"). pin_memory:
+	 * the memory batches are built in (the ring's slot area, or the serial
+	 * path's buffer) is page-locked once, and each batch is DMA'd from it in
+	 * place; if the kernel refuses to lock it, batches are staged through
+	 * gpu_model's own pinned buffer (a host copy, then the DMA). Without
+	 * pin_memory, the copy reads the pageable slot itself: the driver stages it,
+	 * synchronously, which is what the loader experiment measures. */
+	w->h2d_inplace = true;
+	if (ta->dataloader_pin_memory) {
+		size_t bytes = (size_t)ta->gradient_accumulation_steps * l->slot_bytes;
+		void *area = w->rg ? ring_slot_area(w->rg, &bytes) : w->local_slot;
 		cudaError_t ce = cudaHostRegister(area, bytes, cudaHostRegisterDefault);
-		if (ce == cudaSuccess)
+		if (ce == cudaSuccess) {
 			w->pinned_area = area;
-		else
-			log_warn("cannot pin the batch ring (%zu bytes): %s; uploading from pageable memory", bytes,
-				 cudaGetErrorString(ce));
+			log_info("H2D: batches DMA'd in place from the pinned %s (%zu bytes registered)",
+				 w->rg ? "ring slots" : "batch buffer", bytes);
+		} else {
+			(void)cudaGetLastError(); /* not sticky: later launch checks must not see it */
+			w->h2d_inplace = false;
+			log_warn("cannot pin the %s (%zu bytes): %s; staging each batch through a pinned buffer",
+				 w->rg ? "batch ring" : "batch buffer", bytes, cudaGetErrorString(ce));
+		}
+	} else {
+		log_info("H2D: dataloader_pin_memory is false: batches copied from pageable memory");
 	}
 	if (w->world > 1) {
 #ifdef BERTD_NCCL
@@ -828,8 +881,9 @@ static int gpu_to_host(worker *w)
 }
 
 /* Micro-batch k of this step into *b: from the ring (*from_ring: the caller
- * releases the slot once the batch is uploaded) or built here. Returns 0, 1
- * when a stop came while starved, or -1 with *code set (already reported). */
+ * releases the slot once the upload's copy has finished reading it) or built
+ * here. Returns 0, 1 when a stop came while starved, or -1 with *code set
+ * (already reported). */
 static int gpu_next_batch(worker *w, int k, bert_batch *b, bool *from_ring, int *code)
 {
 	const batch_layout *l = &w->bj.ring.layout;
@@ -909,14 +963,17 @@ static int train_gpu(worker *w)
 				return code;
 			double tb = now_s();
 			data_s += tb - ta0;
-			rc = gpu_model_upload(g, &b, err, sizeof err);
-			if (from_ring)
-				ring_release(w->rg, (uint32_t)w->rank); /* the upload copied it out */
+			/* On error the slot stays held: a DMA may be reading it, and the
+			 * process is about to exit anyway. */
+			rc = w->h2d_inplace ? gpu_model_upload_inplace(g, &b, err, sizeof err)
+					    : gpu_model_upload(g, &b, err, sizeof err);
 			if (rc == -EINVAL)
 				return fail(w, BERTD_EXIT_DATA, "data", "step %ld: unusable batch: %s", w->tr->step, err);
 			if (rc < 0)
 				return fail(w, BERTD_EXIT_FAILURE, "internal", "step %ld: uploading a batch: %s",
 					    w->tr->step, strerror(-rc));
+			if (from_ring && !w->h2d_inplace)
+				ring_release(w->rg, (uint32_t)w->rank); /* staged: the upload copied it out */
 			h2d_s += now_s() - tb;
 			if (k > 0)
 				loss += gpu_model_loss(g);
@@ -928,6 +985,21 @@ static int train_gpu(worker *w)
 			    (rc = gpu_model_backward(g)) < 0)
 				return fail(w, BERTD_EXIT_FAILURE, "internal", "step %ld: forward/backward failed: %s",
 					    w->tr->step, strerror(-rc));
+			if (w->h2d_inplace) {
+				/* In place, the DMA reads the slot itself: hand it back (or,
+				 * serial, rebuild that buffer) only once the copy's event has
+				 * completed. The copy waited on the device for the backward
+				 * two micro-batches back, which had finished by the time the
+				 * previous loss was read (or the last step synchronised), so
+				 * this rarely blocks for more than the DMA itself. */
+				double tw = now_s();
+				if ((rc = gpu_model_upload_wait(g)) < 0)
+					return fail(w, BERTD_EXIT_FAILURE, "internal", "step %ld: batch copy failed: %s",
+						    w->tr->step, strerror(-rc));
+				h2d_s += now_s() - tw;
+				if (from_ring)
+					ring_release(w->rg, (uint32_t)w->rank);
+			}
 		}
 		loss += gpu_model_loss(g); /* waits for the last backward's forward */
 		loss /= M;
@@ -1109,6 +1181,17 @@ int main(int argc, char **argv)
 	if (w.resume_from && (rc = trainer_resume(w.tr, w.resume_from, err, sizeof err)) < 0) {
 		code = fail(&w, BERTD_EXIT_DATA, "data", "resuming from %s: %s", w.resume_from, err);
 		goto out;
+	}
+	if (w.resume_from) {
+		rc = checkpoint_read_scaler(w.resume_from, &w.ckpt_scaler, err, sizeof err);
+		if (rc < 0) {
+			code = fail(&w, BERTD_EXIT_DATA, "data", "resuming from %s: %s", w.resume_from, err);
+			goto out;
+		}
+		w.have_ckpt_scaler = rc == 0;
+		if (!on_gpu && w.have_ckpt_scaler && w.ckpt_scaler.enabled)
+			log_info("the checkpoint's fp16 loss scale (%g) is not used: the CPU backend trains in fp32",
+				 (double)w.ckpt_scaler.scale);
 	}
 	if (w.tr->step != w.bj.start_step) {
 		code = fail(&w, BERTD_EXIT_DATA, "data", "checkpoint step %ld disagrees with the job's resume step %lld",
