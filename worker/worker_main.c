@@ -982,9 +982,13 @@ static int train_gpu(worker *w)
 			if (k == M - 1) /* only the last micro-batch's gradients are final */
 				gpu_model_reduce_in_next_backward(g);
 			if ((rc = gpu_model_forward(g, &d, gpu_model_loss_scale(g) / (float)M)) < 0 ||
-			    (rc = gpu_model_backward(g)) < 0)
+			    (rc = gpu_model_backward(g)) < 0) {
+				if (rc == -EPIPE) /* a gradient bucket's all-reduce: a peer is gone */
+					return fail(w, BERTD_EXIT_PEER_LOST, "peer_lost",
+						    "step %ld: the NCCL all-reduce failed during backward", w->tr->step);
 				return fail(w, BERTD_EXIT_FAILURE, "internal", "step %ld: forward/backward failed: %s",
 					    w->tr->step, strerror(-rc));
+			}
 			if (w->h2d_inplace) {
 				/* In place, the DMA reads the slot itself: hand it back (or,
 				 * serial, rebuild that buffer) only once the copy's event has
