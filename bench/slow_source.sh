@@ -29,7 +29,7 @@ if [ -f ../shared/data/tinyshakespeare.txt ]; then
 else
   cat /usr/share/common-licenses/* | head -c 400000 > "$tmp/data/corpus.txt"
 fi
-"$BIN" --config /dev/null --state-dir "$tmp" --data-roots "$tmp/data" --devices cpu --cpu-slots 1 \
+"$BIN" --config /dev/null --state-dir "$tmp" --data-roots "$tmp/data" --devices cpu --cpu-slots 2 \
        --port 0 >>"$tmp/bertd.log" 2>&1 &
 pid=$!
 cleanup() { kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null || true; rm -rf "$tmp"; }
@@ -45,7 +45,8 @@ api -H 'Content-Type: application/json' -X POST "$URL/v1/datasets" \
 while [ "$(api "$URL/v1/datasets/d" | jq -r .state)" = preparing ]; do sleep 0.2; done
 [ "$(api "$URL/v1/datasets/d" | jq -r .state)" = ready ] || { echo "slow_source: dataset failed" >&2; exit 1; }
 
-# bert-tiny (2 layers, hidden 128): tens of ms of compute per step on one core
+# bert-tiny (2 layers, hidden 128): tens of ms of compute per step; 2 CPU slots
+# give the one worker one thread (OpenMP on a busy box suffers most from more)
 run() { # $1 loaders -> prints "tokens_per_s step_ms wait_share status"
   local spec id j
   spec="{\"dataset\":\"d\",\"model\":{\"preset\":\"bert-tiny\"},
