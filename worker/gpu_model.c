@@ -30,7 +30,7 @@ static const size_t SLACK = 384u << 20; // cuBLAS workspace, context growth, fra
 struct gpu_acts {
     void *emb, *emb_ln, *x0;              // (N,C)
     float *emb_mean, *emb_rstd;           // (N)
-    void *qkv_s;                          // (N,3C) scratch: fused QKV projection
+    void *qkv_s;                          // (N,3C) scratch: fused QKV projection (unfused only)
     int fused;                            // flash attention (attention_fused)
     void *qkvr;                           // (L,3,N,C) q,k,v per head, saved; fused: (L,N,3C)
                                           // the QKV GEMM output itself
@@ -106,7 +106,7 @@ static size_t act_layout(const bert_config *c, kdtype dt, int B, int T, int M, c
     TAKE(x0, N * C, es);
     TAKE(emb_mean, N, 4);
     TAKE(emb_rstd, N, 4);
-    TAKE(qkv_s, N * 3 * C, es);
+    TAKE(qkv_s, fused ? 0 : N * 3 * C, es);
     TAKE(qkvr, L * 3 * N * C, es);
     /* fused: no (B,NH,T,T) buffer at all, the per-row logsumexp instead */
     TAKE(att, fused ? L * BHT : L * BHTT, fused ? 4 : es);
