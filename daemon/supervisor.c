@@ -541,7 +541,13 @@ static int start_job(supervisor *sv, const store_job *j, const int *dev, int nde
 		snprintf(omp, sizeof omp, "OMP_NUM_THREADS=%d", threads);
 		snprintf(blas, sizeof blas, "OPENBLAS_NUM_THREADS=%d", threads);
 		char *argv[] = {worker_bin, "--job", job_json, "--rank", rank, NULL};
-		char *envp[] = {"PATH=/usr/bin:/bin", cvd, omp, blas, NULL};
+		/* BERTD_ATTENTION=unfused (the GPU attention fallback, docs/cuda.md)
+		 * is the one setting of the daemon's environment workers inherit */
+		char attn[80];
+		const char *ae = getenv("BERTD_ATTENTION");
+		if (ae)
+			snprintf(attn, sizeof attn, "BERTD_ATTENTION=%s", ae);
+		char *envp[] = {"PATH=/usr/bin:/bin", cvd, omp, blas, ae ? attn : NULL, NULL};
 		rc = spawn_child(sv, r, ROLE_WORKER, k, argv, envp, logp);
 	}
 	if (rc < 0) {
