@@ -30,10 +30,13 @@ static const size_t SLACK = 384u << 20; // cuBLAS workspace, context growth, fra
 struct gpu_acts {
     void *emb, *emb_ln, *x0;              // (N,C)
     float *emb_mean, *emb_rstd;           // (N)
-    void *qkv_s;                          // (N,3C) scratch: fused QKV projection
-    void *qkvr;                           // (L,3,N,C) q,k,v per head, saved
-    void *att;                            // (L,B,NH,T,T) probabilities, saved
-    void *att_scratch;                    // (B*NH*T*T + N*C)
+    void *qkv_s;                          // (N,3C) scratch: fused QKV projection (unfused only)
+    int fused;                            // flash attention (attention_fused)
+    void *qkvr;                           // (L,3,N,C) q,k,v per head, saved; fused: (L,N,3C)
+                                          // the QKV GEMM output itself
+    void *att;                            // (L,B,NH,T,T) probabilities, saved; fused:
+                                          // (L,B,NH,T) fp32 logsumexp
+    void *att_scratch;                    // (B*NH*T*T + N*C); fused: (B,NH,T) fp32
     void *atty, *res1, *ln1, *res2, *ln2; // (L,N,C)
     float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd; // (L,N)
     void *proj_s;                         // (N,C) scratch: attention / FFN output projection
@@ -43,8 +46,8 @@ struct gpu_acts {
     float *loss_sum;                      // (2) sums of the MLM and NSP losses
     void *logits;                         // (M,V) logits, then their gradient in place
     void *d_res, *d_a, *d_b, *d_c;        // (N,C) backward scratch
-    void *d_qkv, *d_qkvr;                 // (N,3C)
-    void *d_att;                          // (B,NH,T,T)
+    void *d_qkv, *d_qkvr;                 // (N,3C); d_qkvr unfused only
+    void *d_att;                          // (B,NH,T,T) unfused only
     void *d_fch, *d_fch_gelu;             // (N,I)
     void *d_h1, *d_h2;                    // (M,C)
     void *cls, *pool_pre, *pooled;        // (B,C) NSP head (nsp = 1 only)
@@ -65,6 +68,20 @@ static size_t slot_ints(int B, int T, int M)
     return 2 * (size_t)B * T + 3 * (size_t)B + 2 * (size_t)(M > 0 ? M : 1);
 }
 
+/* Flash attention (kernels/cuda/flash_attention.cu) when it supports the
+ * shape: 16-bit activations (fp32 keeps the path that matches the CPU to
+ * 1e-5), head dim 32, 64 or 128, T <= 512. BERTD_ATTENTION=unfused forces
+ * the GEMM-softmax-GEMM path: the fused kernel has not yet run on a GPU, so
+ * a first GPU run must be able to fall back without a rebuild. */
+static int attention_fused(const bert_config *c, kdtype dt, int T)
+{
+    const char *e = getenv("BERTD_ATTENTION");
+    if (e && strcmp(e, "unfused") == 0)
+        return 0;
+    return dt != KDT_F32 &&
+           cuda_flash_attention_supported(T, c->hidden_size, c->num_attention_heads, dt);
+}
+
 /* Lays the activations out from base (or only sizes them when a is NULL).
  * The single source of truth for both sizing and pointers. */
 static size_t act_layout(const bert_config *c, kdtype dt, int B, int T, int M, char *base,
@@ -73,8 +90,11 @@ static size_t act_layout(const bert_config *c, kdtype dt, int B, int T, int M, c
     size_t es = kdtype_size(dt), L = c->num_hidden_layers, C = c->hidden_size,
            I = c->intermediate_size, V = c->vocab_size, NH = c->num_attention_heads,
            N = (size_t)B * T, Mz = M > 0 ? (size_t)M : 1, BHTT = (size_t)B * NH * T * T,
-           nB = c->nsp ? (size_t)B : 0;
+           nB = c->nsp ? (size_t)B : 0, BHT = (size_t)B * NH * T;
+    int fused = attention_fused(c, dt, T);
     size_t off = 0;
+    if (a)
+        a->fused = fused;
 #define TAKE(field, count, esize)                                                         \
     do {                                                                                  \
         if (a)                                                                            \
@@ -86,10 +106,11 @@ static size_t act_layout(const bert_config *c, kdtype dt, int B, int T, int M, c
     TAKE(x0, N * C, es);
     TAKE(emb_mean, N, 4);
     TAKE(emb_rstd, N, 4);
-    TAKE(qkv_s, N * 3 * C, es);
+    TAKE(qkv_s, fused ? 0 : N * 3 * C, es);
     TAKE(qkvr, L * 3 * N * C, es);
-    TAKE(att, L * BHTT, es);
-    TAKE(att_scratch, BHTT + N * C, es);
+    /* fused: no (B,NH,T,T) buffer at all, the per-row logsumexp instead */
+    TAKE(att, fused ? L * BHT : L * BHTT, fused ? 4 : es);
+    TAKE(att_scratch, fused ? BHT : BHTT + N * C, fused ? 4 : es);
     TAKE(atty, L * N * C, es);
     TAKE(res1, L * N * C, es);
     TAKE(ln1, L * N * C, es);
@@ -116,8 +137,8 @@ static size_t act_layout(const bert_config *c, kdtype dt, int B, int T, int M, c
     TAKE(d_b, N * C, es);
     TAKE(d_c, N * C, es);
     TAKE(d_qkv, N * 3 * C, es);
-    TAKE(d_qkvr, N * 3 * C, es);
-    TAKE(d_att, BHTT, es);
+    TAKE(d_qkvr, fused ? 0 : N * 3 * C, es);
+    TAKE(d_att, fused ? 0 : BHTT, es);
     TAKE(d_fch, N * I, es);
     TAKE(d_fch_gelu, N * I, es);
     TAKE(d_h1, Mz * C, es);
@@ -758,17 +779,23 @@ int gpu_model_forward(gpu_model *g, const bert_dropout *d, float loss_scale)
     for (int l = 0; l < L; l++) {
         const void *x = l == 0 ? a->x0 : el(a->ln2, (size_t)(l - 1) * NC, dt); // (N,C)
         void *qkvr = el(a->qkvr, (size_t)l * 3 * NC, dt);
-        void *att = el(a->att, (size_t)l * B * NH * T * T, dt);
+        void *att = a->fused ? (void *)((float *)a->att + (size_t)l * B * NH * T)
+                             : el(a->att, (size_t)l * B * NH * T * T, dt);
         void *atty = el(a->atty, l * NC, dt), *res1 = el(a->res1, l * NC, dt),
              *ln1 = el(a->ln1, l * NC, dt), *res2 = el(a->res2, l * NC, dt),
              *ln2 = el(a->ln2, l * NC, dt);
+        /* fused: the QKV GEMM writes straight into the saved (N,3C) slot */
+        void *qkv = a->fused ? qkvr : a->qkv_s;
         void *fch = el(a->fch, (size_t)l * N * I, dt), *fch_gelu = el(a->fch_gelu, (size_t)l * N * I, dt);
 
-        linear_forward(g, a->qkv_s, x, BP_QKVW, (size_t)l * 3 * C * C, BP_QKVB, (size_t)l * 3 * C,
+        linear_forward(g, qkv, x, BP_QKVW, (size_t)l * 3 * C * C, BP_QKVB, (size_t)l * 3 * C,
                        (int)N, C, 3 * C);
         r = site_rng(&rs, d, pa, l, DROPOUT_SITE_ATTN_PROBS);
-        cuda_attention_forward_dt(atty, qkvr, att, a->att_scratch, a->qkv_s, lens, r, pa, B, T, C,
-                                  NH, dt, st);
+        if (a->fused)
+            cuda_flash_attention_forward_dt(atty, att, qkv, lens, r, pa, B, T, C, NH, dt, st);
+        else
+            cuda_attention_forward_dt(atty, qkvr, att, a->att_scratch, qkv, lens, r, pa, B, T, C,
+                                      NH, dt, st);
         linear_forward(g, a->proj_s, atty, BP_ATTPROJW, (size_t)l * C * C, BP_ATTPROJB,
                        (size_t)l * C, (int)N, C, C);
         r = site_rng(&rs, d, ph, l, DROPOUT_SITE_ATTN_OUT);
@@ -899,7 +926,8 @@ int gpu_model_backward(gpu_model *g)
     for (int l = L - 1; l >= 0; l--) {
         const void *x = l == 0 ? a->x0 : el(a->ln2, (size_t)(l - 1) * NC, dt);
         void *qkvr = el(a->qkvr, (size_t)l * 3 * NC, dt);
-        void *att = el(a->att, (size_t)l * B * NH * T * T, dt);
+        void *att = a->fused ? (void *)((float *)a->att + (size_t)l * B * NH * T)
+                             : el(a->att, (size_t)l * B * NH * T * T, dt);
         void *atty = el(a->atty, l * NC, dt), *res1 = el(a->res1, l * NC, dt),
              *ln1 = el(a->ln1, l * NC, dt), *res2 = el(a->res2, l * NC, dt);
         void *fch = el(a->fch, (size_t)l * N * I, dt), *fch_gelu = el(a->fch_gelu, (size_t)l * N * I, dt);
@@ -926,8 +954,12 @@ int gpu_model_backward(gpu_model *g)
         linear_backward(g, a->d_a, a->d_c, atty, BP_ATTPROJW, (size_t)l * C * C, BP_ATTPROJB,
                         (size_t)l * C, (int)N, C, C);
         r = site_rng(&rs, d, pa, l, DROPOUT_SITE_ATTN_PROBS);
-        cuda_attention_backward_dt(a->d_qkv, a->d_qkvr, a->d_att, a->att_scratch, a->d_a, qkvr,
-                                   att, lens, r, pa, B, T, C, NH, dt, st);
+        if (a->fused) // qkvr holds qkv (N,3C), atty the output, att the logsumexp
+            cuda_flash_attention_backward_dt(a->d_qkv, a->att_scratch, a->d_a, qkvr, atty, att,
+                                             lens, r, pa, B, T, C, NH, dt, st);
+        else
+            cuda_attention_backward_dt(a->d_qkv, a->d_qkvr, a->d_att, a->att_scratch, a->d_a,
+                                       qkvr, att, lens, r, pa, B, T, C, NH, dt, st);
         linear_backward(g, a->d_b, a->d_qkv, x, BP_QKVW, (size_t)l * 3 * C * C, BP_QKVB,
                         (size_t)l * 3 * C, (int)N, C, 3 * C);
         d_extra = a->d_b;

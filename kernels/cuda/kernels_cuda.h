@@ -191,6 +191,27 @@ void cuda_gather_rows_forward_dt(void *out, const void *inp, const int32_t *rows
 void cuda_gather_rows_backward_dt(void *dinp, const void *dout, const int32_t *rows, int M,
                                   int C, kdtype dt, cudaStream_t stream);
 
+/* ---- fused (flash) attention: never materialises (B,NH,T,T) ----
+ * Same op as cuda_attention_*_dt (same Philox element per probability, so the
+ * same dropout mask) on qkv (B,T,3C) as the QKV GEMM writes it: no per-head
+ * regrouping. NEVER YET RUN ON A GPU (kernels/cuda/flash_attention.cu).
+ * 1 when head dim C/NH is 32, 64 or 128, 1 <= T <= 512 and dt is any kdtype
+ * (fp32 exists for checking; it is slow). The ops below abort on anything
+ * else and on buffers that are not 16-byte aligned. */
+int cuda_flash_attention_supported(int T, int C, int NH, kdtype dt);
+/* out (B,T,C) context; lse (B,NH,T) fp32 per-row logsumexp of the scaled
+ * scores, saved for backward (with qkv and out). */
+void cuda_flash_attention_forward_dt(void *out, float *lse, const void *qkv,
+                                     const int32_t *seq_lens, const philox_stream *rng, float p,
+                                     int B, int T, int C, int NH, kdtype dt, cudaStream_t stream);
+/* dqkv (B,T,3C) =; dscratch (B,NH,T) fp32 scratch; out and lse as forward
+ * wrote them. Deterministic (no atomics). */
+void cuda_flash_attention_backward_dt(void *dqkv, float *dscratch, const void *dout,
+                                      const void *qkv, const void *out, const float *lse,
+                                      const int32_t *seq_lens, const philox_stream *rng, float p,
+                                      int B, int T, int C, int NH, kdtype dt,
+                                      cudaStream_t stream);
+
 /* ---- fused ops ---- */
 /* out (N,OC) += bias (OC) broadcast over rows, in place. */
 void cuda_add_bias_dt(void *out, const float *bias, int N, int OC, kdtype dt,

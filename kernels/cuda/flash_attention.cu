@@ -1,0 +1,188 @@
+/* flash_attention — fused self-attention for BERT (bidirectional, key
+ * padding mask, Philox dropout on the probabilities) that never materialises
+ * the (B, NH, T, T) probabilities: FlashAttention-2 style tiling with an
+ * online softmax. Forward saves only the output and the per-row logsumexp;
+ * backward recomputes the probabilities tile by tile.
+ *
+ * NEVER YET EXECUTED ON A GPU: written and compiled on a machine without
+ * one. The algorithm (tile order, online softmax, recomputation, dropout
+ * indexing) is mirrored in plain C by tests/unit/kernels/test_flash_algo.c
+ * and checked there against kernels/cpu/attention.c; the kernels' own source
+ * (flash_attention.cuh, split out for this) runs on the CPU under the SIMT
+ * emulator of tests/unit/kernels/test_flash_emu.cpp (threads, barriers,
+ * shuffles, wmma emulated); tests/gpu/test_flash_attention.c checks it on a
+ * GPU against the CPU op and the unfused CUDA path.
+ * worker/gpu_model.c falls back to the unfused path with
+ * BERTD_ATTENTION=unfused.
+ *
+ * Shapes: qkv (B,T,3C) laid out [q|k|v] with heads contiguous in each part,
+ * out (B,T,C), lse (B,NH,T) fp32, hs = C/NH in {32, 64, 128}, T <= 512.
+ * Element (b,h,i,j) of the probability matrix (query i, key j) draws Philox
+ * element ((b*NH+h)*T+i)*T+j of the stream: the index kernels/cpu/attention.c
+ * and kernels/cuda/attention.cu use, so the three paths drop the same
+ * probabilities. Keys j >= len = clamp(seq_lens[b], 1, T) get probability 0;
+ * every query row (padded ones too) is computed, as the CPU op does.
+ *
+ * Math (s = scale * q.k, scale = 1/sqrt(hs), m = keep bit, k = 1/(1-p)):
+ *   forward   P = softmax(s) over real keys, Pd = P*m*k, O = Pd V,
+ *             lse_i = max_j s_ij + log sum_j exp(s_ij - max) (online, per tile)
+ *   backward  D_i = dO_i . O_i (= sum_j Pd_ij dPd_ij), P_ij = exp(s_ij - lse_i),
+ *             dPd = dO V^T, dV = Pd^T dO, dS = P * (dPd*m*k - D) * scale,
+ *             dQ = dS K, dK = dS^T Q.
+ * Backward runs as two kernels without atomics (deterministic): the first
+ * owns query tiles and writes dQ (and D for the second), the second owns key
+ * tiles and writes dK and dV. The QK^T and dO V^T products are therefore
+ * computed twice in backward; FlashAttention-2 computes them once and
+ * accumulates dQ with float atomics.
+ *
+ * Tensor cores: the 16-bit types use wmma 16x16x16 with fp32 accumulators;
+ * fp32 (kept so the kernel logic can be checked against the CPU to 1e-5)
+ * multiplies the same shared-memory tiles with scalar FMA. Every matrix
+ * product in this file goes through warp_mma(): C (16 x N, fp32, shared)
+ * (+)= A (16 x K) op(B), all operands in shared memory, so the two paths share
+ * every index computation. Softmax statistics, dropout and the per-element
+ * backward are fp32 registers; one rounding to the element type where a
+ * product's operand is stored (P, dS) and on the final store.
+ *
+ * Block organisation (all three kernels): NW warps; each warp owns 16 rows
+ * of the block's tile (query rows in forward and dQ, key rows in dK/dV) and
+ * everything derived from those rows in shared memory (its rows of S, P, the
+ * fp32 accumulator), so the softmax needs no cross-warp reduction and warps
+ * synchronise with each other only around loads of the shared K/V (or Q/dO)
+ * tiles. Shared memory is dynamic, laid out by the *_smem structs, at most
+ * 96 KiB per block (the sm_70 opt-in limit), checked by static_assert.
+ *
+ * This module never allocates and never synchronises the device.
+ */
+#include "kernels/cuda/flash_attention.cuh"
+
+#include <initializer_list>
+
+namespace {
+
+using namespace flash;
+
+/* Opts the kernel in to more than 48 KiB of dynamic shared memory. Cheap,
+ * and per device, so it is done before every launch rather than cached. */
+template <typename K>
+void set_smem(K kernel, size_t bytes)
+{
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)bytes));
+}
+
+flash_args make_args(const philox_stream *rng, float p, int B, int T_, int C, int NH)
+{
+    flash_args a;
+    a.B = B;
+    a.T = T_;
+    a.C = C;
+    a.NH = NH;
+    a.scale = (float)(1.0 / sqrt((double)(C / NH)));
+    a.drop = rng && p > 0.0f;
+    a.rng = a.drop ? philox_dev_from(rng) : philox_dev{0, 0, 0, 0, 0};
+    a.thresh = dropout_threshold(p);
+    a.keep_scale = a.drop ? (float)(1.0 / (1.0 - (double)p)) : 1.0f;
+    return a;
+}
+
+template <typename T, int HS>
+void forward_hs(T *out, float *lse, const T *qkv, const int32_t *seq_lens, const flash_args &a,
+                cudaStream_t stream)
+{
+    typedef flash_cfg<T, HS> F;
+    typedef fwd_smem<T, HS, F::FWD_NW, F::FWD_BC> L;
+    auto kern = flash_forward_kernel<T, HS, F::FWD_NW, F::FWD_BC>;
+    set_smem(kern, L::bytes);
+    dim3 grid((unsigned)(a.B * a.NH), (unsigned)((a.T + L::BR - 1) / L::BR));
+    kern<<<grid, F::FWD_NW * 32, L::bytes, stream>>>(out, lse, qkv, seq_lens, a);
+    LAUNCH_CHECK();
+}
+
+template <typename T, int HS>
+void backward_hs(T *dqkv, float *dbuf, const T *dout, const T *qkv, const T *out,
+                 const float *lse, const int32_t *seq_lens, const flash_args &a,
+                 cudaStream_t stream)
+{
+    typedef flash_cfg<T, HS> F;
+    typedef dq_smem<T, HS, F::DQ_NW, F::DQ_BC> LQ;
+    typedef dkv_smem<T, HS, F::KV_NW, F::KV_BRQ> LK;
+    auto kq = flash_backward_dq_kernel<T, HS, F::DQ_NW, F::DQ_BC>;
+    auto kk = flash_backward_dkv_kernel<T, HS, F::KV_NW, F::KV_BRQ>;
+    set_smem(kq, LQ::bytes);
+    set_smem(kk, LK::bytes);
+    dim3 gq((unsigned)(a.B * a.NH), (unsigned)((a.T + LQ::BR - 1) / LQ::BR));
+    kq<<<gq, F::DQ_NW * 32, LQ::bytes, stream>>>(dqkv, dbuf, dout, qkv, out, lse, seq_lens, a);
+    LAUNCH_CHECK();
+    /* same stream: part 2 reads the D that part 1 wrote */
+    dim3 gk((unsigned)(a.B * a.NH), (unsigned)((a.T + LK::BK - 1) / LK::BK));
+    kk<<<gk, F::KV_NW * 32, LK::bytes, stream>>>(dqkv, dout, qkv, lse, dbuf, seq_lens, a);
+    LAUNCH_CHECK();
+}
+
+void check_call(const char *what, int T_, int C, int NH, kdtype dt,
+                std::initializer_list<const void *> ptrs)
+{
+    if (!cuda_flash_attention_supported(T_, C, NH, dt)) {
+        fprintf(stderr, "%s: unsupported shape T=%d C=%d NH=%d dt=%s (callers must check "
+                "cuda_flash_attention_supported)\n", what, T_, C, NH, kdtype_name(dt));
+        abort();
+    }
+    for (const void *p : ptrs)
+        if ((uintptr_t)p & 15) {
+            fprintf(stderr, "%s: buffer %p is not 16-byte aligned\n", what, p);
+            abort();
+        }
+}
+
+} // namespace
+
+extern "C" {
+
+int cuda_flash_attention_supported(int T, int C, int NH, kdtype dt)
+{
+    if (T < 1 || T > MAX_T || NH < 1 || C % NH != 0)
+        return 0;
+    if (dt != KDT_F32 && dt != KDT_BF16 && dt != KDT_F16)
+        return 0;
+    int hs = C / NH;
+    return hs == 32 || hs == 64 || hs == 128;
+}
+
+#define FLASH_HS_DISPATCH(hs, ...)                                                        \
+    do {                                                                                  \
+        switch (hs) {                                                                     \
+        case 32: { constexpr int HS = 32; __VA_ARGS__; } break;                           \
+        case 64: { constexpr int HS = 64; __VA_ARGS__; } break;                           \
+        default: { constexpr int HS = 128; __VA_ARGS__; } break;                          \
+        }                                                                                 \
+    } while (0)
+
+void cuda_flash_attention_forward_dt(void *out, float *lse, const void *qkv,
+                                     const int32_t *seq_lens, const philox_stream *rng, float p,
+                                     int B, int T_, int C, int NH, kdtype dt, cudaStream_t stream)
+{
+    if (B <= 0 || T_ <= 0)
+        return;
+    check_call("cuda_flash_attention_forward_dt", T_, C, NH, dt, {out, qkv});
+    flash_args a = make_args(rng, p, B, T_, C, NH);
+    DT_DISPATCH(dt, FLASH_HS_DISPATCH(C / NH, forward_hs<T, HS>((T *)out, lse, (const T *)qkv,
+                                                                  seq_lens, a, stream)));
+}
+
+void cuda_flash_attention_backward_dt(void *dqkv, float *dscratch, const void *dout,
+                                      const void *qkv, const void *out, const float *lse,
+                                      const int32_t *seq_lens, const philox_stream *rng, float p,
+                                      int B, int T_, int C, int NH, kdtype dt, cudaStream_t stream)
+{
+    if (B <= 0 || T_ <= 0)
+        return;
+    check_call("cuda_flash_attention_backward_dt", T_, C, NH, dt, {dqkv, dout, qkv, out});
+    flash_args a = make_args(rng, p, B, T_, C, NH);
+    DT_DISPATCH(dt, FLASH_HS_DISPATCH(C / NH, backward_hs<T, HS>(
+                                                  (T *)dqkv, dscratch, (const T *)dout,
+                                                  (const T *)qkv, (const T *)out, lse, seq_lens,
+                                                  a, stream)));
+}
+
+} // extern "C"
