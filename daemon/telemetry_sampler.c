@@ -207,7 +207,7 @@ void tsampler_flush(tsampler *s, json_t *row)
 		json_object_set_new(row, "devices", devs);
 	else
 		json_decref(devs);
-	if (s->have_first && s->t1_ms > s->t0_ms && s->cpu_total1 > s->cpu_total0) {
+	if (s->have_first && s->t1_ms > s->t0_ms) {
 		double wall = (double)(s->t1_ms - s->t0_ms) / 1000.0;
 		json_t *ld = json_array();
 		for (int i = 0; i < s->nloaders; i++) {
@@ -220,9 +220,14 @@ void tsampler_flush(tsampler *s, json_t *row)
 		 * idle accounting; iowait can step back), so "busy" may move a
 		 * little against "total": difference signed, then clamp. */
 		double busy = (double)s->cpu_busy1 - (double)s->cpu_busy0;
-		double pct = 100.0 * busy / (double)(s->cpu_total1 - s->cpu_total0);
+		double total = (double)s->cpu_total1 - (double)s->cpu_total0;
+		double pct = total > 0 ? 100.0 * busy / total : 0;
 		pct = pct < 0 ? 0 : pct > 100 ? 100 : pct;
-		s->host_last = json_pack("{s:f, s:o}", "cpu_util_pct", pct, "loader_cpu_pct", ld);
+		/* The total can fail to advance over a short interval for the same
+		 * reason (seen under load): no host figure then, null, while the
+		 * loader figures (per-process clocks) still stand. */
+		s->host_last = json_pack("{s:o, s:o}", "cpu_util_pct", total > 0 ? json_real(pct) : json_null(),
+					 "loader_cpu_pct", ld);
 		/* the window's end is the next one's start */
 		s->cpu_busy0 = s->cpu_busy1;
 		s->cpu_total0 = s->cpu_total1;
