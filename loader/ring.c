@@ -27,7 +27,7 @@
 #define CACHELINE 64
 
 typedef struct ring_producer {
-	_Atomic int32_t pid;        /* 0 = free entry */
+	_Atomic int32_t pid;        /* 0 = free entry, -pid while pid registers */
 	_Atomic uint32_t claiming;  /* 1 while between "take a number" and recording it */
 	_Atomic uint64_t starttime; /* /proc/<pid>/stat field 22: guards against pid reuse */
 	_Atomic uint64_t claim;     /* batch held, NONE if none */
@@ -493,15 +493,25 @@ int ring_producer_register(ring *r)
 	for (int i = 0; i < RING_MAX_PRODUCERS; i++) {
 		ring_producer *p = &r->ctl->producers[i];
 		int32_t pid = atomic_load(&p->pid);
-		if (pid != 0 && procstat_alive(pid, atomic_load(&p->starttime)))
+		if (pid < 0) { /* -pid is registering here: taken while it lives */
+			char st_state = 0;
+			if (procstat_starttime(-pid, &st_state) != 0 && st_state != 'Z' && st_state != 'X' &&
+			    st_state != 'x')
+				continue;
+		} else if (pid != 0 && procstat_alive(pid, atomic_load(&p->starttime))) {
 			continue;
+		}
 		/* free, or left by a dead process: whatever it held is found
-		 * missing by the consumer and re-queued, so reuse is safe */
-		if (!atomic_compare_exchange_strong(&p->pid, &pid, (int32_t)me))
+		 * missing by the consumer and re-queued, so reuse is safe. Taken
+		 * as -me first: between the take and the start time's store a
+		 * racer would otherwise read our pid with the dead owner's start
+		 * time, call us dead and take the entry from under us. */
+		if (!atomic_compare_exchange_strong(&p->pid, &pid, -(int32_t)me))
 			continue;
 		atomic_store(&p->claiming, 0);
 		atomic_store(&p->claim, NONE);
 		atomic_store(&p->starttime, st);
+		atomic_store(&p->pid, (int32_t)me);
 		r->me = i;
 		return 0;
 	}
