@@ -71,12 +71,13 @@ run() { # $1 loaders -> prints "tokens_per_s step_ms wait_share status"
 echo "bert-tiny, batch 16 x 64, 1 worker, simulated source delay ${delay} ms per batch"
 printf "%-8s %12s %10s %11s %12s %10s\n" loaders tokens/s step_ms data_wait input_bound vs_0
 read -r tps0 st0 w0 s0 < <(run 0)
-printf "%-8s %12.0f %10.1f %10.1f%% %12s %9.2fx\n" 0 "$tps0" "$st0" "$(echo "$w0*100" | bc -l)" "$s0" 1
-line="BENCH slow_source delay_ms=$delay tps_0=$(printf %.0f "$tps0") wait_0=$(printf %.3f "$w0")"
+pct() { awk -v x="$1" 'BEGIN { printf "%.1f", 100 * x }'; }
+printf "%-8s %12.0f %10.1f %10s%% %12s %9.2fx\n" 0 "$tps0" "$st0" "$(pct "$w0")" "$s0" 1
+line="BENCH slow_source delay_ms=$delay tps_0=$(printf %.0f "$tps0") wait_0=$(awk -v x="$w0" 'BEGIN { printf "%.3f", x }')"
 for l in "${loaders[@]}"; do
   read -r tps st w s < <(run "$l")
-  r=$(echo "$tps/$tps0" | bc -l)
-  printf "%-8s %12.0f %10.1f %10.1f%% %12s %9.2fx\n" "$l" "$tps" "$st" "$(echo "$w*100" | bc -l)" "$s" "$r"
-  line="$line tps_$l=$(printf %.0f "$tps") wait_$l=$(printf %.3f "$w") ratio_$l=$(printf %.2f "$r")"
+  r=$(awk -v a="$tps" -v b="$tps0" 'BEGIN { printf "%.4f", a / b }')
+  printf "%-8s %12.0f %10.1f %10s%% %12s %9.2fx\n" "$l" "$tps" "$st" "$(pct "$w")" "$s" "$r"
+  line="$line tps_$l=$(printf %.0f "$tps") wait_$l=$(awk -v x="$w" 'BEGIN { printf "%.3f", x }') ratio_$l=$(printf %.2f "$r")"
 done
 echo "$line"
