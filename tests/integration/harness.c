@@ -12,6 +12,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
@@ -146,6 +147,9 @@ int bertd_start(bertd *d, const char *const *extra)
 		goto out;
 	}
 	if (pid == 0) {
+		/* a test that dies (or whose setup fails after this) takes its
+		 * daemon with it instead of leaving it running on its port */
+		prctl(PR_SET_PDEATHSIG, SIGTERM);
 		int lfd = open(logp, O_WRONLY | O_CREAT | O_APPEND, 0600);
 		if (lfd >= 0) {
 			dup2(lfd, 1);
