@@ -506,6 +506,23 @@ static int stop_run(worker *w)
 	return BERTD_EXIT_STOPPED;
 }
 
+/* Replicas are identical by construction (same init, same all-reduced
+ * gradients, same update): every rank compares its host parameter span at
+ * a save step, before rank 0 checkpoints, so a diverged state is never
+ * saved. Returns 0, or the exit code (already reported). */
+static int check_replicas(worker *w, int64_t step)
+{
+	int rc = comm_replicas_agree(w->cm, w->tr->model->params_memory, w->tr->model->num_params * sizeof(float));
+	if (rc == 0)
+		return fail(w, BERTD_EXIT_FAILURE, "internal",
+			    "the ranks' parameters differ at step %ld: a replica diverged (restarting from the last "
+			    "checkpoint)",
+			    (long)step);
+	if (rc < 0)
+		return fail(w, BERTD_EXIT_PEER_LOST, "peer_lost", "checking replicas: %s", strerror(-rc));
+	return 0;
+}
+
 static int train(worker *w)
 {
 	char err[512];
@@ -601,20 +618,9 @@ static int train(worker *w)
 		w->win_loss += res.loss;
 
 		log_window(w, &res, &sc, &t_log);
-		if (ta->save_steps > 0 && res.step % ta->save_steps == 0 && res.step != max_steps && w->cm) {
-			/* Replicas are identical by construction (same init, same
-			 * all-reduced gradients, same update); checked before rank 0
-			 * checkpoints, so a diverged state is never saved. */
-			rc = comm_replicas_agree(w->cm, w->tr->model->params_memory,
-						 w->tr->model->num_params * sizeof(float));
-			if (rc == 0)
-				return fail(w, BERTD_EXIT_FAILURE, "internal",
-					    "the ranks' parameters differ at step %ld: a replica diverged "
-					    "(restarting from the last checkpoint)",
-					    (long)res.step);
-			if (rc < 0)
-				return fail(w, BERTD_EXIT_PEER_LOST, "peer_lost", "checking replicas: %s", strerror(-rc));
-		}
+		if (ta->save_steps > 0 && res.step % ta->save_steps == 0 && res.step != max_steps && w->cm &&
+		    (rc = check_replicas(w, res.step)) != 0)
+			return rc;
 		if (w->rank == 0 && ta->save_steps > 0 && res.step % ta->save_steps == 0 && res.step != max_steps) {
 			double tc = now_s();
 			if ((rc = save_checkpoint(w, err, sizeof err)) < 0)
@@ -1058,6 +1064,14 @@ static int train_gpu(worker *w)
 		w->win_loss += res.loss;
 
 		log_window(w, &res, &sc, &t_log);
+		if (ta->save_steps > 0 && res.step % ta->save_steps == 0 && res.step != max_steps && w->cm) {
+			/* every rank's device parameters, to compare on the host */
+			if ((rc = gpu_model_get_params(g, w->tr->model->params_memory)) < 0)
+				return fail(w, BERTD_EXIT_FAILURE, "internal", "copying parameters from the GPU: %s",
+					    strerror(-rc));
+			if ((code = check_replicas(w, res.step)) != 0)
+				return code;
+		}
 		if (w->rank == 0 && ta->save_steps > 0 && res.step % ta->save_steps == 0 && res.step != max_steps) {
 			double tc = now_s();
 			if ((code = gpu_to_host(w)) != 0)
