@@ -6,6 +6,16 @@
  * The arithmetic follows worker/optim.c operation by operation with
  * explicitly rounded intrinsics (no FMA contraction), so fp32 results match
  * the CPU reference exactly for AdamW and up to the norm sums for LAMB.
+ *
+ * The norms are deterministic: every block writes its partial sum to its
+ * own scratch entry and one more pass adds the entries in a fixed order (no
+ * float atomics, whose order varies from run to run). This is what keeps
+ * data-parallel replicas bit-identical: each rank computes the norms of the
+ * same all-reduced gradients on its own, and a clip factor or LAMB trust
+ * ratio that differed in its last bit between ranks would make their
+ * parameters drift apart. The scratch is a module-level device array, so
+ * these launches must not run concurrently on one device (one model per
+ * bertd-worker process, one stream).
  */
 #include "kernels/cuda/common.cuh"
 
@@ -14,8 +24,13 @@
 namespace {
 
 constexpr int OPT_BLOCK = 256;
+constexpr unsigned SUMSQ_MAX_GRID = 1024;
+constexpr int LAMB_MAX_CHUNKS = 1 << 16; // bert-large: about 11k chunks of OPT_CHUNK
 
-__global__ void sumsq_check_kernel(double *sumsq, int *nonfinite, const float *x, size_t n)
+__device__ double g_sumsq_part[SUMSQ_MAX_GRID];     // one partial per block
+__device__ double g_lamb_part[2 * LAMB_MAX_CHUNKS]; // (chunk, {p^2, u^2})
+
+__global__ void sumsq_check_kernel(int *nonfinite, const float *x, size_t n)
 {
     __shared__ double sh[32];
     double s = 0.0;
@@ -28,9 +43,22 @@ __global__ void sumsq_check_kernel(double *sumsq, int *nonfinite, const float *x
     }
     s = block_sum_d(s, sh);
     if (threadIdx.x == 0)
-        atomicAdd(sumsq, s);
+        g_sumsq_part[blockIdx.x] = s;
     if (__syncthreads_or(bad) && threadIdx.x == 0)
-        atomicOr(nonfinite, 1);
+        atomicOr(nonfinite, 1); // an OR: order does not matter
+}
+
+/* One block: thread t adds partials t, t + blockDim, ... in that order, then
+ * the block's fixed tree; the same bits for the same inputs, every run. */
+__global__ void sumsq_finish_kernel(double *sumsq, unsigned nparts)
+{
+    __shared__ double sh[32];
+    double s = 0.0;
+    for (unsigned k = threadIdx.x; k < nparts; k += blockDim.x)
+        s += g_sumsq_part[k];
+    s = block_sum_d(s, sh);
+    if (threadIdx.x == 0)
+        *sumsq += s;
 }
 
 template <typename TL> __device__ __forceinline__ void store_lp(void *p_lp, size_t i, float v)
@@ -77,10 +105,9 @@ __device__ __forceinline__ float lamb_update(float mi, float vi, float pi, float
     return __fadd_rn(r, __fmul_rn(fwd, pi));
 }
 
-/* pass 1: moments, and per-tensor sums of p^2 and update^2 into norms */
+/* pass 1: moments, and per-chunk sums of p^2 and update^2 (g_lamb_part) */
 __global__ void lamb_moments_kernel(const float *p, const float *g, float *m, float *v,
-                                    const cuda_chunk *chunks, const uint8_t *decay,
-                                    double *norms, lamb_args a)
+                                    const cuda_chunk *chunks, const uint8_t *decay, lamb_args a)
 {
     __shared__ double sh[32];
     cuda_chunk ch = chunks[blockIdx.x];
@@ -100,8 +127,30 @@ __global__ void lamb_moments_kernel(const float *p, const float *g, float *m, fl
     wn = block_sum_d(wn, sh);
     un = block_sum_d(un, sh);
     if (threadIdx.x == 0) {
-        atomicAdd(&norms[2 * ch.seg], wn);
-        atomicAdd(&norms[2 * ch.seg + 1], un);
+        g_lamb_part[2 * (size_t)blockIdx.x] = wn;
+        g_lamb_part[2 * (size_t)blockIdx.x + 1] = un;
+    }
+}
+
+/* One block per tensor (segment): the partials of its chunks, in chunk
+ * order per thread, then the block's fixed tree. Chunks of one segment are
+ * contiguous in the list but scanning all of them keeps this simple (a few
+ * thousand entries per block). */
+__global__ void lamb_norms_kernel(double *norms, const cuda_chunk *chunks, int num_chunks)
+{
+    __shared__ double sh[32];
+    unsigned seg = blockIdx.x;
+    double wn = 0.0, un = 0.0;
+    for (int k = threadIdx.x; k < num_chunks; k += blockDim.x)
+        if (chunks[k].seg == seg) {
+            wn += g_lamb_part[2 * (size_t)k];
+            un += g_lamb_part[2 * (size_t)k + 1];
+        }
+    wn = block_sum_d(wn, sh);
+    un = block_sum_d(un, sh);
+    if (threadIdx.x == 0) {
+        norms[2 * seg] = wn;
+        norms[2 * seg + 1] = un;
     }
 }
 
@@ -136,9 +185,11 @@ void cuda_sumsq_check(double *sumsq, int *nonfinite, const float *x, size_t n,
     if (!n)
         return;
     unsigned g = grid_for(n, OPT_BLOCK);
-    if (g > 1024)
-        g = 1024; // few atomics; each thread loops
-    sumsq_check_kernel<<<g, OPT_BLOCK, 0, stream>>>(sumsq, nonfinite, x, n);
+    if (g > SUMSQ_MAX_GRID)
+        g = SUMSQ_MAX_GRID; // each thread loops; g depends on n only
+    sumsq_check_kernel<<<g, OPT_BLOCK, 0, stream>>>(nonfinite, x, n);
+    LAUNCH_CHECK();
+    sumsq_finish_kernel<<<1, OPT_BLOCK, 0, stream>>>(sumsq, g);
     LAUNCH_CHECK();
 }
 
@@ -186,9 +237,14 @@ void cuda_lamb_step(float *p, void *p_lp, kdtype lp_dt, const float *g, float *m
     a.wd = weight_decay;
     a.clip = clip;
     a.lr = lr;
-    CUDA_CHECK(cudaMemsetAsync(norms, 0, 2 * (size_t)num_segs * sizeof(double), stream));
-    lamb_moments_kernel<<<num_chunks, OPT_BLOCK, 0, stream>>>(p, g, m, v, chunks, decay, norms,
-                                                              a);
+    if (num_chunks > LAMB_MAX_CHUNKS) {
+        /* a model past ~2e9 parameters: more chunks than the scratch holds */
+        fprintf(stderr, "cuda_lamb_step: %d chunks, at most %d\n", num_chunks, LAMB_MAX_CHUNKS);
+        abort();
+    }
+    lamb_moments_kernel<<<num_chunks, OPT_BLOCK, 0, stream>>>(p, g, m, v, chunks, decay, a);
+    LAUNCH_CHECK();
+    lamb_norms_kernel<<<num_segs, OPT_BLOCK, 0, stream>>>(norms, chunks, num_chunks);
     LAUNCH_CHECK();
     if (!p_lp)
         lp_dt = KDT_F32;

@@ -516,6 +516,68 @@ static void test_optim(optim_kind kind)
     cudaFree(norms); cudaFree(sumsq); cudaFree(nonfinite); cudaFree(dg);
 }
 
+/* The norms must not depend on the order blocks finish in: data-parallel
+ * ranks compute them on their own from the same all-reduced gradients, and
+ * a clip factor or trust ratio that differed in its last bit would make the
+ * replicas drift apart. Float atomics made exactly that happen; now every
+ * repeat must give the same bits (2.9M elements: the sum of squares runs
+ * its full 1024 blocks; 2,902 LAMB chunks of at most 1000 elements). */
+static void test_optim_deterministic(void)
+{
+    size_t sizes[3] = {1500000, 999, 1400001};
+    uint8_t dec8[3] = {1, 0, 1};
+    size_t n = sizes[0] + sizes[1] + sizes[2];
+    float *g = host_rand(n, 0.05f, 0), *p = host_rand(n, 0.5f, 0);
+    float *dg = dev_from(g, n, KDT_F32);
+    double *sumsq = dev_alloc(sizeof(double)), ref = 0;
+    int *nonfinite = dev_alloc(sizeof(int));
+    int same = 1;
+    for (int r = 0; r < 5; r++) {
+        TCHECK(cudaMemset(sumsq, 0, sizeof(double)));
+        cuda_sumsq_check(sumsq, nonfinite, dg, n, 0);
+        double ss;
+        TCHECK(cudaMemcpy(&ss, sumsq, sizeof ss, cudaMemcpyDeviceToHost));
+        if (r == 0)
+            ref = ss;
+        same &= memcmp(&ss, &ref, sizeof ss) == 0;
+    }
+    printf("%-4s %-44s\n", same ? "ok" : "FAIL", "sum of squares: same bits in 5 repeats");
+    gpu_failures += !same;
+
+    static cuda_chunk h[4096];
+    int nch = 0;
+    size_t off = 0;
+    for (int sg = 0; sg < 3; sg++) {
+        for (size_t k = 0; k < sizes[sg]; k += 1000)
+            h[nch++] = (cuda_chunk){.off = off + k,
+                                    .len = (uint32_t)(sizes[sg] - k < 1000 ? sizes[sg] - k : 1000),
+                                    .seg = (uint32_t)sg};
+        off += sizes[sg];
+    }
+    cuda_chunk *dch = dev_alloc(nch * sizeof(cuda_chunk));
+    TCHECK(cudaMemcpy(dch, h, nch * sizeof(cuda_chunk), cudaMemcpyHostToDevice));
+    uint8_t *ddec = dev_alloc(3);
+    TCHECK(cudaMemcpy(ddec, dec8, 3, cudaMemcpyHostToDevice));
+    double *norms = dev_alloc(6 * sizeof(double));
+    float *first = malloc(n * 4), *got = malloc(n * 4);
+    same = 1;
+    for (int r = 0; r < 3; r++) {
+        float *dp = dev_from(p, n, KDT_F32), *dm = dev_alloc(n * 4), *dv = dev_alloc(n * 4);
+        TCHECK(cudaMemset(dm, 0, n * 4));
+        TCHECK(cudaMemset(dv, 0, n * 4));
+        cuda_lamb_step(dp, NULL, KDT_F32, dg, dm, dv, dch, nch, ddec, norms, 3, 1e-3, 0.9f, 0.999f,
+                       1e-6f, 0.01f, 1.0f, 1, 0);
+        TCHECK(cudaMemcpy(r == 0 ? first : got, dp, n * 4, cudaMemcpyDeviceToHost));
+        if (r > 0)
+            same &= memcmp(first, got, n * 4) == 0;
+        cudaFree(dp); cudaFree(dm); cudaFree(dv);
+    }
+    printf("%-4s %-44s\n", same ? "ok" : "FAIL", "LAMB step: same bits in 3 repeats");
+    gpu_failures += !same;
+    free(g); free(p); free(first); free(got);
+    cudaFree(dg); cudaFree(sumsq); cudaFree(nonfinite); cudaFree(dch); cudaFree(ddec); cudaFree(norms);
+}
+
 int main(void)
 {
     gpu_require_device();
@@ -541,6 +603,7 @@ int main(void)
     }
     test_optim(OPTIM_ADAMW);
     test_optim(OPTIM_LAMB);
+    test_optim_deterministic();
     TCHECK(cudaDeviceSynchronize());
     printf("%d failure(s)\n", gpu_failures);
     return gpu_failures ? 1 : 0;
