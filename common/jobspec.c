@@ -202,7 +202,7 @@ static const struct field retry_fields[] = {
  * demand, to see the diagnosis and size dataloader_num_workers for it. */
 static const struct field profiler_fields[] = {
 	{.key = "rules", .kind = K_OBJECT, .preset_dim = -1, .t = T_NONE},
-	INT("simulate_data_delay_ms", 0, 60000, 0, 0, T_INT, simulate_data_delay_ms),
+	INT("simulate_data_delay_ms", 0, 10000, 0, 0, T_INT, simulate_data_delay_ms),
 };
 
 #define SEC(a) { a, sizeof a / sizeof a[0] }

@@ -56,7 +56,8 @@ typedef struct batchjob_data {
 int batchjob_data_open(batchjob *bj, batchjob_data *out);
 void batchjob_data_close(batchjob_data *d);
 
-/* profiler.simulate_data_delay_ms: sleeps that long (0 = returns at once),
+/* profiler.simulate_data_delay_ms: sleeps that long (0 = returns at once; a
+ * signal cuts the sleep short),
  * called once per batch by whoever builds it — each loader, or the worker on
  * the serial path — so a slow data source (network storage, a cold page
  * cache) can be had on demand. A sleep, not CPU work: it models waiting for

@@ -340,7 +340,7 @@ static void test_profiler_rules_validated(void **state)
 		{",\"profiler\":{\"rules\":{\"straggler\":{\"max_ratio_to_median\":0.5}}}",
 		 "profiler.rules.straggler.max_ratio_to_median"},
 		{",\"profiler\":{\"simulate_data_delay_ms\":-1}", "profiler.simulate_data_delay_ms"},
-		{",\"profiler\":{\"simulate_data_delay_ms\":60001}", "profiler.simulate_data_delay_ms"},
+		{",\"profiler\":{\"simulate_data_delay_ms\":10001}", "profiler.simulate_data_delay_ms"},
 		{",\"profiler\":{\"simulate_data_delay_ms\":1.5}", "profiler.simulate_data_delay_ms"},
 		{",\"profiler\":{\"simulate_data_delay_ms\":\"5\"}", "profiler.simulate_data_delay_ms"},
 	};
