@@ -22,7 +22,8 @@ static const struct rule_def {
 	const char *name;
 	struct threshold t[DIAG_MAX_THRESHOLDS];
 } rules[DIAG_RULE_COUNT] = {
-	[DIAG_INPUT_BOUND] = {"input_bound", {{"max_data_wait_share", 0.15, 0.0, 1.0}}},
+	[DIAG_INPUT_BOUND] = {"input_bound",
+			      {{"max_data_wait_share", 0.15, 0.0, 1.0}, {"max_host_cpu_pct", 90.0, 0.0, 100.0}}},
 	[DIAG_LOW_GPU_UTILIZATION] = {"low_gpu_utilization", {{"min_p95_util_pct", 70.0, 0.0, 100.0}}},
 	[DIAG_FLUCTUATING_GPU_UTILIZATION] = {"fluctuating_gpu_utilization",
 					      {{"max_util_range_pct", 40.0, 0.0, 100.0}}},
@@ -137,6 +138,7 @@ int diag_sample_from_json(const json_t *values, int64_t step, int64_t time_ms, d
 		json_array_foreach(ranks, i, v) s->rank_step_ms[i] = json_is_number(v) ? json_number_value(v) : NAN;
 		s->n_ranks = (int)json_array_size(ranks);
 	}
+	s->host_cpu_pct = num_or_nan(json_object_get(values, "host"), "cpu_util_pct");
 	const json_t *devs = json_object_get(values, "devices");
 	if (json_is_array(devs) && json_array_size(devs) <= DIAG_MAX_DEVICES) {
 		size_t i;
@@ -216,6 +218,22 @@ static void rule_input_bound(const diag_config *cfg, const diag_job *job, const 
 	 * utilization: L' = ceil(1.5 B / busy). */
 	double busy = step - wait;
 	int L = job->loader_workers;
+	/* Loaders already running on a saturated host compete with the workers
+	 * for the same cores: more of them would not help (it was seen on this
+	 * project's 2-core machine: woken loaders preempting the worker). */
+	double host = 0;
+	size_t nh = 0;
+	for (size_t i = 0; i < n; i++)
+		if (!isnan(s[i].host_cpu_pct))
+			host += s[i].host_cpu_pct, nh++;
+	if (L > 0 && nh > 0 && host / (double)nh >= cfg->v[DIAG_INPUT_BOUND][1]) {
+		snprintf(r->remedy, sizeof r->remedy,
+			 "data wait is %.0f%% of step time with the host CPU %.0f%% busy: more loaders would take "
+			 "CPU from the workers; free CPU on the host (other load, fewer CPU worker slots) or "
+			 "make batches cheaper (mlm.whole_word_mask false, a shorter max_seq_length)",
+			 100 * share, host / (double)nh);
+		return;
+	}
 	double build = L > 0 ? (double)L * step : wait;
 	/* clamp in double: a near-zero busy time must not overflow the int */
 	double want_d = busy > 0 ? ceil(1.5 * build / busy) : L + 2;

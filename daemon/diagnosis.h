@@ -59,6 +59,7 @@ typedef struct diag_sample {
 	double data_wait_ms, h2d_ms, compute_ms, allreduce_ms, optimizer_ms, checkpoint_ms;
 	int n_ranks;              /* 0 when no per-rank times were reported */
 	double rank_step_ms[DIAG_MAX_RANKS]; /* busy time (data + compute) per rank */
+	double host_cpu_pct;      /* host CPU busy, 0..100 (/proc/stat); NAN if not sampled */
 	int n_devices;            /* 0 on a CPU job or without NVML */
 	diag_device dev[DIAG_MAX_DEVICES];
 } diag_sample;

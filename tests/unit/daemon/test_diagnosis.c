@@ -68,6 +68,46 @@ static diag_report run(const diag_job *job, const diag_sample *s, size_t n)
 	return rep;
 }
 
+/* Input-bound with loaders on a saturated host: more loaders would take the
+ * workers' CPU, so the remedy says to free CPU instead; below the host
+ * threshold, without loaders (moving the work off the critical path is
+ * still the first step) or without host samples, the usual remedy. */
+static void test_input_bound_saturated_host(void **state)
+{
+	(void)state;
+	diag_sample s[N];
+	healthy(s, N);
+	for (int i = 0; i < N; i++) {
+		s[i].data_wait_ms = 38;
+		s[i].compute_ms = 56;
+		s[i].host_cpu_pct = i % 2 ? 99 : 95; /* mean 97 */
+	}
+	diag_job job = cpu_job(); /* 2 loaders */
+	diag_report rep = run(&job, s, N);
+	assert_int_equal(rep.r[DIAG_INPUT_BOUND].status, DIAG_ISSUE);
+	assert_non_null(strstr(rep.r[DIAG_INPUT_BOUND].remedy, "host CPU 97% busy"));
+	assert_null(strstr(rep.r[DIAG_INPUT_BOUND].remedy, "raise dataloader_num_workers"));
+
+	job.loader_workers = 0;
+	rep = run(&job, s, N);
+	assert_non_null(strstr(rep.r[DIAG_INPUT_BOUND].remedy, "raise dataloader_num_workers from 0 to 1"));
+
+	job.loader_workers = 2;
+	diag_config cfg;
+	diag_config_default(&cfg);
+	char field[128], detail[160];
+	json_t *o = json_loads("{\"input_bound\":{\"max_host_cpu_pct\":98}}", 0, NULL);
+	assert_int_equal(diag_config_parse(o, &cfg, field, sizeof field, detail, sizeof detail), 0);
+	json_decref(o);
+	diag_run(&cfg, &job, s, N, &rep);
+	assert_non_null(strstr(rep.r[DIAG_INPUT_BOUND].remedy, "raise dataloader_num_workers from 2 to 5"));
+
+	for (int i = 0; i < N; i++)
+		s[i].host_cpu_pct = NAN; /* not sampled: no claim about the host */
+	rep = run(&job, s, N);
+	assert_non_null(strstr(rep.r[DIAG_INPUT_BOUND].remedy, "raise dataloader_num_workers from 2 to 5"));
+}
+
 static void test_healthy_cpu_job_quiet(void **state)
 {
 	(void)state;
@@ -480,6 +520,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_healthy_cpu_job_quiet),
 		cmocka_unit_test(test_input_bound_fires_with_knob),
+		cmocka_unit_test(test_input_bound_saturated_host),
 		cmocka_unit_test(test_gpu_rules),
 		cmocka_unit_test(test_communication_bound),
 		cmocka_unit_test(test_straggler),
