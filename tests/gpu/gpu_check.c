@@ -146,3 +146,20 @@ int check_close(const char *what, kdtype dt, const float *got, const float *ref,
     return ok;
 }
 
+
+bert_config gpu_test_config(int heads, int nsp)
+{
+    bert_config c;
+    bert_config_preset(&c, NULL);
+    c.vocab_size = 997;
+    c.hidden_size = 64;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = heads;
+    c.intermediate_size = 160;
+    c.max_position_embeddings = 40;
+    c.hidden_dropout_prob = 0.1f;
+    c.attention_probs_dropout_prob = 0.1f;
+    c.layer_norm_eps = 1e-12f;
+    c.nsp = nsp;
+    return c;
+}

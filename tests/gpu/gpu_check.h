@@ -20,6 +20,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/kernels_cuda.h"
+#include "worker/model.h"
 
 #define TCHECK(call)                                                                      \
     do {                                                                                  \
@@ -54,5 +55,9 @@ double tol_for(kdtype dt);
 /* The comparison rule above; prints one line; counts failures. Returns 1 if ok. */
 int check_close(const char *what, kdtype dt, const float *got, const float *ref, size_t n,
                 double tol);
+/* The small BERT the model tests share: vocab 997, hidden 64, 2 layers of
+ * heads heads (head dim 64 / heads), FFN 160, 40 positions, dropout 0.1,
+ * with or without the NSP head. */
+bert_config gpu_test_config(int heads, int nsp);
 
 #endif

@@ -251,22 +251,6 @@ static void test_mask(kdtype dt, int T, int len1)
 /* ---- the model: fused vs BERTD_ATTENTION=unfused vs the CPU model ---- */
 enum { MB = 3, MT = 24, MM = 11 };
 
-static bert_config model_config(void)
-{
-    bert_config c;
-    bert_config_preset(&c, NULL);
-    c.vocab_size = 997;
-    c.hidden_size = 64;
-    c.num_hidden_layers = 2;
-    c.num_attention_heads = 2; // head dim 32: the fused kernel's smallest
-    c.intermediate_size = 160;
-    c.max_position_embeddings = 40;
-    c.hidden_dropout_prob = 0.1f;
-    c.attention_probs_dropout_prob = 0.1f;
-    c.layer_norm_eps = 1e-12f;
-    return c;
-}
-
 /* loss and fp32 gradients (n) of one forward/backward with dropout; 0 or -1 */
 static int model_run(const bert_config *c, kdtype dt, const float *params, const bert_batch *b,
                      const bert_dropout *d, float *loss, float *grads, size_t n)
@@ -298,7 +282,7 @@ static int model_run(const bert_config *c, kdtype dt, const float *params, const
 static void test_model(kdtype dt)
 {
     printf("--- model with fused attention vs unfused vs CPU, %s\n", kdtype_name(dt));
-    bert_config c = model_config();
+    bert_config c = gpu_test_config(2, 0); /* head dim 32: the fused kernel's smallest */
     int32_t ids[MB * MT], types[MB * MT], lens[MB] = {MT, MT - 7, 9}, pos[MM], labels[MM];
     for (int i = 0; i < MB * MT; i++) {
         ids[i] = (int32_t)((i * 37 + 5) % c.vocab_size);

@@ -259,21 +259,6 @@ static void test_plan_cache(void)
 
 /* ---- gpu_model's switch ---- */
 
-static bert_config small_config(void)
-{
-    bert_config c;
-    bert_config_preset(&c, NULL);
-    c.vocab_size = 997;
-    c.hidden_size = 64;
-    c.num_hidden_layers = 2;
-    c.num_attention_heads = 4;
-    c.intermediate_size = 160;
-    c.max_position_embeddings = 40;
-    c.layer_norm_eps = 1e-12f;
-    c.nsp = 1; // the pooler and the 2-way NSP linear (OC = 2) too
-    return c;
-}
-
 enum { SB = 3, ST = 24, SM = 10 };
 
 static int create(gpu_model **g, const bert_config *c, kdtype dt, const char *gemm, char *err,
@@ -300,7 +285,7 @@ static void report(int ok, const char *what, kdtype dt, double val, double tol)
 static void test_model_switch(kdtype dt)
 {
     printf("--- gpu_model, BERTD_GEMM, %s\n", kdtype_name(dt));
-    bert_config c = small_config();
+    bert_config c = gpu_test_config(4, 1); /* with the pooler and the 2-way NSP linear (OC = 2) */
     char err[256];
     gpu_model *bad = NULL, *gcb = NULL, *glt = NULL;
     int rc = create(&bad, &c, dt, "cublass", err, sizeof err);

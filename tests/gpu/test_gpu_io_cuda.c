@@ -30,22 +30,6 @@
 
 enum { CAP_B = 3, CAP_T = 24, P = 4 };
 
-static bert_config tiny_config(void)
-{
-    bert_config c;
-    bert_config_preset(&c, NULL);
-    c.vocab_size = 997;
-    c.hidden_size = 64;
-    c.num_hidden_layers = 2;
-    c.num_attention_heads = 4;
-    c.intermediate_size = 160;
-    c.max_position_embeddings = 40;
-    c.hidden_dropout_prob = 0.1f;
-    c.attention_probs_dropout_prob = 0.1f;
-    c.nsp = 1;
-    return c;
-}
-
 static void ok_if(int ok, const char *what, const char *detail)
 {
     printf("%-4s %-58s %s\n", ok ? "ok" : "FAIL", what, detail ? detail : "");
@@ -196,7 +180,7 @@ static float eval_loss(gpu_model *g)
 static void test_upload_paths(int B, int T)
 {
     printf("--- upload paths, batch %d x %d\n", B, T);
-    bert_config c = tiny_config();
+    bert_config c = gpu_test_config(4, 1);
     optim_config oc;
     optim_config_default(&oc, OPTIM_ADAMW);
     batch_layout l;
@@ -296,7 +280,7 @@ static void hold_copies(gpu_model *g, const bert_batch *a, atomic_int *open)
 static void test_release_rule(void)
 {
     printf("--- the slot is released only after the copy's event\n");
-    bert_config c = tiny_config();
+    bert_config c = gpu_test_config(4, 1);
     optim_config oc;
     optim_config_default(&oc, OPTIM_ADAMW);
     int B = 2, T = 24;
@@ -387,7 +371,7 @@ static int scaler_eq(const gpu_loss_scaler *a, const gpu_loss_scaler *b)
 static void test_scaler_state(void)
 {
     printf("--- loss scaler state (checkpoints)\n");
-    bert_config c = tiny_config();
+    bert_config c = gpu_test_config(4, 1);
     c.nsp = 0;
     optim_config oc;
     optim_config_default(&oc, OPTIM_ADAMW);

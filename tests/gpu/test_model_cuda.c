@@ -28,23 +28,6 @@
 
 #include <errno.h>
 
-static bert_config tiny_config(int nsp)
-{
-    bert_config c;
-    bert_config_preset(&c, NULL);
-    c.vocab_size = 997;
-    c.hidden_size = 64;
-    c.num_hidden_layers = 2;
-    c.num_attention_heads = 4;
-    c.intermediate_size = 160;
-    c.max_position_embeddings = 40;
-    c.hidden_dropout_prob = 0.1f;
-    c.attention_probs_dropout_prob = 0.1f;
-    c.layer_norm_eps = 1e-12f;
-    c.nsp = nsp;
-    return c;
-}
-
 enum { TB = 3, TT = 24, TM = 11 };
 
 typedef struct batch_store {
@@ -136,7 +119,7 @@ static gpu_model *make_pair(const bert_config *c, kdtype dt, const optim_config 
 static void test_forward_backward_steps(kdtype dt, int nsp)
 {
     printf("--- whole model, %s%s\n", kdtype_name(dt), nsp ? ", with the NSP head" : "");
-    bert_config c = tiny_config(nsp);
+    bert_config c = gpu_test_config(4, nsp);
     optim_config oc = test_optim_config();
     bert_model *cpu = NULL;
     gpu_model *g = make_pair(&c, dt, &oc, 1234, &cpu);
@@ -240,7 +223,7 @@ static void test_forward_backward_steps(kdtype dt, int nsp)
 
 static void test_loss_scaling(void)
 {
-    bert_config c = tiny_config(0);
+    bert_config c = gpu_test_config(4, 0);
     optim_config oc = test_optim_config();
     char err[256];
     kdtype dt;
@@ -343,7 +326,7 @@ static void test_memory_plan(void)
 
 static void test_bad_batches(void)
 {
-    bert_config c = tiny_config(0);
+    bert_config c = gpu_test_config(4, 0);
     optim_config oc = test_optim_config();
     char err[256];
     gpu_model *g = NULL;
@@ -406,7 +389,7 @@ static int shadow_finish(void *ctx, cudaStream_t s)
 static void test_buckets_final_and_complete(int nsp)
 {
     printf("--- gradient buckets during backward%s\n", nsp ? " (NSP head)" : "");
-    bert_config c = tiny_config(nsp);
+    bert_config c = gpu_test_config(4, nsp);
     optim_config oc = test_optim_config();
     bert_model *cpu = NULL;
     gpu_model *g = make_pair(&c, KDT_F32, &oc, 77, &cpu);
