@@ -6,127 +6,10 @@
  * The arithmetic follows worker/optim.c operation by operation with
  * explicitly rounded intrinsics (no FMA contraction), so fp32 results match
  * the CPU reference exactly for AdamW and up to the norm sums for LAMB.
+ * The kernels live in optim.cuh (run on the CPU by
+ * tests/unit/kernels/test_optim_emu); this file is the host launchers.
  */
-#include "kernels/cuda/common.cuh"
-
-#include <math.h>
-
-namespace {
-
-constexpr int OPT_BLOCK = 256;
-
-__global__ void sumsq_check_kernel(double *sumsq, int *nonfinite, const float *x, size_t n)
-{
-    __shared__ double sh[32];
-    double s = 0.0;
-    int bad = 0;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        float v = x[i];
-        bad |= !isfinite(v);
-        s += (double)v * (double)v;
-    }
-    s = block_sum_d(s, sh);
-    if (threadIdx.x == 0)
-        atomicAdd(sumsq, s);
-    if (__syncthreads_or(bad) && threadIdx.x == 0)
-        atomicOr(nonfinite, 1);
-}
-
-template <typename TL> __device__ __forceinline__ void store_lp(void *p_lp, size_t i, float v)
-{
-    if (p_lp)
-        ((TL *)p_lp)[i] = from_f<TL>(v);
-}
-
-struct adamw_args {
-    float decay_on, decay_off; // (float)(1 - lr*wd), 1
-    float b1w, b2, b2w, step_size, bc2_sqrt, eps, clip;
-};
-
-template <typename TL>
-__global__ void adamw_kernel(float *p, void *p_lp, const float *g, float *m, float *v,
-                             const cuda_chunk *chunks, const uint8_t *decay, adamw_args a)
-{
-    cuda_chunk ch = chunks[blockIdx.x];
-    float dec = decay[ch.seg] ? a.decay_on : a.decay_off;
-    for (uint32_t k = threadIdx.x; k < ch.len; k += blockDim.x) {
-        size_t i = ch.off + k;
-        float gi = __fmul_rn(g[i], a.clip);
-        float pi = __fmul_rn(p[i], dec);
-        float mi = __fadd_rn(m[i], __fmul_rn(a.b1w, __fsub_rn(gi, m[i])));
-        float vi = __fadd_rn(__fmul_rn(v[i], a.b2), __fmul_rn(__fmul_rn(a.b2w, gi), gi));
-        float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), a.bc2_sqrt), a.eps);
-        float pn = __fsub_rn(pi, __fmul_rn(a.step_size, __fdiv_rn(mi, denom)));
-        p[i] = pn;
-        m[i] = mi;
-        v[i] = vi;
-        store_lp<TL>(p_lp, i, pn);
-    }
-}
-
-struct lamb_args {
-    float b1, b2, b1w, b2w, bc1, bc2, eps, wd, clip;
-    double lr;
-};
-
-__device__ __forceinline__ float lamb_update(float mi, float vi, float pi, float fwd,
-                                             const lamb_args &a)
-{
-    float r = __fdiv_rn(__fdiv_rn(mi, a.bc1), __fadd_rn(__fsqrt_rn(__fdiv_rn(vi, a.bc2)), a.eps));
-    return __fadd_rn(r, __fmul_rn(fwd, pi));
-}
-
-/* pass 1: moments, and per-tensor sums of p^2 and update^2 into norms */
-__global__ void lamb_moments_kernel(const float *p, const float *g, float *m, float *v,
-                                    const cuda_chunk *chunks, const uint8_t *decay,
-                                    double *norms, lamb_args a)
-{
-    __shared__ double sh[32];
-    cuda_chunk ch = chunks[blockIdx.x];
-    float fwd = decay[ch.seg] ? a.wd : 0.0f;
-    double wn = 0.0, un = 0.0;
-    for (uint32_t k = threadIdx.x; k < ch.len; k += blockDim.x) {
-        size_t i = ch.off + k;
-        float gi = __fmul_rn(g[i], a.clip);
-        float mi = __fadd_rn(__fmul_rn(m[i], a.b1), __fmul_rn(gi, a.b1w));
-        float vi = __fadd_rn(__fmul_rn(v[i], a.b2), __fmul_rn(__fmul_rn(gi, gi), a.b2w));
-        m[i] = mi;
-        v[i] = vi;
-        float u = lamb_update(mi, vi, p[i], fwd, a);
-        wn += (double)p[i] * p[i];
-        un += (double)u * u;
-    }
-    wn = block_sum_d(wn, sh);
-    un = block_sum_d(un, sh);
-    if (threadIdx.x == 0) {
-        atomicAdd(&norms[2 * ch.seg], wn);
-        atomicAdd(&norms[2 * ch.seg + 1], un);
-    }
-}
-
-template <typename TL>
-__global__ void lamb_apply_kernel(float *p, void *p_lp, const float *m, const float *v,
-                                  const cuda_chunk *chunks, const uint8_t *decay,
-                                  const double *norms, lamb_args a)
-{
-    cuda_chunk ch = chunks[blockIdx.x];
-    int dec = decay[ch.seg];
-    float fwd = dec ? a.wd : 0.0f;
-    double wn = sqrt(norms[2 * ch.seg]), un = sqrt(norms[2 * ch.seg + 1]);
-    /* apex: trust ratio only where weight decay applies (use_nvlamb=False) */
-    double ratio = ((double)fwd != 0.0 && wn != 0.0 && un != 0.0) ? wn / un : 1.0;
-    float step = (float)(a.lr * ratio);
-    for (uint32_t k = threadIdx.x; k < ch.len; k += blockDim.x) {
-        size_t i = ch.off + k;
-        float u = lamb_update(m[i], v[i], p[i], fwd, a);
-        float pn = __fsub_rn(p[i], __fmul_rn(step, u));
-        p[i] = pn;
-        store_lp<TL>(p_lp, i, pn);
-    }
-}
-
-} // namespace
+#include "kernels/cuda/optim.cuh"
 
 extern "C" {
 
@@ -135,9 +18,7 @@ void cuda_sumsq_check(double *sumsq, int *nonfinite, const float *x, size_t n,
 {
     if (!n)
         return;
-    unsigned g = grid_for(n, OPT_BLOCK);
-    if (g > 1024)
-        g = 1024; // few atomics; each thread loops
+    unsigned g = sumsq_grid(n);
     sumsq_check_kernel<<<g, OPT_BLOCK, 0, stream>>>(sumsq, nonfinite, x, n);
     LAUNCH_CHECK();
 }
@@ -149,18 +30,7 @@ void cuda_adamw_step(float *p, void *p_lp, kdtype lp_dt, const float *g, float *
 {
     if (num_chunks <= 0)
         return;
-    /* scalars exactly as worker/optim.c adamw_tensor computes them */
-    double bc1 = 1.0 - pow(beta1, (double)t), bc2 = 1.0 - pow(beta2, (double)t);
-    adamw_args a;
-    a.decay_on = (float)(1.0 - lr * (double)weight_decay);
-    a.decay_off = (float)(1.0 - lr * 0.0);
-    a.b1w = (float)(1.0 - beta1);
-    a.b2 = beta2;
-    a.b2w = (float)(1.0 - beta2);
-    a.step_size = (float)(lr / bc1);
-    a.bc2_sqrt = (float)sqrt(bc2);
-    a.eps = eps;
-    a.clip = clip;
+    adamw_args a = adamw_args_make(lr, beta1, beta2, eps, weight_decay, clip, t);
     if (!p_lp)
         lp_dt = KDT_F32;
     DT_DISPATCH(lp_dt, adamw_kernel<T><<<num_chunks, OPT_BLOCK, 0, stream>>>(
@@ -175,17 +45,7 @@ void cuda_lamb_step(float *p, void *p_lp, kdtype lp_dt, const float *g, float *m
 {
     if (num_chunks <= 0)
         return;
-    lamb_args a;
-    a.b1 = beta1;
-    a.b2 = beta2;
-    a.b1w = 1.0f - beta1;
-    a.b2w = 1.0f - beta2;
-    a.bc1 = (float)(1.0 - pow(beta1, (double)t));
-    a.bc2 = (float)(1.0 - pow(beta2, (double)t));
-    a.eps = eps;
-    a.wd = weight_decay;
-    a.clip = clip;
-    a.lr = lr;
+    lamb_args a = lamb_args_make(lr, beta1, beta2, eps, weight_decay, clip, t);
     CUDA_CHECK(cudaMemsetAsync(norms, 0, 2 * (size_t)num_segs * sizeof(double), stream));
     lamb_moments_kernel<<<num_chunks, OPT_BLOCK, 0, stream>>>(p, g, m, v, chunks, decay, norms,
                                                               a);

@@ -384,7 +384,7 @@ template <> inline float to_t<float>(float x) { return x; }
 template <> inline __nv_bfloat16 to_t<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
 template <> inline __half to_t<__half>(float x) { return __float2half(x); }
 inline float from_t(float v) { return v; }
-inline float from_t(double v) { return (float)v; }
+inline double from_t(double v) { return v; }
 inline float from_t(__nv_bfloat16 v) { return __bfloat162float(v); }
 inline float from_t(__half v) { return __half2float(v); }
 
