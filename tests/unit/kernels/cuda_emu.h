@@ -239,6 +239,18 @@ inline float __expf(float a) { return std::exp(a); }
 inline float __logf(float a) { return std::log(a); }
 inline float __saturatef(float a) { return a < 0.0f ? 0.0f : a > 1.0f ? 1.0f : a; }
 inline float rsqrtf(float a) { return 1.0f / std::sqrt(a); }
+inline float __int_as_float(int x)
+{
+    float f;
+    memcpy(&f, &x, sizeof f);
+    return f;
+}
+inline int __float_as_int(float f)
+{
+    int x;
+    memcpy(&x, &f, sizeof x);
+    return x;
+}
 
 /* ---- wmma at its documented interface ---- */
 namespace nvcuda {
