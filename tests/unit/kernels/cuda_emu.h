@@ -5,8 +5,9 @@
  * under test. Never include it anywhere else: it redefines CUDA keywords.
  *
  * The model:
- * - every CUDA thread of a block is an OS thread; blocks of a grid run ONE AT
- *   A TIME (in blockIdx order, x fastest). So blocks never race each other
+ * - every CUDA thread of a block is an OS thread (from a pool kept across
+ *   blocks); blocks of a grid run ONE AT A TIME (in blockIdx order, x
+ *   fastest). So blocks never race each other
  *   here, but atomics within a block do race for real.
  * - __syncthreads is a barrier over the block, __syncwarp one over the warp.
  *   The threads do NOT run in lockstep, so code that relies on implicit warp
@@ -54,6 +55,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <type_traits>
@@ -344,6 +346,73 @@ namespace emu {
 
 constexpr size_t CANARY = 256;
 
+/* The OS threads that play a block's CUDA threads, kept across blocks and
+ * launches (creating 256 threads per block would dominate the run time).
+ * run(n, f) calls f(0..n-1) on n distinct threads and returns when all are
+ * done. */
+class pool {
+  public:
+    void run(int n, const std::function<void(int)> &f)
+    {
+        std::unique_lock<std::mutex> lk(m_);
+        while ((int)ws_.size() < n) {
+            int id = (int)ws_.size();
+            ws_.emplace_back([this, id] { work(id); });
+        }
+        job_ = &f;
+        active_ = n;
+        remaining_ = n;
+        gen_++;
+        cv_.notify_all();
+        done_.wait(lk, [&] { return remaining_ == 0; });
+        job_ = nullptr;
+    }
+    ~pool()
+    {
+        {
+            std::lock_guard<std::mutex> lk(m_);
+            stop_ = true;
+        }
+        cv_.notify_all();
+        for (auto &w : ws_)
+            w.join();
+    }
+
+  private:
+    void work(int id)
+    {
+        unsigned long seen = 0;
+        std::unique_lock<std::mutex> lk(m_);
+        for (;;) {
+            cv_.wait(lk, [&] { return stop_ || gen_ != seen; });
+            if (stop_)
+                return;
+            seen = gen_;
+            if (id >= active_)
+                continue;
+            const std::function<void(int)> *f = job_;
+            lk.unlock();
+            (*f)(id);
+            lk.lock();
+            if (--remaining_ == 0)
+                done_.notify_one();
+        }
+    }
+    std::mutex m_;
+    std::condition_variable cv_, done_;
+    std::vector<std::thread> ws_;
+    const std::function<void(int)> *job_ = nullptr;
+    int active_ = 0, remaining_ = 0;
+    unsigned long gen_ = 0;
+    bool stop_ = false;
+};
+
+inline pool &workers()
+{
+    static pool p;
+    return p;
+}
+
 /* Runs kern over grid with block threads and `smem` bytes of dynamic shared
  * memory, one block at a time, each block's threads as OS threads. */
 template <typename K, typename... A>
@@ -367,22 +436,16 @@ void launch(dim3 grid, dim3 block, size_t smem, K kern, A... args)
                 blk.smem = (unsigned char *)aligned_alloc(128, (smem + CANARY + 127) & ~(size_t)127);
                 memset(blk.smem, 0xFF, smem);
                 memset(blk.smem + smem, 0xA5, CANARY);
-                std::vector<std::thread> ts;
-                ts.reserve((size_t)threads);
-                for (int t = 0; t < threads; t++)
-                    ts.emplace_back([&, t] {
-                        t_lin = t;
-                        t_thread = make_uint3((unsigned)t % block.x,
-                                              (unsigned)t / block.x % block.y,
-                                              (unsigned)t / (block.x * block.y));
-                        t_block = make_uint3(bx, by, bz);
-                        t_bdim = block;
-                        t_gdim = grid;
-                        t_blk = &blk;
-                        kern(args...);
-                    });
-                for (auto &t : ts)
-                    t.join();
+                workers().run(threads, [&](int t) {
+                    t_lin = t;
+                    t_thread = make_uint3((unsigned)t % block.x, (unsigned)t / block.x % block.y,
+                                          (unsigned)t / (block.x * block.y));
+                    t_block = make_uint3(bx, by, bz);
+                    t_bdim = block;
+                    t_gdim = grid;
+                    t_blk = &blk;
+                    kern(args...);
+                });
                 for (size_t i = 0; i < CANARY; i++)
                     if (blk.smem[smem + i] != 0xA5)
                         fail("write past the end of dynamic shared memory");
