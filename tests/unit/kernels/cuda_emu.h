@@ -6,9 +6,9 @@
  *
  * The model:
  * - every CUDA thread of a block is an OS thread (from a pool kept across
- *   blocks); blocks of a grid run ONE AT A TIME (in blockIdx order, x
- *   fastest). So blocks never race each other
- *   here, but atomics within a block do race for real.
+ *   blocks); blocks of a grid run ONE AT A TIME, in a shuffled order. So
+ *   blocks never race each other here, but atomics within a block do race
+ *   for real.
  * - __syncthreads is a barrier over the block, __syncwarp one over the warp.
  *   The threads do NOT run in lockstep, so code that relies on implicit warp
  *   synchrony fails here instead of passing by luck. __syncthreads_or/_and/
@@ -414,7 +414,8 @@ inline pool &workers()
 }
 
 /* Runs kern over grid with block threads and `smem` bytes of dynamic shared
- * memory, one block at a time, each block's threads as OS threads. */
+ * memory, one block at a time in a shuffled order, each block's threads as OS
+ * threads. */
 template <typename K, typename... A>
 void launch(dim3 grid, dim3 block, size_t smem, K kern, A... args)
 {
@@ -425,32 +426,45 @@ void launch(dim3 grid, dim3 block, size_t smem, K kern, A... args)
         fail("bad grid");
     if (smem > 227 * 1024)
         fail("more dynamic shared memory than any GPU has");
-    for (unsigned bz = 0; bz < grid.z; bz++)
-        for (unsigned by = 0; by < grid.y; by++)
-            for (unsigned bx = 0; bx < grid.x; bx++) {
-                block_state blk;
-                blk.bar.n = threads;
-                blk.warps = std::vector<warp_state>((size_t)(threads + 31) / 32);
-                for (size_t w = 0; w < blk.warps.size(); w++)
-                    blk.warps[w].bar.n = std::min(32, threads - (int)w * 32);
-                blk.smem = (unsigned char *)aligned_alloc(128, (smem + CANARY + 127) & ~(size_t)127);
-                memset(blk.smem, 0xFF, smem);
-                memset(blk.smem + smem, 0xA5, CANARY);
-                workers().run(threads, [&](int t) {
-                    t_lin = t;
-                    t_thread = make_uint3((unsigned)t % block.x, (unsigned)t / block.x % block.y,
-                                          (unsigned)t / (block.x * block.y));
-                    t_block = make_uint3(bx, by, bz);
-                    t_bdim = block;
-                    t_gdim = grid;
-                    t_blk = &blk;
-                    kern(args...);
-                });
-                for (size_t i = 0; i < CANARY; i++)
-                    if (blk.smem[smem + i] != 0xA5)
-                        fail("write past the end of dynamic shared memory");
-                free(blk.smem);
-            }
+    /* blocks in a shuffled (fixed-seed) order: a kernel must not depend on
+     * block 0 running first */
+    size_t nblocks = (size_t)grid.x * grid.y * grid.z;
+    std::vector<size_t> order(nblocks);
+    for (size_t i = 0; i < nblocks; i++)
+        order[i] = i;
+    uint64_t st = 0x2545F4914F6CDD1Dull ^ nblocks;
+    for (size_t i = nblocks; i > 1; i--) {
+        st ^= st << 13;
+        st ^= st >> 7;
+        st ^= st << 17;
+        std::swap(order[i - 1], order[st % i]);
+    }
+    for (size_t ob : order) {
+        unsigned bx = (unsigned)(ob % grid.x), by = (unsigned)(ob / grid.x % grid.y),
+                 bz = (unsigned)(ob / ((size_t)grid.x * grid.y));
+        block_state blk;
+        blk.bar.n = threads;
+        blk.warps = std::vector<warp_state>((size_t)(threads + 31) / 32);
+        for (size_t w = 0; w < blk.warps.size(); w++)
+            blk.warps[w].bar.n = std::min(32, threads - (int)w * 32);
+        blk.smem = (unsigned char *)aligned_alloc(128, (smem + CANARY + 127) & ~(size_t)127);
+        memset(blk.smem, 0xFF, smem);
+        memset(blk.smem + smem, 0xA5, CANARY);
+        workers().run(threads, [&](int t) {
+            t_lin = t;
+            t_thread = make_uint3((unsigned)t % block.x, (unsigned)t / block.x % block.y,
+                                  (unsigned)t / (block.x * block.y));
+            t_block = make_uint3(bx, by, bz);
+            t_bdim = block;
+            t_gdim = grid;
+            t_blk = &blk;
+            kern(args...);
+        });
+        for (size_t i = 0; i < CANARY; i++)
+            if (blk.smem[smem + i] != 0xA5)
+                fail("write past the end of dynamic shared memory");
+        free(blk.smem);
+    }
 }
 
 /* ---- test helpers: element types, random inputs, checks ---- */

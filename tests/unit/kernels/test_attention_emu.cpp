@@ -176,6 +176,7 @@ int main()
     run_type<float>();
     run_type<__nv_bfloat16>();
     run_type<__half>();
+    run_case<float>(1, 132, 1, 8, {130}, 0.1f); // 4-keys path, lanes loop over draws
     printf("%d failure(s)\n", emu::failures);
     return emu::failures ? 1 : 0;
 }
