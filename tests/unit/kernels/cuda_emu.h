@@ -11,7 +11,8 @@
  *   for real.
  * - __syncthreads is a barrier over the block, __syncwarp one over the warp.
  *   The threads do NOT run in lockstep, so code that relies on implicit warp
- *   synchrony fails here instead of passing by luck. __syncthreads_or/_and/
+ *   synchrony fails here instead of passing by luck. A barrier that some
+ *   threads skip by returning early aborts (instead of hanging). __syncthreads_or/_and/
  *   _count are barriers with a reduction.
  * - shuffles (__shfl_sync, __shfl_xor_sync, __shfl_down_sync, __shfl_up_sync)
  *   exchange through a per-warp slot array between two warp barriers; only
@@ -63,14 +64,29 @@
 
 namespace emu {
 
+[[noreturn]] inline void fail(const char *what);
+
+/* A barrier over n threads. A thread that returns from the kernel while
+ * others wait at the barrier, or before others reach it, is a barrier in
+ * divergent code (a hang or undefined behaviour on a GPU): it fails here
+ * deterministically instead of hanging. */
 struct barrier {
     std::mutex m;
     std::condition_variable cv;
-    int n = 0, count = 0;
+    int n = 0, count = 0, exited = 0;
     unsigned long gen = 0;
+    void exit()
+    {
+        std::lock_guard<std::mutex> lk(m);
+        exited++;
+        if (count > 0)
+            fail("a thread returned while others wait at a barrier (divergent barrier)");
+    }
     void wait()
     {
         std::unique_lock<std::mutex> lk(m);
+        if (exited > 0)
+            fail("a barrier after some threads returned (divergent barrier)");
         unsigned long g = gen;
         if (++count == n) {
             count = 0;
@@ -459,6 +475,8 @@ void launch(dim3 grid, dim3 block, size_t smem, K kern, A... args)
             t_gdim = grid;
             t_blk = &blk;
             kern(args...);
+            blk.warps[(size_t)t / 32].bar.exit();
+            blk.bar.exit();
         });
         for (size_t i = 0; i < CANARY; i++)
             if (blk.smem[smem + i] != 0xA5)
