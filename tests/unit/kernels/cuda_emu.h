@@ -22,9 +22,9 @@
  *   a fresh heap block per thread block filled with 0xFF (NaN in every float
  *   type, so a read of shared memory nobody wrote poisons the result) with a
  *   canary tail that must survive (no write past the launch's size).
- * - static __shared__ arrays become function-level `static` storage: right
- *   only because blocks run one at a time. They are NOT re-poisoned per block
- *   (a block could read what the previous block left there).
+ * - static __shared__ arrays become function-level `static` storage (right
+ *   only because blocks run one at a time) in a section of their own, which
+ *   is filled with 0xFF before every block like the dynamic shared memory.
  * - atomicAdd (float, double, int, unsigned, unsigned long long), atomicOr,
  *   atomicMax (int) are real CPU atomics (CAS loops for the float types).
  * - the _rn intrinsics are the IEEE operations (g++ on x86-64 contracts no
@@ -354,7 +354,14 @@ inline void store_matrix_sync(float *p, const fragment<accumulator, 16, 16, 16, 
 #define FLASH_SMEM(name) unsigned char *name = emu::t_blk->smem
 #define KERNEL_DYN_SMEM(T, name) T *name = reinterpret_cast<T *>(emu::t_blk->smem)
 #undef __shared__
-#define __shared__ static
+#define __shared__ static __attribute__((section("emu_shared"), used))
+/* the static __shared__ arrays all land in one section, which the linker
+ * brackets with these two symbols; launch() poisons it before every block
+ * (the anchor makes the section exist when a kernel has no such array) */
+extern "C" unsigned char __start_emu_shared[], __stop_emu_shared[];
+namespace emu {
+__attribute__((section("emu_shared"), used)) static unsigned char shared_anchor[16];
+}
 #undef __launch_bounds__
 #define __launch_bounds__(...)
 
@@ -466,6 +473,7 @@ void launch(dim3 grid, dim3 block, size_t smem, K kern, A... args)
         blk.smem = (unsigned char *)aligned_alloc(128, (smem + CANARY + 127) & ~(size_t)127);
         memset(blk.smem, 0xFF, smem);
         memset(blk.smem + smem, 0xA5, CANARY);
+        memset(__start_emu_shared, 0xFF, (size_t)(__stop_emu_shared - __start_emu_shared));
         workers().run(threads, [&](int t) {
             t_lin = t;
             t_thread = make_uint3((unsigned)t % block.x, (unsigned)t / block.x % block.y,
