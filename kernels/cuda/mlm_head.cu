@@ -3,104 +3,10 @@
  * and the fused one that turns 16-bit logits into losses and, in place,
  * their gradient, so full fp32 logits never exist), and a deterministic sum.
  * One block per vocabulary row; reductions in fp32 registers.
+ * The kernels live in mlm_head.cuh (run on the CPU by
+ * tests/unit/kernels/test_mlm_head_emu); this file is the host launchers.
  */
-#include "kernels/cuda/common.cuh"
-
-#include <math.h>
-
-namespace {
-
-constexpr int XENT_BLOCK = 512;
-
-template <typename T>
-__global__ void gather_rows_kernel(T *out, const T *inp, const int32_t *rows, int M, int C)
-{
-    size_t n = (size_t)M * C;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        size_t m = i / C;
-        out[i] = inp[(size_t)rows[m] * C + i % C];
-    }
-}
-
-__global__ void scatter_rows_atomic_kernel(float *dinp, const float *dout, const int32_t *rows,
-                                           int M, int C)
-{
-    size_t n = (size_t)M * C;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        atomicAdd(&dinp[(size_t)rows[i / C] * C + i % C], dout[i]);
-}
-
-/* distinct rows only: no two threads ever touch one element */
-template <typename T>
-__global__ void scatter_rows_kernel(T *dinp, const T *dout, const int32_t *rows, int M, int C)
-{
-    size_t n = (size_t)M * C;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        size_t j = (size_t)rows[i / C] * C + i % C;
-        dinp[j] = from_f<T>(to_f(dinp[j]) + to_f(dout[i]));
-    }
-}
-
-/* One block per row: max, sum of exp, loss; PROBS writes probabilities,
- * GRAD overwrites the logits with (softmax - onehot) * grad_scale. */
-template <typename T, bool PROBS, bool GRAD>
-__global__ void __launch_bounds__(XENT_BLOCK)
-xent_kernel(float *losses, float *probs, T *logits, const int32_t *targets, float grad_scale,
-            int V)
-{
-    __shared__ float sh[32];
-    int m = blockIdx.x;
-    T *l = logits + (size_t)m * V;
-    float mx = -INFINITY;
-    for (int v = threadIdx.x; v < V; v += blockDim.x)
-        mx = fmaxf(mx, to_f(l[v]));
-    mx = block_max(mx, sh);
-    float sum = 0.0f;
-    for (int v = threadIdx.x; v < V; v += blockDim.x)
-        sum += expf(to_f(l[v]) - mx);
-    sum = block_sum(sum, sh);
-    int tgt = targets[m];
-    float lt = to_f(l[tgt]); // read before any thread overwrites it
-    __syncthreads();
-    if (threadIdx.x == 0)
-        losses[m] = logf(sum) - (lt - mx);
-    float inv = 1.0f / sum;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) {
-        float pr = expf(to_f(l[v]) - mx) * inv;
-        if (PROBS)
-            probs[(size_t)m * V + v] = pr;
-        if (GRAD)
-            l[v] = from_f<T>((pr - (v == tgt ? 1.0f : 0.0f)) * grad_scale);
-    }
-}
-
-__global__ void xent_backward_kernel(float *dlogits, const float *probs, const int32_t *targets,
-                                     const float *dlosses, int V)
-{
-    int m = blockIdx.x;
-    float g = dlosses[m];
-    int tgt = targets[m];
-    const float *pr = probs + (size_t)m * V;
-    float *d = dlogits + (size_t)m * V;
-    for (int v = threadIdx.x; v < V; v += blockDim.x)
-        d[v] = pr[v] * g - (v == tgt ? g : 0.0f);
-}
-
-__global__ void __launch_bounds__(1024) sum_kernel(float *out, const float *x, int n)
-{
-    __shared__ double sh[32];
-    double s = 0.0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x)
-        s += x[i];
-    s = block_sum_d(s, sh);
-    if (threadIdx.x == 0)
-        *out = (float)s;
-}
-
-} // namespace
+#include "kernels/cuda/mlm_head.cuh"
 
 extern "C" {
 

@@ -6,176 +6,11 @@
  * The arithmetic follows worker/optim.c operation by operation with
  * explicitly rounded intrinsics (no FMA contraction), so fp32 results match
  * the CPU reference exactly for AdamW and up to the norm sums for LAMB.
- *
- * The norms are deterministic: every block writes its partial sum to its
- * own scratch entry and one more pass adds the entries in a fixed order (no
- * float atomics, whose order varies from run to run). This is what keeps
- * data-parallel replicas bit-identical: each rank computes the norms of the
- * same all-reduced gradients on its own, and a clip factor or LAMB trust
- * ratio that differed in its last bit between ranks would make their
- * parameters drift apart. The scratch is a module-level device array, so
- * these launches must not run concurrently on one device (one model per
- * bertd-worker process, one stream).
+ * The norms are summed deterministically (optim.cuh says why).
+ * The kernels live in optim.cuh (run on the CPU by
+ * tests/unit/kernels/test_optim_emu); this file is the host launchers.
  */
-#include "kernels/cuda/common.cuh"
-
-#include <math.h>
-
-namespace {
-
-constexpr int OPT_BLOCK = 256;
-constexpr unsigned SUMSQ_MAX_GRID = 1024;
-constexpr int LAMB_MAX_CHUNKS = 1 << 16; // bert-large: about 11k chunks of OPT_CHUNK
-
-__device__ double g_sumsq_part[SUMSQ_MAX_GRID];     // one partial per block
-__device__ double g_lamb_part[2 * LAMB_MAX_CHUNKS]; // (chunk, {p^2, u^2})
-
-__global__ void sumsq_check_kernel(int *nonfinite, const float *x, size_t n)
-{
-    __shared__ double sh[32];
-    double s = 0.0;
-    int bad = 0;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        float v = x[i];
-        bad |= !isfinite(v);
-        s += (double)v * (double)v;
-    }
-    s = block_sum_d(s, sh);
-    if (threadIdx.x == 0)
-        g_sumsq_part[blockIdx.x] = s;
-    if (__syncthreads_or(bad) && threadIdx.x == 0)
-        atomicOr(nonfinite, 1); // an OR: order does not matter
-}
-
-/* One block: thread t adds partials t, t + blockDim, ... in that order, then
- * the block's fixed tree; the same bits for the same inputs, every run. */
-__global__ void sumsq_finish_kernel(double *sumsq, unsigned nparts)
-{
-    __shared__ double sh[32];
-    double s = 0.0;
-    for (unsigned k = threadIdx.x; k < nparts; k += blockDim.x)
-        s += g_sumsq_part[k];
-    s = block_sum_d(s, sh);
-    if (threadIdx.x == 0)
-        *sumsq += s;
-}
-
-template <typename TL> __device__ __forceinline__ void store_lp(void *p_lp, size_t i, float v)
-{
-    if (p_lp)
-        ((TL *)p_lp)[i] = from_f<TL>(v);
-}
-
-struct adamw_args {
-    float decay_on, decay_off; // (float)(1 - lr*wd), 1
-    float b1w, b2, b2w, step_size, bc2_sqrt, eps, clip;
-};
-
-template <typename TL>
-__global__ void adamw_kernel(float *p, void *p_lp, const float *g, float *m, float *v,
-                             const cuda_chunk *chunks, const uint8_t *decay, adamw_args a)
-{
-    cuda_chunk ch = chunks[blockIdx.x];
-    float dec = decay[ch.seg] ? a.decay_on : a.decay_off;
-    for (uint32_t k = threadIdx.x; k < ch.len; k += blockDim.x) {
-        size_t i = ch.off + k;
-        float gi = __fmul_rn(g[i], a.clip);
-        float pi = __fmul_rn(p[i], dec);
-        float mi = __fadd_rn(m[i], __fmul_rn(a.b1w, __fsub_rn(gi, m[i])));
-        float vi = __fadd_rn(__fmul_rn(v[i], a.b2), __fmul_rn(__fmul_rn(a.b2w, gi), gi));
-        float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), a.bc2_sqrt), a.eps);
-        float pn = __fsub_rn(pi, __fmul_rn(a.step_size, __fdiv_rn(mi, denom)));
-        p[i] = pn;
-        m[i] = mi;
-        v[i] = vi;
-        store_lp<TL>(p_lp, i, pn);
-    }
-}
-
-struct lamb_args {
-    float b1, b2, b1w, b2w, bc1, bc2, eps, wd, clip;
-    double lr;
-};
-
-__device__ __forceinline__ float lamb_update(float mi, float vi, float pi, float fwd,
-                                             const lamb_args &a)
-{
-    float r = __fdiv_rn(__fdiv_rn(mi, a.bc1), __fadd_rn(__fsqrt_rn(__fdiv_rn(vi, a.bc2)), a.eps));
-    return __fadd_rn(r, __fmul_rn(fwd, pi));
-}
-
-/* pass 1: moments, and per-chunk sums of p^2 and update^2 (g_lamb_part) */
-__global__ void lamb_moments_kernel(const float *p, const float *g, float *m, float *v,
-                                    const cuda_chunk *chunks, const uint8_t *decay, lamb_args a)
-{
-    __shared__ double sh[32];
-    cuda_chunk ch = chunks[blockIdx.x];
-    float fwd = decay[ch.seg] ? a.wd : 0.0f;
-    double wn = 0.0, un = 0.0;
-    for (uint32_t k = threadIdx.x; k < ch.len; k += blockDim.x) {
-        size_t i = ch.off + k;
-        float gi = __fmul_rn(g[i], a.clip);
-        float mi = __fadd_rn(__fmul_rn(m[i], a.b1), __fmul_rn(gi, a.b1w));
-        float vi = __fadd_rn(__fmul_rn(v[i], a.b2), __fmul_rn(__fmul_rn(gi, gi), a.b2w));
-        m[i] = mi;
-        v[i] = vi;
-        float u = lamb_update(mi, vi, p[i], fwd, a);
-        wn += (double)p[i] * p[i];
-        un += (double)u * u;
-    }
-    wn = block_sum_d(wn, sh);
-    un = block_sum_d(un, sh);
-    if (threadIdx.x == 0) {
-        g_lamb_part[2 * (size_t)blockIdx.x] = wn;
-        g_lamb_part[2 * (size_t)blockIdx.x + 1] = un;
-    }
-}
-
-/* One block per tensor (segment): the partials of its chunks, in chunk
- * order per thread, then the block's fixed tree. Chunks of one segment are
- * contiguous in the list but scanning all of them keeps this simple (a few
- * thousand entries per block). */
-__global__ void lamb_norms_kernel(double *norms, const cuda_chunk *chunks, int num_chunks)
-{
-    __shared__ double sh[32];
-    unsigned seg = blockIdx.x;
-    double wn = 0.0, un = 0.0;
-    for (int k = threadIdx.x; k < num_chunks; k += blockDim.x)
-        if (chunks[k].seg == seg) {
-            wn += g_lamb_part[2 * (size_t)k];
-            un += g_lamb_part[2 * (size_t)k + 1];
-        }
-    wn = block_sum_d(wn, sh);
-    un = block_sum_d(un, sh);
-    if (threadIdx.x == 0) {
-        norms[2 * seg] = wn;
-        norms[2 * seg + 1] = un;
-    }
-}
-
-template <typename TL>
-__global__ void lamb_apply_kernel(float *p, void *p_lp, const float *m, const float *v,
-                                  const cuda_chunk *chunks, const uint8_t *decay,
-                                  const double *norms, lamb_args a)
-{
-    cuda_chunk ch = chunks[blockIdx.x];
-    int dec = decay[ch.seg];
-    float fwd = dec ? a.wd : 0.0f;
-    double wn = sqrt(norms[2 * ch.seg]), un = sqrt(norms[2 * ch.seg + 1]);
-    /* apex: trust ratio only where weight decay applies (use_nvlamb=False) */
-    double ratio = ((double)fwd != 0.0 && wn != 0.0 && un != 0.0) ? wn / un : 1.0;
-    float step = (float)(a.lr * ratio);
-    for (uint32_t k = threadIdx.x; k < ch.len; k += blockDim.x) {
-        size_t i = ch.off + k;
-        float u = lamb_update(m[i], v[i], p[i], fwd, a);
-        float pn = __fsub_rn(p[i], __fmul_rn(step, u));
-        p[i] = pn;
-        store_lp<TL>(p_lp, i, pn);
-    }
-}
-
-} // namespace
+#include "kernels/cuda/optim.cuh"
 
 extern "C" {
 
@@ -184,9 +19,7 @@ void cuda_sumsq_check(double *sumsq, int *nonfinite, const float *x, size_t n,
 {
     if (!n)
         return;
-    unsigned g = grid_for(n, OPT_BLOCK);
-    if (g > SUMSQ_MAX_GRID)
-        g = SUMSQ_MAX_GRID; // each thread loops; g depends on n only
+    unsigned g = sumsq_grid(n);
     sumsq_check_kernel<<<g, OPT_BLOCK, 0, stream>>>(nonfinite, x, n);
     LAUNCH_CHECK();
     sumsq_finish_kernel<<<1, OPT_BLOCK, 0, stream>>>(sumsq, g);
@@ -200,18 +33,7 @@ void cuda_adamw_step(float *p, void *p_lp, kdtype lp_dt, const float *g, float *
 {
     if (num_chunks <= 0)
         return;
-    /* scalars exactly as worker/optim.c adamw_tensor computes them */
-    double bc1 = 1.0 - pow(beta1, (double)t), bc2 = 1.0 - pow(beta2, (double)t);
-    adamw_args a;
-    a.decay_on = (float)(1.0 - lr * (double)weight_decay);
-    a.decay_off = (float)(1.0 - lr * 0.0);
-    a.b1w = (float)(1.0 - beta1);
-    a.b2 = beta2;
-    a.b2w = (float)(1.0 - beta2);
-    a.step_size = (float)(lr / bc1);
-    a.bc2_sqrt = (float)sqrt(bc2);
-    a.eps = eps;
-    a.clip = clip;
+    adamw_args a = adamw_args_make(lr, beta1, beta2, eps, weight_decay, clip, t);
     if (!p_lp)
         lp_dt = KDT_F32;
     DT_DISPATCH(lp_dt, adamw_kernel<T><<<num_chunks, OPT_BLOCK, 0, stream>>>(
@@ -226,17 +48,7 @@ void cuda_lamb_step(float *p, void *p_lp, kdtype lp_dt, const float *g, float *m
 {
     if (num_chunks <= 0)
         return;
-    lamb_args a;
-    a.b1 = beta1;
-    a.b2 = beta2;
-    a.b1w = 1.0f - beta1;
-    a.b2w = 1.0f - beta2;
-    a.bc1 = (float)(1.0 - pow(beta1, (double)t));
-    a.bc2 = (float)(1.0 - pow(beta2, (double)t));
-    a.eps = eps;
-    a.wd = weight_decay;
-    a.clip = clip;
-    a.lr = lr;
+    lamb_args a = lamb_args_make(lr, beta1, beta2, eps, weight_decay, clip, t);
     if (num_chunks > LAMB_MAX_CHUNKS) {
         /* a model past ~2e9 parameters: more chunks than the scratch holds */
         fprintf(stderr, "cuda_lamb_step: %d chunks, at most %d\n", num_chunks, LAMB_MAX_CHUNKS);

@@ -3,19 +3,11 @@
  * and compares forward and backward with the CPU attention op. No GPU here:
  * this is the only execution those lines get before a GPU run.
  *
- * The emulator: every CUDA thread of a block is an OS thread; __syncthreads
- * is a barrier over the block and __syncwarp one over the warp (the threads
- * do NOT run in lockstep, so code that relies on implicit warp synchrony
- * fails here instead of passing by luck); __shfl_xor_sync exchanges through
- * a per-warp slot array between two warp barriers; the dynamic shared memory
- * is a fresh heap block filled with 0xFF (NaN in every float type, so a read
- * of shared memory nobody wrote poisons the result) with a canary tail that
- * must survive (no write past the layout's size). wmma is emulated at its
- * documented interface: a fragment holds the whole 16x16 tile in every lane
- * (the hardware layout is opaque anyway), load/store check the alignment and
- * ldm rules (32-byte pointers, 16-byte leading dimensions), mma accumulates
- * in fp32, and only lane 0 stores (visibility to the other lanes then needs
- * the kernel's own __syncwarp, as on hardware).
+ * The emulator (tests/unit/kernels/cuda_emu.h, shared with the other
+ * test_*_emu tests): every CUDA thread of a block is an OS thread, barriers
+ * for __syncthreads/__syncwarp (no lockstep), shuffles through per-warp
+ * slots, NaN-filled dynamic shared memory with a canary tail, wmma at its
+ * documented interface (alignment and ldm rules checked, lane 0 stores).
  * Global outputs start as NaN with NaN guards after their ends.
  *
  * What it cannot check: real wmma fragment mechanics, memory-model effects
@@ -23,220 +15,19 @@
  * 16-bit 1e-2 forward, 2e-2 backward), against kernels/cpu/attention.c on the
  * rounded inputs.
  */
-#define FLASH_EMU 1
+#include "tests/unit/kernels/cuda_emu.h"
 
-#include <cuda_runtime.h>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
-#include <algorithm>
-#include <cmath>
-#include <condition_variable>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <mutex>
-#include <thread>
-#include <vector>
-
-namespace emu {
-
-struct barrier {
-    std::mutex m;
-    std::condition_variable cv;
-    int n = 0, count = 0;
-    unsigned long gen = 0;
-    void wait()
-    {
-        std::unique_lock<std::mutex> lk(m);
-        unsigned long g = gen;
-        if (++count == n) {
-            count = 0;
-            gen++;
-            cv.notify_all();
-            return;
-        }
-        cv.wait(lk, [&] { return gen != g; });
-    }
-};
-
-struct warp_state {
-    barrier bar;
-    double xch[32];
-};
-
-struct block_state {
-    barrier bar;
-    std::vector<warp_state> warps;
-    unsigned char *smem = nullptr;
-};
-
-thread_local uint3 t_thread, t_block;
-thread_local dim3 t_bdim;
-thread_local block_state *t_blk;
-
-inline warp_state &warp() { return t_blk->warps[t_thread.x / 32]; }
-
-int failures = 0;
-void fail(const char *what)
-{
-    fprintf(stderr, "emulator: %s\n", what);
-    abort(); // a broken rule is a kernel bug: stop at it
-}
-
-} // namespace emu
-
-#define threadIdx (emu::t_thread)
-#define blockIdx (emu::t_block)
-#define blockDim (emu::t_bdim)
-
-inline void __syncthreads() { emu::t_blk->bar.wait(); }
-inline void __syncwarp(unsigned mask = 0xffffffffu)
-{
-    if (mask != 0xffffffffu)
-        emu::fail("__syncwarp with a partial mask");
-    emu::warp().bar.wait();
-}
-template <typename V>
-inline V __shfl_xor_sync(unsigned mask, V v, int lane_mask)
-{
-    if (mask != 0xffffffffu)
-        emu::fail("__shfl_xor_sync with a partial mask");
-    emu::warp_state &w = emu::warp();
-    int lane = (int)(emu::t_thread.x & 31);
-    w.xch[lane] = (double)v;
-    w.bar.wait();
-    V r = (V)w.xch[lane ^ lane_mask];
-    w.bar.wait();
-    return r;
-}
-inline unsigned __umulhi(unsigned a, unsigned b)
-{
-    return (unsigned)(((unsigned long long)a * b) >> 32);
-}
-inline void __trap() { emu::fail("__trap"); }
-
-/* ---- wmma at its documented interface ---- */
-namespace nvcuda {
-namespace wmma {
-struct row_major {};
-struct col_major {};
-struct matrix_a {};
-struct matrix_b {};
-struct accumulator {};
-enum layout_t { mem_row_major, mem_col_major };
-
-template <typename Use, int M, int N, int K, typename T, typename Layout = void>
-struct fragment {
-    float x[256]; // (16,16) row-major, the same in every lane
-};
-
-inline float elem_f(float v) { return v; }
-inline float elem_f(__nv_bfloat16 v) { return __bfloat162float(v); }
-inline float elem_f(__half v) { return __half2float(v); }
-
-inline void check_ptr(const void *p, unsigned ldm, size_t esize)
-{
-    if ((uintptr_t)p % 32)
-        emu::fail("wmma pointer not 256-bit aligned");
-    if ((ldm * esize) % 16)
-        emu::fail("wmma ldm not a multiple of 16 bytes");
-}
-
-template <typename Use, typename T, typename Layout>
-void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout> &f, const T *p, unsigned ldm)
-{
-    check_ptr(p, ldm, sizeof(T));
-    const bool col = std::is_same<Layout, col_major>::value;
-    for (int r = 0; r < 16; r++)
-        for (int c = 0; c < 16; c++)
-            f.x[r * 16 + c] = elem_f(col ? p[c * ldm + r] : p[r * ldm + c]);
-}
-inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float> &f, const float *p,
-                             unsigned ldm, layout_t l)
-{
-    check_ptr(p, ldm, 4);
-    for (int r = 0; r < 16; r++)
-        for (int c = 0; c < 16; c++)
-            f.x[r * 16 + c] = l == mem_row_major ? p[r * ldm + c] : p[c * ldm + r];
-}
-inline void fill_fragment(fragment<accumulator, 16, 16, 16, float> &f, float v)
-{
-    for (float &e : f.x)
-        e = v;
-}
-template <typename T, typename LA, typename LB>
-void mma_sync(fragment<accumulator, 16, 16, 16, float> &d,
-              const fragment<matrix_a, 16, 16, 16, T, LA> &a,
-              const fragment<matrix_b, 16, 16, 16, T, LB> &b,
-              const fragment<accumulator, 16, 16, 16, float> &c)
-{
-    float out[256];
-    for (int r = 0; r < 16; r++)
-        for (int n = 0; n < 16; n++) {
-            float s = c.x[r * 16 + n];
-            for (int k = 0; k < 16; k++)
-                s += a.x[r * 16 + k] * b.x[k * 16 + n];
-            out[r * 16 + n] = s;
-        }
-    memcpy(d.x, out, sizeof out);
-}
-inline void store_matrix_sync(float *p, const fragment<accumulator, 16, 16, 16, float> &f,
-                              unsigned ldm, layout_t l)
-{
-    check_ptr(p, ldm, 4);
-    if ((emu::t_thread.x & 31) != 0)
-        return; // lane 0 writes; the kernel's __syncwarp publishes it
-    for (int r = 0; r < 16; r++)
-        for (int c = 0; c < 16; c++)
-            (l == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = f.x[r * 16 + c];
-}
-} // namespace wmma
-} // namespace nvcuda
-
-#define FLASH_SMEM(name) unsigned char *name = emu::t_blk->smem
-#undef __launch_bounds__
-#define __launch_bounds__(...)
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/kernels.h"
 
 namespace {
 
-constexpr size_t CANARY = 256;
-
-/* Runs kern over grid with `threads` threads per block and `smem` bytes of
- * dynamic shared memory, one block at a time. */
-template <typename K, typename... A>
-void launch(dim3 grid, int threads, size_t smem, K kern, A... args)
-{
-    for (unsigned by = 0; by < grid.y; by++)
-        for (unsigned bx = 0; bx < grid.x; bx++) {
-            emu::block_state blk;
-            blk.bar.n = threads;
-            blk.warps = std::vector<emu::warp_state>((size_t)threads / 32);
-            for (auto &w : blk.warps)
-                w.bar.n = 32;
-            blk.smem = (unsigned char *)aligned_alloc(128, (smem + CANARY + 127) & ~(size_t)127);
-            memset(blk.smem, 0xFF, smem);
-            memset(blk.smem + smem, 0xA5, CANARY);
-            std::vector<std::thread> ts;
-            for (int t = 0; t < threads; t++)
-                ts.emplace_back([&, t] {
-                    emu::t_thread = make_uint3((unsigned)t, 0, 0);
-                    emu::t_block = make_uint3(bx, by, 0);
-                    emu::t_bdim = dim3((unsigned)threads, 1, 1);
-                    emu::t_blk = &blk;
-                    kern(args...);
-                });
-            for (auto &t : ts)
-                t.join();
-            for (size_t i = 0; i < CANARY; i++)
-                if (blk.smem[smem + i] != 0xA5)
-                    emu::fail("write past the end of dynamic shared memory");
-            free(blk.smem);
-        }
-}
+using emu::check;
+using emu::frand;
+using emu::from_t;
+using emu::GUARD;
+using emu::launch;
+using emu::to_t;
 
 flash::flash_args make_args(const philox_stream *rng, float p, int B, int T, int C, int NH)
 {
@@ -280,57 +71,6 @@ void run_backward(T *dqkv, float *dbuf, const T *dout, const T *qkv, const T *ou
     launch(gk, F::KV_NW * 32, LK::bytes,
            flash::flash_backward_dkv_kernel<T, HS, F::KV_NW, F::KV_BRQ>, dqkv, dout, qkv, lse,
            dbuf, lens, a);
-}
-
-template <typename T> T to_t(float x);
-template <> float to_t<float>(float x) { return x; }
-template <> __nv_bfloat16 to_t<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
-template <> __half to_t<__half>(float x) { return __float2half(x); }
-inline float from_t(float v) { return v; }
-inline float from_t(__nv_bfloat16 v) { return __bfloat162float(v); }
-inline float from_t(__half v) { return __half2float(v); }
-
-uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-float frand() // uniform in (-1, 1)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (float)((double)(rng_state >> 11) / 9007199254740992.0 * 2.0 - 1.0);
-}
-
-template <typename T> const char *tname();
-template <> const char *tname<float>() { return "fp32"; }
-template <> const char *tname<__nv_bfloat16>() { return "bf16"; }
-template <> const char *tname<__half>() { return "fp16"; }
-
-/* normwise relative error of got (n elements, then GUARD that must still be
- * NaN) against ref; NaN never passes */
-enum { GUARD = 16 };
-template <typename T>
-bool check(const char *what, const std::vector<T> &got, const std::vector<float> &ref, size_t n,
-           double tol)
-{
-    double maxref = 0, maxerr = 0;
-    size_t bad = 0;
-    for (size_t i = 0; i < n; i++) {
-        double g = from_t(got[i]), r = ref[i];
-        if (!std::isfinite(g)) {
-            bad++;
-            continue;
-        }
-        maxref = std::max(maxref, std::fabs(r));
-        maxerr = std::max(maxerr, std::fabs(g - r));
-    }
-    size_t guard_bad = 0;
-    for (size_t i = n; i < n + GUARD; i++)
-        guard_bad += !std::isnan(from_t(got[i]));
-    double rel = maxref > 0 ? maxerr / maxref : INFINITY;
-    bool ok = bad == 0 && guard_bad == 0 && rel <= tol;
-    printf("%-4s %-40s %-4s rel=%.3g (tol %.0e)%s%s\n", ok ? "ok" : "FAIL", what, tname<T>(), rel,
-           tol, bad ? " NON-FINITE" : "", guard_bad ? " GUARD OVERWRITTEN" : "");
-    emu::failures += !ok;
-    return ok;
 }
 
 template <typename T, int HS>

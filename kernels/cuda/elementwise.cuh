@@ -1,0 +1,228 @@
+/* elementwise.cuh — the device code of kernels/cuda/elementwise.cu (the
+ * 16-byte pack helpers and the pointwise kernels) with its launch geometry,
+ * kept apart from the host launchers so that
+ * tests/unit/kernels/test_elementwise_emu can compile these very lines on
+ * the CPU under the SIMT emulator (tests/unit/kernels/cuda_emu.h) and run
+ * them without a GPU. Private to kernels/cuda/elementwise.cu (and that test).
+ */
+#ifndef BERTD_KERNELS_CUDA_ELEMENTWISE_CUH
+#define BERTD_KERNELS_CUDA_ELEMENTWISE_CUH
+
+#include "kernels/cuda/common.cuh"
+
+#include <math.h>
+
+namespace {
+
+template <typename T> struct pack {
+    static constexpr int n = 16 / sizeof(T);
+    T v[n];
+};
+
+/* Loads elements [i, i+P) of x; lanes past n read 0. */
+template <typename T> __device__ __forceinline__ void load_pack(float *out, const T *x, size_t i,
+                                                                size_t n)
+{
+    constexpr int P = pack<T>::n;
+    if (i + P <= n && ((uintptr_t)(x + i) & 15) == 0) {
+        int4 raw = *reinterpret_cast<const int4 *>(x + i);
+        const T *e = reinterpret_cast<const T *>(&raw);
+#pragma unroll
+        for (int k = 0; k < P; k++)
+            out[k] = to_f(e[k]);
+    } else {
+#pragma unroll
+        for (int k = 0; k < P; k++)
+            out[k] = i + k < n ? to_f(x[i + k]) : 0.0f;
+    }
+}
+
+template <typename T> __device__ __forceinline__ void store_pack(T *x, const float *in, size_t i,
+                                                                 size_t n)
+{
+    constexpr int P = pack<T>::n;
+    if (i + P <= n && ((uintptr_t)(x + i) & 15) == 0) {
+        int4 raw;
+        T *e = reinterpret_cast<T *>(&raw);
+#pragma unroll
+        for (int k = 0; k < P; k++)
+            e[k] = from_f<T>(in[k]);
+        *reinterpret_cast<int4 *>(x + i) = raw;
+    } else {
+#pragma unroll
+        for (int k = 0; k < P; k++)
+            if (i + k < n)
+                x[i + k] = from_f<T>(in[k]);
+    }
+}
+
+#define PACK_LOOP(T, i, count)                                                            \
+    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * pack<T>::n;          \
+         i < (count); i += (size_t)gridDim.x * blockDim.x * pack<T>::n)
+
+__device__ __forceinline__ float gelu_f(float x)
+{
+    return 0.5f * x * (1.0f + erff(x * (float)M_SQRT1_2));
+}
+__device__ __forceinline__ float gelu_grad_f(float x)
+{
+    const float inv_sqrt_2pi = (float)(0.5 * M_2_SQRTPI * M_SQRT1_2);
+    float cdf = 0.5f * (1.0f + erff(x * (float)M_SQRT1_2));
+    float pdf = inv_sqrt_2pi * expf(-0.5f * x * x);
+    return cdf + x * pdf;
+}
+
+/* Keep multipliers for elements [i, i+P): 0 or keep_scale. i is a multiple of
+ * 4 (P is 4 or 8), so whole Philox groups are used. */
+template <int P> __device__ __forceinline__ void dropout_mask(float *mk, const philox_dev &s,
+                                                              size_t i, uint32_t thresh,
+                                                              float keep_scale)
+{
+#pragma unroll
+    for (int g = 0; g < P / 4; g++) {
+        uint4 r = philox_group(s, (uint32_t)((i >> 2) + g));
+        mk[4 * g + 0] = r.x >= thresh ? keep_scale : 0.0f;
+        mk[4 * g + 1] = r.y >= thresh ? keep_scale : 0.0f;
+        mk[4 * g + 2] = r.z >= thresh ? keep_scale : 0.0f;
+        mk[4 * g + 3] = r.w >= thresh ? keep_scale : 0.0f;
+    }
+}
+
+template <typename T> __global__ void gelu_forward_kernel(T *out, const T *inp, size_t n)
+{
+    constexpr int P = pack<T>::n;
+    PACK_LOOP(T, i, n) {
+        float x[P];
+        load_pack(x, inp, i, n);
+#pragma unroll
+        for (int k = 0; k < P; k++)
+            x[k] = gelu_f(x[k]);
+        store_pack(out, x, i, n);
+    }
+}
+
+template <typename T>
+__global__ void gelu_backward_kernel(T *dinp, const T *inp, const T *dout, size_t n)
+{
+    constexpr int P = pack<T>::n;
+    PACK_LOOP(T, i, n) {
+        float x[P], d[P];
+        load_pack(x, inp, i, n);
+        load_pack(d, dout, i, n);
+#pragma unroll
+        for (int k = 0; k < P; k++)
+            x[k] = d[k] * gelu_grad_f(x[k]);
+        store_pack(dinp, x, i, n);
+    }
+}
+
+template <typename T> __global__ void tanh_forward_kernel(T *out, const T *inp, size_t n)
+{
+    constexpr int P = pack<T>::n;
+    PACK_LOOP(T, i, n) {
+        float x[P];
+        load_pack(x, inp, i, n);
+#pragma unroll
+        for (int k = 0; k < P; k++)
+            x[k] = tanhf(x[k]);
+        store_pack(out, x, i, n);
+    }
+}
+
+template <typename T>
+__global__ void tanh_backward_kernel(T *dinp, const T *out, const T *dout, size_t n)
+{
+    constexpr int P = pack<T>::n;
+    PACK_LOOP(T, i, n) {
+        float y[P], d[P];
+        load_pack(y, out, i, n);
+        load_pack(d, dout, i, n);
+#pragma unroll
+        for (int k = 0; k < P; k++)
+            y[k] = d[k] * (1.0f - y[k] * y[k]);
+        store_pack(dinp, y, i, n);
+    }
+}
+
+template <typename T>
+__global__ void dropout_forward_kernel(T *out, const T *inp, philox_dev s, uint32_t thresh,
+                                       float keep_scale, size_t n)
+{
+    constexpr int P = pack<T>::n;
+    PACK_LOOP(T, i, n) {
+        float x[P], mk[P];
+        load_pack(x, inp, i, n);
+        dropout_mask<P>(mk, s, i, thresh, keep_scale);
+#pragma unroll
+        for (int k = 0; k < P; k++)
+            x[k] *= mk[k];
+        store_pack(out, x, i, n);
+    }
+}
+
+template <typename T>
+__global__ void residual_forward_kernel(T *out, const T *a, const T *b, size_t n)
+{
+    constexpr int P = pack<T>::n;
+    PACK_LOOP(T, i, n) {
+        float x[P], y[P];
+        load_pack(x, a, i, n);
+        load_pack(y, b, i, n);
+#pragma unroll
+        for (int k = 0; k < P; k++)
+            x[k] += y[k];
+        store_pack(out, x, i, n);
+    }
+}
+
+/* Rows of OC: one thread per pack of a row, grid-stride over the matrix. */
+template <typename T, bool GELU>
+__global__ void bias_act_kernel(T *act, T *pre, const float *bias, size_t rows, int OC)
+{
+    size_t n = rows * (size_t)OC;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float x = to_f(pre[i]) + bias[i % OC];
+        pre[i] = from_f<T>(x);
+        if (GELU)
+            act[i] = from_f<T>(gelu_f(to_f(pre[i])));
+    }
+}
+
+template <typename TD, typename TS>
+__global__ void cast_kernel(TD *dst, const TS *src, size_t n)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = from_f<TD>(to_f(src[i]));
+}
+
+template <typename T> __global__ void fill_nan_kernel(T *dst, size_t n)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = from_f<T>(__int_as_float(0x7fc00000));
+}
+
+__global__ void scale_kernel(float *x, float s, size_t n)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        x[i] *= s;
+}
+
+__global__ void philox_u32_kernel(uint32_t *out, philox_dev s, size_t n)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        out[i] = philox_u32(s, i);
+}
+
+template <typename T> unsigned pack_grid(size_t n, unsigned block)
+{
+    return grid_for((n + pack<T>::n - 1) / pack<T>::n, block);
+}
+
+} // namespace
+
+#endif
