@@ -88,60 +88,73 @@ template <int P> __device__ __forceinline__ void dropout_mask(float *mk, const p
     }
 }
 
-template <typename T> __global__ void gelu_forward_kernel(T *out, const T *inp, size_t n)
+/* The element-wise pattern once: out = op(a[, b]) in 16-byte packs of T,
+ * float arithmetic; the named kernels below differ only in op. */
+template <typename T, typename Op>
+__device__ __forceinline__ void map1(T *out, const T *a, size_t n, Op op)
 {
     constexpr int P = pack<T>::n;
     PACK_LOOP(T, i, n) {
         float x[P];
-        load_pack(x, inp, i, n);
+        load_pack(x, a, i, n);
 #pragma unroll
         for (int k = 0; k < P; k++)
-            x[k] = gelu_f(x[k]);
+            x[k] = op(x[k]);
         store_pack(out, x, i, n);
     }
+}
+
+template <typename T, typename Op>
+__device__ __forceinline__ void map2(T *out, const T *a, const T *b, size_t n, Op op)
+{
+    constexpr int P = pack<T>::n;
+    PACK_LOOP(T, i, n) {
+        float x[P], y[P];
+        load_pack(x, a, i, n);
+        load_pack(y, b, i, n);
+#pragma unroll
+        for (int k = 0; k < P; k++)
+            x[k] = op(x[k], y[k]);
+        store_pack(out, x, i, n);
+    }
+}
+
+struct gelu_op {
+    __device__ float operator()(float x) const { return gelu_f(x); }
+};
+struct gelu_grad_op { // (x, dout)
+    __device__ float operator()(float x, float d) const { return d * gelu_grad_f(x); }
+};
+struct tanh_op {
+    __device__ float operator()(float x) const { return tanhf(x); }
+};
+struct tanh_grad_op { // (y = tanh(x), dout)
+    __device__ float operator()(float y, float d) const { return d * (1.0f - y * y); }
+};
+struct add_op {
+    __device__ float operator()(float x, float y) const { return x + y; }
+};
+
+template <typename T> __global__ void gelu_forward_kernel(T *out, const T *inp, size_t n)
+{
+    map1(out, inp, n, gelu_op{});
 }
 
 template <typename T>
 __global__ void gelu_backward_kernel(T *dinp, const T *inp, const T *dout, size_t n)
 {
-    constexpr int P = pack<T>::n;
-    PACK_LOOP(T, i, n) {
-        float x[P], d[P];
-        load_pack(x, inp, i, n);
-        load_pack(d, dout, i, n);
-#pragma unroll
-        for (int k = 0; k < P; k++)
-            x[k] = d[k] * gelu_grad_f(x[k]);
-        store_pack(dinp, x, i, n);
-    }
+    map2(dinp, inp, dout, n, gelu_grad_op{});
 }
 
 template <typename T> __global__ void tanh_forward_kernel(T *out, const T *inp, size_t n)
 {
-    constexpr int P = pack<T>::n;
-    PACK_LOOP(T, i, n) {
-        float x[P];
-        load_pack(x, inp, i, n);
-#pragma unroll
-        for (int k = 0; k < P; k++)
-            x[k] = tanhf(x[k]);
-        store_pack(out, x, i, n);
-    }
+    map1(out, inp, n, tanh_op{});
 }
 
 template <typename T>
 __global__ void tanh_backward_kernel(T *dinp, const T *out, const T *dout, size_t n)
 {
-    constexpr int P = pack<T>::n;
-    PACK_LOOP(T, i, n) {
-        float y[P], d[P];
-        load_pack(y, out, i, n);
-        load_pack(d, dout, i, n);
-#pragma unroll
-        for (int k = 0; k < P; k++)
-            y[k] = d[k] * (1.0f - y[k] * y[k]);
-        store_pack(dinp, y, i, n);
-    }
+    map2(dinp, out, dout, n, tanh_grad_op{});
 }
 
 template <typename T>
@@ -163,16 +176,7 @@ __global__ void dropout_forward_kernel(T *out, const T *inp, philox_dev s, uint3
 template <typename T>
 __global__ void residual_forward_kernel(T *out, const T *a, const T *b, size_t n)
 {
-    constexpr int P = pack<T>::n;
-    PACK_LOOP(T, i, n) {
-        float x[P], y[P];
-        load_pack(x, a, i, n);
-        load_pack(y, b, i, n);
-#pragma unroll
-        for (int k = 0; k < P; k++)
-            x[k] += y[k];
-        store_pack(out, x, i, n);
-    }
+    map2(out, a, b, n, add_op{});
 }
 
 /* Rows of OC: one thread per pack of a row, grid-stride over the matrix. */
