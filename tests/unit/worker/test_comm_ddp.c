@@ -286,30 +286,63 @@ static double max_abs_diff(const float *a, const float *b, size_t n)
     return w;
 }
 
+/* Shared memory for two forked ranks' final weights (np floats each) and
+ * their step-0 losses, and the job's comm name. */
+typedef struct two_ranks {
+    size_t np, bytes;
+    float *shared;    /* (2, np) */
+    double *loss_ddp; /* (2) */
+    char name[COMM_NAME_MAX];
+    pid_t pids[2];
+} two_ranks;
+
+static void ranks_map(two_ranks *t, const char *prefix, const char *label)
+{
+    bert_config cfg;
+    tiny_config(&cfg);
+    size_t sizes[BERT_NUM_PARAM_TENSORS];
+    bert_param_sizes(&cfg, sizes);
+    t->np = 0;
+    for (int i = 0; i < BERT_NUM_PARAM_TENSORS; i++)
+        t->np += sizes[i];
+    t->bytes = t->np * sizeof(float) * 2 + 4096;
+    t->shared = mmap(NULL, t->bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    assert_true(t->shared != MAP_FAILED);
+    t->loss_ddp = (double *)(t->shared + 2 * t->np);
+    char job[64];
+    snprintf(job, sizeof(job), "%s-%d-%s", prefix, (int)getpid(), label);
+    assert_int_equal(comm_name_for_job(t->name, sizeof(t->name), job), 0);
+}
+
+/* Both ranks exited 0 and hold bit-identical weights. */
+static void ranks_wait(two_ranks *t)
+{
+    for (int r = 0; r < 2; r++) {
+        int st;
+        assert_int_equal(waitpid(t->pids[r], &st, 0), t->pids[r]);
+        assert_true(WIFEXITED(st));
+        assert_int_equal(WEXITSTATUS(st), 0);
+    }
+    assert_memory_equal(t->shared, t->shared + t->np, t->np * sizeof(float));
+    assert_memory_equal(&t->loss_ddp[0], &t->loss_ddp[1], sizeof(double));
+}
+
 static void check(optim_kind kind, const char *label)
 {
     bert_config cfg;
     tiny_config(&cfg);
-    size_t sizes[BERT_NUM_PARAM_TENSORS], np = 0;
-    bert_param_sizes(&cfg, sizes);
-    for (int i = 0; i < BERT_NUM_PARAM_TENSORS; i++)
-        np += sizes[i];
-    size_t bytes = np * sizeof(float) * 2 + 4096;
-    float *shared = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    assert_true(shared != MAP_FAILED);
-    double *loss_ddp = (double *)(shared + 2 * np);
-    char name[COMM_NAME_MAX], job[64];
-    snprintf(job, sizeof(job), "ddp-%d-%s", (int)getpid(), label);
-    assert_int_equal(comm_name_for_job(name, sizeof(name), job), 0);
-
+    two_ranks t;
+    ranks_map(&t, "ddp", label);
+    size_t np = t.np;
+    float *shared = t.shared;
+    double *loss_ddp = t.loss_ddp;
     /* the ranks first: nothing in this process has started BLAS/OpenMP
      * threads yet, so the children inherit none */
-    pid_t pids[2];
     for (int r = 0; r < 2; r++) {
-        pids[r] = fork();
-        assert_true(pids[r] >= 0);
-        if (pids[r] == 0)
-            _exit(train_rank(kind, name, r, shared + (size_t)r * np, &loss_ddp[r]));
+        t.pids[r] = fork();
+        assert_true(t.pids[r] >= 0);
+        if (t.pids[r] == 0)
+            _exit(train_rank(kind, t.name, r, shared + (size_t)r * np, &loss_ddp[r]));
     }
     float *big = malloc(np * sizeof(float)), *accum = malloc(np * sizeof(float));
     float *init = malloc(np * sizeof(float));
@@ -319,12 +352,7 @@ static void check(optim_kind kind, const char *label)
     double loss_big = 0, loss_accum = 0;
     assert_int_equal(train_local(kind, 1, big, &loss_big), 0);
     assert_int_equal(train_local(kind, 2, accum, &loss_accum), 0);
-    for (int r = 0; r < 2; r++) {
-        int st;
-        assert_int_equal(waitpid(pids[r], &st, 0), pids[r]);
-        assert_true(WIFEXITED(st));
-        assert_int_equal(WEXITSTATUS(st), 0);
-    }
+    ranks_wait(&t); /* the two ranks: bit-identical */
     {
         bert_model *m = NULL;
         assert_int_equal(bert_model_create(&m, &cfg), 0);
@@ -332,8 +360,6 @@ static void check(optim_kind kind, const char *label)
         memcpy(init, m->params_memory, np * sizeof(float));
         bert_model_destroy(m);
     }
-    /* the two ranks: bit-identical */
-    assert_memory_equal(shared, shared + np, np * sizeof(float));
     double d_ddp = max_abs_diff(shared, big, np);
     double d_acc = max_abs_diff(accum, big, np);
     double moved = max_abs_diff(big, init, np);
@@ -347,34 +373,24 @@ static void check(optim_kind kind, const char *label)
      * (equal M per rank), to float rounding */
     assert_true(fabs(loss_ddp[0] - loss_big) <= 1e-6 * fabs(loss_big));
     assert_true(fabs(loss_accum - loss_big) <= 1e-6 * fabs(loss_big));
-    assert_memory_equal(&loss_ddp[0], &loss_ddp[1], sizeof(double));
     free(big);
     free(accum);
     free(init);
-    munmap(shared, bytes);
+    munmap(t.shared, t.bytes);
 }
 
 static void check_loop(optim_kind kind, const char *label)
 {
-    bert_config cfg;
-    tiny_config(&cfg);
-    size_t sizes[BERT_NUM_PARAM_TENSORS], np = 0;
-    bert_param_sizes(&cfg, sizes);
-    for (int i = 0; i < BERT_NUM_PARAM_TENSORS; i++)
-        np += sizes[i];
-    size_t bytes = np * sizeof(float) * 2 + 4096;
-    float *shared = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    assert_true(shared != MAP_FAILED);
-    double *loss_ddp = (double *)(shared + 2 * np);
-    char name[COMM_NAME_MAX], job[64];
-    snprintf(job, sizeof(job), "loop-%d-%s", (int)getpid(), label);
-    assert_int_equal(comm_name_for_job(name, sizeof(name), job), 0);
-    pid_t pids[2];
+    two_ranks t;
+    ranks_map(&t, "loop", label);
+    size_t np = t.np;
+    float *shared = t.shared;
+    double *loss_ddp = t.loss_ddp;
     for (int r = 0; r < 2; r++) {
-        pids[r] = fork();
-        assert_true(pids[r] >= 0);
-        if (pids[r] == 0)
-            _exit(train_loop(kind, 1, r, 2, name, shared + (size_t)r * np, &loss_ddp[r]));
+        t.pids[r] = fork();
+        assert_true(t.pids[r] >= 0);
+        if (t.pids[r] == 0)
+            _exit(train_loop(kind, 1, r, 2, t.name, shared + (size_t)r * np, &loss_ddp[r]));
     }
     float *big = malloc(np * sizeof(float)), *accum = malloc(np * sizeof(float));
     float *direct = malloc(np * sizeof(float));
@@ -385,13 +401,7 @@ static void check_loop(optim_kind kind, const char *label)
     assert_int_equal(train_loop(kind, 1, 0, 1, NULL, big, &loss_big), 0);
     assert_int_equal(train_loop(kind, 2, 0, 1, NULL, accum, &loss_accum), 0);
     assert_int_equal(train_local(kind, 1, direct, &loss_direct), 0);
-    for (int r = 0; r < 2; r++) {
-        int st;
-        assert_int_equal(waitpid(pids[r], &st, 0), pids[r]);
-        assert_true(WIFEXITED(st));
-        assert_int_equal(WEXITSTATUS(st), 0);
-    }
-    assert_memory_equal(shared, shared + np, np * sizeof(float));
+    ranks_wait(&t);
     double d_ddp = max_abs_diff(shared, big, np);
     double d_acc = max_abs_diff(accum, big, np);
     double d_direct = max_abs_diff(direct, big, np);
@@ -402,11 +412,10 @@ static void check_loop(optim_kind kind, const char *label)
     assert_true(d_acc <= TOL);
     assert_true(d_direct <= TOL);
     assert_true(fabs(loss_ddp[0] - loss_big) <= 1e-6 * fabs(loss_big));
-    assert_memory_equal(&loss_ddp[0], &loss_ddp[1], sizeof(double));
     free(big);
     free(accum);
     free(direct);
-    munmap(shared, bytes);
+    munmap(t.shared, t.bytes);
 }
 
 static void test_loop_adamw(void **state)
