@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 #include <cmocka.h>
+#include <curl/curl.h>
 
 #include "it_util.h"
 
@@ -88,4 +89,15 @@ int it_daemon_finish(bertd *d)
 	}
 	bertd_destroy(d);
 	return rc == 0 ? 0 : -1;
+}
+
+int it_run_group(const char *name, const struct CMUnitTest *tests, size_t n, int (*setup)(void **),
+		 int (*teardown)(void **))
+{
+	curl_global_init(CURL_GLOBAL_DEFAULT);
+	if (getenv("IT_ONLY"))
+		cmocka_set_test_filter(getenv("IT_ONLY"));
+	int rc = _cmocka_run_group_tests(name, tests, n, setup, teardown);
+	curl_global_cleanup();
+	return rc;
 }

@@ -28,4 +28,13 @@ char *it_submit(const bertd *d, const char *spec);
  * log is printed; then the temp root is removed. 0, or -1 for a bad exit. */
 int it_daemon_finish(bertd *d);
 
+/* Runs a test file's cmocka group with libcurl initialised around it.
+ * IT_ONLY in the environment (a glob of test names) runs only the matching
+ * tests, for running one by hand. */
+struct CMUnitTest;
+int it_run_group(const char *name, const struct CMUnitTest *tests, size_t n, int (*setup)(void **),
+		 int (*teardown)(void **));
+#define IT_RUN(tests, setup, teardown) \
+	it_run_group(__FILE__, tests, sizeof(tests) / sizeof((tests)[0]), setup, teardown)
+
 #endif

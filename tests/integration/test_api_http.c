@@ -807,7 +807,6 @@ static void test_job_survives_kill9(void **state)
 
 int main(void)
 {
-	curl_global_init(CURL_GLOBAL_DEFAULT);
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_healthz_and_version, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_auth, setup, teardown),
@@ -829,7 +828,5 @@ int main(void)
 						teardown),
 		cmocka_unit_test(test_refuses_remote_listen),
 	};
-	int rc = cmocka_run_group_tests(tests, NULL, NULL);
-	curl_global_cleanup();
-	return rc;
+	return IT_RUN(tests, NULL, NULL);
 }

@@ -566,9 +566,6 @@ static void test_disk_full(void **state)
 
 int main(void)
 {
-	curl_global_init(CURL_GLOBAL_DEFAULT);
-	if (getenv("IT_ONLY")) /* a glob of test names, for running one by hand */
-		cmocka_set_test_filter(getenv("IT_ONLY"));
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_full_run, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_kill_worker_resumes_exactly, setup, teardown),
@@ -581,7 +578,5 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_spec_from_older_bertd_runs, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_disk_full, setup, teardown),
 	};
-	int rc = cmocka_run_group_tests(tests, NULL, NULL);
-	curl_global_cleanup();
-	return rc;
+	return IT_RUN(tests, NULL, NULL);
 }

@@ -288,7 +288,6 @@ static void test_job_subresources(void **state)
 
 int main(void)
 {
-	curl_global_init(CURL_GLOBAL_DEFAULT);
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_dataset_validation, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_dataset_prepare, setup, teardown),
@@ -296,7 +295,5 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_devices, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_job_subresources, setup, teardown),
 	};
-	int rc = cmocka_run_group_tests(tests, NULL, NULL);
-	curl_global_cleanup();
-	return rc;
+	return IT_RUN(tests, NULL, NULL);
 }

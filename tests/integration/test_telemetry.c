@@ -607,5 +607,5 @@ int main(void)
 		cmocka_unit_test(test_two_ranks_report_per_rank_times),
 		cmocka_unit_test(test_prometheus_metrics),
 	};
-	return cmocka_run_group_tests(tests, setup, teardown);
+	return IT_RUN(tests, setup, teardown);
 }

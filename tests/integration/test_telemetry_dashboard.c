@@ -183,5 +183,5 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_dashboard_renders),
 	};
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return IT_RUN(tests, NULL, NULL);
 }
