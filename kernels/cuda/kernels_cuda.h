@@ -266,7 +266,8 @@ void cuda_adamw_step(float *p, void *p_lp, kdtype lp_dt, const float *g, float *
                      double lr, float beta1, float beta2, float eps, float weight_decay,
                      float clip, long t, cudaStream_t stream);
 /* One LAMB step (apex FusedLAMB, as worker/optim.c). norms: device scratch of
- * 2 * num_segs doubles. */
+ * 2 * num_segs doubles. chunks must be in segment order (every segment's
+ * chunks in a row, segments ascending), as gpu_model cuts them. */
 void cuda_lamb_step(float *p, void *p_lp, kdtype lp_dt, const float *g, float *m, float *v,
                     const cuda_chunk *chunks, int num_chunks, const uint8_t *decay,
                     double *norms, int num_segs, double lr, float beta1, float beta2, float eps,

@@ -133,19 +133,34 @@ __global__ void lamb_moments_kernel(const float *p, const float *g, float *m, fl
     }
 }
 
+/* First chunk of segment >= seg: chunks are in segment order (one tensor's
+ * chunks in a row, worker/gpu_model.c), so a binary search finds a
+ * segment's range. */
+__device__ __forceinline__ int first_chunk_of(const cuda_chunk *chunks, int num_chunks, unsigned seg)
+{
+    int lo = 0, hi = num_chunks;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (chunks[mid].seg < seg)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 /* pass 1b, one block per tensor (segment): the partials of its chunks, in
- * chunk order per thread, then the block's fixed tree. Scanning the whole
- * chunk list keeps it simple (a few thousand entries per block). */
+ * chunk order per thread, then the block's fixed tree. */
 __global__ void lamb_norms_kernel(double *norms, const cuda_chunk *chunks, int num_chunks)
 {
     __shared__ double sh[32];
     unsigned seg = blockIdx.x;
+    int k0 = first_chunk_of(chunks, num_chunks, seg), k1 = first_chunk_of(chunks, num_chunks, seg + 1);
     double wn = 0.0, un = 0.0;
-    for (int k = threadIdx.x; k < num_chunks; k += blockDim.x)
-        if (chunks[k].seg == seg) {
-            wn += g_lamb_part[2 * (size_t)k];
-            un += g_lamb_part[2 * (size_t)k + 1];
-        }
+    for (int k = k0 + (int)threadIdx.x; k < k1; k += blockDim.x) {
+        wn += g_lamb_part[2 * (size_t)k];
+        un += g_lamb_part[2 * (size_t)k + 1];
+    }
     wn = block_sum_d(wn, sh);
     un = block_sum_d(un, sh);
     if (threadIdx.x == 0) {
