@@ -18,8 +18,6 @@
  * This file must never block the host without a deadline, and never touch
  * the compute stream except through events.
  */
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -32,6 +30,7 @@
 
 extern "C" {
 #include "common/log.h"
+#include "kernels/cuda/kernels_cuda.h"
 }
 #include "worker/comm.h"
 #include "worker/comm_backend.h"
@@ -164,36 +163,6 @@ static int wait_stream(comm_nccl *s)
     }
 }
 
-__global__ void f32_to_lowp_kernel(__nv_bfloat16 *out, const float *in, size_t n)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        out[i] = __float2bfloat16(in[i]);
-}
-
-__global__ void f32_to_lowp_kernel(__half *out, const float *in, size_t n)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        out[i] = __float2half(in[i]);
-}
-
-__global__ void lowp_to_f32_kernel(float *out, const __nv_bfloat16 *in, size_t n)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        out[i] = __bfloat162float(in[i]);
-}
-
-__global__ void lowp_to_f32_kernel(float *out, const __half *in, size_t n)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        out[i] = __half2float(in[i]);
-}
-
-static unsigned grid_for(size_t n)
-{
-    size_t g = (n + 255) / 256;
-    return (unsigned)(g > 4096 ? 4096 : g < 1 ? 1 : g);
-}
-
 static int ensure_scratch(comm_nccl *s, size_t bytes)
 {
     int rc = 0;
@@ -226,18 +195,14 @@ static int bucket_enqueue(comm_nccl *s, float *dev_buf, size_t n)
         CUDA_CHECK(cudaMallocAsync(&s->lowp, n * 2, s->stream));
         s->lowp_cap = n;
     }
-    if (s->dtype == COMM_BF16) {
-        f32_to_lowp_kernel<<<grid_for(n), 256, 0, s->stream>>>((__nv_bfloat16 *)s->lowp, dev_buf, n);
-        CUDA_CHECK(cudaGetLastError());
-        NCCL_CHECK(s, ncclAllReduce(s->lowp, s->lowp, n, ncclBfloat16, ncclAvg, s->nc, s->stream));
-        lowp_to_f32_kernel<<<grid_for(n), 256, 0, s->stream>>>(dev_buf, (const __nv_bfloat16 *)s->lowp, n);
-        CUDA_CHECK(cudaGetLastError());
-    } else {
-        f32_to_lowp_kernel<<<grid_for(n), 256, 0, s->stream>>>((__half *)s->lowp, dev_buf, n);
-        CUDA_CHECK(cudaGetLastError());
-        NCCL_CHECK(s, ncclAllReduce(s->lowp, s->lowp, n, ncclFloat16, ncclAvg, s->nc, s->stream));
-        lowp_to_f32_kernel<<<grid_for(n), 256, 0, s->stream>>>(dev_buf, (const __half *)s->lowp, n);
-        CUDA_CHECK(cudaGetLastError());
+    {
+        /* kernels/cuda's cast (the same one the model uses): fp32 -> 16 bits,
+         * reduce, back */
+        kdtype lt = s->dtype == COMM_BF16 ? KDT_BF16 : KDT_F16;
+        ncclDataType_t nt = s->dtype == COMM_BF16 ? ncclBfloat16 : ncclFloat16;
+        cuda_cast(s->lowp, lt, dev_buf, KDT_F32, n, s->stream);
+        NCCL_CHECK(s, ncclAllReduce(s->lowp, s->lowp, n, nt, ncclAvg, s->nc, s->stream));
+        cuda_cast(dev_buf, KDT_F32, s->lowp, lt, n, s->stream);
     }
 out:
     if (rc == -EIO)
