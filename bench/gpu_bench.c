@@ -13,9 +13,15 @@
  * model's useful work: encoder GEMMs and attention on all tokens, MLM head on
  * the masked 15%, x3 for forward + backward), so MFU compares like with like
  * even though HF's head computes logits for every token.
+ *
+ * Every call is checked: a failure prints what failed and the run exits 1
+ * (its row says "failed"); a CUDA error exits 1 at once. Exit 77 only when
+ * there is no CUDA device at all; a driver the runtime cannot use (too old,
+ * mismatched) is a failure that prints both versions.
  */
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +40,17 @@
         if (e_ != cudaSuccess) {                                                          \
             fprintf(stderr, "gpu_bench: %s: %s\n", #call, cudaGetErrorString(e_));        \
             exit(1);                                                                      \
+        }                                                                                 \
+    } while (0)
+
+/* A gpu_model call that returns 0 or a negative errno; on failure prints
+ * the call and the error and leaves through out. */
+#define MCHECK(call)                                                                      \
+    do {                                                                                  \
+        int rc_ = (call);                                                                 \
+        if (rc_ != 0) {                                                                   \
+            fprintf(stderr, "gpu_bench: %s failed: %s (%d)\n", #call, strerror(-rc_), rc_); \
+            goto out;                                                                     \
         }                                                                                 \
     } while (0)
 
@@ -114,19 +131,19 @@ static result bench_bertd(const bert_config *c, const float *params, kdtype dt, 
     make_batch(&bb[1], c, B, T, 1);
     int M = bb[0].b.M;
     gpu_model *g = NULL;
+    cudaEvent_t ev[4] = {0};
     char err[512];
-    if (gpu_model_create(&g, c, dt, 0, B, T, M, &oc, err, sizeof err) != 0) {
-        fprintf(stderr, "gpu_bench: %s\n", err);
+    int rc = gpu_model_create(&g, c, dt, 0, B, T, M, &oc, err, sizeof err);
+    if (rc != 0) {
+        fprintf(stderr, "gpu_bench: gpu_model_create B=%d T=%d failed (%d): %s\n", B, T, rc, err);
         goto out;
     }
-    if (gpu_model_set_params(g, params) != 0)
-        goto out;
-    cudaEvent_t ev[4];
+    MCHECK(gpu_model_set_params(g, params));
     for (int i = 0; i < 4; i++)
         BCHECK(cudaEventCreate(&ev[i]));
     double fwd = 0, bwd = 0, opt = 0, t0 = 0;
-    if (gpu_model_upload(g, &bb[0].b, err, sizeof err) != 0) {
-        fprintf(stderr, "gpu_bench: %s\n", err);
+    if ((rc = gpu_model_upload(g, &bb[0].b, err, sizeof err)) != 0) {
+        fprintf(stderr, "gpu_bench: gpu_model_upload failed (%d): %s\n", rc, err);
         goto out;
     }
     for (int s = 0; s < warmup + steps; s++) {
@@ -137,19 +154,22 @@ static result bench_bertd(const bert_config *c, const float *params, kdtype dt, 
         bert_dropout d = {.train = 1, .seed = 1, .step = (uint32_t)s};
         BCHECK(cudaEventRecord(ev[0], g->compute));
         gpu_model_zero_grad(g);
-        gpu_model_forward(g, &d, gpu_model_loss_scale(g));
+        MCHECK(gpu_model_forward(g, &d, gpu_model_loss_scale(g)));
+        BCHECK(cudaGetLastError());
         BCHECK(cudaEventRecord(ev[1], g->compute));
         /* the next batch's copy overlaps this step's compute */
-        if (gpu_model_upload(g, &bb[(s + 1) % 2].b, err, sizeof err) != 0) {
-            fprintf(stderr, "gpu_bench: %s\n", err);
+        if ((rc = gpu_model_upload(g, &bb[(s + 1) % 2].b, err, sizeof err)) != 0) {
+            fprintf(stderr, "gpu_bench: gpu_model_upload failed (%d): %s\n", rc, err);
             goto out;
         }
-        gpu_model_backward(g);
+        MCHECK(gpu_model_backward(g));
+        BCHECK(cudaGetLastError());
         BCHECK(cudaEventRecord(ev[2], g->compute));
         int skipped = 0;
-        int rc = gpu_model_step(g, NULL, NULL, &skipped);
+        rc = gpu_model_step(g, NULL, NULL, &skipped);
         if (rc != 0) {
-            fprintf(stderr, "gpu_bench: optimizer step failed (%d): non-finite gradients\n", rc);
+            fprintf(stderr, "gpu_bench: gpu_model_step failed at step %d: %s (%d)%s\n", s,
+                    strerror(-rc), rc, rc == -ERANGE ? ": non-finite gradients" : "");
             goto out;
         }
         BCHECK(cudaEventRecord(ev[3], g->compute));
@@ -176,9 +196,12 @@ static result bench_bertd(const bert_config *c, const float *params, kdtype dt, 
     r.mfu = r.tflops / peak;
     r.ok = isfinite(loss);
     printf("  bertd %s B=%d T=%d: last loss %.4f\n", kdtype_name(dt), B, T, loss);
-    for (int i = 0; i < 4; i++)
-        cudaEventDestroy(ev[i]);
+    if (!r.ok)
+        fprintf(stderr, "gpu_bench: bertd %s B=%d T=%d: loss is not finite\n", kdtype_name(dt), B, T);
 out:
+    for (int i = 0; i < 4; i++)
+        if (ev[i])
+            BCHECK(cudaEventDestroy(ev[i]));
     gpu_model_destroy(g);
     free_batch(&bb[0]);
     free_batch(&bb[1]);
@@ -291,9 +314,23 @@ int main(int argc, char **argv)
         return 2;
     }
     int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
-        fprintf(stderr, "gpu_bench: no CUDA device\n");
-        return 77;
+    cudaError_t ce = cudaGetDeviceCount(&n);
+    if (ce != cudaSuccess || n < 1) {
+        int drv = 0, rt = 0;
+        cudaDriverGetVersion(&drv); /* 0: no driver installed */
+        cudaRuntimeGetVersion(&rt);
+        /* no device, or no driver at all: nothing to run on (77). A driver
+         * that is there but unusable (too old for this runtime, mismatched
+         * kernel module) is a failure. */
+        bool no_driver = ce == cudaErrorInsufficientDriver && drv == 0;
+        bool none = ce == cudaSuccess || ce == cudaErrorNoDevice || no_driver;
+        const char *why = ce == cudaSuccess ? "0 devices"
+                          : no_driver       ? "no NVIDIA driver installed"
+                                            : cudaGetErrorString(ce);
+        fprintf(stderr, "gpu_bench: %s: cudaGetDeviceCount: %s (driver %d.%d, runtime %d.%d)\n",
+                none ? "no CUDA device" : "CUDA is unusable", why, drv / 1000, drv % 1000 / 10,
+                rt / 1000, rt % 1000 / 10);
+        return none ? 77 : 1;
     }
     struct cudaDeviceProp prop;
     BCHECK(cudaGetDeviceProperties(&prop, 0));
@@ -306,8 +343,11 @@ int main(int argc, char **argv)
     bert_config c;
     bert_config_preset(&c, "bert-base");
     bert_model *host = NULL;
-    if (bert_model_create(&host, &c) != 0)
+    int rc = bert_model_create(&host, &c);
+    if (rc != 0) {
+        fprintf(stderr, "gpu_bench: bert_model_create failed: %s (%d)\n", strerror(-rc), rc);
         return 1;
+    }
     quick_init(host);
     printf("gpu_bench: bert-base (%zu params), %s on %s (sm_%d%d), peak %.0f TFLOP/s dense bf16\n",
            host->num_params, kdtype_name(dt), prop.name, prop.major, prop.minor, peak);
@@ -340,5 +380,14 @@ int main(int argc, char **argv)
                ours[k].ok ? ours[k].mfu : -1.0, Ts[k], ref[k].ok ? ref[k].mfu : -1.0);
     printf("\n");
     bert_model_destroy(host);
-    return ours[0].ok && ours[1].ok ? 0 : 1;
+    /* a failed row is a failed run: ours always, the reference when asked for */
+    int failed = 0;
+    for (int k = 0; k < 2; k++) {
+        if (!ours[k].ok || (hf && !ref[k].ok)) {
+            fprintf(stderr, "gpu_bench: FAILED at seq %d:%s%s\n", Ts[k], ours[k].ok ? "" : " bertd",
+                    hf && !ref[k].ok ? " HF reference" : "");
+            failed = 1;
+        }
+    }
+    return failed;
 }

@@ -31,8 +31,17 @@ def main():
     from transformers import BertConfig, BertForMaskedLM
 
     if not torch.cuda.is_available():
-        print("gpu_hf: torch sees no CUDA device", file=sys.stderr)
-        return 77
+        # gpu_bench found a device before it ran this, so torch not seeing
+        # one is a failure of the reference (a driver too old for torch's
+        # CUDA, a CPU-only torch), never a skip: say why and what versions.
+        try:
+            torch.cuda.init()
+            why = "no device"
+        except Exception as e:  # torch's own explanation
+            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"gpu_hf: torch {torch.__version__} (CUDA {torch.version.cuda}) cannot use the GPU: {why}",
+              file=sys.stderr)
+        return 1
     dev = torch.device("cuda")
     torch.manual_seed(0)
     cfg = BertConfig(vocab_size=a.vocab, hidden_size=a.hidden, num_hidden_layers=a.layers,

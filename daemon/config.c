@@ -11,6 +11,7 @@
 #include <strings.h>
 
 #include "common/log.h"
+#include "daemon/childenv.h"
 
 enum ctype { C_STR, C_INT, C_SIZE, C_BOOL };
 
@@ -22,14 +23,23 @@ typedef struct config_key {
 	size_t offset;     /* field in struct config */
 	size_t cap;        /* buffer size for C_STR */
 	const char *help;
+	/* C_STR only, may be NULL: validates a value, -EINVAL with a reason */
+	int (*check)(const char *v, char *why, size_t cap);
 } config_key;
 
-#define STR(f, def, help) {#f, C_STR, def, 0, 0, offsetof(config, f), sizeof(((config *)0)->f), help}
-#define INT(f, def, lo, hi, help) {#f, C_INT, def, lo, hi, offsetof(config, f), 0, help}
-#define SIZE(f, def, lo, hi, help) {#f, C_SIZE, def, lo, hi, offsetof(config, f), 0, help}
-#define BOOL(f, def, help) {#f, C_BOOL, def, 0, 1, offsetof(config, f), 0, help}
+#define STR(f, def, help) {#f, C_STR, def, 0, 0, offsetof(config, f), sizeof(((config *)0)->f), help, NULL}
+#define STRV(f, def, check, help) {#f, C_STR, def, 0, 0, offsetof(config, f), sizeof(((config *)0)->f), help, check}
+#define INT(f, def, lo, hi, help) {#f, C_INT, def, lo, hi, offsetof(config, f), 0, help, NULL}
+#define SIZE(f, def, lo, hi, help) {#f, C_SIZE, def, lo, hi, offsetof(config, f), 0, help, NULL}
+#define BOOL(f, def, help) {#f, C_BOOL, def, 0, 1, offsetof(config, f), 0, help, NULL}
 #define XSTR(x) #x
 #define NUM(x) XSTR(x)
+
+static int check_pass_env(const char *v, char *why, size_t cap)
+{
+	childenv_pass p;
+	return childenv_pass_parse(&p, v, why, cap);
+}
 
 #ifndef BERTD_DEFAULT_PORT
 #define BERTD_DEFAULT_PORT 8420
@@ -54,6 +64,8 @@ static const config_key keys[] = {
 	STR(bin_dir, "", "directory of bertd-worker, bertd-loader, bertd-prepare (\"\" = next to bertd)"),
 	INT(stop_timeout_s, "120", 1, 86400, "seconds a stopping job gets to checkpoint before SIGKILL"),
 	BOOL(schedule, "true", "start queued jobs; false holds the queue (maintenance, API tests)"),
+	STRV(pass_env, CHILDENV_DEFAULT_PASS, check_pass_env,
+	     "variables of bertd's environment its children inherit: ':'-separated NAMEs and PREFIX*es"),
 };
 #define N_KEYS (sizeof keys / sizeof keys[0])
 
@@ -97,6 +109,11 @@ static int set_value(config *cfg, const config_key *k, const char *v, const char
 	case C_STR:
 		if (strlen(v) >= k->cap) {
 			fprintf(err, "bertd: %s: %s is too long (at most %zu bytes)\n", src, k->name, k->cap - 1);
+			return -EINVAL;
+		}
+		char why[300];
+		if (k->check && k->check(v, why, sizeof why) < 0) {
+			fprintf(err, "bertd: %s: %s: %s\n", src, k->name, why);
 			return -EINVAL;
 		}
 		memcpy(field, v, strlen(v) + 1);

@@ -35,6 +35,7 @@ typedef struct config {
 	char bin_dir[1024];      /* where bertd-worker/-loader/-prepare are; "" = next to bertd */
 	int stop_timeout_s;      /* grace for a stopping job to checkpoint */
 	bool schedule;           /* false: accept and queue jobs, start none (maintenance) */
+	char pass_env[1024];     /* what children inherit of the daemon's environment (childenv.h) */
 	char config_file[1024];  /* where the file settings came from ("" none) */
 
 	/* Derived by config_finish: */

@@ -24,6 +24,7 @@ typedef struct nvml_api {
 	int (*name)(nvml_device, char *, unsigned);
 	int (*memory)(nvml_device, nvml_memory *);
 	int (*cc)(nvml_device, int *, int *);
+	int (*uuid)(nvml_device, char *, unsigned);
 } nvml_api;
 
 static int nvml_load(nvml_api *a)
@@ -39,6 +40,7 @@ static int nvml_load(nvml_api *a)
 	*(void **)&a->name = dlsym(a->lib, "nvmlDeviceGetName");
 	*(void **)&a->memory = dlsym(a->lib, "nvmlDeviceGetMemoryInfo");
 	*(void **)&a->cc = dlsym(a->lib, "nvmlDeviceGetCudaComputeCapability");
+	*(void **)&a->uuid = dlsym(a->lib, "nvmlDeviceGetUUID");
 	if (!a->init || !a->shutdown || !a->count || !a->handle || !a->name || !a->memory) {
 		dlclose(a->lib);
 		a->lib = NULL;
@@ -81,6 +83,10 @@ static int discover_gpus(device **out, size_t *n)
 			d->mem_total = m.total;
 		if (a.cc)
 			a.cc(h, &d->cc_major, &d->cc_minor);
+		/* workers are handed the UUID: it names this GPU whatever order
+		 * CUDA enumerates in (childenv_worker) */
+		if (!a.uuid || a.uuid(h, d->uuid, sizeof d->uuid) != 0)
+			d->uuid[0] = 0;
 		(*n)++;
 	}
 out_shutdown:

@@ -13,8 +13,9 @@ enum device_kind { DEVICE_CPU = 0, DEVICE_CUDA = 1 };
 
 typedef struct device {
 	enum device_kind kind;
-	int index;              /* CUDA ordinal, or CPU slot number */
+	int index;              /* NVML index (PCI bus order), or CPU slot number */
 	char name[96];          /* "NVIDIA H200", "cpu" */
+	char uuid[96];          /* NVML's "GPU-<uuid>"; "" for CPU slots or when NVML has none */
 	uint64_t mem_total;     /* bytes; 0 when unknown (CPU slots) */
 	int cc_major, cc_minor; /* compute capability; 0 for CPU */
 } device;

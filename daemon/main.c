@@ -231,6 +231,7 @@ int main(int argc, char **argv)
 		.dataset_root = d.cfg.roots[0],
 		.stop_timeout_ms = d.cfg.stop_timeout_s * 1000,
 		.hold_queue = !d.cfg.schedule,
+		.pass_env = d.cfg.pass_env,
 	};
 	if ((rc = supervisor_create(&d.sup, &sc, d.lp, d.st, d.devs, d.ndev)) < 0) {
 		log_error("supervisor setup failed: %s", strerror(-rc));

@@ -33,11 +33,14 @@
 #include "common/jobspec.h"
 #include "common/log.h"
 #include "common/msg.h"
+#include "daemon/childenv.h"
 #include "daemon/proc.h"
 #include "daemon/scheduler.h"
 
 #define MAX_CHILDREN 130 /* 64 workers + 64 loaders + slack */
 #define TELEMETRY_SAMPLE_MS 500 /* GPU/host sampling period of running jobs */
+
+extern char **environ; /* what children may inherit from (pass_env) */
 
 enum child_role { ROLE_WORKER, ROLE_LOADER, ROLE_PREPARE };
 
@@ -78,6 +81,7 @@ typedef struct run {
 struct supervisor {
 	supervisor_config cfg;
 	char state_dir[1024], bin_dir[1024], dataset_root[1024];
+	childenv_pass pass_env;  /* what children inherit of environ */
 	loop *lp;
 	store *st;
 	device *devs;
@@ -542,33 +546,23 @@ static int start_job(supervisor *sv, const store_job *j, const int *dev, int nde
 		snprintf(cnt, sizeof cnt, "%d", spec.training.dataloader_num_workers);
 		snprintf(logp, sizeof logp, "%s/loader-%d.log", logs, l);
 		char *argv[] = {loader_bin, "--job", job_json, "--index", idx, "--count", cnt, NULL};
-		char *envp[] = {"PATH=/usr/bin:/bin", NULL};
-		rc = spawn_child(sv, r, ROLE_LOADER, l, argv, envp, logp);
+		childenv *env;
+		if ((rc = childenv_helper(&env, &sv->pass_env, environ)) < 0)
+			break;
+		rc = spawn_child(sv, r, ROLE_LOADER, l, argv, env->envp, logp);
+		free(env);
 	}
 	for (int k = 0; k < ndev && rc == 0; k++) {
 		const device *d = &sv->devs[dev[k]];
-		char rank[16], logp[1200], cvd[64], omp[48], blas[48];
+		char rank[16], logp[1200];
 		snprintf(rank, sizeof rank, "%d", k);
 		snprintf(logp, sizeof logp, "%s/worker-%d.log", logs, k);
-		snprintf(cvd, sizeof cvd, "CUDA_VISIBLE_DEVICES=%d", d->kind == DEVICE_CUDA ? d->index : -1);
-		snprintf(omp, sizeof omp, "OMP_NUM_THREADS=%d", threads);
-		snprintf(blas, sizeof blas, "OPENBLAS_NUM_THREADS=%d", threads);
 		char *argv[] = {worker_bin, "--job", job_json, "--rank", rank, NULL};
-		/* The CUDA path's switches (docs/cuda.md) reach the workers from the
-		 * daemon's environment — the operator's way back to the plain paths
-		 * (BERTD_GEMM=cublas, BERTD_ATTENTION=unfused, BERTD_DDP_OVERLAP=0)
-		 * if a fast path misbehaves on their GPUs; nothing else leaks in. */
-		static const char *const pass[] = {"BERTD_GEMM", "BERTD_ATTENTION", "BERTD_DDP_OVERLAP"};
-		char passed[3][96];
-		char *envp[4 + 3 + 1] = {"PATH=/usr/bin:/bin", cvd, omp, blas};
-		int ne = 4;
-		for (size_t i = 0; i < sizeof pass / sizeof pass[0]; i++) {
-			const char *v = getenv(pass[i]);
-			if (v && snprintf(passed[i], sizeof passed[i], "%s=%s", pass[i], v) < (int)sizeof passed[i])
-				envp[ne++] = passed[i];
-		}
-		envp[ne] = NULL;
-		rc = spawn_child(sv, r, ROLE_WORKER, k, argv, envp, logp);
+		childenv *env;
+		if ((rc = childenv_worker(&env, &sv->pass_env, d, threads, environ)) < 0)
+			break;
+		rc = spawn_child(sv, r, ROLE_WORKER, k, argv, env->envp, logp);
+		free(env);
 	}
 	if (rc < 0) {
 		set_failure(r, false, "cannot start the job's processes: %s", strerror(-rc));
@@ -741,10 +735,13 @@ static int start_prepare(supervisor *sv, const store_dataset *ds)
 		argv[a++] = json_is_true(lower) ? "--lowercase" : "--cased";
 	argv[a++] = json_string_value(json_object_get(r->spec, "source_path"));
 	argv[a] = NULL;
-	char *envp[] = {"PATH=/usr/bin:/bin", NULL};
+	childenv *env = NULL;
 	r->next = sv->runs;
 	sv->runs = r;
-	rc = spawn_child(sv, r, ROLE_PREPARE, 0, (char *const *)argv, envp, logp);
+	rc = childenv_helper(&env, &sv->pass_env, environ);
+	if (rc == 0)
+		rc = spawn_child(sv, r, ROLE_PREPARE, 0, (char *const *)argv, env->envp, logp);
+	free(env);
 	if (rc < 0) {
 		set_failure(r, false, "cannot start bertd-prepare: %s", strerror(-rc));
 		run_maybe_finish(sv, r);
@@ -959,6 +956,13 @@ int supervisor_create(supervisor **out, const supervisor_config *cfg, loop *lp, 
 	sv->cfg.state_dir = sv->state_dir;
 	sv->cfg.bin_dir = sv->bin_dir;
 	sv->cfg.dataset_root = sv->dataset_root;
+	char why[300];
+	if (childenv_pass_parse(&sv->pass_env, cfg->pass_env ? cfg->pass_env : "", why, sizeof why) < 0) {
+		log_error("pass_env: %s", why);
+		free(sv);
+		return -EINVAL;
+	}
+	sv->cfg.pass_env = NULL; /* parsed into sv->pass_env */
 	if (sv->cfg.stop_timeout_ms <= 0)
 		sv->cfg.stop_timeout_ms = 120000;
 	sv->lp = lp;

@@ -30,9 +30,12 @@ typedef struct supervisor_config {
 	const char *dataset_root;     /* datasets are created under <dataset_root>/datasets */
 	int stop_timeout_ms;          /* grace between a stop request and SIGKILL */
 	bool hold_queue;              /* true: start no queued job (datasets still prepare) */
+	const char *pass_env;         /* what children inherit of the daemon's environment
+				       * (childenv.h); NULL = nothing */
 } supervisor_config;
 
-/* devices is copied. *out caller-owned (supervisor_destroy).
+/* devices is copied. *out caller-owned (supervisor_destroy). -EINVAL for a
+ * pass_env childenv_pass_parse refuses (config_load has checked it).
  * Also recovers: jobs the store shows as starting/running/restarting are
  * marked restarting ("daemon restarted") and will resume from their last
  * checkpoint; stopping ones become canceled; datasets still preparing are

@@ -47,7 +47,10 @@ typedef struct comm_nccl {
     cudaEvent_t done;          /* recorded on the comm stream after each bucket */
     void *lowp;                /* (lowp_cap) bf16/fp16 staging, stream-ordered alloc */
     size_t lowp_cap;
-    void *scratch;             /* (scratch_cap bytes) host<->device staging for f64/broadcast/barrier */
+    void *scratch;             /* (scratch_cap bytes) device side of f64/broadcast/barrier */
+    void *host;                /* (scratch_cap bytes) page-locked host side of the same: a
+                                * copy to or from pageable memory would block the host until
+                                * the collective ends, before any deadline applies */
     size_t scratch_cap;
 } comm_nccl;
 
@@ -169,12 +172,17 @@ static int ensure_scratch(comm_nccl *s, size_t bytes)
     if (bytes <= s->scratch_cap)
         return 0;
     /* stream-ordered: earlier users of the old buffer on the comm stream
-     * finish before it is freed */
+     * finish before it is freed; every user of the host side waited for its
+     * copies (wait_stream) before returning */
     if (s->scratch)
         CUDA_CHECK(cudaFreeAsync(s->scratch, s->stream));
+    if (s->host)
+        CUDA_CHECK(cudaFreeHost(s->host));
     s->scratch = NULL;
+    s->host = NULL;
     s->scratch_cap = 0;
     CUDA_CHECK(cudaMallocAsync(&s->scratch, bytes, s->stream));
+    CUDA_CHECK(cudaMallocHost(&s->host, bytes));
     s->scratch_cap = bytes;
 out:
     return rc;
@@ -295,10 +303,13 @@ static int nccl_allreduce_sum_f64(comm *c, double *vals, int n)
     rc = ensure_scratch(s, bytes);
     if (rc != 0)
         goto out;
-    CUDA_CHECK(cudaMemcpyAsync(s->scratch, vals, bytes, cudaMemcpyHostToDevice, s->stream));
+    memcpy(s->host, vals, bytes);
+    CUDA_CHECK(cudaMemcpyAsync(s->scratch, s->host, bytes, cudaMemcpyHostToDevice, s->stream));
     NCCL_CHECK(s, ncclAllReduce(s->scratch, s->scratch, (size_t)n, ncclFloat64, ncclSum, s->nc, s->stream));
-    CUDA_CHECK(cudaMemcpyAsync(vals, s->scratch, bytes, cudaMemcpyDeviceToHost, s->stream));
+    CUDA_CHECK(cudaMemcpyAsync(s->host, s->scratch, bytes, cudaMemcpyDeviceToHost, s->stream));
     rc = wait_stream(s);
+    if (rc == 0)
+        memcpy(vals, s->host, bytes);
 out:
     if (rc != 0 && !s->dead)
         kill_comm(s, "error in allreduce_sum_f64");
@@ -317,12 +328,16 @@ static int nccl_broadcast(comm *c, void *buf, size_t bytes, int root)
     rc = ensure_scratch(s, bytes);
     if (rc != 0)
         goto out;
-    if (c->rank == root)
-        CUDA_CHECK(cudaMemcpyAsync(s->scratch, buf, bytes, cudaMemcpyHostToDevice, s->stream));
+    if (c->rank == root) {
+        memcpy(s->host, buf, bytes);
+        CUDA_CHECK(cudaMemcpyAsync(s->scratch, s->host, bytes, cudaMemcpyHostToDevice, s->stream));
+    }
     NCCL_CHECK(s, ncclBroadcast(s->scratch, s->scratch, bytes, ncclUint8, root, s->nc, s->stream));
     if (c->rank != root)
-        CUDA_CHECK(cudaMemcpyAsync(buf, s->scratch, bytes, cudaMemcpyDeviceToHost, s->stream));
+        CUDA_CHECK(cudaMemcpyAsync(s->host, s->scratch, bytes, cudaMemcpyDeviceToHost, s->stream));
     rc = wait_stream(s);
+    if (rc == 0 && c->rank != root)
+        memcpy(buf, s->host, bytes);
 out:
     if (rc != 0 && !s->dead)
         kill_comm(s, "error in broadcast");
@@ -384,6 +399,8 @@ static void nccl_destroy(comm *c)
             cudaStreamSynchronize(s->stream);
         cudaStreamDestroy(s->stream);
     }
+    if (s->host)
+        cudaFreeHost(s->host); /* after the stream: no copy uses it any more */
     if (s->ready)
         cudaEventDestroy(s->ready);
     if (s->done)

@@ -174,7 +174,7 @@ size_t gpu_model_state_bytes(const bert_config *cfg, kdtype dt)
 {
     size_t n = count_params(cfg);
     size_t lp = dt == KDT_F32 ? 0 : n * kdtype_size(dt);
-    return align256(n * 4 + lp) + align256(n * 4) + align256(2 * n * 4);
+    return align256(align256(n * 4) + lp) + align256(n * 4) + align256(2 * n * 4);
 }
 
 int gpu_precision_pick(const char *want, int device, kdtype *out, char *err, size_t errlen)
@@ -260,6 +260,28 @@ static int gemm_pick(gpu_model *g, char *err, size_t errlen)
 int gpu_model_create(gpu_model **out, const bert_config *cfg, kdtype dt, int device, int max_B,
                      int T, int max_M, const optim_config *oc, char *err, size_t errlen)
 {
+    return gpu_model_create_reserving(out, cfg, dt, device, max_B, T, max_M, oc, 0, err, errlen);
+}
+
+size_t gpu_model_comm_reserve_bytes(const bert_config *cfg, int world, int lowp_reduce)
+{
+    if (world <= 1)
+        return 0;
+    /* NCCL's own buffers: NCCL_BUFFSIZE (4 MiB) per channel, protocol and
+     * direction, connected lazily at the first collective (NCCL_RUNTIME_CONNECT),
+     * so after this plan was made; 32 channels x 2 x ~8.9 MiB (Simple + LL128
+     * + LL) is ~570 MiB on an NVLink box. An estimate, named as one. */
+    size_t nccl = 576u << 20;
+    /* the bf16/fp16 reduction stages a bucket in 16 bits (cudaMallocAsync on
+     * the comm stream); a whole-model bound covers the unbucketed path */
+    size_t staging = lowp_reduce ? count_params(cfg) * 2 : 0;
+    return nccl + staging;
+}
+
+int gpu_model_create_reserving(gpu_model **out, const bert_config *cfg, kdtype dt, int device,
+                               int max_B, int T, int max_M, const optim_config *oc,
+                               size_t reserve, char *err, size_t errlen)
+{
     if (errlen)
         err[0] = '\0';
     int rc = bert_config_validate(cfg, err, errlen);
@@ -298,12 +320,13 @@ int gpu_model_create(gpu_model **out, const bert_config *cfg, kdtype dt, int dev
     GPU_TRY(cudaMemGetInfo(&free_b, &total_b));
     size_t state = gpu_model_state_bytes(cfg, dt);
     size_t acts = gpu_model_act_bytes(cfg, dt, max_B, T, max_M);
-    if (state + acts + SLACK > free_b) {
+    size_t slack = SLACK + reserve;
+    if (state + acts + slack > free_b) {
         int lo = 0, hi = max_B; // largest b in [1, max_B] that fits, 0 if none
         while (lo < hi) {
             int mid = lo + (hi - lo + 1) / 2;
             size_t need = state + gpu_model_act_bytes(cfg, dt, mid, T, scaled_M(max_M, max_B, mid));
-            if (need + SLACK <= free_b)
+            if (need + slack <= free_b)
                 lo = mid;
             else
                 hi = mid - 1;
@@ -333,7 +356,8 @@ int gpu_model_create(gpu_model **out, const bert_config *cfg, kdtype dt, int dev
         goto out;
 
     size_t n = g->num_params, lp_bytes = dt == KDT_F32 ? 0 : n * kdtype_size(dt);
-    GPU_TRY(cudaMalloc(&g->params_alloc, align256(n * 4 + lp_bytes)));
+    // the 16-bit copy starts at the next 256-byte boundary after the fp32 span
+    GPU_TRY(cudaMalloc(&g->params_alloc, align256(n * 4) + lp_bytes));
     g->params_memory = g->params_alloc;
     g->params_lp_memory = dt == KDT_F32 ? (void *)g->params_memory
                                         : (void *)((char *)g->params_alloc + align256(n * 4));
@@ -341,7 +365,7 @@ int gpu_model_create(gpu_model **out, const bert_config *cfg, kdtype dt, int dev
     GPU_TRY(cudaMalloc((void **)&g->opt_memory, 2 * n * 4));
     g->acts_bytes = acts;
     GPU_TRY(cudaMalloc(&g->acts_memory, acts));
-    GPU_TRY(cudaMemset(g->params_alloc, 0, align256(n * 4 + lp_bytes)));
+    GPU_TRY(cudaMemset(g->params_alloc, 0, align256(n * 4) + lp_bytes));
     GPU_TRY(cudaMemset(g->grads_memory, 0, n * 4));
     GPU_TRY(cudaMemset(g->opt_memory, 0, 2 * n * 4));
     point_params(&g->params, g->params_memory, g->param_sizes);

@@ -145,6 +145,15 @@ typedef struct gpu_model {
  * max_B that fits (max_M scaled with it). Caller owns; gpu_model_destroy. */
 int gpu_model_create(gpu_model **out, const bert_config *cfg, kdtype dt, int device, int max_B,
                      int T, int max_M, const optim_config *oc, char *err, size_t errlen);
+/* The same, keeping `reserve` bytes free besides for what is created later
+ * on the device (gpu_model_comm_reserve_bytes for a data-parallel worker). */
+int gpu_model_create_reserving(gpu_model **out, const bert_config *cfg, kdtype dt, int device,
+                               int max_B, int T, int max_M, const optim_config *oc,
+                               size_t reserve, char *err, size_t errlen);
+/* Device memory a data-parallel worker's communicator needs after the model
+ * exists: NCCL's buffers (an estimate) and, with a 16-bit reduction
+ * (lowp_reduce), the staging of the gradients; 0 for world 1. */
+size_t gpu_model_comm_reserve_bytes(const bert_config *cfg, int world, int lowp_reduce);
 void gpu_model_destroy(gpu_model *g);
 
 /* Copies fp32 parameters (num_params, host) in, refreshing the 16-bit copy;

@@ -786,8 +786,13 @@ static int gpu_setup(worker *w)
 	/* auto picked what the spec turned off (e.g. bf16: false): full precision */
 	if ((dt == KDT_BF16 && ta->bf16 == 0) || (dt == KDT_F16 && ta->fp16 == 0))
 		dt = KDT_F32;
-	rc = gpu_model_create(&w->gm, &w->tr->model->cfg, dt, GPU_DEVICE, (int)l->B, (int)l->T,
-			      (int)(l->B * l->P), &w->tr->opt->cfg, err, sizeof err);
+	/* the communicator comes after the model and allocates on the device
+	 * too: keep room for it, or "the largest batch that fits" fails at the
+	 * first collective */
+	size_t reserve = gpu_model_comm_reserve_bytes(&w->tr->model->cfg, w->world,
+						      strcmp(w->bj.spec.training.ddp_reduce_dtype, "fp32") != 0);
+	rc = gpu_model_create_reserving(&w->gm, &w->tr->model->cfg, dt, GPU_DEVICE, (int)l->B, (int)l->T,
+					(int)(l->B * l->P), &w->tr->opt->cfg, reserve, err, sizeof err);
 	if (rc == -ENOMEM)
 		return fail(w, BERTD_EXIT_OOM, "oom", "%s", err); /* names the largest batch that fits */
 	if (rc == -EINVAL)
@@ -846,6 +851,8 @@ static int gpu_setup(worker *w)
 			log_info("stopped while waiting for the NCCL id");
 			return BERTD_EXIT_STOPPED;
 		}
+		if (rc == -ENOMEM)
+			return fail(w, BERTD_EXIT_OOM, "oom", "no device memory left for the NCCL communicator on this rank");
 		if (rc < 0)
 			return fail(w, BERTD_EXIT_PEER_LOST, "peer_lost", "joining the %d-GPU NCCL group failed: %s",
 				    w->world, strerror(-rc));
@@ -1248,6 +1255,7 @@ out:
 	gpu_model_destroy(w.gm);
 	if (w.pinned_area)
 		cudaHostUnregister(w.pinned_area);
+	cuda_kernels_shutdown(); /* nothing to free unless the CUDA path ran */
 #endif
 	comm_destroy(w.cm);
 	trainer_destroy(w.tr);

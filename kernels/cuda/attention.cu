@@ -25,7 +25,7 @@ void attention_forward_t(T *out, T *qkvr, T *att, T *scratch, const T *qkv,
     int hs = C / NH;
     size_t NC = (size_t)B * T_ * C, TT = (size_t)T_ * T_, BNH = (size_t)B * NH;
     cudaDataType_t t = dt_traits<T>::cuda;
-    permute_kernel<T, false><<<grid_for(3 * NC, 256), 256, 0, stream>>>(qkvr, qkv, B, T_, NH,
+    KLAUNCH(grid_for(3 * NC, 256), 256, 0, stream, permute_kernel<T, false>)(qkvr, qkv, B, T_, NH,
                                                                           hs, 3);
     LAUNCH_CHECK();
     const T *q = qkvr, *k = qkvr + NC, *v = qkvr + 2 * NC;
@@ -37,7 +37,7 @@ void attention_forward_t(T *out, T *qkvr, T *att, T *scratch, const T *qkv,
     uint32_t thresh = dropout_threshold(p);
     float keep_scale = drop ? (float)(1.0 / (1.0 - (double)p)) : 1.0f;
     T *pd = drop ? scratch : att;
-    softmax_forward_kernel<T><<<warp_rows_grid(BNH * T_), 256, 0, stream>>>(
+    KLAUNCH(warp_rows_grid(BNH * T_), 256, 0, stream, softmax_forward_kernel<T>)(
         att, scratch, seq_lens, (float)(1.0 / sqrt((double)hs)), s, thresh, keep_scale, drop, B,
         NH, T_);
     LAUNCH_CHECK();
@@ -45,7 +45,7 @@ void attention_forward_t(T *out, T *qkvr, T *att, T *scratch, const T *qkv,
     // Y (T,hs) = Pd (T,T) @ V (T,hs)
     gemm_rm(false, false, T_, hs, T_, 1.0f, pd, t, T_, (long long)TT, v, t, hs,
             (long long)T_ * hs, 0.0f, yr, t, hs, (long long)T_ * hs, (int)BNH, stream);
-    permute_kernel<T, true><<<grid_for(NC, 256), 256, 0, stream>>>(out, yr, B, T_, NH, hs, 1);
+    KLAUNCH(grid_for(NC, 256), 256, 0, stream, permute_kernel<T, true>)(out, yr, B, T_, NH, hs, 1);
     LAUNCH_CHECK();
 }
 
@@ -61,7 +61,7 @@ void attention_backward_t(T *dqkv, T *dqkvr, T *datt, T *scratch, const T *dout,
     const T *q = qkvr, *k = qkvr + NC, *v = qkvr + 2 * NC;
     T *dq = dqkvr, *dk = dqkvr + NC, *dv = dqkvr + 2 * NC;
     T *dyr = scratch + BNH * TT; // (B,NH,T,hs)
-    permute_kernel<T, false><<<grid_for(NC, 256), 256, 0, stream>>>(dyr, dout, B, T_, NH, hs, 1);
+    KLAUNCH(grid_for(NC, 256), 256, 0, stream, permute_kernel<T, false>)(dyr, dout, B, T_, NH, hs, 1);
     LAUNCH_CHECK();
     // dPd (T,T) = dY (T,hs) @ V^T
     gemm_rm(false, true, T_, T_, hs, 1.0f, dyr, t, hs, sT, v, t, hs, sT, 0.0f, datt, t, T_,
@@ -72,7 +72,7 @@ void attention_backward_t(T *dqkv, T *dqkvr, T *datt, T *scratch, const T *dout,
     float keep_scale = drop ? (float)(1.0 / (1.0 - (double)p)) : 1.0f;
     const T *pd = att;
     if (drop) {
-        dropout_probs_kernel<T><<<grid_for((BNH * TT + 3) / 4, 256), 256, 0, stream>>>(
+        KLAUNCH(grid_for((BNH * TT + 3) / 4, 256), 256, 0, stream, dropout_probs_kernel<T>)(
             scratch, att, s, thresh, keep_scale, BNH * TT);
         LAUNCH_CHECK();
         pd = scratch;
@@ -80,7 +80,7 @@ void attention_backward_t(T *dqkv, T *dqkvr, T *datt, T *scratch, const T *dout,
     // dV (T,hs) = Pd^T (T,T) @ dY (T,hs)
     gemm_rm(true, false, T_, hs, T_, 1.0f, pd, t, T_, (long long)TT, dyr, t, hs, sT, 0.0f, dv, t,
             hs, sT, (int)BNH, stream);
-    softmax_backward_kernel<T><<<warp_rows_grid(BNH * T_), 256, 0, stream>>>(
+    KLAUNCH(warp_rows_grid(BNH * T_), 256, 0, stream, softmax_backward_kernel<T>)(
         datt, att, seq_lens, (float)(1.0 / sqrt((double)hs)), s, thresh, keep_scale, drop, B,
         NH, T_);
     LAUNCH_CHECK();
@@ -89,7 +89,7 @@ void attention_backward_t(T *dqkv, T *dqkvr, T *datt, T *scratch, const T *dout,
             hs, sT, (int)BNH, stream);
     gemm_rm(true, false, T_, hs, T_, 1.0f, datt, t, T_, (long long)TT, q, t, hs, sT, 0.0f, dk, t,
             hs, sT, (int)BNH, stream);
-    permute_kernel<T, true><<<grid_for(3 * NC, 256), 256, 0, stream>>>(dqkv, dqkvr, B, T_, NH,
+    KLAUNCH(grid_for(3 * NC, 256), 256, 0, stream, permute_kernel<T, true>)(dqkv, dqkvr, B, T_, NH,
                                                                          hs, 3);
     LAUNCH_CHECK();
 }

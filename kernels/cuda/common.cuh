@@ -38,6 +38,14 @@
     } while (0)
 #define LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
 
+/* Every kernel launch in kernels/cuda is KLAUNCH(grid, block, smem, stream,
+ * kernel)(args...): <<<>>> under nvcc; tests/cudasim/device.h defines it first
+ * as a checked launch on the CPU stand-in, so the same launchers run there.
+ * The kernel comes last because its template arguments may hold commas. */
+#ifndef KLAUNCH
+#define KLAUNCH(grid, block, smem, stream, ...) __VA_ARGS__<<<grid, block, smem, stream>>>
+#endif
+
 /* ---- element types: load as float, store from float ---- */
 __device__ __forceinline__ float to_f(float x) { return x; }
 __device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }

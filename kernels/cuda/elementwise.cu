@@ -23,7 +23,7 @@ void cuda_gelu_forward_dt(void *out, const void *inp, size_t N, kdtype dt, cudaS
 {
     if (!N)
         return;
-    DT_DISPATCH(dt, gelu_forward_kernel<T><<<pack_grid<T>(N, 256), 256, 0, stream>>>(
+    DT_DISPATCH(dt, KLAUNCH(pack_grid<T>(N, 256), 256, 0, stream, gelu_forward_kernel<T>)(
                         (T *)out, (const T *)inp, N));
     LAUNCH_CHECK();
 }
@@ -33,7 +33,7 @@ void cuda_gelu_backward_dt(void *dinp, const void *inp, const void *dout, size_t
 {
     if (!N)
         return;
-    DT_DISPATCH(dt, gelu_backward_kernel<T><<<pack_grid<T>(N, 256), 256, 0, stream>>>(
+    DT_DISPATCH(dt, KLAUNCH(pack_grid<T>(N, 256), 256, 0, stream, gelu_backward_kernel<T>)(
                         (T *)dinp, (const T *)inp, (const T *)dout, N));
     LAUNCH_CHECK();
 }
@@ -42,7 +42,7 @@ void cuda_tanh_forward_dt(void *out, const void *inp, size_t N, kdtype dt, cudaS
 {
     if (!N)
         return;
-    DT_DISPATCH(dt, tanh_forward_kernel<T><<<pack_grid<T>(N, 256), 256, 0, stream>>>(
+    DT_DISPATCH(dt, KLAUNCH(pack_grid<T>(N, 256), 256, 0, stream, tanh_forward_kernel<T>)(
                         (T *)out, (const T *)inp, N));
     LAUNCH_CHECK();
 }
@@ -52,7 +52,7 @@ void cuda_tanh_backward_dt(void *dinp, const void *out, const void *dout, size_t
 {
     if (!N)
         return;
-    DT_DISPATCH(dt, tanh_backward_kernel<T><<<pack_grid<T>(N, 256), 256, 0, stream>>>(
+    DT_DISPATCH(dt, KLAUNCH(pack_grid<T>(N, 256), 256, 0, stream, tanh_backward_kernel<T>)(
                         (T *)dinp, (const T *)out, (const T *)dout, N));
     LAUNCH_CHECK();
 }
@@ -71,7 +71,7 @@ void cuda_dropout_forward_dt(void *out, const void *inp, const philox_stream *rn
     uint32_t thresh = dropout_threshold(p);
     float keep_scale = (float)(1.0 / (1.0 - (double)p));
     philox_dev s = philox_dev_from(rng);
-    DT_DISPATCH(dt, dropout_forward_kernel<T><<<pack_grid<T>(N, 256), 256, 0, stream>>>(
+    DT_DISPATCH(dt, KLAUNCH(pack_grid<T>(N, 256), 256, 0, stream, dropout_forward_kernel<T>)(
                         (T *)out, (const T *)inp, s, thresh, keep_scale, N));
     LAUNCH_CHECK();
 }
@@ -81,7 +81,7 @@ void cuda_residual_forward_dt(void *out, const void *a, const void *b, size_t N,
 {
     if (!N)
         return;
-    DT_DISPATCH(dt, residual_forward_kernel<T><<<pack_grid<T>(N, 256), 256, 0, stream>>>(
+    DT_DISPATCH(dt, KLAUNCH(pack_grid<T>(N, 256), 256, 0, stream, residual_forward_kernel<T>)(
                         (T *)out, (const T *)a, (const T *)b, N));
     LAUNCH_CHECK();
 }
@@ -92,7 +92,7 @@ void cuda_add_bias_dt(void *out, const float *bias, int N, int OC, kdtype dt,
     size_t n = (size_t)N * OC;
     if (!n || !bias)
         return;
-    DT_DISPATCH(dt, bias_act_kernel<T, false><<<grid_for(n, 256), 256, 0, stream>>>(
+    DT_DISPATCH(dt, KLAUNCH(grid_for(n, 256), 256, 0, stream, bias_act_kernel<T, false>)(
                         (T *)out, (T *)out, bias, (size_t)N, OC));
     LAUNCH_CHECK();
 }
@@ -107,7 +107,7 @@ void cuda_bias_gelu_forward_dt(void *act, void *pre, const float *bias, int N, i
         cuda_gelu_forward_dt(act, pre, n, dt, stream);
         return;
     }
-    DT_DISPATCH(dt, bias_act_kernel<T, true><<<grid_for(n, 256), 256, 0, stream>>>(
+    DT_DISPATCH(dt, KLAUNCH(grid_for(n, 256), 256, 0, stream, bias_act_kernel<T, true>)(
                         (T *)act, (T *)pre, bias, (size_t)N, OC));
     LAUNCH_CHECK();
 }
@@ -125,7 +125,7 @@ void cuda_cast(void *dst, kdtype dst_dt, const void *src, kdtype src_dt, size_t 
     unsigned g = grid_for(n, 256);
     DT_DISPATCH(dst_dt, {
         typedef T TD;
-        DT_DISPATCH(src_dt, cast_kernel<TD, T><<<g, 256, 0, stream>>>((TD *)dst, (const T *)src,
+        DT_DISPATCH(src_dt, KLAUNCH(g, 256, 0, stream, cast_kernel<TD, T>)((TD *)dst, (const T *)src,
                                                                       n));
     });
     LAUNCH_CHECK();
@@ -135,7 +135,7 @@ void cuda_fill_nan(void *dst, kdtype dt, size_t n, cudaStream_t stream)
 {
     if (!n)
         return;
-    DT_DISPATCH(dt, fill_nan_kernel<T><<<grid_for(n, 256), 256, 0, stream>>>((T *)dst, n));
+    DT_DISPATCH(dt, KLAUNCH(grid_for(n, 256), 256, 0, stream, fill_nan_kernel<T>)((T *)dst, n));
     LAUNCH_CHECK();
 }
 
@@ -143,7 +143,7 @@ void cuda_scale(float *x, float s, size_t n, cudaStream_t stream)
 {
     if (!n)
         return;
-    scale_kernel<<<grid_for(n, 256), 256, 0, stream>>>(x, s, n);
+    KLAUNCH(grid_for(n, 256), 256, 0, stream, scale_kernel)(x, s, n);
     LAUNCH_CHECK();
 }
 
@@ -151,7 +151,7 @@ void cuda_philox_u32(uint32_t *out, const philox_stream *s, size_t n, cudaStream
 {
     if (!n)
         return;
-    philox_u32_kernel<<<grid_for(n, 256), 256, 0, stream>>>(out, philox_dev_from(s), n);
+    KLAUNCH(grid_for(n, 256), 256, 0, stream, philox_u32_kernel)(out, philox_dev_from(s), n);
     LAUNCH_CHECK();
 }
 

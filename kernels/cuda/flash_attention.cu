@@ -56,6 +56,7 @@
  */
 #include "kernels/cuda/flash_attention.cuh"
 
+#include <algorithm>
 #include <initializer_list>
 
 namespace {
@@ -95,7 +96,7 @@ void forward_hs(T *out, float *lse, const T *qkv, const int32_t *seq_lens, const
     auto kern = flash_forward_kernel<T, HS, F::FWD_NW, F::FWD_BC>;
     set_smem(kern, L::bytes);
     dim3 grid((unsigned)(a.B * a.NH), (unsigned)((a.T + L::BR - 1) / L::BR));
-    kern<<<grid, F::FWD_NW * 32, L::bytes, stream>>>(out, lse, qkv, seq_lens, a);
+    KLAUNCH(grid, F::FWD_NW * 32, L::bytes, stream, kern)(out, lse, qkv, seq_lens, a);
     LAUNCH_CHECK();
 }
 
@@ -112,12 +113,21 @@ void backward_hs(T *dqkv, float *dbuf, const T *dout, const T *qkv, const T *out
     set_smem(kq, LQ::bytes);
     set_smem(kk, LK::bytes);
     dim3 gq((unsigned)(a.B * a.NH), (unsigned)((a.T + LQ::BR - 1) / LQ::BR));
-    kq<<<gq, F::DQ_NW * 32, LQ::bytes, stream>>>(dqkv, dbuf, dout, qkv, out, lse, seq_lens, a);
+    KLAUNCH(gq, F::DQ_NW * 32, LQ::bytes, stream, kq)(dqkv, dbuf, dout, qkv, out, lse, seq_lens, a);
     LAUNCH_CHECK();
     /* same stream: part 2 reads the D that part 1 wrote */
     dim3 gk((unsigned)(a.B * a.NH), (unsigned)((a.T + LK::BK - 1) / LK::BK));
-    kk<<<gk, F::KV_NW * 32, LK::bytes, stream>>>(dqkv, dout, qkv, lse, dbuf, seq_lens, a);
+    KLAUNCH(gk, F::KV_NW * 32, LK::bytes, stream, kk)(dqkv, dout, qkv, lse, dbuf, seq_lens, a);
     LAUNCH_CHECK();
+}
+
+/* Dynamic shared memory the largest of the three kernels needs. */
+template <typename T, int HS> size_t smem_need()
+{
+    typedef flash_cfg<T, HS> F;
+    return std::max({(size_t)fwd_smem<T, HS, F::FWD_NW, F::FWD_BC>::bytes,
+                     (size_t)dq_smem<T, HS, F::DQ_NW, F::DQ_BC>::bytes,
+                     (size_t)dkv_smem<T, HS, F::KV_NW, F::KV_BRQ>::bytes});
 }
 
 void check_call(const char *what, int T_, int C, int NH, kdtype dt,
@@ -139,16 +149,6 @@ void check_call(const char *what, int T_, int C, int NH, kdtype dt,
 
 extern "C" {
 
-int cuda_flash_attention_supported(int T, int C, int NH, kdtype dt)
-{
-    if (T < 1 || T > MAX_T || NH < 1 || C % NH != 0)
-        return 0;
-    if (dt != KDT_F32 && dt != KDT_BF16 && dt != KDT_F16)
-        return 0;
-    int hs = C / NH;
-    return hs == 32 || hs == 64 || hs == 128;
-}
-
 #define FLASH_HS_DISPATCH(hs, ...)                                                        \
     do {                                                                                  \
         switch (hs) {                                                                     \
@@ -157,6 +157,30 @@ int cuda_flash_attention_supported(int T, int C, int NH, kdtype dt)
         default: { constexpr int HS = 128; __VA_ARGS__; } break;                          \
         }                                                                                 \
     } while (0)
+
+/* The shape rule, then the current device's opt-in shared-memory limit:
+ * 16-bit tiles need up to ~91 KiB, more than a T4 (sm_75, 64 KiB) allows, and
+ * a launch over the limit would fail (set_smem aborts); the caller takes the
+ * unfused path instead. */
+int cuda_flash_attention_supported(int T, int C, int NH, kdtype dt)
+{
+    if (T < 1 || T > MAX_T || NH < 1 || C % NH != 0)
+        return 0;
+    if (dt != KDT_F32 && dt != KDT_BF16 && dt != KDT_F16)
+        return 0;
+    int hs = C / NH;
+    if (hs != 32 && hs != 64 && hs != 128)
+        return 0;
+    size_t need = 0;
+    DT_DISPATCH(dt, FLASH_HS_DISPATCH(hs, need = smem_need<T, HS>()));
+    int dev = 0, optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+        (void)cudaGetLastError(); /* no device: nothing is supported, and no error is left */
+        return 0;
+    }
+    return need <= (size_t)optin;
+}
 
 void cuda_flash_attention_forward_dt(void *out, float *lse, const void *qkv,
                                      const int32_t *seq_lens, const philox_stream *rng, float p,

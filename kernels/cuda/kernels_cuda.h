@@ -44,6 +44,7 @@ const char *kdtype_name(kdtype dt);
 /* Creates the calling thread's cuBLAS handle and workspace if needed.
  * Returns 0 or -EIO (message logged to stderr). */
 int cuda_kernels_init(void);
+/* Frees the calling thread's cuBLAS and cuBLASLt handles and workspaces. */
 void cuda_kernels_shutdown(void);
 
 /* ---- nn.Linear GEMMs through cuBLASLt with fused epilogues (lt.cu) ----

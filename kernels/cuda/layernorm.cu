@@ -30,8 +30,7 @@ void ln_backward_launch(void *dinp, void *dy, float *dweight, float *dbias, cons
     if (shmem > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(layernorm_backward_kernel<T, FUSED>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shmem));
-    layernorm_backward_kernel<T, FUSED><<<ln_grid(N, backward_blocks()), LN_BLOCK, shmem,
-                                          stream>>>(
+    KLAUNCH(ln_grid(N, backward_blocks()), LN_BLOCK, shmem, stream, layernorm_backward_kernel<T, FUSED>)(
         (T *)dinp, (T *)dy, dweight, dbias, (const T *)dout, (const T *)dout2, (const T *)inp,
         weight, mean, rstd, d, N, C);
     LAUNCH_CHECK();
@@ -48,8 +47,7 @@ void cuda_layernorm_forward_dt(void *out, float *mean, float *rstd, const void *
     if (N <= 0)
         return;
     drop_args d = {};
-    DT_DISPATCH(dt, layernorm_forward_kernel<T, false><<<ln_grid(N, 1 << 20), LN_BLOCK, 0,
-                                                         stream>>>(
+    DT_DISPATCH(dt, KLAUNCH(ln_grid(N, 1 << 20), LN_BLOCK, 0, stream, layernorm_forward_kernel<T, false>)(
                         (T *)out, nullptr, mean, rstd, (const T *)inp, nullptr, d, weight, bias,
                         N, C, eps));
     LAUNCH_CHECK();
@@ -75,8 +73,7 @@ void cuda_residual_dropout_layernorm_forward_dt(void *out, void *res, float *mea
     if (N <= 0)
         return;
     drop_args d = make_drop(rng, p);
-    DT_DISPATCH(dt, layernorm_forward_kernel<T, true><<<ln_grid(N, 1 << 20), LN_BLOCK, 0,
-                                                        stream>>>(
+    DT_DISPATCH(dt, KLAUNCH(ln_grid(N, 1 << 20), LN_BLOCK, 0, stream, layernorm_forward_kernel<T, true>)(
                         (T *)out, (T *)res, mean, rstd, (const T *)x, (const T *)y, d, weight,
                         bias, N, C, eps));
     LAUNCH_CHECK();
@@ -104,7 +101,7 @@ void cuda_embeddings_forward_dt(void *out, const int32_t *inp, const int32_t *to
     size_t n = (size_t)B * T_ * C;
     if (!n)
         return;
-    DT_DISPATCH(dt, embeddings_forward_kernel<T><<<grid_for(n, 256), 256, 0, stream>>>(
+    DT_DISPATCH(dt, KLAUNCH(grid_for(n, 256), 256, 0, stream, embeddings_forward_kernel<T>)(
                         (T *)out, inp, tok_type, wte, wpe, wtt, B * T_, T_, C));
     LAUNCH_CHECK();
 }
@@ -116,7 +113,7 @@ void cuda_embeddings_backward_dt(float *dwte, float *dwpe, float *dwtt, const vo
     size_t n = (size_t)B * T_ * C;
     if (!n)
         return;
-    DT_DISPATCH(dt, embeddings_backward_kernel<T><<<grid_for(n, 256), 256, 0, stream>>>(
+    DT_DISPATCH(dt, KLAUNCH(grid_for(n, 256), 256, 0, stream, embeddings_backward_kernel<T>)(
                         dwte, dwpe, dwtt, (const T *)dout, inp, tok_type, B * T_, T_, C));
     LAUNCH_CHECK();
 }

@@ -417,7 +417,7 @@ int cuda_lt_matmul_backward_dt(void *dinp, float *dweight, float *dbias, const v
     if (!plan_run(pw, scratch, nullptr, inp, dout, 1.0f, dweight, stream))
         return -ENOTSUP;
     if (dbias) {
-        add_f32_kernel<<<(OC + 255) / 256, 256, 0, stream>>>(dbias, scratch, OC);
+        KLAUNCH((OC + 255) / 256, 256, 0, stream, add_f32_kernel)(dbias, scratch, OC);
         LAUNCH_CHECK();
     }
     return 0;

@@ -16,6 +16,8 @@ namespace {
 struct cublas_state {
     cublasHandle_t handle = nullptr;
     void *workspace = nullptr;
+    cudaStream_t stream = nullptr; /* the handle's stream, once set */
+    bool stream_set = false;
     /* no destructor: at process exit the driver may be gone already, and the
      * context's teardown frees both anyway */
 };
@@ -54,7 +56,15 @@ cublasHandle_t kernels_cublas(cudaStream_t stream)
             abort();
         }
     }
-    CUBLAS_CHECK(cublasSetStream(tls.handle, stream));
+    /* cublasSetStream puts the handle back on cuBLAS's own workspace pool
+     * (documented), so ours is set again with every stream change, as
+     * PyTorch's handle pool does; unchanged streams skip both calls */
+    if (!tls.stream_set || tls.stream != stream) {
+        CUBLAS_CHECK(cublasSetStream(tls.handle, stream));
+        CUBLAS_CHECK(cublasSetWorkspace(tls.handle, tls.workspace, CUBLAS_WORKSPACE));
+        tls.stream = stream;
+        tls.stream_set = true;
+    }
     return tls.handle;
 }
 
@@ -115,12 +125,14 @@ int cuda_kernels_init(void)
 
 void cuda_kernels_shutdown(void)
 {
+    cuda_lt_shutdown(); /* the thread's cuBLASLt state goes with it */
     if (tls.handle)
         cublasDestroy(tls.handle);
     if (tls.workspace)
         cudaFree(tls.workspace);
     tls.handle = nullptr;
     tls.workspace = nullptr;
+    tls.stream_set = false;
 }
 
 void cuda_matmul_forward_dt(void *out, const void *inp, const void *weight, const float *bias,
@@ -148,7 +160,7 @@ void cuda_matmul_backward_dt(void *dinp, float *dweight, float *dbias, const voi
         dim3 block(32, 8);
         int gy = (N + 255) / 256;
         dim3 grid((OC + 31) / 32, gy < 64 ? gy : 64);
-        DT_DISPATCH(dt, bias_backward_kernel<T><<<grid, block, 0, stream>>>(dbias, (const T *)dout,
+        DT_DISPATCH(dt, KLAUNCH(grid, block, 0, stream, bias_backward_kernel<T>)(dbias, (const T *)dout,
                                                                             N, OC));
         LAUNCH_CHECK();
     }

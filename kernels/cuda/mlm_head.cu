@@ -16,7 +16,7 @@ void cuda_gather_rows_forward_dt(void *out, const void *inp, const int32_t *rows
     size_t n = (size_t)M * C;
     if (!n)
         return;
-    DT_DISPATCH(dt, gather_rows_kernel<T><<<grid_for(n, 256), 256, 0, stream>>>(
+    DT_DISPATCH(dt, KLAUNCH(grid_for(n, 256), 256, 0, stream, gather_rows_kernel<T>)(
                         (T *)out, (const T *)inp, rows, M, C));
     LAUNCH_CHECK();
 }
@@ -28,10 +28,10 @@ void cuda_gather_rows_backward_dt(void *dinp, const void *dout, const int32_t *r
     if (!n)
         return;
     if (dt == KDT_F32)
-        scatter_rows_atomic_kernel<<<grid_for(n, 256), 256, 0, stream>>>(
+        KLAUNCH(grid_for(n, 256), 256, 0, stream, scatter_rows_atomic_kernel)(
             (float *)dinp, (const float *)dout, rows, M, C);
     else
-        DT_DISPATCH(dt, scatter_rows_kernel<T><<<grid_for(n, 256), 256, 0, stream>>>(
+        DT_DISPATCH(dt, KLAUNCH(grid_for(n, 256), 256, 0, stream, scatter_rows_kernel<T>)(
                             (T *)dinp, (const T *)dout, rows, M, C));
     LAUNCH_CHECK();
 }
@@ -42,17 +42,17 @@ void cuda_mlm_xent_fused_dt(float *losses, void *logits, const int32_t *targets,
     if (M <= 0)
         return;
     if (grad_scale != 0.0f)
-        DT_DISPATCH(dt, (xent_kernel<T, false, true><<<M, XENT_BLOCK, 0, stream>>>(
+        DT_DISPATCH(dt, (KLAUNCH(M, XENT_BLOCK, 0, stream, xent_kernel<T, false, true>)(
                             losses, nullptr, (T *)logits, targets, grad_scale, V)));
     else
-        DT_DISPATCH(dt, (xent_kernel<T, false, false><<<M, XENT_BLOCK, 0, stream>>>(
+        DT_DISPATCH(dt, (KLAUNCH(M, XENT_BLOCK, 0, stream, xent_kernel<T, false, false>)(
                             losses, nullptr, (T *)logits, targets, 0.0f, V)));
     LAUNCH_CHECK();
 }
 
 void cuda_sum(float *out, const float *x, int n, cudaStream_t stream)
 {
-    sum_kernel<<<1, 1024, 0, stream>>>(out, x, n);
+    KLAUNCH(1, 1024, 0, stream, sum_kernel)(out, x, n);
     LAUNCH_CHECK();
 }
 
@@ -75,7 +75,7 @@ void cuda_crossentropy_softmax_forward(float *losses, float *probs, const float 
     if (M <= 0)
         return;
     /* logits are only read on this path (GRAD off) */
-    xent_kernel<float, true, false><<<M, XENT_BLOCK, 0, stream>>>(
+    KLAUNCH(M, XENT_BLOCK, 0, stream, xent_kernel<float, true, false>)(
         losses, probs, const_cast<float *>(logits), targets, 0.0f, V);
     LAUNCH_CHECK();
 }
@@ -86,7 +86,7 @@ void cuda_crossentropy_softmax_backward(float *dlogits, const float *probs,
 {
     if (M <= 0)
         return;
-    xent_backward_kernel<<<M, 256, 0, stream>>>(dlogits, probs, targets, dlosses, V);
+    KLAUNCH(M, 256, 0, stream, xent_backward_kernel)(dlogits, probs, targets, dlosses, V);
     LAUNCH_CHECK();
 }
 

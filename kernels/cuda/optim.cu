@@ -20,9 +20,9 @@ void cuda_sumsq_check(double *sumsq, int *nonfinite, const float *x, size_t n,
     if (!n)
         return;
     unsigned g = sumsq_grid(n);
-    sumsq_check_kernel<<<g, OPT_BLOCK, 0, stream>>>(nonfinite, x, n);
+    KLAUNCH(g, OPT_BLOCK, 0, stream, sumsq_check_kernel)(nonfinite, x, n);
     LAUNCH_CHECK();
-    sumsq_finish_kernel<<<1, OPT_BLOCK, 0, stream>>>(sumsq, g);
+    KLAUNCH(1, OPT_BLOCK, 0, stream, sumsq_finish_kernel)(sumsq, g);
     LAUNCH_CHECK();
 }
 
@@ -36,7 +36,7 @@ void cuda_adamw_step(float *p, void *p_lp, kdtype lp_dt, const float *g, float *
     adamw_args a = adamw_args_make(lr, beta1, beta2, eps, weight_decay, clip, t);
     if (!p_lp)
         lp_dt = KDT_F32;
-    DT_DISPATCH(lp_dt, adamw_kernel<T><<<num_chunks, OPT_BLOCK, 0, stream>>>(
+    DT_DISPATCH(lp_dt, KLAUNCH(num_chunks, OPT_BLOCK, 0, stream, adamw_kernel<T>)(
                            p, p_lp, g, m, v, chunks, decay, a));
     LAUNCH_CHECK();
 }
@@ -54,13 +54,13 @@ void cuda_lamb_step(float *p, void *p_lp, kdtype lp_dt, const float *g, float *m
         fprintf(stderr, "cuda_lamb_step: %d chunks, at most %d\n", num_chunks, LAMB_MAX_CHUNKS);
         abort();
     }
-    lamb_moments_kernel<<<num_chunks, OPT_BLOCK, 0, stream>>>(p, g, m, v, chunks, decay, a);
+    KLAUNCH(num_chunks, OPT_BLOCK, 0, stream, lamb_moments_kernel)(p, g, m, v, chunks, decay, a);
     LAUNCH_CHECK();
-    lamb_norms_kernel<<<num_segs, OPT_BLOCK, 0, stream>>>(norms, chunks, num_chunks);
+    KLAUNCH(num_segs, OPT_BLOCK, 0, stream, lamb_norms_kernel)(norms, chunks, num_chunks);
     LAUNCH_CHECK();
     if (!p_lp)
         lp_dt = KDT_F32;
-    DT_DISPATCH(lp_dt, lamb_apply_kernel<T><<<num_chunks, OPT_BLOCK, 0, stream>>>(
+    DT_DISPATCH(lp_dt, KLAUNCH(num_chunks, OPT_BLOCK, 0, stream, lamb_apply_kernel<T>)(
                            p, p_lp, m, v, chunks, decay, norms, a));
     LAUNCH_CHECK();
 }

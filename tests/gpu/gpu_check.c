@@ -3,14 +3,26 @@
 
 int gpu_failures;
 
-/* Exits 77 (meson: SKIP) when there is no usable CUDA device. */
+/* The rule in gpu_check.h: a skip only when there is nothing to run on. */
 void gpu_require_device(void)
 {
-    int n = 0;
+    int n = 0, drv = 0, rt = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
+    cudaDriverGetVersion(&drv);  /* 0 when no driver is installed */
+    cudaRuntimeGetVersion(&rt);
     if (e != cudaSuccess || n < 1) {
-        printf("SKIP: no CUDA device (%s)\n", e == cudaSuccess ? "count 0" : cudaGetErrorString(e));
-        exit(77);
+        int no_driver = e == cudaErrorInsufficientDriver && drv == 0;
+        const char *why = e == cudaSuccess ? "count 0"
+                          : no_driver      ? "no NVIDIA driver installed"
+                                           : cudaGetErrorString(e);
+        if (e == cudaSuccess || e == cudaErrorNoDevice || no_driver) {
+            printf("SKIP: no CUDA device (%s; driver %d.%d, runtime %d.%d)\n", why, drv / 1000,
+                   drv % 1000 / 10, rt / 1000, rt % 1000 / 10);
+            exit(77);
+        }
+        printf("FAIL CUDA is unusable: cudaGetDeviceCount: %s (%s); driver %d.%d, runtime %d.%d\n",
+               cudaGetErrorName(e), why, drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10);
+        exit(1);
     }
     struct cudaDeviceProp prop;
     TCHECK(cudaGetDeviceProperties(&prop, 0));

@@ -1,8 +1,9 @@
 /* gpu_check — helpers shared by the GPU tests: skip without a device (exit
- * 77), device buffers filled from host floats through a dtype (so CPU
- * references see exactly the rounded inputs the GPU sees), NaN-poisoned
- * outputs, and the comparison rule. Plain C on purpose: these tests must build
- * on a GPU box that has the CUDA toolkit and libc but no cmocka.
+ * 77; a driver that is there but unusable fails), device buffers filled from
+ * host floats through a dtype (so CPU references see exactly the rounded
+ * inputs the GPU sees), NaN-poisoned outputs, and the comparison rule.
+ * Plain C on purpose: these tests must build on a GPU box that has the CUDA
+ * toolkit and libc but no cmocka.
  *
  * Comparison: error = max_i |got_i - ref_i| / max_i |ref_i| (normwise
  * relative, so a value near zero is judged against the tensor's scale, not
@@ -34,7 +35,13 @@
 
 extern int gpu_failures;
 
-/* Exits 77 (meson: SKIP) when there is no usable CUDA device; else prints it. */
+/* Exits 77 (meson: SKIP) only when there is no CUDA device to test on:
+ * cudaGetDeviceCount says cudaErrorNoDevice or 0, or no NVIDIA driver is
+ * installed at all (cudaErrorInsufficientDriver with cudaDriverGetVersion 0:
+ * a build box with the toolkit and no GPU). Any other error (a driver too
+ * old for this runtime, a mismatched kernel module, devices unavailable) is
+ * a real failure: prints a FAIL line with the error and the driver and
+ * runtime versions, exits 1. Else prints device 0. */
 void gpu_require_device(void);
 /* Uniform in (-1, 1) from a fixed xorshift stream (reproducible runs). */
 float frand(void);

@@ -3,7 +3,8 @@
  * mean the parent computes on the CPU in double, within a tolerance stated
  * per reduce precision; the bucket API is checked through a compute stream;
  * a rank that disappears must end its peer's collective with -EPIPE.
- * Exits 77 (skip) when no GPU is present.
+ * Exits 77 (skip) when no GPU is present; a CUDA that is there but
+ * unusable (a driver too old for the runtime) fails.
  *
  * CUDA is never touched in the parent before fork (a CUDA context must not
  * cross fork): the device count comes from a short-lived child.
@@ -168,23 +169,48 @@ static int rank_main(id_pipes *p, int rank, int world, float *out, int lose_peer
     return code;
 }
 
+/* CUDA devices to test on, counted in a short-lived child. 0 when there is
+ * nothing to run on: cudaErrorNoDevice, a count of 0, or no NVIDIA driver
+ * installed at all (cudaErrorInsufficientDriver with driver version 0, a
+ * build box with the toolkit and no GPU). -1 when CUDA is there but
+ * unusable (a driver too old for this runtime, a mismatched kernel module,
+ * ...: the child prints the error with both versions) or the count could
+ * not be had: a failure, never a skip. */
 static int device_count(void)
 {
     int fds[2];
     if (pipe(fds) != 0)
         return -1;
     pid_t pid = fork();
+    if (pid < 0) {
+        close(fds[0]);
+        close(fds[1]);
+        return -1;
+    }
     if (pid == 0) {
-        int n = 0;
-        if (cudaGetDeviceCount(&n) != cudaSuccess)
+        int n = 0, drv = 0, rt = 0;
+        cudaError_t e = cudaGetDeviceCount(&n);
+        cudaDriverGetVersion(&drv);
+        cudaRuntimeGetVersion(&rt);
+        if (e == cudaErrorNoDevice || (e == cudaErrorInsufficientDriver && drv == 0)) {
+            printf("no CUDA device (%s; driver %d.%d, runtime %d.%d)\n",
+                   drv == 0 ? "no NVIDIA driver installed" : cudaGetErrorString(e), drv / 1000,
+                   drv % 1000 / 10, rt / 1000, rt % 1000 / 10);
             n = 0;
+        } else if (e != cudaSuccess) {
+            printf("FAIL CUDA is unusable: cudaGetDeviceCount: %s (%s); driver %d.%d, runtime %d.%d\n",
+                   cudaGetErrorName(e), cudaGetErrorString(e), drv / 1000, drv % 1000 / 10,
+                   rt / 1000, rt % 1000 / 10);
+            n = -1;
+        }
+        fflush(stdout);
         ssize_t w = write(fds[1], &n, sizeof(n));
         _exit(w == sizeof(n) ? 0 : 1);
     }
     close(fds[1]);
-    int n = 0;
+    int n = -1;
     if (read(fds[0], &n, sizeof(n)) != sizeof(n))
-        n = 0;
+        n = -1; /* the child died before it could say */
     close(fds[0]);
     waitpid(pid, NULL, 0);
     return n;
@@ -273,7 +299,11 @@ int main(void)
     if (failures)
         return 1;
     int ndev = device_count();
-    if (ndev <= 0) {
+    if (ndev < 0) {
+        printf("FAIL cannot count the CUDA devices\n");
+        return 1;
+    }
+    if (ndev == 0) {
         printf("no CUDA device: skipped\n");
         return 77;
     }

@@ -280,6 +280,14 @@ static void hold_copies(gpu_model *g, const bert_batch *a, atomic_int *open)
 static void test_release_rule(void)
 {
     printf("--- the slot is released only after the copy's event\n");
+    /* the CPU stand-in's synchronous mode (tests/cudasim) finishes every
+     * call before it returns, like CUDA_LAUNCH_BLOCKING=1: a gate on a
+     * stream would hold the host itself */
+    const char *sim = getenv("CUDASIM_STREAMS");
+    if (sim && !strcmp(sim, "sync")) {
+        printf("skip the release rule: CUDASIM_STREAMS=sync has no pending copies\n");
+        return;
+    }
     bert_config c = gpu_test_config(4, 1);
     optim_config oc;
     optim_config_default(&oc, OPTIM_ADAMW);
@@ -472,5 +480,6 @@ int main(void)
     test_release_rule();
     test_scaler_state();
     printf("%d failure(s)\n", gpu_failures);
+    cuda_kernels_shutdown(); /* the CPU stand-in reports device memory left behind */
     return gpu_failures ? 1 : 0;
 }

@@ -9,7 +9,9 @@
  *     process of the first one is left;
  *   - cancel while running ends canceled with a checkpoint;
  *   - two jobs run at once on disjoint slots, a third waits its turn;
- *   - a job naming a missing dataset fails with a reason.
+ *   - a job naming a missing dataset fails with a reason;
+ *   - worker and loader inherit what pass_env names of the daemon's
+ *     environment, and nothing else.
  * Waiting is polling the API with a deadline: job states change
  * asynchronously, and the test asserts on the states, never on timing. */
 #include <dirent.h>
@@ -564,6 +566,98 @@ static void test_disk_full(void **state)
 	free(id);
 }
 
+/* Reads /proc/<pid>/environ into buf (NUL-separated); returns its length. */
+static size_t environ_of(pid_t pid, char *buf, size_t cap)
+{
+	char path[64];
+	snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
+	FILE *f = fopen(path, "r");
+	assert_non_null(f);
+	size_t n = fread(buf, 1, cap - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	return n;
+}
+
+/* The value of name in an environ block, or NULL; fails the test if name
+ * is there twice (which one a library reads is then anyone's guess). */
+static const char *env_in(const char *buf, size_t len, const char *name)
+{
+	size_t n = strlen(name);
+	const char *found = NULL;
+	for (const char *e = buf; e < buf + len; e += strlen(e) + 1) {
+		if (strncmp(e, name, n) == 0 && e[n] == '=') {
+			if (found)
+				fail_msg("%s is in the environment twice", name);
+			found = e + n + 1;
+		}
+	}
+	return found;
+}
+
+/* The daemon's environment reaches a job's processes only through
+ * pass_env: a passed NCCL_ variable and a listed name arrive in worker and
+ * loader, an unlisted one does not, and the daemon's own
+ * CUDA_VISIBLE_DEVICES never overrides the one the supervisor sets, even
+ * with CUDA_* passed (nor is CUDA_DEVICE_ORDER left to CUDA's fastest-first
+ * default). Read from the
+ * live processes' /proc/<pid>/environ. */
+static void test_child_environment(void **state)
+{
+	fx *f = *state;
+	wait_dataset_ready(&f->d);
+	assert_int_equal(bertd_stop(&f->d), 0);
+	static const char *const vars[][2] = {{"NCCL_SOCKET_IFNAME", "lo"}, {"IT_LISTED", "yes"},
+					      {"IT_UNLISTED", "no"}, {"CUDA_VISIBLE_DEVICES", "7"}};
+	for (size_t i = 0; i < 4; i++)
+		setenv(vars[i][0], vars[i][1], 1); /* the harness hands bertd our environment */
+	const char *extra[] = {"--data-roots", f->data, "--devices", "cpu", "--cpu-slots", "2",
+			       "--schedule", "true", "--pass-env", "NCCL_*:CUDA_*:IT_LISTED", NULL};
+	int rc = bertd_start(&f->d, extra);
+	for (size_t i = 0; i < 4; i++)
+		unsetenv(vars[i][0]);
+	assert_int_equal(rc, 0);
+	static char buf[65536];
+	size_t len = environ_of(f->d.pid, buf, sizeof buf);
+	assert_non_null(env_in(buf, len, "IT_UNLISTED")); /* the daemon has it: its absence below means something */
+
+	char *id = it_submit(&f->d, SPEC("env", "100000", "1", "1", ""));
+	json_decref(wait_job(&f->d, id, "running"));
+	pid_t worker, loader;
+	assert_int_equal(find_pids("bertd-worker", id, &worker, 1), 1);
+	assert_int_equal(find_pids("bertd-loader", id, &loader, 1), 1);
+
+	/* name=value, or unset for a NULL value */
+	static const struct { const char *who, *name, *value; } want[] = {
+		{"worker", "NCCL_SOCKET_IFNAME", "lo"},
+		{"worker", "IT_LISTED", "yes"},
+		{"worker", "IT_UNLISTED", NULL},
+		{"worker", "CUDA_VISIBLE_DEVICES", "-1"}, /* a CPU slot */
+		{"worker", "CUDA_DEVICE_ORDER", "PCI_BUS_ID"},
+		{"loader", "NCCL_SOCKET_IFNAME", "lo"},
+		{"loader", "IT_LISTED", "yes"},
+		{"loader", "IT_UNLISTED", NULL},
+		{"loader", "CUDA_VISIBLE_DEVICES", NULL},
+	};
+	for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+		len = environ_of(strcmp(want[i].who, "worker") == 0 ? worker : loader, buf, sizeof buf);
+		const char *v = env_in(buf, len, want[i].name);
+		if (want[i].value ? !v || strcmp(v, want[i].value) != 0 : v != NULL)
+			fail_msg("%s: %s is %s, expected %s", want[i].who, want[i].name, v ? v : "unset",
+				 want[i].value ? want[i].value : "unset");
+	}
+
+	char path[128];
+	snprintf(path, sizeof path, "/v1/jobs/%s/cancel", id);
+	http_resp r;
+	assert_int_equal(http_do(&f->d, "POST", path, NULL, 0, NULL, H_AUTH, &r), 0);
+	http_resp_free(&r);
+	json_t *job = wait_job(&f->d, id, "canceled|failed|completed");
+	assert_string_equal(it_jstr(job, "state"), "canceled");
+	json_decref(job);
+	free(id);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -577,6 +671,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_sigterm_requeues, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_spec_from_older_bertd_runs, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_disk_full, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_child_environment, setup, teardown),
 	};
 	return IT_RUN(tests, NULL, NULL);
 }

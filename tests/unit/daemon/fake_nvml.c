@@ -2,12 +2,17 @@
  * unit test on machines without a GPU: the six NVML entry points the
  * sampler dlsym's, with known readings, so the test can check the
  * aggregation (mean utilization, peak memory, mean power and clock)
- * exactly. Never linked into the daemon; only found through the test's
- * LD_LIBRARY_PATH. */
+ * exactly; and what devices_discover reads (count, name, UUID): two GPUs,
+ * the second without a UUID. Never linked into the daemon; only found
+ * through the test's LD_LIBRARY_PATH. */
 typedef struct { unsigned gpu, memory; } nvml_util;
 typedef struct { unsigned long long total, free, used; } nvml_memory;
 
 int nvmlInit_v2(void);
+int nvmlShutdown(void);
+int nvmlDeviceGetCount_v2(unsigned *n);
+int nvmlDeviceGetName(void *h, char *name, unsigned len);
+int nvmlDeviceGetUUID(void *h, char *uuid, unsigned len);
 int nvmlDeviceGetHandleByIndex_v2(unsigned i, void **h);
 int nvmlDeviceGetUtilizationRates(void *h, nvml_util *u);
 int nvmlDeviceGetMemoryInfo(void *h, nvml_memory *m);
@@ -18,6 +23,38 @@ static int calls; /* utilization reads so far: readings alternate */
 static int handles[8];
 
 int nvmlInit_v2(void) { return 0; }
+int nvmlShutdown(void) { return 0; }
+
+int nvmlDeviceGetCount_v2(unsigned *n)
+{
+	*n = 2;
+	return 0;
+}
+
+static int copy(char *dst, unsigned len, const char *src)
+{
+	unsigned i = 0;
+	for (; src[i]; i++) {
+		if (i + 1 >= len)
+			return 7; /* NVML_ERROR_INSUFFICIENT_SIZE */
+		dst[i] = src[i];
+	}
+	dst[i] = 0;
+	return 0;
+}
+
+int nvmlDeviceGetName(void *h, char *name, unsigned len)
+{
+	(void)h;
+	return copy(name, len, "NVIDIA Fake H200");
+}
+
+int nvmlDeviceGetUUID(void *h, char *uuid, unsigned len)
+{
+	if (h != &handles[0])
+		return 3; /* NVML_ERROR_NOT_SUPPORTED */
+	return copy(uuid, len, "GPU-0f0e0d0c-0b0a-0908-0706-050403020100");
+}
 
 int nvmlDeviceGetHandleByIndex_v2(unsigned i, void **h)
 {

@@ -1,5 +1,6 @@
 /* config precedence (default < file < env < flags), validation messages,
- * and the token file's creation, reuse and permission checks. */
+ * the token file's creation, reuse and permission checks, and pass_env: its
+ * validation and what it lets into a child's environment (childenv). */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "daemon/childenv.h"
 #include "daemon/config.h"
 #include "daemon/token.h"
 
@@ -150,7 +152,7 @@ static void test_help_lists_every_key(void **state)
 	fclose(out);
 	const char *keys[] = {"listen", "port", "allow_remote", "state_dir", "data_roots", "token_file",
 			      "log_level", "max_body_bytes", "api_threads", "conn_timeout_s", "conn_limit",
-			      "per_ip_limit", "conn_memory"};
+			      "per_ip_limit", "conn_memory", "pass_env"};
 	for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
 		assert_non_null(strstr(buf, keys[i]));
 	config c;
@@ -186,6 +188,219 @@ static void test_token(void **state)
 	write_file(other, "short\n");
 	chmod(other, 0600);
 	assert_int_equal(token_load_or_create(other, t2, &created), -EINVAL);
+}
+
+static void test_pass_env_key(void **state)
+{
+	(void)state;
+	char path[300];
+	snprintf(path, sizeof path, "%s/env.conf", tmpdir);
+	config c;
+	char errbuf[512] = "";
+	char *argv[] = {"bertd", "--config", path, NULL};
+	char *envp[] = {NULL};
+
+	write_file(path, "port = 1\n");
+	assert_int_equal(load(&c, 3, argv, envp, errbuf, sizeof errbuf), 0);
+	assert_string_equal(c.pass_env, CHILDENV_DEFAULT_PASS);
+	write_file(path, "pass_env = \"LD_LIBRARY_PATH:NCCL_*::FI_*:\"\n"); /* empty entries skipped */
+	assert_int_equal(load(&c, 3, argv, envp, errbuf, sizeof errbuf), 0);
+	assert_string_equal(c.pass_env, "LD_LIBRARY_PATH:NCCL_*::FI_*:");
+	char *envp2[] = {"BERTD_PASS_ENV=", NULL}; /* pass nothing */
+	assert_int_equal(load(&c, 3, argv, envp2, errbuf, sizeof errbuf), 0);
+	assert_string_equal(c.pass_env, "");
+	char *argv2[] = {"bertd", "--config", path, "--pass-env", "NCCL_*:MY_VAR", NULL};
+	assert_int_equal(load(&c, 5, argv2, envp2, errbuf, sizeof errbuf), 0);
+	assert_string_equal(c.pass_env, "NCCL_*:MY_VAR");
+
+	/* malformed: refused at start, naming the source, the key and the entry */
+	write_file(path, "port = 1\npass_env = NCCL_*, FI_*\n");
+	memset(errbuf, 0, sizeof errbuf);
+	assert_int_equal(load(&c, 3, argv, envp, errbuf, sizeof errbuf), -EINVAL);
+	assert_non_null(strstr(errbuf, ":2: pass_env:"));
+	assert_non_null(strstr(errbuf, "\"NCCL_*, FI_*\""));
+	static const struct { const char *value, *says; } bad[] = {
+		{"NC*CL_", "not a variable name"},       /* '*' only last */
+		{"NCCL-*", "not a variable name"},
+		{"1NCCL", "not a variable name"},
+		{"*", "whole environment"},
+		{"NCCL_*:*", "whole environment"},
+		{"CUDA_VISIBLE_DEVICES", "set by bertd"}, /* the supervisor's own */
+		{"LD_LIBRARY_PATH:OMP_NUM_THREADS", "set by bertd"},
+		{"PATH", "set by bertd"},
+		{"BERTD_*", "BERTD_ variables"},
+		{"BERTD_GEMM", "BERTD_ variables"},
+	};
+	write_file(path, "port = 1\n");
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		char assign[128];
+		snprintf(assign, sizeof assign, "BERTD_PASS_ENV=%s", bad[i].value);
+		char *envp3[] = {assign, NULL};
+		memset(errbuf, 0, sizeof errbuf);
+		assert_int_equal(load(&c, 3, argv, envp3, errbuf, sizeof errbuf), -EINVAL);
+		assert_non_null(strstr(errbuf, "environment BERTD_PASS_ENV: pass_env:"));
+		if (!strstr(errbuf, bad[i].says))
+			fail_msg("pass_env \"%s\": expected \"%s\" in: %s", bad[i].value, bad[i].says, errbuf);
+	}
+	char many[1000] = "";
+	for (int i = 0; i <= CHILDENV_MAX_PATTERNS; i++)
+		snprintf(many + strlen(many), sizeof many - strlen(many), "V%d:", i);
+	char *argv4[] = {"bertd", "--config", "/dev/null", "--pass-env", many, NULL};
+	assert_int_equal(load(&c, 5, argv4, envp, errbuf, sizeof errbuf), -EINVAL);
+	assert_non_null(strstr(errbuf, "at most"));
+}
+
+static void test_pass_env_matching(void **state)
+{
+	(void)state;
+	childenv_pass p;
+	char why[300];
+	assert_int_equal(childenv_pass_parse(&p, "LD_LIBRARY_PATH:NCCL_*:CUDA_*:OMP_*:B*", why, sizeof why), 0);
+	assert_int_equal(p.n, 5);
+	static const struct { const char *var; bool passes; } cases[] = {
+		{"LD_LIBRARY_PATH=/usr/local/cuda/lib64", true}, /* a name: exactly that name */
+		{"LD_LIBRARY_PATH", true},
+		{"LD_LIBRARY_PATH_X=1", false},
+		{"LD_LIBRARY_PAT=1", false},
+		{"NCCL_SOCKET_IFNAME=eth0", true},              /* a prefix: every name it starts */
+		{"NCCL_=1", true},
+		{"NCCL=1", false},
+		{"MY_NCCL_DEBUG=INFO", false},
+		{"nccl_debug=INFO", false},                     /* case matters */
+		{"CUDA_CACHE_PATH=/var/cache/cuda", true},
+		{"CUDA_VISIBLE_DEVICES=7", false},              /* covered, but the supervisor's */
+		{"CUDA_DEVICE_ORDER=FASTEST_FIRST", false},
+		{"OMP_PROC_BIND=close", true},
+		{"OMP_NUM_THREADS=64", false},
+		{"BLAH=1", true},
+		{"BERTD_TOKEN_FILE=/x", false},                 /* covered by B*, but bertd's own */
+		{"BERTD_GEMM=cublas", false},
+		{"HOME=/root", false},
+		{"=x", false},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+		if (childenv_passes(&p, cases[i].var) != cases[i].passes)
+			fail_msg("%s: expected %s", cases[i].var, cases[i].passes ? "passed" : "kept out");
+	assert_int_equal(childenv_pass_parse(&p, "", why, sizeof why), 0);
+	assert_int_equal(p.n, 0);
+	assert_false(childenv_passes(&p, "NCCL_DEBUG=INFO"));
+}
+
+/* Value of name in a NULL-ended envp; fails if it is there more than once. */
+static const char *env_value(char *const envp[], const char *name)
+{
+	const char *found = NULL;
+	size_t n = strlen(name);
+	for (size_t i = 0; envp[i]; i++) {
+		if (strncmp(envp[i], name, n) == 0 && envp[i][n] == '=') {
+			if (found)
+				fail_msg("%s is in the environment twice", name);
+			found = envp[i] + n + 1;
+		}
+	}
+	return found;
+}
+
+/* Fails unless envp has name=want, once. */
+static void assert_env(char *const envp[], const char *name, const char *want)
+{
+	const char *v = env_value(envp, name);
+	if (!v || strcmp(v, want) != 0)
+		fail_msg("%s is %s, expected %s", name, v ? v : "unset", want);
+}
+
+/* The daemon's environment on a tuned multi-GPU box, more or less. */
+static char *daemon_env[] = {
+	"PATH=/opt/site/bin:/usr/bin", "HOME=/root", "NOTIFY_SOCKET=/run/systemd/notify",
+	"LD_LIBRARY_PATH=/usr/local/cuda/lib64", "LD_PRELOAD=/opt/x.so", "SECRET_TOKEN=hunter2",
+	"NCCL_SOCKET_IFNAME=eth0", "NCCL_IB_HCA=mlx5_0,mlx5_1", "NCCL_DEBUG=WARN", "FI_PROVIDER=efa",
+	"CUDA_VISIBLE_DEVICES=7", "CUDA_DEVICE_ORDER=FASTEST_FIRST", "CUDA_CACHE_PATH=/var/cache/cuda",
+	"OMP_NUM_THREADS=64", "OPENBLAS_NUM_THREADS=64",
+	"BERTD_GEMM=cublas", "BERTD_DDP_OVERLAP=0", "BERTD_PORT=9000", "BERTD_CONFIG=/etc/x.conf",
+	NULL};
+
+static void test_worker_env(void **state)
+{
+	(void)state;
+	childenv_pass p;
+	char why[300];
+	assert_int_equal(childenv_pass_parse(&p, CHILDENV_DEFAULT_PASS, why, sizeof why), 0);
+	device gpu = {.kind = DEVICE_CUDA, .index = 3, .name = "NVIDIA H200",
+		      .uuid = "GPU-5f1c2b9e-0a4d-4e6f-9b1a-2c3d4e5f6a7b"};
+	childenv *ce = NULL;
+	assert_int_equal(childenv_worker(&ce, &p, &gpu, 2, daemon_env), 0);
+	char *const *e = ce->envp;
+	/* what the supervisor sets wins over the daemon's own values */
+	assert_env(e, "CUDA_VISIBLE_DEVICES", "GPU-5f1c2b9e-0a4d-4e6f-9b1a-2c3d4e5f6a7b");
+	assert_env(e, "CUDA_DEVICE_ORDER", "PCI_BUS_ID");
+	assert_env(e, "OMP_NUM_THREADS", "2");
+	assert_env(e, "OPENBLAS_NUM_THREADS", "2");
+	assert_env(e, "PATH", "/usr/bin:/bin");
+	/* the box's tuning reaches the worker */
+	assert_env(e, "NCCL_SOCKET_IFNAME", "eth0");
+	assert_env(e, "NCCL_IB_HCA", "mlx5_0,mlx5_1");
+	assert_env(e, "NCCL_DEBUG", "WARN");
+	assert_env(e, "FI_PROVIDER", "efa");
+	assert_env(e, "LD_LIBRARY_PATH", "/usr/local/cuda/lib64");
+	assert_env(e, "CUDA_CACHE_PATH", "/var/cache/cuda");
+	assert_env(e, "BERTD_GEMM", "cublas");
+	assert_env(e, "BERTD_DDP_OVERLAP", "0");
+	/* and nothing unlisted */
+	const char *out[] = {"HOME", "NOTIFY_SOCKET", "LD_PRELOAD", "SECRET_TOKEN", "BERTD_PORT",
+			     "BERTD_CONFIG", "BERTD_ATTENTION"};
+	for (size_t i = 0; i < sizeof out / sizeof out[0]; i++)
+		if (env_value(e, out[i]))
+			fail_msg("%s leaked into the worker's environment", out[i]);
+	size_t n = 0;
+	while (e[n])
+		n++;
+	assert_int_equal(n, 5 + 2 + 6); /* own + switches + passed */
+	free(ce);
+
+	/* no UUID from NVML: its index, which CUDA reads in PCI bus order */
+	gpu.uuid[0] = 0;
+	assert_int_equal(childenv_worker(&ce, &p, &gpu, 2, daemon_env), 0);
+	assert_env(ce->envp, "CUDA_VISIBLE_DEVICES", "3");
+	assert_env(ce->envp, "CUDA_DEVICE_ORDER", "PCI_BUS_ID");
+	free(ce);
+	device slot = {.kind = DEVICE_CPU, .index = 1, .name = "cpu"};
+	assert_int_equal(childenv_worker(&ce, &p, &slot, 4, daemon_env), 0);
+	assert_env(ce->envp, "CUDA_VISIBLE_DEVICES", "-1");
+	assert_env(ce->envp, "OMP_NUM_THREADS", "4");
+	free(ce);
+
+	/* pass_env "": only what bertd sets and its own switches */
+	assert_int_equal(childenv_pass_parse(&p, "", why, sizeof why), 0);
+	assert_int_equal(childenv_worker(&ce, &p, &slot, 1, daemon_env), 0);
+	assert_null(env_value(ce->envp, "NCCL_SOCKET_IFNAME"));
+	assert_null(env_value(ce->envp, "LD_LIBRARY_PATH"));
+	assert_env(ce->envp, "BERTD_GEMM", "cublas");
+	free(ce);
+}
+
+static void test_helper_env(void **state)
+{
+	(void)state;
+	childenv_pass p;
+	char why[300];
+	assert_int_equal(childenv_pass_parse(&p, "LD_LIBRARY_PATH:NCCL_*:CUDA_*", why, sizeof why), 0);
+	childenv *ce = NULL;
+	assert_int_equal(childenv_helper(&ce, &p, daemon_env), 0);
+	char *const *e = ce->envp;
+	assert_env(e, "PATH", "/usr/bin:/bin");
+	assert_env(e, "LD_LIBRARY_PATH", "/usr/local/cuda/lib64");
+	assert_env(e, "NCCL_DEBUG", "WARN");
+	assert_env(e, "CUDA_CACHE_PATH", "/var/cache/cuda");
+	assert_null(env_value(e, "CUDA_VISIBLE_DEVICES")); /* a loader never sees a GPU's number */
+	assert_null(env_value(e, "FI_PROVIDER"));          /* not listed here */
+	assert_null(env_value(e, "BERTD_GEMM"));           /* a worker's switch */
+	assert_null(env_value(e, "HOME"));
+	free(ce);
+	char *empty[] = {NULL};
+	assert_int_equal(childenv_helper(&ce, &p, empty), 0);
+	assert_string_equal(ce->envp[0], "PATH=/usr/bin:/bin");
+	assert_null(ce->envp[1]);
+	free(ce);
 }
 
 /* The shipped example config must parse and must mention every key. */
@@ -231,6 +446,10 @@ int main(void)
 		cmocka_unit_test(test_help_lists_every_key),
 		cmocka_unit_test(test_token),
 		cmocka_unit_test(test_example_conf),
+		cmocka_unit_test(test_pass_env_key),
+		cmocka_unit_test(test_pass_env_matching),
+		cmocka_unit_test(test_worker_env),
+		cmocka_unit_test(test_helper_env),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,6 +1,8 @@
 /* Rules on synthetic telemetry: each rule fires on the pattern it is for,
  * stays quiet on a healthy window, says no_data without its inputs, and
- * names the knob in its remedy. Also the profiler.rules override parser. */
+ * names the knob in its remedy. Also the profiler.rules override parser,
+ * and (the executable that also runs against fake_nvml.c) the NVML
+ * sampler and device discovery. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/childenv.h"
+#include "daemon/devices.h"
 #include "daemon/diagnosis.h"
 #include "daemon/telemetry_sampler.h"
 
@@ -515,6 +519,54 @@ static void test_sampler_host_and_loaders(void **state)
 	assert_int_equal(tsampler_create(&ts, &idx, TSAMPLER_MAX_DEVICES + 1), -EINVAL);
 }
 
+/* What a worker is told its GPU is: devices_discover keeps NVML's UUID and
+ * childenv_worker hands it on in CUDA_VISIBLE_DEVICES, so the worker gets
+ * the physical GPU the scheduler chose whatever order CUDA enumerates in;
+ * without a UUID, the NVML index with CUDA_DEVICE_ORDER=PCI_BUS_ID. */
+static void test_devices_uuid_to_worker(void **state)
+{
+	(void)state;
+	device *d = NULL;
+	size_t n = 0;
+	if (!getenv("BERTD_TEST_FAKE_NVML")) {
+		assert_int_equal(devices_discover("cpu", 3, &d, &n), 0);
+		assert_int_equal(n, 3);
+		assert_int_equal(d[2].kind, DEVICE_CPU);
+		assert_string_equal(d[2].uuid, "");
+		free(d);
+		return;
+	}
+	assert_int_equal(devices_discover("cuda", 0, &d, &n), 0);
+	assert_int_equal(n, 2);
+	assert_int_equal(d[0].kind, DEVICE_CUDA);
+	assert_int_equal(d[1].index, 1);
+	assert_string_equal(d[0].name, "NVIDIA Fake H200");
+	assert_string_equal(d[0].uuid, "GPU-0f0e0d0c-0b0a-0908-0706-050403020100");
+	assert_string_equal(d[1].uuid, ""); /* fake_nvml has none for the second */
+	childenv_pass p;
+	char why[200];
+	assert_int_equal(childenv_pass_parse(&p, "", why, sizeof why), 0);
+	char *src[] = {"CUDA_VISIBLE_DEVICES=5", NULL};
+	const char *want[2] = {"CUDA_VISIBLE_DEVICES=GPU-0f0e0d0c-0b0a-0908-0706-050403020100",
+			       "CUDA_VISIBLE_DEVICES=1"};
+	for (int k = 0; k < 2; k++) {
+		childenv *ce = NULL;
+		assert_int_equal(childenv_worker(&ce, &p, &d[k], 1, src), 0);
+		int cvd = 0, order = 0;
+		for (char **e = ce->envp; *e; e++) {
+			if (strncmp(*e, "CUDA_VISIBLE_DEVICES=", 21) == 0) {
+				assert_string_equal(*e, want[k]);
+				cvd++;
+			}
+			order += strcmp(*e, "CUDA_DEVICE_ORDER=PCI_BUS_ID") == 0;
+		}
+		assert_int_equal(cvd, 1);
+		assert_int_equal(order, 1);
+		free(ce);
+	}
+	free(d);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -530,6 +582,7 @@ int main(void)
 		cmocka_unit_test(test_config_parse_errors),
 		cmocka_unit_test(test_sample_from_json_and_report),
 		cmocka_unit_test(test_sampler_host_and_loaders),
+		cmocka_unit_test(test_devices_uuid_to_worker),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -75,28 +75,73 @@ struct barrier {
     std::condition_variable cv;
     int n = 0, count = 0, exited = 0;
     unsigned long gen = 0;
-    void exit()
-    {
-        std::lock_guard<std::mutex> lk(m);
+    void exit();
+    void wait();
+};
+
+/* ---- fibers: the other way to run a block's threads ----
+ * exec::fibers runs every CUDA thread of a block as a fiber on the launching
+ * OS thread: a thread runs until it waits at a barrier (or a shuffle), then
+ * the next one runs; a barrier lets its threads go once all have arrived.
+ * The threads of a block start in a shuffled order. Far cheaper than OS
+ * threads (a switch is a few register saves, no futex), which is what lets
+ * the stand-in of tests/cudasim run whole models; the unit tests keep OS
+ * threads, which also race within a block for real. x86-64 only. */
+enum class exec { threads, fibers };
+inline exec exec_mode = exec::threads;
+
+struct fiber_sched;
+inline thread_local fiber_sched *t_sched = nullptr; // set while fibers run on this thread
+inline void fiber_yield();
+inline void fiber_progress();
+
+inline void barrier::exit()
+{
+    if (t_sched) {
         exited++;
         if (count > 0)
             fail("a thread returned while others wait at a barrier (divergent barrier)");
+        return;
     }
-    void wait()
-    {
-        std::unique_lock<std::mutex> lk(m);
+    std::lock_guard<std::mutex> lk(m);
+    exited++;
+    if (count > 0)
+        fail("a thread returned while others wait at a barrier (divergent barrier)");
+}
+
+/* A barrier over n threads. A thread that returns from the kernel while
+ * others wait at the barrier, or before others reach it, is a barrier in
+ * divergent code (a hang or undefined behaviour on a GPU): it fails here
+ * deterministically instead of hanging. */
+inline void barrier::wait()
+{
+    if (t_sched) {
         if (exited > 0)
             fail("a barrier after some threads returned (divergent barrier)");
         unsigned long g = gen;
+        fiber_progress();
         if (++count == n) {
             count = 0;
             gen++;
-            cv.notify_all();
             return;
         }
-        cv.wait(lk, [&] { return gen != g; });
+        while (gen == g)
+            fiber_yield();
+        fiber_progress();
+        return;
     }
-};
+    std::unique_lock<std::mutex> lk(m);
+    if (exited > 0)
+        fail("a barrier after some threads returned (divergent barrier)");
+    unsigned long g = gen;
+    if (++count == n) {
+        count = 0;
+        gen++;
+        cv.notify_all();
+        return;
+    }
+    cv.wait(lk, [&] { return gen != g; });
+}
 
 struct warp_state {
     barrier bar;
@@ -436,6 +481,197 @@ inline pool &workers()
     return p;
 }
 
+
+/* ---- the fiber scheduler (exec::fibers) ---- */
+} // namespace emu
+
+#if !defined(__x86_64__)
+#error "cuda_emu.h's fibers switch stacks with x86-64 code"
+#endif
+/* emu_ctx_switch(save, to): saves the callee-saved registers, the SSE and
+ * x87 control words and the stack pointer into *save, and resumes the
+ * context whose stack pointer is `to`. emu_fiber_entry starts a new one:
+ * r12 holds its argument, r13 the function (which never returns). Weak, so
+ * every file that includes this header may carry the same copy. */
+asm(R"(
+    .text
+    .weak emu_ctx_switch
+    .type emu_ctx_switch,@function
+emu_ctx_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size emu_ctx_switch,.-emu_ctx_switch
+    .weak emu_fiber_entry
+    .type emu_fiber_entry,@function
+emu_fiber_entry:
+    movq %r12, %rdi
+    callq *%r13
+    ud2
+    .size emu_fiber_entry,.-emu_fiber_entry
+)");
+extern "C" void emu_ctx_switch(void **save, void *to);
+extern "C" void emu_fiber_entry(void);
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#endif
+#include <sys/mman.h>
+
+namespace emu {
+
+struct fiber_sched {
+    static constexpr size_t STACK = 256 << 10; // wmma fragments are 1 KiB each
+    struct fib {
+        void *sp = nullptr;
+        unsigned char *stack = nullptr; // STACK bytes, a guard page below
+        bool done = false;
+    };
+    std::vector<fib> f;
+    void *sched_sp = nullptr;
+    const void *sched_bottom = nullptr; // the OS thread's stack, for ASan
+    size_t sched_size = 0;
+    int cur = -1;
+    bool progress = false;
+    const std::function<void(int)> *body = nullptr;
+    dim3 block;
+
+    void grow(int n)
+    {
+        while ((int)f.size() < n) {
+            fib x;
+            void *m = mmap(nullptr, STACK + 4096, PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+            if (m == MAP_FAILED)
+                fail("no memory for fiber stacks");
+            mprotect(m, 4096, PROT_NONE); // a stack overflow faults
+            x.stack = (unsigned char *)m + 4096;
+            f.push_back(x);
+        }
+    }
+    /* switch from the running side to `to` (a fiber's or the scheduler's
+     * stack), telling ASan which stack runs next */
+    void swap(void **save, void *to, const void *to_bottom, size_t to_size, bool dying)
+    {
+#if defined(__SANITIZE_ADDRESS__)
+        void *fake = nullptr;
+        __sanitizer_start_switch_fiber(dying ? nullptr : &fake, to_bottom, to_size);
+        emu_ctx_switch(save, to);
+        __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#else
+        (void)to_bottom;
+        (void)to_size;
+        (void)dying;
+        emu_ctx_switch(save, to);
+#endif
+    }
+    static void entry(void *arg)
+    {
+        fiber_sched *s = (fiber_sched *)arg;
+#if defined(__SANITIZE_ADDRESS__)
+        __sanitizer_finish_switch_fiber(nullptr, &s->sched_bottom, &s->sched_size);
+#endif
+        int t = s->cur;
+        (*s->body)(t);
+        s->f[(size_t)t].done = true;
+        s->progress = true;
+        void *dead;
+        s->swap(&dead, s->sched_sp, s->sched_bottom, s->sched_size, true);
+        fail("a finished fiber was resumed");
+    }
+    void start(int t)
+    {
+        /* a fresh stack that "returns" into emu_fiber_entry: the 8-byte
+         * control words, r15..rbp, then the entry's address; the entry's
+         * own call then leaves the callee 16-byte aligned as the ABI wants */
+        uint64_t *top = (uint64_t *)(f[(size_t)t].stack + STACK);
+        uint64_t *sp = top - 2 - 8;
+        uint32_t csr[2];
+        __asm__ volatile("stmxcsr %0" : "=m"(csr[0]));
+        __asm__ volatile("fnstcw %0" : "=m"(csr[1]));
+        memcpy(&sp[0], csr, 8);
+        sp[1] = 0;                                     // r15
+        sp[2] = 0;                                     // r14
+        sp[3] = (uint64_t)(uintptr_t)&entry;           // r13: the function
+        sp[4] = (uint64_t)(uintptr_t)this;             // r12: its argument
+        sp[5] = 0;                                     // rbx
+        sp[6] = 0;                                     // rbp
+        sp[7] = (uint64_t)(uintptr_t)&emu_fiber_entry; // return address
+        f[(size_t)t].sp = sp;
+        f[(size_t)t].done = false;
+    }
+    /* runs n threads of a block until all have finished */
+    void run(int n, const std::function<void(int)> &fn, uint64_t seed)
+    {
+        grow(n);
+        body = &fn;
+        std::vector<int> order((size_t)n);
+        for (int i = 0; i < n; i++) {
+            order[(size_t)i] = i;
+            start(i);
+        }
+        for (int i = n; i > 1; i--) {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            std::swap(order[(size_t)i - 1], order[seed % (uint64_t)i]);
+        }
+        fiber_sched *outer = t_sched;
+        t_sched = this;
+        int left = n;
+        while (left > 0) {
+            progress = false;
+            for (int t : order) {
+                if (f[(size_t)t].done)
+                    continue;
+                cur = t;
+                t_lin = t;
+                t_thread = make_uint3((unsigned)t % block.x, (unsigned)t / block.x % block.y,
+                                      (unsigned)t / (block.x * block.y));
+                swap(&sched_sp, f[(size_t)t].sp, f[(size_t)t].stack, STACK, false);
+                if (f[(size_t)t].done)
+                    left--;
+            }
+            if (!progress && left > 0)
+                fail("threads wait at different barriers (deadlock)");
+        }
+        t_sched = outer;
+        cur = -1;
+    }
+    void yield()
+    {
+        int t = cur;
+        swap(&f[(size_t)t].sp, sched_sp, sched_bottom, sched_size, false);
+    }
+};
+
+inline void fiber_yield() { t_sched->yield(); }
+inline void fiber_progress() { t_sched->progress = true; }
+
+inline fiber_sched &fibers()
+{
+    static thread_local fiber_sched s;
+    return s;
+}
+
 /* Runs kern over grid with block threads and `smem` bytes of dynamic shared
  * memory, one block at a time in a shuffled order, each block's threads as OS
  * threads. */
@@ -477,7 +713,7 @@ void launch(dim3 grid, dim3 block, size_t smem, K kern, A... args)
         memset(blk.smem, 0xFF, smem);
         memset(blk.smem + smem, 0xA5, CANARY);
         memset(__start_emu_shared, 0xFF, (size_t)(__stop_emu_shared - __start_emu_shared));
-        workers().run(threads, [&](int t) {
+        auto body = [&](int t) {
             t_lin = t;
             t_thread = make_uint3((unsigned)t % block.x, (unsigned)t / block.x % block.y,
                                   (unsigned)t / (block.x * block.y));
@@ -488,7 +724,18 @@ void launch(dim3 grid, dim3 block, size_t smem, K kern, A... args)
             kern(args...);
             blk.warps[(size_t)t / 32].bar.exit();
             blk.bar.exit();
-        });
+        };
+        if (exec_mode == exec::fibers) {
+            fiber_sched &fs = fibers();
+            fs.block = block;
+            t_block = make_uint3(bx, by, bz);
+            t_bdim = block;
+            t_gdim = grid;
+            t_blk = &blk;
+            fs.run(threads, body, st ^ ob);
+        } else {
+            workers().run(threads, body);
+        }
         for (size_t i = 0; i < CANARY; i++)
             if (blk.smem[smem + i] != 0xA5)
                 fail("write past the end of dynamic shared memory");
