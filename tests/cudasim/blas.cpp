@@ -240,16 +240,21 @@ void pack(const operand &x, const char *p, bool trans, int64_t R, int64_t K, flo
         for (int64_t l = 0; l < K; l++)
             out[r * K + l] = load(p, x.t, trans ? l + r * x.ld : r + l * x.ld);
 }
+/* fp32 products summed in 16 independent fp32 lanes (vectorizable; cuBLAS
+ * accumulates in fp32 too), the lanes then in double */
 double dot(const float *x, const float *y, int64_t k)
 {
-    double s[4] = {0, 0, 0, 0};
+    float s[16] = {0};
     int64_t l = 0;
-    for (; l + 4 <= k; l += 4)
-        for (int u = 0; u < 4; u++)
-            s[u] += (double)x[l + u] * y[l + u];
+    for (; l + 16 <= k; l += 16)
+        for (int u = 0; u < 16; u++)
+            s[u] += x[l + u] * y[l + u];
+    double t = 0;
     for (; l < k; l++)
-        s[0] += (double)x[l] * y[l];
-    return (s[0] + s[1]) + (s[2] + s[3]);
+        t += (double)x[l] * y[l];
+    for (int u = 0; u < 16; u++)
+        t += s[u];
+    return t;
 }
 const char *nth(const operand &x, int64_t q)
 {

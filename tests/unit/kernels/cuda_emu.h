@@ -597,6 +597,7 @@ struct fiber_sched {
         s->swap(&dead, s->sched_sp, s->sched_bottom, s->sched_size, true);
         fail("a finished fiber was resumed");
     }
+    uint64_t csr = 0; // this thread's SSE and x87 control words, which fibers start with
     void start(int t)
     {
         /* a fresh stack that "returns" into emu_fiber_entry: the 8-byte
@@ -604,10 +605,7 @@ struct fiber_sched {
          * own call then leaves the callee 16-byte aligned as the ABI wants */
         uint64_t *top = (uint64_t *)(f[(size_t)t].stack + STACK);
         uint64_t *sp = top - 2 - 8;
-        uint32_t csr[2];
-        __asm__ volatile("stmxcsr %0" : "=m"(csr[0]));
-        __asm__ volatile("fnstcw %0" : "=m"(csr[1]));
-        memcpy(&sp[0], csr, 8);
+        sp[0] = csr;
         sp[1] = 0;                                     // r15
         sp[2] = 0;                                     // r14
         sp[3] = (uint64_t)(uintptr_t)&entry;           // r13: the function
@@ -618,12 +616,25 @@ struct fiber_sched {
         f[(size_t)t].sp = sp;
         f[(size_t)t].done = false;
     }
+    std::vector<uint3> coord; // threadIdx of each linear index, for `block`
+    dim3 coord_dim = dim3(0, 0, 0);
     /* runs n threads of a block until all have finished */
     void run(int n, const std::function<void(int)> &fn, uint64_t seed)
     {
         grow(n);
         body = &fn;
-        std::vector<int> order((size_t)n);
+        uint32_t cw[2];
+        __asm__ volatile("stmxcsr %0" : "=m"(cw[0]));
+        __asm__ volatile("fnstcw %0" : "=m"(cw[1]));
+        memcpy(&csr, cw, 8);
+        if (coord_dim.x != block.x || coord_dim.y != block.y || coord_dim.z != block.z) {
+            coord.resize((size_t)n);
+            for (int t = 0; t < n; t++)
+                coord[(size_t)t] = make_uint3((unsigned)t % block.x, (unsigned)t / block.x % block.y,
+                                              (unsigned)t / (block.x * block.y));
+            coord_dim = block;
+        }
+        order.resize((size_t)n);
         for (int i = 0; i < n; i++) {
             order[(size_t)i] = i;
             start(i);
@@ -632,7 +643,7 @@ struct fiber_sched {
             seed ^= seed << 13;
             seed ^= seed >> 7;
             seed ^= seed << 17;
-            std::swap(order[(size_t)i - 1], order[seed % (uint64_t)i]);
+            std::swap(order[(size_t)i - 1], order[(size_t)((seed >> 32) * (uint64_t)i >> 32)]);
         }
         fiber_sched *outer = t_sched;
         t_sched = this;
@@ -640,14 +651,14 @@ struct fiber_sched {
         while (left > 0) {
             progress = false;
             for (int t : order) {
-                if (f[(size_t)t].done)
+                fib &x = f[(size_t)t];
+                if (x.done)
                     continue;
                 cur = t;
                 t_lin = t;
-                t_thread = make_uint3((unsigned)t % block.x, (unsigned)t / block.x % block.y,
-                                      (unsigned)t / (block.x * block.y));
-                swap(&sched_sp, f[(size_t)t].sp, f[(size_t)t].stack, STACK, false);
-                if (f[(size_t)t].done)
+                t_thread = coord[(size_t)t];
+                swap(&sched_sp, x.sp, x.stack, STACK, false);
+                if (x.done)
                     left--;
             }
             if (!progress && left > 0)
@@ -656,6 +667,7 @@ struct fiber_sched {
         t_sched = outer;
         cur = -1;
     }
+    std::vector<int> order;
     void yield()
     {
         int t = cur;
