@@ -145,8 +145,19 @@ static int wait_stream(comm_nccl *s)
     uint64_t deadline = now_ms() + (uint64_t)s->timeout_ms;
     for (;;) {
         cudaError_t e = cudaStreamQuery(s->stream);
-        if (e == cudaSuccess)
+        if (e == cudaSuccess) {
+            /* a drained stream is not a successful collective: after an
+             * error NCCL promises nothing about what was enqueued */
+            ncclResult_t st = ncclSuccess;
+            if (ncclCommGetAsyncError(s->nc, &st) != ncclSuccess ||
+                (st != ncclSuccess && st != ncclInProgress)) {
+                log_error("comm nccl: async error: %s (%s)", ncclGetErrorString(st),
+                          ncclGetLastError(s->nc));
+                kill_comm(s, "NCCL reported an asynchronous error");
+                return -EPIPE;
+            }
             return 0;
+        }
         if (e != cudaErrorNotReady) {
             log_error("comm nccl: comm stream: %s", cudaGetErrorString(e));
             kill_comm(s, "CUDA error on the comm stream");
@@ -230,8 +241,10 @@ extern "C" int comm_nccl_bucket_start(comm *c, float *dev_buf, size_t n, void *c
     CUDA_CHECK(cudaEventRecord(s->ready, (cudaStream_t)compute_stream));
     CUDA_CHECK(cudaStreamWaitEvent(s->stream, s->ready, 0));
     rc = bucket_enqueue(s, dev_buf, n);
-    if (rc != 0)
+    if (rc != 0) {
+        kill_comm(s, "enqueueing a bucket failed"); /* NCCL: abort after an error */
         return rc;
+    }
     CUDA_CHECK(cudaEventRecord(s->done, s->stream));
 out:
     if (rc != 0 && !s->dead)
