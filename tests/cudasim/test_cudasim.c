@@ -31,7 +31,7 @@
 
 #include <cuda_runtime.h>
 
-#include "kernels/cuda/kernels_cuda.h"
+#include "tests/gpu/gpu_check.h"
 
 static int failures;
 
@@ -41,16 +41,6 @@ static void ok_if(int cond, const char *what)
     if (!cond)
         failures++;
 }
-
-#define TCHECK(call)                                                                      \
-    do {                                                                                  \
-        cudaError_t e_ = (call);                                                          \
-        if (e_ != cudaSuccess) {                                                          \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                 \
-                    cudaGetErrorString(e_));                                              \
-            exit(1);                                                                      \
-        }                                                                                 \
-    } while (0)
 
 /* Runs fn in a child (stderr silenced); returns its wait status. */
 static int in_child(void (*fn)(void), int quiet)

@@ -1,6 +1,10 @@
 /* gpu_check — see gpu_check.h. */
 #include "tests/gpu/gpu_check.h"
 
+#include <errno.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 int gpu_failures;
 
 /* The rule in gpu_check.h: a skip only when there is nothing to run on. */
@@ -175,3 +179,67 @@ bert_config gpu_test_config(int heads, int nsp)
     c.nsp = nsp;
     return c;
 }
+
+int gpu_ranks_id_send(void *ctx, const void *id, size_t len)
+{
+    gpu_ranks *p = ctx;
+    for (int g = 1; g < p->world; g++)
+        if (write(p->fds[g][1], id, len) != (ssize_t)len)
+            return -EIO;
+    return 0;
+}
+
+int gpu_ranks_id_recv(void *ctx, void *id, size_t len)
+{
+    gpu_ranks *p = ctx;
+    size_t got = 0;
+    while (got < len) {
+        ssize_t n = read(p->fds[p->rank][0], (char *)id + got, len - got);
+        if (n <= 0)
+            return -EIO;
+        got += (size_t)n;
+    }
+    return 0;
+}
+
+/* See gpu_check.h. */
+int gpu_device_count_forked(void)
+{
+    int fds[2];
+    if (pipe(fds) != 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(fds[0]);
+        close(fds[1]);
+        return -1;
+    }
+    if (pid == 0) {
+        int n = 0, drv = 0, rt = 0;
+        cudaError_t e = cudaGetDeviceCount(&n);
+        cudaDriverGetVersion(&drv);
+        cudaRuntimeGetVersion(&rt);
+        if (e == cudaErrorNoDevice || (e == cudaErrorInsufficientDriver && drv == 0)) {
+            printf("no CUDA device (%s; driver %d.%d, runtime %d.%d)\n",
+                   drv == 0 ? "no NVIDIA driver installed" : cudaGetErrorString(e), drv / 1000,
+                   drv % 1000 / 10, rt / 1000, rt % 1000 / 10);
+            n = 0;
+        } else if (e != cudaSuccess) {
+            printf("FAIL CUDA is unusable: cudaGetDeviceCount: %s (%s); driver %d.%d, runtime %d.%d\n",
+                   cudaGetErrorName(e), cudaGetErrorString(e), drv / 1000, drv % 1000 / 10,
+                   rt / 1000, rt % 1000 / 10);
+            n = -1;
+        }
+        fflush(stdout);
+        ssize_t w = write(fds[1], &n, sizeof(n));
+        _exit(w == sizeof(n) ? 0 : 1);
+    }
+    close(fds[1]);
+    int n = -1;
+    if (read(fds[0], &n, sizeof(n)) != sizeof(n))
+        n = -1; /* the child died before it could say */
+    close(fds[0]);
+    waitpid(pid, NULL, 0);
+    return n;
+}
+

@@ -67,4 +67,23 @@ int check_close(const char *what, kdtype dt, const float *got, const float *ref,
  * with or without the NSP head. */
 bert_config gpu_test_config(int heads, int nsp);
 
+/* ---- forked ranks (one process per device), as the NCCL tests run them ---- */
+#define GPU_RANKS_MAX 8
+/* The NCCL unique id travels from rank 0 through one pipe per rank; a rank
+ * sets .rank before use. A rank other than 0 closes every write end, so
+ * that a rank 0 that dies makes the others read EOF, not wait. */
+typedef struct gpu_ranks {
+    int fds[GPU_RANKS_MAX][2];
+    int world, rank;
+} gpu_ranks;
+/* comm_id_send_fn / comm_id_recv_fn over a gpu_ranks (ctx). 0 or -EIO. */
+int gpu_ranks_id_send(void *ctx, const void *id, size_t len);
+int gpu_ranks_id_recv(void *ctx, void *id, size_t len);
+/* CUDA devices, counted in a short-lived child (a CUDA context must not
+ * cross fork). 0 when there is nothing to run on (no device, or no NVIDIA
+ * driver installed at all); -1 when CUDA is there but unusable (the child
+ * prints the error with the driver and runtime versions) or the count
+ * could not be had: a failure, never a skip. */
+int gpu_device_count_forked(void);
+
 #endif

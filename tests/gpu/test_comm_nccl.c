@@ -21,13 +21,14 @@
 
 #include <cuda_runtime.h>
 
+#include "tests/gpu/gpu_check.h"
 #include "worker/comm.h"
 
 #define N 100003 /* odd, several buckets */
 #define MAXW 4
 #define TIMEOUT_MS 60000
 
-static int failures;
+static int failures; /* this test's own count (gpu_check's gpu_failures is unused) */
 
 #define EXPECT(cond, ...)                                                           \
     do {                                                                            \
@@ -67,36 +68,8 @@ static float round_bf16(float x)
     return x;
 }
 
-/* id passing: rank 0 writes the id into each peer's pipe */
-typedef struct id_pipes {
-    int fds[MAXW][2];
-    int world, rank;
-} id_pipes;
-
-static int id_send(void *ctx, const void *id, size_t len)
-{
-    id_pipes *p = ctx;
-    for (int g = 1; g < p->world; g++)
-        if (write(p->fds[g][1], id, len) != (ssize_t)len)
-            return -EIO;
-    return 0;
-}
-
-static int id_recv(void *ctx, void *id, size_t len)
-{
-    id_pipes *p = ctx;
-    size_t got = 0;
-    while (got < len) {
-        ssize_t n = read(p->fds[p->rank][0], (char *)id + got, len - got);
-        if (n <= 0)
-            return -EIO;
-        got += (size_t)n;
-    }
-    return 0;
-}
-
 /* One rank: every collective, results written to out (N floats per dtype). */
-static int rank_main(id_pipes *p, int rank, int world, float *out, int lose_peer)
+static int rank_main(gpu_ranks *p, int rank, int world, float *out, int lose_peer)
 {
     p->rank = rank;
     comm_dtype dts[3] = {COMM_FP32, COMM_BF16, COMM_FP16};
@@ -109,7 +82,7 @@ static int rank_main(id_pipes *p, int rank, int world, float *out, int lose_peer
         return 10;
     for (int d = 0; d < 3 && code == 0; d++) {
         comm *c = NULL;
-        int rc = comm_create_nccl(&c, rank, world, rank, dts[d], id_send, id_recv, p, lose_peer ? 5000 : TIMEOUT_MS);
+        int rc = comm_create_nccl(&c, rank, world, rank, dts[d], gpu_ranks_id_send, gpu_ranks_id_recv, p, lose_peer ? 5000 : TIMEOUT_MS);
         if (rc != 0)
             return 11;
         if (lose_peer) {
@@ -169,56 +142,9 @@ static int rank_main(id_pipes *p, int rank, int world, float *out, int lose_peer
     return code;
 }
 
-/* CUDA devices to test on, counted in a short-lived child. 0 when there is
- * nothing to run on: cudaErrorNoDevice, a count of 0, or no NVIDIA driver
- * installed at all (cudaErrorInsufficientDriver with driver version 0, a
- * build box with the toolkit and no GPU). -1 when CUDA is there but
- * unusable (a driver too old for this runtime, a mismatched kernel module,
- * ...: the child prints the error with both versions) or the count could
- * not be had: a failure, never a skip. */
-static int device_count(void)
-{
-    int fds[2];
-    if (pipe(fds) != 0)
-        return -1;
-    pid_t pid = fork();
-    if (pid < 0) {
-        close(fds[0]);
-        close(fds[1]);
-        return -1;
-    }
-    if (pid == 0) {
-        int n = 0, drv = 0, rt = 0;
-        cudaError_t e = cudaGetDeviceCount(&n);
-        cudaDriverGetVersion(&drv);
-        cudaRuntimeGetVersion(&rt);
-        if (e == cudaErrorNoDevice || (e == cudaErrorInsufficientDriver && drv == 0)) {
-            printf("no CUDA device (%s; driver %d.%d, runtime %d.%d)\n",
-                   drv == 0 ? "no NVIDIA driver installed" : cudaGetErrorString(e), drv / 1000,
-                   drv % 1000 / 10, rt / 1000, rt % 1000 / 10);
-            n = 0;
-        } else if (e != cudaSuccess) {
-            printf("FAIL CUDA is unusable: cudaGetDeviceCount: %s (%s); driver %d.%d, runtime %d.%d\n",
-                   cudaGetErrorName(e), cudaGetErrorString(e), drv / 1000, drv % 1000 / 10,
-                   rt / 1000, rt % 1000 / 10);
-            n = -1;
-        }
-        fflush(stdout);
-        ssize_t w = write(fds[1], &n, sizeof(n));
-        _exit(w == sizeof(n) ? 0 : 1);
-    }
-    close(fds[1]);
-    int n = -1;
-    if (read(fds[0], &n, sizeof(n)) != sizeof(n))
-        n = -1; /* the child died before it could say */
-    close(fds[0]);
-    waitpid(pid, NULL, 0);
-    return n;
-}
-
 static void check_world(int world, int lose_peer)
 {
-    id_pipes p = {.world = world};
+    gpu_ranks p = {.world = world};
     float *out = mmap(NULL, sizeof(float) * 3 * N * MAXW, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (out == MAP_FAILED) {
         failures++;
@@ -298,7 +224,7 @@ int main(void)
     }
     if (failures)
         return 1;
-    int ndev = device_count();
+    int ndev = gpu_device_count_forked();
     if (ndev < 0) {
         printf("FAIL cannot count the CUDA devices\n");
         return 1;

@@ -42,33 +42,6 @@
 
 enum { MAXW = 3, B = 6, T = 24, MPR = 4, STEPS = 2 };
 
-typedef struct ranks {
-    int fds[MAXW][2];
-    int world, rank;
-} ranks;
-
-static int id_send(void *ctx, const void *id, size_t len)
-{
-    ranks *p = ctx;
-    for (int g = 1; g < p->world; g++)
-        if (write(p->fds[g][1], id, len) != (ssize_t)len)
-            return -EIO;
-    return 0;
-}
-
-static int id_recv(void *ctx, void *id, size_t len)
-{
-    ranks *p = ctx;
-    size_t got = 0;
-    while (got < len) {
-        ssize_t n = read(p->fds[p->rank][0], (char *)id + got, len - got);
-        if (n <= 0)
-            return -EIO;
-        got += (size_t)n;
-    }
-    return 0;
-}
-
 static int bucket(void *ctx, float *grads, size_t n, cudaStream_t s)
 {
     return comm_nccl_bucket_start(ctx, grads, n, s);
@@ -122,7 +95,7 @@ static bert_batch slice(batch_data *d, int32_t *pos, int r0, int nb)
 /* One rank: STEPS steps on its slice; per step the reduced gradient and
  * the parameters after it to out (STEPS x 2 x n floats). Exit code 0 or
  * the failing stage. */
-static int rank_main(ranks *p, int rank, int world, comm_dtype rd, int overlap, float *out)
+static int rank_main(gpu_ranks *p, int rank, int world, comm_dtype rd, int overlap, float *out)
 {
     p->rank = rank;
     bert_config c = gpu_test_config(4, 0);
@@ -147,7 +120,7 @@ static int rank_main(ranks *p, int rank, int world, comm_dtype rd, int overlap, 
         return 12;
     comm *cm = NULL;
     if (world > 1) {
-        if (comm_create_nccl(&cm, rank, world, rank, rd, id_send, id_recv, p, 60000) != 0)
+        if (comm_create_nccl(&cm, rank, world, rank, rd, gpu_ranks_id_send, gpu_ranks_id_recv, p, 60000) != 0)
             return 13;
         if (gpu_model_set_allreduce(g, whole, cm, NULL) != 0)
             return 14;
@@ -182,7 +155,7 @@ static int rank_main(ranks *p, int rank, int world, comm_dtype rd, int overlap, 
 /* Runs `world` ranks; each one's results land in out + rank * STEPS * 2n. */
 static int run_world(int world, comm_dtype rd, int overlap, float *out, size_t n)
 {
-    ranks p = {.world = world};
+    gpu_ranks p = {.world = world};
     for (int g = 0; g < world; g++)
         if (pipe(p.fds[g]) != 0)
             return -1;
@@ -210,36 +183,16 @@ static int run_world(int world, comm_dtype rd, int overlap, float *out, size_t n
     return ok ? 0 : -1;
 }
 
-/* Device count from a short-lived child (CUDA must not cross fork). */
-static int devices(void)
-{
-    int fds[2];
-    if (pipe(fds) != 0)
-        return -1;
-    pid_t pid = fork();
-    if (pid == 0) {
-        gpu_require_device(); /* exits 77 without one, 1 on a broken CUDA */
-        int n = 0;
-        cudaGetDeviceCount(&n);
-        _exit(write(fds[1], &n, sizeof n) == sizeof n ? 0 : 1);
-    }
-    close(fds[1]);
-    int n = -1, st = 0;
-    if (read(fds[0], &n, sizeof n) != sizeof n)
-        n = -1;
-    close(fds[0]);
-    waitpid(pid, &st, 0);
-    if (WIFEXITED(st) && WEXITSTATUS(st) == 77)
-        exit(77);
-    return n;
-}
-
 int main(void)
 {
-    int ndev = devices();
-    if (ndev < 1) {
-        printf("FAIL could not count CUDA devices\n");
+    int ndev = gpu_device_count_forked();
+    if (ndev < 0) {
+        printf("FAIL cannot count the CUDA devices\n");
         return 1;
+    }
+    if (ndev == 0) {
+        printf("SKIP: no CUDA device\n");
+        return 77;
     }
     bert_config c = gpu_test_config(4, 0);
     bert_model *tmp = NULL;
