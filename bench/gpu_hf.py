@@ -6,7 +6,9 @@ model shape, batch and sequence length, 15% of positions labelled (the rest
 
 Prints one line:
   HF_RESULT step_ms=<mean> fwd_ms=<mean> bwd_ms=<mean> opt_ms=<mean>
-timed with CUDA events after --warmup untimed steps. Python is allowed here
+timed with CUDA events after --warmup untimed steps. --compile wraps the
+model in torch.compile (the warm-up steps then include the compilation;
+scripts/device-check gives it more of them). Python is allowed here
 only as a benchmark reference; nothing in bertd runs it.
 """
 import argparse
@@ -25,6 +27,7 @@ def main():
     ap.add_argument("--hidden", type=int, default=768)
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--intermediate", type=int, default=3072)
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model")
     a = ap.parse_args()
 
     import torch
@@ -49,6 +52,7 @@ def main():
                      max_position_embeddings=512)
     model = BertForMaskedLM(cfg).to(dev)
     model.train()
+    fwd_model = torch.compile(model) if a.compile else model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
 
     B, T = a.batch, a.seq
@@ -77,7 +81,7 @@ def main():
         ev[0].record()
         opt.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            out = model(input_ids=ids, token_type_ids=tt, attention_mask=am, labels=labels)
+            out = fwd_model(input_ids=ids, token_type_ids=tt, attention_mask=am, labels=labels)
         ev[1].record()
         out.loss.backward()
         ev[2].record()
@@ -92,7 +96,7 @@ def main():
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
     n = a.steps
-    print(f"gpu_hf: torch {torch.__version__}, last loss {out.loss.item():.4f}", flush=True)
+    print(f"gpu_hf: torch {torch.__version__}{' (torch.compile)' if a.compile else ''}, last loss {out.loss.item():.4f}", flush=True)
     print(f"HF_RESULT step_ms={wall * 1e3 / n:.3f} fwd_ms={fwd / n:.3f} bwd_ms={bwd / n:.3f} "
           f"opt_ms={optt / n:.3f}", flush=True)
     return 0

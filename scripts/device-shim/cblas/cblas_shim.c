@@ -1,6 +1,8 @@
 /* cblas_shim — straightforward GEMM for the device-check shim (see cblas.h
  * beside it): accumulates in double, OpenMP over rows of C. Slow but exact
- * enough to serve as the CPU reference of the GPU tests. */
+ * enough to serve as the CPU reference of the GPU tests. Every inner loop
+ * walks memory with stride 1: a transposed B (the x·Wᵀ of every linear
+ * layer) is a dot product per element, not an axpy striding by ldb. */
 #include "cblas.h"
 
 #include <stdio.h>
@@ -18,18 +20,28 @@
         int tA = ta == CblasTrans, tB = tb == CblasTrans;                                 \
         _Pragma("omp parallel for") for (int i = 0; i < M; i++)                           \
         {                                                                                 \
-            double *acc = calloc((size_t)N + 1, sizeof(double));                          \
+            /* row i of op(A), contiguous; acc[0..N) the row of op(A)·op(B) */           \
+            double *acc = calloc((size_t)N + (size_t)K + 1, sizeof(double));              \
             if (!acc)                                                                     \
                 abort();                                                                  \
-            for (int k = 0; k < K; k++) {                                                 \
-                double a = tA ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k];          \
-                if (tB)                                                                   \
+            double *arow = acc + N;                                                       \
+            for (int k = 0; k < K; k++)                                                   \
+                arow[k] = tA ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k];           \
+            if (tB) /* B is (N, K): dot products walk both rows with stride 1 */          \
+                for (int j = 0; j < N; j++) {                                             \
+                    const REAL *b = &B[(size_t)j * ldb];                                  \
+                    double s = 0;                                                         \
+                    for (int k = 0; k < K; k++)                                           \
+                        s += arow[k] * b[k];                                              \
+                    acc[j] = s;                                                           \
+                }                                                                         \
+            else /* B is (K, N): axpy of its rows, stride 1 too */                        \
+                for (int k = 0; k < K; k++) {                                             \
+                    const REAL *b = &B[(size_t)k * ldb];                                  \
+                    double a = arow[k];                                                   \
                     for (int j = 0; j < N; j++)                                           \
-                        acc[j] += a * B[(size_t)j * ldb + k];                             \
-                else                                                                      \
-                    for (int j = 0; j < N; j++)                                           \
-                        acc[j] += a * B[(size_t)k * ldb + j];                             \
-            }                                                                             \
+                        acc[j] += a * b[j];                                               \
+                }                                                                         \
             for (int j = 0; j < N; j++) {                                                 \
                 REAL *c = &C[(size_t)i * ldc + j];                                        \
                 /* beta == 0 overwrites (C may hold NaN), as BLAS does */                 \
