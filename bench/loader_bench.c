@@ -28,6 +28,13 @@
 #ifndef BENCH_HF_SCRIPT
 #define BENCH_HF_SCRIPT "bench/loader_hf.py"
 #endif
+/* tests/data (the vocab) and the build's shared_data option ("" = none). */
+#ifndef BENCH_TEST_DATA
+#define BENCH_TEST_DATA "tests/data"
+#endif
+#ifndef BENCH_SHARED_DATA
+#define BENCH_SHARED_DATA ""
+#endif
 
 static double now_s(void)
 {
@@ -193,26 +200,32 @@ int main(int argc, char **argv)
 		else if (!strcmp(argv[i], "--no-hf"))
 			hf = 0;
 		else {
-			fprintf(stderr, "usage: %s --data SHARED_DATA_DIR [--raw DIR] [--seconds S] [--batch B] "
-					"[--hf-script PATH] [--no-hf]\n",
+			fprintf(stderr, "usage: %s [--data SHARED_DATA_DIR] [--raw DIR] [--seconds S] [--batch B] "
+					"[--hf-script PATH] [--no-hf]\n"
+					"  corpus: wikitext2-raw-test.txt + pg2600-war-and-peace.txt of --data (default: "
+					"the build's shared_data), else /usr/share/common-licenses\n",
 				argv[0]);
 			return 2;
 		}
 	}
-	if (!data) {
-		fprintf(stderr, "--data (the shared data directory) is required\n");
-		return 2;
-	}
-	char vocab[4096], meta[4200];
-	snprintf(vocab, sizeof(vocab), "%s/bert-base-uncased-vocab.txt", data);
-	snprintf(meta, sizeof(meta), "%s/meta.txt", dir);
+	if (!data)
+		data = BENCH_SHARED_DATA;
+	char vocab[4096], meta[4200], wt[4200], wp[4200], text[8500];
+	snprintf(vocab, sizeof(vocab), "%s/bert-base-uncased-vocab.txt", BENCH_TEST_DATA);
+	snprintf(wt, sizeof(wt), "%s/wikitext2-raw-test.txt", data);
+	snprintf(wp, sizeof(wp), "%s/pg2600-war-and-peace.txt", data);
 	struct stat st;
+	if (*data && stat(wt, &st) == 0 && stat(wp, &st) == 0) {
+		snprintf(text, sizeof(text), "'%s' '%s'", wt, wp);
+	} else {
+		fprintf(stderr, "corpus: /usr/share/common-licenses (no WikiText-2 / War and Peace in '%s')\n", data);
+		snprintf(text, sizeof(text), "/usr/share/common-licenses/*");
+	}
+	snprintf(meta, sizeof(meta), "%s/meta.txt", dir);
 	if (stat(meta, &st) != 0) {
 		char cmd[16384];
-		snprintf(cmd, sizeof(cmd),
-			 "python3 '%s' prepare --text '%s/wikitext2-raw-test.txt' '%s/pg2600-war-and-peace.txt' "
-			 "--vocab '%s' --out '%s'",
-			 script, data, data, vocab, dir);
+		snprintf(cmd, sizeof(cmd), "python3 '%s' prepare --text %s --vocab '%s' --out '%s'", script, text,
+			 vocab, dir);
 		if (system(cmd) != 0) {
 			fprintf(stderr, "preparing %s failed\n", dir);
 			return 1;

@@ -6,6 +6,9 @@
 #      (sha256 over all ids of the file);
 #   2. bertd-prepare -j 1 vs -j 2 on the corpora concatenated 3 times.
 # Usage: bench/tokenize.sh [BUILD_DIR] [REPEATS]   (default: build 3)
+# Corpora: /usr/share/common-licenses (concatenated; on every Debian), plus
+# those of ../shared/data ($BERTD_SHARED_DATA) that are present; vocab files
+# from tests/data.
 # Last line: "BENCH tokenize ..." key=value pairs for scripts.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
@@ -13,19 +16,26 @@ root=$(dirname "$here")
 build=${1:-$root/build}
 reps=${2:-3}
 data=${BERTD_SHARED_DATA:-$root/../shared/data}
+vocabs=$root/tests/data
 bench=$build/bench/tokenize_bench
 prep=$build/loader/bertd-prepare
 [ -x "$bench" ] && [ -x "$prep" ] || { echo "build first: ninja -C $build" >&2; exit 2; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT INT TERM
-files="$data/tinyshakespeare.txt $data/pg2600-war-and-peace.txt $data/wikitext2-raw-test.txt $data/wikitext2-tokens-valid.txt"
+for f in /usr/share/common-licenses/*; do
+	if [ -f "$f" ] && [ ! -L "$f" ]; then cat "$f"; echo; fi
+done > "$tmp/common-licenses.txt"
+files="$tmp/common-licenses.txt"
+for f in tinyshakespeare.txt pg2600-war-and-peace.txt wikitext2-raw-test.txt wikitext2-tokens-valid.txt; do
+	if [ -f "$data/$f" ]; then files="$files $data/$f"; else echo "skipped: $f (not in $data)"; fi
+done
 
 echo "machine: $(uname -m), $(nproc) CPU(s), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
 echo "HF: tokenizers $(python3 -c 'import tokenizers; print(tokenizers.__version__)'), single thread, encode_batch; best of $reps"
 printf '\n%-8s %-28s %8s %12s %10s %8s %s\n' vocab corpus MB "bertd MB/s" "HF MB/s" ratio identical
 all_same=yes
 for mode in uncased cased; do
-	if [ $mode = uncased ]; then v=$data/bert-base-uncased-vocab.txt; l=lower; else v=$data/bert-base-cased-vocab.txt; l=cased; fi
+	if [ $mode = uncased ]; then v=$vocabs/bert-base-uncased-vocab.txt; l=lower; else v=$vocabs/bert-base-cased-vocab.txt; l=cased; fi
 	"$bench" "$v" $l "$reps" $files > "$tmp/c.$mode"
 	RAYON_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false python3 "$here/tokenize_hf.py" "$v" $l "$reps" $files > "$tmp/h.$mode"
 	paste -d' ' "$tmp/c.$mode" "$tmp/h.$mode" | while read -r f b _ _ cm cs _ _ _ _ hm hs; do
@@ -50,7 +60,7 @@ for j in 1 2; do
 	best=0
 	for r in 1 2; do
 		rm -rf "$tmp/ds"
-		s=$("$prep" -o "$tmp/ds" --vocab "$data/bert-base-uncased-vocab.txt" --lowercase -j $j "$tmp/corpus.txt" 2>/dev/null |
+		s=$("$prep" -o "$tmp/ds" --vocab "$vocabs/bert-base-uncased-vocab.txt" --lowercase -j $j "$tmp/corpus.txt" 2>/dev/null |
 			sed 's/.*"mb_per_s":\([0-9.e+-]*\).*/\1/')
 		best=$(echo "$s $best" | awk '{ print ($1 > $2) ? $1 : $2 }')
 	done

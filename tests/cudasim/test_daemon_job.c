@@ -43,7 +43,6 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -120,16 +119,8 @@ static int side_init(side *s, bool gpu)
 	if (start(s))
 		return -1;
 	it_make_corpus(s->data, "shakes.txt", 3000);
-	http_resp r;
-	if (http_post_json(&s->d, "/v1/datasets",
-			   "{\"name\":\"shakes\",\"source\":\"shakes.txt\",\"vocab\":{\"train\":{\"vocab_size\":400}}}",
-			   &r) || r.status != 201) {
-		fprintf(stderr, "dataset: %ld %s\n", r.status, r.body);
-		http_resp_free(&r);
-		return -1;
-	}
-	http_resp_free(&r);
-	return 0;
+	return it_add_dataset(&s->d,
+			      "{\"name\":\"shakes\",\"source\":\"shakes.txt\",\"vocab\":{\"train\":{\"vocab_size\":400}}}");
 }
 
 static int group_setup(void **state)
@@ -152,17 +143,6 @@ static int group_teardown(void **state)
 	return rc;
 }
 
-static void wait_dataset_ready(const bertd *d)
-{
-	json_t *ds = it_wait_state(d, "/v1/datasets/shakes", "ready|failed", DEADLINE_S);
-	if (strcmp(it_jstr(ds, "state"), "ready") != 0) {
-		char *txt = json_dumps(ds, JSON_COMPACT);
-		bertd_print_log(d);
-		fail_msg("dataset: %s", txt);
-	}
-	json_decref(ds);
-}
-
 /* test_jobs_e2e's bert-tiny, in fp32 on both backends (auto would pick
  * bf16 on the simulated sm_90). */
 #define SPEC(name, gpus, loaders)                                                                         \
@@ -174,48 +154,6 @@ static void wait_dataset_ready(const bertd *d)
 	"\"dataloader_num_workers\":" loaders ",\"seed\":7,\"bf16\":false,\"fp16\":false},"              \
 	"\"resources\":{\"gpus\":" gpus "}}"
 
-/* pids of live processes whose command line contains all of a, b. */
-static int find_pids(const char *a, const char *b, pid_t *out, int cap)
-{
-	DIR *dir = opendir("/proc");
-	struct dirent *e;
-	int n = 0;
-	while (dir && (e = readdir(dir)) && n < cap) {
-		char *end;
-		long pid = strtol(e->d_name, &end, 10);
-		if (*end || pid <= 0)
-			continue;
-		char path[64], buf[4096];
-		snprintf(path, sizeof path, "/proc/%ld/cmdline", pid);
-		FILE *f = fopen(path, "r");
-		if (!f)
-			continue;
-		size_t len = fread(buf, 1, sizeof buf - 1, f);
-		fclose(f);
-		for (size_t i = 0; i < len; i++)
-			if (!buf[i])
-				buf[i] = ' ';
-		buf[len] = 0;
-		snprintf(path, sizeof path, "/proc/%ld/stat", pid);
-		f = fopen(path, "r");
-		char st = 0;
-		if (f) {
-			char tmp[4096];
-			if (fgets(tmp, sizeof tmp, f)) {
-				char *rp = strrchr(tmp, ')');
-				if (rp && rp[1] == ' ')
-					st = rp[2];
-			}
-			fclose(f);
-		}
-		if (st != 'Z' && strstr(buf, a) && (!b || strstr(buf, b)))
-			out[n++] = (pid_t)pid;
-	}
-	if (dir)
-		closedir(dir);
-	return n;
-}
-
 /* Every worker pid a job has had, as seen while polling: the stand-in's
  * NCCL segments are named after the pid of the rank that made the id. */
 typedef struct seen_pids {
@@ -223,10 +161,12 @@ typedef struct seen_pids {
 	int n;
 } seen_pids;
 
-static void note_workers(seen_pids *sp, const char *id)
+/* it_poll_job's watch: arg is the seen_pids. */
+static void note_workers(void *arg, const char *id)
 {
+	seen_pids *sp = arg;
 	pid_t p[8];
-	int n = find_pids("bertd-worker", id, p, 8);
+	int n = it_find_pids("bertd-worker", id, p, 8);
 	for (int i = 0; i < n; i++) {
 		bool known = false;
 		for (int k = 0; k < sp->n; k++)
@@ -234,53 +174,6 @@ static void note_workers(seen_pids *sp, const char *id)
 		if (!known && sp->n < 64)
 			sp->pid[sp->n++] = p[i];
 	}
-}
-
-/* Polls the job until its state is one of states (or, with step > 0,
- * until it has logged step), noting its workers. Returns the job (caller
- * decrefs); fails the test on a deadline or a job that ended first. */
-static json_t *poll_job(const bertd *d, const char *id, const char *states, long step, seen_pids *sp)
-{
-	char path[96], want[96], have[40];
-	snprintf(path, sizeof path, "/v1/jobs/%s", id);
-	snprintf(want, sizeof want, "|%s|", states ? states : "");
-	for (int i = 0; i < DEADLINE_S * 10; i++) {
-		if (sp)
-			note_workers(sp, id);
-		json_t *j = it_get_json(d, path);
-		const char *st = it_jstr(j, "state");
-		json_int_t s = json_integer_value(json_object_get(json_object_get(j, "progress"), "step"));
-		snprintf(have, sizeof have, "|%s|", st);
-		bool terminal = !strcmp(st, "completed") || !strcmp(st, "failed") || !strcmp(st, "canceled");
-		if (step > 0 ? s >= step : strstr(want, have) != NULL)
-			return j;
-		if (step > 0 && terminal)
-			fail_msg("job %s ended (%s) before step %ld", id, st, step);
-		json_decref(j);
-		it_pause_ms(100);
-	}
-	bertd_print_log(d);
-	fail_msg("job %s: not %s after %d s", id, step > 0 ? "at the step" : states, DEADLINE_S);
-	return NULL;
-}
-
-static void assert_completed(const bertd *d, const json_t *job)
-{
-	if (strcmp(it_jstr((json_t *)job, "state"), "completed") != 0) {
-		bertd_print_log(d);
-		fail_msg("job ended %s: %s", it_jstr((json_t *)job, "state"),
-			 json_string_value(json_object_get(job, "failure_reason")));
-	}
-}
-
-static json_t *metrics_of(const bertd *d, const char *id)
-{
-	char path[128];
-	snprintf(path, sizeof path, "/v1/jobs/%s/metrics", id);
-	json_t *o = it_get_json(d, path);
-	json_t *m = json_incref(json_object_get(o, "metrics"));
-	json_decref(o);
-	return m;
 }
 
 static double num_at(const json_t *rows, size_t i, const char *key)
@@ -323,9 +216,9 @@ static void assert_devices(const json_t *job, const char *kind, size_t n)
 static void assert_nothing_left(const char *id, const seen_pids *sp)
 {
 	pid_t pids[8];
-	for (int i = 0; i < 50 && find_pids(id, NULL, pids, 8) > 0; i++)
+	for (int i = 0; i < 50 && it_find_pids(id, NULL, pids, 8) > 0; i++)
 		it_pause_ms(100);
-	assert_int_equal(find_pids(id, NULL, pids, 8), 0);
+	assert_int_equal(it_find_pids(id, NULL, pids, 8), 0);
 	DIR *dir = opendir("/dev/shm");
 	assert_non_null(dir);
 	struct dirent *e;
@@ -391,50 +284,6 @@ static void check_diagnosis(const bertd *d, const char *id)
 	json_decref(o);
 }
 
-/* A safetensors file: the JSON header and the bytes after it. */
-typedef struct st_file {
-	json_t *hdr;
-	unsigned char *data;
-	size_t len;
-} st_file;
-
-static void st_load(const json_t *job, st_file *s)
-{
-	char path[1200];
-	snprintf(path, sizeof path, "%s/model.safetensors", it_jstr((json_t *)job, "model_dir"));
-	FILE *fp = fopen(path, "rb");
-	assert_non_null(fp);
-	unsigned char len8[8];
-	assert_int_equal(fread(len8, 1, 8, fp), 8);
-	uint64_t hl = 0;
-	for (int i = 7; i >= 0; i--)
-		hl = hl << 8 | len8[i];
-	assert_true(hl > 2 && hl < (1u << 20));
-	char *h = calloc(1, hl + 1);
-	assert_int_equal(fread(h, 1, hl, fp), hl);
-	s->hdr = json_loads(h, 0, NULL);
-	free(h);
-	assert_non_null(s->hdr);
-	long at = ftell(fp);
-	fseek(fp, 0, SEEK_END);
-	s->len = (size_t)(ftell(fp) - at);
-	fseek(fp, at, SEEK_SET);
-	s->data = malloc(s->len);
-	assert_int_equal(fread(s->data, 1, s->len, fp), s->len);
-	fclose(fp);
-}
-
-static void sha_of_export(const json_t *job, char hex[65])
-{
-	char cmd[1300];
-	snprintf(cmd, sizeof cmd, "sha256sum '%s/model.safetensors'", it_jstr((json_t *)job, "model_dir"));
-	FILE *p = popen(cmd, "r");
-	assert_non_null(p);
-	assert_non_null(fgets(hex, 65, p));
-	pclose(p);
-	hex[64] = 0;
-}
-
 /* The attention's key bias gets no gradient in exact arithmetic (it adds
  * q . b_k to every score of a query's row, which the softmax cancels), so
  * what it holds is rounding noise that AdamW's normalisation turns into
@@ -452,9 +301,9 @@ static bool noise_only(const char *name)
  * the tensor in *worst. */
 static double export_rel_diff(const json_t *ja, const json_t *jb, char *worst, size_t cap)
 {
-	st_file a, b;
-	st_load(ja, &a);
-	st_load(jb, &b);
+	it_export a, b;
+	it_export_load(ja, &a);
+	it_export_load(jb, &b);
 	assert_int_equal(json_object_size(a.hdr), json_object_size(b.hdr));
 	double max_rel = 0;
 	const char *name;
@@ -495,25 +344,24 @@ static double export_rel_diff(const json_t *ja, const json_t *jb, char *worst, s
 		tensors++;
 	}
 	assert_true(tensors > 10);
-	json_decref(a.hdr);
-	json_decref(b.hdr);
-	free(a.data);
-	free(b.data);
+	it_export_free(&a);
+	it_export_free(&b);
 	return max_rel;
 }
 
 static json_t *run_to_end(const bertd *d, const char *id, seen_pids *sp)
 {
-	json_t *job = poll_job(d, id, "completed|failed|canceled", 0, sp);
-	assert_completed(d, job);
+	json_t *job = it_poll_job(d, id, "completed|failed|canceled", 0, DEADLINE_S, sp ? note_workers : NULL,
+				  sp);
+	it_assert_completed(d, job);
 	return job;
 }
 
 static void test_gpu_matches_cpu(void **state)
 {
 	fx *f = *state;
-	wait_dataset_ready(&f->gpu.d);
-	wait_dataset_ready(&f->cpu.d);
+	it_wait_dataset_ready(&f->gpu.d, "shakes", DEADLINE_S);
+	it_wait_dataset_ready(&f->cpu.d, "shakes", DEADLINE_S);
 	/* both at once: the machine's cores are shared, the results are not */
 	char *g = it_submit(&f->gpu.d, SPEC("gpu", "2", "1"));
 	char *c = it_submit(&f->cpu.d, SPEC("cpu", "2", "1"));
@@ -524,7 +372,7 @@ static void test_gpu_matches_cpu(void **state)
 	assert_devices(jc, "cpu", 2);
 	assert_int_equal(json_integer_value(json_object_get(jg, "restart_count")), 0);
 
-	json_t *mg = metrics_of(&f->gpu.d, g), *mc = metrics_of(&f->cpu.d, c);
+	json_t *mg = it_metrics_of(&f->gpu.d, g), *mc = it_metrics_of(&f->cpu.d, c);
 	assert_rows_complete(mg);
 	assert_rows_complete(mc);
 	double worst = 0;
@@ -567,20 +415,20 @@ static void test_gpu_kill_worker_resumes(void **state)
 {
 	fx *f = *state;
 	const bertd *d = &f->gpu.d;
-	wait_dataset_ready(d);
+	it_wait_dataset_ready(d, "shakes", DEADLINE_S);
 	if (!f->ref_gpu) { /* run alone (IT_ONLY) */
 		f->ref_gpu = it_submit(d, SPEC("gpu", "2", "1"));
 		f->ref_job = run_to_end(d, f->ref_gpu, NULL);
 	}
 	char *id = it_submit(d, SPEC("killed", "2", "1"));
 	seen_pids sp = {0};
-	json_decref(poll_job(d, id, NULL, 15, &sp)); /* past the step-10 checkpoint */
+	json_decref(it_poll_job(d, id, NULL, 15, DEADLINE_S, note_workers, &sp)); /* past the step-10 checkpoint */
 	pid_t pids[4];
-	assert_int_equal(find_pids(id, "--rank 1", pids, 4), 1);
+	assert_int_equal(it_find_pids(id, "--rank 1", pids, 4), 1);
 	/* both workers are the stand-in's bertd-worker, from --bin-dir */
 	char worker[400];
 	snprintf(worker, sizeof worker, "%s/bertd-worker", getenv("IT_CUDASIM_BIN_DIR"));
-	assert_int_equal(find_pids(worker, id, pids + 1, 3), 2);
+	assert_int_equal(it_find_pids(worker, id, pids + 1, 3), 2);
 	assert_int_equal(kill(pids[0], SIGKILL), 0);
 	json_t *job = run_to_end(d, id, &sp);
 	assert_int_equal(json_integer_value(json_object_get(job, "restart_count")), 1);
@@ -601,7 +449,7 @@ static void test_gpu_kill_worker_resumes(void **state)
 	 * logged before the kill, logged again by the resumed run, not twice),
 	 * and the rows up to the checkpoint are the first run's, which did
 	 * exactly what the reference did. */
-	json_t *ma = metrics_of(d, f->ref_gpu), *mb = metrics_of(d, id);
+	json_t *ma = it_metrics_of(d, f->ref_gpu), *mb = it_metrics_of(d, id);
 	assert_rows_complete(mb);
 	double loss_rel = 0;
 	for (size_t k = 0; k < ROWS; k++) {
@@ -624,8 +472,8 @@ static void test_gpu_kill_worker_resumes(void **state)
 	 * that is the whole difference. A real GPU orders its atomics no
 	 * better.) So: sha256 first, then the tensors within TOL_RESUME_REL. */
 	char a[65], b[65], worst[160] = "";
-	sha_of_export(f->ref_job, a);
-	sha_of_export(job, b);
+	it_sha_of_export(f->ref_job, a);
+	it_sha_of_export(job, b);
 	if (strcmp(a, b) != 0) {
 		double rel = export_rel_diff(f->ref_job, job, worst, sizeof worst);
 		fprintf(stderr, "resume: export differs, max rel diff %.2e (%s; tolerance %.0e), loss %.2e\n", rel,

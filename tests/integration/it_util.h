@@ -1,6 +1,7 @@
 /* it_util — small cmocka helpers shared by the integration tests: JSON
- * field access that fails the test, bounded polling of a resource's state,
- * and corpus files cut from the shared data. */
+ * field access that fails the test, bounded polling of a resource's or a
+ * job's state, a job's metrics and export, the processes running it, and
+ * corpus files cut from real text (tests/testdata.h). */
 #ifndef BERTD_TESTS_IT_UTIL_H
 #define BERTD_TESTS_IT_UTIL_H
 
@@ -18,12 +19,54 @@ json_t *it_get_json(const bertd *d, const char *path);
  * the tests poll with a deadline and assert on states, never on timing. */
 json_t *it_wait_state(const bertd *d, const char *path, const char *states, int deadline_s);
 void it_pause_ms(int ms);
-/* Writes the first n lines of $BERTD_SHARED_DATA/tinyshakespeare.txt to
- * dir/name. */
+/* Writes the first n lines of real text to dir/name: tinyshakespeare of
+ * ../shared/data ($BERTD_SHARED_DATA) when present, else the texts of
+ * /usr/share/common-licenses (about 4,600 lines; tests/testdata.h). */
 void it_make_corpus(const char *dir, const char *name, int n);
 
 /* POST /v1/jobs with spec; asserts 201 and returns the new id (caller frees). */
 char *it_submit(const bertd *d, const char *spec);
+/* POST /v1/datasets with spec, for setup functions (which do not fail the
+ * test): 0 on 201, else prints the answer and returns -1. */
+int it_add_dataset(const bertd *d, const char *spec);
+/* Waits (it_wait_state) until dataset name is "ready"; fails the test with
+ * its representation and the daemon's log when it failed instead. */
+void it_wait_dataset_ready(const bertd *d, const char *name, int deadline_s);
+
+/* Polls GET /v1/jobs/{id} (every 100 ms, at most deadline_s) until its
+ * state is one of the '|'-separated states or, with step > 0, until it has
+ * logged step (failing the test when the job ends first). watch, when not
+ * NULL, is called with arg and id before every poll, to see the job's
+ * processes while they live. Returns the job (caller decrefs); fails the
+ * test with the daemon's log at the deadline. */
+json_t *it_poll_job(const bertd *d, const char *id, const char *states, long step, int deadline_s,
+		    void (*watch)(void *arg, const char *id), void *arg);
+/* it_poll_job until one of states, unwatched; returns the job (caller decrefs). */
+json_t *it_wait_job(const bertd *d, const char *id, const char *states, int deadline_s);
+/* it_poll_job until step is logged, unwatched. */
+void it_wait_step(const bertd *d, const char *id, long step, int deadline_s);
+/* Fails the test, with the daemon's log and the failure_reason, unless
+ * job's state is "completed". */
+void it_assert_completed(const bertd *d, const json_t *job);
+/* The "metrics" rows of GET /v1/jobs/{id}/metrics (caller decrefs). */
+json_t *it_metrics_of(const bertd *d, const char *id);
+/* sha256sum of the job's exported model_dir/model.safetensors: 64 hex
+ * digits and a NUL in hex. */
+void it_sha_of_export(const json_t *job, char hex[65]);
+/* A job's exported model.safetensors: the JSON header and the bytes after it. */
+typedef struct it_export {
+	json_t *hdr;
+	unsigned char *data; /* (len) bytes, tensors at their header data_offsets */
+	size_t len;
+} it_export;
+/* Reads the job's model_dir/model.safetensors into e (it_export_free frees
+ * it); fails the test unless it is a little-endian u64 length, a JSON
+ * header of that length (under 1 MiB), then the data. */
+void it_export_load(const json_t *job, it_export *e);
+void it_export_free(it_export *e);
+/* pids of live (not zombie) processes whose command line contains a and,
+ * when b is not NULL, b: at most cap of them into out; returns how many. */
+int it_find_pids(const char *a, const char *b, pid_t *out, int cap);
 /* Ends a test's daemon: SIGTERM (when running) must give exit 0, else its
  * log is printed; then the temp root is removed. 0, or -1 for a bad exit. */
 int it_daemon_finish(bertd *d);

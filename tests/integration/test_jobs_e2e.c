@@ -14,7 +14,6 @@
  *     environment, and nothing else.
  * Waiting is polling the API with a deadline: job states change
  * asynchronously, and the test asserts on the states, never on timing. */
-#include <dirent.h>
 #include <errno.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -59,14 +58,9 @@ static int setup(void **state)
 	if (!f || start(f, true))
 		return -1;
 	it_make_corpus(f->data, "shakes.txt", 3000);
-	http_resp r;
-	if (http_post_json(&f->d, "/v1/datasets",
-			   "{\"name\":\"shakes\",\"source\":\"shakes.txt\",\"vocab\":{\"train\":{\"vocab_size\":400}}}",
-			   &r) || r.status != 201) {
-		fprintf(stderr, "dataset: %ld %s\n", r.status, r.body);
+	if (it_add_dataset(&f->d,
+			   "{\"name\":\"shakes\",\"source\":\"shakes.txt\",\"vocab\":{\"train\":{\"vocab_size\":400}}}"))
 		return -1;
-	}
-	http_resp_free(&r);
 	*state = f;
 	return 0;
 }
@@ -79,13 +73,6 @@ static int teardown(void **state)
 	return rc;
 }
 
-static void wait_dataset_ready(const bertd *d)
-{
-	json_t *ds = it_wait_state(d, "/v1/datasets/shakes", "ready|failed", DEADLINE_S);
-	assert_string_equal(it_jstr(ds, "state"), "ready");
-	json_decref(ds);
-}
-
 /* A model small enough to train in seconds on two cores. */
 #define SPEC(name, steps, gpus, loaders, extra)                                                          \
 	"{\"name\":\"" name "\",\"dataset\":\"shakes\","                                                  \
@@ -96,111 +83,15 @@ static void wait_dataset_ready(const bertd *d)
 	"\"dataloader_num_workers\":" loaders ",\"seed\":7" extra "},"                                     \
 	"\"resources\":{\"gpus\":" gpus "}}"
 
-static json_t *wait_job(const bertd *d, const char *id, const char *states)
-{
-	char path[96];
-	snprintf(path, sizeof path, "/v1/jobs/%s", id);
-	return it_wait_state(d, path, states, DEADLINE_S);
-}
-
-/* Polls until the job has logged at least `step`. */
-static void wait_step(const bertd *d, const char *id, long step)
-{
-	char path[96];
-	snprintf(path, sizeof path, "/v1/jobs/%s", id);
-	for (int i = 0; i < DEADLINE_S * 10; i++) {
-		http_resp r;
-		assert_int_equal(http_get(d, path, &r), 0);
-		json_int_t s = json_integer_value(json_object_get(json_object_get(r.json, "progress"), "step"));
-		const char *st = it_jstr(r.json, "state");
-		bool terminal = !strcmp(st, "completed") || !strcmp(st, "failed") || !strcmp(st, "canceled");
-		http_resp_free(&r);
-		if (s >= step)
-			return;
-		if (terminal)
-			fail_msg("job %s ended (%s) before step %ld", id, st, step);
-		it_pause_ms(100);
-	}
-	fail_msg("job %s did not reach step %ld", id, step);
-}
-
-/* pids of live processes whose command line contains all of a, b. */
-static int find_pids(const char *a, const char *b, pid_t *out, int cap)
-{
-	DIR *dir = opendir("/proc");
-	struct dirent *e;
-	int n = 0;
-	while (dir && (e = readdir(dir)) && n < cap) {
-		char *end;
-		long pid = strtol(e->d_name, &end, 10);
-		if (*end || pid <= 0)
-			continue;
-		char path[64], buf[4096];
-		snprintf(path, sizeof path, "/proc/%ld/cmdline", pid);
-		FILE *f = fopen(path, "r");
-		if (!f)
-			continue;
-		size_t len = fread(buf, 1, sizeof buf - 1, f);
-		fclose(f);
-		for (size_t i = 0; i < len; i++)
-			if (!buf[i])
-				buf[i] = ' ';
-		buf[len] = 0;
-		snprintf(path, sizeof path, "/proc/%ld/stat", pid);
-		f = fopen(path, "r");
-		char st = 0;
-		if (f) {
-			char tmp[4096];
-			if (fgets(tmp, sizeof tmp, f)) {
-				char *rp = strrchr(tmp, ')');
-				if (rp && rp[1] == ' ')
-					st = rp[2];
-			}
-			fclose(f);
-		}
-		if (st != 'Z' && strstr(buf, a) && (!b || strstr(buf, b)))
-			out[n++] = (pid_t)pid;
-	}
-	if (dir)
-		closedir(dir);
-	return n;
-}
-
-static void sha_of_export(const json_t *job, char hex[65])
-{
-	char path[1200], cmd[1300];
-	snprintf(path, sizeof path, "%s/model.safetensors", it_jstr((json_t *)job, "model_dir"));
-	snprintf(cmd, sizeof cmd, "sha256sum '%s'", path);
-	FILE *p = popen(cmd, "r");
-	assert_non_null(p);
-	assert_non_null(fgets(hex, 65, p));
-	pclose(p);
-	hex[64] = 0;
-}
-
-static json_t *metrics_of(const bertd *d, const char *id)
-{
-	char path[128];
-	snprintf(path, sizeof path, "/v1/jobs/%s/metrics", id);
-	http_resp r;
-	assert_int_equal(http_get(d, path, &r), 0);
-	assert_int_equal(r.status, 200);
-	json_t *m = json_incref(json_object_get(r.json, "metrics"));
-	http_resp_free(&r);
-	return m;
-}
-
 static void test_full_run(void **state)
 {
 	fx *f = *state;
-	wait_dataset_ready(&f->d);
+	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
 	char *id = it_submit(&f->d, SPEC("full", "60", "2", "1", ""));
-	json_t *job = wait_job(&f->d, id, "completed|failed|canceled");
-	if (strcmp(it_jstr(job, "state"), "completed") != 0)
-		fail_msg("job ended %s: %s", it_jstr(job, "state"),
-			 json_string_value(json_object_get(job, "failure_reason")));
+	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
+	it_assert_completed(&f->d, job);
 	assert_int_equal(json_array_size(json_object_get(job, "devices")), 2);
-	json_t *m = metrics_of(&f->d, id);
+	json_t *m = it_metrics_of(&f->d, id);
 	assert_int_equal(json_array_size(m), 12); /* steps 5, 10, ..., 60 */
 	double first = json_number_value(json_object_get(json_array_get(m, 0), "loss"));
 	double last = json_number_value(json_object_get(json_array_get(m, 11), "loss"));
@@ -234,28 +125,15 @@ static void test_full_run(void **state)
 	/* model.safetensors: u64 header length, a JSON header, then the data;
 	 * HF names with the shapes of this config (transformers loads the same
 	 * files in tests/unit/worker's export check) */
-	snprintf(file, sizeof file, "%s/model.safetensors", it_jstr(job, "model_dir"));
-	FILE *st = fopen(file, "rb");
-	assert_non_null(st);
-	unsigned char len8[8];
-	assert_int_equal(fread(len8, 1, 8, st), 8);
-	uint64_t hl = 0;
-	for (int i = 7; i >= 0; i--)
-		hl = hl << 8 | len8[i];
-	assert_true(hl > 2 && hl < (1u << 20));
-	char *hdr = calloc(1, hl + 1);
-	assert_int_equal(fread(hdr, 1, hl, st), hl);
-	fclose(st);
-	json_t *h = json_loads(hdr, 0, NULL);
-	free(hdr);
-	assert_non_null(h);
-	json_t *we = json_object_get(h, "bert.embeddings.word_embeddings.weight");
+	it_export ex;
+	it_export_load(job, &ex);
+	json_t *we = json_object_get(ex.hdr, "bert.embeddings.word_embeddings.weight");
 	assert_non_null(we);
 	assert_string_equal(json_string_value(json_object_get(we, "dtype")), "F32");
 	assert_int_equal(json_integer_value(json_array_get(json_object_get(we, "shape"), 0)), 400);
 	assert_int_equal(json_integer_value(json_array_get(json_object_get(we, "shape"), 1)), 32);
-	assert_non_null(json_object_get(h, "cls.predictions.transform.dense.weight"));
-	json_decref(h);
+	assert_non_null(json_object_get(ex.hdr, "cls.predictions.transform.dense.weight"));
+	it_export_free(&ex);
 	/* worker logs are served */
 	snprintf(path, sizeof path, "/v1/jobs/%s/logs?rank=1&tail=5", id);
 	assert_int_equal(http_get(&f->d, path, &r), 0);
@@ -264,7 +142,7 @@ static void test_full_run(void **state)
 	http_resp_free(&r);
 	/* nothing of the job is left running */
 	pid_t pids[8];
-	assert_int_equal(find_pids(id, NULL, pids, 8), 0);
+	assert_int_equal(it_find_pids(id, NULL, pids, 8), 0);
 	json_decref(job);
 	free(id);
 }
@@ -272,28 +150,26 @@ static void test_full_run(void **state)
 static void test_kill_worker_resumes_exactly(void **state)
 {
 	fx *f = *state;
-	wait_dataset_ready(&f->d);
+	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
 	char *ref = it_submit(&f->d, SPEC("ref", "150", "2", "1", ""));
-	json_t *jref = wait_job(&f->d, ref, "completed|failed|canceled");
+	json_t *jref = it_wait_job(&f->d, ref, "completed|failed|canceled", DEADLINE_S);
 	assert_string_equal(it_jstr(jref, "state"), "completed");
 
 	char *id = it_submit(&f->d, SPEC("killed", "150", "2", "1", ""));
-	wait_step(&f->d, id, 15); /* past the step-10 checkpoint */
+	it_wait_step(&f->d, id, 15, DEADLINE_S); /* past the step-10 checkpoint */
 	pid_t pids[4];
-	int n = find_pids(id, "--rank 1", pids, 4);
+	int n = it_find_pids(id, "--rank 1", pids, 4);
 	assert_int_equal(n, 1);
 	assert_int_equal(kill(pids[0], SIGKILL), 0);
-	json_t *job = wait_job(&f->d, id, "completed|failed|canceled");
-	if (strcmp(it_jstr(job, "state"), "completed") != 0)
-		fail_msg("job ended %s: %s", it_jstr(job, "state"),
-			 json_string_value(json_object_get(job, "failure_reason")));
+	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
+	it_assert_completed(&f->d, job);
 	assert_int_equal(json_integer_value(json_object_get(job, "restart_count")), 1);
 
 	char a[65], b[65];
-	sha_of_export(jref, a);
-	sha_of_export(job, b);
+	it_sha_of_export(jref, a);
+	it_sha_of_export(job, b);
 	assert_string_equal(a, b); /* bit-identical to the uninterrupted run */
-	json_t *ma = metrics_of(&f->d, ref), *mb = metrics_of(&f->d, id);
+	json_t *ma = it_metrics_of(&f->d, ref), *mb = it_metrics_of(&f->d, id);
 	assert_int_equal(json_array_size(ma), json_array_size(mb));
 	for (size_t i = 0; i < json_array_size(ma); i++)
 		assert_true(json_number_value(json_object_get(json_array_get(ma, i), "loss")) ==
@@ -321,20 +197,18 @@ static void test_kill_worker_resumes_exactly(void **state)
 static void test_kill_daemon_resumes(void **state)
 {
 	fx *f = *state;
-	wait_dataset_ready(&f->d);
+	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
 	char *id = it_submit(&f->d, SPEC("survivor", "150", "2", "1", ""));
-	wait_step(&f->d, id, 15);
+	it_wait_step(&f->d, id, 15, DEADLINE_S);
 	bertd_kill9(&f->d);
 	/* children die with their parent (PR_SET_PDEATHSIG); wait for them */
 	pid_t pids[8];
-	for (int i = 0; i < 100 && find_pids(id, NULL, pids, 8) > 0; i++)
+	for (int i = 0; i < 100 && it_find_pids(id, NULL, pids, 8) > 0; i++)
 		it_pause_ms(100);
-	assert_int_equal(find_pids(id, NULL, pids, 8), 0);
+	assert_int_equal(it_find_pids(id, NULL, pids, 8), 0);
 	assert_int_equal(start(f, false), 0);
-	json_t *job = wait_job(&f->d, id, "completed|failed|canceled");
-	if (strcmp(it_jstr(job, "state"), "completed") != 0)
-		fail_msg("job ended %s: %s", it_jstr(job, "state"),
-			 json_string_value(json_object_get(job, "failure_reason")));
+	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
+	it_assert_completed(&f->d, job);
 	char path[128];
 	snprintf(path, sizeof path, "/v1/jobs/%s/events", id);
 	http_resp r;
@@ -353,16 +227,16 @@ static void test_kill_daemon_resumes(void **state)
 static void test_cancel_running(void **state)
 {
 	fx *f = *state;
-	wait_dataset_ready(&f->d);
+	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
 	char *id = it_submit(&f->d, SPEC("cancel-me", "100000", "1", "0", ""));
-	wait_step(&f->d, id, 5);
+	it_wait_step(&f->d, id, 5, DEADLINE_S);
 	char path[128];
 	snprintf(path, sizeof path, "/v1/jobs/%s/cancel", id);
 	http_resp r;
 	assert_int_equal(http_do(&f->d, "POST", path, NULL, 0, NULL, H_AUTH, &r), 0);
 	assert_int_equal(r.status, 202);
 	http_resp_free(&r);
-	json_t *job = wait_job(&f->d, id, "canceled|failed|completed");
+	json_t *job = it_wait_job(&f->d, id, "canceled|failed|completed", DEADLINE_S);
 	assert_string_equal(it_jstr(job, "state"), "canceled");
 	assert_true(json_is_object(json_object_get(job, "last_checkpoint"))); /* checkpointed on the way out */
 	json_decref(job);
@@ -372,7 +246,7 @@ static void test_cancel_running(void **state)
 static void test_max_runtime(void **state)
 {
 	fx *f = *state;
-	wait_dataset_ready(&f->d);
+	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
 	const char *spec =
 		"{\"name\":\"timeboxed\",\"dataset\":\"shakes\","
 		"\"model\":{\"preset\":\"bert-tiny\",\"hidden_size\":32,\"num_hidden_layers\":1,"
@@ -381,7 +255,7 @@ static void test_max_runtime(void **state)
 		"\"logging_steps\":5,\"save_steps\":1000,\"dataloader_num_workers\":0},"
 		"\"stopping_condition\":{\"max_runtime_seconds\":2}}";
 	char *id = it_submit(&f->d, spec);
-	json_t *job = wait_job(&f->d, id, "canceled|failed|completed");
+	json_t *job = it_wait_job(&f->d, id, "canceled|failed|completed", DEADLINE_S);
 	assert_string_equal(it_jstr(job, "state"), "canceled");
 	assert_true(json_is_object(json_object_get(job, "last_checkpoint"))); /* work kept */
 	char path[128];
@@ -405,11 +279,12 @@ static void test_max_runtime(void **state)
 static void test_two_at_once_third_waits(void **state)
 {
 	fx *f = *state;
-	wait_dataset_ready(&f->d);
+	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
 	char *a = it_submit(&f->d, SPEC("a", "100000", "1", "0", ""));
 	char *b = it_submit(&f->d, SPEC("b", "100000", "1", "0", ""));
 	char *c = it_submit(&f->d, SPEC("c", "10", "1", "0", ""));
-	json_t *ja = wait_job(&f->d, a, "running"), *jb = wait_job(&f->d, b, "running");
+	json_t *ja = it_wait_job(&f->d, a, "running", DEADLINE_S);
+	json_t *jb = it_wait_job(&f->d, b, "running", DEADLINE_S);
 	/* disjoint slots */
 	json_int_t da = json_integer_value(json_object_get(json_array_get(json_object_get(ja, "devices"), 0), "id"));
 	json_int_t db = json_integer_value(json_object_get(json_array_get(json_object_get(jb, "devices"), 0), "id"));
@@ -423,12 +298,12 @@ static void test_two_at_once_third_waits(void **state)
 	snprintf(path, sizeof path, "/v1/jobs/%s/cancel", a);
 	assert_int_equal(http_do(&f->d, "POST", path, NULL, 0, NULL, H_AUTH, &r), 0);
 	http_resp_free(&r);
-	json_t *jc = wait_job(&f->d, c, "completed|failed|canceled");
+	json_t *jc = it_wait_job(&f->d, c, "completed|failed|canceled", DEADLINE_S);
 	assert_string_equal(it_jstr(jc, "state"), "completed");
 	snprintf(path, sizeof path, "/v1/jobs/%s/cancel", b);
 	assert_int_equal(http_do(&f->d, "POST", path, NULL, 0, NULL, H_AUTH, &r), 0);
 	http_resp_free(&r);
-	json_t *jb2 = wait_job(&f->d, b, "canceled|failed|completed");
+	json_t *jb2 = it_wait_job(&f->d, b, "canceled|failed|completed", DEADLINE_S);
 	assert_string_equal(it_jstr(jb2, "state"), "canceled");
 	json_decref(ja);
 	json_decref(jb);
@@ -448,7 +323,7 @@ static void test_missing_dataset_fails(void **state)
 	char id[64];
 	snprintf(id, sizeof id, "%s", it_jstr(r.json, "id"));
 	http_resp_free(&r);
-	json_t *job = wait_job(&f->d, id, "failed|completed|canceled");
+	json_t *job = it_wait_job(&f->d, id, "failed|completed|canceled", DEADLINE_S);
 	assert_string_equal(it_jstr(job, "state"), "failed");
 	assert_non_null(strstr(it_jstr(job, "failure_reason"), "dataset \"nope\" does not exist"));
 	json_decref(job);
@@ -456,7 +331,7 @@ static void test_missing_dataset_fails(void **state)
 	assert_int_equal(http_post_json(&f->d, "/v1/jobs", "{\"dataset\":\"shakes\",\"resources\":{\"gpus\":8}}", &r), 0);
 	snprintf(id, sizeof id, "%s", it_jstr(r.json, "id"));
 	http_resp_free(&r);
-	job = wait_job(&f->d, id, "failed|completed|canceled");
+	job = it_wait_job(&f->d, id, "failed|completed|canceled", DEADLINE_S);
 	assert_non_null(strstr(it_jstr(job, "failure_reason"), "asks for 8 devices"));
 	json_decref(job);
 }
@@ -467,7 +342,7 @@ static void test_missing_dataset_fails(void **state)
 static void test_spec_from_older_bertd_runs(void **state)
 {
 	fx *f = *state;
-	wait_dataset_ready(&f->d);
+	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
 	assert_int_equal(bertd_stop(&f->d), 0);
 	const char *held[] = {"--data-roots", f->data, "--devices", "cpu", "--cpu-slots", "2",
 			      "--schedule", "false", NULL};
@@ -487,7 +362,7 @@ static void test_spec_from_older_bertd_runs(void **state)
 	assert_int_equal(pclose(p), 0);
 	assert_null(strstr(out, "simulate_data_delay_ms")); /* really the old shape now */
 	assert_int_equal(start(f, false), 0);
-	json_t *job = wait_job(&f->d, id, "completed|failed|canceled");
+	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
 	assert_string_equal(it_jstr(job, "state"), "completed");
 	json_decref(job);
 	free(id);
@@ -498,14 +373,14 @@ static void test_spec_from_older_bertd_runs(void **state)
 static void test_sigterm_requeues(void **state)
 {
 	fx *f = *state;
-	wait_dataset_ready(&f->d);
+	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
 	char *id = it_submit(&f->d, SPEC("drained", "150", "2", "1", ""));
-	wait_step(&f->d, id, 15);
+	it_wait_step(&f->d, id, 15, DEADLINE_S);
 	assert_int_equal(bertd_stop(&f->d), 0); /* exit 0 after draining */
 	pid_t pids[8];
-	assert_int_equal(find_pids(id, NULL, pids, 8), 0);
+	assert_int_equal(it_find_pids(id, NULL, pids, 8), 0);
 	assert_int_equal(start(f, false), 0);
-	json_t *job = wait_job(&f->d, id, "completed|failed|canceled");
+	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
 	assert_string_equal(it_jstr(job, "state"), "completed");
 	char path[128];
 	snprintf(path, sizeof path, "/v1/jobs/%s/events", id);
@@ -531,7 +406,7 @@ static void test_sigterm_requeues(void **state)
 static void test_disk_full(void **state)
 {
 	fx *f = *state;
-	wait_dataset_ready(&f->d);
+	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
 	char jobs[160];
 	snprintf(jobs, sizeof jobs, "%s/jobs", f->d.state_dir);
 	mkdir(jobs, 0700);
@@ -540,7 +415,7 @@ static void test_disk_full(void **state)
 		skip();
 	}
 	char *id = it_submit(&f->d, SPEC("full-disk", "40", "1", "0", ""));
-	json_t *job = wait_job(&f->d, id, "completed|failed|canceled");
+	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
 	assert_string_equal(it_jstr(job, "state"), "failed");
 	const char *why = it_jstr(job, "failure_reason");
 	if (!strstr(why, "No space left on device"))
@@ -605,7 +480,7 @@ static const char *env_in(const char *buf, size_t len, const char *name)
 static void test_child_environment(void **state)
 {
 	fx *f = *state;
-	wait_dataset_ready(&f->d);
+	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
 	assert_int_equal(bertd_stop(&f->d), 0);
 	static const char *const vars[][2] = {{"NCCL_SOCKET_IFNAME", "lo"}, {"IT_LISTED", "yes"},
 					      {"IT_UNLISTED", "no"}, {"CUDA_VISIBLE_DEVICES", "7"}};
@@ -622,10 +497,10 @@ static void test_child_environment(void **state)
 	assert_non_null(env_in(buf, len, "IT_UNLISTED")); /* the daemon has it: its absence below means something */
 
 	char *id = it_submit(&f->d, SPEC("env", "100000", "1", "1", ""));
-	json_decref(wait_job(&f->d, id, "running"));
+	json_decref(it_wait_job(&f->d, id, "running", DEADLINE_S));
 	pid_t worker, loader;
-	assert_int_equal(find_pids("bertd-worker", id, &worker, 1), 1);
-	assert_int_equal(find_pids("bertd-loader", id, &loader, 1), 1);
+	assert_int_equal(it_find_pids("bertd-worker", id, &worker, 1), 1);
+	assert_int_equal(it_find_pids("bertd-loader", id, &loader, 1), 1);
 
 	/* name=value, or unset for a NULL value */
 	static const struct { const char *who, *name, *value; } want[] = {
@@ -652,7 +527,7 @@ static void test_child_environment(void **state)
 	http_resp r;
 	assert_int_equal(http_do(&f->d, "POST", path, NULL, 0, NULL, H_AUTH, &r), 0);
 	http_resp_free(&r);
-	json_t *job = wait_job(&f->d, id, "canceled|failed|completed");
+	json_t *job = it_wait_job(&f->d, id, "canceled|failed|completed", DEADLINE_S);
 	assert_string_equal(it_jstr(job, "state"), "canceled");
 	json_decref(job);
 	free(id);

@@ -57,14 +57,9 @@ static int setup(void **state)
 	if (bertd_start(&f->d, extra))
 		return -1;
 	it_make_corpus(f->data, "shakes.txt", 2000);
-	http_resp r;
-	if (http_post_json(&f->d, "/v1/datasets",
-			   "{\"name\":\"shakes\",\"source\":\"shakes.txt\",\"vocab\":{\"train\":{\"vocab_size\":400}}}",
-			   &r) || r.status != 201) {
-		fprintf(stderr, "dataset: %ld %s\n", r.status, r.body);
+	if (it_add_dataset(&f->d,
+			   "{\"name\":\"shakes\",\"source\":\"shakes.txt\",\"vocab\":{\"train\":{\"vocab_size\":400}}}"))
 		return -1;
-	}
-	http_resp_free(&r);
 	json_t *ds = it_wait_state(&f->d, "/v1/datasets/shakes", "ready|failed", DEADLINE_S);
 	int ok = strcmp(json_string_value(json_object_get(ds, "state")), "ready") == 0;
 	json_decref(ds);
@@ -112,10 +107,7 @@ static double num(json_t *o, const char *k)
  * returns the data-wait share over the newest 20 rows, computed here. */
 static double recorded_share(const bertd *d, const char *id, bool loaders)
 {
-	char path[128];
-	snprintf(path, sizeof path, "/v1/jobs/%s/metrics", id);
-	json_t *m = it_get_json(d, path);
-	json_t *rows = json_object_get(m, "metrics");
+	json_t *rows = it_metrics_of(d, id);
 	size_t n = json_array_size(rows);
 	assert_true(n >= 2);
 	double wait = 0, step = 0, ckpt = 0;
@@ -153,7 +145,7 @@ static double recorded_share(const bertd *d, const char *id, bool loaders)
 			built += num(json_object_get(json_array_get(rows, i), "loader"), "batches_built");
 		assert_true(built >= 5);
 	}
-	json_decref(m);
+	json_decref(rows);
 	return wait / step;
 }
 
@@ -164,8 +156,7 @@ static json_t *run_diagnosed(const bertd *d, const char *spec, bool loaders, dou
 {
 	char *id = it_submit(d, spec);
 	char path[128];
-	snprintf(path, sizeof path, "/v1/jobs/%s", id);
-	json_t *j = it_wait_state(d, path, "completed|failed", DEADLINE_S);
+	json_t *j = it_wait_job(d, id, "completed|failed", DEADLINE_S);
 	assert_string_equal(it_jstr(j, "state"), "completed");
 	json_decref(j);
 	*share = recorded_share(d, id, loaders);
@@ -183,8 +174,7 @@ static void test_serial_job_diagnosed_from_its_phases(void **state)
 	char *id = it_submit(&f->d, SPEC("serial", "40", "0",
 				      ",\"profiler\":{\"rules\":{\"input_bound\":{\"max_data_wait_share\":0}}}"));
 	char path[128];
-	snprintf(path, sizeof path, "/v1/jobs/%s", id);
-	json_t *j = it_wait_state(&f->d, path, "completed|failed", DEADLINE_S);
+	json_t *j = it_wait_job(&f->d, id, "completed|failed", DEADLINE_S);
 	assert_string_equal(it_jstr(j, "state"), "completed");
 	double share = recorded_share(&f->d, id, false);
 	assert_true(share > 0);
@@ -289,13 +279,10 @@ static void test_two_ranks_report_per_rank_times(void **state)
 		"\"dataloader_num_workers\":0,\"seed\":7},\"resources\":{\"gpus\":2}}";
 	char *id = it_submit(&f->d, spec);
 	char path[128];
-	snprintf(path, sizeof path, "/v1/jobs/%s", id);
-	json_t *j = it_wait_state(&f->d, path, "completed|failed", DEADLINE_S);
+	json_t *j = it_wait_job(&f->d, id, "completed|failed", DEADLINE_S);
 	assert_string_equal(it_jstr(j, "state"), "completed");
 	json_decref(j);
-	snprintf(path, sizeof path, "/v1/jobs/%s/metrics", id);
-	json_t *m = it_get_json(&f->d, path);
-	json_t *rows = json_object_get(m, "metrics");
+	json_t *rows = it_metrics_of(&f->d, id);
 	assert_true(json_array_size(rows) >= 2);
 	double busy[2] = {0, 0}, ar = 0, step = 0;
 	size_t i;
@@ -316,7 +303,7 @@ static void test_two_ranks_report_per_rank_times(void **state)
 		step += num(r, "step_time_ms");
 	}
 	assert_true(ar > 0);
-	json_decref(m);
+	json_decref(rows);
 	snprintf(path, sizeof path, "/v1/jobs/%s/diagnosis", id);
 	json_t *dg = it_get_json(&f->d, path);
 	json_t *cb = rule(dg, "communication_bound"), *st = rule(dg, "straggler");
@@ -578,8 +565,7 @@ static void test_prometheus_metrics(void **state)
 	snprintf(path, sizeof path, "/v1/jobs/%s/cancel", id);
 	assert_int_equal(http_post_json(&f->d, path, "{}", &r), 0);
 	http_resp_free(&r);
-	snprintf(path, sizeof path, "/v1/jobs/%s", id);
-	json_t *j = it_wait_state(&f->d, path, "canceled|failed|completed", DEADLINE_S);
+	json_t *j = it_wait_job(&f->d, id, "canceled|failed|completed", DEADLINE_S);
 	assert_string_equal(it_jstr(j, "state"), "canceled");
 	json_decref(j);
 	assert_int_equal(http_get(&f->d, "/metrics", &r), 0);

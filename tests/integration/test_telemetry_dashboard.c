@@ -85,18 +85,7 @@ static void test_dashboard_renders(void **state)
 	assert_int_equal(bertd_start(&d, extra), 0);
 
 	/* a small corpus and a short job with a few logged windows */
-	const char *shared = getenv("BERTD_SHARED_DATA");
-	assert_non_null(shared);
-	char src[512], dst[512], line[4096];
-	snprintf(src, sizeof src, "%s/tinyshakespeare.txt", shared);
-	snprintf(dst, sizeof dst, "%s/shakes.txt", data);
-	FILE *in = fopen(src, "r"), *out = fopen(dst, "w");
-	assert_non_null(in);
-	assert_non_null(out);
-	for (int i = 0; i < 1000 && fgets(line, sizeof line, in); i++)
-		fputs(line, out);
-	fclose(in);
-	fclose(out);
+	it_make_corpus(data, "shakes.txt", 1000);
 	http_resp r;
 	assert_int_equal(http_post_json(&d, "/v1/datasets",
 					"{\"name\":\"shakes\",\"source\":\"shakes.txt\",\"vocab\":{\"train\":{\"vocab_size\":300}}}",

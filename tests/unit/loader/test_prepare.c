@@ -3,7 +3,10 @@
  * shard rotation at document ends, progress lines, vocab training, and bad
  * inputs (empty files, 10,000 tiny files, one huge line, binary junk,
  * missing or incomplete vocab, existing output) giving a clear error class
- * and leaving nothing behind. BERTD_TEST_BIG_MB sizes the huge line (50). */
+ * and leaving nothing behind. BERTD_TEST_BIG_MB sizes the huge line (50).
+ * Real text: /usr/share/common-licenses (also rewritten with a BOM and
+ * CRLF); War and Peace and tinyshakespeare of ../shared/data add to it when
+ * present. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -22,6 +25,7 @@
 
 #include "loader/prepare.h"
 #include "loader/shard.h"
+#include "tests/testdata.h"
 
 static char tmp[256];
 
@@ -257,47 +261,71 @@ static void same_file(const char *a, const char *b)
 	free(y);
 }
 
-static void test_threads_and_shards(void **state)
+/* Real text with a BOM and CRLF line ends, as Windows editors and Project
+ * Gutenberg write it: common-licenses, rewritten; returns its size. */
+static long long put_licenses_crlf(const char *name)
 {
-	(void)state;
-	const char *dd = getenv("BERTD_SHARED_DATA");
-	char corpus[1024];
-	snprintf(corpus, sizeof corpus, "%s/pg2600-war-and-peace.txt", dd ? dd : "../shared/data");
+	size_t len;
+	char *txt = testdata_licenses(&len);
+	assert_non_null(txt);
+	char *o = malloc(3 + 2 * len);
+	size_t n = 0;
+	memcpy(o, "\xEF\xBB\xBF", 3);
+	n = 3;
+	for (size_t i = 0; i < len; i++) {
+		if (txt[i] == '\n')
+			o[n++] = '\r';
+		o[n++] = txt[i];
+	}
+	put(name, o, n);
+	free(o);
+	free(txt);
+	return (long long)n;
+}
+
+/* corpus through the cased vocab with 1 and 3 threads into out1/out3:
+ * identical shards, rotated past shard_tokens at document ends only,
+ * progress lines ending complete at bytes. */
+static void threads_and_shards(const char *corpus, long long bytes, uint64_t shard_tokens,
+			       const char *out1, const char *out3)
+{
 	char vocab[1024];
-	snprintf(vocab, sizeof vocab, "%s/bert-base-cased-vocab.txt", dd ? dd : "../shared/data");
+	testdata_path(vocab, sizeof vocab, "bert-base-cased-vocab.txt");
 	const char *in[] = {corpus};
 	int pfd[2];
 	assert_int_equal(pipe(pfd), 0);
 	fcntl(pfd[0], F_SETFL, O_NONBLOCK);
 	fcntl(pfd[1], F_SETPIPE_SZ, 1 << 20);
 	prepare_opts o = {.inputs = in, .n_inputs = 1, .vocab_path = vocab, .lowercase = 0,
-			  .shard_tokens = 200000, .threads = 1, .progress_fd = pfd[1]};
+			  .shard_tokens = shard_tokens, .threads = 1, .progress_fd = pfd[1]};
 	prepare_summary s1, s3;
 	enum prepare_error err;
-	o.out_dir = path("t1");
+	o.out_dir = path(out1);
 	assert_int_equal(run_prep(&o, &err, &s1), 0);
-	o.out_dir = path("t3");
+	o.out_dir = path(out3);
 	o.threads = 3;
 	o.progress_fd = -1;
 	assert_int_equal(run_prep(&o, &err, &s3), 0);
-	assert_true(s1.shards >= 4); /* ~740k tokens, a new shard past 200k */
+	fprintf(stderr, "%s: %llu tokens, %llu shards of >= %llu tokens\n", corpus,
+		(unsigned long long)s1.tokens, (unsigned long long)s1.shards, (unsigned long long)shard_tokens);
+	assert_true(s1.shards >= 4); /* a new shard past shard_tokens: callers pick >= 4 */
 	assert_int_equal(s1.shards, s3.shards);
 	assert_int_equal(s1.tokens, s3.tokens);
 	for (uint64_t k = 0; k < s1.shards; k++) {
 		char a[64], b[64];
-		snprintf(a, sizeof a, "t1/shard-%05llu.bin", (unsigned long long)k);
-		snprintf(b, sizeof b, "t3/shard-%05llu.bin", (unsigned long long)k);
+		snprintf(a, sizeof a, "%s/shard-%05llu.bin", out1, (unsigned long long)k);
+		snprintf(b, sizeof b, "%s/shard-%05llu.bin", out3, (unsigned long long)k);
 		same_file(path(a), path(b));
-		snprintf(a, sizeof a, "t1/shard-%05llu.idx", (unsigned long long)k);
-		snprintf(b, sizeof b, "t3/shard-%05llu.idx", (unsigned long long)k);
+		snprintf(a, sizeof a, "%s/shard-%05llu.idx", out1, (unsigned long long)k);
+		snprintf(b, sizeof b, "%s/shard-%05llu.idx", out3, (unsigned long long)k);
 		same_file(path(a), path(b));
 	}
 	shard_dataset *d;
-	assert_int_equal(shard_dataset_open(path("t1"), &d), 0);
+	assert_int_equal(shard_dataset_open(path(out1), &d), 0);
 	assert_int_equal(d->n_shards, s1.shards);
 	assert_false(d->vocab.lowercase);
 	for (size_t k = 0; k + 1 < d->n_shards; k++)
-		assert_true(d->views[k].n_tokens >= 200000); /* only closed at a document end past it */
+		assert_true(d->views[k].n_tokens >= shard_tokens); /* only closed at a document end past it */
 	assert_int_equal(d->totals.tokens, s1.tokens);
 	shard_dataset_close(d);
 	/* progress: JSON lines, the last one complete */
@@ -314,18 +342,27 @@ static void test_threads_and_shards(void **state)
 	assert_string_equal(json_string_value(json_object_get(j, "phase")), "tokenize");
 	assert_int_equal(json_integer_value(json_object_get(j, "bytes_done")),
 			 json_integer_value(json_object_get(j, "bytes_total")));
-	assert_int_equal(json_integer_value(json_object_get(j, "bytes_total")), 3290314);
+	assert_int_equal(json_integer_value(json_object_get(j, "bytes_total")), bytes);
 	json_decref(j);
 	close(pfd[0]);
 	close(pfd[1]);
 }
 
-static void test_train_vocab(void **state)
+static void test_threads_and_shards(void **state)
 {
 	(void)state;
-	const char *dd = getenv("BERTD_SHARED_DATA");
-	char corpus[1024];
-	snprintf(corpus, sizeof corpus, "%s/tinyshakespeare.txt", dd ? dd : "../shared/data");
+	long long n = put_licenses_crlf("licenses-crlf.txt");
+	threads_and_shards(path("licenses-crlf.txt"), n, 15000, "t1", "t3");
+	char corpus[1024]; /* BOM, CRLF, ~740k tokens: a new shard past 200k */
+	if (testdata_shared(corpus, sizeof corpus, "pg2600-war-and-peace.txt", "prepare threads/shards on War and Peace"))
+		threads_and_shards(corpus, 3290314, 200000, "wp1", "wp3");
+}
+
+/* Trains a 3000 vocab on corpus (bytes long) with 2 threads into out1 and
+ * 1 thread into out2: progress over both passes, a low [UNK] rate, the same
+ * vocab and shards. */
+static void train_vocab(const char *corpus, long long bytes, const char *out1, const char *out2)
+{
 	const char *in[] = {corpus};
 	int pfd[2];
 	assert_int_equal(pipe(pfd), 0);
@@ -333,7 +370,7 @@ static void test_train_vocab(void **state)
 			  .threads = 2, .progress_fd = pfd[1]};
 	prepare_summary s;
 	enum prepare_error err;
-	o.out_dir = path("v1");
+	o.out_dir = path(out1);
 	assert_int_equal(run_prep(&o, &err, &s), 0);
 	close(pfd[1]);
 	/* progress over both passes only grows, and ends complete */
@@ -356,23 +393,42 @@ static void test_train_vocab(void **state)
 		json_decref(j);
 	}
 	assert_int_equal(phases, 3);
-	assert_int_equal(total, 2 * 1115394);
+	assert_int_equal(total, 2 * bytes);
 	assert_int_equal(done, total);
 	assert_true(s.vocab_trained);
 	assert_int_equal(s.vocab_size, 3000);
-	fprintf(stderr, "trained 3000 on tinyshakespeare: %llu tokens, unk rate %.5f%%\n",
+	fprintf(stderr, "trained 3000 on %s: %llu tokens, unk rate %.5f%%\n", corpus,
 		(unsigned long long)s.tokens, 100.0 * (double)s.unk / (double)s.tokens);
 	assert_true((double)s.unk / (double)s.tokens < 0.001);
-	o.out_dir = path("v2");
+	o.out_dir = path(out2);
 	o.threads = 1;
 	o.progress_fd = -1;
 	assert_int_equal(run_prep(&o, &err, &s), 0);
-	same_file(path("v1/vocab.txt"), path("v2/vocab.txt"));
-	same_file(path("v1/shard-00000.bin"), path("v2/shard-00000.bin"));
+	char a[128], b[128];
+	snprintf(a, sizeof a, "%s/vocab.txt", out1);
+	snprintf(b, sizeof b, "%s/vocab.txt", out2);
+	same_file(path(a), path(b));
+	snprintf(a, sizeof a, "%s/shard-00000.bin", out1);
+	snprintf(b, sizeof b, "%s/shard-00000.bin", out2);
+	same_file(path(a), path(b));
 	shard_dataset *d;
-	assert_int_equal(shard_dataset_open(path("v1"), &d), 0);
+	assert_int_equal(shard_dataset_open(path(out1), &d), 0);
 	assert_int_equal(d->vocab.vocab_size, 3000);
 	shard_dataset_close(d);
+}
+
+static void test_train_vocab(void **state)
+{
+	(void)state;
+	size_t len;
+	char *txt = testdata_licenses(&len);
+	assert_non_null(txt);
+	put("licenses.txt", txt, len);
+	free(txt);
+	train_vocab(path("licenses.txt"), (long long)len, "v1", "v2");
+	char corpus[1024];
+	if (testdata_shared(corpus, sizeof corpus, "tinyshakespeare.txt", "prepare vocab training on tinyshakespeare"))
+		train_vocab(corpus, 1115394, "vs1", "vs2");
 }
 
 static void test_bad_inputs(void **state)

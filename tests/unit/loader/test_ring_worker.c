@@ -2,7 +2,8 @@
  * processes feed bertd-worker through the job's ring, and the losses equal,
  * digit for digit, those of a worker that builds its batches serially
  * (dataloader_num_workers 0): the ring changes who builds a batch, never
- * what is in it. */
+ * what is in it. Corpus: ../shared/data's tinyshakespeare when present,
+ * else /usr/share/common-licenses. */
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -21,6 +22,7 @@
 #include <cmocka.h>
 
 #include "common/jobspec.h"
+#include "tests/testdata.h"
 
 static char dir[256];
 
@@ -107,9 +109,11 @@ static int setup(void **state)
 		return -1;
 	char ds[512], text[512], vocab[512];
 	snprintf(ds, sizeof(ds), "%s/ds", dir);
-	const char *data = env_or("BERTD_SHARED_DATA", "../shared/data");
-	snprintf(text, sizeof(text), "%s/tinyshakespeare.txt", data);
-	snprintf(vocab, sizeof(vocab), "%s/bert-base-uncased-vocab.txt", data);
+	testdata_path(vocab, sizeof(vocab), "bert-base-uncased-vocab.txt");
+	if (!testdata_shared(text, sizeof(text), "tinyshakespeare.txt",
+			     "tinyshakespeare as the corpus (common-licenses instead)"))
+		snprintf(text, sizeof(text), "%s", TESTDATA_LICENSES_DIR);
+	fprintf(stderr, "corpus: %s\n", text);
 	const char *argv[] = {env_or("BERTD_PREPARE_EXE", "loader/bertd-prepare"), "-o", ds, "--vocab", vocab,
 			      text, NULL};
 	return wait_code(spawn(argv, NULL)) == 0 ? 0 : -1;

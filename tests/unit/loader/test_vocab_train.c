@@ -1,7 +1,8 @@
 /* Vocab trainer: the merge order on the classic BPE toy corpus worked out by
  * hand (see comments), determinism (twice, and counts split across
  * "threads"), and a vocab trained on a real corpus tokenizing it with a low
- * [UNK] rate and real compression. */
+ * [UNK] rate and real compression: /usr/share/common-licenses always,
+ * ../shared/data's tinyshakespeare too when present. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,6 +14,7 @@
 
 #include "loader/vocab_train.h"
 #include "loader/wordpiece.h"
+#include "tests/testdata.h"
 
 static char *slurp(const char *path, size_t *n)
 {
@@ -64,14 +66,9 @@ static void test_toy_merges(void **state)
 	vocab_counter_destroy(c);
 }
 
-static void test_real_corpus(void **state)
+/* Trains size uncased on txt (owned, freed here) and tokenizes txt with it. */
+static void check_real_corpus(const char *name, char *txt, size_t len, uint32_t size)
 {
-	(void)state;
-	const char *dd = getenv("BERTD_SHARED_DATA");
-	char path[4096];
-	snprintf(path, sizeof path, "%s/tinyshakespeare.txt", dd ? dd : "../shared/data");
-	size_t len;
-	char *txt = slurp(path, &len);
 	/* one counter over everything, and two "thread" counters merged */
 	vocab_counter *all, *h1, *h2;
 	assert_int_equal(vocab_counter_create(true, &all), 0);
@@ -83,13 +80,13 @@ static void test_real_corpus(void **state)
 	assert_int_equal(vocab_counter_add_text(h2, txt + cut, len - cut), 0);
 	assert_int_equal(vocab_counter_add_text(h1, txt, cut), 0);
 	assert_int_equal(vocab_counter_merge(h1, h2), 0);
-	vocab_train_opts o = {.vocab_size = 4000};
+	vocab_train_opts o = {.vocab_size = size};
 	char *v1, *v2;
 	size_t n1, n2;
 	uint32_t nt1, nt2;
 	assert_int_equal(vocab_train(all, &o, &v1, &n1, &nt1), 0);
 	assert_int_equal(vocab_train(h1, &o, &v2, &n2, &nt2), 0);
-	assert_int_equal(nt1, 4000);
+	assert_int_equal(nt1, size);
 	assert_int_equal(n1, n2);
 	assert_memory_equal(v1, v2, n1);
 	free(v2);
@@ -99,7 +96,7 @@ static void test_real_corpus(void **state)
 
 	wordpiece *wp;
 	assert_int_equal(wordpiece_create(v1, n1, true, &wp), 0);
-	assert_int_equal(wordpiece_vocab_size(wp), 4000);
+	assert_int_equal(wordpiece_vocab_size(wp), size);
 	corpus_special sp;
 	assert_int_equal(wordpiece_special(wp, &sp), 0);
 	assert_int_equal(sp.pad, 0);
@@ -109,8 +106,8 @@ static void test_real_corpus(void **state)
 	assert_int_equal(wordpiece_encode(wp, txt, len, &ids, &st), 0);
 	double unk = (double)st.unk / (double)st.tokens;
 	double per_word = (double)st.tokens / (double)st.words;
-	fprintf(stderr, "tinyshakespeare, trained 4000 uncased: %llu words -> %llu tokens "
-		"(%.3f per word), unk rate %.5f%%\n", (unsigned long long)st.words,
+	fprintf(stderr, "%s, trained %u uncased: %llu words -> %llu tokens "
+		"(%.3f per word), unk rate %.5f%%\n", name, size, (unsigned long long)st.words,
 		(unsigned long long)st.tokens, per_word, 100.0 * unk);
 	assert_true(unk < 0.001);
 	assert_true(per_word < 1.5); /* characters per word is about 4 */
@@ -122,6 +119,20 @@ static void test_real_corpus(void **state)
 	vocab_counter_destroy(h1);
 	vocab_counter_destroy(h2);
 	free(txt);
+}
+
+static void test_real_corpus(void **state)
+{
+	(void)state;
+	size_t len;
+	char *txt = testdata_licenses(&len);
+	assert_non_null(txt);
+	check_real_corpus(TESTDATA_LICENSES_DIR, txt, len, 3000); /* ~2,200 distinct words */
+	char path[4096];
+	if (testdata_shared(path, sizeof path, "tinyshakespeare.txt", "vocab training on tinyshakespeare")) {
+		txt = slurp(path, &len);
+		check_real_corpus("tinyshakespeare", txt, len, 4000);
+	}
 }
 
 int main(void)
