@@ -28,6 +28,13 @@
  * gelu by up to ~2.5e-4 |x| and its derivative by a few times that. The model
  * comparison uses test_model_cuda's tolerances (fp32 gradients 1e-4, loss
  * 1e-5; 16-bit 5e-2 and 1e-2).
+ *
+ * Runs on the CPU stand-in too (tests/cudasim, suite cudasim), where it was
+ * shown to catch a swapped transpose: with plan_make's forward TRANSA made
+ * CUBLAS_OP_N, every bert-base-shaped forward fails (the stand-in's cuBLASLt
+ * declines the mismatched shapes, as the library does); a leading dimension
+ * that reaches past a buffer is a fault there (every operand's extent is
+ * checked against device memory).
  */
 #include "tests/gpu/gpu_check.h"
 #include "kernels/kernels.h"

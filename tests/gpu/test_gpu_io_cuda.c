@@ -17,7 +17,9 @@
  *  - the fp16 loss scaler's state: read, restored (a restored good_steps
  *    counts towards the next growth), ignored by a model that does not
  *    scale, and impossible states refused with the model unchanged.
- * Exits 77 without a GPU.
+ * Exits 77 without a GPU. On the CPU stand-in (tests/cudasim) the release
+ * rule runs in the deferred stream mode only (the sync mode completes every
+ * copy at its call, so nothing can be pending).
  */
 #include "tests/gpu/gpu_check.h"
 #include "loader/batch.h"
