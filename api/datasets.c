@@ -4,7 +4,7 @@
  * A POST validates the request, confines every path to the data roots and
  * stores the dataset as `preparing`; the supervisor (daemon loop) runs
  * bertd-prepare for it and moves it to ready or failed. Handlers never start
- * processes themselves.
+ * processes themselves. DELETE removes a dataset no live job needs.
  */
 #include <errno.h>
 #include <jansson.h>
@@ -17,6 +17,7 @@
 #include "api/handlers.h"
 #include "api/http.h"
 #include "api/paths.h"
+#include "common/fsutil.h"
 #include "common/log.h"
 #include "daemon/store.h"
 
@@ -288,4 +289,93 @@ enum MHD_Result datasets_get(api_request *req)
 	json_t *o = dataset_json(req, &d);
 	store_dataset_free(&d);
 	return api_reply_json(req, MHD_HTTP_OK, o);
+}
+
+/* The first live job (queued .. stopping) whose spec names dataset `name`:
+ * copies its id into `job` and returns 1; 0 when none; negative errno. */
+static int dataset_in_use(store *st, const char *name, char *job, size_t cap)
+{
+	int64_t after = 0;
+	int found = 0;
+	do {
+		store_job *jobs = NULL;
+		size_t n = 0;
+		int64_t next = 0;
+		int rc = store_job_list(st, JOB_MASK(JOB_QUEUED) | JOB_MASK_ACTIVE, after, 100, &jobs, &n, &next);
+		if (rc < 0)
+			return rc;
+		for (size_t i = 0; i < n && !found; i++) {
+			json_t *spec = jobs[i].spec_json ? json_loads(jobs[i].spec_json, 0, NULL) : NULL;
+			const char *ds = json_string_value(json_object_get(spec, "dataset"));
+			if (ds && strcmp(ds, name) == 0) {
+				snprintf(job, cap, "%s", jobs[i].id);
+				found = 1;
+			}
+			json_decref(spec);
+		}
+		store_jobs_free(jobs, n);
+		after = next;
+	} while (after && !found);
+	return found;
+}
+
+/* Deletes a dataset that no live job needs: its row, then its shards under
+ * the first data root (the only place bertd-prepare writes). A preparing
+ * dataset is refused rather than canceled: the supervisor owns that
+ * process, and handlers never touch processes. */
+enum MHD_Result datasets_delete(api_request *req)
+{
+	static const char *const known[] = {NULL};
+	enum MHD_Result qret;
+	if (!api_query_known(req, known, &qret))
+		return qret;
+	store_dataset d;
+	int rc = load(req, &d);
+	if (rc == -ENOENT)
+		return api_reply_problem(req, API_P_DATASET_NOT_FOUND, NULL, "no dataset %s", req->args.v[0]);
+	if (rc < 0)
+		return api_reply_problem(req, API_P_INTERNAL, NULL, "loading dataset failed: %s", strerror(-rc));
+	enum MHD_Result ret;
+	char job[64] = "";
+	if (d.state == DATASET_PREPARING) {
+		ret = api_reply_problem(req, API_P_DATASET_STATE, NULL,
+					"dataset \"%s\" is still preparing; delete it once it is ready or failed",
+					d.name);
+		goto out;
+	}
+	if ((rc = dataset_in_use(req->st, d.name, job, sizeof job)) != 0) {
+		if (rc < 0)
+			ret = api_reply_problem(req, API_P_INTERNAL, NULL, "listing jobs failed: %s", strerror(-rc));
+		else
+			ret = api_reply_problem(req, API_P_DATASET_STATE, NULL,
+						"dataset \"%s\" is used by job %s (queued or running); cancel it first",
+						d.name, job);
+		goto out;
+	}
+	rc = store_dataset_delete(req->st, d.id);
+	if (rc == -ENOENT) {
+		ret = api_reply_problem(req, API_P_DATASET_NOT_FOUND, NULL, "no dataset %s", req->args.v[0]);
+		goto out;
+	}
+	if (rc == -EBUSY) {
+		ret = api_reply_problem(req, API_P_DATASET_STATE, NULL, "dataset \"%s\" is preparing again", d.name);
+		goto out;
+	}
+	if (rc < 0) {
+		ret = api_reply_problem(req, API_P_INTERNAL, NULL, "deleting the dataset failed: %s", strerror(-rc));
+		goto out;
+	}
+	if (req->cfg->n_data_roots) {
+		char dir[PATH_MAX + 64];
+		snprintf(dir, sizeof dir, "%s/datasets/%s", req->cfg->data_roots[0], d.name);
+		/* The row is gone, so the dataset is; leftover files are only logged. */
+		if ((rc = fs_remove_tree(dir)) < 0)
+			log_warn("dataset %s (%s) deleted, but removing %s failed: %s", d.id, d.name, dir,
+				 strerror(-rc));
+	}
+	log_info("dataset %s (%s) deleted", d.id, d.name);
+	ret = api_reply_empty(req, MHD_HTTP_NO_CONTENT);
+out:
+	store_dataset_free(&d);
+	return ret;
 }

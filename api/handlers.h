@@ -39,5 +39,6 @@ enum MHD_Result devices_list(api_request *req);
 enum MHD_Result datasets_create(api_request *req);
 enum MHD_Result datasets_list(api_request *req);
 enum MHD_Result datasets_get(api_request *req);
+enum MHD_Result datasets_delete(api_request *req);
 
 #endif

@@ -227,6 +227,55 @@ static bool init_from_ok(api_request *req, json_t *spec, enum MHD_Result *ret)
 	return false;
 }
 
+/* What the job needs must exist, or it would be answered 201 and fail a
+ * moment later: the dataset must be known (one still preparing is fine, the
+ * job waits for it) and resources.gpus must fit the machine. Returns true,
+ * or replies 422 naming the field and what exists, and sets *ret. */
+static bool needs_exist(api_request *req, const json_t *spec, enum MHD_Result *ret)
+{
+	json_t *g = json_object_get(json_object_get(spec, "resources"), "gpus");
+	json_int_t want = json_is_integer(g) ? json_integer_value(g) : 1;
+	size_t have = req->cfg->n_devices;
+	if (want > (json_int_t)have) {
+		const char *what = have && req->cfg->devices[0].kind == DEVICE_CUDA ? "GPU" : "CPU worker slot";
+		*ret = api_reply_problem(req, API_P_INVALID_SPEC, "resources.gpus",
+					 "asks for %lld devices; this machine has %zu (%s%s, see GET /v1/devices)",
+					 (long long)want, have, what, have == 1 ? "" : "s");
+		return false;
+	}
+	const char *name = json_string_value(json_object_get(spec, "dataset"));
+	store_dataset ds;
+	int rc = name ? store_dataset_get_by_name(req->st, name, &ds) : -ENOENT;
+	if (rc == 0) {
+		store_dataset_free(&ds);
+		return true;
+	}
+	if (rc != -ENOENT) {
+		*ret = api_reply_problem(req, API_P_INTERNAL, NULL, "looking up the dataset failed: %s",
+					 strerror(-rc));
+		return false;
+	}
+	/* Name what exists, so a typo is obvious (bounded: the first few). */
+	char known[256] = "";
+	store_dataset *all = NULL;
+	size_t n = 0, used = 0;
+	if (store_dataset_list(req->st, &all, &n) == 0) {
+		for (size_t i = 0; i < n && used + 4 < sizeof known; i++) {
+			int w = snprintf(known + used, sizeof known - used, "%s\"%s\"", i ? ", " : "", all[i].name);
+			if (w < 0 || (size_t)w >= sizeof known - used) {
+				snprintf(known + used, sizeof known - used, ", ...");
+				break;
+			}
+			used += (size_t)w;
+		}
+		store_datasets_free(all, n);
+	}
+	*ret = api_reply_problem(req, API_P_INVALID_SPEC, "dataset",
+				 "no dataset \"%s\"; existing: %s (create one with POST /v1/datasets)",
+				 name ? name : "", n ? known : "none");
+	return false;
+}
+
 enum MHD_Result jobs_create(api_request *req)
 {
 	enum MHD_Result ret;
@@ -262,7 +311,7 @@ enum MHD_Result jobs_create(api_request *req)
 					err.field, "%s", err.detail[0] ? err.detail : "invalid job spec");
 		goto out;
 	}
-	if (!init_from_ok(req, spec, &ret))
+	if (!init_from_ok(req, spec, &ret) || !needs_exist(req, spec, &ret))
 		goto out;
 	/* profiler.rules: the thresholds belong to the rules (docs/diagnosis.md) */
 	diag_config dcfg;

@@ -28,6 +28,7 @@ static const api_route routes[] = {
 	{"POST",   "/v1/datasets",          datasets_create, 0},
 	{"GET",    "/v1/datasets",          datasets_list,   0},
 	{"GET",    "/v1/datasets/{id}",     datasets_get,    0},
+	{"DELETE", "/v1/datasets/{id}",     datasets_delete, 0},
 };
 
 const api_route *api_route_table(size_t *n)

@@ -6,6 +6,7 @@
 #include <ftw.h>
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -102,5 +103,39 @@ int fs_remove_tree(const char *path)
 		return errno == ENOENT ? 0 : -errno;
 	if (nftw(path, remove_one, 16, FTW_DEPTH | FTW_PHYS) < 0)
 		return errno ? -errno : -EIO;
+	return 0;
+}
+
+int fs_lock_pidfile(const char *path, mode_t mode, int *fd, pid_t *holder)
+{
+	*fd = -1;
+	if (holder)
+		*holder = 0;
+	int lfd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, mode);
+	if (lfd < 0)
+		return -errno;
+	struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0};
+	if (fcntl(lfd, F_OFD_SETLK, &fl) < 0) {
+		int rc = (errno == EAGAIN || errno == EACCES) ? -EWOULDBLOCK : -errno;
+		/* OFD locks have no owning pid (F_OFD_GETLK says -1): the holder
+		 * wrote its own into the file. Empty while it is just starting. */
+		char buf[32];
+		ssize_t n = rc == -EWOULDBLOCK ? pread(lfd, buf, sizeof buf - 1, 0) : -1;
+		if (n > 0 && holder) {
+			buf[n] = 0;
+			long pid = strtol(buf, NULL, 10);
+			*holder = pid > 0 ? (pid_t)pid : 0;
+		}
+		close(lfd);
+		return rc;
+	}
+	char line[32];
+	int len = snprintf(line, sizeof line, "%ld\n", (long)getpid());
+	if (ftruncate(lfd, 0) < 0 || pwrite(lfd, line, (size_t)len, 0) != len) {
+		int rc = -errno;
+		close(lfd);
+		return rc ? rc : -EIO;
+	}
+	*fd = lfd;
 	return 0;
 }

@@ -23,4 +23,14 @@ int fs_fsync_parent(const char *path);
  * or negative errno. */
 int fs_remove_tree(const char *path);
 
+/* Takes an exclusive OFD lock (fcntl F_OFD_SETLK) on path, creating it with
+ * mode, and writes our pid into it so a refused process can name the holder.
+ * On success *fd is the open file (caller owns it; the lock lasts until it
+ * and every dup of it are closed, i.e. for the process's life if kept open;
+ * O_CLOEXEC, so exec'd children do not hold it). The file is never removed:
+ * unlinking a lock file lets two processes lock two different inodes.
+ * -EWOULDBLOCK when another open file description holds it (*holder gets its
+ * pid from the file, or 0 when unknown), or another negative errno. */
+int fs_lock_pidfile(const char *path, mode_t mode, int *fd, pid_t *holder);
+
 #endif

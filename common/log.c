@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 static const char *g_prog = "bertd";
@@ -23,7 +25,35 @@ void log_init(const char *prog, enum log_level level)
 	if (prog)
 		g_prog = prog;
 	g_level = level;
-	g_journal = getenv("JOURNAL_STREAM") != NULL;
+	g_journal = log_fd_is_journal(getenv("JOURNAL_STREAM"), STDERR_FILENO);
+}
+
+bool log_fd_is_journal(const char *journal_stream, int fd)
+{
+	unsigned long long dev, ino;
+	char tail;
+	if (!journal_stream || sscanf(journal_stream, "%llu:%llu%c", &dev, &ino, &tail) != 2)
+		return false;
+	struct stat st;
+	if (fstat(fd, &st) < 0)
+		return false;
+	return (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
+}
+
+int log_format_prefix(char *buf, size_t n, enum log_level level, const char *prog, bool journal,
+		      const struct timespec *now)
+{
+	if ((unsigned)level > LOG_LVL_DEBUG)
+		level = LOG_LVL_ERROR;
+	if (journal)
+		return snprintf(buf, n, "<%d>%s: ", syslog_prio[level], prog);
+	/* UTC: gmtime_r never reads the time zone database, so no allocation. */
+	struct tm tm;
+	time_t sec = now->tv_sec;
+	gmtime_r(&sec, &tm);
+	return snprintf(buf, n, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %s %s: ", tm.tm_year + 1900,
+			tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+			now->tv_nsec / 1000000, level_tags[level], prog);
 }
 
 void log_set_level(enum log_level level) { g_level = level; }
@@ -53,15 +83,18 @@ void log_msg(enum log_level level, const char *fmt, ...)
 {
 	if ((int)level > g_level)
 		return;
-	if (g_journal < 0)
-		g_journal = getenv("JOURNAL_STREAM") != NULL;
 	int saved_errno = errno;
+	if (g_journal < 0)
+		g_journal = log_fd_is_journal(getenv("JOURNAL_STREAM"), STDERR_FILENO);
 	char line[2048];
-	int n;
-	if (g_journal)
-		n = snprintf(line, sizeof line, "<%d>%s: ", syslog_prio[level], g_prog);
-	else
-		n = snprintf(line, sizeof line, "%s %s: ", level_tags[level], g_prog);
+	struct timespec now = {0, 0};
+	if (!g_journal)
+		clock_gettime(CLOCK_REALTIME, &now);
+	int n = log_format_prefix(line, sizeof line, level, g_prog, g_journal, &now);
+	if (n < 0)
+		n = 0;
+	if (n > (int)sizeof line - 2)
+		n = (int)sizeof line - 2;
 	va_list ap;
 	va_start(ap, fmt);
 	int m = vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "common/log.h"
 #include "daemon/childenv.h"
@@ -216,6 +217,29 @@ static const char *argv_config(int argc, char **argv)
 	return NULL;
 }
 
+/* Makes a relative path absolute against the daemon's cwd, once, at start:
+ * every path the API later shows (model_dir, checkpoints, dataset paths) is
+ * built from these, and a relative one means nothing to a client in another
+ * directory. Leading "./" components are dropped. -ENAMETOOLONG if the
+ * result does not fit in cap, -errno if the cwd cannot be read. */
+static int absolutize(char *p, size_t cap)
+{
+	if (p[0] == '/' || !p[0])
+		return 0;
+	const char *rest = p;
+	while (rest[0] == '.' && (rest[1] == '/' || rest[1] == 0))
+		for (rest += 1; *rest == '/'; rest++)
+			;
+	char cwd[4096], out[4096];
+	if (!getcwd(cwd, sizeof cwd))
+		return -errno;
+	int n = snprintf(out, sizeof out, "%s%s%s", cwd, rest[0] && strcmp(cwd, "/") ? "/" : "", rest);
+	if (n < 0 || (size_t)n >= cap || (size_t)n >= sizeof out)
+		return -ENAMETOOLONG;
+	memcpy(p, out, (size_t)n + 1);
+	return 0;
+}
+
 static int finish(config *cfg, FILE *err)
 {
 	enum log_level lvl;
@@ -229,6 +253,11 @@ static int finish(config *cfg, FILE *err)
 	}
 	if (!cfg->state_dir[0]) {
 		fprintf(err, "bertd: state_dir must not be empty\n");
+		return -EINVAL;
+	}
+	if (absolutize(cfg->state_dir, sizeof cfg->state_dir) < 0 ||
+	    absolutize(cfg->token_file, sizeof cfg->token_file) < 0) {
+		fprintf(err, "bertd: state_dir or token_file is too long once made absolute\n");
 		return -EINVAL;
 	}
 	if (!cfg->token_file[0]) {
@@ -257,6 +286,25 @@ static int finish(config *cfg, FILE *err)
 			return -EINVAL;
 		}
 		cfg->roots[cfg->n_roots++] = r;
+	}
+	/* Rebuilt absolute, NUL-separated, into roots_buf. */
+	char abs_roots[sizeof cfg->roots_buf];
+	size_t used = 0;
+	for (size_t i = 0; i < cfg->n_roots; i++) {
+		char one[sizeof cfg->roots_buf];
+		snprintf(one, sizeof one, "%s", cfg->roots[i]);
+		size_t len;
+		if (absolutize(one, sizeof one) < 0 || (len = strlen(one)) + 1 > sizeof abs_roots - used) {
+			fprintf(err, "bertd: data_roots are too long once made absolute\n");
+			return -EINVAL;
+		}
+		memcpy(abs_roots + used, one, len + 1);
+		used += len + 1;
+	}
+	memcpy(cfg->roots_buf, abs_roots, used);
+	for (size_t i = 0, off = 0; i < cfg->n_roots; i++) {
+		cfg->roots[i] = cfg->roots_buf + off;
+		off += strlen(cfg->roots[i]) + 1;
 	}
 	return 0;
 }

@@ -20,7 +20,7 @@ typedef struct config {
 	char listen[64];         /* numeric address to bind */
 	int port;                /* 0 = any free port */
 	bool allow_remote;       /* allow a non-loopback listen address */
-	char state_dir[1024];    /* database, token, logs, checkpoints */
+	char state_dir[1024];    /* database, token, logs, checkpoints; absolute after config_load */
 	char data_roots[4096];   /* ':'-separated allowed input/output roots */
 	char token_file[1024];   /* "" = <state_dir>/token */
 	char log_level[16];
@@ -39,7 +39,7 @@ typedef struct config {
 	char config_file[1024];  /* where the file settings came from ("" none) */
 
 	/* Derived by config_finish: */
-	char *roots[CONFIG_MAX_DATA_ROOTS]; /* pointers into roots_buf */
+	char *roots[CONFIG_MAX_DATA_ROOTS]; /* pointers into roots_buf; absolute (made so against the cwd) */
 	size_t n_roots;
 	char roots_buf[4096];
 } config;

@@ -3,7 +3,8 @@
  * systemd notifications). Does no work of its own beyond that.
  *
  * Exit codes: 0 clean shutdown; 1 bad configuration; 2 startup failure
- * (state dir, database, token, bind).
+ * (state dir, database, token, bind); 3 the state dir is locked by another
+ * bertd (nothing of it was touched).
  */
 #include <errno.h>
 #include <signal.h>
@@ -42,6 +43,7 @@ typedef struct daemon_ctx {
 	uint64_t watchdog_usec; /* 0 = systemd watchdog off */
 	uint64_t ticks;
 	char addr_path[1100];
+	int lockfd; /* OFD lock on <state_dir>/bertd.lock, held for our life */
 } daemon_ctx;
 
 static void on_signal(loop *l, int fd, uint32_t events, void *arg)
@@ -147,7 +149,7 @@ static int write_addr_file(daemon_ctx *d, int port)
 
 int main(int argc, char **argv)
 {
-	daemon_ctx d = {.sigfd = -1, .timerfd = -1};
+	daemon_ctx d = {.sigfd = -1, .timerfd = -1, .lockfd = -1};
 	log_init("bertd", LOG_LVL_INFO);
 	int rc = config_load(&d.cfg, argc, argv, environ, stdout, stderr);
 	if (rc == 1)
@@ -163,6 +165,28 @@ int main(int argc, char **argv)
 	umask(077);
 	if ((rc = fs_mkdir_p(d.cfg.state_dir, 0700)) < 0) {
 		log_error("cannot create state_dir %s: %s", d.cfg.state_dir, strerror(-rc));
+		goto out;
+	}
+	/* Before anything else is written there: a second bertd on the same
+	 * state dir would share the database and, on exit, delete the first
+	 * one's bertd.addr. */
+	char lock_path[1100];
+	pid_t holder = 0;
+	snprintf(lock_path, sizeof lock_path, "%s/bertd.lock", d.cfg.state_dir);
+	if ((rc = fs_lock_pidfile(lock_path, 0644, &d.lockfd, &holder)) < 0) {
+		if (rc == -EWOULDBLOCK && holder > 0)
+			log_error("state_dir %s is in use by another bertd (pid %ld, lock %s); "
+				  "stop it or give this one another --state-dir",
+				  d.cfg.state_dir, (long)holder, lock_path);
+		else if (rc == -EWOULDBLOCK)
+			log_error("state_dir %s is in use by another bertd (pid unknown, lock %s); "
+				  "stop it or give this one another --state-dir",
+				  d.cfg.state_dir, lock_path);
+		else
+			log_error("cannot lock state_dir %s (%s): %s", d.cfg.state_dir, lock_path,
+				  strerror(-rc));
+		if (rc == -EWOULDBLOCK)
+			exit_code = 3;
 		goto out;
 	}
 	if (!d.cfg.data_roots[0] && (rc = fs_mkdir_p(d.cfg.roots[0], 0750)) < 0) {
@@ -276,6 +300,8 @@ out:
 		close(d.sigfd);
 	loop_destroy(d.lp);
 	store_close(d.st);
+	if (d.lockfd >= 0)
+		close(d.lockfd); /* last: everything of ours in the state dir is settled */
 	log_info("stopped");
 	return exit_code;
 }

@@ -794,6 +794,8 @@ int store_job_insert(store *s, const store_job *job,
 			/* the API stamps its 201 with created_ms */
 			.t = job->created_ms > 0 ? job->created_ms : now_ms()};
 	int rc = in_txn(s, TXN_WRITE, job_insert_txn, &c);
+	if (rc == 0)
+		log_info("job %s: (new) -> %s (submitted)", job->id, job_state_name(JOB_QUEUED));
 	/* The key's record goes out only with the -EEXIST it caused: -EEXIST
 	 * with the prevs left NULL means the job id was taken. */
 	bool replay = rc == -EEXIST && c.prev[PREV_HASH];
@@ -898,9 +900,18 @@ int store_job_transition(store *s, const char *id, unsigned from_mask, enum job_
 {
 	if (!id || (unsigned)to >= JOB_STATE_COUNT)
 		return -EINVAL;
-	job_change c = {.id = id, .from_mask = from_mask, .to = to, .reason = reason, .cur = cur,
+	enum job_state was = JOB_STATE_COUNT;
+	job_change c = {.id = id, .from_mask = from_mask, .to = to, .reason = reason, .cur = &was,
 			.t = now_ms()};
-	return in_txn(s, TXN_WRITE, job_transition_txn, &c);
+	int rc = in_txn(s, TXN_WRITE, job_transition_txn, &c);
+	if (cur && was != JOB_STATE_COUNT)
+		*cur = was;
+	/* Every job state change passes here (scheduler, supervisor, API), so
+	 * this is the daemon log's one line per change. */
+	if (rc == 0)
+		log_info("job %s: %s -> %s (%s)", id, job_state_name(was), job_state_name(to),
+			 reason && reason[0] ? reason : "no reason given");
+	return rc;
 }
 
 static int job_note_txn(store *s, void *ctx)

@@ -29,11 +29,29 @@
 /* The smallest spec a user would send: everything else is defaulted. */
 #define SPEC_OK "{\"name\":\"it-job\",\"dataset\":\"wikitext2\"}"
 
+/* Jobs must name a dataset that exists (else 422 at submit): stores
+ * "wikitext2" as ready in the state dir's database before the daemon opens
+ * it. The queue is held, so nothing ever reads its (absent) shards. */
+static int seed_dataset(const bertd *d)
+{
+	char db[200];
+	store *st = NULL;
+	snprintf(db, sizeof db, "%s/bertd.db", d->state_dir);
+	store_dataset ds = {.id = "ds-00000000000000aa", .name = "wikitext2", .spec_json = "{}"};
+	int rc = store_open(&st, db);
+	if (rc == 0)
+		rc = store_dataset_insert(st, &ds);
+	if (rc == 0)
+		rc = store_dataset_finish(st, ds.id, DATASET_READY, NULL, NULL);
+	store_close(st);
+	return rc;
+}
+
 static int setup(void **state)
 {
 	bertd *d = calloc(1, sizeof *d);
 	const char *extra[] = {"--max-body-bytes", MAX_BODY_S, HOLD, NULL};
-	if (bertd_init(d) || bertd_start(d, extra)) {
+	if (bertd_init(d) || seed_dataset(d) || bertd_start(d, extra)) {
 		bertd_destroy(d);
 		free(d);
 		return -1;
@@ -48,7 +66,7 @@ static int setup_roots(void **state)
 {
 	bertd *d = calloc(1, sizeof *d);
 	char data[128], p[256];
-	if (bertd_init(d))
+	if (bertd_init(d) || seed_dataset(d))
 		goto fail;
 	snprintf(data, sizeof data, "%s/data", d->root);
 	snprintf(p, sizeof p, "%s/ckpt-100", data);
@@ -349,6 +367,42 @@ static void test_422_names_field(void **state)
 					"{\"dataset\":\"wikitext2\",\"training_args\":"
 					"{\"learning_rate\":-1}}", &r), 0);
 	check_problem(&r, 422, "invalid-spec", "training_args.learning_rate");
+	http_resp_free(&r);
+}
+
+/* Issue #14: what a job needs is checked at submit, not a moment later. An
+ * unknown dataset or more devices than the machine has is a 422 naming the
+ * field and what exists; nothing is stored. */
+static void test_422_unknown_dataset_or_too_many_devices(void **state)
+{
+	bertd *d = *state;
+	http_resp r;
+	assert_int_equal(http_post_json(d, "/v1/jobs", "{\"dataset\":\"wikitext3\"}", &r), 0);
+	check_problem(&r, 422, "invalid-spec", "dataset");
+	assert_non_null(strstr(it_jstr(r.json, "detail"), "no dataset \"wikitext3\""));
+	assert_non_null(strstr(it_jstr(r.json, "detail"), "\"wikitext2\"")); /* what exists */
+	http_resp_free(&r);
+
+	assert_int_equal(http_get(d, "/v1/devices", &r), 0);
+	size_t ndev = json_array_size(json_object_get(r.json, "devices"));
+	http_resp_free(&r);
+	assert_true(ndev >= 1);
+	if (ndev < 64) { /* jobspec caps resources.gpus at 64 */
+		char spec[128], want[96];
+		snprintf(spec, sizeof spec, "{\"dataset\":\"wikitext2\",\"resources\":{\"gpus\":%zu}}", ndev + 1);
+		assert_int_equal(http_post_json(d, "/v1/jobs", spec, &r), 0);
+		check_problem(&r, 422, "invalid-spec", "resources.gpus");
+		snprintf(want, sizeof want, "asks for %zu devices; this machine has %zu", ndev + 1, ndev);
+		assert_non_null(strstr(it_jstr(r.json, "detail"), want));
+		http_resp_free(&r);
+		/* exactly what the machine has is fine */
+		snprintf(spec, sizeof spec, "{\"dataset\":\"wikitext2\",\"resources\":{\"gpus\":%zu}}", ndev);
+		assert_int_equal(http_post_json(d, "/v1/jobs", spec, &r), 0);
+		assert_int_equal(r.status, 201);
+		http_resp_free(&r);
+	}
+	assert_int_equal(http_get(d, "/v1/jobs", &r), 0);
+	assert_int_equal(json_array_size(json_object_get(r.json, "jobs")), ndev < 64 ? 1 : 0);
 	http_resp_free(&r);
 }
 
@@ -815,6 +869,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_415, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_400_bad_json, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_422_names_field, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_422_unknown_dataset_or_too_many_devices, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(test_413, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_idempotent_submit, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_idempotent_submit_concurrent, setup, teardown),

@@ -246,10 +246,89 @@ static void test_devices(void **state)
 	http_resp_free(&r);
 }
 
+/* Stores dataset `name` from a small corpus; returns its id (caller frees). */
+static char *add_tiny(fx *f, const char *name)
+{
+	char p[256], body[256];
+	snprintf(p, sizeof p, "%s/corpus.txt", f->data);
+	write_file(p, "Hello world.\nSecond sentence here.\n\nA new document starts.\nIt ends.\n");
+	snprintf(body, sizeof body,
+		 "{\"name\":\"%s\",\"source\":\"corpus.txt\",\"vocab\":{\"train\":{\"vocab_size\":200}}}", name);
+	http_resp r;
+	assert_int_equal(http_post_json(&f->d, "/v1/datasets", body, &r), 0);
+	if (r.status != 201)
+		fail_msg("status %ld: %s", r.status, r.body);
+	char *id = strdup(it_jstr(r.json, "id"));
+	http_resp_free(&r);
+	return id;
+}
+
+static long do_delete(const bertd *d, const char *path, http_resp *r)
+{
+	assert_int_equal(http_do(d, "DELETE", path, NULL, 0, NULL, 1, r), 0);
+	return r->status;
+}
+
+/* DELETE /v1/datasets/{id} (issue #14): refused while preparing or while a
+ * live job names it, then removes the row and its shards; unknown is 404. */
+static void test_dataset_delete(void **state)
+{
+	fx *f = *state;
+	http_resp r;
+	char *id = add_tiny(f, "gone");
+	char path[160], dir[300];
+	snprintf(path, sizeof path, "/v1/datasets/%s", id);
+	/* a job may name a dataset that exists but is still preparing: it waits */
+	assert_int_equal(http_post_json(&f->d, "/v1/jobs", "{\"dataset\":\"gone\"}", &r), 0);
+	if (r.status != 201)
+		fail_msg("job on a preparing dataset -> %ld: %s", r.status, r.body);
+	char job[64];
+	snprintf(job, sizeof job, "%s", it_jstr(r.json, "id"));
+	http_resp_free(&r);
+	/* still preparing (if bertd-prepare has not finished yet) is a 409 */
+	if (do_delete(&f->d, path, &r) != 409)
+		fail_msg("delete while preparing/used -> %ld: %s", r.status, r.body);
+	assert_string_equal(it_jstr(r.json, "type"), "urn:bertd:problem:dataset-state-conflict");
+	http_resp_free(&r);
+	json_decref(wait_dataset(&f->d, id));
+	/* used by a queued job (the queue is held): 409 naming the job */
+	assert_int_equal(do_delete(&f->d, "/v1/datasets/gone", &r), 409);
+	assert_string_equal(it_jstr(r.json, "type"), "urn:bertd:problem:dataset-state-conflict");
+	assert_non_null(strstr(it_jstr(r.json, "detail"), job));
+	http_resp_free(&r);
+	char cancel[160];
+	snprintf(cancel, sizeof cancel, "/v1/jobs/%s/cancel", job);
+	assert_int_equal(http_do(&f->d, "POST", cancel, NULL, 0, NULL, 1, &r), 0);
+	assert_int_equal(r.status, 200);
+	http_resp_free(&r);
+	snprintf(dir, sizeof dir, "%s/datasets/gone", f->data);
+	mkdir(dir, 0700); /* whether or not prepare ran, there are files to remove */
+	char junk[400];
+	snprintf(junk, sizeof junk, "%s/shard.bin", dir);
+	write_file(junk, "x");
+	assert_int_equal(do_delete(&f->d, path, &r), 204);
+	http_resp_free(&r);
+	assert_int_equal(access(dir, F_OK), -1); /* its files are gone */
+	assert_int_equal(access(f->data, F_OK), 0); /* the root is not */
+	assert_int_equal(http_get(&f->d, path, &r), 0);
+	assert_int_equal(r.status, 404);
+	http_resp_free(&r);
+	assert_int_equal(do_delete(&f->d, path, &r), 404);
+	assert_string_equal(it_jstr(r.json, "type"), "urn:bertd:problem:dataset-not-found");
+	http_resp_free(&r);
+	/* and the name is free again; a job naming it now is refused */
+	assert_int_equal(http_post_json(&f->d, "/v1/jobs", "{\"dataset\":\"gone\"}", &r), 0);
+	assert_int_equal(r.status, 422);
+	assert_string_equal(it_jstr(r.json, "field"), "dataset");
+	http_resp_free(&r);
+	free(id);
+}
+
 static void test_job_subresources(void **state)
 {
 	fx *f = *state;
 	http_resp r;
+	free(add_tiny(f, "tiny")); /* jobs must name a dataset that exists */
 	assert_int_equal(http_post_json(&f->d, "/v1/jobs", "{\"dataset\":\"tiny\"}", &r), 0);
 	assert_int_equal(r.status, 201);
 	char id[64];
@@ -293,6 +372,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_dataset_prepare, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_dataset_restart, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_devices, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_dataset_delete, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_job_subresources, setup, teardown),
 	};
 	return IT_RUN(tests, NULL, NULL);

@@ -63,11 +63,38 @@ static void test_defaults(void **state)
 	assert_string_equal(c.listen, "127.0.0.1");
 	assert_int_equal(c.port, 8420);
 	assert_false(c.allow_remote);
-	assert_string_equal(c.state_dir, "./var");
-	assert_string_equal(c.token_file, "./var/token");
+	/* relative paths are made absolute against the cwd once, at start, so
+	 * the API never shows a client "./var/..." (issue #14) */
+	char cwd[1024], want[1200];
+	assert_non_null(getcwd(cwd, sizeof cwd));
+	snprintf(want, sizeof want, "%s/var", cwd);
+	assert_string_equal(c.state_dir, want);
+	snprintf(want, sizeof want, "%s/var/token", cwd);
+	assert_string_equal(c.token_file, want);
 	assert_int_equal(c.n_roots, 1);
-	assert_string_equal(c.roots[0], "./var/data");
+	snprintf(want, sizeof want, "%s/var/data", cwd);
+	assert_string_equal(c.roots[0], want);
 	assert_int_equal(c.max_body_bytes, 1048576);
+}
+
+static void test_relative_paths_absolute(void **state)
+{
+	(void)state;
+	config c;
+	char errbuf[512] = "", cwd[1024], want[1200];
+	char *argv[] = {"bertd", "--config", "/dev/null", "--state-dir", "./st",
+			"--data-roots", "./d1:rel/d2::/abs", NULL};
+	char *envp[] = {NULL};
+	assert_non_null(getcwd(cwd, sizeof cwd));
+	assert_int_equal(load(&c, 7, argv, envp, errbuf, sizeof errbuf), 0);
+	snprintf(want, sizeof want, "%s/st", cwd);
+	assert_string_equal(c.state_dir, want);
+	assert_int_equal(c.n_roots, 3);
+	snprintf(want, sizeof want, "%s/d1", cwd);
+	assert_string_equal(c.roots[0], want);
+	snprintf(want, sizeof want, "%s/rel/d2", cwd);
+	assert_string_equal(c.roots[1], want);
+	assert_string_equal(c.roots[2], "/abs");
 }
 
 static void test_precedence(void **state)
@@ -441,6 +468,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_defaults),
+		cmocka_unit_test(test_relative_paths_absolute),
 		cmocka_unit_test(test_precedence),
 		cmocka_unit_test(test_errors_name_source),
 		cmocka_unit_test(test_help_lists_every_key),
