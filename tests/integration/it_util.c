@@ -158,6 +158,20 @@ json_t *it_wait_job(const bertd *d, const char *id, const char *states, int dead
 	return it_poll_job(d, id, states, 0, deadline_s, NULL, NULL);
 }
 
+void it_cancel_job(const bertd *d, const char *id, int deadline_s)
+{
+	char path[160];
+	snprintf(path, sizeof path, "/v1/jobs/%s/cancel", id);
+	http_resp r;
+	assert_int_equal(http_post_json(d, path, "{}", &r), 0);
+	if (r.status < 200 || r.status >= 300)
+		fail_msg("cancel %s: %ld %s", id, r.status, r.body);
+	http_resp_free(&r);
+	json_t *job = it_wait_job(d, id, "canceled|failed|completed", deadline_s);
+	assert_string_equal(it_jstr(job, "state"), "canceled");
+	json_decref(job);
+}
+
 void it_wait_step(const bertd *d, const char *id, long step, int deadline_s)
 {
 	json_decref(it_poll_job(d, id, NULL, step, deadline_s, NULL, NULL));

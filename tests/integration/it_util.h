@@ -43,6 +43,9 @@ json_t *it_poll_job(const bertd *d, const char *id, const char *states, long ste
 		    void (*watch)(void *arg, const char *id), void *arg);
 /* it_poll_job until one of states, unwatched; returns the job (caller decrefs). */
 json_t *it_wait_job(const bertd *d, const char *id, const char *states, int deadline_s);
+/* POST /v1/jobs/{id}/cancel (a 2xx answer expected), then waits until the
+ * job is terminal and asserts it ended canceled. */
+void it_cancel_job(const bertd *d, const char *id, int deadline_s);
 /* it_poll_job until step is logged, unwatched. */
 void it_wait_step(const bertd *d, const char *id, long step, int deadline_s);
 /* Fails the test, with the daemon's log and the failure_reason, unless

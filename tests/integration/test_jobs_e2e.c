@@ -300,14 +300,9 @@ static void test_two_at_once_third_waits(void **state)
 	http_resp_free(&r);
 	json_t *jc = it_wait_job(&f->d, c, "completed|failed|canceled", DEADLINE_S);
 	assert_string_equal(it_jstr(jc, "state"), "completed");
-	snprintf(path, sizeof path, "/v1/jobs/%s/cancel", b);
-	assert_int_equal(http_do(&f->d, "POST", path, NULL, 0, NULL, H_AUTH, &r), 0);
-	http_resp_free(&r);
-	json_t *jb2 = it_wait_job(&f->d, b, "canceled|failed|completed", DEADLINE_S);
-	assert_string_equal(it_jstr(jb2, "state"), "canceled");
+	it_cancel_job(&f->d, b, DEADLINE_S);
 	json_decref(ja);
 	json_decref(jb);
-	json_decref(jb2);
 	json_decref(jc);
 	free(a);
 	free(b);
@@ -528,14 +523,7 @@ static void test_child_environment(void **state)
 				 want[i].value ? want[i].value : "unset");
 	}
 
-	char path[128];
-	snprintf(path, sizeof path, "/v1/jobs/%s/cancel", id);
-	http_resp r;
-	assert_int_equal(http_do(&f->d, "POST", path, NULL, 0, NULL, H_AUTH, &r), 0);
-	http_resp_free(&r);
-	json_t *job = it_wait_job(&f->d, id, "canceled|failed|completed", DEADLINE_S);
-	assert_string_equal(it_jstr(job, "state"), "canceled");
-	json_decref(job);
+	it_cancel_job(&f->d, id, DEADLINE_S);
 	free(id);
 }
 

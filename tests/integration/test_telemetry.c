@@ -562,12 +562,7 @@ static void test_prometheus_metrics(void **state)
 	http_resp_free(&r);
 
 	/* cancel; once it is final its series are gone, the counters stay */
-	snprintf(path, sizeof path, "/v1/jobs/%s/cancel", id);
-	assert_int_equal(http_post_json(&f->d, path, "{}", &r), 0);
-	http_resp_free(&r);
-	json_t *j = it_wait_job(&f->d, id, "canceled|failed|completed", DEADLINE_S);
-	assert_string_equal(it_jstr(j, "state"), "canceled");
-	json_decref(j);
+	it_cancel_job(&f->d, id, DEADLINE_S);
 	assert_int_equal(http_get(&f->d, "/metrics", &r), 0);
 	prom_parse(r.body, p);
 	http_resp_free(&r);
