@@ -294,7 +294,9 @@ static json_t *load_state(const char *dir, char *err, size_t errlen)
     json_error_t jerr;
     json_t *s = json_load_file(path, 0, &jerr);
     if (!s) {
-        snprintf(err, errlen, "%s: %s", path, jerr.text);
+        /* jansson's text may quote the file's bytes: say where, not what */
+        snprintf(err, errlen, "%s: unreadable or not valid JSON (line %d, column %d)", path,
+                 jerr.line, jerr.column);
         return NULL;
     }
     json_t *fmt = json_object_get(s, "format"), *ver = json_object_get(s, "version");

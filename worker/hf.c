@@ -9,6 +9,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "worker/checkpoint.h"
+
 static void add(hf_tensor *out, int cap, int *n, const char *name, size_t offset, int ndim,
                 int64_t d0, int64_t d1)
 {
@@ -147,7 +149,18 @@ int hf_read_config(const char *dir, bert_config *cfg, char *err, size_t errlen)
     json_error_t jerr;
     json_t *o = json_load_file(path, 0, &jerr);
     if (!o) {
-        snprintf(err, errlen, "%s: %s", path, jerr.text);
+        /* jansson's text may quote the bytes it choked on; init_from can
+         * name any file under the data roots, so say where, never what */
+        if (access(path, R_OK) < 0)
+            snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        else
+            snprintf(err, errlen, "%s: not valid JSON (line %d, column %d)", path, jerr.line,
+                     jerr.column);
+        return -EINVAL;
+    }
+    if (!json_is_object(o)) {
+        snprintf(err, errlen, "%s: not a JSON object", path);
+        json_decref(o);
         return -EINVAL;
     }
     bert_config_preset(cfg, NULL);
@@ -162,8 +175,55 @@ int hf_read_config(const char *dir, bert_config *cfg, char *err, size_t errlen)
     return rc;
 }
 
+/* A bertd checkpoint: its config and parameters; the optimizer moments and
+ * the step stay behind (a new job starts its own schedule from step 0). */
+static int init_from_checkpoint(bert_model **out, const char *dir, char *err, size_t errlen)
+{
+    bert_config cfg;
+    bert_model *m = NULL;
+    int rc = checkpoint_read_config(dir, &cfg, err, errlen);
+    if (rc < 0)
+        goto out;
+    rc = bert_model_create(&m, &cfg);
+    if (rc < 0) {
+        snprintf(err, errlen, "cannot allocate the model: %s", strerror(-rc));
+        goto out;
+    }
+    rc = checkpoint_load(dir, m, NULL, NULL, err, errlen);
+    if (rc < 0)
+        goto out;
+    *out = m;
+    m = NULL;
+out:
+    bert_model_destroy(m);
+    return rc;
+}
+
+static bool has_file(const char *dir, const char *name)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return access(path, F_OK) == 0;
+}
+
 int hf_init_from(bert_model **out, const char *dir, char *err, size_t errlen)
 {
+    struct stat sb;
+    if (stat(dir, &sb) < 0) {
+        snprintf(err, errlen, "%s: %s", dir, strerror(errno));
+        return -EINVAL;
+    }
+    if (!S_ISDIR(sb.st_mode)) {
+        snprintf(err, errlen, "%s: not a directory", dir);
+        return -EINVAL;
+    }
+    if (!has_file(dir, "config.json")) {
+        if (has_file(dir, "state.json"))
+            return init_from_checkpoint(out, dir, err, errlen);
+        snprintf(err, errlen, "%s: neither an HF model directory (no config.json) nor a bertd "
+                 "checkpoint (no state.json)", dir);
+        return -EINVAL;
+    }
     bert_config cfg;
     st_file *f = NULL;
     bert_model *m = NULL;
@@ -228,8 +288,76 @@ out:
     return rc;
 }
 
-int hf_export(const bert_model *m, const char *dir, const char *vocab_path, char *err,
-              size_t errlen)
+/* Writes o to dir/name through name.tmp, fsync and rename, like every
+ * other file of the export. */
+static int write_json(const char *dir, const char *name, const json_t *o, char *err,
+                      size_t errlen)
+{
+    char path[4200], tmp[4300];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    char *text = o ? json_dumps(o, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
+    if (!text) {
+        snprintf(err, errlen, "write %s: out of memory", path);
+        return -ENOMEM;
+    }
+    int rc = 0;
+    FILE *f = fopen(tmp, "wb");
+    if (!f) {
+        rc = -errno;
+    } else {
+        size_t n = strlen(text);
+        if (fwrite(text, 1, n, f) != n || fputc('\n', f) == EOF || fflush(f) != 0 ||
+            fsync(fileno(f)) != 0)
+            rc = -EIO;
+        if (fclose(f) != 0 && rc == 0)
+            rc = -EIO;
+        if (rc == 0 && rename(tmp, path) < 0)
+            rc = -errno;
+        if (rc < 0)
+            unlink(tmp);
+    }
+    free(text);
+    if (rc < 0)
+        snprintf(err, errlen, "write %s: %s", path, strerror(-rc));
+    return rc;
+}
+
+/* What transformers.AutoTokenizer reads besides vocab.txt, as
+ * BertTokenizer.save_pretrained writes it. Without it AutoTokenizer falls
+ * back to BertTokenizer's defaults: do_lower_case true (a cased model would
+ * see "GNU" as "gnu") and no model_max_length. strip_accents null follows
+ * do_lower_case, which is what loader/wordpiece.c does. */
+static int export_tokenizer(const bert_model *m, const char *dir, bool lowercase, char *err,
+                            size_t errlen)
+{
+    json_t *special = json_pack("{s:s, s:s, s:s, s:s, s:s}", "unk_token", "[UNK]", "sep_token",
+                                "[SEP]", "pad_token", "[PAD]", "cls_token", "[CLS]", "mask_token",
+                                "[MASK]");
+    json_t *tc = json_pack("{s:s, s:b, s:b, s:n, s:b, s:n, s:I, s:b, s:s, s:s, s:s, s:s, s:s}",
+                           "tokenizer_class", "BertTokenizer", "do_lower_case", lowercase,
+                           "do_basic_tokenize", 1, "never_split", "tokenize_chinese_chars", 1,
+                           "strip_accents", "model_max_length",
+                           (json_int_t)m->cfg.max_position_embeddings,
+                           "clean_up_tokenization_spaces", 1, "unk_token", "[UNK]", "sep_token",
+                           "[SEP]", "pad_token", "[PAD]", "cls_token", "[CLS]", "mask_token",
+                           "[MASK]");
+    int rc = -ENOMEM;
+    if (!special || !tc) {
+        snprintf(err, errlen, "tokenizer files: out of memory");
+        goto out;
+    }
+    if ((rc = write_json(dir, "tokenizer_config.json", tc, err, errlen)) < 0)
+        goto out;
+    rc = write_json(dir, "special_tokens_map.json", special, err, errlen);
+out:
+    json_decref(special);
+    json_decref(tc);
+    return rc;
+}
+
+int hf_export(const bert_model *m, const char *dir, const char *vocab_path, bool lowercase,
+              char *err, size_t errlen)
 {
     int rc = 0;
     char path[4096];
@@ -264,12 +392,8 @@ int hf_export(const bert_model *m, const char *dir, const char *vocab_path, char
         goto out;
     }
     cfg = bert_config_to_json(&m->cfg);
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    if (!cfg || json_dump_file(cfg, path, JSON_INDENT(2) | JSON_SORT_KEYS) < 0) {
-        rc = -EIO;
-        snprintf(err, errlen, "write %s failed", path);
+    if ((rc = write_json(dir, "config.json", cfg, err, errlen)) < 0)
         goto out;
-    }
     if (vocab_path) {
         snprintf(path, sizeof path, "%s/vocab.txt", dir);
         rc = copy_file(vocab_path, path);
@@ -277,6 +401,8 @@ int hf_export(const bert_model *m, const char *dir, const char *vocab_path, char
             snprintf(err, errlen, "copy %s -> %s: %s", vocab_path, path, strerror(-rc));
             goto out;
         }
+        if ((rc = export_tokenizer(m, dir, lowercase, err, errlen)) < 0)
+            goto out;
     }
     rc = st_fsync_dir(dir);
 out:

@@ -140,6 +140,24 @@ int trainer_resume(trainer *t, const char *dir, char *err, size_t errlen)
     return 0;
 }
 
+int trainer_micro(trainer *t, const bert_batch *b, int k, int n_micro, double *loss, char *err,
+                  size_t errlen)
+{
+    bert_model *m = t->model;
+    bert_dropout d = {.train = 1, .seed = t->cfg.seed, .rank = t->cfg.rank,
+                      .step = (uint32_t)t->step, .micro = (uint32_t)k};
+    int rc = bert_batch_validate(m, b, err, errlen);
+    if (rc < 0)
+        return rc;
+    if ((rc = bert_model_forward(m, b, &d)) < 0 ||
+        (rc = bert_model_backward(m, 1.0f / (float)n_micro)) < 0) {
+        snprintf(err, errlen, "forward/backward failed: %s", strerror(-rc));
+        return rc;
+    }
+    *loss += m->loss;
+    return 0;
+}
+
 int trainer_step(trainer *t, const bert_batch *micro, int n_micro, train_result *res, char *err,
                  size_t errlen)
 {
@@ -152,18 +170,9 @@ int trainer_step(trainer *t, const bert_batch *micro, int n_micro, train_result 
     bert_model *m = t->model;
     bert_model_zero_grad(m);
     double loss = 0.0;
-    for (int k = 0; k < n_micro; k++) {
-        bert_dropout d = {.train = 1, .seed = t->cfg.seed, .rank = t->cfg.rank,
-                          .step = (uint32_t)t->step, .micro = (uint32_t)k};
-        if ((rc = bert_batch_validate(m, &micro[k], err, errlen)) < 0)
+    for (int k = 0; k < n_micro; k++)
+        if ((rc = trainer_micro(t, &micro[k], k, n_micro, &loss, err, errlen)) < 0)
             return rc;
-        if ((rc = bert_model_forward(m, &micro[k], &d)) < 0 ||
-            (rc = bert_model_backward(m, 1.0f / (float)n_micro)) < 0) {
-            snprintf(err, errlen, "forward/backward failed: %s", strerror(-rc));
-            return rc;
-        }
-        loss += m->loss;
-    }
     loss /= n_micro;
     if (t->cfg.grad_sync &&
         (rc = t->cfg.grad_sync(t->cfg.grad_sync_ctx, m->grads_memory, m->num_params, &loss)) < 0) {

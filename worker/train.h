@@ -61,6 +61,11 @@ int trainer_create(trainer **out, const train_config *cfg, char *err, size_t err
 void trainer_destroy(trainer *t);
 /* Restores params, optimizer state and step from checkpoint dir. */
 int trainer_resume(trainer *t, const char *dir, char *err, size_t errlen);
+/* Forward and backward of micro-batch k of n_micro (gradients +=, of loss /
+ * n_micro), adding its loss to *loss; the batch is validated first (-EINVAL
+ * with err). Dropout is philox(seed, step, layer, rank, micro = k). */
+int trainer_micro(trainer *t, const bert_batch *b, int k, int n_micro, double *loss, char *err,
+                  size_t errlen);
 /* One optimizer step over micro[0..n_micro) (n_micro must equal grad_accum).
  * Dropout of micro-batch k is philox(seed, step, layer, rank, micro = k). */
 int trainer_step(trainer *t, const bert_batch *micro, int n_micro, train_result *res,

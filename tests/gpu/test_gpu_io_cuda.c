@@ -86,7 +86,7 @@ static void fill_slot(void *slot, const batch_layout *l, const bert_config *c, i
     }
 }
 
-/* The worker's view of a slot (worker_main.c slot_to_batch): ids, types,
+/* The worker's view of a slot (worker/loop.c slot_to_batch): ids, types,
  * lens and NSP labels point into the slot; masked positions flattened to
  * b*T+t in fp/fl. */
 static bert_batch slot_view(const void *slot, const batch_layout *l, int32_t *fp, int32_t *fl)

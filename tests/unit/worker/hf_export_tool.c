@@ -58,7 +58,7 @@ int main(int argc, char **argv)
     if (bert_model_forward(m, &b, NULL) < 0)
         return 1;
     snprintf(path, sizeof path, "%s/hf_tiny/vocab.txt", argv[1]);
-    if (hf_export(m, argv[2], path, err, sizeof err) < 0) {
+    if (hf_export(m, argv[2], path, true, err, sizeof err) < 0) {
         fprintf(stderr, "%s\n", err);
         return 1;
     }

@@ -10,9 +10,15 @@
  *  - every malformed value is -EINVAL from both checkpoint_read_scaler and
  *    checkpoint_load, with a message naming the key, never a crash;
  *  - a scale that cannot be saved (inf, NaN, 0) is refused before anything
- *    is written.
+ *    is written;
+ *  - init_from a checkpoint (worker/hf.c hf_init_from): the model comes back
+ *    with the saved config and bit-identical parameters; an incomplete
+ *    checkpoint, a directory with no model and unparsable JSON are -EINVAL
+ *    with a message naming the path and what is missing, never quoting the
+ *    file's bytes.
  */
 #include "worker/checkpoint.h"
+#include "worker/hf.h"
 
 #include <errno.h>
 #include <math.h>
@@ -294,6 +300,75 @@ static void test_unsavable_scale_refused(void **state)
     }
 }
 
+static void write_file(const char *dir, const char *name, const char *text)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *fp = fopen(path, "w");
+    assert_non_null(fp);
+    fputs(text, fp);
+    assert_int_equal(fclose(fp), 0);
+}
+
+static void test_init_from_checkpoint(void **state)
+{
+    fixture *f = *state;
+    char err[512], path[256];
+    long step = 0;
+    for (size_t i = 0; i < f->m->num_params; i++) // not only the init pattern
+        f->m->params_memory[i] += 1e-3f * (float)((i * 2654435761u) % 1000) / 1000.0f;
+    assert_int_equal(checkpoint_save(f->dir, 30, f->m, f->o, NULL, 0, err, sizeof err), 0);
+    assert_int_equal(checkpoint_latest(f->dir, &step, path, sizeof path), 0);
+    bert_model *back = NULL;
+    if (hf_init_from(&back, path, err, sizeof err) < 0)
+        fail_msg("hf_init_from(%s): %s", path, err);
+    assert_int_equal(back->cfg.hidden_size, 16);
+    assert_int_equal(back->cfg.vocab_size, 64);
+    assert_int_equal(back->num_params, f->m->num_params);
+    assert_memory_equal(back->params_memory, f->m->params_memory,
+                        f->m->num_params * sizeof(float));
+    bert_model_destroy(back);
+
+    /* incomplete: DONE is written last */
+    char done[300];
+    snprintf(done, sizeof done, "%s/DONE", path);
+    assert_int_equal(unlink(done), 0);
+    back = NULL;
+    assert_int_equal(hf_init_from(&back, path, err, sizeof err), -EINVAL);
+    assert_null(back);
+    print_message("  incomplete checkpoint: %s\n", err);
+    assert_non_null(strstr(err, path));
+    assert_non_null(strstr(err, "DONE"));
+
+    /* a state.json that is not JSON: where, never what */
+    write_file(path, "DONE", "");
+    write_file(path, "state.json", "SECRET-LINE-1 of some file\n");
+    assert_int_equal(hf_init_from(&back, path, err, sizeof err), -EINVAL);
+    print_message("  garbage state.json: %s\n", err);
+    assert_non_null(strstr(err, "state.json"));
+    assert_null(strstr(err, "SECRET"));
+    /* the same for an HF config.json (which is looked at first) */
+    write_file(path, "config.json", "SECRET-LINE-1 of some file\n");
+    assert_int_equal(hf_init_from(&back, path, err, sizeof err), -EINVAL);
+    print_message("  garbage config.json: %s\n", err);
+    assert_non_null(strstr(err, "config.json"));
+    assert_null(strstr(err, "SECRET"));
+
+    /* neither kind of model */
+    char empty[300];
+    snprintf(empty, sizeof empty, "%s/empty", f->dir);
+    assert_int_equal(mkdir(empty, 0700), 0);
+    assert_int_equal(hf_init_from(&back, empty, err, sizeof err), -EINVAL);
+    print_message("  empty directory: %s\n", err);
+    assert_non_null(strstr(err, empty));
+    assert_non_null(strstr(err, "config.json"));
+    assert_non_null(strstr(err, "state.json"));
+    /* not a directory */
+    assert_int_equal(hf_init_from(&back, done, err, sizeof err), -EINVAL);
+    assert_non_null(strstr(err, "not a directory"));
+    assert_null(back);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -302,6 +377,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_old_format_loads_with_defaults, setup, teardown),
         cmocka_unit_test_setup_teardown(test_malformed_is_a_clear_error, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unsavable_scale_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_init_from_checkpoint, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

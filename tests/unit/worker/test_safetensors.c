@@ -161,7 +161,7 @@ static void test_hf_export_import_lossless(void **state)
     assert_non_null(fixtures);
     char vocab[4096];
     snprintf(vocab, sizeof vocab, "%s/hf_tiny/vocab.txt", fixtures);
-    int rc = hf_export(m, dir, vocab, err, sizeof err);
+    int rc = hf_export(m, dir, vocab, true, err, sizeof err);
     if (rc < 0)
         fail_msg("export: %s", err);
     rc = hf_init_from(&back, dir, err, sizeof err);

@@ -1,0 +1,81 @@
+/* device_cpu — the CPU backend of the training loop (loop.h): the host
+ * trainer (train.h) is the model; forward and backward read each batch in
+ * place from its ring slot or batch buffer; gradients are averaged over the
+ * ranks on the job's shm comm (w->cm), then the optimizer steps. Never
+ * scales the loss (fp32 only), never copies the model anywhere.
+ */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "common/exitcodes.h"
+#include "worker/loop.h"
+
+typedef struct cpu_device {
+	worker *w;
+	bert_batch batch;  /* the uploaded micro-batch: pointers into host memory */
+	double loss;       /* sum over the step's micro-batches so far */
+} cpu_device;
+
+static void cpu_zero_grad(void *ctx)
+{
+	cpu_device *c = ctx;
+	bert_model_zero_grad(c->w->tr->model);
+	c->loss = 0;
+}
+
+static int cpu_upload(void *ctx, const bert_batch *b, char *err, size_t errlen)
+{
+	(void)err;
+	(void)errlen;
+	cpu_device *c = ctx;
+	c->batch = *b;
+	return 0;
+}
+
+static int cpu_forward_backward(void *ctx, const bert_dropout *d, int k, int M, char *err, size_t errlen)
+{
+	cpu_device *c = ctx;
+	(void)d; /* trainer_micro draws the same masks from the trainer's seed and rank */
+	return trainer_micro(c->w->tr, &c->batch, k, M, &c->loss, err, errlen);
+}
+
+static double cpu_loss(void *ctx, int M)
+{
+	cpu_device *c = ctx;
+	return c->loss / M;
+}
+
+static int cpu_update(void *ctx, loop_update *out)
+{
+	cpu_device *c = ctx;
+	worker *w = c->w;
+	bert_model *m = w->tr->model;
+	if (w->cm) {
+		double t0 = worker_now_s();
+		int rc = comm_allreduce_mean(w->cm, m->grads_memory, m->num_params);
+		if (rc < 0)
+			return rc;
+		out->comm_s = out->comm_host_s = worker_now_s() - t0;
+	}
+	return optim_step(w->tr->opt, m->params_memory, m->grads_memory, &out->lr, &out->grad_norm);
+}
+
+static void cpu_destroy(void *ctx, int exit_code)
+{
+	(void)exit_code; /* w->cm is worker_main.c's */
+	free(ctx);
+}
+
+int device_cpu_create(worker *w, loop_device *dev)
+{
+	cpu_device *c = calloc(1, sizeof *c);
+	if (!c)
+		return worker_fail(w, BERTD_EXIT_OOM, "oom", "out of memory for the CPU device");
+	c->w = w;
+	*dev = (loop_device){
+		.kind = "cpu", .ctx = c, .h2d = false, .reads_in_place = true,
+		.zero_grad = cpu_zero_grad, .upload = cpu_upload, .forward_backward = cpu_forward_backward,
+		.loss = cpu_loss, .update = cpu_update, .destroy = cpu_destroy,
+	};
+	return 0;
+}

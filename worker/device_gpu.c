@@ -1,0 +1,358 @@
+/* device_gpu — the CUDA device of the training loop (loop.h, kind "cuda";
+ * CUDA builds only; docs/cuda.md): the model trains in gpu_model, gradients
+ * are averaged with NCCL (world > 1). The host trainer (w->tr) made the
+ * weights the device takes here and is their mirror: to_host copies the
+ * device state back before checkpoints, replica checks and the export, so
+ * checkpoint.c and hf.c write the CPU's formats. The daemon sets
+ * CUDA_VISIBLE_DEVICES to the job's GPU: this process uses device 0.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/exitcodes.h"
+#include "common/log.h"
+#include "worker/gpu_model.h"
+#include "worker/loop.h"
+
+#define GPU_DEVICE 0
+
+typedef struct gpu_device {
+	worker *w;
+	gpu_model *gm;
+	comm *nccl;                  /* gradient all-reduce between GPU ranks (world > 1) */
+	void *pinned_area;           /* ring slot area or local_slot, cudaHostRegister'ed, or NULL */
+	bool inplace;                /* uploads DMA from the batch's memory (loop_device.reads_in_place) */
+	double loss;                 /* sum of the step's micro-batch losses read so far */
+	double gnorm_last;           /* last finite grad norm (fp16 skipped steps report it) */
+	double t_sync0, t_sync1;     /* host time in the NCCL hooks' waits, this step */
+} gpu_device;
+
+/* ---- the device interface ---- */
+
+static void gpu_zero_grad(void *ctx)
+{
+	gpu_device *g = ctx;
+	gpu_model_zero_grad(g->gm);
+	g->loss = 0;
+}
+
+/* In place (pinned, or pageable without pin_memory) the copy reads the
+ * batch's memory until gpu_upload_wait; staged, it is copied out first. */
+static int gpu_upload(void *ctx, const bert_batch *b, char *err, size_t errlen)
+{
+	gpu_device *g = ctx;
+	return g->inplace ? gpu_model_upload_inplace(g->gm, b, err, errlen) : gpu_model_upload(g->gm, b, err, errlen);
+}
+
+static int gpu_upload_wait(void *ctx)
+{
+	gpu_device *g = ctx;
+	return gpu_model_upload_wait(g->gm);
+}
+
+/* Reads the previous micro-batch's loss (the host fetched and uploaded this
+ * one while the device computed that one), then enqueues forward and
+ * backward; only the last micro-batch's gradients are final, so only its
+ * backward reduces buckets. */
+static int gpu_forward_backward(void *ctx, const bert_dropout *d, int k, int M, char *err, size_t errlen)
+{
+	(void)err;
+	(void)errlen;
+	gpu_device *g = ctx;
+	int rc;
+	if (k > 0)
+		g->loss += gpu_model_loss(g->gm);
+	if (k == M - 1)
+		gpu_model_reduce_in_next_backward(g->gm);
+	if ((rc = gpu_model_forward(g->gm, d, gpu_model_loss_scale(g->gm) / (float)M)) < 0)
+		return rc;
+	return gpu_model_backward(g->gm); /* -EPIPE: a gradient bucket's all-reduce lost a peer */
+}
+
+static double gpu_loss(void *ctx, int M)
+{
+	gpu_device *g = ctx;
+	return (g->loss + gpu_model_loss(g->gm)) / M; /* waits for the last backward's forward */
+}
+
+/* The optimizer step, the NCCL all-reduce inside it. The exposed all-reduce
+ * is the compute stream's wait, from CUDA events (host clocks would also
+ * count the backward still running). */
+static int gpu_update(void *ctx, loop_update *out)
+{
+	gpu_device *g = ctx;
+	int skipped = 0;
+	g->t_sync0 = g->t_sync1 = 0; /* the NCCL hooks set them */
+	int rc = gpu_model_step(g->gm, &out->lr, &out->grad_norm, &skipped);
+	if (rc < 0)
+		return rc;
+	if (skipped) {
+		log_warn("step %ld: fp16 gradient overflow, update skipped (loss scale now %g)", g->w->tr->step,
+			 (double)gpu_model_loss_scale(g->gm));
+		out->grad_norm = g->gnorm_last; /* JSON has no infinity */
+	}
+	g->gnorm_last = out->grad_norm;
+	out->comm_s = gpu_model_exposed_comm_ms(g->gm) / 1000.0;
+	out->comm_host_s = g->t_sync1 - g->t_sync0;
+	return 0;
+}
+
+/* The device's parameters (and optimizer state) into the host trainer. */
+static int gpu_to_host(void *ctx, bool opt_state)
+{
+	gpu_device *g = ctx;
+	trainer *t = g->w->tr;
+	int rc = g->nccl ? comm_nccl_drain(g->nccl) : 0;
+	if (rc == 0)
+		rc = gpu_model_get_params(g->gm, t->model->params_memory);
+	if (rc == 0 && opt_state) {
+		rc = gpu_model_get_opt_state(g->gm, t->opt->state_memory);
+		t->opt->t = g->gm->t;
+	}
+	return rc;
+}
+
+static void gpu_get_scaler(void *ctx, checkpoint_scaler *out)
+{
+	gpu_device *g = ctx;
+	gpu_loss_scaler gs;
+	gpu_model_get_scaler(g->gm, &gs);
+	*out = (checkpoint_scaler){.scale = gs.scale, .enabled = gs.enabled, .growth_interval = gs.growth_interval,
+				   .good_steps = gs.good_steps, .skipped = gs.skipped};
+}
+
+static void gpu_destroy(void *ctx, int exit_code)
+{
+	gpu_device *g = ctx;
+	if (exit_code == BERTD_EXIT_PEER_LOST && g->nccl)
+		comm_abort(g->nccl, -EPIPE);
+	comm_destroy(g->nccl);
+	gpu_model_destroy(g->gm);
+	if (g->pinned_area)
+		cudaHostUnregister(g->pinned_area);
+	cuda_kernels_shutdown();
+	free(g);
+}
+
+/* ---- NCCL: the unique id over the daemon socket, the all-reduce hooks ---- */
+
+#ifdef BERTD_NCCL
+static int nccl_id_send(void *ctx, const void *id, size_t len)
+{
+	gpu_device *g = ctx;
+	char hex[2 * 512 + 1];
+	if (g->w->daemon_fd < 0 || len > 512)
+		return -ENOTCONN; /* run by hand: nobody relays the id */
+	for (size_t i = 0; i < len; i++)
+		snprintf(hex + 2 * i, 3, "%02x", ((const unsigned char *)id)[i]);
+	return worker_send(g->w, json_pack("{s:s, s:s}", "type", "nccl_id", "id", hex));
+}
+
+/* Ranks > 0: rank 0's id, relayed by the daemon (bounded wait). */
+static int nccl_id_recv(void *ctx, void *id, size_t len)
+{
+	gpu_device *g = ctx;
+	json_t *m;
+	int rc = worker_await(g->w, "nccl_id", LOOP_COMM_TIMEOUT_MS, &m);
+	if (rc < 0)
+		return rc;
+	const char *hex = json_string_value(json_object_get(m, "id"));
+	rc = hex && strlen(hex) == 2 * len ? 0 : -EPROTO;
+	for (size_t i = 0; rc == 0 && i < len; i++) {
+		unsigned v;
+		if (sscanf(hex + 2 * i, "%2x", &v) != 1)
+			rc = -EPROTO;
+		((unsigned char *)id)[i] = (unsigned char)v;
+	}
+	json_decref(m);
+	return rc;
+}
+
+/* The overlapped path: gpu_model enqueues each gradient bucket as backward
+ * finishes it, then, in gpu_model_step, finish makes the compute stream wait
+ * for them all. gpu_model_step then syncs the host once (the norm): finish
+ * drains first, so a lost peer is a bounded -EPIPE here, not a hang there. */
+static int nccl_bucket(void *ctx, float *grads, size_t n, cudaStream_t s)
+{
+	gpu_device *g = ctx;
+	return comm_nccl_bucket_start(g->nccl, grads, n, s);
+}
+
+static int nccl_bucket_finish(void *ctx, cudaStream_t s)
+{
+	gpu_device *g = ctx;
+	g->t_sync0 = worker_now_s();
+	int rc = comm_nccl_buckets_wait(g->nccl, s);
+	if (rc == 0)
+		rc = comm_nccl_drain(g->nccl);
+	g->t_sync1 = worker_now_s();
+	return rc;
+}
+
+/* gpu_model's all-reduce hook (docs/formats.md, NCCL backend): one bucket. */
+static int nccl_hook(void *ctx, float *grads, size_t n, cudaStream_t s)
+{
+	int rc = nccl_bucket(ctx, grads, n, s);
+	return rc < 0 ? rc : nccl_bucket_finish(ctx, s);
+}
+#endif
+
+/* ---- setup ---- */
+
+/* The spec's bf16/fp16 tri-state as gpu_precision_pick's wish. */
+static const char *precision_want(int bf16, int fp16)
+{
+	if (bf16 == 1)
+		return "bf16";
+	if (fp16 == 1)
+		return "fp16";
+	if (bf16 == 0 && fp16 == 0)
+		return "fp32";
+	return "auto";
+}
+
+/* Restores the loss scaler of the checkpoint resumed from. */
+static int restore_scaler(gpu_device *g, kdtype dt)
+{
+	worker *w = g->w;
+	const checkpoint_scaler *cs = &w->ckpt_scaler;
+	gpu_loss_scaler gs = {.scale = cs->scale, .enabled = cs->enabled, .growth_interval = cs->growth_interval,
+			      .good_steps = cs->good_steps, .skipped = cs->skipped};
+	if (gpu_model_set_scaler(g->gm, &gs) < 0) /* checkpoint.c validated the same bounds */
+		return worker_fail(w, BERTD_EXIT_DATA, "data", "the checkpoint's loss scaler is not usable");
+	if (g->gm->scaler.enabled && cs->enabled)
+		log_info("fp16 loss scale restored from the checkpoint: %g (%d good steps, %ld skipped)",
+			 (double)cs->scale, cs->good_steps, cs->skipped);
+	else if (cs->enabled)
+		log_info("the checkpoint's fp16 loss scale (%g) is not used: training in %s", (double)cs->scale,
+			 kdtype_name(dt));
+	return 0;
+}
+
+/* Where uploads read a batch from (docs/cuda.md, "Data path"). pin_memory:
+ * the memory batches are built in (the ring's slot area, or the serial
+ * path's buffer) is page-locked once, and each batch is DMA'd from it in
+ * place; if the kernel refuses to lock it, batches are staged through
+ * gpu_model's own pinned buffer (a host copy, then the DMA). Without
+ * pin_memory, the copy reads the pageable slot itself: the driver stages it,
+ * synchronously, which is what the loader experiment measures. Returns
+ * whether uploads read in place. */
+static bool pick_h2d(gpu_device *g)
+{
+	worker *w = g->w;
+	const jobspec_training *ta = &w->bj.spec.training;
+	if (!ta->dataloader_pin_memory) {
+		log_info("H2D: dataloader_pin_memory is false: batches copied from pageable memory");
+		return true;
+	}
+	size_t bytes = (size_t)ta->gradient_accumulation_steps * w->bj.ring.layout.slot_bytes;
+	void *area = w->rg ? ring_slot_area(w->rg, &bytes) : w->local_slot;
+	cudaError_t ce = cudaHostRegister(area, bytes, cudaHostRegisterDefault);
+	if (ce != cudaSuccess) {
+		(void)cudaGetLastError(); /* not sticky: later launch checks must not see it */
+		log_warn("cannot pin the %s (%zu bytes): %s; staging each batch through a pinned buffer",
+			 w->rg ? "batch ring" : "batch buffer", bytes, cudaGetErrorString(ce));
+		return false;
+	}
+	g->pinned_area = area;
+	log_info("H2D: batches DMA'd in place from the pinned %s (%zu bytes registered)",
+		 w->rg ? "ring slots" : "batch buffer", bytes);
+	return true;
+}
+
+/* Joins the NCCL group and hooks it into gpu_model. */
+static int join_nccl(gpu_device *g)
+{
+	worker *w = g->w;
+#ifdef BERTD_NCCL
+	const char *rd = w->bj.spec.training.ddp_reduce_dtype; /* normalized: fp32 | bf16 | fp16 */
+	comm_dtype reduce = !strcmp(rd, "bf16") ? COMM_BF16 : !strcmp(rd, "fp16") ? COMM_FP16 : COMM_FP32;
+	int rc = comm_create_nccl(&g->nccl, w->rank, w->world, GPU_DEVICE, reduce, nccl_id_send, nccl_id_recv, g,
+				  LOOP_COMM_TIMEOUT_MS);
+	if (rc == -ECANCELED) {
+		log_info("stopped while waiting for the NCCL id");
+		return BERTD_EXIT_STOPPED;
+	}
+	if (rc == -ENOMEM)
+		return worker_fail(w, BERTD_EXIT_OOM, "oom",
+				   "no device memory left for the NCCL communicator on this rank");
+	if (rc < 0)
+		return worker_fail(w, BERTD_EXIT_PEER_LOST, "peer_lost", "joining the %d-GPU NCCL group failed: %s",
+				   w->world, strerror(-rc));
+	if ((rc = gpu_model_set_allreduce(g->gm, nccl_hook, g, NULL)) < 0)
+		return worker_fail(w, BERTD_EXIT_FAILURE, "internal", "setting the all-reduce hook: %s", strerror(-rc));
+	/* BERTD_DDP_OVERLAP=0: one all-reduce after backward (the hook above),
+	 * e.g. to rule the overlap out when debugging a GPU run */
+	const char *ov = getenv("BERTD_DDP_OVERLAP");
+	if (!(ov && strcmp(ov, "0") == 0))
+		gpu_model_set_buckets(g->gm, nccl_bucket, nccl_bucket_finish, g);
+	return 0;
+#else
+	return worker_fail(w, BERTD_EXIT_BAD_CONFIG, "bad_config",
+			   "a %d-GPU job, but this bertd-worker was built without NCCL", w->world);
+#endif
+}
+
+static int setup(gpu_device *g, loop_device *dev)
+{
+	char err[512];
+	worker *w = g->w;
+	const jobspec_training *ta = &w->bj.spec.training;
+	const batch_layout *l = &w->bj.ring.layout;
+	kdtype dt;
+	int rc = gpu_precision_pick(precision_want(ta->bf16, ta->fp16), GPU_DEVICE, &dt, err, sizeof err);
+	if (rc == -ENOTSUP || rc == -EINVAL)
+		return worker_fail(w, BERTD_EXIT_BAD_CONFIG, "bad_config", "%s", err);
+	if (rc < 0)
+		return worker_fail(w, BERTD_EXIT_FAILURE, "internal", "no usable CUDA device: %s", err);
+	/* auto picked what the spec turned off (e.g. bf16: false): full precision */
+	if ((dt == KDT_BF16 && ta->bf16 == 0) || (dt == KDT_F16 && ta->fp16 == 0))
+		dt = KDT_F32;
+	/* the communicator comes after the model and allocates on the device
+	 * too: keep room for it, or "the largest batch that fits" fails at the
+	 * first collective */
+	size_t reserve = gpu_model_comm_reserve_bytes(&w->tr->model->cfg, w->world,
+						      strcmp(ta->ddp_reduce_dtype, "fp32") != 0);
+	rc = gpu_model_create_reserving(&g->gm, &w->tr->model->cfg, dt, GPU_DEVICE, (int)l->B, (int)l->T,
+					(int)(l->B * l->P), &w->tr->opt->cfg, reserve, err, sizeof err);
+	if (rc == -ENOMEM)
+		return worker_fail(w, BERTD_EXIT_OOM, "oom", "%s", err); /* names the largest batch that fits */
+	if (rc == -EINVAL)
+		return worker_fail(w, BERTD_EXIT_BAD_CONFIG, "bad_config", "%s", err);
+	if (rc < 0)
+		return worker_fail(w, BERTD_EXIT_FAILURE, "internal", "creating the GPU model: %s", err);
+	if ((rc = gpu_model_set_params(g->gm, w->tr->model->params_memory)) < 0 ||
+	    (rc = gpu_model_set_opt_state(g->gm, w->tr->opt->state_memory, w->tr->opt->t)) < 0)
+		return worker_fail(w, BERTD_EXIT_FAILURE, "internal", "copying the model to the GPU: %s",
+				   strerror(-rc));
+	int code;
+	if (w->have_ckpt_scaler && (code = restore_scaler(g, dt)) != 0)
+		return code;
+	dev->reads_in_place = g->inplace = pick_h2d(g);
+	if (w->world > 1 && (code = join_nccl(g)) != 0)
+		return code;
+	log_info("GPU model: %s, batch %u x %u, %zu parameters", kdtype_name(dt), l->B, l->T, g->gm->num_params);
+	return 0;
+}
+
+int device_gpu_create(worker *w, loop_device *dev)
+{
+	gpu_device *g = calloc(1, sizeof *g);
+	if (!g)
+		return worker_fail(w, BERTD_EXIT_OOM, "oom", "out of memory for the GPU device");
+	g->w = w;
+	*dev = (loop_device){
+		.kind = "cuda", .ctx = g, .h2d = true,
+		.zero_grad = gpu_zero_grad, .upload = gpu_upload, .forward_backward = gpu_forward_backward,
+		.upload_wait = gpu_upload_wait, .loss = gpu_loss,
+		.update = gpu_update, .to_host = gpu_to_host, .get_scaler = gpu_get_scaler, .destroy = gpu_destroy,
+	};
+	int code = setup(g, dev);
+	if (code != 0) {
+		gpu_destroy(g, code);
+		*dev = (loop_device){0};
+	}
+	return code;
+}
