@@ -90,3 +90,14 @@ CREATE TABLE job_checkpoints (
 
 -- migration 2: the devices a job runs on (JSON array, set at each start)
 ALTER TABLE jobs ADD COLUMN devices_json TEXT;
+
+-- migration 3: a preparing dataset's phase ('starting', 'vocab', 'tokenize',
+-- 'done') and its fraction of the whole preparation (0..1, growing within a
+-- run), as bertd-prepare reports them
+ALTER TABLE datasets ADD COLUMN phase TEXT NOT NULL DEFAULT 'starting';
+ALTER TABLE datasets ADD COLUMN fraction REAL NOT NULL DEFAULT 0;
+
+-- migration 4: the rank a running job's stall watch suspects (JSON object
+-- {"rank", "since_ms", "limit_s", "stopped"}, NULL when none), for the
+-- diagnosis
+ALTER TABLE jobs ADD COLUMN stall_json TEXT;

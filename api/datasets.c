@@ -37,13 +37,22 @@ static json_t *dataset_json(api_request *req, const store_dataset *d)
 	char path[PATH_MAX + 64];
 	snprintf(path, sizeof path, "%s/datasets/%s", req->cfg->n_data_roots ? req->cfg->data_roots[0] : ".",
 		 d->name);
-	double frac = d->bytes_total > 0 ? (double)d->bytes_done / (double)d->bytes_total : 0.0;
-	if (d->state == DATASET_READY)
+	/* bytes are per phase, fraction over the whole preparation (it only grows) */
+	const char *phase = d->phase ? d->phase : "starting";
+	json_int_t done = d->bytes_done, total = d->bytes_total;
+	double frac = d->fraction;
+	if (d->state == DATASET_READY) {
+		/* the summary's corpus size: also right for rows older than phases */
+		json_t *bytes = json_object_get(stats, "bytes");
+		if (json_is_integer(bytes))
+			done = total = json_integer_value(bytes);
+		phase = "done";
 		frac = 1.0;
-	return json_pack("{s:s, s:s, s:s, s:{s:I, s:I, s:f}, s:o, s:s?, s:s, s:o, s:o, s:o}",
+	}
+	return json_pack("{s:s, s:s, s:s, s:{s:s, s:I, s:I, s:f}, s:o, s:s?, s:s, s:o, s:o, s:o}",
 			 "id", d->id, "name", d->name, "state", dataset_state_name(d->state),
-			 "progress", "bytes_done", (json_int_t)d->bytes_done, "bytes_total",
-			 (json_int_t)d->bytes_total, "fraction", frac,
+			 "progress", "phase", phase, "bytes_done", done, "bytes_total", total,
+			 "fraction", frac,
 			 "stats", stats ? stats : json_null(),
 			 "error", d->error,
 			 "path", path,
@@ -76,15 +85,16 @@ static bool resolve_field(api_request *req, json_t *v, const char *field, char *
 	}
 	int rc = api_path_resolve(s, json_string_length(v), req->cfg->data_roots, req->cfg->n_data_roots,
 				  out, cap);
-	if (rc == -EINVAL)
-		*ret = api_reply_problem(req, API_P_INVALID_REQUEST, field,
-					 "must be a path without \"..\" components or NUL bytes");
-	else if (rc == -ENOENT)
-		*ret = api_reply_problem(req, API_P_INVALID_REQUEST, field, "no such file or directory");
-	else if (rc < 0)
-		*ret = api_reply_problem(req, API_P_PATH_FORBIDDEN, field,
-					 "resolves outside the configured data_roots");
-	return rc == 0;
+	if (rc == 0)
+		return true;
+	/* the detail names the path as resolved and the data roots, so a
+	 * newcomer sees where bertd looked and where files may live */
+	char why[512];
+	api_path_problem(rc, s, json_string_length(v), req->cfg->data_roots, req->cfg->n_data_roots, why,
+			 sizeof why);
+	*ret = api_reply_problem(req, rc == -EACCES ? API_P_PATH_FORBIDDEN : API_P_INVALID_REQUEST, field, "%s",
+				 why);
+	return false;
 }
 
 /* Validates a dataset request; on success returns the effective request

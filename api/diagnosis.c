@@ -58,6 +58,7 @@ int api_diagnose(store *st, const store_job *j, int64_t now_ms, diag_report *rep
 		.save_steps = spec_int(spec, "training_args", "save_steps", 1),
 	};
 	job_devices(j, spec, &dj);
+	diag_job_stall_from_json(&dj, j->stall_json);
 	if ((rc = store_metric_tail(st, j->id, DIAG_WINDOW, &m, &n)) < 0)
 		goto out;
 	/* slow_start needs the first row, which the window may have left out */

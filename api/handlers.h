@@ -4,11 +4,15 @@
 #ifndef BERTD_API_HANDLERS_H
 #define BERTD_API_HANDLERS_H
 
+#include <jansson.h>
+#include <stdbool.h>
+
 #include "api/routes.h"
 
 /* system.c */
 enum MHD_Result system_healthz(api_request *req);
 enum MHD_Result system_version(api_request *req);
+enum MHD_Result system_info(api_request *req);
 
 /* jobs.c */
 enum MHD_Result jobs_create(api_request *req);
@@ -20,6 +24,10 @@ enum MHD_Result jobs_events(api_request *req);
 
 /* jobdata.c */
 enum MHD_Result jobs_metrics(api_request *req);
+/* For jobs_create: training by epochs (max_steps -1) becomes max_steps from
+ * the dataset's prepare totals (jobspec_resolve_epochs), in spec. Returns
+ * true, or replies (422 naming the field, 500) and sets *ret. */
+bool jobs_resolve_epochs(api_request *req, json_t *spec, enum MHD_Result *ret);
 enum MHD_Result jobs_checkpoints(api_request *req);
 enum MHD_Result jobs_logs(api_request *req);
 

@@ -1,14 +1,19 @@
 /* http — libmicrohttpd glue: listening socket, limits, auth, body
  * accumulation, dispatch through the route table, and the reply helpers.
  *
- * Request life: MHD calls on_request once with headers only (we match the
- * route and refuse early: 404, 405, 401, 415, and 413 when Content-Length
- * already says too much), then once per body piece (counted against
- * max_body_bytes as it arrives, chunked uploads included), then once more
- * with no data (we call the handler). libmicrohttpd 0.9.7x cannot queue a
+ * Request life: MHD calls on_request once with headers only. We refuse
+ * early: the message framing (Host, Content-Length, Transfer-Encoding: 400,
+ * 501), then the token on every path but the public ones (401 before 404
+ * and 405, so no route can be probed without a token), then the route, 415,
+ * and 413 when Content-Length already says too much. Then MHD calls once
+ * per body piece (counted against max_body_bytes as it arrives, chunked
+ * uploads included), then once more with no data (we call the handler). libmicrohttpd 0.9.7x cannot queue a
  * reply while a body is still arriving, so a chunked body that crosses the
  * limit is dropped piece by piece (never buffered) and answered with 413 at
  * its end; a client that keeps streaming past a hard cap is disconnected.
+ * Errors MHD finds before it calls us (a malformed request line or header,
+ * an unparsable Content-Length, 414, 431, 505) are answered by MHD itself
+ * with its fixed HTML bodies: 0.9.75 has no hook to replace them.
  *
  * Must never hold the store lock across network I/O, never log the token or
  * request bodies, and never let a handler run before auth passed.
@@ -301,17 +306,129 @@ static uint64_t content_length(api_request *req, bool *present)
 	return cl ? strtoull(cl, NULL, 10) : 0;
 }
 
+/* The framing headers of a request, counted over every header line (MHD's
+ * lookup only ever returns the first). */
+struct framing {
+	unsigned n_host, n_len, n_te;
+	const char *len, *te; /* first values */
+	bool len_differs;     /* a later Content-Length differs from the first */
+};
+
+static enum MHD_Result framing_cb(void *cls, enum MHD_ValueKind kind, const char *key,
+				  const char *value)
+{
+	(void)kind;
+	struct framing *f = cls;
+	if (!value)
+		value = "";
+	if (strcasecmp(key, MHD_HTTP_HEADER_HOST) == 0) {
+		f->n_host++;
+	} else if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) {
+		if (f->n_len++ == 0)
+			f->len = value;
+		else if (strcmp(f->len, value) != 0)
+			f->len_differs = true;
+	} else if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) {
+		if (f->n_te++ == 0)
+			f->te = value;
+	}
+	return MHD_YES;
+}
+
+/* A framing error means the body's extent is unknown: the reply closes the
+ * connection so no byte after it can be read as another request. */
+static enum MHD_Result framing_problem(api_request *req, enum api_problem p, const char *field,
+				       const char *detail)
+{
+	if (api_add_header(req, MHD_HTTP_HEADER_CONNECTION, "close"))
+		return MHD_NO;
+	return api_reply_problem(req, p, field, "%s", detail);
+}
+
+/* RFC 9112: a request whose length can be read two ways is how one request
+ * is smuggled inside another, so it is refused, not guessed at (MHD 0.9.75
+ * takes the first Content-Length and, on a transfer coding it does not
+ * know, waits for a body it cannot delimit until the connection times out).
+ * HTTP/1.1 needs exactly one Host (MHD checks that only in its strict mode,
+ * answering in HTML). Returns MHD_YES with nothing sent when all is well. */
+static enum MHD_Result check_framing(api_request *req, const char *version)
+{
+	struct framing f = {0};
+	MHD_get_connection_values(req->conn, MHD_HEADER_KIND, framing_cb, &f);
+	bool http10 = version && strcmp(version, MHD_HTTP_VERSION_1_0) == 0;
+	if (f.n_host > 1)
+		return framing_problem(req, API_P_BAD_REQUEST, "Host",
+				       "more than one Host header");
+	if (f.n_host == 0 && !http10)
+		return framing_problem(req, API_P_BAD_REQUEST, "Host",
+				       "an HTTP/1.1 request needs a Host header");
+	if (f.n_len && f.n_te)
+		return framing_problem(req, API_P_BAD_REQUEST, "Content-Length",
+				       "both Content-Length and Transfer-Encoding: send one");
+	if (f.len_differs)
+		return framing_problem(req, API_P_BAD_REQUEST, "Content-Length",
+				       "Content-Length headers with different values");
+	if (f.n_te) {
+		const char *te = f.te;
+		while (*te == ' ' || *te == '\t')
+			te++;
+		size_t n = strlen(te);
+		while (n && (te[n - 1] == ' ' || te[n - 1] == '\t'))
+			n--;
+		if (f.n_te > 1 || n != 7 || strncasecmp(te, "chunked", 7) != 0) {
+			char detail[160];
+			snprintf(detail, sizeof detail,
+				 "Transfer-Encoding %.*s is not implemented; send chunked or a "
+				 "Content-Length", (int)(n < 64 ? n : 64), te);
+			return framing_problem(req, API_P_TRANSFER_CODING, "Transfer-Encoding",
+					       detail);
+		}
+	}
+	return MHD_YES;
+}
+
+/* The token check: true when the request may go on; otherwise 401 is
+ * queued (or queueing failed) and *ret says which. */
+static bool authorized(api_request *req, enum MHD_Result *ret)
+{
+	const char *auth = api_header(req, MHD_HTTP_HEADER_AUTHORIZATION);
+	if (api_auth_ok(auth, req->cfg->token))
+		return true;
+	bool missing = auth == NULL;
+	if (api_add_header(req, MHD_HTTP_HEADER_WWW_AUTHENTICATE,
+			   missing ? "Bearer realm=\"bertd\""
+				   : "Bearer realm=\"bertd\", error=\"invalid_token\"")) {
+		*ret = MHD_NO;
+		return false;
+	}
+	*ret = api_reply_problem(req, API_P_UNAUTHORIZED, NULL, "%s",
+				 missing ? "send Authorization: Bearer <token> "
+					   "(the token is in the state directory)"
+					 : "the bearer token is not valid");
+	return false;
+}
+
 /* First call: headers only. Refuses what can be refused before any body
  * byte is read; otherwise waits for the body. */
-static enum MHD_Result begin(struct conn_ctx *c)
+static enum MHD_Result begin(struct conn_ctx *c, const char *version)
 {
 	api_request *req = &c->req;
 	size_t n;
 	const api_route *table = api_route_table(&n);
 	char allow[128];
+	enum MHD_Result ret = check_framing(req, version);
+	if (ret != MHD_YES || req->replied)
+		return ret;
 
-	switch (api_route_find(table, n, req->method, req->path, &c->route, &req->args, allow,
-			       sizeof allow)) {
+	enum api_match m = api_route_find(table, n, req->method, req->path, &c->route, &req->args,
+					  allow, sizeof allow);
+	/* Only a public path answers 404/405 before the token: elsewhere they
+	 * would tell a caller without a token which routes exist. */
+	bool is_public = m == API_MATCH_OK ? (c->route->flags & API_ROUTE_PUBLIC) != 0
+					   : api_route_path_public(table, n, req->path);
+	if (!is_public && !authorized(req, &ret))
+		return ret;
+	switch (m) {
 	case API_MATCH_OK:
 		break;
 	case API_MATCH_NO_PATH:
@@ -324,24 +441,9 @@ static enum MHD_Result begin(struct conn_ctx *c)
 					 req->path, allow);
 	}
 
-	if (!(c->route->flags & API_ROUTE_PUBLIC)) {
-		const char *auth = api_header(req, MHD_HTTP_HEADER_AUTHORIZATION);
-		if (!api_auth_ok(auth, req->cfg->token)) {
-			bool missing = auth == NULL;
-			if (api_add_header(req, MHD_HTTP_HEADER_WWW_AUTHENTICATE,
-					   missing ? "Bearer realm=\"bertd\""
-						   : "Bearer realm=\"bertd\", error=\"invalid_token\""))
-				return MHD_NO;
-			return api_reply_problem(req, API_P_UNAUTHORIZED, NULL, "%s",
-						 missing ? "send Authorization: Bearer <token> "
-							   "(the token is in the state directory)"
-							 : "the bearer token is not valid");
-		}
-	}
-
 	bool has_len;
 	uint64_t len = content_length(req, &has_len);
-	bool chunked = api_header(req, MHD_HTTP_HEADER_TRANSFER_ENCODING) != NULL;
+	bool chunked = api_header(req, MHD_HTTP_HEADER_TRANSFER_ENCODING) != NULL; /* checked above */
 	if ((has_len && len > 0) || chunked) {
 		const char *ct = api_header(req, MHD_HTTP_HEADER_CONTENT_TYPE);
 		if (!api_media_is_json(ct))
@@ -400,7 +502,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 				  const char *method, const char *version, const char *upload,
 				  size_t *upload_size, void **con_cls)
 {
-	(void)version;
 	api_server *srv = cls;
 	struct conn_ctx *c = *con_cls;
 	if (!c) {
@@ -414,7 +515,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 		c->req.body = "";
 		c->req.st = srv->st;
 		c->req.cfg = &srv->cfg;
-		return begin(c);
+		return begin(c, version);
 	}
 	if (c->req.replied) {
 		*upload_size = 0;

@@ -1,7 +1,8 @@
 /* jobdata — what a job produced: GET /v1/jobs/{id}/metrics (the logged time
  * series), /checkpoints and /logs (the tail of a worker's or loader's log
- * file). Read-only; logs are read from <state_dir>/jobs/<id>/logs, never
- * from a path the client names. */
+ * file); and, for POST /v1/jobs, the run length from its dataset's size
+ * (jobs_resolve_epochs). Read-only; logs are read from
+ * <state_dir>/jobs/<id>/logs, never from a path the client names. */
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -13,6 +14,7 @@
 
 #include "api/handlers.h"
 #include "api/http.h"
+#include "common/jobspec.h"
 #include "daemon/store.h"
 
 #define METRICS_LIMIT_MAX 10000
@@ -50,6 +52,40 @@ static bool job_exists(api_request *req, enum MHD_Result *ret)
 	else
 		*ret = api_reply_problem(req, API_P_INTERNAL, NULL, "loading job failed: %s", strerror(-rc));
 	return false;
+}
+
+bool jobs_resolve_epochs(api_request *req, json_t *spec, enum MHD_Result *ret)
+{
+	json_t *ta = json_object_get(spec, "training_args");
+	if (json_integer_value(json_object_get(ta, "max_steps")) != -1)
+		return true;
+	jobspec_epoch_source src = {0};
+	store_dataset ds;
+	const char *name = json_string_value(json_object_get(spec, "dataset"));
+	int rc = name ? store_dataset_get_by_name(req->st, name, &ds) : -ENOENT;
+	if (rc < 0 && rc != -ENOENT) {
+		*ret = api_reply_problem(req, API_P_INTERNAL, NULL, "looking up the dataset failed: %s",
+					 strerror(-rc));
+		return false;
+	}
+	if (rc == 0) {
+		json_t *stats = ds.state == DATASET_READY && ds.stats_json
+					? json_loads(ds.stats_json, 0, NULL) : NULL;
+		json_t *tok = json_object_get(stats, "tokens"), *sen = json_object_get(stats, "sentences");
+		if (json_is_integer(tok) && json_integer_value(tok) > 0)
+			src.tokens = (uint64_t)json_integer_value(tok);
+		if (json_is_integer(sen) && json_integer_value(sen) > 0)
+			src.sentences = (uint64_t)json_integer_value(sen);
+		json_decref(stats);
+		store_dataset_free(&ds);
+	}
+	jobspec_error err = {0};
+	if (jobspec_resolve_epochs(spec, &src, &err) < 0) {
+		*ret = api_reply_problem(req, err.status == 500 ? API_P_INTERNAL : API_P_INVALID_SPEC,
+					 err.field, "%s", err.detail);
+		return false;
+	}
+	return true;
 }
 
 enum MHD_Result jobs_metrics(api_request *req)
@@ -114,6 +150,43 @@ enum MHD_Result jobs_checkpoints(api_request *req)
 	return api_reply_json(req, MHD_HTTP_OK, json_pack("{s:o}", "checkpoints", arr));
 }
 
+/* How many worker ranks (resources.gpus) and loader processes
+ * (training_args.dataloader_num_workers) the job runs: which log files it
+ * can have. Returns true, or replies (404, 500) and sets *ret. */
+static bool job_processes(api_request *req, long long *ranks, long long *loaders,
+			  enum MHD_Result *ret)
+{
+	store_job j;
+	int rc = store_job_get(req->st, req->args.v[0], &j);
+	if (rc == -ENOENT) {
+		*ret = api_reply_problem(req, API_P_JOB_NOT_FOUND, NULL, "no job %s", req->args.v[0]);
+		return false;
+	}
+	if (rc < 0) {
+		*ret = api_reply_problem(req, API_P_INTERNAL, NULL, "loading job failed: %s", strerror(-rc));
+		return false;
+	}
+	/* normalized again, as the supervisor does: a spec stored by an older
+	 * bertd lacks keys added since */
+	json_t *stored = j.spec_json ? json_loads(j.spec_json, 0, NULL) : NULL, *spec = NULL;
+	jobspec_error jerr;
+	if (stored && jobspec_normalize(stored, &spec, &jerr) < 0)
+		spec = NULL;
+	json_decref(stored);
+	json_t *g = json_object_get(json_object_get(spec, "resources"), "gpus");
+	json_t *l = json_object_get(json_object_get(spec, "training_args"), "dataloader_num_workers");
+	bool ok = json_is_integer(g) && json_is_integer(l);
+	if (ok) {
+		*ranks = json_integer_value(g);
+		*loaders = json_integer_value(l);
+	} else {
+		*ret = api_reply_problem(req, API_P_INTERNAL, NULL, "job %s has an unreadable spec", j.id);
+	}
+	json_decref(spec);
+	store_job_free(&j);
+	return ok;
+}
+
 enum MHD_Result jobs_logs(api_request *req)
 {
 	enum MHD_Result ret;
@@ -128,8 +201,22 @@ enum MHD_Result jobs_logs(api_request *req)
 	if (query_int(req, "tail", 1, LOG_TAIL_MAX, 200, &tail) < 0)
 		return api_reply_problem(req, API_P_INVALID_PARAMETER, "tail", "must be an integer in 1..%d",
 					 LOG_TAIL_MAX);
-	if (!job_exists(req, &ret))
+	long long ranks, loaders;
+	if (!job_processes(req, &ranks, &loaders, &ret))
 		return ret;
+	/* A log the job can never have is the client's mistake, not an empty log. */
+	if (loader >= 0 && loaders == 0)
+		return api_reply_problem(req, API_P_INVALID_PARAMETER, "loader",
+					 "job %s runs no loader processes (dataloader_num_workers is 0)",
+					 req->args.v[0]);
+	if (loader >= loaders)
+		return api_reply_problem(req, API_P_INVALID_PARAMETER, "loader",
+					 "job %s runs %lld loader process%s (0..%lld)", req->args.v[0],
+					 loaders, loaders == 1 ? "" : "es", loaders - 1);
+	if (loader < 0 && rank >= ranks)
+		return api_reply_problem(req, API_P_INVALID_PARAMETER, "rank",
+					 "job %s has %lld rank%s (0..%lld)", req->args.v[0], ranks,
+					 ranks == 1 ? "" : "s", ranks - 1);
 	char path[1400];
 	if (loader >= 0)
 		snprintf(path, sizeof path, "%s/jobs/%s/logs/loader-%lld.log", req->cfg->state_dir,
@@ -138,7 +225,7 @@ enum MHD_Result jobs_logs(api_request *req)
 		snprintf(path, sizeof path, "%s/jobs/%s/logs/worker-%lld.log", req->cfg->state_dir,
 			 req->args.v[0], rank);
 	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-	if (fd < 0) /* not started yet, or no such rank: an empty log */
+	if (fd < 0) /* not started yet: an empty log */
 		return api_reply_raw(req, MHD_HTTP_OK, "text/plain; charset=utf-8", "", 0);
 	struct stat st;
 	char *buf = NULL;

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "api/handlers.h"
@@ -198,33 +199,243 @@ static char *dump_line(json_t *o)
 	return text;
 }
 
-/* init_from names a directory on the daemon's machine; like every path in a
- * request it must resolve (symlinks followed) inside a data root, so a spec
- * cannot make the worker read arbitrary files. The resolved path replaces
- * the submitted one, so the worker opens exactly what was checked. Returns
- * true, or replies (422 unusable path, 403 outside the roots) and sets *ret. */
-static bool init_from_ok(api_request *req, json_t *spec, enum MHD_Result *ret)
+/* ------------------------------------------------------------ init_from
+ *
+ * init_from names a model directory on the daemon's machine: a path, or a
+ * bertd job ({"job": id} its HF export, {"job": id, "checkpoint": step or
+ * "latest"} one of its checkpoints). Like every path in a request it must
+ * resolve (symlinks followed) inside a data root, or inside a job's own
+ * outputs under the state dir (<state_dir>/jobs/<id>/export or
+ * .../checkpoints/), never elsewhere there: the database and tokens live in
+ * the state dir too. A path is resolved before the spec is validated
+ * (common/jobspec.c takes absolute paths only), a job reference after
+ * (jobspec checks its shape); either way the canonical path replaces what
+ * was submitted, so the stored spec holds a path and the worker opens
+ * exactly what was checked. Errors name the resolved path and what is
+ * missing, never what a file holds. */
+
+/* Whether canon lies in a job's export or checkpoints directory; with
+ * job_id, only that job's. */
+static bool in_job_outputs(const char *canon, const char *state_dir, const char *job_id)
 {
-	json_t *v = json_object_get(spec, "init_from");
-	char real[PATH_MAX];
-	if (!json_is_string(v))
-		return true; /* null: train from scratch */
-	int rc = api_path_resolve(json_string_value(v), json_string_length(v),
-				  req->cfg->data_roots, req->cfg->n_data_roots, real, sizeof real);
-	if (rc == 0 && json_object_set_new(spec, "init_from", json_string(real)) == 0)
+	char jobs[PATH_MAX], real[PATH_MAX];
+	snprintf(jobs, sizeof jobs, "%s/jobs", state_dir);
+	if (!realpath(jobs, real) || !api_path_under(canon, real))
+		return false;
+	const char *rest = canon + strlen(real);
+	if (*rest++ != '/' || strlen(rest) < 21 || rest[20] != '/')
+		return false;
+	char id[21];
+	memcpy(id, rest, 20);
+	id[20] = 0;
+	if (!id_plausible(id) || (job_id && strcmp(id, job_id) != 0))
+		return false;
+	rest += 21;
+	if (strncmp(rest, "export", 6) == 0 && (rest[6] == 0 || rest[6] == '/'))
 		return true;
+	/* a checkpoint, not the checkpoints directory itself */
+	return strncmp(rest, "checkpoints/", 12) == 0 && rest[12] != 0;
+}
+
+static bool has_file(const char *dir, const char *name)
+{
+	char path[PATH_MAX + 64];
+	struct stat sb;
+	snprintf(path, sizeof path, "%s/%s", dir, name);
+	return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+/* What worker/hf.c hf_init_from can load: an HF directory (config.json +
+ * model.safetensors) or a complete bertd checkpoint (state.json,
+ * params.safetensors, DONE). NULL when dir is one, else what is missing. */
+static const char *model_dir_missing(const char *dir)
+{
+	struct stat sb;
+	if (stat(dir, &sb) < 0 || !S_ISDIR(sb.st_mode))
+		return "is not a directory";
+	if (has_file(dir, "config.json"))
+		return has_file(dir, "model.safetensors") ? NULL
+			: "has config.json but no model.safetensors (an HF model directory needs both)";
+	if (has_file(dir, "state.json")) {
+		if (!has_file(dir, "params.safetensors"))
+			return "has state.json but no params.safetensors (not a usable bertd checkpoint)";
+		return has_file(dir, "DONE") ? NULL
+			: "is an incomplete bertd checkpoint (no DONE marker: it was never finished)";
+	}
+	return "holds no model: neither config.json + model.safetensors (HF model directory) "
+	       "nor state.json + params.safetensors (bertd checkpoint)";
+}
+
+/* A path (absolute, or relative to the first data root as a dataset source
+ * is) into out. Returns true, or replies and sets *ret. */
+static bool init_from_path(api_request *req, json_t *v, char *out, size_t cap,
+			   enum MHD_Result *ret)
+{
+	const api_config *cfg = req->cfg;
+	const char *s = json_string_value(v);
+	size_t len = json_string_length(v);
+	int rc = api_path_resolve(s, len, cfg->data_roots, cfg->n_data_roots, out, cap);
+	if (rc == -EACCES || (rc == -EINVAL && cfg->n_data_roots == 0)) {
+		/* outside the data roots: fine if it is a job's output */
+		char canon[PATH_MAX];
+		if (api_path_canonical(s, len, cfg->n_data_roots ? cfg->data_roots[0] : NULL, canon,
+				       sizeof canon) == 0 &&
+		    in_job_outputs(canon, cfg->state_dir, NULL) && strlen(canon) < cap) {
+			memcpy(out, canon, strlen(canon) + 1);
+			return true;
+		}
+	}
 	if (rc == 0)
-		*ret = api_reply_problem(req, API_P_INTERNAL, "init_from", "out of memory");
-	else if (rc == -ENOENT)
-		*ret = api_reply_problem(req, API_P_INVALID_SPEC, "init_from",
-					 "no such file or directory");
-	else if (rc == -EINVAL)
-		*ret = api_reply_problem(req, API_P_INVALID_SPEC, "init_from",
-					 "must be an absolute path without \"..\" components");
-	else
+		return true;
+	char why[1600];
+	api_path_problem(rc, s, len, cfg->data_roots, cfg->n_data_roots, why, sizeof why);
+	if (rc == -EACCES)
 		*ret = api_reply_problem(req, API_P_PATH_FORBIDDEN, "init_from",
-					 "resolves outside the configured data_roots");
+					 "%s; nor is it a job's export or checkpoint", why);
+	else
+		*ret = api_reply_problem(req, API_P_INVALID_SPEC, "init_from", "%s", why);
 	return false;
+}
+
+/* The canonical path of step's checkpoint of job j ("latest": the newest
+ * complete one) into out. Returns true, or replies and sets *ret. */
+static bool init_from_checkpoint(api_request *req, const store_job *j, json_t *step, char *out,
+				 size_t cap, enum MHD_Result *ret)
+{
+	bool latest = json_is_string(step) && strcmp(json_string_value(step), "latest") == 0;
+	if (!latest && (!json_is_integer(step) || json_integer_value(step) < 0)) {
+		*ret = api_reply_problem(req, API_P_INVALID_SPEC, "init_from.checkpoint",
+					 "must be a step (an integer >= 0) or \"latest\"");
+		return false;
+	}
+	store_checkpoint *ck = NULL;
+	size_t n = 0;
+	int rc = store_checkpoint_list(req->st, j->id, &ck, &n);
+	if (rc < 0 && rc != -ENOENT) {
+		*ret = api_reply_problem(req, API_P_INTERNAL, NULL, "listing checkpoints failed: %s",
+					 strerror(-rc));
+		return false;
+	}
+	bool found = false;
+	for (size_t k = n; k-- > 0 && !found;) {
+		if (!latest && ck[k].step != json_integer_value(step))
+			continue;
+		char canon[PATH_MAX];
+		if (!realpath(ck[k].path, canon) || !in_job_outputs(canon, req->cfg->state_dir, j->id) ||
+		    strlen(canon) >= cap) {
+			if (!latest) {
+				*ret = api_reply_problem(req, API_P_INVALID_SPEC, "init_from",
+							 "job %s's checkpoint at step %lld (%s) is gone "
+							 "from disk", j->id, (long long)ck[k].step,
+							 ck[k].path);
+				store_checkpoints_free(ck, n);
+				return false;
+			}
+			continue;
+		}
+		if (latest && !has_file(canon, "DONE"))
+			continue;
+		memcpy(out, canon, strlen(canon) + 1);
+		found = true;
+	}
+	if (!found) {
+		/* Name what there is, bounded, so the fix is obvious. */
+		char have[160] = "";
+		size_t used = 0;
+		for (size_t k = 0; k < n && used + 8 < sizeof have; k++) {
+			int w = snprintf(have + used, sizeof have - used, "%s%lld", k ? ", " : "",
+					 (long long)ck[k].step);
+			if (w < 0 || (size_t)w >= sizeof have - used)
+				break;
+			used += (size_t)w;
+		}
+		if (latest)
+			*ret = api_reply_problem(req, API_P_INVALID_SPEC, "init_from",
+						 "job %s (%s) has no complete checkpoint", j->id,
+						 job_state_name(j->state));
+		else
+			*ret = api_reply_problem(req, API_P_INVALID_SPEC, "init_from",
+						 "job %s (%s) has no checkpoint at step %lld; it has: %s",
+						 j->id, job_state_name(j->state),
+						 (long long)json_integer_value(step), n ? have : "none");
+	}
+	store_checkpoints_free(ck, n);
+	return found;
+}
+
+/* {"job": id} or {"job": id, "checkpoint": step | "latest"}, as
+ * jobspec_normalize leaves it, into out. Returns true, or replies and sets
+ * *ret. */
+static bool init_from_job(api_request *req, json_t *ref, char *out, size_t cap,
+			  enum MHD_Result *ret)
+{
+	const char *id = json_string_value(json_object_get(ref, "job"));
+	if (!id || !id_plausible(id)) {
+		*ret = api_reply_problem(req, API_P_INVALID_SPEC, "init_from.job",
+					 "must be a job id (\"job-\" and 16 hex digits)");
+		return false;
+	}
+	store_job j = {0};
+	int rc = store_job_get(req->st, id, &j);
+	if (rc == -ENOENT) {
+		*ret = api_reply_problem(req, API_P_INVALID_SPEC, "init_from", "no job %s", id);
+		return false;
+	}
+	if (rc < 0) {
+		*ret = api_reply_problem(req, API_P_INTERNAL, NULL, "loading job %s failed: %s", id,
+					 strerror(-rc));
+		return false;
+	}
+	bool ok = false;
+	json_t *step = json_object_get(ref, "checkpoint");
+	if (step && !json_is_null(step)) {
+		ok = init_from_checkpoint(req, &j, step, out, cap, ret);
+	} else if (j.state != JOB_COMPLETED) {
+		*ret = api_reply_problem(req, API_P_INVALID_SPEC, "init_from",
+					 "job %s is %s; only a completed job has an HF export "
+					 "(name one of its checkpoints: {\"job\": \"%s\", "
+					 "\"checkpoint\": \"latest\"})",
+					 id, job_state_name(j.state), id);
+	} else {
+		char dir[PATH_MAX];
+		snprintf(dir, sizeof dir, "%s/jobs/%s/export", req->cfg->state_dir, id);
+		ok = realpath(dir, out) && strlen(out) < cap;
+		if (!ok)
+			*ret = api_reply_problem(req, API_P_INVALID_SPEC, "init_from",
+						 "job %s is completed but its export %s is missing",
+						 id, dir);
+	}
+	store_job_free(&j);
+	return ok;
+}
+
+/* Resolves o's init_from in place (see the section comment): a string
+ * when paths is true, an object when it is false; anything else is left
+ * for jobspec. Returns true, or replies (422 unusable, 403 outside what may
+ * be read) and sets *ret. */
+static bool init_from_resolve(api_request *req, json_t *o, bool paths, enum MHD_Result *ret)
+{
+	json_t *v = json_object_get(o, "init_from");
+	char real[PATH_MAX];
+	bool ok;
+	if (paths && json_is_string(v))
+		ok = init_from_path(req, v, real, sizeof real, ret);
+	else if (!paths && json_is_object(v))
+		ok = init_from_job(req, v, real, sizeof real, ret);
+	else
+		return true; /* null or absent: train from scratch */
+	if (!ok)
+		return false;
+	const char *missing = model_dir_missing(real);
+	if (missing) {
+		*ret = api_reply_problem(req, API_P_INVALID_SPEC, "init_from", "%s %s", real, missing);
+		return false;
+	}
+	if (json_object_set_new(o, "init_from", json_string(real)) < 0) {
+		*ret = api_reply_problem(req, API_P_INTERNAL, "init_from", "out of memory");
+		return false;
+	}
+	return true;
 }
 
 /* What the job needs must exist, or it would be answered 201 and fail a
@@ -304,6 +515,8 @@ enum MHD_Result jobs_create(api_request *req)
 					NULL, "%s", detail);
 		goto out;
 	}
+	if (json_is_object(in) && !init_from_resolve(req, in, true, &ret))
+		goto out;
 	jobspec_error err = {0};
 	if (jobspec_normalize(in, &spec, &err)) {
 		ret = api_reply_problem(req,
@@ -311,7 +524,8 @@ enum MHD_Result jobs_create(api_request *req)
 					err.field, "%s", err.detail[0] ? err.detail : "invalid job spec");
 		goto out;
 	}
-	if (!init_from_ok(req, spec, &ret) || !needs_exist(req, spec, &ret))
+	if (!init_from_resolve(req, spec, false, &ret) || !needs_exist(req, spec, &ret) ||
+	    !jobs_resolve_epochs(req, spec, &ret))
 		goto out;
 	/* profiler.rules: the thresholds belong to the rules (docs/diagnosis.md) */
 	diag_config dcfg;

@@ -34,6 +34,8 @@ static const struct {
 	[API_P_INVALID_REQUEST]    = {"invalid-request", 422, "Invalid request"},
 	[API_P_INTERNAL]           = {"internal", 500, "Internal error"},
 	[API_P_UNAVAILABLE]        = {"unavailable", 503, "Service unavailable"},
+	[API_P_TRANSFER_CODING]    = {"transfer-encoding-not-implemented", 501,
+				      "Transfer-Encoding not implemented"},
 };
 
 static enum api_problem checked(enum api_problem p)

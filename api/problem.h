@@ -34,6 +34,7 @@ enum api_problem {
 	API_P_INVALID_REQUEST,     /* 422 request well-formed but invalid (not a job spec) */
 	API_P_INTERNAL,            /* 500 the daemon failed (logged) */
 	API_P_UNAVAILABLE,         /* 503 the daemon cannot serve it right now */
+	API_P_TRANSFER_CODING,     /* 501 a Transfer-Encoding other than chunked */
 	API_P_COUNT
 };
 

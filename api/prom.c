@@ -2,8 +2,10 @@
  *
  * Daemon counters come from daemon/telemetry.c; per-job gauges from the
  * newest metrics row of each job that is running now, so a finished job's
- * series disappear with it and labels stay bounded (job id, rank, device,
- * and small fixed sets: phase, side, state, result, code). Read-only; must
+ * series disappear with it and labels stay bounded (job_id, rank, device,
+ * and small fixed sets: phase, side, state, result, code). The job's label is
+ * job_id, not job: Prometheus sets `job` on every scraped series itself and
+ * would rename ours to exported_job. Read-only; must
  * never label a series with anything a client chose (names, paths). */
 #include <errno.h>
 #include <jansson.h>
@@ -52,7 +54,7 @@ static void job_gauge(FILE *f, running *jobs, size_t n, const char *name, const 
 	family(f, name, "gauge", help);
 	char lab[64];
 	for (size_t i = 0; i < n; i++) {
-		snprintf(lab, sizeof lab, "job=\"%s\"", jobs[i].id);
+		snprintf(lab, sizeof lab, "job_id=\"%s\"", jobs[i].id);
 		sample(f, name, lab, num(jobs[i].v, k) * scale);
 	}
 }
@@ -121,7 +123,7 @@ static void write_jobs(FILE *f, running *jobs, size_t n)
 	char lab[96];
 	family(f, "bertd_job_step", "gauge", "Newest logged optimizer step of a running job.");
 	for (size_t i = 0; i < n; i++) {
-		snprintf(lab, sizeof lab, "job=\"%s\"", jobs[i].id);
+		snprintf(lab, sizeof lab, "job_id=\"%s\"", jobs[i].id);
 		if (jobs[i].v)
 			sample(f, "bertd_job_step", lab, (double)jobs[i].step);
 	}
@@ -132,12 +134,16 @@ static void write_jobs(FILE *f, running *jobs, size_t n)
 		  "step_time_ms", 1e-3);
 	job_gauge(f, jobs, n, "bertd_job_step_p95_seconds", "95th percentile step time over the newest logging window.",
 		  "step_time_p95_ms", 1e-3);
+	job_gauge(f, jobs, n, "bertd_job_learning_rate", "Learning rate of the newest logged optimizer step.",
+		  "learning_rate", 1);
+	job_gauge(f, jobs, n, "bertd_job_grad_norm",
+		  "Global gradient L2 norm (before clipping) of the newest logged optimizer step.", "grad_norm", 1);
 
 	static const char *const phases[] = {"data_wait", "h2d", "compute", "allreduce", "optimizer", "checkpoint"};
 	family(f, "bertd_job_step_phase_seconds", "gauge", "Mean time per step in each phase over the newest logging window.");
 	for (size_t i = 0; i < n; i++)
 		for (size_t p = 0; p < sizeof phases / sizeof phases[0]; p++) {
-			snprintf(lab, sizeof lab, "job=\"%s\",phase=\"%s\"", jobs[i].id, phases[p]);
+			snprintf(lab, sizeof lab, "job_id=\"%s\",phase=\"%s\"", jobs[i].id, phases[p]);
 			sample(f, "bertd_job_step_phase_seconds", lab,
 			       num(json_object_get(jobs[i].v, "phases_ms"), phases[p]) * 1e-3);
 		}
@@ -146,9 +152,9 @@ static void write_jobs(FILE *f, running *jobs, size_t n)
 	       "Loader ring waits per step: consumer = the worker on an empty ring, producer = loaders on a full one.");
 	for (size_t i = 0; i < n; i++) {
 		const json_t *ld = json_object_get(jobs[i].v, "loader");
-		snprintf(lab, sizeof lab, "job=\"%s\",side=\"consumer\"", jobs[i].id);
+		snprintf(lab, sizeof lab, "job_id=\"%s\",side=\"consumer\"", jobs[i].id);
 		sample(f, "bertd_job_loader_wait_seconds", lab, num(ld, "consumer_wait_ms") * 1e-3);
-		snprintf(lab, sizeof lab, "job=\"%s\",side=\"producer\"", jobs[i].id);
+		snprintf(lab, sizeof lab, "job_id=\"%s\",side=\"producer\"", jobs[i].id);
 		sample(f, "bertd_job_loader_wait_seconds", lab, num(ld, "producer_wait_ms") * 1e-3);
 	}
 
@@ -158,7 +164,7 @@ static void write_jobs(FILE *f, running *jobs, size_t n)
 		size_t k;
 		const json_t *x;
 		json_array_foreach(rs, k, x) {
-			snprintf(lab, sizeof lab, "job=\"%s\",rank=\"%zu\"", jobs[i].id, k);
+			snprintf(lab, sizeof lab, "job_id=\"%s\",rank=\"%zu\"", jobs[i].id, k);
 			sample(f, "bertd_job_rank_busy_seconds", lab, json_is_number(x) ? json_number_value(x) * 1e-3 : NAN);
 		}
 	}
@@ -166,7 +172,7 @@ static void write_jobs(FILE *f, running *jobs, size_t n)
 	family(f, "bertd_job_host_cpu_utilization_ratio", "gauge",
 	       "Host CPU utilization (/proc/stat) over the newest logging window, 0..1 of all cores.");
 	for (size_t i = 0; i < n; i++) {
-		snprintf(lab, sizeof lab, "job=\"%s\"", jobs[i].id);
+		snprintf(lab, sizeof lab, "job_id=\"%s\"", jobs[i].id);
 		sample(f, "bertd_job_host_cpu_utilization_ratio", lab,
 		       num(json_object_get(jobs[i].v, "host"), "cpu_util_pct") / 100.0);
 	}
@@ -177,7 +183,7 @@ static void write_jobs(FILE *f, running *jobs, size_t n)
 		size_t k;
 		const json_t *x;
 		json_array_foreach(ls, k, x) {
-			snprintf(lab, sizeof lab, "job=\"%s\",loader=\"%zu\"", jobs[i].id, k);
+			snprintf(lab, sizeof lab, "job_id=\"%s\",loader=\"%zu\"", jobs[i].id, k);
 			sample(f, "bertd_job_loader_cpu_ratio", lab, json_is_number(x) ? json_number_value(x) / 100.0 : NAN);
 		}
 	}
@@ -188,7 +194,7 @@ static void write_jobs(FILE *f, running *jobs, size_t n)
 		size_t k;
 		const json_t *d;
 		json_array_foreach(ds, k, d) {
-			snprintf(lab, sizeof lab, "job=\"%s\",device=\"%zu\"", jobs[i].id, k);
+			snprintf(lab, sizeof lab, "job_id=\"%s\",device=\"%zu\"", jobs[i].id, k);
 			sample(f, "bertd_job_gpu_utilization_ratio", lab, num(d, "util_pct") / 100.0);
 		}
 	}
@@ -198,7 +204,7 @@ static void write_jobs(FILE *f, running *jobs, size_t n)
 		size_t k;
 		const json_t *d;
 		json_array_foreach(ds, k, d) {
-			snprintf(lab, sizeof lab, "job=\"%s\",device=\"%zu\"", jobs[i].id, k);
+			snprintf(lab, sizeof lab, "job_id=\"%s\",device=\"%zu\"", jobs[i].id, k);
 			sample(f, "bertd_job_gpu_memory_used_bytes", lab, num(d, "mem_used_mib") * 1048576.0);
 		}
 	}

@@ -14,6 +14,7 @@ static const api_route routes[] = {
 	{"GET",    "/metrics",              prom_metrics,   0},
 	{"GET",    "/v1/healthz",           system_healthz, API_ROUTE_PUBLIC},
 	{"GET",    "/v1/version",           system_version, 0},
+	{"GET",    "/v1/system",            system_info,    0},
 	{"POST",   "/v1/jobs",              jobs_create,    0},
 	{"GET",    "/v1/jobs",              jobs_list,      0},
 	{"GET",    "/v1/jobs/{id}",         jobs_get,       0},
@@ -125,4 +126,12 @@ enum api_match api_route_find(const api_route *table, size_t n, const char *meth
 		}
 	}
 	return API_MATCH_NO_METHOD;
+}
+
+bool api_route_path_public(const api_route *table, size_t n, const char *path)
+{
+	for (size_t i = 0; i < n; i++)
+		if ((table[i].flags & API_ROUTE_PUBLIC) && path_matches(table[i].path, path, NULL))
+			return true;
+	return false;
 }

@@ -8,6 +8,7 @@
 #ifndef BERTD_API_ROUTES_H
 #define BERTD_API_ROUTES_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <microhttpd.h>
 
@@ -45,6 +46,10 @@ enum api_match {
 enum api_match api_route_find(const api_route *table, size_t n, const char *method,
 			      const char *path, const api_route **found, api_path_args *args,
 			      char *allow, size_t allow_len);
+
+/* True when a public route (API_ROUTE_PUBLIC) has this path, whatever its
+ * method: only such paths may answer 404/405 to a caller without a token. */
+bool api_route_path_public(const api_route *table, size_t n, const char *path);
 
 /* The daemon's route table (static storage). */
 const api_route *api_route_table(size_t *n);

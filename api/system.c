@@ -1,11 +1,14 @@
-/* system — liveness and build facts. healthz answers without auth and
- * without touching the store, so a supervisor's probe never queues behind
- * a busy database; it must never reveal anything but "ok". */
+/* system — liveness, build facts, and what the daemon runs with. healthz
+ * answers without auth and without touching the store, so a supervisor's
+ * probe never queues behind a busy database; it must never reveal anything
+ * but "ok". /v1/system (token needed) shows configuration problems a user
+ * would otherwise only find in the start-up log, checked at request time. */
 #include <jansson.h>
 #include <stdbool.h>
 
 #include "api/handlers.h"
 #include "api/http.h"
+#include "daemon/config.h"
 
 #ifndef BERTD_VERSION
 #define BERTD_VERSION "unknown"
@@ -27,4 +30,35 @@ enum MHD_Result system_version(api_request *req)
 	return api_reply_json(req, MHD_HTTP_OK,
 			      json_pack("{s:s, s:s, s:b}", "version", BERTD_VERSION, "api", "v1",
 					"cuda", built_with_cuda));
+}
+
+/* Each data root as it is now (the same check the daemon logs at start):
+ * a root that does not exist, or a first root bertd cannot write, makes
+ * every request naming a path under it fail, so it is spelled out here. */
+enum MHD_Result system_info(api_request *req)
+{
+	static const char *const none[] = {NULL};
+	enum MHD_Result ret;
+	if (!api_query_known(req, none, &ret))
+		return ret;
+	const api_config *cfg = req->cfg;
+	json_t *roots = json_array(), *warnings = json_array();
+	json_t *o = json_pack("{s:s, s:s, s:b, s:s, s:b, s:o, s:o}", "version", BERTD_VERSION,
+			      "api", "v1", "cuda", built_with_cuda, "listen",
+			      cfg->listen_addr ? cfg->listen_addr : "", "allow_remote",
+			      cfg->allow_remote, "data_roots", roots, "warnings", warnings);
+	if (!o)
+		return api_reply_problem(req, API_P_INTERNAL, NULL, "out of memory");
+	for (size_t i = 0; i < cfg->n_data_roots; i++) {
+		char why[1400];
+		bool ok = config_root_check(cfg->data_roots[i], i == 0, why, sizeof why) == 0;
+		json_t *r = json_pack("{s:s, s:b, s:b, s:s?}", "path", cfg->data_roots[i], "ok", ok,
+				      "writes_datasets", i == 0, "problem", ok ? NULL : why);
+		if (!r || json_array_append_new(roots, r) ||
+		    (!ok && json_array_append_new(warnings, json_string(why)))) {
+			json_decref(o);
+			return api_reply_problem(req, API_P_INTERNAL, NULL, "out of memory");
+		}
+	}
+	return api_reply_json(req, MHD_HTTP_OK, o);
 }

@@ -26,6 +26,7 @@ enum kind {
 	K_ENUM,     /* string from choices (aliases map to a canonical spelling) */
 	K_NAME,     /* [A-Za-z0-9._-], first a letter or digit, imin..imax bytes */
 	K_PATH,     /* absolute path, no ".." component, imin..imax bytes */
+	K_INIT,     /* init_from: a K_PATH, or {"job": job id[, "checkpoint": step | "latest"]} */
 	K_OBJECT,   /* any object, copied through unchanged */
 	K_SECTION,  /* nested object described by sub */
 };
@@ -38,6 +39,7 @@ enum target { T_NONE, T_INT, T_I64, T_U64, T_DBL, T_BOOL, T_TRI, T_STR };
 #define DERIVED   0x08u /* absent/null: cross_check() resolves it from other keys */
 #define REQUIRED  0x10u
 #define ZERO_NULL 0x20u /* K_INT: 0 is accepted as a spelling of null */
+#define MINUS_ONE 0x40u /* K_INT: -1 is accepted besides [imin, imax] */
 
 struct choice {
 	const char *in, *canon;
@@ -128,15 +130,29 @@ static const struct choice sched_choices[] = {
 	{"linear", "linear"}, {"cosine", "cosine"}, {"constant", "constant"},
 	{"constant_with_warmup", "constant_with_warmup"}, {NULL, NULL},
 };
-/* HF's AdamW spellings all mean decoupled-weight-decay Adam here. */
 static const struct choice reduce_choices[] = {
 	{"fp32", "fp32"}, {"float32", "fp32"}, {"bf16", "bf16"}, {"bfloat16", "bf16"},
 	{"fp16", "fp16"}, {"float16", "fp16"}, {NULL, NULL},
 };
 
+/* The update is torch.optim.AdamW's; adamw_torch_fused is torch's fused
+ * kernel of the same update. transformers' own AdamW ("adamw_hf") is not:
+ * its epsilon is added before the bias correction and its weight decay
+ * after the step, so it is refused with the rest of hf_only_optims. */
 static const struct choice optim_choices[] = {
-	{"adamw", "adamw"}, {"adamw_torch", "adamw"}, {"adamw_hf", "adamw"},
+	{"adamw", "adamw"}, {"adamw_torch", "adamw"}, {"adamw_torch_fused", "adamw"},
 	{"lamb", "lamb"}, {NULL, NULL},
+};
+
+/* TrainingArguments.optim values (transformers 4.44 OptimizerNames) that
+ * bertd does not implement: named so the refusal can say so. */
+static const char *const hf_only_optims[] = {
+	"adamw_hf", "adamw_torch_xla", "adamw_torch_npu_fused", "adamw_apex_fused", "adafactor",
+	"adamw_anyprecision", "sgd", "adagrad", "adamw_bnb_8bit", "adamw_8bit", "lion_8bit",
+	"lion_32bit", "paged_adamw_32bit", "paged_adamw_8bit", "paged_lion_32bit",
+	"paged_lion_8bit", "rmsprop", "rmsprop_bnb", "rmsprop_bnb_8bit", "rmsprop_bnb_32bit",
+	"galore_adamw", "galore_adamw_8bit", "galore_adafactor", "galore_adamw_layerwise",
+	"galore_adamw_8bit_layerwise", "galore_adafactor_layerwise", "lomo", "adalomo", NULL,
 };
 
 static const struct field training_fields[] = {
@@ -151,7 +167,8 @@ static const struct field training_fields[] = {
 	NUM("adam_beta2", 0, 1, 0.999, HI_OPEN, training.adam_beta2),
 	NUM("adam_epsilon", 0, 1, 1e-8, LO_OPEN | HI_OPEN, training.adam_epsilon),
 	NUM("max_grad_norm", 0, 1e6, 1.0, 0, training.max_grad_norm),
-	INT("max_steps", 1, STEPS_MAX, 1000, 0, T_I64, training.max_steps),
+	NUM("num_train_epochs", 0, 1e6, 0, NULLABLE | LO_OPEN, training.num_train_epochs),
+	INT("max_steps", 1, STEPS_MAX, 0, MINUS_ONE | DERIVED, T_I64, training.max_steps),
 	INT("max_seq_length", 8, 65536, 128, 0, T_INT, training.max_seq_length),
 	ENUM("optim", optim_choices, "adamw", training.optim),
 	BOOL("bf16", 0, NULLABLE, T_TRI, training.bf16),
@@ -220,7 +237,7 @@ static const struct field top_fields[] = {
 	{.key = "dataset", .kind = K_NAME, .flags = REQUIRED, .imin = 1, .imax = 64,
 	 .preset_dim = -1, .t = T_STR, OFF(dataset)},
 	SECTION("model", model_sec),
-	{.key = "init_from", .kind = K_PATH, .flags = NULLABLE, .imin = 1, .imax = 1023,
+	{.key = "init_from", .kind = K_INIT, .flags = NULLABLE, .imin = 1, .imax = 1023,
 	 .preset_dim = -1, .t = T_STR, OFF(init_from)},
 	INT("priority", -100, 100, 0, 0, T_INT, priority),
 	SECTION("training_args", training_sec),
@@ -329,6 +346,65 @@ static void choices_text(char *buf, size_t cap, const struct choice *ch)
 static int section_normalize(const json_t *in, const struct section *s, const char *path,
 			     json_t *out, struct ctx *c);
 
+static bool is_hf_only_optim(const json_t *v)
+{
+	for (const char *const *o = hf_only_optims; *o; o++)
+		if (strlen(*o) == json_string_length(v) && strcmp(*o, json_string_value(v)) == 0)
+			return true;
+	return false;
+}
+
+/* A job id: "job-" and 16 lowercase hex digits. */
+static bool job_id_ok(const json_t *v)
+{
+	if (!json_is_string(v) || json_string_length(v) != 20)
+		return false;
+	const char *s = json_string_value(v);
+	if (strncmp(s, "job-", 4) != 0)
+		return false;
+	for (int i = 4; i < 20; i++)
+		if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+			return false;
+	return true;
+}
+
+/* init_from as {"job": <job id>} (that job's HF export) or {"job": <job id>,
+ * "checkpoint": <step> | "latest"}: only the shape is checked here; the API
+ * resolves it to a directory before the spec is stored. */
+static int init_job_normalize(const json_t *v, const char *path, jobspec_error *err, json_t **res)
+{
+	json_t *obj = (json_t *)v;
+	const char *key;
+	size_t len;
+	json_t *x;
+	char sub[64];
+	snprintf(sub, sizeof sub, "%s%sinit_from", path ? path : "", path ? "." : "");
+	json_object_keylen_foreach(obj, key, len, x) {
+		if (!((len == 3 && memcmp(key, "job", 3) == 0) ||
+		      (len == 10 && memcmp(key, "checkpoint", 10) == 0)))
+			return fail(err, 422, sub, key, "unknown key (init_from takes job and checkpoint)");
+	}
+	json_t *job = json_object_get(obj, "job"), *ck = json_object_get(obj, "checkpoint");
+	if (!job_id_ok(job))
+		return fail(err, 422, sub, "job", "must be a job id (\"job-\" and 16 hex digits)");
+	json_t *ckv;
+	if (!ck || json_is_null(ck)) {
+		*res = json_pack("{s:s}", "job", json_string_value(job));
+		return *res ? 0 : fail_oom(err);
+	}
+	if (json_is_string(ck) && strcmp(json_string_value(ck), "latest") == 0 &&
+	    json_string_length(ck) == 6)
+		ckv = json_string("latest");
+	else if (json_is_integer(ck) && json_integer_value(ck) >= 0 &&
+		 json_integer_value(ck) <= STEPS_MAX)
+		ckv = json_integer(json_integer_value(ck));
+	else
+		return fail(err, 422, sub, "checkpoint",
+			    "must be a step (an integer between 0 and %lld) or \"latest\"", STEPS_MAX);
+	*res = json_pack("{s:s, s:o}", "job", json_string_value(job), "checkpoint", ckv);
+	return *res ? 0 : fail_oom(err);
+}
+
 /* Validates v (NULL when absent) against f and returns the effective value in
  * *res (new reference); *res = NULL means "leave for cross_check()". */
 static int field_normalize(const json_t *v, const struct field *f, const char *path,
@@ -363,15 +439,16 @@ static int field_normalize(const json_t *v, const struct field *f, const char *p
 			*res = json_null();
 			break;
 		}
-		if (x < f->imin || x > f->imax)
+		if ((x < f->imin || x > f->imax) && !((f->flags & MINUS_ONE) && x == -1))
 			return fail(err, 422, path, f->key, "must be between %lld and %lld%s", f->imin,
-				    f->imax, f->flags & ZERO_NULL ? " (or 0/null)" : "");
+				    f->imax, f->flags & ZERO_NULL ? " (or 0/null)"
+				    : f->flags & MINUS_ONE ? " (or -1)" : "");
 		*res = json_integer(x);
 		break;
 	}
 	case K_NUM: {
 		if (!v) {
-			*res = json_real(f->ddef);
+			*res = f->flags & NULLABLE ? json_null() : json_real(f->ddef);
 			break;
 		}
 		if (!json_is_number(v))
@@ -405,6 +482,10 @@ static int field_normalize(const json_t *v, const struct field *f, const char *p
 			/* strcmp stops at an embedded NUL; the length check does not. */
 			if (!ch->in || strlen(ch->in) != json_string_length(v)) {
 				choices_text(buf, sizeof buf, f->choices);
+				if (f->choices == optim_choices && is_hf_only_optim(v))
+					return fail(err, 422, path, f->key,
+						    "is a TrainingArguments optimizer bertd does not implement; "
+						    "%s (the first three are torch.optim.AdamW)", buf);
 				return fail(err, 422, path, f->key, "%s", buf);
 			}
 			s = ch->canon;
@@ -431,13 +512,18 @@ static int field_normalize(const json_t *v, const struct field *f, const char *p
 				    "starting with a letter or digit", f->imin, f->imax);
 		*res = json_stringn(json_string_value(v), json_string_length(v));
 		break;
+	case K_INIT:
+		if (v && json_is_object(v))
+			return init_job_normalize(v, path, err, res);
+		/* fall through */
 	case K_PATH: {
 		if (!v) {
 			*res = json_null();
 			break;
 		}
 		if (!json_is_string(v))
-			return fail(err, 422, path, f->key, "must be a string or null");
+			return fail(err, 422, path, f->key, "must be a string%s or null",
+				    f->kind == K_INIT ? ", an object {\"job\", \"checkpoint\"}" : "");
 		const char *why = path_problem(json_string_value(v), json_string_length(v), f);
 		if (why)
 			return fail(err, 422, path, f->key, "%s", why);
@@ -563,8 +649,20 @@ static int cross_check(json_t *o, jobspec_error *err)
 	if (warm != 0 && ratio != 0.0)
 		return fail(err, 422, "training_args", "warmup_ratio",
 			    "must be 0 when warmup_steps is set (use one or the other)");
+	/* HF: max_steps > 0 wins over num_train_epochs; -1 trains by epochs
+	 * (3.0 when num_train_epochs is not given). Absent: epochs when given,
+	 * else bertd's 1000 steps. -1 stays until jobspec_resolve_epochs(). */
+	json_t *ta = json_object_get(o, "training_args");
+	json_t *ms = json_object_get(ta, "max_steps"), *ep = json_object_get(ta, "num_train_epochs");
+	if (json_is_null(ms)) {
+		if (json_object_set_new(ta, "max_steps", json_integer(json_is_null(ep) ? 1000 : -1)) < 0)
+			return fail_oom(err);
+	} else if (json_integer_value(ms) == -1 && json_is_null(ep)) {
+		if (json_object_set_new(ta, "num_train_epochs", json_real(3.0)) < 0)
+			return fail_oom(err);
+	}
 	long long steps = ival(o, "training_args", "max_steps");
-	if (warm > steps)
+	if (steps > 0 && warm > steps)
 		return fail(err, 422, "training_args", "warmup_steps",
 			    "must be at most max_steps (%lld)", steps);
 
@@ -618,6 +716,187 @@ int jobspec_normalize(const json_t *in, json_t **out, jobspec_error *err)
 		return rc;
 	}
 	*out = o;
+	return 0;
+}
+
+/* ---- the table as a JSON Schema (docs/openapi.yaml JobSpecInput) ---- */
+
+/* Every key but a required one also takes null ("the default"). */
+static json_t *type_of(const char *t, const struct field *f)
+{
+	if (f->flags & REQUIRED)
+		return json_string(t);
+	return json_pack("[s, s]", t, "null");
+}
+
+static json_t *section_schema(const struct section *s);
+
+static const char *const name_pattern = "^[A-Za-z0-9][A-Za-z0-9._-]*$";
+
+static json_t *field_schema(const struct field *f)
+{
+	json_t *o = NULL;
+	switch (f->kind) {
+	case K_INT:
+		o = json_pack("{s:o, s:I, s:I}", "type", type_of("integer", f), "minimum",
+			      (json_int_t)((f->flags & ZERO_NULL) ? 0 : (f->flags & MINUS_ONE) ? -1 : f->imin),
+			      "maximum", (json_int_t)f->imax);
+		if (f->flags & MINUS_ONE)
+			json_object_set_new(o, "not", json_pack("{s:i}", "const", 0));
+		if (f->preset_dim >= 0)
+			json_object_set_new(o, "description", json_string("default: from model.preset"));
+		else if (f->flags & DERIVED)
+			json_object_set_new(o, "description", json_string("default: derived, see docs/jobspec.md"));
+		else
+			json_object_set_new(o, "default", f->flags & NULLABLE ? json_null()
+							: json_integer(f->idef));
+		break;
+	case K_NUM:
+		o = json_pack("{s:o, s:f, s:f, s:o}", "type", type_of("number", f),
+			      f->flags & LO_OPEN ? "exclusiveMinimum" : "minimum", f->dmin,
+			      f->flags & HI_OPEN ? "exclusiveMaximum" : "maximum", f->dmax, "default",
+			      f->flags & NULLABLE ? json_null() : json_real(f->ddef));
+		break;
+	case K_BOOL:
+		o = json_pack("{s:o, s:o}", "type", type_of("boolean", f), "default",
+			      f->flags & NULLABLE ? json_null() : json_boolean(f->idef));
+		break;
+	case K_ENUM: {
+		json_t *e = json_array();
+		for (const struct choice *c = f->choices; c->in; c++)
+			json_array_append_new(e, json_string(c->in));
+		json_array_append_new(e, json_null()); /* "enum" restricts null too */
+		o = json_pack("{s:o, s:o, s:s}", "type", type_of("string", f), "enum", e, "default", f->sdef);
+		break;
+	}
+	case K_NAME:
+		o = json_pack("{s:o, s:I, s:I, s:s}", "type", type_of("string", f), "minLength",
+			      (json_int_t)f->imin, "maxLength", (json_int_t)f->imax, "pattern", name_pattern);
+		break;
+	case K_PATH:
+	case K_INIT: {
+		json_t *path = json_pack("{s:s, s:I, s:I, s:s}", "type", "string", "minLength",
+					 (json_int_t)f->imin, "maxLength", (json_int_t)f->imax, "pattern", "^/");
+		if (f->kind == K_INIT) /* the API also takes a path relative to the first data root */
+			json_object_del(path, "pattern");
+		if (f->kind == K_PATH) {
+			o = json_pack("{s:o, s:o}", "oneOf", json_pack("[o, {s:s}]", path, "type", "null"),
+				      "default", json_null());
+			break;
+		}
+		json_t *job = json_pack(
+			"{s:s, s:[s], s:b, s:{s:{s:s, s:s}, s:{s:[{s:s, s:i, s:I}, {s:s}]}}, s:s}",
+			"type", "object", "required", "job", "additionalProperties", 0, "properties",
+			"job", "type", "string", "pattern", "^job-[0-9a-f]{16}$",
+			"checkpoint", "oneOf", "type", "integer", "minimum", 0, "maximum", (json_int_t)STEPS_MAX,
+			"const", "latest", "description",
+			"without checkpoint: the job's HF export (a completed job)");
+		o = json_pack("{s:o, s:o}", "oneOf", json_pack("[o, o, {s:s}]", path, job, "type", "null"),
+			      "default", json_null());
+		break;
+	}
+	case K_OBJECT:
+		o = json_pack("{s:o, s:{}}", "type", type_of("object", f), "default");
+		break;
+	case K_SECTION:
+		o = section_schema(f->sub);
+		if (o)
+			json_object_set_new(o, "type", type_of("object", f));
+		break;
+	}
+	return o;
+}
+
+static json_t *section_schema(const struct section *s)
+{
+	json_t *props = json_object(), *req = json_array(), *o = json_object();
+	int rc = props && req && o ? 0 : -1;
+	for (size_t i = 0; i < s->n && rc == 0; i++) {
+		rc = json_object_set_new(props, s->f[i].key, field_schema(&s->f[i]));
+		if (rc == 0 && (s->f[i].flags & REQUIRED))
+			rc = json_array_append_new(req, json_string(s->f[i].key));
+	}
+	if (rc == 0)
+		rc = json_object_set_new(o, "type", json_string("object"));
+	if (rc == 0 && json_array_size(req))
+		rc = json_object_set(o, "required", req);
+	if (rc == 0)
+		rc = json_object_set_new(o, "additionalProperties", json_false());
+	if (rc == 0)
+		rc = json_object_set(o, "properties", props);
+	json_decref(props);
+	json_decref(req);
+	if (rc < 0) {
+		json_decref(o);
+		return NULL;
+	}
+	return o;
+}
+
+json_t *jobspec_schema(void)
+{
+	json_t *o = section_schema(&top_sec);
+	if (o && json_object_set_new(o, "description",
+				     json_string("A job spec; only dataset is required; null means the "
+						 "default. Generated from common/jobspec.c; docs/jobspec.md "
+						 "explains every key.")) < 0) {
+		json_decref(o);
+		o = NULL;
+	}
+	return o;
+}
+
+/* ---- num_train_epochs ---- */
+
+double jobspec_estimate_sequences(const jobspec_epoch_source *src, int max_seq_length, bool nsp,
+				  double short_seq_prob)
+{
+	if (src->tokens == 0)
+		return 0;
+	/* Content room of a sample: T minus [CLS] and one [SEP] per segment;
+	 * a short_seq_prob fraction of samples aim at a uniform length in
+	 * [2, cap] instead (loader/mlm.c draw_target). */
+	double cap = (double)max_seq_length - (nsp ? 3 : 2);
+	double target = (1.0 - short_seq_prob) * cap + short_seq_prob * (2.0 + cap) / 2.0;
+	double sent = src->sentences ? (double)src->tokens / (double)src->sentences : 0.0;
+	/* Whole sentences are packed: a sentence that does not fit starts the
+	 * next sample, leaving on average half a sentence unused; but a sample
+	 * holds at least one sentence (cut at the target), and every sample
+	 * starts at a sentence, so there are never more samples than sentences. */
+	double fill = fmax(target - sent / 2.0, fmin(sent, target));
+	return fmin((double)src->sentences, ceil((double)src->tokens / fill));
+}
+
+int jobspec_resolve_epochs(json_t *spec, const jobspec_epoch_source *src, jobspec_error *err)
+{
+	json_t *ta = json_object_get(spec, "training_args");
+	if (json_integer_value(json_object_get(ta, "max_steps")) != -1)
+		return 0;
+	if (!src || src->tokens == 0)
+		return fail(err, 422, "training_args", "num_train_epochs",
+			    "needs the dataset's token count, known once it is ready; "
+			    "give max_steps, or submit when the dataset is ready");
+	json_t *mlm = json_object_get(spec, "mlm");
+	double n = jobspec_estimate_sequences(
+		src, (int)ival(spec, "training_args", "max_seq_length"),
+		json_is_true(json_object_get(mlm, "nsp")),
+		json_real_value(json_object_get(mlm, "short_seq_prob")));
+	double per_step = (double)ival(spec, "training_args", "per_device_train_batch_size") *
+			  (double)ival(spec, "training_args", "gradient_accumulation_steps") *
+			  (double)ival(spec, "resources", "gpus");
+	double epochs = json_real_value(json_object_get(ta, "num_train_epochs"));
+	double steps = ceil(epochs * n / per_step - 1e-9);
+	if (steps < 1)
+		steps = 1;
+	if (steps > (double)STEPS_MAX)
+		return fail(err, 422, "training_args", "num_train_epochs",
+			    "comes to more than %lld optimizer steps on this dataset", STEPS_MAX);
+	long long warm = ival(spec, "training_args", "warmup_steps");
+	if (warm > (long long)steps)
+		return fail(err, 422, "training_args", "warmup_steps",
+			    "must be at most max_steps (%lld from num_train_epochs)", (long long)steps);
+	if (json_object_set_new(ta, "max_steps", json_integer((json_int_t)steps)) < 0)
+		return fail_oom(err);
 	return 0;
 }
 
@@ -701,6 +980,18 @@ int jobspec_from_json(const json_t *spec, jobspec *out, jobspec_error *err)
 		return rc;
 	if (!json_equal((json_t *)spec, norm)) {
 		rc = first_difference((json_t *)spec, norm, NULL, err);
+		goto out;
+	}
+	/* What only the API can resolve must be resolved before a worker reads
+	 * the spec: a worker must never guess a run length or a start. */
+	if (json_integer_value(at(norm, "training_args", "max_steps")) == -1) {
+		rc = fail(err, 422, "training_args", "max_steps",
+			  "is -1: num_train_epochs was not resolved at submit");
+		goto out;
+	}
+	if (json_is_object(json_object_get(norm, "init_from"))) {
+		rc = fail(err, 422, NULL, "init_from",
+			  "names a job: it is resolved to a checkpoint path at submit");
 		goto out;
 	}
 	memset(out, 0, sizeof *out);

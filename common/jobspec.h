@@ -32,7 +32,10 @@ typedef struct jobspec_error {
  * On success returns 0 and *out is a new object (caller owns, json_decref)
  * holding the full effective spec: every key present, in the documented
  * order, aliases spelled canonically, derived defaults resolved, null only
- * where null means "decided later" (see docs/jobspec.md). Normalizing an
+ * where null means "decided later" (see docs/jobspec.md). Two things only
+ * the API can settle stay as submitted: training_args.max_steps -1 (train
+ * by num_train_epochs; jobspec_resolve_epochs) and an init_from object
+ * (a job reference); jobspec_from_json refuses both. Normalizing an
  * effective spec returns an equal one. On failure returns -EINVAL and fills
  * *err (or -ENOMEM, status 500); *out is untouched. in is not modified;
  * in == NULL is a 400. */
@@ -60,9 +63,10 @@ typedef struct jobspec_training {
 	double warmup_ratio;
 	double weight_decay, adam_beta1, adam_beta2, adam_epsilon;
 	double max_grad_norm;          /* 0 = no clipping */
-	int64_t max_steps;
+	double num_train_epochs;       /* 0 = not given (null); already resolved into max_steps */
+	int64_t max_steps;             /* >= 1: -1 (train by epochs) never reaches a worker */
 	int max_seq_length;
-	char optim[8];                 /* adamw | lamb */
+	char optim[8];                 /* adamw (torch.optim.AdamW) | lamb */
 	int bf16, fp16;                /* 1, 0, or JOBSPEC_AUTO (null): bf16 on sm_80+,
 	                                * fp16 on sm_70, fp32 on CPU; never both 1 */
 	uint64_t seed;                 /* 0 .. 2^63-1 */
@@ -83,7 +87,8 @@ typedef struct jobspec_mlm {
 typedef struct jobspec {
 	char name[129];                /* 1..128 of [A-Za-z0-9._-] */
 	char dataset[65];              /* 1..64 of [A-Za-z0-9._-] */
-	char init_from[1024];          /* absolute path, "" when training from scratch */
+	char init_from[1024];          /* absolute path, "" when training from scratch (the
+	                                * {"job", "checkpoint"} form is resolved at submit) */
 	int priority;                  /* -100..100, higher runs first */
 	jobspec_model model;
 	jobspec_training training;
@@ -100,6 +105,33 @@ typedef struct jobspec {
  * with *err filled (status 422, field = first key that is missing or not in
  * effective form) if spec is not one; *out is then unspecified. */
 int jobspec_from_json(const json_t *spec, jobspec *out, jobspec_error *err);
+
+/* What jobspec_resolve_epochs knows of a dataset: the totals of its
+ * prepare stats ("tokens", "sentences"); tokens 0 = not known yet. */
+typedef struct jobspec_epoch_source {
+	uint64_t tokens, sentences;
+} jobspec_epoch_source;
+
+/* Training by epochs (training_args.max_steps -1, as in HF): replaces
+ * max_steps in spec (an effective spec) with
+ * ceil(num_train_epochs * sequences / (batch * accumulation * gpus)), where
+ * sequences is jobspec_estimate_sequences() of src. Returns 0 (also when
+ * max_steps is not -1: nothing to do), or -EINVAL with *err filled (422)
+ * when src is NULL or has no tokens, the steps exceed 2^40, or
+ * warmup_steps exceeds them; spec is then unchanged. */
+int jobspec_resolve_epochs(json_t *spec, const jobspec_epoch_source *src, jobspec_error *err);
+
+/* Sequences per epoch the loader is expected to pack from src at this
+ * max_seq_length: an estimate from the totals (whole sentences per sample,
+ * short_seq_prob's shorter targets); the loader logs the exact count. */
+double jobspec_estimate_sequences(const jobspec_epoch_source *src, int max_seq_length, bool nsp,
+				  double short_seq_prob);
+
+/* The JSON Schema (draft 2020-12, as OpenAPI 3.1 uses) of a submitted job
+ * spec, generated from the same table jobspec_normalize validates with:
+ * docs/openapi.yaml's JobSpecInput is this object. Caller owns; NULL on
+ * out of memory. */
+json_t *jobspec_schema(void);
 
 /* The resolved default of mlm.max_predictions_per_seq: the masked count at
  * mlm_probability rounded up to a multiple of 4, at most max_seq_length

@@ -6,9 +6,11 @@
 #include <errno.h>
 #include <limits.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/log.h"
@@ -64,6 +66,9 @@ static const config_key keys[] = {
 	INT(cpu_slots, "0", 0, 4096, "CPU worker slots when training on the CPU (0 = one per online CPU)"),
 	STR(bin_dir, "", "directory of bertd-worker, bertd-loader, bertd-prepare (\"\" = next to bertd)"),
 	INT(stop_timeout_s, "120", 1, 86400, "seconds a stopping job gets to checkpoint before SIGKILL"),
+	INT(stall_timeout_s, "300", 1, 86400,
+	    "seconds a training job's workers may report nothing before the attempt fails as stalled "
+	    "(before the first step: at least 600)"),
 	BOOL(schedule, "true", "start queued jobs; false holds the queue (maintenance, API tests)"),
 	STRV(pass_env, CHILDENV_DEFAULT_PASS, check_pass_env,
 	     "variables of bertd's environment its children inherit: ':'-separated NAMEs and PREFIX*es"),
@@ -422,4 +427,34 @@ void config_print(const config *cfg, FILE *out)
 		case C_BOOL: fprintf(out, "%s = %s\n", k->name, *(const bool *)field ? "true" : "false"); break;
 		}
 	}
+}
+
+int config_root_check(const char *root, bool need_write, char *why, size_t cap)
+{
+	struct stat st;
+	int rc = 0;
+	if (stat(root, &st) < 0) {
+		rc = -errno;
+		if (rc == -ENOENT)
+			snprintf(why, cap, "data root %s does not exist: paths under it are refused "
+				 "until it is created", root);
+		else
+			snprintf(why, cap, "data root %s cannot be read: %s", root, strerror(-rc));
+	} else if (!S_ISDIR(st.st_mode)) {
+		rc = -ENOTDIR;
+		snprintf(why, cap, "data root %s is not a directory", root);
+	} else if (access(root, R_OK | X_OK) < 0) {
+		rc = -errno;
+		snprintf(why, cap, "data root %s cannot be read by bertd: %s", root, strerror(-rc));
+	} else if (need_write && access(root, W_OK | X_OK) < 0) {
+		/* EROFS is what ProtectSystem=strict looks like from inside. */
+		rc = -errno;
+		snprintf(why, cap, "data root %s is not writable (%s), but datasets are written "
+			 "under the first data root%s", root, strerror(-rc),
+			 rc == -EROFS ? "; under systemd add ReadWritePaths= for it in a drop-in "
+					"(systemd/bertd.service.d/)" : "");
+	}
+	if (rc == 0 && cap)
+		why[0] = 0;
+	return rc;
 }

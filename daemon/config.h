@@ -34,6 +34,7 @@ typedef struct config {
 	int cpu_slots;           /* CPU worker slots; 0 = one per online CPU */
 	char bin_dir[1024];      /* where bertd-worker/-loader/-prepare are; "" = next to bertd */
 	int stop_timeout_s;      /* grace for a stopping job to checkpoint */
+	int stall_timeout_s;     /* a running job whose workers say nothing this long is stalled */
 	bool schedule;           /* false: accept and queue jobs, start none (maintenance) */
 	char pass_env[1024];     /* what children inherit of the daemon's environment (childenv.h) */
 	char config_file[1024];  /* where the file settings came from ("" none) */
@@ -56,5 +57,12 @@ int config_load(config *cfg, int argc, char **argv, char **envp, FILE *out, FILE
 void config_print_help(FILE *out, const char *prog);
 /* Prints the effective configuration, "key = value" per line. */
 void config_print(const config *cfg, FILE *out);
+
+/* Checks one data root as it is now (roots are not required to exist at
+ * start, so this is a warning, not a load error): 0 when it is a directory
+ * bertd can read and, with need_write (the first root, where datasets are
+ * written), create files in. Otherwise a negative errno (-ENOENT, -ENOTDIR,
+ * -EACCES, -EROFS, ...) and why gets one line naming the root. */
+int config_root_check(const char *root, bool need_write, char *why, size_t cap);
 
 #endif

@@ -33,6 +33,7 @@ static const struct rule_def {
 	[DIAG_STRAGGLER] = {"straggler", {{"max_ratio_to_median", 1.25, 1.0, 100.0}}},
 	[DIAG_CHECKPOINT_STALL] = {"checkpoint_stall", {{"max_checkpoint_share", 0.10, 0.0, 1.0}}},
 	[DIAG_SLOW_START] = {"slow_start", {{"max_minutes", 10.0, 0.0, 10080.0}}},
+	[DIAG_STALLED] = {"stalled", {{"max_share_of_limit", 0.5, 0.0, 1.0}}},
 };
 
 const char *diag_rule_name(enum diag_rule r)
@@ -475,6 +476,52 @@ static void rule_slow_start(const diag_config *cfg, const diag_job *job, const d
 			 minutes, job->loader_workers);
 }
 
+void diag_job_stall_from_json(diag_job *job, const char *stall_json)
+{
+	job->stall = false;
+	json_t *o = stall_json ? json_loads(stall_json, 0, NULL) : NULL;
+	json_t *rank = json_object_get(o, "rank"), *since = json_object_get(o, "since_ms");
+	json_t *limit = json_object_get(o, "limit_s");
+	if (json_is_integer(rank) && json_integer_value(rank) >= 0 && json_integer_value(rank) < DIAG_MAX_RANKS &&
+	    json_is_integer(since) && json_is_number(limit) && json_number_value(limit) > 0) {
+		job->stall = true;
+		job->stall_rank = (int)json_integer_value(rank);
+		job->stall_since_ms = json_integer_value(since);
+		job->stall_limit_s = json_number_value(limit);
+		job->stall_stopped = json_is_true(json_object_get(o, "stopped"));
+	}
+	json_decref(o);
+}
+
+/* A rank that has reported nothing for a good share of the stall limit
+ * (the supervisor kills the attempt at the limit itself). */
+static void rule_stalled(const diag_config *cfg, const diag_job *job, diag_result *r)
+{
+	double share = cfg->v[DIAG_STALLED][0];
+	if (!job->running) {
+		snprintf(r->detail, sizeof r->detail, "the job is not running");
+		return;
+	}
+	if (!job->stall) {
+		snprintf(r->detail, sizeof r->detail, "every rank reports within its stall limit");
+		set(r, DIAG_OK, 0, share);
+		return;
+	}
+	double silent = (double)(job->now_ms - job->stall_since_ms) / 1000.0;
+	if (silent < 0)
+		silent = 0;
+	double s = silent / job->stall_limit_s;
+	snprintf(r->detail, sizeof r->detail, "rank %d has reported nothing for %.0f s%s; the attempt fails at %.0f s",
+		 job->stall_rank, silent, job->stall_stopped ? " (its process is stopped)" : "", job->stall_limit_s);
+	set(r, s > share ? DIAG_ISSUE : DIAG_OK, s, share);
+	if (r->status == DIAG_ISSUE)
+		snprintf(r->remedy, sizeof r->remedy,
+			 "rank %d is stuck%s: read GET /v1/jobs/{id}/logs?rank=%d; if it is slow rather than stuck, "
+			 "raise the daemon's stall_timeout_s from %.0f",
+			 job->stall_rank, job->stall_stopped ? " (stopped: SIGCONT it, or let the attempt restart)" : "",
+			 job->stall_rank, job->stall_limit_s);
+}
+
 void diag_run(const diag_config *cfg, const diag_job *job, const diag_sample *samples, size_t n, diag_report *out)
 {
 	memset(out, 0, sizeof *out);
@@ -498,6 +545,7 @@ void diag_run(const diag_config *cfg, const diag_job *job, const diag_sample *sa
 	rule_ckpt(cfg, job, samples, n, &out->r[DIAG_CHECKPOINT_STALL]);
 	/* Slow start looks at the very first sample, not the window. */
 	rule_slow_start(cfg, job, first_sample, all, &out->r[DIAG_SLOW_START]);
+	rule_stalled(cfg, job, &out->r[DIAG_STALLED]);
 
 	int issues = 0, ok = 0, first = -1;
 	for (int i = 0; i < DIAG_RULE_COUNT; i++) {
@@ -505,6 +553,8 @@ void diag_run(const diag_config *cfg, const diag_job *job, const diag_sample *sa
 			first = i;
 		ok += out->r[i].status == DIAG_OK;
 	}
+	if (out->r[DIAG_STALLED].status == DIAG_ISSUE)
+		first = DIAG_STALLED; /* nothing else matters while a rank is stuck */
 	if (first >= 0)
 		snprintf(out->summary, sizeof out->summary, "%s: %s%s", rules[first].name, out->r[first].remedy,
 			 issues > 1 ? " (and more issues)" : "");

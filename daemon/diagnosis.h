@@ -31,6 +31,7 @@ enum diag_rule {
 	DIAG_STRAGGLER,
 	DIAG_CHECKPOINT_STALL,
 	DIAG_SLOW_START,
+	DIAG_STALLED,
 	DIAG_RULE_COUNT
 };
 
@@ -75,6 +76,13 @@ typedef struct diag_job {
 	int64_t save_steps;       /* training_args.save_steps */
 	int world;                /* worker processes (devices) */
 	bool gpu;                 /* the job runs on CUDA devices */
+	/* The rank the supervisor's stall watch suspects (store_job.stall_json,
+	 * read with diag_job_stall_from_json); stall false when none. */
+	bool stall;
+	int stall_rank;
+	int64_t stall_since_ms;   /* epoch ms of that rank's last message */
+	double stall_limit_s;     /* when the attempt fails as stalled */
+	bool stall_stopped;       /* its process is stopped (SIGSTOP, a debugger) */
 } diag_job;
 
 typedef struct diag_result {
@@ -104,6 +112,10 @@ void diag_config_default(diag_config *cfg);
  * unknown rule, unknown threshold, not a number, out of range. */
 int diag_config_parse(const json_t *rules, diag_config *cfg, char *field, size_t field_len,
 		      char *detail, size_t detail_len);
+
+/* Fills job's stall fields from store_job.stall_json (NULL: none; text that
+ * is not the supervisor's object counts as none). */
+void diag_job_stall_from_json(diag_job *job, const char *stall_json);
 
 /* Reads one stored metrics row (the worker's message) into *s; missing
  * fields become NAN / 0 counts. Returns 0, or -EINVAL if it is not an

@@ -193,6 +193,13 @@ int main(int argc, char **argv)
 		log_error("cannot create data root %s: %s", d.cfg.roots[0], strerror(-rc));
 		goto out;
 	}
+	/* A configured root may be mounted later, so this only warns; GET
+	 * /v1/system shows the same check as it stands at request time. */
+	for (size_t i = 0; i < d.cfg.n_roots; i++) {
+		char why[1400];
+		if (config_root_check(d.cfg.roots[i], i == 0, why, sizeof why) < 0)
+			log_warn("%s", why);
+	}
 	char db_path[1100];
 	snprintf(db_path, sizeof db_path, "%s/bertd.db", d.cfg.state_dir);
 	if ((rc = store_open(&d.st, db_path)) < 0) {
@@ -254,6 +261,7 @@ int main(int argc, char **argv)
 		.bin_dir = bin_dir,
 		.dataset_root = d.cfg.roots[0],
 		.stop_timeout_ms = d.cfg.stop_timeout_s * 1000,
+		.stall_timeout_ms = d.cfg.stall_timeout_s * 1000,
 		.hold_queue = !d.cfg.schedule,
 		.pass_env = d.cfg.pass_env,
 	};
@@ -279,6 +287,13 @@ int main(int argc, char **argv)
 	}
 	log_info("bertd %s listening on http://%s:%d (state %s)", BERTD_VERSION, d.cfg.listen, port,
 		 d.cfg.state_dir);
+	/* The unit's IP filter is a cgroup BPF program bertd cannot read
+	 * without privileges, so it cannot tell whether a drop-in opened it;
+	 * under systemd (INVOCATION_ID, systemd.exec(5)) it says where to look. */
+	if (d.cfg.allow_remote && getenv("INVOCATION_ID"))
+		log_info("allow_remote = true under systemd: bertd.service lets only localhost "
+			 "reach the API (IPAddressAllow=localhost) unless a drop-in allows other "
+			 "networks (systemd/bertd.service.d/remote-listen.conf.example)");
 	sd_notifyf(0, "READY=1\nMAINPID=%d", (int)getpid());
 	publish_status(&d);
 

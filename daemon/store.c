@@ -684,7 +684,7 @@ int store_schema_version(store *s)
 /* ---- jobs ---- */
 
 #define JOB_COLS "seq, id, name, spec_json, state, priority, restart_count, failure_reason, " \
-		 "created_ms, updated_ms, started_ms, finished_ms, devices_json"
+		 "created_ms, updated_ms, started_ms, finished_ms, devices_json, stall_json"
 
 /* One JOB_COLS row into a store_job (a row_fn). */
 static int job_read(sqlite3_stmt *st, void *dst)
@@ -695,7 +695,8 @@ static int job_read(sqlite3_stmt *st, void *dst)
 	j->seq = sqlite3_column_int64(st, 0);
 	if ((rc = dup_col(st, 1, &j->id)) < 0 || (rc = dup_col(st, 2, &j->name)) < 0 ||
 	    (rc = dup_col(st, 3, &j->spec_json)) < 0 || (rc = col_job_state(st, 4, &j->state)) < 0 ||
-	    (rc = dup_col(st, 7, &j->failure_reason)) < 0 || (rc = dup_col(st, 12, &j->devices_json)) < 0)
+	    (rc = dup_col(st, 7, &j->failure_reason)) < 0 || (rc = dup_col(st, 12, &j->devices_json)) < 0 ||
+	    (rc = dup_col(st, 13, &j->stall_json)) < 0)
 		goto out;
 	j->priority = sqlite3_column_int(st, 5);
 	j->restart_count = sqlite3_column_int(st, 6);
@@ -718,6 +719,7 @@ void store_job_free(store_job *j)
 	free(j->spec_json);
 	free(j->failure_reason);
 	free(j->devices_json);
+	free(j->stall_json);
 	memset(j, 0, sizeof *j);
 }
 
@@ -943,6 +945,15 @@ int store_job_set_devices(store *s, const char *id, const char *devices_json)
 				 NULL, NULL), -ENOENT);
 }
 
+int store_job_set_stall(store *s, const char *id, const char *stall_json)
+{
+	if (!id)
+		return -EINVAL;
+	/* not updated_ms: this is the daemon's observation, not a change of the job */
+	return found(locked_exec(s, TXN_WRITE, "UPDATE jobs SET stall_json = ?2 WHERE id = ?1",
+				 ARGS(ARG_TEXT(id), ARG_TEXT(stall_json)), NULL, NULL), -ENOENT);
+}
+
 typedef struct job_restarts {
 	const char *id;
 	int64_t t;
@@ -1063,7 +1074,7 @@ int store_idem_prune(store *s, int64_t before_ms, int64_t *removed)
 /* ---- datasets ---- */
 
 #define DATASET_COLS "id, name, spec_json, state, bytes_done, bytes_total, stats_json, error, " \
-		     "created_ms, updated_ms"
+		     "created_ms, updated_ms, phase, fraction"
 
 void store_dataset_free(store_dataset *d)
 {
@@ -1074,6 +1085,7 @@ void store_dataset_free(store_dataset *d)
 	free(d->spec_json);
 	free(d->stats_json);
 	free(d->error);
+	free(d->phase);
 	memset(d, 0, sizeof *d);
 }
 
@@ -1097,8 +1109,10 @@ static int dataset_read(sqlite3_stmt *st, void *dst)
 	memset(d, 0, sizeof *d);
 	if ((rc = dup_col(st, 0, &d->id)) < 0 || (rc = dup_col(st, 1, &d->name)) < 0 ||
 	    (rc = dup_col(st, 2, &d->spec_json)) < 0 || (rc = col_dataset_state(st, 3, &d->state)) < 0 ||
-	    (rc = dup_col(st, 6, &d->stats_json)) < 0 || (rc = dup_col(st, 7, &d->error)) < 0)
+	    (rc = dup_col(st, 6, &d->stats_json)) < 0 || (rc = dup_col(st, 7, &d->error)) < 0 ||
+	    (rc = dup_col(st, 10, &d->phase)) < 0)
 		goto out;
+	d->fraction = sqlite3_column_double(st, 11);
 	d->bytes_done = sqlite3_column_int64(st, 4);
 	d->bytes_total = sqlite3_column_int64(st, 5);
 	d->created_ms = sqlite3_column_int64(st, 8);
@@ -1192,6 +1206,19 @@ int store_dataset_progress(store *s, const char *id, int64_t bytes_done, int64_t
 		       "stats_json = COALESCE(?4, stats_json), updated_ms = ?5 WHERE id = ?1",
 		.args = {ARG_TEXT(id), ARG_I64(bytes_done), ARG_I64(bytes_total),
 			 ARG_TEXT(stats_json), ARG_I64(now_ms())}};
+	return in_txn(s, TXN_WRITE, dataset_update_txn, &u);
+}
+
+int store_dataset_phase(store *s, const char *id, const char *phase, double fraction)
+{
+	if (!id || !phase || !(fraction >= 0.0 && fraction <= 1.0))
+		return -EINVAL;
+	dataset_update u = {
+		/* in millionths (sqlarg has no REAL), ?5 the whole */
+		.sql = "UPDATE datasets SET phase = ?2, fraction = MIN(?3, ?5) / 1e6, "
+		       "updated_ms = ?4 WHERE id = ?1",
+		.args = {ARG_TEXT(id), ARG_TEXT(phase), ARG_I64((int64_t)(fraction * 1e6 + 0.5)),
+			 ARG_I64(now_ms()), ARG_I64(1000000)}};
 	return in_txn(s, TXN_WRITE, dataset_update_txn, &u);
 }
 

@@ -55,6 +55,8 @@ typedef struct store_job {
 	int64_t created_ms, updated_ms, started_ms, finished_ms;
 	int64_t seq;          /* insertion order; basis of list cursors */
 	char *devices_json;   /* devices of the current/last run, JSON array; NULL before */
+	char *stall_json;     /* the rank the stall watch suspects, {"rank", "since_ms" (epoch ms of
+			       * its last message), "limit_s", "stopped"}; NULL when none */
 } store_job;
 
 typedef struct store_event {
@@ -123,6 +125,10 @@ int store_job_transition(store *s, const char *id, unsigned from_mask, enum job_
  * -ENOENT no job. */
 int store_job_set_devices(store *s, const char *id, const char *devices_json);
 
+/* Records the rank a running job's stall watch suspects (JSON object text,
+ * see store_job.stall_json; NULL clears). -ENOENT no job. */
+int store_job_set_stall(store *s, const char *id, const char *stall_json);
+
 /* Adds 1 to restart_count; returns the new count in *count (if non-NULL).
  * -ENOENT no job. */
 int store_job_bump_restarts(store *s, const char *id, int *count);
@@ -165,7 +171,9 @@ typedef struct store_dataset {
 	char *name;            /* unique; what job specs refer to */
 	char *spec_json;       /* the effective prepare request (compact JSON) */
 	enum dataset_state state;
-	int64_t bytes_done, bytes_total; /* raw corpus bytes read / to read */
+	int64_t bytes_done, bytes_total; /* raw corpus bytes read in this phase / corpus size */
+	char *phase;           /* "starting", "vocab", "tokenize" or "done" */
+	double fraction;       /* of the whole preparation, 0..1 (grows within one run) */
 	char *stats_json;      /* counts (documents, sentences, tokens, shards); NULL until known */
 	char *error;           /* NULL unless failed */
 	int64_t created_ms, updated_ms;
@@ -187,6 +195,11 @@ int store_dataset_list(store *s, store_dataset **out, size_t *n);
  * one. -ENOENT no such dataset, -EBUSY if it is no longer preparing. */
 int store_dataset_progress(store *s, const char *id, int64_t bytes_done, int64_t bytes_total,
 			   const char *stats_json);
+/* Records the phase of a preparing dataset and its fraction of the whole
+ * preparation (0..1; bertd-prepare only lets it grow, but a preparation
+ * restarted after a daemon restart starts again from 0). -EINVAL bad
+ * arguments, -ENOENT no such dataset, -EBUSY if it is no longer preparing. */
+int store_dataset_phase(store *s, const char *id, const char *phase, double fraction);
 /* Ends preparation: to must be ready or failed (else -EINVAL); error is kept
  * only for failed (may be NULL); stats_json NULL keeps the stored one.
  * -ENOENT no such dataset, -EBUSY if it is not preparing (ready and failed

@@ -8,6 +8,18 @@
  *       checkpoint, exit 6 --> canceled
  *   a child dies otherwise --> the rest are killed; retryable and restarts
  *       left --> restarting (resumes from the last checkpoint), else failed.
+ *   workers silent past the stall limit --> killed, as a retryable failure.
+ *   a loss or gradient norm that is not finite --> failed, never retried.
+ *
+ * Stall limit. Every message a worker sends counts as progress (hello,
+ * metrics, checkpoint, and {"type":"progress","step":N}, which a worker
+ * sends at most once a second from its step loop). Before the job's first
+ * step report the limit is at least SUPERVISOR_STARTUP_ALLOWANCE_MS:
+ * building the model and loading a checkpoint are not a stall. After it, a rank that sends progress messages is held to
+ * stall_timeout_ms from its own last message. A worker that does not
+ * (only rank 0 reports, every logging_steps) is judged by the job's last
+ * message against max(stall_timeout_ms, twice the longest gap seen between
+ * step reports), so slow logging windows are not taken for a stall.
  */
 #include "daemon/telemetry.h"
 #include "daemon/telemetry_sampler.h"
@@ -15,6 +27,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -33,8 +47,10 @@
 #include "common/jobspec.h"
 #include "common/log.h"
 #include "common/msg.h"
+#include "common/procstat.h"
 #include "daemon/childenv.h"
 #include "daemon/proc.h"
+#include "daemon/resume.h"
 #include "daemon/scheduler.h"
 
 #define MAX_CHILDREN 130 /* 64 workers + 64 loaders + slack */
@@ -51,6 +67,9 @@ typedef struct child {
 	msg_reader rd;
 	bool watched;          /* registered with the loop */
 	bool exited;
+	bool sock_eof;         /* its end of the socket is closed */
+	int64_t last_msg_ms;   /* monotonic: its last message (or its start) */
+	bool heartbeat;        /* it sends "progress" messages: held to its own silence */
 	struct run *owner;
 } child;
 
@@ -72,6 +91,12 @@ typedef struct run {
 	bool failed, retryable;
 	char reason[512];
 	int64_t last_step;
+	/* stall watch (see the top of this file); monotonic ms */
+	int64_t last_msg_ms;   /* any worker's last message */
+	int64_t last_step_ms;  /* the last step report (metrics, progress, checkpoint) */
+	int64_t max_gap_ms;    /* longest gap between step reports */
+	bool stepping;         /* a step was reported */
+	int stall_noted;       /* rank recorded as suspect in the store; -1 none */
 	tsampler *ts;          /* device/host samples between metrics rows; NULL if none */
 	const char *stop_why;   /* reason recorded when a stop ends the job */
 	struct supervisor *sv;
@@ -118,6 +143,7 @@ static void shm_name_for(const char *job_id, char *buf, size_t cap)
 
 static void run_maybe_finish(supervisor *sv, run *r);
 static void run_kill_all(run *r, int sig);
+static void note_stall(supervisor *sv, run *r, const child *c, int64_t silent_ms, int64_t limit_ms, bool stopped);
 
 static void set_failure(run *r, bool retryable, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void set_failure(run *r, bool retryable, const char *fmt, ...)
@@ -132,12 +158,71 @@ static void set_failure(run *r, bool retryable, const char *fmt, ...)
 	va_end(ap);
 }
 
+/* A worker's error that says the training diverged: a loss or gradient norm
+ * that is not finite. The worker reports it as {"code": "internal",
+ * "message": "step N: gradient norm is not finite (loss L)"} (train.c, the
+ * device loops); a "non_finite" code with a "step" is taken as well. *step
+ * gets the step (steps done before the one that diverged; -1 if not said),
+ * *what the message without its "step N: ". */
+static bool diverged_report(json_t *m, const char *code, const char *msg, long long *step, const char **what)
+{
+	*step = -1;
+	*what = msg ? msg : "the loss or gradient norm is not finite";
+	if (!(code && strcmp(code, "non_finite") == 0) && !(msg && strstr(msg, "not finite")))
+		return false;
+	json_t *js = json_object_get(m, "step");
+	int used = 0;
+	if (json_is_integer(js))
+		*step = json_integer_value(js);
+	else if (msg && sscanf(msg, "step %lld: %n", step, &used) == 1 && used > 0)
+		*what = msg + used;
+	else if (msg && sscanf(msg, "step %lld", step) != 1)
+		*step = -1;
+	return true;
+}
+
+static void fail_diverged(run *r, child *c, long long step, const char *what)
+{
+	char at[40] = "";
+	if (step >= 0)
+		snprintf(at, sizeof at, " after step %lld", step);
+	set_failure(r, false,
+		    "training diverged%s: rank %d: %s; not retried (a restart from the last checkpoint would repeat it)",
+		    at, c->index, what);
+}
+
+/* Stall watch bookkeeping: every worker message is progress; metrics,
+ * progress and checkpoint messages are step reports. */
+static void note_progress(run *r, child *c, const char *type)
+{
+	if (c->role != ROLE_WORKER)
+		return;
+	int64_t now = now_ms();
+	c->last_msg_ms = r->last_msg_ms = now;
+	if (strcmp(type, "metrics") && strcmp(type, "progress") && strcmp(type, "checkpoint"))
+		return;
+	/* the first gap counts from the start (startup included: a
+	 * generous estimate of the window, never a short one) */
+	int64_t gap = now - (r->stepping ? r->last_step_ms : r->start_ms);
+	if (gap > r->max_gap_ms)
+		r->max_gap_ms = gap;
+	r->stepping = true;
+	r->last_step_ms = now;
+}
+
 static void handle_job_message(supervisor *sv, run *r, child *c, json_t *m)
 {
 	const char *type = json_string_value(json_object_get(m, "type"));
 	if (!type)
 		return;
-	if (strcmp(type, "hello") == 0) {
+	note_progress(r, c, type);
+	if (strcmp(type, "progress") == 0) {
+		/* the worker's heartbeat from its step loop: {"type":"progress","step":N} */
+		c->heartbeat = true;
+		json_int_t step = json_integer_value(json_object_get(m, "step"));
+		if (c->index == 0 && step > r->last_step)
+			r->last_step = step;
+	} else if (strcmp(type, "hello") == 0) {
 		if (c->role == ROLE_WORKER && ++r->hellos == r->ndev && !r->saw_running) {
 			r->saw_running = true;
 			store_job_transition(sv->st, r->id, JOB_MASK(JOB_STARTING), JOB_RUNNING,
@@ -146,6 +231,12 @@ static void handle_job_message(supervisor *sv, run *r, child *c, json_t *m)
 	} else if (strcmp(type, "metrics") == 0) {
 		json_int_t step = json_integer_value(json_object_get(m, "step"));
 		r->last_step = step;
+		/* JSON has no NaN: a worker that cannot say the loss sends null */
+		json_t *loss = json_object_get(m, "loss");
+		if (loss && !(json_is_number(loss) && isfinite(json_number_value(loss)))) {
+			fail_diverged(r, c, step, "the loss is not finite");
+			run_kill_all(r, SIGTERM);
+		}
 		json_t *vals = json_deep_copy(m);
 		json_object_del(vals, "type");
 		json_object_del(vals, "step");
@@ -191,6 +282,12 @@ static void handle_job_message(supervisor *sv, run *r, child *c, json_t *m)
 	} else if (strcmp(type, "error") == 0) {
 		const char *code = json_string_value(json_object_get(m, "code"));
 		const char *msg = json_string_value(json_object_get(m, "message"));
+		long long at;
+		const char *what;
+		if (diverged_report(m, code, msg, &at, &what)) {
+			fail_diverged(r, c, at, what);
+			return;
+		}
 		bool retry = code && (strcmp(code, "peer_lost") == 0 || strcmp(code, "internal") == 0);
 		set_failure(r, retry, "%s %d: %s%s%s", c->role == ROLE_LOADER ? "loader" : "rank", c->index,
 			    code ? code : "error", msg ? ": " : "", msg ? msg : "");
@@ -210,11 +307,23 @@ static void handle_prepare_message(supervisor *sv, run *r, json_t *m)
 	const char *error = json_string_value(json_object_get(m, "error"));
 	if (json_is_false(ok) && error) /* bertd-prepare's own account of its failure */
 		set_failure(r, false, "%s", error);
+	const char *phase = json_string_value(json_object_get(m, "phase"));
 	json_t *done = json_object_get(m, "bytes_done"), *total = json_object_get(m, "bytes_total");
 	json_t *stats = json_object_get(m, "stats");
 	char *st = stats ? json_dumps(stats, JSON_COMPACT) : NULL;
-	if (done || st)
-		store_dataset_progress(sv->st, r->id, json_integer_value(done), json_integer_value(total), st);
+	if (phase && strcmp(phase, "done") == 0 && st) {
+		/* the end: the whole corpus was read, whatever the last progress line said */
+		json_int_t bytes = json_integer_value(json_object_get(stats, "bytes"));
+		store_dataset_progress(sv->st, r->id, bytes, bytes, st);
+		store_dataset_phase(sv->st, r->id, "done", 1.0);
+	} else {
+		if (done || st)
+			store_dataset_progress(sv->st, r->id, json_integer_value(done),
+					       json_integer_value(total), st);
+		json_t *frac = json_object_get(m, "fraction");
+		if (phase && json_is_number(frac))
+			store_dataset_phase(sv->st, r->id, phase, json_number_value(frac));
+	}
 	free(st);
 }
 
@@ -232,6 +341,28 @@ static void drain_prepare_lines(supervisor *sv, run *r, child *c)
 		json_decref(m);
 		memmove(c->rd.buf, nl + 1, c->rd.len - n - 1);
 		c->rd.len -= n + 1;
+	}
+}
+
+/* Reads and handles everything c has sent that is there now (until EAGAIN
+ * or end of stream), e.g. what it said just before it exited. */
+static void drain_child(supervisor *sv, run *r, child *c)
+{
+	long n;
+	while (c->p.sock >= 0 && !c->sock_eof && (n = msg_reader_fill(&c->rd, c->p.sock)) != -EAGAIN) {
+		if (n <= 0) {
+			c->sock_eof = true;
+			break;
+		}
+		if (c->role == ROLE_PREPARE) {
+			drain_prepare_lines(sv, r, c);
+			continue;
+		}
+		json_t *m;
+		while (msg_reader_next(&c->rd, &m) == 1) {
+			handle_job_message(sv, r, c, m);
+			json_decref(m);
+		}
 	}
 }
 
@@ -278,18 +409,7 @@ static void on_child_exit(loop *l, int fd, uint32_t events, void *arg)
 	loop_del(l, fd);
 	loop_del(l, c->p.sock); /* may already be gone */
 	/* Drain whatever it said last (its error message comes before exit). */
-	long n;
-	while ((n = msg_reader_fill(&c->rd, c->p.sock)) > 0) {
-		if (c->role == ROLE_PREPARE) {
-			drain_prepare_lines(sv, r, c);
-			continue;
-		}
-		json_t *m;
-		while (msg_reader_next(&c->rd, &m) == 1) {
-			handle_job_message(sv, r, c, m);
-			json_decref(m);
-		}
-	}
+	drain_child(sv, r, c);
 	proc_close(&c->p);
 	c->exited = true;
 	r->alive--;
@@ -345,6 +465,7 @@ static int spawn_child(supervisor *sv, run *r, enum child_role role, int index, 
 	c->role = role;
 	c->index = index;
 	c->owner = r;
+	c->last_msg_ms = now_ms();
 	msg_reader_init(&c->rd);
 	int rc = proc_spawn(&c->p, argv, envp, log_path);
 	if (rc < 0) {
@@ -370,27 +491,78 @@ static void job_dir(supervisor *sv, const char *id, char *buf, size_t cap)
 	(void)n;
 }
 
-static int latest_checkpoint(supervisor *sv, const char *id, char *path, size_t cap, int64_t *step)
+static int cmp_step_desc(const void *a, const void *b)
+{
+	int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+	return (x < y) - (x > y);
+}
+
+/* The checkpoint job id resumes from: the newest one that resume_check
+ * passes, among the store's rows and the complete directories under ckdir
+ * (a stop checkpoint written while the daemon drained may have no row).
+ * One found only on disk gets its row; an unusable one (truncated, damaged)
+ * loses its row and is noted as a job event, and the next older is tried.
+ * path "" and *step 0 when there is none. */
+static void pick_resume(supervisor *sv, const char *id, const char *ckdir, char *path, size_t cap,
+			int64_t *step)
 {
 	store_checkpoint *cks = NULL;
-	size_t n = 0;
+	size_t nrow = 0, ndisk = 0;
+	int64_t *disk = NULL;
 	path[0] = 0;
 	*step = 0;
-	int rc = store_checkpoint_list(sv->st, id, &cks, &n);
-	if (rc < 0)
-		return rc;
-	/* newest first; only complete ones (DONE marker) count */
-	for (size_t i = n; i-- > 0;) {
-		char done[1200];
-		snprintf(done, sizeof done, "%s/DONE", cks[i].path);
-		if (access(done, F_OK) == 0) {
-			snprintf(path, cap, "%s", cks[i].path);
-			*step = cks[i].step;
+	if (store_checkpoint_list(sv->st, id, &cks, &nrow) < 0)
+		nrow = 0;
+	if (resume_scan(ckdir, &disk, &ndisk) < 0)
+		ndisk = 0;
+	int64_t *steps = calloc(nrow + ndisk + 1, sizeof *steps);
+	size_t n = 0;
+	for (size_t i = 0; steps && i < nrow; i++)
+		steps[n++] = cks[i].step;
+	for (size_t i = 0; steps && i < ndisk; i++)
+		steps[n++] = disk[i];
+	if (n)
+		qsort(steps, n, sizeof *steps, cmp_step_desc);
+	for (size_t i = 0; i < n; i++) {
+		if (i > 0 && steps[i] == steps[i - 1])
+			continue;
+		const store_checkpoint *row = NULL;
+		for (size_t k = 0; k < nrow; k++)
+			if (cks[k].step == steps[i])
+				row = &cks[k];
+		char dir[1200], why[600], note[1400];
+		if (row)
+			snprintf(dir, sizeof dir, "%s", row->path);
+		else
+			snprintf(dir, sizeof dir, "%s/ckpt-%lld", ckdir, (long long)steps[i]);
+		int rc = resume_check(dir, steps[i], why, sizeof why);
+		if (rc == 0) {
+			if (!row) {
+				store_checkpoint ck = {.step = steps[i], .path = dir, .bytes = resume_dir_bytes(dir)};
+				store_checkpoint_insert(sv->st, id, &ck);
+				snprintf(note, sizeof note,
+					 "checkpoint at step %lld found in the job directory without a record (its "
+					 "report was lost); recorded it",
+					 (long long)steps[i]);
+				store_job_note(sv->st, id, note);
+				log_info("job %s: %s", id, note);
+			}
+			snprintf(path, cap, "%s", dir);
+			*step = steps[i];
 			break;
 		}
+		if (!row && rc == -ENOENT)
+			continue; /* its DONE went away since the scan: not a checkpoint */
+		snprintf(note, sizeof note, "checkpoint at step %lld is unusable (%s); trying an older one",
+			 (long long)steps[i], why);
+		store_job_note(sv->st, id, note);
+		log_warn("job %s: %s", id, note);
+		if (row)
+			store_checkpoint_delete(sv->st, id, steps[i]);
 	}
-	store_checkpoints_free(cks, n);
-	return 0;
+	free(steps);
+	free(disk);
+	store_checkpoints_free(cks, nrow);
 }
 
 static void fail_job_now(supervisor *sv, const char *id, unsigned from, const char *reason)
@@ -486,9 +658,9 @@ static int start_job(supervisor *sv, const store_job *j, const int *dev, int nde
 		run_free(r);
 		return 0;
 	}
-	char resume[1100];
+	char resume[1200];
 	int64_t resume_step;
-	latest_checkpoint(sv, j->id, resume, sizeof resume, &resume_step);
+	pick_resume(sv, j->id, ckdir, resume, sizeof resume, &resume_step);
 	r->ndev = ndev;
 	memcpy(r->dev, dev, sizeof(int) * (size_t)ndev);
 	if ((rc = write_job_file(sv, r, dataset_dir, resume)) < 0) {
@@ -509,6 +681,7 @@ static int start_job(supervisor *sv, const store_job *j, const int *dev, int nde
 	}
 	for (int i = 0; i < ndev; i++)
 		sv->dev_job[dev[i]] = strdup(r->id);
+	store_job_set_stall(sv->st, r->id, NULL); /* a suspect of an attempt before (a daemon that died) */
 	json_t *dj = json_array();
 	for (int i = 0; i < ndev; i++)
 		json_array_append_new(dj, json_pack("{s:i, s:s, s:i, s:s}", "id", dev[i], "kind",
@@ -525,7 +698,8 @@ static int start_job(supervisor *sv, const store_job *j, const int *dev, int nde
 			nvidx[ngpu++] = (unsigned)sv->devs[dev[i]].index;
 	if (tsampler_create(&r->ts, nvidx, ngpu) < 0)
 		r->ts = NULL; /* telemetry is optional; training is not */
-	r->start_ms = now_ms();
+	r->start_ms = r->last_msg_ms = now_ms();
+	r->stall_noted = -1;
 	r->max_runtime_ms = spec.max_runtime_seconds > 0 ? spec.max_runtime_seconds * 1000 : 0;
 	r->next = sv->runs;
 	sv->runs = r;
@@ -619,6 +793,7 @@ static void run_maybe_finish(supervisor *sv, run *r)
 	snprintf(shm, sizeof shm, "/bertd-%s-comm", r->id);
 	shm_unlink(shm);
 	free_dev_ids(sv, r);
+	note_stall(sv, r, NULL, 0, 0, false); /* the attempt is over: nothing is silent now */
 
 	store_job cur;
 	if (store_job_get(sv->st, r->id, &cur) < 0) {
@@ -773,6 +948,93 @@ static void tick_datasets(supervisor *sv)
 	store_datasets_free(ds, n);
 }
 
+static int64_t wall_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Records (or, c NULL, clears) the rank the stall watch suspects, in the
+ * store where the diagnosis reads it (store_job.stall_json). */
+static void note_stall(supervisor *sv, run *r, const child *c, int64_t silent_ms, int64_t limit_ms, bool stopped)
+{
+	if (!c) {
+		if (r->stall_noted >= 0)
+			store_job_set_stall(sv->st, r->id, NULL);
+		r->stall_noted = -1;
+		return;
+	}
+	if (r->stall_noted == c->index)
+		return;
+	json_t *o = json_pack("{s:i, s:I, s:I, s:b}", "rank", c->index, "since_ms",
+			      (json_int_t)(wall_ms() - silent_ms), "limit_s", (json_int_t)(limit_ms / 1000),
+			      "stopped", stopped);
+	char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+	if (text && store_job_set_stall(sv->st, r->id, text) == 0)
+		r->stall_noted = c->index;
+	free(text);
+	json_decref(o);
+}
+
+/* The stall watch (see the top of this file). Picks the worker furthest
+ * into its limit (a stopped process first); past a quarter of it, the rank
+ * is noted for the diagnosis; past the limit, the job's processes are
+ * killed and the attempt fails as retryable. */
+static void check_stall(supervisor *sv, run *r, int64_t now)
+{
+	int64_t timeout = sv->cfg.stall_timeout_ms;
+	int64_t job_limit = timeout;
+	if (!r->stepping)
+		job_limit = timeout > SUPERVISOR_STARTUP_ALLOWANCE_MS ? timeout : SUPERVISOR_STARTUP_ALLOWANCE_MS;
+	else if (2 * r->max_gap_ms > job_limit)
+		job_limit = 2 * r->max_gap_ms;
+	child *who = NULL;
+	int64_t who_silent = 0, who_limit = 1;
+	bool who_stopped = false;
+	for (int i = 0; i < r->nkids; i++) {
+		child *c = r->kids[i];
+		if (c->role != ROLE_WORKER || c->exited)
+			continue;
+		bool own = c->heartbeat && r->stepping;
+		int64_t silent = now - (own ? c->last_msg_ms : r->last_msg_ms);
+		int64_t limit = own ? timeout : job_limit;
+		if (4 * silent <= limit)
+			continue; /* not even suspect */
+		char state = 0;
+		procstat_starttime(c->p.pid, &state);
+		bool stopped = state == 'T' || state == 't';
+		/* furthest into its limit; ties (ranks judged by the job's
+		 * silence) go to the one whose own last message is oldest */
+		bool better = !who || (stopped && !who_stopped);
+		if (who && stopped == who_stopped) {
+			double x = (double)silent / (double)limit, y = (double)who_silent / (double)who_limit;
+			better = x > y || (x == y && c->last_msg_ms < who->last_msg_ms);
+		}
+		if (better) {
+			who = c;
+			who_silent = silent;
+			who_limit = limit;
+			who_stopped = stopped;
+		}
+	}
+	if (!who) {
+		note_stall(sv, r, NULL, 0, 0, false);
+		return;
+	}
+	note_stall(sv, r, who, who_silent, who_limit, who_stopped);
+	if (who_silent <= who_limit)
+		return;
+	set_failure(r, true, "rank %d made no progress for %lld s (%s; last reported step %lld)", who->index,
+		    (long long)(who_limit / 1000),
+		    !r->stepping ? "before its first step" : who->heartbeat && r->stepping ? "stall_timeout_s"
+		    : "stall_timeout_s, or twice the longest gap between its reports",
+		    (long long)r->last_step);
+	log_warn("job %s: rank %d silent for %lld ms%s; killing the attempt", r->id, who->index,
+		 (long long)who_silent, who_stopped ? " (its process is stopped)" : "");
+	run_kill_all(r, SIGKILL);
+}
+
 static void tick_running(supervisor *sv)
 {
 	int64_t now = now_ms();
@@ -808,6 +1070,8 @@ static void tick_running(supervisor *sv)
 		} else if (r->stop_sent && now > r->stop_deadline_ms) {
 			log_warn("job %s did not stop within %d ms; killing it", r->id, sv->cfg.stop_timeout_ms);
 			run_kill_all(r, SIGKILL);
+		} else if (!r->stop_sent) {
+			check_stall(sv, r, now);
 		}
 	}
 }
@@ -965,6 +1229,8 @@ int supervisor_create(supervisor **out, const supervisor_config *cfg, loop *lp, 
 	sv->cfg.pass_env = NULL; /* parsed into sv->pass_env */
 	if (sv->cfg.stop_timeout_ms <= 0)
 		sv->cfg.stop_timeout_ms = 120000;
+	if (sv->cfg.stall_timeout_ms <= 0)
+		sv->cfg.stall_timeout_ms = 300000;
 	sv->lp = lp;
 	sv->st = st;
 	sv->sample_fd = -1;
@@ -989,6 +1255,45 @@ size_t supervisor_devices(supervisor *sv, const device **devs, const char *const
 	return sv->ndev;
 }
 
+/* Waits until every worker of r has exited or deadline_ms (monotonic) has
+ * passed, handling their messages meanwhile. Workers that exit are reaped
+ * (proc_stop then finds them so). */
+static void shutdown_wait_workers(supervisor *sv, run *r, int64_t deadline_ms)
+{
+	if (r->is_dataset)
+		return;
+	for (;;) {
+		struct pollfd pfd[2 * MAX_CHILDREN];
+		child *who[2 * MAX_CHILDREN];
+		nfds_t n = 0;
+		for (int i = 0; i < r->nkids; i++) {
+			child *c = r->kids[i];
+			if (c->role != ROLE_WORKER || c->exited || c->p.reaped)
+				continue;
+			pfd[n] = (struct pollfd){.fd = c->p.pidfd, .events = POLLIN};
+			who[n++] = c;
+			if (c->p.sock >= 0 && !c->sock_eof) {
+				pfd[n] = (struct pollfd){.fd = c->p.sock, .events = POLLIN};
+				who[n++] = c;
+			}
+		}
+		int64_t left = deadline_ms - now_ms();
+		if (n == 0 || left <= 0)
+			return;
+		int rc = poll(pfd, n, (int)(left > 1000 ? 1000 : left));
+		if (rc < 0 && errno != EINTR)
+			return;
+		for (nfds_t k = 0; rc > 0 && k < n; k++) {
+			if (!pfd[k].revents)
+				continue;
+			child *c = who[k];
+			drain_child(sv, r, c);
+			if (pfd[k].fd == c->p.pidfd && proc_reap(&c->p) > 0)
+				drain_child(sv, r, c); /* what it wrote just before exiting */
+		}
+	}
+}
+
 void supervisor_shutdown(supervisor *sv)
 {
 	if (!sv)
@@ -1007,7 +1312,12 @@ void supervisor_shutdown(supervisor *sv)
 		}
 	}
 	json_decref(m);
-	/* Workers checkpoint and exit; give each the grace period, then kill. */
+	/* Workers checkpoint and exit within the grace period (their loaders
+	 * keep feeding them until then); what they report meanwhile is read,
+	 * the stop checkpoint's report included. Then the rest is stopped. */
+	int64_t deadline = now_ms() + sv->cfg.stop_timeout_ms;
+	for (run *r = sv->runs; r; r = r->next)
+		shutdown_wait_workers(sv, r, deadline);
 	while (sv->runs) {
 		run *r = sv->runs;
 		for (int i = 0; i < r->nkids; i++) {
@@ -1015,7 +1325,10 @@ void supervisor_shutdown(supervisor *sv)
 			if (c->exited)
 				continue;
 			int sig = c->role == ROLE_LOADER ? SIGTERM : 0;
-			proc_stop(&c->p, sig, c->role == ROLE_LOADER ? 2000 : sv->cfg.stop_timeout_ms);
+			/* workers: the grace period is spent, so this kills what is left */
+			proc_stop(&c->p, sig, c->role == ROLE_LOADER ? 2000 : 0);
+			if (!r->is_dataset)
+				drain_child(sv, r, c);
 			if (c->watched) {
 				loop_del(sv->lp, c->p.pidfd);
 				loop_del(sv->lp, c->p.sock);

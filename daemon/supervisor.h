@@ -7,7 +7,11 @@
  * bertd-loader processes, all in the job directory
  * <state_dir>/jobs/<id>/ (job.json, logs/, checkpoints/, export/). A worker
  * or loader that dies takes the job down; a retryable failure restarts the
- * job from its last checkpoint (up to retry_policy.max_restarts).
+ * job from its last checkpoint (up to retry_policy.max_restarts). So does a
+ * stall: workers that report nothing (no message of any type) for
+ * stall_timeout_ms are killed and the attempt fails with "rank N made no
+ * progress for T s". A loss or gradient norm that is not finite fails the
+ * job at once (a restart would repeat it).
  *
  * Per dataset: one bertd-prepare process writing <data_root>/datasets/<name>.
  *
@@ -24,11 +28,20 @@
 
 typedef struct supervisor supervisor;
 
+/* How long a job's workers may say nothing before their first step (model
+ * build, checkpoint load, dataset open, NCCL set-up), when stall_timeout_ms
+ * is shorter: 10 minutes, the slow_start rule's default (docs/diagnosis.md). */
+#define SUPERVISOR_STARTUP_ALLOWANCE_MS 600000
+
 typedef struct supervisor_config {
 	const char *state_dir;
 	const char *bin_dir;          /* where bertd-worker, -loader, -prepare are */
 	const char *dataset_root;     /* datasets are created under <dataset_root>/datasets */
 	int stop_timeout_ms;          /* grace between a stop request and SIGKILL */
+	int stall_timeout_ms;         /* a job whose workers report nothing this long fails the
+				       * attempt as stalled (retried); before the first step the
+				       * allowance is at least SUPERVISOR_STARTUP_ALLOWANCE_MS;
+				       * <= 0: 300000 */
 	bool hold_queue;              /* true: start no queued job (datasets still prepare) */
 	const char *pass_env;         /* what children inherit of the daemon's environment
 				       * (childenv.h); NULL = nothing */
@@ -54,7 +67,8 @@ size_t supervisor_devices(supervisor *sv, const device **devs, const char *const
 
 /* Stops every running job (stop request, grace period, then SIGKILL) and
  * puts them back to queued so the next start resumes them; waits for every
- * child. Blocks up to about stop_timeout_ms. */
+ * child, reading what the workers report meanwhile (the stop checkpoint's
+ * row). Blocks up to about stop_timeout_ms. */
 void supervisor_shutdown(supervisor *sv);
 void supervisor_destroy(supervisor *sv);
 

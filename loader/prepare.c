@@ -483,14 +483,15 @@ static void result_free(result *r)
 
 /* ---- progress ---- */
 
-/* bytes_done runs from 0 to bytes_total once over the whole run: with vocab
- * training the corpus is read twice, so total is twice its size and the
- * tokenize pass starts at base = its size. */
+/* Each pass reads the corpus once: bytes_done runs 0..bytes_total (the
+ * corpus size) within a phase. fraction covers the whole run and only grows:
+ * a pass maps its bytes onto [f0, f0 + fw] — with vocab training the vocab
+ * pass is the first half, tokenizing the second. */
 typedef struct progress {
 	const prepare_opts *o;
 	double t0, last;
-	uint64_t total, base;
-	uint64_t pass_total; /* corpus bytes: what one pass reads */
+	uint64_t total;  /* corpus bytes: what one pass reads */
+	double f0, fw;   /* this pass's share of fraction */
 	bool drew;
 } progress;
 
@@ -505,15 +506,19 @@ static void progress_emit(progress *p, const char *phase, uint64_t pass_done, ui
 			  bool final)
 {
 	double t = now();
-	uint64_t done = p->base + pass_done;
 	if (!final && t - p->last < 0.25)
 		return;
 	p->last = t;
 	if (p->o->progress_fd >= 0) {
+		/* the pass end says 1 exactly, not a rounding below it */
+		double f = p->f0 + p->fw * (p->total ? (double)pass_done / (double)p->total : 1.0);
+		if (final && p->f0 + p->fw >= 1.0)
+			f = 1.0;
 		char line[256];
 		int n = snprintf(line, sizeof line,
-				 "{\"phase\":\"%s\",\"bytes_done\":%llu,\"bytes_total\":%llu,\"tokens\":%llu}\n",
-				 phase, (unsigned long long)done, (unsigned long long)p->total,
+				 "{\"phase\":\"%s\",\"bytes_done\":%llu,\"bytes_total\":%llu,"
+				 "\"fraction\":%.6f,\"tokens\":%llu}\n",
+				 phase, (unsigned long long)pass_done, (unsigned long long)p->total, f,
 				 (unsigned long long)tokens);
 		/* a reader that went away must not stop the preparation */
 		int wr = prepare_write_line(p->o->progress_fd, line, (size_t)n);
@@ -524,8 +529,8 @@ static void progress_emit(progress *p, const char *phase, uint64_t pass_done, ui
 		double el = t - p->t0;
 		/* a person reads each pass on its own */
 		fprintf(stderr, "\r%-8s %5.1f%%  %7.1f / %.1f MB  %6.1f MB/s%s", phase,
-			p->pass_total ? 100.0 * (double)pass_done / (double)p->pass_total : 100.0,
-			(double)pass_done / 1e6, (double)p->pass_total / 1e6,
+			p->total ? 100.0 * (double)pass_done / (double)p->total : 100.0,
+			(double)pass_done / 1e6, (double)p->total / 1e6,
 			el > 0 ? (double)pass_done / 1e6 / el : 0.0, final ? "\n" : "");
 		fflush(stderr);
 		p->drew = !final;
@@ -840,7 +845,7 @@ int prepare_run(const prepare_opts *o, prepare_summary *s, enum prepare_error *e
 
 	/* vocab: load, or count words and train */
 	bool lower = o->lowercase != 0;
-	progress pg = {.o = o, .total = o->vocab_path ? total : 2 * total, .pass_total = total};
+	progress pg = {.o = o, .total = total, .f0 = 0.0, .fw = o->vocab_path ? 1.0 : 0.5};
 	work w = {.r = &r, .chunks = chunks.v, .n_chunks = chunks.n};
 	if (o->vocab_path) {
 		if ((rc = read_whole(o->vocab_path, &vtxt, &vlen)) < 0) {
@@ -857,7 +862,7 @@ int prepare_run(const prepare_opts *o, prepare_summary *s, enum prepare_error *e
 			goto out;
 		w.counting = true;
 		w.lower = lower;
-		if ((rc = run_pass(&r, &w, &pg, "count", consume_counts, counter)) < 0)
+		if ((rc = run_pass(&r, &w, &pg, "vocab", consume_counts, counter)) < 0)
 			goto out;
 		vocab_train_opts to = {.vocab_size = o->train_vocab_size};
 		uint32_t nt;
@@ -868,8 +873,14 @@ int prepare_run(const prepare_opts *o, prepare_summary *s, enum prepare_error *e
 			goto out;
 		}
 		s->vocab_trained = true;
-		log_info("trained a %u-entry vocab from %llu distinct words", nt,
-			 (unsigned long long)vocab_counter_unique(counter));
+		s->vocab_size_requested = o->train_vocab_size;
+		if (nt < o->train_vocab_size)
+			log_info("trained a vocab of %u entries (%u requested: the corpus has no pair left to "
+				 "merge, every word of it is one entry) from %llu distinct words",
+				 nt, o->train_vocab_size, (unsigned long long)vocab_counter_unique(counter));
+		else
+			log_info("trained a vocab of %u entries (as requested) from %llu distinct words", nt,
+				 (unsigned long long)vocab_counter_unique(counter));
 	}
 	if ((rc = wordpiece_create(vtxt, vlen, lower, &wp)) < 0) {
 		rc = fail(&r, PREPARE_ERR_VOCAB, rc, "vocab %s: unusable (see above)",
@@ -909,7 +920,7 @@ int prepare_run(const prepare_opts *o, prepare_summary *s, enum prepare_error *e
 	wr.vocab = (shard_vocab_info){.vocab_size = s->vocab_size, .lowercase = lower, .special = sp};
 	memcpy(wr.vocab.sha256, s->vocab_sha256, 65);
 	w.counting = false;
-	pg.base = o->vocab_path ? 0 : total;
+	pg.f0 = o->vocab_path ? 0.0 : 0.5;
 	w.wp = wp;
 	w.lower = lower;
 	double tt = now();
@@ -1008,7 +1019,8 @@ out:
 json_t *prepare_summary_json(const prepare_summary *s, const char *out_dir)
 {
 	double mbps = s->tokenize_seconds > 0 ? (double)s->bytes / 1e6 / s->tokenize_seconds : 0.0;
-	return json_pack("{s:b, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:i, s:b, s:b, s:s,"
+	json_t *requested = s->vocab_trained ? json_integer(s->vocab_size_requested) : json_null();
+	return json_pack("{s:b, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:i, s:o, s:b, s:b, s:s,"
 			 " s:f, s:f, s:f}",
 			 "ok", 1, "dataset", out_dir, "files", (json_int_t)s->files,
 			 "bytes", (json_int_t)s->bytes, "documents", (json_int_t)s->documents,
@@ -1016,7 +1028,8 @@ json_t *prepare_summary_json(const prepare_summary *s, const char *out_dir)
 			 "unk", (json_int_t)s->unk,
 			 "unk_rate", s->tokens ? (double)s->unk / (double)s->tokens : 0.0,
 			 "shards", (json_int_t)s->shards, "vocab_size", (int)s->vocab_size,
-			 "lowercase", s->lowercase, "vocab_trained", s->vocab_trained,
+			 "vocab_size_requested", requested, "lowercase", s->lowercase,
+			 "vocab_trained", s->vocab_trained,
 			 "vocab_sha256", s->vocab_sha256, "seconds", s->seconds,
 			 "tokenize_seconds", s->tokenize_seconds, "mb_per_s", mbps);
 }

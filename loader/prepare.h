@@ -46,7 +46,8 @@ typedef struct prepare_opts {
 	uint64_t shard_tokens;      /* close a shard at the first document end past this; 0 = 64Mi */
 	uint32_t max_sentence_tokens; /* 0 = never cut */
 	int threads;                /* tokenizing threads, >= 1 */
-	int progress_fd;            /* JSON lines {"phase","bytes_done","bytes_total",...}, bytes_done
+	int progress_fd;            /* JSON lines {"phase","bytes_done","bytes_total","fraction",...}:
+				     * bytes of the corpus read in this phase, and fraction
 				     * monotonic over the run (docs/formats.md); -1 = none.
 				     * Write errors are ignored; a caller whose reader may
 				     * close a pipe should ignore SIGPIPE (bertd-prepare does). */
@@ -55,7 +56,9 @@ typedef struct prepare_opts {
 
 typedef struct prepare_summary {
 	uint64_t files, bytes, documents, sentences, tokens, unk, shards;
-	uint32_t vocab_size;
+	uint32_t vocab_size;           /* entries of the vocab used */
+	uint32_t vocab_size_requested; /* trained: the size asked for (vocab_size may be
+					* less: the corpus ran out of pairs); else 0 */
 	bool lowercase, vocab_trained;
 	char vocab_sha256[65];
 	double seconds;             /* wall time of the whole run */

@@ -219,12 +219,16 @@ int main(int argc, char **argv)
 		return fail_json(code, msg[0] ? msg : strerror(-rc), o.progress_fd);
 	}
 	double mbps = s.tokenize_seconds > 0 ? (double)s.bytes / 1e6 / s.tokenize_seconds : 0.0;
+	char asked[48] = ""; /* a trained vocab short of its size says so */
+	if (s.vocab_trained && s.vocab_size < s.vocab_size_requested)
+		snprintf(asked, sizeof asked, " of %u requested", s.vocab_size_requested);
 	fprintf(stderr,
 		"%s: %llu files, %.1f MB -> %llu documents, %llu sentences, %llu tokens in %llu shard(s)\n"
-		"  vocab %u entries (%s%s), unk rate %.4f%%, %.1f MB/s tokenizing with %d thread(s), %.2f s total\n",
+		"  vocab %u entries%s (%s%s), unk rate %.4f%%, %.1f MB/s tokenizing with %d thread(s), %.2f s total\n",
 		o.out_dir, (unsigned long long)s.files, (double)s.bytes / 1e6,
 		(unsigned long long)s.documents, (unsigned long long)s.sentences,
 		(unsigned long long)s.tokens, (unsigned long long)s.shards, s.vocab_size,
+		asked,
 		s.lowercase ? "uncased" : "cased", s.vocab_trained ? ", trained" : "",
 		s.tokens ? 100.0 * (double)s.unk / (double)s.tokens : 0.0, mbps, o.threads, s.seconds);
 	json_t *j = prepare_summary_json(&s, o.out_dir);

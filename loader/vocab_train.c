@@ -488,7 +488,7 @@ int vocab_train(const vocab_counter *c, const vocab_train_opts *o, char **vocab_
 	outbuf out = {0};
 	chr *chars = NULL;
 	size_t n_chars = 0, c_chars = 0;
-	uint32_t min_freq = o->min_frequency ? o->min_frequency : 2;
+	uint32_t min_freq = o->min_frequency ? o->min_frequency : 1;
 	uint32_t limit = o->limit_alphabet ? o->limit_alphabet : 1000;
 	*vocab_txt = NULL;
 	if (o->vocab_size < 7) {

@@ -17,7 +17,11 @@
  *     "##ab" + "##c" -> "##abc"); ties go to the bytewise-smallest merged
  *     string, then the smaller symbol ids. A merged string already in the
  *     vocab is reused, not added again. Stops at vocab_size entries, or when
- *     no pair occurs min_frequency times.
+ *     no pair occurs min_frequency times (default 1: merging goes on while
+ *     any pair is left, as HF's WordPieceTrainer does with its default
+ *     min_frequency 0; the heap takes frequent pairs first, so a higher
+ *     floor only stops earlier). A corpus that runs out of pairs first gets
+ *     a smaller vocab than asked, in which every word is one entry.
  * Deterministic: same corpus and options, byte-identical vocab, whatever the
  * thread count that produced the counts. Never touches files.
  */
@@ -44,12 +48,14 @@ uint64_t vocab_counter_unique(const vocab_counter *c);
 
 typedef struct vocab_train_opts {
 	uint32_t vocab_size;     /* entries wanted, specials included (>= 5 + 2) */
-	uint32_t min_frequency;  /* 0 -> 2 */
+	uint32_t min_frequency;  /* 0 -> 1 (merge while any pair is left) */
 	uint32_t limit_alphabet; /* 0 -> 1000; shrunk to fit vocab_size */
 } vocab_train_opts;
 
 /* Trains. On success *vocab_txt (caller owns, free) holds the vocab file
- * bytes, one token per line, *len bytes, and *n_tokens its lines. Returns
+ * bytes, one token per line, *len bytes, and *n_tokens its lines: at most
+ * vocab_size, fewer when the corpus has no pair left to merge (not an
+ * error; the caller reports the size reached). Returns
  * 0, -EINVAL (vocab_size too small, or no words counted) or -ENOMEM. */
 int vocab_train(const vocab_counter *c, const vocab_train_opts *o, char **vocab_txt,
 		size_t *len, uint32_t *n_tokens);

@@ -384,7 +384,7 @@ int loop_run(worker *w, const loop_device *dev)
 	int code = BERTD_EXIT_OK;
 	if (w->rg)
 		ring_get_counters(w->rg, (uint32_t)w->rank, &w->ring_prev);
-	double t_log = worker_now_s();
+	double t_log = worker_now_s(), t_progress = 0;
 	while (w->tr->step < max_steps) {
 		worker_poll(w);
 		if (w->world == 1 && w->stop_requested)
@@ -468,6 +468,10 @@ int loop_run(worker *w, const loop_device *dev)
 		w->win_loss += res.loss;
 
 		log_window(w, &res, &sums, &t_log);
+		if (t_end - t_progress >= 1.0) { /* the daemon's stall watch (daemon/supervisor.c) */
+			worker_send(w, json_pack("{s:s, s:I}", "type", "progress", "step", (json_int_t)res.step));
+			t_progress = t_end;
+		}
 		bool save_now = ta->save_steps > 0 && res.step % ta->save_steps == 0 && res.step != max_steps;
 		if (save_now && w->cm) {
 			/* every rank's parameters, compared on the host */

@@ -3,6 +3,7 @@
  * jobspec_from_json accepts. Build and run: see README. Never linked into
  * bertd or the test suite. */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,8 +41,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	CHECK(a && b && strcmp(a, b) == 0);
 	free(a);
 	free(b);
-	CHECK(jobspec_from_json(out, &spec, &err) == 0);
-	CHECK((jobspec_from_json(in, &spec, &err) == 0) == json_equal(in, out));
+	/* what only the API resolves (training by epochs, a job reference as
+	 * init_from) is normalized but never read by a worker */
+	json_t *ms = json_object_get(json_object_get(out, "training_args"), "max_steps");
+	bool unresolved = json_integer_value(ms) == -1 ||
+			  json_is_object(json_object_get(out, "init_from"));
+	CHECK((jobspec_from_json(out, &spec, &err) == 0) == !unresolved);
+	CHECK((jobspec_from_json(in, &spec, &err) == 0) == (json_equal(in, out) && !unresolved));
 	json_decref(again);
 	json_decref(out);
 	json_decref(in);

@@ -60,17 +60,91 @@ static int setup(void **state)
 	return 0;
 }
 
-/* A daemon whose only data root is <root>/data, holding a checkpoint dir and
- * a symlink that points out of the root. */
+/* Creates dir/name holding the empty files named, '|'-separated: what a
+ * model directory looks like to the API (it checks which files exist, the
+ * worker reads them). */
+static int model_dir(const char *dir, const char *name, const char *files)
+{
+	char p[512];
+	snprintf(p, sizeof p, "%s/%s", dir, name);
+	if (mkdir(p, 0700) && errno != EEXIST)
+		return -1;
+	for (const char *f = files; *f;) {
+		size_t n = strcspn(f, "|");
+		snprintf(p, sizeof p, "%s/%s/%.*s", dir, name, (int)n, f);
+		FILE *fp = fopen(p, "w");
+		if (!fp)
+			return -1;
+		fclose(fp);
+		f += n + (f[n] == '|');
+	}
+	return 0;
+}
+
+#define HF_FILES "config.json|model.safetensors"
+#define CKPT_FILES "state.json|params.safetensors|optim.safetensors|DONE"
+#define DONE_JOB "job-00000000000000c1"   /* completed, export and checkpoints */
+#define FAILED_JOB "job-00000000000000c2" /* failed, nothing on disk */
+
+/* Two finished jobs in the database and on disk, as the supervisor leaves
+ * them: DONE_JOB with its export and checkpoints 10 (complete) and 20 (no
+ * DONE: the save was cut short), FAILED_JOB with nothing. */
+static int seed_finished_jobs(const bertd *d)
+{
+	char db[200], dir[300], ck[400];
+	store *st = NULL;
+	snprintf(db, sizeof db, "%s/bertd.db", d->state_dir);
+	int rc = store_open(&st, db);
+	struct {
+		const char *id;
+		enum job_state state;
+	} jobs[] = {{DONE_JOB, JOB_COMPLETED}, {FAILED_JOB, JOB_FAILED}};
+	for (size_t i = 0; rc == 0 && i < 2; i++) {
+		store_job j = {.id = (char *)jobs[i].id, .name = (char *)jobs[i].id,
+			       .spec_json = "{\"dataset\":\"wikitext2\"}", .created_ms = 1, .updated_ms = 1};
+		rc = store_job_insert(st, &j, NULL, NULL, NULL, NULL, NULL, NULL);
+		if (rc == 0) /* inserted queued; the supervisor's path to the end */
+			rc = store_job_transition(st, j.id, JOB_MASK(JOB_QUEUED), JOB_RUNNING, NULL, NULL);
+		if (rc == 0)
+			rc = store_job_transition(st, j.id, JOB_MASK(JOB_RUNNING), jobs[i].state,
+						  "seeded by the test", NULL);
+	}
+	snprintf(dir, sizeof dir, "%s/jobs", d->state_dir);
+	mkdir(dir, 0700);
+	snprintf(dir, sizeof dir, "%s/jobs/%s", d->state_dir, DONE_JOB);
+	mkdir(dir, 0700);
+	if (rc == 0)
+		rc = model_dir(dir, "export", HF_FILES "|vocab.txt");
+	snprintf(ck, sizeof ck, "%s/checkpoints", dir);
+	mkdir(ck, 0700);
+	if (rc == 0)
+		rc = model_dir(ck, "ckpt-10", CKPT_FILES);
+	if (rc == 0)
+		rc = model_dir(ck, "ckpt-20", "state.json|params.safetensors|optim.safetensors");
+	for (int step = 10; rc == 0 && step <= 20; step += 10) {
+		char path[500];
+		snprintf(path, sizeof path, "%s/ckpt-%d", ck, step);
+		store_checkpoint c = {.step = step, .path = path, .bytes = 1};
+		rc = store_checkpoint_insert(st, DONE_JOB, &c);
+	}
+	store_close(st);
+	return rc;
+}
+
+/* A daemon whose only data root is <root>/data, holding a checkpoint dir, an
+ * HF model dir, directories that are not models and a symlink that points out
+ * of the root (at the state dir); and two finished jobs. */
 static int setup_roots(void **state)
 {
 	bertd *d = calloc(1, sizeof *d);
 	char data[128], p[256];
-	if (bertd_init(d) || seed_dataset(d))
+	if (bertd_init(d) || seed_dataset(d) || seed_finished_jobs(d))
 		goto fail;
 	snprintf(data, sizeof data, "%s/data", d->root);
-	snprintf(p, sizeof p, "%s/ckpt-100", data);
-	if (mkdir(data, 0700) || mkdir(p, 0700))
+	if (mkdir(data, 0700) || model_dir(data, "ckpt-100", CKPT_FILES) ||
+	    model_dir(data, "hf", HF_FILES) || model_dir(data, "empty", "") ||
+	    model_dir(data, "half-hf", "config.json") ||
+	    model_dir(data, "cut-ckpt", "state.json|params.safetensors"))
 		goto fail;
 	snprintf(p, sizeof p, "%s/escape", data);
 	if (symlink(d->state_dir, p))
@@ -722,33 +796,99 @@ static void test_delete(void **state)
 	free(id);
 }
 
-static void submit_init_from(const bertd *d, const char *path, http_resp *r)
+static void submit_init_from_json(const bertd *d, const char *init_from, http_resp *r)
 {
-	char spec[512];
-	snprintf(spec, sizeof spec, "{\"dataset\":\"wikitext2\",\"init_from\":\"%s\"}", path);
+	char spec[1024];
+	snprintf(spec, sizeof spec, "{\"dataset\":\"wikitext2\",\"init_from\":%s}", init_from);
 	assert_int_equal(http_post_json(d, "/v1/jobs", spec, r), 0);
 }
 
-/* init_from must resolve inside a data root; symlinks are followed first. */
+static void submit_init_from(const bertd *d, const char *path, http_resp *r)
+{
+	char quoted[600];
+	snprintf(quoted, sizeof quoted, "\"%s\"", path);
+	submit_init_from_json(d, quoted, r);
+}
+
+/* Submits init_from (JSON text), which must be accepted as the canonical
+ * path of want (a path the test made); counts it in *n. */
+static void init_from_accepted(const bertd *d, const char *init_from, const char *want, size_t *n)
+{
+	http_resp r;
+	submit_init_from_json(d, init_from, &r);
+	if (r.status != 201)
+		fail_msg("init_from %s: %ld %s", init_from, r.status, r.body);
+	char *real = realpath(want, NULL);
+	assert_non_null(real);
+	assert_string_equal(it_jstr(json_object_get(r.json, "spec"), "init_from"), real);
+	free(real);
+	http_resp_free(&r);
+	(*n)++;
+}
+
+/* A 422 on field (init_from or a key of it) whose detail holds each
+ * '|'-separated part. */
+static void refused_on(const bertd *d, const char *init_from, const char *field, const char *parts)
+{
+	http_resp r;
+	submit_init_from_json(d, init_from, &r);
+	check_problem(&r, 422, "invalid-spec", field);
+	const char *detail = it_jstr(r.json, "detail");
+	for (const char *p = parts; *p;) {
+		size_t n = strcspn(p, "|");
+		char part[256];
+		snprintf(part, sizeof part, "%.*s", (int)n, p);
+		if (!strstr(detail, part))
+			fail_msg("init_from %s: detail \"%s\" lacks \"%s\"", init_from, detail, part);
+		p += n + (p[n] == '|');
+	}
+	http_resp_free(&r);
+}
+
+static void init_from_refused(const bertd *d, const char *init_from, const char *parts)
+{
+	refused_on(d, init_from, "init_from", parts);
+}
+
+/* init_from must resolve inside a data root or a job's outputs (symlinks are
+ * followed first) and hold a model, HF or bertd checkpoint; a path may be
+ * relative to the data root; a job reference names a finished job's export
+ * or one of its checkpoints. */
 static void test_init_from_confined_to_data_roots(void **state)
 {
 	bertd *d = *state;
 	http_resp r;
-	char p[256];
+	char p[256], q[600], want[600];
+	size_t accepted = 0;
 	snprintf(p, sizeof p, "%s/data/ckpt-100", d->root);
-	submit_init_from(d, p, &r);
-	if (r.status != 201)
-		fail_msg("%ld %s", r.status, r.body);
-	char *real = realpath(p, NULL);
-	assert_string_equal(it_jstr(json_object_get(r.json, "spec"), "init_from"), real);
-	free(real);
-	http_resp_free(&r);
+	snprintf(q, sizeof q, "\"%s\"", p);
+	init_from_accepted(d, q, p, &accepted);
+	init_from_accepted(d, "\"ckpt-100\"", p, &accepted); /* relative, like a dataset source */
+	snprintf(p, sizeof p, "%s/data/hf", d->root);
+	init_from_accepted(d, "\"hf/\"", p, &accepted);
+
+	/* a job's outputs, by reference or by the path GET /v1/jobs answers */
+	snprintf(want, sizeof want, "%s/jobs/%s/export", d->state_dir, DONE_JOB);
+	init_from_accepted(d, "{\"job\":\"" DONE_JOB "\"}", want, &accepted);
+	snprintf(q, sizeof q, "\"%s\"", want);
+	init_from_accepted(d, q, want, &accepted);
+	init_from_accepted(d, "\"escape/jobs/" DONE_JOB "/export\"", want, &accepted);
+	snprintf(want, sizeof want, "%s/jobs/%s/checkpoints/ckpt-10", d->state_dir, DONE_JOB);
+	init_from_accepted(d, "{\"job\":\"" DONE_JOB "\",\"checkpoint\":10}", want, &accepted);
+	/* latest complete: ckpt-20 has no DONE */
+	init_from_accepted(d, "{\"job\":\"" DONE_JOB "\",\"checkpoint\":\"latest\"}", want, &accepted);
 
 	submit_init_from(d, "/etc", &r);
 	check_problem(&r, 403, "path-forbidden", "init_from");
 	http_resp_free(&r);
 	snprintf(p, sizeof p, "%s/data/escape", d->root); /* -> the state dir */
 	submit_init_from(d, p, &r);
+	check_problem(&r, 403, "path-forbidden", "init_from");
+	http_resp_free(&r);
+	submit_init_from(d, "escape/bertd.db", &r); /* the state dir is not a job output */
+	check_problem(&r, 403, "path-forbidden", "init_from");
+	http_resp_free(&r);
+	submit_init_from(d, "escape/jobs/" DONE_JOB "/checkpoints", &r);
 	check_problem(&r, 403, "path-forbidden", "init_from");
 	http_resp_free(&r);
 	snprintf(p, sizeof p, "%s/datax", d->root); /* a sibling sharing the prefix */
@@ -760,10 +900,41 @@ static void test_init_from_confined_to_data_roots(void **state)
 	submit_init_from(d, p, &r);
 	check_problem(&r, 422, "invalid-spec", "init_from");
 	http_resp_free(&r);
+	init_from_refused(d, "\"../data/hf\"", "\"..\"");
+	init_from_refused(d, "\"\"", "path");
 
-	/* Nothing but the first job got in. */
-	assert_int_equal(http_get(d, "/v1/jobs", &r), 0);
-	assert_int_equal(json_array_size(json_object_get(r.json, "jobs")), 1);
+	/* directories that hold no (complete) model: the detail names the
+	 * resolved path and what is missing */
+	snprintf(q, sizeof q, "%s/data/empty|config.json|state.json", d->root);
+	init_from_refused(d, "\"empty\"", q);
+	snprintf(q, sizeof q, "%s/data/half-hf|model.safetensors", d->root);
+	init_from_refused(d, "\"half-hf\"", q);
+	snprintf(q, sizeof q, "%s/data/cut-ckpt|DONE", d->root);
+	init_from_refused(d, "\"cut-ckpt\"", q);
+	init_from_refused(d, "{\"job\":\"" DONE_JOB "\",\"checkpoint\":20}", "ckpt-20|DONE");
+
+	/* job references that name nothing usable */
+	init_from_refused(d, "{\"job\":\"job-00000000000000ff\"}", "no job job-00000000000000ff");
+	refused_on(d, "{\"job\":\"nope\"}", "init_from.job", "job id");
+	refused_on(d, "{\"job\":5}", "init_from.job", "job id");
+	refused_on(d, "{}", "init_from.job", "job id");
+	init_from_refused(d, "{\"job\":\"" FAILED_JOB "\"}", FAILED_JOB "|failed");
+	init_from_refused(d, "{\"job\":\"" FAILED_JOB "\",\"checkpoint\":\"latest\"}",
+			  FAILED_JOB "|no complete checkpoint");
+	init_from_refused(d, "{\"job\":\"" DONE_JOB "\",\"checkpoint\":30}", "step 30|10, 20");
+	refused_on(d, "{\"job\":\"" DONE_JOB "\",\"checkpoint\":-1}", "init_from.checkpoint", "latest");
+	refused_on(d, "{\"job\":\"" DONE_JOB "\",\"checkpoint\":\"newest\"}", "init_from.checkpoint",
+		   "latest");
+	refused_on(d, "{\"job\":\"" DONE_JOB "\",\"step\":10}", "init_from.step", "unknown key");
+	snprintf(q, sizeof q, "\"%s/jobs/%s/export\"", d->state_dir, FAILED_JOB);
+	init_from_refused(d, q, "no such file");
+	submit_init_from_json(d, "5", &r); /* neither a path nor a job: jobspec's call */
+	check_problem(&r, 422, "invalid-spec", "init_from");
+	http_resp_free(&r);
+
+	/* Nothing but the accepted ones got in (plus the two seeded). */
+	assert_int_equal(http_get(d, "/v1/jobs?limit=100", &r), 0);
+	assert_int_equal(json_array_size(json_object_get(r.json, "jobs")), accepted + 2);
 	http_resp_free(&r);
 }
 

@@ -337,6 +337,118 @@ static void test_missing_dataset_refused(void **state)
 	http_resp_free(&r);
 }
 
+/* The "loss" logged at step of job id. */
+static double loss_at(const bertd *d, const char *id, long step)
+{
+	json_t *m = it_metrics_of(d, id);
+	double loss = -1;
+	size_t i;
+	json_t *row;
+	json_array_foreach(m, i, row)
+		if (json_integer_value(json_object_get(row, "step")) == step)
+			loss = json_number_value(json_object_get(row, "loss"));
+	json_decref(m);
+	if (loss < 0)
+		fail_msg("job %s logged no loss at step %ld", id, step);
+	return loss;
+}
+
+/* Submits SPEC on dataset "cased" with init_from (JSON text, "" for none)
+ * and returns the id; *resolved gets the path the API resolved it to. */
+static char *submit_cased(const bertd *d, const char *name, const char *init_from, char *resolved,
+			  size_t cap)
+{
+	char spec[2048];
+	const char *base = SPEC("NAME", "20", "1", "1", "");
+	const char *at = strstr(base, "NAME\",\"dataset\":\"shakes\"");
+	assert_non_null(at);
+	snprintf(spec, sizeof spec, "%.*s%s\",\"dataset\":\"cased\"%s%s%s", (int)(at - base), base,
+		 name, init_from[0] ? ",\"init_from\":" : "", init_from,
+		 at + strlen("NAME\",\"dataset\":\"shakes\""));
+	http_resp r;
+	assert_int_equal(http_post_json(d, "/v1/jobs", spec, &r), 0);
+	if (r.status != 201)
+		fail_msg("submit %s: status %ld: %s", name, r.status, r.body);
+	json_t *v = json_object_get(json_object_get(r.json, "spec"), "init_from");
+	snprintf(resolved, cap, "%s", json_is_string(v) ? json_string_value(v) : "");
+	char *id = strdup(it_jstr(r.json, "id"));
+	http_resp_free(&r);
+	return id;
+}
+
+/* A job starts from another finished job's weights: its HF export
+ * ({"job": id}), a given checkpoint and the latest one, and trains. The
+ * export carries the tokenizer files that make AutoTokenizer tokenize as the
+ * dataset was (cased here: do_lower_case false). */
+static void test_init_from_finished_job(void **state)
+{
+	fx *f = *state;
+	char path[1200], ref[256], got[1200];
+	if (it_add_dataset(&f->d, "{\"name\":\"cased\",\"source\":\"shakes.txt\",\"lowercase\":false,"
+				  "\"vocab\":{\"train\":{\"vocab_size\":400}}}"))
+		fail_msg("adding dataset \"cased\"");
+	it_wait_dataset_ready(&f->d, "cased", DEADLINE_S);
+	char *a = submit_cased(&f->d, "base", "", got, sizeof got);
+	json_t *ja = it_wait_job(&f->d, a, "completed|failed|canceled", DEADLINE_S);
+	it_assert_completed(&f->d, ja);
+	const char *export = it_jstr(ja, "model_dir");
+
+	/* the export's tokenizer files, as BertTokenizer.save_pretrained writes them */
+	snprintf(path, sizeof path, "%s/tokenizer_config.json", export);
+	json_t *tc = json_load_file(path, 0, NULL);
+	if (!tc)
+		fail_msg("%s is missing or not JSON", path);
+	assert_true(json_is_false(json_object_get(tc, "do_lower_case")));
+	assert_int_equal(json_integer_value(json_object_get(tc, "model_max_length")), 64);
+	assert_string_equal(it_jstr(tc, "tokenizer_class"), "BertTokenizer");
+	assert_string_equal(it_jstr(tc, "mask_token"), "[MASK]");
+	json_decref(tc);
+	snprintf(path, sizeof path, "%s/special_tokens_map.json", export);
+	json_t *sm = json_load_file(path, 0, NULL);
+	if (!sm)
+		fail_msg("%s is missing or not JSON", path);
+	assert_string_equal(it_jstr(sm, "cls_token"), "[CLS]");
+	json_decref(sm);
+
+	/* init_from each form; the API answers with the resolved path */
+	snprintf(ref, sizeof ref, "{\"job\":\"%s\"}", a);
+	char *b = submit_cased(&f->d, "from-export", ref, got, sizeof got);
+	char *real = realpath(export, NULL);
+	assert_non_null(real);
+	assert_string_equal(got, real);
+	free(real);
+	snprintf(ref, sizeof ref, "{\"job\":\"%s\",\"checkpoint\":10}", a);
+	char *c = submit_cased(&f->d, "from-ckpt-10", ref, got, sizeof got);
+	assert_non_null(strstr(got, "/checkpoints/ckpt-10"));
+	assert_non_null(strstr(got, a));
+	snprintf(ref, sizeof ref, "{\"job\":\"%s\",\"checkpoint\":\"latest\"}", a);
+	char *l = submit_cased(&f->d, "from-latest", ref, got, sizeof got);
+	assert_non_null(strstr(got, "/checkpoints/ckpt-20"));
+
+	/* Each trains from those weights: at step 5 it is below where the base
+	 * job was at step 5 from random weights (the same seed and data order,
+	 * so only the starting weights differ). */
+	double base5 = loss_at(&f->d, a, 5), base20 = loss_at(&f->d, a, 20), l5[3];
+	char *ids[] = {b, c, l};
+	for (int i = 0; i < 3; i++) {
+		json_t *j = it_wait_job(&f->d, ids[i], "completed|failed|canceled", DEADLINE_S);
+		it_assert_completed(&f->d, j);
+		json_decref(j);
+		l5[i] = loss_at(&f->d, ids[i], 5);
+		fprintf(stderr, "init_from %s: loss at step 5 %.4f (base job: %.4f at 5, %.4f at 20)\n",
+			i == 0 ? "export" : i == 1 ? "checkpoint 10" : "latest", l5[i], base5, base20);
+		if (!(l5[i] < base5))
+			fail_msg("job %s did not start from the base job's weights: loss %f at step 5, "
+				 "the base job had %f from random weights", ids[i], l5[i], base5);
+		free(ids[i]);
+	}
+	/* the export and the last checkpoint hold the same weights: the same
+	 * run from either is the same run */
+	assert_true(l5[0] == l5[2]);
+	json_decref(ja);
+	free(a);
+}
+
 /* A job queued by an older bertd, whose stored effective spec lacks keys
  * added since (here profiler.simulate_data_delay_ms), still runs: the
  * supervisor normalizes stored specs again, which only fills defaults. */
@@ -537,6 +649,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_max_runtime, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_two_at_once_third_waits, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_missing_dataset_refused, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_init_from_finished_job, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_sigterm_requeues, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_spec_from_older_bertd_runs, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_disk_full, setup, teardown),

@@ -2,6 +2,7 @@
  * root confinement, preparation run by the supervisor), /v1/devices, and a
  * job's metrics, checkpoints and logs sub-resources. One fresh daemon and
  * state dir per test. */
+#include <limits.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -73,6 +74,22 @@ static void expect_problem(const bertd *d, const char *body, long status, const 
 	http_resp_free(&r);
 }
 
+/* Posts body, expects a path problem on field whose detail holds the path
+ * as resolved (want) and names the configured data roots. */
+static void expect_path_detail(const fx *f, const char *body, long status, const char *field, const char *want)
+{
+	http_resp r;
+	assert_int_equal(http_post_json(&f->d, "/v1/datasets", body, &r), 0);
+	assert_int_equal(r.status, status);
+	assert_string_equal(it_jstr(r.json, "field"), field);
+	const char *detail = it_jstr(r.json, "detail");
+	char roots[200];
+	snprintf(roots, sizeof roots, "data_roots: %s", f->data);
+	if (!strstr(detail, want) || !strstr(detail, roots))
+		fail_msg("%s -> detail '%s' lacks '%s' or '%s'", body, detail, want, roots);
+	http_resp_free(&r);
+}
+
 static void test_dataset_validation(void **state)
 {
 	fx *f = *state;
@@ -98,6 +115,26 @@ static void test_dataset_validation(void **state)
 		       400, "malformed-json", NULL);
 	expect_problem(&f->d, "{\"name\":\"x\",\"source\":\"nope.txt\",\"vocab\":{\"train\":{\"vocab_size\":500}}}",
 		       422, "invalid-request", "source");
+	/* the details name the path as bertd resolved it and the data roots */
+	char want[512];
+	snprintf(want, sizeof want, "no such file or directory: %s/nope.txt", f->data);
+	expect_path_detail(f, "{\"name\":\"x\",\"source\":\"nope.txt\",\"vocab\":{\"train\":{\"vocab_size\":500}}}",
+			   422, "source", want);
+	snprintf(want, sizeof want, "no such file or directory: %s/pubmed/", f->data);
+	expect_path_detail(f, "{\"name\":\"x\",\"source\":\"pubmed/\",\"vocab\":{\"file\":\"v.txt\"}}", 422,
+			   "source", want);
+	snprintf(want, sizeof want, "no such file or directory: %s/bert-base-uncased-vocab.txt", f->data);
+	expect_path_detail(f, "{\"name\":\"x\",\"source\":\"corpus.txt\",\"vocab\":{\"file\":\"bert-base-uncased-vocab.txt\"}}",
+			   422, "vocab.file", want);
+	snprintf(want, sizeof want, "%s/secret.txt is outside the configured data_roots", f->outside);
+	snprintf(body, sizeof body, "{\"name\":\"x\",\"source\":\"%s/secret.txt\",\"vocab\":{\"train\":{\"vocab_size\":500}}}",
+		 f->outside);
+	expect_path_detail(f, body, 403, "source", want);
+	char real[PATH_MAX];
+	assert_non_null(realpath(target, real));
+	snprintf(want, sizeof want, "%s/link.txt resolves to %s, outside", f->data, real);
+	expect_path_detail(f, "{\"name\":\"x\",\"source\":\"link.txt\",\"vocab\":{\"train\":{\"vocab_size\":500}}}",
+			   403, "source", want);
 	expect_problem(&f->d, "{\"name\":\"x\",\"source\":\"corpus.txt\"}", 422, "invalid-request", "vocab");
 	expect_problem(&f->d, "{\"name\":\"x\",\"source\":\"corpus.txt\",\"vocab\":{\"file\":\"/etc/passwd\"}}", 403,
 		       "path-forbidden", "vocab.file");
@@ -150,7 +187,8 @@ static void test_dataset_prepare(void **state)
 	fx *f = *state;
 	char p[256];
 	snprintf(p, sizeof p, "%s/corpus.txt", f->data);
-	write_file(p, "Hello world.\nSecond sentence here.\n\nA new document starts.\nIt ends.\n");
+	const char *text = "Hello world.\nSecond sentence here.\n\nA new document starts.\nIt ends.\n";
+	write_file(p, text);
 	http_resp r;
 	assert_int_equal(http_post_json(&f->d, "/v1/datasets",
 					"{\"name\":\"tiny\",\"source\":\"corpus.txt\","
@@ -162,6 +200,7 @@ static void test_dataset_prepare(void **state)
 	char *id = strdup(it_jstr(r.json, "id"));
 	assert_string_equal(it_jstr(r.json, "name"), "tiny");
 	assert_string_equal(it_jstr(r.json, "state"), "preparing");
+	assert_string_equal(it_jstr(json_object_get(r.json, "progress"), "phase"), "starting");
 	json_t *req = json_object_get(r.json, "request");
 	assert_true(json_is_null(json_object_get(req, "lowercase"))); /* inferred */
 	assert_string_equal(json_string_value(json_object_get(req, "format")), "text");
@@ -181,6 +220,17 @@ static void test_dataset_prepare(void **state)
 	if (expect && strcmp(expect, "ready") == 0) {
 		assert_string_equal(it_jstr(done, "state"), "ready");
 		assert_true(json_is_object(json_object_get(done, "stats")));
+		/* issue #14: ready reads the corpus size once, complete; the
+		 * 12 words cannot fill 200 entries: the size reached is reported */
+		json_t *pg = json_object_get(done, "progress");
+		assert_string_equal(it_jstr(pg, "phase"), "done");
+		assert_int_equal(json_integer_value(json_object_get(pg, "bytes_done")), strlen(text));
+		assert_int_equal(json_integer_value(json_object_get(pg, "bytes_total")), strlen(text));
+		assert_true(json_real_value(json_object_get(pg, "fraction")) == 1.0);
+		json_t *stats = json_object_get(done, "stats");
+		json_int_t vs = json_integer_value(json_object_get(stats, "vocab_size"));
+		assert_true(vs > 5 && vs < 200);
+		assert_int_equal(json_integer_value(json_object_get(stats, "vocab_size_requested")), 200);
 	} else {
 		/* this build has no bertd-prepare: the supervisor must say so */
 		assert_string_equal(it_jstr(done, "state"), "failed");

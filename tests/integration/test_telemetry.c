@@ -7,7 +7,9 @@
  *   - the same job with 2 loaders reports the loader ring counters, and its
  *     verdict again follows from its own phases;
  *   - GET /metrics passes a strict text-format 0.0.4 parser written here,
- *     carries the running job's gauges and drops them once it finished.
+ *     carries the running job's gauges under the label job_id (never job),
+ *     its learning rate and gradient norm equal to those of the metrics row
+ *     of the scraped step, and drops them once it finished.
  *
  *   - a slow data source (profiler.simulate_data_delay_ms: every batch
  *     sleeps 100 ms before it is built, as if read from slow storage) makes
@@ -544,17 +546,42 @@ static void test_prometheus_metrics(void **state)
 	assert_non_null(strstr(ct, "text/plain; version=0.0.4"));
 	prom_parse(r.body, p);
 	http_resp_free(&r);
-	snprintf(key, sizeof key, "bertd_job_loss{job=\"%s\"}", id);
+	snprintf(key, sizeof key, "bertd_job_loss{job_id=\"%s\"}", id);
 	assert_true(has_series(p, key));
-	snprintf(key, sizeof key, "bertd_job_step_phase_seconds{job=\"%s\",phase=\"data_wait\"}", id);
+	snprintf(key, sizeof key, "bertd_job_step_phase_seconds{job_id=\"%s\",phase=\"data_wait\"}", id);
 	assert_true(has_series(p, key));
-	snprintf(key, sizeof key, "bertd_job_loader_wait_seconds{job=\"%s\",side=\"consumer\"}", id);
+	snprintf(key, sizeof key, "bertd_job_loader_wait_seconds{job_id=\"%s\",side=\"consumer\"}", id);
 	assert_true(has_series(p, key));
 	assert_true(has_series(p, "bertd_http_requests_total{code=\"200\"}"));
-	snprintf(key, sizeof key, "bertd_job_loader_cpu_ratio{job=\"%s\",loader=\"0\"}", id);
+	snprintf(key, sizeof key, "bertd_job_loader_cpu_ratio{job_id=\"%s\",loader=\"0\"}", id);
 	assert_true(has_series(p, key));
 	assert_true(has_series(p, "bertd_jobs_submitted_total"));
 	assert_true(has_series(p, "bertd_jobs{state=\"running\"}"));
+	/* no series carries a label named job: Prometheus sets that one on
+	 * every scraped series itself and would rename ours exported_job */
+	for (int k = 0; k < p->nseries; k++)
+		if (strstr(p->series[k], "{job=") || strstr(p->series[k], ",job="))
+			fail_msg("series labelled job: %s", p->series[k]);
+	/* learning rate and gradient norm: those of the metrics row the scrape
+	 * read, found by its step (the job keeps logging meanwhile) */
+	snprintf(key, sizeof key, "bertd_job_step{job_id=\"%s\"}", id);
+	double scraped_step = series_value(p, key);
+	snprintf(key, sizeof key, "bertd_job_learning_rate{job_id=\"%s\"}", id);
+	double scraped_lr = series_value(p, key);
+	snprintf(key, sizeof key, "bertd_job_grad_norm{job_id=\"%s\"}", id);
+	double scraped_gn = series_value(p, key);
+	snprintf(path, sizeof path, "/v1/jobs/%s/metrics?since_step=%.0f&limit=1", id, scraped_step - 1);
+	json_t *m = it_get_json(&f->d, path);
+	json_t *row = json_array_get(json_object_get(m, "metrics"), 0);
+	assert_non_null(row);
+	assert_true(num(row, "step") == scraped_step);
+	double lr = num(row, "learning_rate"), gn = num(row, "grad_norm");
+	assert_true(lr > 0 && gn > 0); /* a real step: 5e-5 decaying linearly, a nonzero gradient */
+	if (fabs(scraped_lr - lr) > 1e-12 * lr || fabs(scraped_gn - gn) > 1e-12 * gn)
+		fail_msg("step %.0f: /metrics lr %.17g grad_norm %.17g, the job's row %.17g %.17g", scraped_step,
+			 scraped_lr, scraped_gn, lr, gn);
+	json_decref(m);
+	snprintf(path, sizeof path, "/v1/jobs/%s", id);
 
 	/* without the token: 401, like every route but healthz */
 	assert_int_equal(http_do(&f->d, "GET", "/metrics", NULL, 0, NULL, H_NO_AUTH, &r), 0);
@@ -566,7 +593,7 @@ static void test_prometheus_metrics(void **state)
 	assert_int_equal(http_get(&f->d, "/metrics", &r), 0);
 	prom_parse(r.body, p);
 	http_resp_free(&r);
-	snprintf(key, sizeof key, "bertd_job_loss{job=\"%s\"}", id);
+	snprintf(key, sizeof key, "bertd_job_loss{job_id=\"%s\"}", id);
 	assert_false(has_series(p, key));
 	/* this daemon's cancels so far: only this job's (the others completed) */
 	assert_true(series_value(p, "bertd_jobs_finished_total{result=\"canceled\"}") == 1);

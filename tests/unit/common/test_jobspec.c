@@ -189,7 +189,7 @@ static void test_minimal_gets_every_default(void **state)
 	static const char *const ta[] = {"per_device_train_batch_size",
 		"gradient_accumulation_steps", "learning_rate", "lr_scheduler_type", "warmup_steps",
 		"warmup_ratio", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon",
-		"max_grad_norm", "max_steps", "max_seq_length", "optim", "bf16", "fp16", "seed",
+		"max_grad_norm", "num_train_epochs", "max_steps", "max_seq_length", "optim", "bf16", "fp16", "seed",
 		"logging_steps", "save_steps", "save_total_limit", "dataloader_num_workers",
 		"dataloader_pin_memory", "ddp_reduce_dtype"};
 	expect_keys(json_object_get(o, "training_args"), ta, sizeof ta / sizeof ta[0]);
@@ -227,6 +227,8 @@ static void test_minimal_gets_every_default(void **state)
 	assert_true(getd(o, "training_args", "adam_beta2") == 0.999);
 	assert_true(getd(o, "training_args", "adam_epsilon") == 1e-8);
 	assert_true(getd(o, "training_args", "max_grad_norm") == 1.0);
+	/* bertd's own: HF trains 3 epochs (max_steps -1, num_train_epochs 3.0) */
+	assert_true(json_is_null(get(o, "training_args", "num_train_epochs")));
 	assert_int_equal(geti(o, "training_args", "max_steps"), 1000);
 	assert_int_equal(geti(o, "training_args", "max_seq_length"), 128);
 	assert_string_equal(gets_(o, "training_args", "optim"), "adamw");
@@ -326,7 +328,7 @@ static void test_normalized_spellings(void **state)
 	assert_string_equal(gets_(o, NULL, "init_from"), "/data/ckpt/..x/ckpt-100");
 	assert_string_equal(gets_(o, NULL, "name"), "A-b_c.1");
 	json_decref(o);
-	o = normalize_ok("{\"dataset\":\"d\",\"training_args\":{\"optim\":\"adamw_hf\"}}");
+	o = normalize_ok("{\"dataset\":\"d\",\"training_args\":{\"optim\":\"adamw_torch_fused\"}}");
 	assert_string_equal(gets_(o, "training_args", "optim"), "adamw");
 	json_decref(o);
 	o = normalize_ok("{\"dataset\":\"d\",\"training_args\":{\"optim\":\"lamb\"},"
@@ -828,6 +830,9 @@ static void test_docs_document_every_key(void **state)
 		char *end = strchr(line + 3, '`');
 		assert_non_null(end);
 		*end = '\0';
+		/* only key rows: other tables start with a quoted value or an object */
+		if (strspn(line + 3, "abcdefghijklmnopqrstuvwxyz_.0123456789") != strlen(line + 3))
+			continue;
 		assert_true(nd < 128);
 		snprintf(doc[nd++], 96, "%.95s", line + 3);
 	}
@@ -852,6 +857,219 @@ static void test_docs_document_every_key(void **state)
 	assert_int_equal(nd, nc);
 }
 
+/* HF's run length: max_steps -1 trains num_train_epochs passes (3.0 when
+ * not given); max_steps > 0 wins; only num_train_epochs given means epochs.
+ * The expected step counts are worked by hand from the documented estimate
+ * (docs/jobspec.md "Training by epochs"). */
+static void test_train_by_epochs(void **state)
+{
+	(void)state;
+	/* 1e6 tokens in 50000 sentences (20 each), T 128, short_seq_prob 0.1:
+	 * room 126, mean target 0.9*126 + 0.1*(2+126)/2 = 119.8, minus half a
+	 * sentence = 109.8 tokens a sample: ceil(1e6/109.8) = 9108 sequences. */
+	jobspec_epoch_source src = {.tokens = 1000000, .sentences = 50000};
+	assert_true(jobspec_estimate_sequences(&src, 128, false, 0.1) == 9108.0);
+	jobspec_error err;
+
+	json_t *o = normalize_ok("{\"dataset\":\"d\",\"training_args\":{\"num_train_epochs\":2}}");
+	assert_int_equal(geti(o, "training_args", "max_steps"), -1);
+	assert_true(getd(o, "training_args", "num_train_epochs") == 2.0);
+	jobspec s;
+	assert_int_equal(jobspec_from_json(o, &s, &err), -EINVAL); /* a worker never sees -1 */
+	assert_string_equal(err.field, "training_args.max_steps");
+	assert_int_equal(jobspec_resolve_epochs(o, &src, &err), 0);
+	assert_int_equal(geti(o, "training_args", "max_steps"), 2277); /* ceil(2*9108/8) */
+	assert_int_equal(jobspec_from_json(o, &s, &err), 0); /* resolved = effective */
+	assert_int_equal(s.training.max_steps, 2277);
+	assert_true(s.training.num_train_epochs == 2.0);
+	json_decref(o);
+
+	/* max_steps -1 alone: HF's 3 epochs; 2 GPUs x 8 x 4 micro-steps = 64 a step */
+	o = normalize_ok("{\"dataset\":\"d\",\"training_args\":{\"max_steps\":-1,"
+			 "\"gradient_accumulation_steps\":4},\"resources\":{\"gpus\":2}}");
+	assert_true(getd(o, "training_args", "num_train_epochs") == 3.0);
+	assert_int_equal(jobspec_resolve_epochs(o, &src, &err), 0);
+	assert_int_equal(geti(o, "training_args", "max_steps"), 427); /* ceil(3*9108/64) */
+	json_decref(o);
+
+	/* max_steps > 0 overrides, as in HF; resolving changes nothing */
+	o = normalize_ok("{\"dataset\":\"d\",\"training_args\":{\"max_steps\":500,"
+			 "\"num_train_epochs\":2}}");
+	assert_int_equal(jobspec_resolve_epochs(o, NULL, &err), 0);
+	assert_int_equal(geti(o, "training_args", "max_steps"), 500);
+	assert_true(getd(o, "training_args", "num_train_epochs") == 2.0);
+	json_decref(o);
+
+	/* no token count yet (dataset preparing): refused, spec untouched */
+	o = normalize_ok("{\"dataset\":\"d\",\"training_args\":{\"max_steps\":-1}}");
+	jobspec_epoch_source none = {0};
+	assert_int_equal(jobspec_resolve_epochs(o, &none, &err), -EINVAL);
+	assert_int_equal(err.status, 422);
+	assert_string_equal(err.field, "training_args.num_train_epochs");
+	assert_int_equal(geti(o, "training_args", "max_steps"), -1);
+	json_decref(o);
+
+	/* warmup longer than the resolved run */
+	o = normalize_ok("{\"dataset\":\"d\",\"training_args\":{\"num_train_epochs\":1,"
+			 "\"warmup_steps\":5000}}");
+	assert_int_equal(jobspec_resolve_epochs(o, &src, &err), -EINVAL);
+	assert_string_equal(err.field, "training_args.warmup_steps");
+	assert_int_equal(geti(o, "training_args", "max_steps"), -1);
+	json_decref(o);
+
+	/* sentences longer than a sample: one sample each */
+	jobspec_epoch_source longs = {.tokens = 1000, .sentences = 5};
+	assert_true(jobspec_estimate_sequences(&longs, 128, false, 0.0) == 5.0);
+	/* NSP keeps one more [SEP]: room 125, no short targets, 1 token sentences:
+	 * ceil(1000 / (125 - 0.5)) = 9 */
+	jobspec_epoch_source ones = {.tokens = 1000, .sentences = 1000};
+	assert_true(jobspec_estimate_sequences(&ones, 128, true, 0.0) == 9.0);
+
+	check_idempotent("{\"dataset\":\"x\",\"training_args\":{\"num_train_epochs\":0.5}}");
+	check_idempotent("{\"dataset\":\"x\",\"training_args\":{\"max_steps\":-1}}");
+	expect_bad("{\"dataset\":\"x\",\"training_args\":{\"num_train_epochs\":0}}", 422,
+		   "training_args.num_train_epochs");
+	expect_bad("{\"dataset\":\"x\",\"training_args\":{\"num_train_epochs\":\"3\"}}", 422,
+		   "training_args.num_train_epochs");
+	expect_bad("{\"dataset\":\"x\",\"training_args\":{\"max_steps\":-2}}", 422,
+		   "training_args.max_steps");
+}
+
+/* TrainingArguments.optim: the torch AdamW spellings are accepted; the rest
+ * of HF's optimizers are refused with a sentence naming what is accepted
+ * (and never the submitted value). */
+static void test_optim_hf_names(void **state)
+{
+	(void)state;
+	static const char *const refused[] = {"adamw_hf", "sgd", "adafactor", "adamw_bnb_8bit", "xyz"};
+	for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+		char text[160];
+		snprintf(text, sizeof text, "{\"dataset\":\"x\",\"training_args\":{\"optim\":\"%s\"}}",
+			 refused[i]);
+		json_t *in = parse(text), *out = NULL;
+		jobspec_error err;
+		assert_int_equal(jobspec_normalize(in, &out, &err), -EINVAL);
+		assert_int_equal(err.status, 422);
+		assert_string_equal(err.field, "training_args.optim");
+		assert_non_null(strstr(err.detail, "adamw_torch"));
+		assert_non_null(strstr(err.detail, "lamb"));
+		assert_null(strstr(err.detail, refused[i]));
+		/* HF's names get told why; an unknown word just the choices */
+		assert_true((strstr(err.detail, "does not implement") != NULL) == (i < 4));
+		json_decref(in);
+	}
+}
+
+/* init_from as a job reference: shape only (the API resolves it), and a
+ * worker never reads an unresolved one. */
+static void test_init_from_job(void **state)
+{
+	(void)state;
+	json_t *o = normalize_ok("{\"dataset\":\"d\",\"init_from\":{\"job\":\"job-0123456789abcdef\"}}");
+	json_t *want = parse("{\"job\":\"job-0123456789abcdef\"}"); /* its HF export */
+	assert_true(json_equal(get(o, NULL, "init_from"), want));
+	json_decref(want);
+	jobspec s;
+	jobspec_error err;
+	assert_int_equal(jobspec_from_json(o, &s, &err), -EINVAL);
+	assert_string_equal(err.field, "init_from");
+	json_decref(o);
+	o = normalize_ok("{\"dataset\":\"d\",\"init_from\":{\"job\":\"job-00000000000000ff\",\"checkpoint\":2000}}");
+	assert_int_equal(json_integer_value(json_object_get(get(o, NULL, "init_from"), "checkpoint")), 2000);
+	json_decref(o);
+	check_idempotent("{\"dataset\":\"d\",\"init_from\":{\"job\":\"job-00000000000000ff\",\"checkpoint\":\"latest\"}}");
+	check_idempotent("{\"dataset\":\"d\",\"init_from\":{\"job\":\"job-00000000000000ff\",\"checkpoint\":0}}");
+	expect_bad("{\"dataset\":\"d\",\"init_from\":{}}", 422, "init_from.job");
+	expect_bad("{\"dataset\":\"d\",\"init_from\":{\"job\":\"../x\"}}", 422, "init_from.job");
+	expect_bad("{\"dataset\":\"d\",\"init_from\":{\"job\":\"pubmed-base\"}}", 422, "init_from.job");
+	expect_bad("{\"dataset\":\"d\",\"init_from\":{\"job\":\"job-0123456789ABCDEF\"}}", 422,
+		   "init_from.job");
+	expect_bad("{\"dataset\":\"d\",\"init_from\":{\"job\":7}}", 422, "init_from.job");
+	expect_bad("{\"dataset\":\"d\",\"init_from\":{\"job\":\"job-00000000000000ff\",\"checkpoint\":-1}}", 422,
+		   "init_from.checkpoint");
+	expect_bad("{\"dataset\":\"d\",\"init_from\":{\"job\":\"job-00000000000000ff\",\"checkpoint\":\"first\"}}", 422,
+		   "init_from.checkpoint");
+	expect_bad("{\"dataset\":\"d\",\"init_from\":{\"job\":\"job-00000000000000ff\",\"checkpoint\":1.0}}", 422,
+		   "init_from.checkpoint");
+	expect_bad("{\"dataset\":\"d\",\"init_from\":{\"job\":\"job-00000000000000ff\",\"path\":\"/x\"}}", 422,
+		   "init_from.path");
+	expect_bad("{\"dataset\":\"d\",\"init_from\":[\"/x\"]}", 422, "init_from");
+}
+
+/* Names the first path where a and b differ (for a message a person can act on). */
+static bool schema_diff(json_t *a, json_t *b, char *path, size_t cap)
+{
+	if (json_is_object(a) && json_is_object(b)) {
+		const char *k;
+		json_t *v;
+		size_t n = strlen(path);
+		json_object_foreach(a, k, v) {
+			snprintf(path + n, cap - n, "/%s", k);
+			json_t *w = json_object_get(b, k);
+			if (!w || schema_diff(v, w, path, cap))
+				return true;
+		}
+		json_object_foreach(b, k, v) {
+			snprintf(path + n, cap - n, "/%s", k);
+			if (!json_object_get(a, k))
+				return true;
+		}
+		path[n] = '\0';
+		return false;
+	}
+	return !json_equal(a, b);
+}
+
+/* docs/openapi.yaml's JobSpecInput is the table's schema: a key added to
+ * common/jobspec.c (or a bound, default or choice changed) and not to the
+ * doc fails here. The doc writes it as JSON, which is YAML too; the block is
+ * the indented lines under "    JobSpecInput:". */
+static void test_openapi_matches_table(void **state)
+{
+	(void)state;
+	const char *root = getenv("BERTD_SOURCE_ROOT");
+	if (!root)
+		skip();
+	char path[4096];
+	snprintf(path, sizeof path, "%s/docs/openapi.yaml", root);
+	FILE *f = fopen(path, "r");
+	assert_non_null(f);
+	static char block[1 << 16];
+	size_t used = 0;
+	char line[4096];
+	bool in = false, seen = false;
+	while (fgets(line, sizeof line, f)) {
+		if (!in) {
+			in = seen = strcmp(line, "    JobSpecInput:\n") == 0;
+			continue;
+		}
+		size_t ind = strspn(line, " ");
+		if (line[ind] != '\n' && ind <= 4)
+			break;
+		size_t n = strlen(line);
+		assert_true(used + n < sizeof block);
+		memcpy(block + used, line, n);
+		used += n;
+	}
+	fclose(f);
+	if (!seen)
+		fail_msg("docs/openapi.yaml has no \"    JobSpecInput:\" line");
+	block[used] = '\0';
+	json_error_t e;
+	json_t *doc = json_loads(block, 0, &e);
+	if (!doc)
+		fail_msg("docs/openapi.yaml JobSpecInput is not the generated JSON (line %d: %s); "
+			 "regenerate it with jobspec-schema", e.line, e.text);
+	json_t *gen = jobspec_schema();
+	assert_non_null(gen);
+	char where[512] = "";
+	if (schema_diff(gen, doc, where, sizeof where))
+		fail_msg("docs/openapi.yaml JobSpecInput differs from common/jobspec.c's table at %s; "
+			 "regenerate it: build/tests/unit/common/jobspec-schema", where[0] ? where : "/");
+	json_decref(gen);
+	json_decref(doc);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -866,6 +1084,10 @@ int main(void)
 		cmocka_unit_test(test_from_json),
 		cmocka_unit_test(test_hostile_input),
 		cmocka_unit_test(test_docs_document_every_key),
+		cmocka_unit_test(test_train_by_epochs),
+		cmocka_unit_test(test_optim_hf_names),
+		cmocka_unit_test(test_init_from_job),
+		cmocka_unit_test(test_openapi_matches_table),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -430,6 +430,28 @@ static void test_helper_env(void **state)
 	free(ce);
 }
 
+/* stall_timeout_s: 300 by default, set like any key, bounds enforced. */
+static void test_stall_timeout(void **state)
+{
+	(void)state;
+	config c;
+	char errbuf[512] = "";
+	char *argv[] = {"bertd", "--config", "/dev/null", NULL};
+	char *envp[] = {NULL};
+	assert_int_equal(load(&c, 3, argv, envp, errbuf, sizeof errbuf), 0);
+	assert_int_equal(c.stall_timeout_s, 300);
+	char *argv2[] = {"bertd", "--config", "/dev/null", "--stall-timeout-s", "3", NULL};
+	assert_int_equal(load(&c, 5, argv2, envp, errbuf, sizeof errbuf), 0);
+	assert_int_equal(c.stall_timeout_s, 3);
+	char *envp2[] = {"BERTD_STALL_TIMEOUT_S=45", NULL};
+	assert_int_equal(load(&c, 3, argv, envp2, errbuf, sizeof errbuf), 0);
+	assert_int_equal(c.stall_timeout_s, 45);
+	char *argv3[] = {"bertd", "--config", "/dev/null", "--stall-timeout-s", "0", NULL};
+	memset(errbuf, 0, sizeof errbuf);
+	assert_int_equal(load(&c, 5, argv3, envp, errbuf, sizeof errbuf), -EINVAL);
+	assert_non_null(strstr(errbuf, "stall_timeout_s"));
+}
+
 /* The shipped example config must parse and must mention every key. */
 static void test_example_conf(void **state)
 {
@@ -464,6 +486,39 @@ static void test_example_conf(void **state)
 	}
 }
 
+/* Data roots are checked, not required: each problem is one line naming
+ * the root, and the errno says which problem it is. */
+static void test_root_check(void **state)
+{
+	(void)state;
+	char dir[300], missing[300], file[300], why[1400];
+	snprintf(dir, sizeof dir, "%s/root", tmpdir);
+	snprintf(missing, sizeof missing, "%s/absent", tmpdir);
+	snprintf(file, sizeof file, "%s/plain", tmpdir);
+	assert_int_equal(mkdir(dir, 0700), 0);
+	write_file(file, "x");
+
+	strcpy(why, "stale");
+	assert_int_equal(config_root_check(dir, true, why, sizeof why), 0);
+	assert_string_equal(why, "");
+	assert_int_equal(config_root_check(missing, false, why, sizeof why), -ENOENT);
+	assert_non_null(strstr(why, missing));
+	assert_non_null(strstr(why, "does not exist"));
+	assert_int_equal(config_root_check(file, false, why, sizeof why), -ENOTDIR);
+	assert_non_null(strstr(why, file));
+
+	/* Only the first root (need_write) must be writable; root ignores
+	 * mode bits, so that half needs an unprivileged user. */
+	assert_int_equal(chmod(dir, 0500), 0);
+	assert_int_equal(config_root_check(dir, false, why, sizeof why), 0);
+	if (geteuid() != 0) {
+		assert_int_equal(config_root_check(dir, true, why, sizeof why), -EACCES);
+		assert_non_null(strstr(why, dir));
+		assert_non_null(strstr(why, "not writable"));
+	}
+	assert_int_equal(chmod(dir, 0700), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -473,11 +528,13 @@ int main(void)
 		cmocka_unit_test(test_errors_name_source),
 		cmocka_unit_test(test_help_lists_every_key),
 		cmocka_unit_test(test_token),
+		cmocka_unit_test(test_stall_timeout),
 		cmocka_unit_test(test_example_conf),
 		cmocka_unit_test(test_pass_env_key),
 		cmocka_unit_test(test_pass_env_matching),
 		cmocka_unit_test(test_worker_env),
 		cmocka_unit_test(test_helper_env),
+		cmocka_unit_test(test_root_check),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -306,6 +306,50 @@ static void test_checkpoint_stall(void **state)
 	assert_int_equal(rep.r[DIAG_CHECKPOINT_STALL].status, DIAG_NO_DATA);
 }
 
+/* The stall watch's suspect (store_job.stall_json): named once silent past
+ * max_share_of_limit of the limit, first in the summary; a healthy job with
+ * nobody suspected is ok; a job not running says no_data. */
+static void test_stalled(void **state)
+{
+	(void)state;
+	diag_job job = cpu_job();
+	diag_sample s[N];
+	healthy(s, N);
+	diag_report rep = run(&job, s, N);
+	assert_int_equal(rep.r[DIAG_STALLED].status, DIAG_OK);
+
+	char text[160];
+	snprintf(text, sizeof text, "{\"rank\":1,\"since_ms\":%lld,\"limit_s\":300,\"stopped\":true}",
+		 (long long)(job.now_ms - 200000));
+	diag_job_stall_from_json(&job, text);
+	assert_true(job.stall);
+	assert_int_equal(job.stall_rank, 1);
+	rep = run(&job, s, N);
+	assert_int_equal(rep.r[DIAG_STALLED].status, DIAG_ISSUE);
+	assert_double_equal(rep.r[DIAG_STALLED].value, 200.0 / 300.0, 1e-9);
+	assert_non_null(strstr(rep.r[DIAG_STALLED].detail, "rank 1 has reported nothing for 200 s"));
+	assert_non_null(strstr(rep.r[DIAG_STALLED].detail, "stopped"));
+	assert_non_null(strstr(rep.r[DIAG_STALLED].remedy, "stall_timeout_s"));
+	assert_non_null(strstr(rep.summary, "stalled: rank 1"));
+	/* the same rank, silent for less than half the limit: ok */
+	job.now_ms = job.stall_since_ms + 100000;
+	rep = run(&job, s, N);
+	assert_int_equal(rep.r[DIAG_STALLED].status, DIAG_OK);
+	/* not running: nothing to judge */
+	job.running = false;
+	rep = run(&job, s, N);
+	assert_int_equal(rep.r[DIAG_STALLED].status, DIAG_NO_DATA);
+	/* NULL and malformed text: nobody suspected */
+	diag_job_stall_from_json(&job, NULL);
+	assert_false(job.stall);
+	diag_job_stall_from_json(&job, "{\"rank\":\"one\",\"since_ms\":1,\"limit_s\":300}");
+	assert_false(job.stall);
+	diag_job_stall_from_json(&job, "{\"rank\":0,\"since_ms\":1,\"limit_s\":0}");
+	assert_false(job.stall);
+	diag_job_stall_from_json(&job, "not json");
+	assert_false(job.stall);
+}
+
 static void test_slow_start(void **state)
 {
 	(void)state;
@@ -578,6 +622,7 @@ int main(void)
 		cmocka_unit_test(test_straggler),
 		cmocka_unit_test(test_checkpoint_stall),
 		cmocka_unit_test(test_slow_start),
+		cmocka_unit_test(test_stalled),
 		cmocka_unit_test(test_window_uses_latest),
 		cmocka_unit_test(test_config_parse_errors),
 		cmocka_unit_test(test_sample_from_json_and_report),

@@ -392,6 +392,23 @@ static void test_insert_get(void **state)
 	assert_string_equal(j.devices_json, "[{\"kind\":\"cpu\"}]");
 	store_job_free(&j);
 	assert_int_equal(store_job_set_devices(f->s, "job-nope", "[]"), -ENOENT);
+
+	/* the stall watch's suspect (migration 4): set, read back, cleared */
+	assert_int_equal(store_job_get(f->s, "job-0000000000000001", &j), 0);
+	assert_null(j.stall_json);
+	int64_t updated = j.updated_ms;
+	store_job_free(&j);
+	assert_int_equal(store_job_set_stall(f->s, "job-0000000000000001", "{\"rank\":1}"), 0);
+	assert_int_equal(store_job_get(f->s, "job-0000000000000001", &j), 0);
+	assert_string_equal(j.stall_json, "{\"rank\":1}");
+	assert_true(j.updated_ms == updated); /* an observation, not a change of the job */
+	store_job_free(&j);
+	assert_int_equal(store_job_set_stall(f->s, "job-0000000000000001", NULL), 0);
+	assert_int_equal(store_job_get(f->s, "job-0000000000000001", &j), 0);
+	assert_null(j.stall_json);
+	store_job_free(&j);
+	assert_int_equal(store_job_set_stall(f->s, "job-nope", NULL), -ENOENT);
+	assert_int_equal(store_job_set_stall(f->s, NULL, NULL), -EINVAL);
 }
 
 static void test_list_paging(void **state)
@@ -820,6 +837,17 @@ static void test_datasets(void **state)
 	assert_null(g.stats_json);
 	assert_null(g.error);
 	assert_true(g.created_ms > 0);
+	assert_string_equal(g.phase, "starting"); /* nothing reported yet */
+	assert_true(g.fraction == 0.0);
+	store_dataset_free(&g);
+	/* phase and fraction of the whole preparation (issue #14) */
+	assert_int_equal(store_dataset_phase(f->s, "ds-0000000000000001", "vocab", 0.25), 0);
+	assert_int_equal(store_dataset_phase(f->s, "ds-0000000000000001", "vocab", 1.5), -EINVAL);
+	assert_int_equal(store_dataset_phase(f->s, "ds-0000000000000001", NULL, 0.5), -EINVAL);
+	assert_int_equal(store_dataset_phase(f->s, "ds-none", "vocab", 0.5), -ENOENT);
+	assert_int_equal(store_dataset_get(f->s, "ds-0000000000000001", &g), 0);
+	assert_string_equal(g.phase, "vocab");
+	assert_true(g.fraction == 0.25);
 	store_dataset_free(&g);
 
 	assert_int_equal(store_dataset_progress(f->s, "ds-0000000000000001", 500, 1000, NULL), 0);
@@ -846,6 +874,7 @@ static void test_datasets(void **state)
 	assert_string_equal(g.stats_json, "{\"documents\":3}");
 	store_dataset_free(&g);
 	assert_int_equal(store_dataset_progress(f->s, "ds-0000000000000001", 1, 1, NULL), -EBUSY);
+	assert_int_equal(store_dataset_phase(f->s, "ds-0000000000000001", "tokenize", 1.0), -EBUSY);
 	assert_int_equal(store_dataset_finish(f->s, "ds-0000000000000001", DATASET_FAILED, "x", NULL),
 			 -EBUSY);
 

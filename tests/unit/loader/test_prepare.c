@@ -373,30 +373,52 @@ static void train_vocab(const char *corpus, long long bytes, const char *out1, c
 	o.out_dir = path(out1);
 	assert_int_equal(run_prep(&o, &err, &s), 0);
 	close(pfd[1]);
-	/* progress over both passes only grows, and ends complete */
+	/* progress (issue #14): bytes_total is the corpus once; bytes_done runs
+	 * 0..bytes_total in each phase, vocab then tokenize; fraction only grows
+	 * over the whole run, the vocab pass its first half, and ends at 1 */
 	char buf[1 << 16];
 	ssize_t n = read(pfd[0], buf, sizeof buf - 1);
 	close(pfd[0]);
 	assert_true(n > 0);
 	buf[n] = '\0';
-	long long prev = -1, done = 0, total = 0;
-	int phases = 0;
+	long long done = 0, total = 0, prev_done = -1;
+	double frac = 0, prev_frac = -1;
+	const char *prev_phase = "vocab";
+	int lines[2] = {0, 0}; /* vocab, tokenize */
 	for (char *l = strtok(buf, "\n"); l; l = strtok(NULL, "\n")) {
 		json_error_t je;
 		json_t *j = json_loads(l, 0, &je);
 		assert_non_null(j);
+		const char *phase = json_string_value(json_object_get(j, "phase"));
+		assert_non_null(phase);
+		bool tok = strcmp(phase, "tokenize") == 0;
+		if (!tok)
+			assert_string_equal(phase, "vocab");
+		if (tok && strcmp(prev_phase, "vocab") == 0)
+			prev_done = -1; /* a new pass reads the corpus again */
+		assert_false(!tok && strcmp(prev_phase, "tokenize") == 0); /* vocab only first */
+		prev_phase = tok ? "tokenize" : "vocab";
+		lines[tok]++;
 		done = json_integer_value(json_object_get(j, "bytes_done"));
 		total = json_integer_value(json_object_get(j, "bytes_total"));
-		assert_true(done >= prev);
-		prev = done;
-		phases |= strcmp(json_string_value(json_object_get(j, "phase")), "count") ? 2 : 1;
+		frac = json_real_value(json_object_get(j, "fraction"));
+		assert_int_equal(total, bytes);
+		assert_true(done >= prev_done && done <= total);
+		assert_true(frac >= prev_frac);
+		assert_true(tok ? frac >= 0.5 && frac <= 1.0 : frac <= 0.5);
+		if (!tok && done == total)
+			assert_true(frac == 0.5); /* the vocab pass ends at half */
+		prev_done = done;
+		prev_frac = frac;
 		json_decref(j);
 	}
-	assert_int_equal(phases, 3);
-	assert_int_equal(total, 2 * bytes);
-	assert_int_equal(done, total);
+	assert_true(lines[0] >= 1 && lines[1] >= 1);
+	assert_string_equal(prev_phase, "tokenize");
+	assert_int_equal(done, bytes);
+	assert_true(frac == 1.0);
 	assert_true(s.vocab_trained);
 	assert_int_equal(s.vocab_size, 3000);
+	assert_int_equal(s.vocab_size_requested, 3000);
 	fprintf(stderr, "trained 3000 on %s: %llu tokens, unk rate %.5f%%\n", corpus,
 		(unsigned long long)s.tokens, 100.0 * (double)s.unk / (double)s.tokens);
 	assert_true((double)s.unk / (double)s.tokens < 0.001);
@@ -429,6 +451,54 @@ static void test_train_vocab(void **state)
 	char corpus[1024];
 	if (testdata_shared(corpus, sizeof corpus, "tinyshakespeare.txt", "prepare vocab training on tinyshakespeare"))
 		train_vocab(corpus, 1115394, "vs1", "vs2");
+}
+
+/* A corpus too small for the vocab asked for (issue #14): not an error; the
+ * vocab has every word as one entry, and the summary (what the dataset
+ * resource shows as stats) says the size reached and the size asked. */
+static void test_train_vocab_small_corpus(void **state)
+{
+	(void)state;
+	/* words: hello x2, world x2, help x1; alphabet d e h l o p r w (8) */
+	put("small.txt", "hello world\nhello world help\n", 29);
+	const char *in[] = {path("small.txt")};
+	prepare_opts o = {.inputs = in, .n_inputs = 1, .out_dir = path("small"),
+			  .train_vocab_size = 1000, .lowercase = 1, .threads = 1, .progress_fd = -1};
+	prepare_summary s;
+	enum prepare_error err;
+	assert_int_equal(run_prep(&o, &err, &s), 0);
+	assert_true(s.vocab_trained);
+	assert_int_equal(s.vocab_size_requested, 1000);
+	/* 5 specials + 8 + 8 "##" characters, then merges until each word is one
+	 * piece (by hand: h ##e and ##e ##l occur 3 times, ties to the smaller
+	 * string): ##el, hel, ##ld, ##lo, ##or, ##orld, hello, world, then help
+	 * (count 1) = 30 */
+	assert_int_equal(s.vocab_size, 30);
+	size_t n;
+	char *v = slurp_file(path("small/vocab.txt"), &n);
+	size_t lines = 0;
+	for (size_t i = 0; i < n; i++)
+		lines += v[i] == '\n';
+	assert_int_equal(lines, 30);
+	assert_non_null(strstr(v, "\nhello\n"));
+	assert_non_null(strstr(v, "\nworld\n"));
+	assert_non_null(strstr(v, "\nhelp\n"));
+	free(v);
+	json_t *j = prepare_summary_json(&s, path("small"));
+	assert_int_equal(json_integer_value(json_object_get(j, "vocab_size")), 30);
+	assert_int_equal(json_integer_value(json_object_get(j, "vocab_size_requested")), 1000);
+	json_decref(j);
+	assert_int_equal(s.unk, 0);
+	assert_int_equal(s.tokens, 5); /* hello world hello world help */
+	/* a given vocab has no requested size */
+	put("vocab.txt", VOCAB, strlen(VOCAB));
+	o = (prepare_opts){.inputs = in, .n_inputs = 1, .out_dir = path("small2"),
+			   .vocab_path = path("vocab.txt"), .lowercase = 1, .threads = 1,
+			   .progress_fd = -1};
+	assert_int_equal(run_prep(&o, &err, &s), 0);
+	j = prepare_summary_json(&s, path("small2"));
+	assert_true(json_is_null(json_object_get(j, "vocab_size_requested")));
+	json_decref(j);
 }
 
 static void test_bad_inputs(void **state)
@@ -599,6 +669,7 @@ int main(void)
 		cmocka_unit_test(test_jsonl),
 		cmocka_unit_test(test_threads_and_shards),
 		cmocka_unit_test(test_train_vocab),
+		cmocka_unit_test(test_train_vocab_small_corpus),
 		cmocka_unit_test(test_bad_inputs),
 		cmocka_unit_test(test_cli),
 	};

@@ -1,0 +1,498 @@
+/* Nothing hangs, nothing is lost (issue #15), on the CPU backend with the
+ * real daemon, workers and loaders:
+ *   - a daemon drained (SIGTERM) before the job's first periodic checkpoint
+ *     records the workers' stop checkpoint; the next daemon resumes from it
+ *     (step > 0) and the export is bit-identical to an uninterrupted run;
+ *   - a complete checkpoint whose record was lost (as a daemon that stopped
+ *     reading while it drained lost it) is found in the job directory;
+ *   - a truncated newest checkpoint is skipped with an event and the job
+ *     resumes from the older complete one, bit-identical again;
+ *   - a loss that is not finite fails the job once, not retried, with the
+ *     step in failure_reason;
+ *   - a worker stopped with SIGSTOP is a stall: the attempt fails with "rank
+ *     0 made no progress for T s" and the job restarts and completes;
+ *   - while it is stopped, before the limit, the store names it as the
+ *     suspect and the stalled rule of the diagnosis names it; continued, it
+ *     is cleared and the job completes without a restart.
+ * Waiting is polling the API with a deadline; the tests assert on states and
+ * events, never on timing. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "daemon/diagnosis.h"
+#include "daemon/store.h"
+#include "harness.h"
+#include "it_util.h"
+
+#define DEADLINE_S 240
+
+typedef struct fx {
+	bertd d;
+	char data[160];
+	const char *stall_s; /* --stall-timeout-s, or NULL for the default */
+} fx;
+
+static int start(fx *f, bool fresh)
+{
+	if (fresh) {
+		if (bertd_init(&f->d))
+			return -1;
+		snprintf(f->data, sizeof f->data, "%s/data", f->d.root);
+		mkdir(f->data, 0700);
+	}
+	const char *extra[16] = {"--data-roots", f->data, "--devices", "cpu", "--cpu-slots", "2",
+				 "--schedule", "true", "--stop-timeout-s", "60", NULL};
+	if (f->stall_s) {
+		extra[10] = "--stall-timeout-s";
+		extra[11] = f->stall_s;
+		extra[12] = NULL;
+	}
+	return bertd_start(&f->d, extra);
+}
+
+static int setup_with(void **state, const char *stall_s)
+{
+	fx *f = calloc(1, sizeof *f);
+	if (!f)
+		return -1;
+	f->stall_s = stall_s;
+	if (start(f, true))
+		return -1;
+	it_make_corpus(f->data, "shakes.txt", 3000);
+	if (it_add_dataset(&f->d,
+			   "{\"name\":\"shakes\",\"source\":\"shakes.txt\",\"vocab\":{\"train\":{\"vocab_size\":400}}}"))
+		return -1;
+	*state = f;
+	return 0;
+}
+
+static int setup(void **state)
+{
+	return setup_with(state, NULL);
+}
+
+/* A stall timeout of 3 s: the stall test's jobs report every step. */
+static int setup_stall(void **state)
+{
+	return setup_with(state, "3");
+}
+
+/* 40 s: long enough to watch a suspect before the attempt fails. */
+static int setup_stall_slow(void **state)
+{
+	return setup_with(state, "40");
+}
+
+static int teardown(void **state)
+{
+	fx *f = *state;
+	int rc = it_daemon_finish(&f->d);
+	free(f);
+	return rc;
+}
+
+/* A model small enough to train in seconds on two cores. top: more
+ * top-level keys (with a leading comma) or "". */
+#define SPEC(name, steps, save, log, gpus, loaders, top)                                                  \
+	"{\"name\":\"" name "\",\"dataset\":\"shakes\","                                                  \
+	"\"model\":{\"preset\":\"bert-tiny\",\"hidden_size\":32,\"num_hidden_layers\":1,"                 \
+	"\"num_attention_heads\":2,\"intermediate_size\":64,\"max_position_embeddings\":64},"            \
+	"\"training_args\":{\"per_device_train_batch_size\":8,\"max_seq_length\":32,\"max_steps\":" steps \
+	",\"logging_steps\":" log ",\"save_steps\":" save ",\"learning_rate\":0.01,\"warmup_steps\":2,"   \
+	"\"dataloader_num_workers\":" loaders ",\"seed\":7},"                                              \
+	"\"resources\":{\"gpus\":" gpus "}" top "}"
+
+/* The job's events (caller decrefs). */
+static json_t *events_of(fx *f, const char *id)
+{
+	char path[128];
+	snprintf(path, sizeof path, "/v1/jobs/%s/events", id);
+	json_t *r = it_get_json(&f->d, path);
+	json_t *ev = json_incref(json_object_get(r, "events"));
+	json_decref(r);
+	assert_true(json_is_array(ev));
+	return ev;
+}
+
+/* The first event whose reason holds text, or NULL (borrowed from ev). */
+static const char *event_with(json_t *ev, const char *text)
+{
+	size_t i;
+	json_t *e;
+	json_array_foreach(ev, i, e) {
+		const char *r = json_string_value(json_object_get(e, "reason"));
+		if (r && strstr(r, text))
+			return r;
+	}
+	return NULL;
+}
+
+/* The step of the last "resuming from checkpoint at step N" event; -1 if none. */
+static long resumed_step(json_t *ev)
+{
+	long step = -1;
+	size_t i;
+	json_t *e;
+	json_array_foreach(ev, i, e) {
+		const char *r = json_string_value(json_object_get(e, "reason"));
+		const char *p = r ? strstr(r, "resuming from checkpoint at step ") : NULL;
+		if (p)
+			step = strtol(p + strlen("resuming from checkpoint at step "), NULL, 10);
+	}
+	return step;
+}
+
+/* The uninterrupted run's export digest. */
+static void reference(fx *f, const char *spec, char sha[65])
+{
+	char *ref = it_submit(&f->d, spec);
+	json_t *j = it_wait_job(&f->d, ref, "completed|failed|canceled", DEADLINE_S);
+	it_assert_completed(&f->d, j);
+	it_sha_of_export(j, sha);
+	json_decref(j);
+	free(ref);
+}
+
+static void ckpt_dir(fx *f, const char *id, long step, char *buf, size_t cap)
+{
+	snprintf(buf, cap, "%s/jobs/%s/checkpoints/ckpt-%ld", f->d.state_dir, id, step);
+}
+
+/* The highest step among the job's ckpt-<step> directories with DONE. */
+static long newest_on_disk(fx *f, const char *id)
+{
+	char root[300];
+	snprintf(root, sizeof root, "%s/jobs/%s/checkpoints", f->d.state_dir, id);
+	DIR *d = opendir(root);
+	assert_non_null(d);
+	long best = -1;
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		char *end, p[600];
+		if (strncmp(e->d_name, "ckpt-", 5) != 0)
+			continue;
+		long s = strtol(e->d_name + 5, &end, 10);
+		snprintf(p, sizeof p, "%s/%s/DONE", root, e->d_name);
+		if (!*end && end != e->d_name + 5 && access(p, F_OK) == 0 && s > best)
+			best = s;
+	}
+	closedir(d);
+	return best;
+}
+
+/* SIGTERM before the first periodic checkpoint (save_steps 100000): the
+ * stop checkpoint is recorded and resumed from, exactly. */
+static void test_drain_resumes_from_stop_checkpoint(void **state)
+{
+	fx *f = *state;
+	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
+	char a[65], b[65];
+	reference(f, SPEC("ref", "200", "100000", "5", "2", "1", ""), a);
+
+	char *id = it_submit(&f->d, SPEC("drained", "200", "100000", "5", "2", "1", ""));
+	it_wait_step(&f->d, id, 10, DEADLINE_S);
+	assert_int_equal(bertd_stop(&f->d), 0); /* drains: the workers write their stop checkpoint */
+	long stop_step = newest_on_disk(f, id);
+	assert_true(stop_step >= 10);
+	assert_int_equal(start(f, false), 0);
+
+	/* recorded by the draining daemon, not found later on disk */
+	char path[128];
+	snprintf(path, sizeof path, "/v1/jobs/%s/checkpoints", id);
+	json_t *ck = it_get_json(&f->d, path);
+	json_t *rows = json_object_get(ck, "checkpoints");
+	assert_int_equal(json_array_size(rows), 1); /* no periodic one: save_steps 100000 */
+	assert_int_equal(json_integer_value(json_object_get(json_array_get(rows, 0), "step")), stop_step);
+	json_decref(ck);
+
+	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
+	it_assert_completed(&f->d, job);
+	json_t *ev = events_of(f, id);
+	assert_non_null(event_with(ev, "daemon shutting down")); /* drained, not finished first */
+	assert_int_equal(resumed_step(ev), stop_step);
+	assert_null(event_with(ev, "without a record"));
+	it_sha_of_export(job, b);
+	assert_string_equal(a, b); /* bit-identical to the uninterrupted run */
+	json_decref(ev);
+	json_decref(job);
+	free(id);
+}
+
+/* The stop checkpoint's record is lost (what a daemon that stopped reading
+ * while it drained did): the next daemon finds it in the job directory. */
+static void test_unrecorded_checkpoint_found(void **state)
+{
+	fx *f = *state;
+	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
+	char *id = it_submit(&f->d, SPEC("lost", "100000", "100000", "5", "1", "0", ""));
+	it_wait_step(&f->d, id, 10, DEADLINE_S);
+	assert_int_equal(bertd_stop(&f->d), 0);
+	long stop_step = newest_on_disk(f, id);
+	assert_true(stop_step >= 10);
+
+	char db[200];
+	snprintf(db, sizeof db, "%s/bertd.db", f->d.state_dir);
+	store *st = NULL;
+	assert_int_equal(store_open(&st, db), 0);
+	assert_int_equal(store_checkpoint_delete(st, id, stop_step), 0);
+	store_close(st);
+
+	assert_int_equal(start(f, false), 0);
+	it_wait_step(&f->d, id, stop_step + 5, DEADLINE_S); /* resumed and training */
+	json_t *ev = events_of(f, id);
+	assert_non_null(event_with(ev, "without a record"));
+	assert_int_equal(resumed_step(ev), stop_step);
+	char path[128];
+	snprintf(path, sizeof path, "/v1/jobs/%s/checkpoints", id);
+	json_t *ck = it_get_json(&f->d, path); /* the row is back */
+	assert_int_equal(json_integer_value(json_object_get(json_array_get(json_object_get(ck, "checkpoints"), 0),
+							    "step")), stop_step);
+	json_decref(ck);
+	json_decref(ev);
+	it_cancel_job(&f->d, id, DEADLINE_S);
+	free(id);
+}
+
+/* The newest checkpoint is truncated after the fact: the job resumes from
+ * the older complete one, says so in an event, and ends as if never
+ * interrupted. */
+static void test_truncated_newest_falls_back(void **state)
+{
+	fx *f = *state;
+	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
+	char a[65], b[65];
+	reference(f, SPEC("ref", "300", "10", "5", "1", "1", ""), a);
+
+	char *id = it_submit(&f->d, SPEC("truncated", "300", "10", "5", "1", "1", ""));
+	it_wait_step(&f->d, id, 25, DEADLINE_S); /* checkpoints 10 and 20 exist */
+	assert_int_equal(bertd_stop(&f->d), 0);
+	long newest = newest_on_disk(f, id);
+	assert_true(newest >= 25);
+	char p[400];
+	ckpt_dir(f, id, newest, p, sizeof p);
+	strncat(p, "/params.safetensors", sizeof p - strlen(p) - 1);
+	struct stat sb;
+	assert_int_equal(stat(p, &sb), 0);
+	assert_int_equal(truncate(p, sb.st_size / 2), 0);
+
+	assert_int_equal(start(f, false), 0);
+	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
+	it_assert_completed(&f->d, job);
+	json_t *ev = events_of(f, id);
+	assert_non_null(event_with(ev, "daemon shutting down")); /* drained, not finished first */
+	char want[80];
+	snprintf(want, sizeof want, "checkpoint at step %ld is unusable", newest);
+	assert_non_null(event_with(ev, want));
+	long resumed = resumed_step(ev);
+	assert_true(resumed > 0 && resumed < newest);
+	it_sha_of_export(job, b);
+	assert_string_equal(a, b);
+	json_decref(ev);
+	json_decref(job);
+	free(id);
+}
+
+/* Copies dir/name to to/name. */
+static void copy_file(const char *dir, const char *to, const char *name)
+{
+	char src[400], dst[400];
+	snprintf(src, sizeof src, "%s/%s", dir, name);
+	snprintf(dst, sizeof dst, "%s/%s", to, name);
+	FILE *in = fopen(src, "rb"), *out = fopen(dst, "wb");
+	assert_non_null(in);
+	assert_non_null(out);
+	char buf[65536];
+	size_t n;
+	while ((n = fread(buf, 1, sizeof buf, in)) > 0)
+		assert_int_equal(fwrite(buf, 1, n, out), n);
+	fclose(in);
+	assert_int_equal(fclose(out), 0);
+}
+
+/* A job starting from weights that are all NaN: its loss is not finite at
+ * the first step. It fails once (restart_count 0 of 2 allowed) with the
+ * step and the reason. */
+static void test_nonfinite_loss_fails_once(void **state)
+{
+	fx *f = *state;
+	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
+	char *base = it_submit(&f->d, SPEC("base", "10", "10", "5", "1", "0", ""));
+	json_t *j = it_wait_job(&f->d, base, "completed|failed|canceled", DEADLINE_S);
+	it_assert_completed(&f->d, j);
+	json_decref(j);
+
+	/* its ckpt-10, copied into the data root with every parameter NaN */
+	char src[400], poison[300];
+	ckpt_dir(f, base, 10, src, sizeof src);
+	snprintf(poison, sizeof poison, "%s/poison", f->data);
+	assert_int_equal(mkdir(poison, 0700), 0);
+	static const char *const files[] = {"params.safetensors", "optim.safetensors", "state.json", "DONE"};
+	for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
+		copy_file(src, poison, files[i]);
+	char p[400];
+	snprintf(p, sizeof p, "%s/params.safetensors", poison);
+	int fd = open(p, O_RDWR);
+	assert_true(fd >= 0);
+	uint8_t hl[8];
+	assert_int_equal(pread(fd, hl, 8, 0), 8);
+	uint64_t hlen = 0;
+	for (int i = 7; i >= 0; i--)
+		hlen = hlen << 8 | hl[i];
+	struct stat sb;
+	assert_int_equal(fstat(fd, &sb), 0);
+	static uint8_t nan_bytes[65536];
+	memset(nan_bytes, 0xff, sizeof nan_bytes); /* 0xffffffff is a NaN */
+	for (off_t off = (off_t)(8 + hlen); off < sb.st_size;) {
+		size_t n = (size_t)(sb.st_size - off) < sizeof nan_bytes ? (size_t)(sb.st_size - off) : sizeof nan_bytes;
+		assert_int_equal(pwrite(fd, nan_bytes, n, off), (ssize_t)n);
+		off += (off_t)n;
+	}
+	close(fd);
+
+	char spec[2048];
+	snprintf(spec, sizeof spec, "%s",
+		 SPEC("diverges", "40", "10", "5", "1", "0", ",\"init_from\":\"@\",\"retry_policy\":{\"max_restarts\":2}"));
+	char *at = strchr(spec, '@');
+	char full[2400];
+	snprintf(full, sizeof full, "%.*s%s%s", (int)(at - spec), spec, poison, at + 1);
+	char *id = it_submit(&f->d, full);
+	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
+	assert_string_equal(it_jstr(job, "state"), "failed");
+	assert_int_equal(json_integer_value(json_object_get(job, "restart_count")), 0);
+	const char *why = it_jstr(job, "failure_reason");
+	fprintf(stderr, "non-finite loss: %s\n", why);
+	assert_non_null(strstr(why, "training diverged after step 0: rank 0: "));
+	assert_non_null(strstr(why, "not finite"));
+	assert_non_null(strstr(why, "not retried"));
+	json_decref(job);
+	free(id);
+	free(base);
+}
+
+/* kill -STOP of the only worker: the stall watch fails the attempt, the job
+ * restarts and completes. logging_steps 1, so that metrics flow every step
+ * (a worker without the progress heartbeat reports nothing else). */
+static void test_stopped_worker_is_a_stall(void **state)
+{
+	fx *f = *state;
+	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
+	char *id = it_submit(&f->d, SPEC("stuck", "300", "20", "1", "1", "0", ",\"retry_policy\":{\"max_restarts\":3}"));
+	it_wait_step(&f->d, id, 30, DEADLINE_S); /* past the step-20 checkpoint */
+	pid_t pid;
+	assert_int_equal(it_find_pids("bertd-worker", id, &pid, 1), 1);
+	assert_int_equal(kill(pid, SIGSTOP), 0);
+	/* until the attempt has failed as a stall */
+	const char *why = NULL;
+	json_t *ev = NULL;
+	for (int i = 0; i < DEADLINE_S * 10 && !why; i++) {
+		json_decref(ev);
+		ev = events_of(f, id);
+		why = event_with(ev, "rank 0 made no progress for ");
+		if (!why)
+			it_pause_ms(100);
+	}
+	if (!why) {
+		kill(pid, SIGCONT);
+		bertd_print_log(&f->d);
+		fail_msg("job %s: no stall after %d s", id, DEADLINE_S);
+	}
+	fprintf(stderr, "stall: %s\n", why);
+	assert_non_null(strstr(why, "restart 1 of 3"));
+	json_decref(ev);
+	kill(pid, SIGCONT); /* killed by the daemon already: a no-op, or ESRCH */
+	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
+	it_assert_completed(&f->d, job);
+	assert_true(json_integer_value(json_object_get(job, "restart_count")) >= 1);
+	ev = events_of(f, id);
+	assert_true(resumed_step(ev) >= 20);
+	json_decref(ev);
+	json_decref(job);
+	free(id);
+}
+
+/* The job's stall_json, read from the daemon's store (WAL: a second
+ * connection reads beside the daemon's); NULL when none (caller frees). */
+static char *stall_of(fx *f, const char *id)
+{
+	char db[200];
+	snprintf(db, sizeof db, "%s/bertd.db", f->d.state_dir);
+	store *st = NULL;
+	assert_int_equal(store_open(&st, db), 0);
+	store_job j;
+	assert_int_equal(store_job_get(st, id, &j), 0);
+	char *s = j.stall_json ? strdup(j.stall_json) : NULL;
+	store_job_free(&j);
+	store_close(st);
+	return s;
+}
+
+static void test_stopped_worker_is_suspected(void **state)
+{
+	fx *f = *state;
+	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
+	char *id = it_submit(&f->d, SPEC("paused", "200", "20", "1", "1", "0", ""));
+	it_wait_step(&f->d, id, 10, DEADLINE_S);
+	assert_null(stall_of(f, id)); /* reporting every step: nobody suspected */
+	pid_t pid;
+	assert_int_equal(it_find_pids("bertd-worker", id, &pid, 1), 1);
+	assert_int_equal(kill(pid, SIGSTOP), 0);
+	/* a quarter of the 40 s limit in, the stall watch names it */
+	char *text = NULL;
+	for (int i = 0; i < DEADLINE_S * 10 && !text; i++) {
+		text = stall_of(f, id);
+		if (!text)
+			it_pause_ms(100);
+	}
+	kill(pid, SIGCONT);
+	if (!text)
+		fail_msg("job %s: no stall suspect recorded", id);
+	fprintf(stderr, "suspect: %s\n", text);
+	diag_job dj = {.running = true, .started = true};
+	diag_job_stall_from_json(&dj, text);
+	assert_true(dj.stall);
+	assert_int_equal(dj.stall_rank, 0);
+	assert_true(dj.stall_stopped);
+	assert_true(dj.stall_limit_s >= 40);
+	/* the diagnosis at the limit, as GET /diagnosis would show it then */
+	dj.now_ms = dj.stall_since_ms + (int64_t)(dj.stall_limit_s * 1000);
+	diag_config cfg;
+	diag_config_default(&cfg);
+	diag_report rep;
+	diag_run(&cfg, &dj, NULL, 0, &rep);
+	assert_int_equal(rep.r[DIAG_STALLED].status, DIAG_ISSUE);
+	assert_non_null(strstr(rep.summary, "stalled: rank 0 is stuck"));
+	free(text);
+
+	/* continued before the limit: cleared, and nothing restarted */
+	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
+	it_assert_completed(&f->d, job);
+	assert_int_equal(json_integer_value(json_object_get(job, "restart_count")), 0);
+	assert_null(stall_of(f, id));
+	json_decref(job);
+	free(id);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_drain_resumes_from_stop_checkpoint, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_unrecorded_checkpoint_found, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_truncated_newest_falls_back, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_nonfinite_loss_fails_once, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_stopped_worker_is_a_stall, setup_stall, teardown),
+		cmocka_unit_test_setup_teardown(test_stopped_worker_is_suspected, setup_stall_slow, teardown),
+	};
+	return IT_RUN(tests, NULL, NULL);
+}
