@@ -408,7 +408,7 @@ static void test_stopped_worker_is_a_stall(void **state)
 		bertd_print_log(&f->d);
 		fail_msg("job %s: no stall after %d s", id, DEADLINE_S);
 	}
-	fprintf(stderr, "stall: %s\n", why);
+	fprintf(stderr, "stall: %s\n", why ? why : "(none)"); /* gcc: fail_msg may return */
 	assert_non_null(strstr(why, "restart 1 of 3"));
 	json_decref(ev);
 	kill(pid, SIGCONT); /* killed by the daemon already: a no-op, or ESRCH */
