@@ -9,8 +9,9 @@
  * is "G processes each doing 3 memcpy's of n floats concurrently", timed
  * here too, and the table reports allreduce time as a multiple of it.
  *
- * Training: the real loop (trainer_step, dropout on, AdamW) with its
- * grad_sync hook on the shm comm: 1 process x 1 thread (the baseline),
+ * Training: the host trainer stepped as the training loop's CPU device steps
+ * it (dropout on, AdamW, comm_allreduce_mean of the gradients and the loss on
+ * the shm comm): 1 process x 1 thread (the baseline),
  * 1 process x T threads (what one process gets out of all cores), and G
  * processes x T/G threads, equal per-process batch (weak scaling, as DDP is
  * used).
@@ -156,39 +157,23 @@ static void make_batch(bert_batch *b, int32_t *ids, int32_t *tt, int32_t *lens, 
                       .mlm_positions = pos, .mlm_labels = lab, .nsp_labels = NULL};
 }
 
-/* One training process: steps of batch x seq; world 1 runs without comm. */
-static int sync_hook(void *ctx, float *grads, size_t n, double *loss)
-{
-    comm *c = ctx;
-    int rc = comm_allreduce_mean(c, grads, n);
-    if (rc == 0)
-        rc = comm_allreduce_sum_f64(c, loss, 1);
-    *loss /= comm_world(c);
-    return rc;
-}
-
-/* One training process through the real loop (trainer_step; its grad_sync
- * hook runs the shm allreduce); world 1 runs without comm. */
+/* One training process: steps of batch x seq as worker/device_cpu.c takes
+ * them (the shm allreduce of gradients and loss); world 1 runs without comm. */
 static int rank_train(const opts *o, const char *name, int rank, int world, int threads, shared_out *out)
 {
     train_config tc = {0};
     comm *c = NULL;
     trainer *t = NULL;
-    char err[256];
+    char err[256] = "";
     if (bert_config_preset(&tc.model, "bert-mini") != 0)
         return 1;
     optim_config_default(&tc.optim, OPTIM_ADAMW);
     tc.optim.total_steps = 1000;
-    tc.grad_accum = 1;
     tc.seed = 42;
     tc.rank = (uint32_t)rank;
     tc.threads = threads;
-    if (world > 1) {
-        if (comm_create_shm(&c, name, rank, world, o->chunk, 60000) != 0)
-            return 3;
-        tc.grad_sync = sync_hook;
-        tc.grad_sync_ctx = c;
-    }
+    if (world > 1 && comm_create_shm(&c, name, rank, world, o->chunk, 60000) != 0)
+        return 3;
     if (trainer_create(&t, &tc, err, sizeof(err)) != 0) {
         fprintf(stderr, "rank %d: %s\n", rank, err);
         return 2;
@@ -209,9 +194,18 @@ static int rank_train(const opts *o, const char *name, int rank, int world, int 
             rc = comm_barrier(c);
         double t0 = now_s(), c0 = cpu_s();
         make_batch(&b, ids, tt, lens, pos, lab, o->batch, o->seq, tc.model.vocab_size, s, rank);
-        train_result res;
+        bert_model *m = t->model;
+        double loss = 0, lr, gn;
+        bert_model_zero_grad(m);
         if (rc == 0)
-            rc = trainer_step(t, &b, 1, &res, err, sizeof(err));
+            rc = trainer_micro(t, &b, 0, 1, &loss, err, sizeof(err));
+        if (rc == 0 && c)
+            rc = comm_allreduce_mean(c, m->grads_memory, m->num_params);
+        if (rc == 0 && c)
+            rc = comm_allreduce_sum_f64(c, &loss, 1);
+        if (rc == 0)
+            rc = optim_step(t->opt, m->params_memory, m->grads_memory, &lr, &gn);
+        t->step++;
         ts[s] = now_s() - t0;
         cs[s] = cpu_s() - c0;
     }

@@ -70,10 +70,10 @@ int device_cpu_create(worker *w, loop_device *dev)
 {
 	cpu_device *c = calloc(1, sizeof *c);
 	if (!c)
-		return worker_fail(w, BERTD_EXIT_OOM, "oom", "out of memory for the CPU device");
+		return worker_fail(w, BERTD_EXIT_OOM, "out of memory for the CPU device");
 	c->w = w;
 	*dev = (loop_device){
-		.kind = "cpu", .ctx = c, .h2d = false, .reads_in_place = true,
+		.ctx = c, .h2d = false, .reads_in_place = true,
 		.zero_grad = cpu_zero_grad, .upload = cpu_upload, .forward_backward = cpu_forward_backward,
 		.loss = cpu_loss, .update = cpu_update, .destroy = cpu_destroy,
 	};

@@ -99,8 +99,8 @@ static int gpu_update(void *ctx, loop_update *out)
 	return 0;
 }
 
-/* The device's parameters (and optimizer state) into the host trainer. */
-static int gpu_to_host(void *ctx, bool opt_state)
+/* The device's parameters (and optimizer state, loss scaler) into the host. */
+static int gpu_to_host(void *ctx, bool opt_state, checkpoint_scaler *scaler)
 {
 	gpu_device *g = ctx;
 	trainer *t = g->w->tr;
@@ -111,16 +111,13 @@ static int gpu_to_host(void *ctx, bool opt_state)
 		rc = gpu_model_get_opt_state(g->gm, t->opt->state_memory);
 		t->opt->t = g->gm->t;
 	}
+	if (scaler) {
+		gpu_loss_scaler gs;
+		gpu_model_get_scaler(g->gm, &gs);
+		*scaler = (checkpoint_scaler){.scale = gs.scale, .enabled = gs.enabled, .good_steps = gs.good_steps,
+					      .growth_interval = gs.growth_interval, .skipped = gs.skipped};
+	}
 	return rc;
-}
-
-static void gpu_get_scaler(void *ctx, checkpoint_scaler *out)
-{
-	gpu_device *g = ctx;
-	gpu_loss_scaler gs;
-	gpu_model_get_scaler(g->gm, &gs);
-	*out = (checkpoint_scaler){.scale = gs.scale, .enabled = gs.enabled, .growth_interval = gs.growth_interval,
-				   .good_steps = gs.good_steps, .skipped = gs.skipped};
 }
 
 static void gpu_destroy(void *ctx, int exit_code)
@@ -221,7 +218,7 @@ static int restore_scaler(gpu_device *g, kdtype dt)
 	gpu_loss_scaler gs = {.scale = cs->scale, .enabled = cs->enabled, .growth_interval = cs->growth_interval,
 			      .good_steps = cs->good_steps, .skipped = cs->skipped};
 	if (gpu_model_set_scaler(g->gm, &gs) < 0) /* checkpoint.c validated the same bounds */
-		return worker_fail(w, BERTD_EXIT_DATA, "data", "the checkpoint's loss scaler is not usable");
+		return worker_fail(w, BERTD_EXIT_DATA, "the checkpoint's loss scaler is not usable");
 	if (g->gm->scaler.enabled && cs->enabled)
 		log_info("fp16 loss scale restored from the checkpoint: %g (%d good steps, %ld skipped)",
 			 (double)cs->scale, cs->good_steps, cs->skipped);
@@ -276,13 +273,13 @@ static int join_nccl(gpu_device *g)
 		return BERTD_EXIT_STOPPED;
 	}
 	if (rc == -ENOMEM)
-		return worker_fail(w, BERTD_EXIT_OOM, "oom",
+		return worker_fail(w, BERTD_EXIT_OOM,
 				   "no device memory left for the NCCL communicator on this rank");
 	if (rc < 0)
-		return worker_fail(w, BERTD_EXIT_PEER_LOST, "peer_lost", "joining the %d-GPU NCCL group failed: %s",
+		return worker_fail(w, BERTD_EXIT_PEER_LOST, "joining the %d-GPU NCCL group failed: %s",
 				   w->world, strerror(-rc));
 	if ((rc = gpu_model_set_allreduce(g->gm, nccl_hook, g, NULL)) < 0)
-		return worker_fail(w, BERTD_EXIT_FAILURE, "internal", "setting the all-reduce hook: %s", strerror(-rc));
+		return worker_fail(w, BERTD_EXIT_FAILURE, "setting the all-reduce hook: %s", strerror(-rc));
 	/* BERTD_DDP_OVERLAP=0: one all-reduce after backward (the hook above),
 	 * e.g. to rule the overlap out when debugging a GPU run */
 	const char *ov = getenv("BERTD_DDP_OVERLAP");
@@ -290,23 +287,33 @@ static int join_nccl(gpu_device *g)
 		gpu_model_set_buckets(g->gm, nccl_bucket, nccl_bucket_finish, g);
 	return 0;
 #else
-	return worker_fail(w, BERTD_EXIT_BAD_CONFIG, "bad_config",
+	return worker_fail(w, BERTD_EXIT_BAD_CONFIG,
 			   "a %d-GPU job, but this bertd-worker was built without NCCL", w->world);
 #endif
 }
 
-static int setup(gpu_device *g, loop_device *dev)
+/* *dev is set first: whatever fails below, loop_device.destroy frees g. */
+int device_gpu_create(worker *w, loop_device *dev)
 {
 	char err[512];
-	worker *w = g->w;
 	const jobspec_training *ta = &w->bj.spec.training;
 	const batch_layout *l = &w->bj.ring.layout;
+	gpu_device *g = calloc(1, sizeof *g);
+	if (!g)
+		return worker_fail(w, BERTD_EXIT_OOM, "out of memory for the GPU device");
+	g->w = w;
+	*dev = (loop_device){
+		.ctx = g, .h2d = true,
+		.zero_grad = gpu_zero_grad, .upload = gpu_upload, .forward_backward = gpu_forward_backward,
+		.upload_wait = gpu_upload_wait, .loss = gpu_loss,
+		.update = gpu_update, .to_host = gpu_to_host, .destroy = gpu_destroy,
+	};
 	kdtype dt;
 	int rc = gpu_precision_pick(precision_want(ta->bf16, ta->fp16), GPU_DEVICE, &dt, err, sizeof err);
 	if (rc == -ENOTSUP || rc == -EINVAL)
-		return worker_fail(w, BERTD_EXIT_BAD_CONFIG, "bad_config", "%s", err);
+		return worker_fail(w, BERTD_EXIT_BAD_CONFIG, "%s", err);
 	if (rc < 0)
-		return worker_fail(w, BERTD_EXIT_FAILURE, "internal", "no usable CUDA device: %s", err);
+		return worker_fail(w, BERTD_EXIT_FAILURE, "no usable CUDA device: %s", err);
 	/* auto picked what the spec turned off (e.g. bf16: false): full precision */
 	if ((dt == KDT_BF16 && ta->bf16 == 0) || (dt == KDT_F16 && ta->fp16 == 0))
 		dt = KDT_F32;
@@ -318,15 +325,14 @@ static int setup(gpu_device *g, loop_device *dev)
 	rc = gpu_model_create_reserving(&g->gm, &w->tr->model->cfg, dt, GPU_DEVICE, (int)l->B, (int)l->T,
 					(int)(l->B * l->P), &w->tr->opt->cfg, reserve, err, sizeof err);
 	if (rc == -ENOMEM)
-		return worker_fail(w, BERTD_EXIT_OOM, "oom", "%s", err); /* names the largest batch that fits */
+		return worker_fail(w, BERTD_EXIT_OOM, "%s", err); /* names the largest batch that fits */
 	if (rc == -EINVAL)
-		return worker_fail(w, BERTD_EXIT_BAD_CONFIG, "bad_config", "%s", err);
+		return worker_fail(w, BERTD_EXIT_BAD_CONFIG, "%s", err);
 	if (rc < 0)
-		return worker_fail(w, BERTD_EXIT_FAILURE, "internal", "creating the GPU model: %s", err);
+		return worker_fail(w, BERTD_EXIT_FAILURE, "creating the GPU model: %s", err);
 	if ((rc = gpu_model_set_params(g->gm, w->tr->model->params_memory)) < 0 ||
 	    (rc = gpu_model_set_opt_state(g->gm, w->tr->opt->state_memory, w->tr->opt->t)) < 0)
-		return worker_fail(w, BERTD_EXIT_FAILURE, "internal", "copying the model to the GPU: %s",
-				   strerror(-rc));
+		return worker_fail(w, BERTD_EXIT_FAILURE, "copying the model to the GPU: %s", strerror(-rc));
 	int code;
 	if (w->have_ckpt_scaler && (code = restore_scaler(g, dt)) != 0)
 		return code;
@@ -335,24 +341,4 @@ static int setup(gpu_device *g, loop_device *dev)
 		return code;
 	log_info("GPU model: %s, batch %u x %u, %zu parameters", kdtype_name(dt), l->B, l->T, g->gm->num_params);
 	return 0;
-}
-
-int device_gpu_create(worker *w, loop_device *dev)
-{
-	gpu_device *g = calloc(1, sizeof *g);
-	if (!g)
-		return worker_fail(w, BERTD_EXIT_OOM, "oom", "out of memory for the GPU device");
-	g->w = w;
-	*dev = (loop_device){
-		.kind = "cuda", .ctx = g, .h2d = true,
-		.zero_grad = gpu_zero_grad, .upload = gpu_upload, .forward_backward = gpu_forward_backward,
-		.upload_wait = gpu_upload_wait, .loss = gpu_loss,
-		.update = gpu_update, .to_host = gpu_to_host, .get_scaler = gpu_get_scaler, .destroy = gpu_destroy,
-	};
-	int code = setup(g, dev);
-	if (code != 0) {
-		gpu_destroy(g, code);
-		*dev = (loop_device){0};
-	}
-	return code;
 }

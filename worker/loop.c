@@ -75,12 +75,12 @@ static int next_batch(worker *w, int k, bert_batch *b, bool *from_ring, int *cod
 		if (rc == -ETIMEDOUT)
 			return 1;
 		if (rc == RING_END) {
-			*code = worker_fail(w, BERTD_EXIT_DATA, "data", "the batch stream ended at step %ld",
+			*code = worker_fail(w, BERTD_EXIT_DATA, "the batch stream ended at step %ld",
 					    w->tr->step);
 			return -1;
 		}
 		if (rc < 0) {
-			*code = worker_fail(w, BERTD_EXIT_DATA, "data", "no batch from the loaders: %s", strerror(-rc));
+			*code = worker_fail(w, BERTD_EXIT_DATA, "no batch from the loaders: %s", strerror(-rc));
 			return -1;
 		}
 		*from_ring = true;
@@ -91,7 +91,7 @@ static int next_batch(worker *w, int k, bert_batch *b, bool *from_ring, int *cod
 		batchjob_simulated_delay(&w->bj);
 		int rc = mlm_batch_build(w->data.ds, l, (uint32_t)w->world, (uint32_t)M, global, slot);
 		if (rc < 0) {
-			*code = worker_fail(w, BERTD_EXIT_DATA, "data", "building batch %llu: %s",
+			*code = worker_fail(w, BERTD_EXIT_DATA, "building batch %llu: %s",
 					    (unsigned long long)global, strerror(-rc));
 			return -1;
 		}
@@ -99,7 +99,7 @@ static int next_batch(worker *w, int k, bert_batch *b, bool *from_ring, int *cod
 	if (slot_to_batch(w, slot, k, b) < 0) {
 		if (*from_ring)
 			ring_release(w->rg, (uint32_t)w->rank);
-		*code = worker_fail(w, BERTD_EXIT_DATA, "data", "batch slot failed its header check");
+		*code = worker_fail(w, BERTD_EXIT_DATA, "batch slot failed its header check");
 		return -1;
 	}
 	return 0;
@@ -107,31 +107,26 @@ static int next_batch(worker *w, int k, bert_batch *b, bool *from_ring, int *cod
 
 /* ---- the ranks' per-step sums ---- */
 
-typedef struct step_sums {
-	double flags[3 + LOOP_WIN_MAX_RANKS]; /* [loss, tokens, stop, busy per rank] summed over ranks */
-} step_sums;
-
-/* Sums the step's loss, tokens, stop flag and per-rank busy time over the
- * ranks (host doubles, w->cm); *loss comes back averaged. */
-static int sum_over_ranks(worker *w, step_sums *s, double *loss, double busy_s)
+/* Sums the step's loss, the window's tokens, the stop flag and per-rank busy
+ * time over the ranks (host doubles, w->cm); *loss comes back averaged,
+ * *tokens summed. */
+static int sum_over_ranks(worker *w, double *loss, double *tokens, double busy_s)
 {
 	/* Each rank's busy time (data + forward/backward) travels in its
 	 * own slot, so rank 0 can name a straggler. */
 	int nr = w->world <= LOOP_WIN_MAX_RANKS ? w->world : 0;
-	memset(s->flags, 0, sizeof s->flags);
-	s->flags[0] = *loss;
-	s->flags[1] = w->win_tokens;
-	s->flags[2] = w->stop_requested ? 1.0 : 0.0;
+	double s[3 + LOOP_WIN_MAX_RANKS] = {*loss, w->win_tokens, w->stop_requested ? 1.0 : 0.0};
 	if (nr)
-		s->flags[3 + w->rank] = busy_s;
-	int rc = comm_allreduce_sum_f64(w->cm, s->flags, 3 + nr);
+		s[3 + w->rank] = busy_s;
+	int rc = comm_allreduce_sum_f64(w->cm, s, 3 + nr);
 	if (rc < 0)
 		return rc;
-	*loss = s->flags[0] / w->world;
-	if (s->flags[2] > 0)
+	*loss = s[0] / w->world;
+	*tokens = s[1];
+	if (s[2] > 0)
 		w->stop_requested = true; /* any rank's stop stops all, same step */
 	for (int k = 0; k < nr; k++)
-		w->win_rank_busy_s[k] += s->flags[3 + k];
+		w->win_rank_busy_s[k] += s[3 + k];
 	return 0;
 }
 
@@ -143,12 +138,12 @@ static int check_replicas(worker *w, int64_t step)
 {
 	int rc = comm_replicas_agree(w->cm, w->tr->model->params_memory, w->tr->model->num_params * sizeof(float));
 	if (rc == 0)
-		return worker_fail(w, BERTD_EXIT_FAILURE, "internal",
+		return worker_fail(w, BERTD_EXIT_FAILURE,
 				   "the ranks' parameters differ at step %ld: a replica diverged (restarting from the "
 				   "last checkpoint)",
 				   (long)step);
 	if (rc < 0)
-		return worker_fail(w, BERTD_EXIT_PEER_LOST, "peer_lost", "checking replicas: %s", strerror(-rc));
+		return worker_fail(w, BERTD_EXIT_PEER_LOST, "checking replicas: %s", strerror(-rc));
 	return 0;
 }
 
@@ -179,22 +174,19 @@ static int save_checkpoint(worker *w, const loop_device *dev, const char *what)
 {
 	char err[512];
 	trainer *t = w->tr;
-	int rc = dev->to_host ? dev->to_host(dev->ctx, true) : 0;
-	if (rc == -EPIPE)
-		return worker_fail(w, BERTD_EXIT_PEER_LOST, "peer_lost",
-				   "a peer was lost before copying the model back");
-	if (rc < 0)
-		return worker_fail(w, BERTD_EXIT_FAILURE, "internal", "copying the model from the device: %s",
-				   strerror(-rc));
 	checkpoint_scaler ls = checkpoint_scaler_disabled();
-	if (dev->get_scaler)
-		dev->get_scaler(dev->ctx, &ls);
+	int rc = dev->to_host ? dev->to_host(dev->ctx, true, &ls) : 0;
+	if (rc == -EPIPE)
+		return worker_fail(w, BERTD_EXIT_PEER_LOST, "a peer was lost before copying the model back");
+	if (rc < 0)
+		return worker_fail(w, BERTD_EXIT_FAILURE, "copying the model from the device: %s",
+				   strerror(-rc));
 	json_t *extra = json_pack("{s:I, s:i}", "epoch", (json_int_t)w->epoch, "world_size", w->world);
 	rc = checkpoint_save_scaled(w->checkpoint_dir, t->step, t->model, t->opt, &ls, extra,
 				    w->bj.spec.training.save_total_limit, err, sizeof err);
 	json_decref(extra);
 	if (rc < 0)
-		return worker_fail(w, BERTD_EXIT_IO, "io", "writing %s: %s", what, err);
+		return worker_fail(w, BERTD_EXIT_IO, "writing %s: %s", what, err);
 	char path[PATH_MAX];
 	snprintf(path, sizeof path, "%s/ckpt-%ld", w->checkpoint_dir, t->step);
 	json_t *present = json_array();
@@ -284,29 +276,29 @@ static void add_window_timing(worker *w, json_t *m)
 	}
 }
 
-/* After the step that made res: at the end of a logging window (and at
- * the last step) rank 0 sends the metrics message; every rank starts a new
- * window. */
-static void log_window(worker *w, const train_result *res, const step_sums *sums, double *t_log)
+/* After the step that made up: at the end of a logging window (and at the
+ * last step) rank 0 sends the metrics message; every rank starts a new
+ * window. tokens: the window's, summed over the ranks. */
+static void log_window(worker *w, const loop_update *up, double tokens, double *t_log)
 {
 	const jobspec_training *ta = &w->bj.spec.training;
 	const int64_t max_steps = ta->max_steps;
-	bool log_now = ta->logging_steps > 0 && res->step % ta->logging_steps == 0;
-	if (!log_now && res->step != max_steps)
+	const long step = w->tr->step;
+	bool log_now = ta->logging_steps > 0 && step % ta->logging_steps == 0;
+	if (!log_now && step != max_steps)
 		return;
-	double tokens = w->world > 1 ? sums->flags[1] : w->win_tokens;
 	double wall = worker_now_s() - *t_log;
 	if (w->rank == 0) {
 		json_t *m = json_pack("{s:s, s:I, s:I, s:f, s:f, s:f, s:f, s:f}",
-				      "type", "metrics", "step", (json_int_t)res->step,
+				      "type", "metrics", "step", (json_int_t)step,
 				      "epoch", (json_int_t)w->epoch, "loss", w->win_loss / (double)w->win_steps,
-				      "learning_rate", res->lr, "grad_norm", res->grad_norm,
+				      "learning_rate", up->lr, "grad_norm", up->grad_norm,
 				      "tokens_per_s", wall > 0 ? tokens / wall : 0.0,
 				      "step_time_ms", 1000.0 * w->win_step_s / (double)w->win_steps);
 		add_window_timing(w, m);
 		worker_send(w, m);
-		log_info("step %ld/%lld loss %.4f lr %.3g grad_norm %.3f tokens/s %.0f", res->step,
-			 (long long)max_steps, w->win_loss / (double)w->win_steps, res->lr, res->grad_norm,
+		log_info("step %ld/%lld loss %.4f lr %.3g grad_norm %.3f tokens/s %.0f", step,
+			 (long long)max_steps, w->win_loss / (double)w->win_steps, up->lr, up->grad_norm,
 			 wall > 0 ? tokens / wall : 0.0);
 	}
 	w->win_data_s = w->win_step_s = w->win_comm_s = w->win_tokens = w->win_loss = 0;
@@ -331,12 +323,12 @@ static int finish_run(worker *w, const loop_device *dev)
 		const shard_dataset *sh = w->data.shards;
 		if (hf_export(w->tr->model, w->export_dir, sh ? sh->vocab_path : NULL, sh ? sh->vocab.lowercase : true,
 			      err, sizeof err) < 0)
-			return worker_fail(w, BERTD_EXIT_IO, "io", "exporting the model: %s", err);
+			return worker_fail(w, BERTD_EXIT_IO, "exporting the model: %s", err);
 		worker_send(w, json_pack("{s:s, s:s}", "type", "exported", "path", w->export_dir));
 		log_info("exported the model to %s", w->export_dir);
 	}
 	if (w->cm && comm_barrier(w->cm) < 0)
-		return worker_fail(w, BERTD_EXIT_PEER_LOST, "peer_lost", "a peer was lost at the end of training");
+		return worker_fail(w, BERTD_EXIT_PEER_LOST, "a peer was lost at the end of training");
 	return BERTD_EXIT_OK;
 }
 
@@ -360,14 +352,14 @@ static int device_failed(worker *w, int rc, const char *what, double loss, const
 	long step = w->tr->step;
 	const char *why = err[0] ? err : strerror(-rc);
 	if (rc == -EPIPE || rc == -EPROTO)
-		return worker_fail(w, BERTD_EXIT_PEER_LOST, "peer_lost", "step %ld: %s: a peer was lost (%s)", step,
-				   what, why);
+		return worker_fail(w, BERTD_EXIT_PEER_LOST, "step %ld: %s: a peer was lost (%s)", step, what,
+				   why);
 	if (rc == -ENOMEM)
-		return worker_fail(w, BERTD_EXIT_OOM, "oom", "step %ld: %s: %s", step, what, why);
+		return worker_fail(w, BERTD_EXIT_OOM, "step %ld: %s: %s", step, what, why);
 	if (rc == -ERANGE)
-		return worker_fail(w, BERTD_EXIT_FAILURE, "internal", "step %ld: gradient norm is not finite (loss %g)",
+		return worker_fail(w, BERTD_EXIT_FAILURE, "step %ld: gradient norm is not finite (loss %g)",
 				   step, loss);
-	return worker_fail(w, BERTD_EXIT_FAILURE, "internal", "step %ld: %s failed: %s", step, what, why);
+	return worker_fail(w, BERTD_EXIT_FAILURE, "step %ld: %s failed: %s", step, what, why);
 }
 
 /* Per micro-batch: fetch (data phase), upload (h2d phase on a device),
@@ -380,7 +372,7 @@ int loop_run(worker *w, const loop_device *dev)
 	const jobspec_training *ta = &w->bj.spec.training;
 	const int M = ta->gradient_accumulation_steps;
 	const int64_t max_steps = ta->max_steps;
-	step_sums sums = {0};
+	double tokens = 0; /* the window's, summed over the ranks when the last step did */
 	int code = BERTD_EXIT_OK;
 	if (w->rg)
 		ring_get_counters(w->rg, (uint32_t)w->rank, &w->ring_prev);
@@ -388,7 +380,7 @@ int loop_run(worker *w, const loop_device *dev)
 	while (w->tr->step < max_steps) {
 		worker_poll(w);
 		if (w->world == 1 && w->stop_requested)
-			break;
+			goto stop; /* alone: no step to agree on */
 		double t0 = worker_now_s(), data_s = 0, h2d_s = 0;
 		dev->zero_grad(dev->ctx);
 		for (int k = 0; k < M; k++) {
@@ -405,7 +397,7 @@ int loop_run(worker *w, const loop_device *dev)
 			/* On error the slot stays held: the device may be reading it,
 			 * and the process is about to exit anyway. */
 			if ((rc = dev->upload(dev->ctx, &b, err, sizeof err)) == -EINVAL)
-				return worker_fail(w, BERTD_EXIT_DATA, "data", "step %ld: unusable batch: %s",
+				return worker_fail(w, BERTD_EXIT_DATA, "step %ld: unusable batch: %s",
 						   w->tr->step, err);
 			if (rc < 0)
 				return device_failed(w, rc, "uploading a batch", 0, err);
@@ -440,14 +432,14 @@ int loop_run(worker *w, const loop_device *dev)
 		if (rc < 0)
 			return device_failed(w, rc, "the update", loss, "");
 		double t2 = worker_now_s(), ar_s = up.comm_s;
+		tokens = w->win_tokens;
 		if (w->cm) {
-			if ((rc = sum_over_ranks(w, &sums, &loss, t1 - t0)) < 0)
-				return worker_fail(w, BERTD_EXIT_PEER_LOST, "peer_lost",
-						   "step %ld: a peer was lost: %s", w->tr->step, strerror(-rc));
+			if ((rc = sum_over_ranks(w, &loss, &tokens, t1 - t0)) < 0)
+				return worker_fail(w, BERTD_EXIT_PEER_LOST, "step %ld: a peer was lost: %s",
+						   w->tr->step, strerror(-rc));
 			ar_s += worker_now_s() - t2;
 		}
-		w->tr->step++;
-		train_result res = {.step = w->tr->step, .loss = loss, .lr = up.lr, .grad_norm = up.grad_norm};
+		const long step = ++w->tr->step;
 		double t_end = worker_now_s();
 		w->win_data_s += data_s;
 		w->win_h2d_s += h2d_s;
@@ -465,20 +457,20 @@ int loop_run(worker *w, const loop_device *dev)
 		ph[PH_ALLREDUCE] = 1000.0 * ar_s;
 		ph[PH_OPTIMIZER] = 1000.0 * opt_s;
 		w->win_steps++;
-		w->win_loss += res.loss;
+		w->win_loss += loss;
 
-		log_window(w, &res, &sums, &t_log);
+		log_window(w, &up, tokens, &t_log);
 		if (t_end - t_progress >= 1.0) { /* the daemon's stall watch (daemon/supervisor.c) */
-			worker_send(w, json_pack("{s:s, s:I}", "type", "progress", "step", (json_int_t)res.step));
+			worker_send(w, json_pack("{s:s, s:I}", "type", "progress", "step", (json_int_t)step));
 			t_progress = t_end;
 		}
-		bool save_now = ta->save_steps > 0 && res.step % ta->save_steps == 0 && res.step != max_steps;
+		bool save_now = ta->save_steps > 0 && step % ta->save_steps == 0 && step != max_steps;
 		if (save_now && w->cm) {
 			/* every rank's parameters, compared on the host */
-			if (dev->to_host && (rc = dev->to_host(dev->ctx, false)) < 0)
-				return worker_fail(w, BERTD_EXIT_FAILURE, "internal",
+			if (dev->to_host && (rc = dev->to_host(dev->ctx, false, NULL)) < 0)
+				return worker_fail(w, BERTD_EXIT_FAILURE,
 						   "copying parameters from the device: %s", strerror(-rc));
-			if ((code = check_replicas(w, res.step)) != 0)
+			if ((code = check_replicas(w, step)) != 0)
 				return code;
 		}
 		if (save_now && w->rank == 0) {

@@ -84,7 +84,6 @@ typedef struct loop_update {
  * -EPIPE / -EPROTO a peer is lost, -ENOMEM out of memory, -EINVAL (upload)
  * an unusable batch, -ERANGE (update) a non-finite gradient norm. */
 typedef struct loop_device {
-	const char *kind;          /* "cpu" | "cuda", as in the job's devices */
 	void *ctx;
 	bool h2d;                  /* upload copies to a device: its time is the h2d phase */
 	bool reads_in_place;       /* upload keeps reading b's host memory until upload_wait
@@ -102,11 +101,10 @@ typedef struct loop_device {
 	double (*loss)(void *ctx, int M);
 	/* Averages the gradients over the ranks and applies the optimizer. */
 	int (*update)(void *ctx, loop_update *out);
-	/* NULL (the host trainer is the model), or copies the device's parameters
-	 * (and, with opt_state, the optimizer state) into the host trainer. */
-	int (*to_host)(void *ctx, bool opt_state);
-	/* NULL (never scales the loss), or the loss scaler, for checkpoints. */
-	void (*get_scaler)(void *ctx, checkpoint_scaler *out);
+	/* NULL (the host trainer is the model, fp32: never scales the loss), or
+	 * copies the device's parameters (and, with opt_state, the optimizer
+	 * state) into the host trainer, and its loss scaler into *scaler. */
+	int (*to_host)(void *ctx, bool opt_state, checkpoint_scaler *scaler);
 	/* Frees ctx; exit_code BERTD_EXIT_PEER_LOST aborts its communicator first. */
 	void (*destroy)(void *ctx, int exit_code);
 } loop_device;
@@ -115,8 +113,8 @@ typedef struct loop_device {
  * (common/exitcodes.h), failures already reported to the daemon. */
 int loop_run(worker *w, const loop_device *dev);
 
-/* The devices. Each returns 0 with *dev set (loop_device.destroy frees it),
- * or the exit code, already reported. */
+/* The devices. Each returns 0 or the exit code, already reported; once *dev
+ * is set (even if it then fails), loop_device.destroy frees it. */
 int device_cpu_create(worker *w, loop_device *dev);
 #ifdef BERTD_CUDA
 /* Picks the precision, creates gpu_model from the host trainer's weights and
@@ -130,9 +128,9 @@ int device_gpu_create(worker *w, loop_device *dev);
 /* Sends m to the daemon (dropped when run by hand) and releases it.
  * 0, or a negative errno (-ENOMEM for a NULL m). */
 int worker_send(worker *w, json_t *m);
-/* Logs and tells the daemon why, then returns code (the exit code to use). */
-int worker_fail(worker *w, int code, const char *kind, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
+/* Logs and tells the daemon why (an error message, its code named after the
+ * exit code), then returns code: the exit code to use, not BERTD_EXIT_OK. */
+int worker_fail(worker *w, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Non-blocking look at the daemon's socket: sets w->stop_requested. */
 void worker_poll(worker *w);
 /* Waits up to timeout_ms for the daemon's next message of `type` (caller

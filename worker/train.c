@@ -1,7 +1,6 @@
 /* train — see train.h. */
 #include "worker/train.h"
 #include "worker/hf.h"
-#include "common/log.h"
 
 #include <errno.h>
 #include <math.h>
@@ -9,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-int train_config_from_jobspec(train_config *cfg, const jobspec *spec, const char *output_dir,
-                              int threads, uint32_t rank, char *err, size_t errlen)
+int train_config_from_jobspec(train_config *cfg, const jobspec *spec, int threads, uint32_t rank,
+                              char *err, size_t errlen)
 {
     const jobspec_model *jm = &spec->model;
     const jobspec_training *jt = &spec->training;
@@ -60,14 +59,9 @@ int train_config_from_jobspec(train_config *cfg, const jobspec *spec, const char
                                            : (long)ceil((double)jt->max_steps * jt->warmup_ratio);
     if ((rc = optim_config_validate(o, err, errlen)) < 0)
         return rc;
-    cfg->grad_accum = jt->gradient_accumulation_steps;
-    cfg->logging_steps = (int)jt->logging_steps;
-    cfg->save_steps = (int)jt->save_steps;
-    cfg->save_total_limit = jt->save_total_limit;
     cfg->seed = jt->seed;
     cfg->rank = rank;
     cfg->threads = threads;
-    cfg->output_dir = output_dir;
     cfg->init_from = spec->init_from[0] ? spec->init_from : NULL;
     return 0;
 }
@@ -90,11 +84,6 @@ int trainer_create(trainer **out, const train_config *cfg, char *err, size_t err
     if (!t)
         return -ENOMEM;
     t->cfg = *cfg;
-    if (cfg->grad_accum < 1) {
-        snprintf(err, errlen, "gradient_accumulation_steps must be >= 1");
-        rc = -EINVAL;
-        goto out;
-    }
     if ((rc = optim_config_validate(&cfg->optim, err, errlen)) < 0)
         goto out;
     bert_set_threads(cfg->threads > 0 ? cfg->threads : 1);
@@ -155,47 +144,5 @@ int trainer_micro(trainer *t, const bert_batch *b, int k, int n_micro, double *l
         return rc;
     }
     *loss += m->loss;
-    return 0;
-}
-
-int trainer_step(trainer *t, const bert_batch *micro, int n_micro, train_result *res, char *err,
-                 size_t errlen)
-{
-    int rc;
-    if (n_micro != t->cfg.grad_accum) {
-        snprintf(err, errlen, "got %d micro-batches, gradient_accumulation_steps is %d",
-                 n_micro, t->cfg.grad_accum);
-        return -EINVAL;
-    }
-    bert_model *m = t->model;
-    bert_model_zero_grad(m);
-    double loss = 0.0;
-    for (int k = 0; k < n_micro; k++)
-        if ((rc = trainer_micro(t, &micro[k], k, n_micro, &loss, err, errlen)) < 0)
-            return rc;
-    loss /= n_micro;
-    if (t->cfg.grad_sync &&
-        (rc = t->cfg.grad_sync(t->cfg.grad_sync_ctx, m->grads_memory, m->num_params, &loss)) < 0) {
-        snprintf(err, errlen, "step %ld: gradient all-reduce failed: %s", t->step, strerror(-rc));
-        return rc;
-    }
-    double lr = 0, gnorm = 0;
-    rc = optim_step(t->opt, m->params_memory, m->grads_memory, &lr, &gnorm);
-    if (rc < 0) {
-        snprintf(err, errlen, "step %ld: gradient norm is not finite (loss %g)", t->step, loss);
-        return rc;
-    }
-    t->step++;
-    if (res)
-        *res = (train_result){.step = t->step, .loss = loss, .lr = lr, .grad_norm = gnorm};
-    if (t->cfg.logging_steps > 0 && t->step % t->cfg.logging_steps == 0)
-        log_info("step %ld loss %.4f lr %.3g grad_norm %.3f", t->step, loss, lr, gnorm);
-    if (t->cfg.save_steps > 0 && t->cfg.output_dir && t->step % t->cfg.save_steps == 0) {
-        rc = checkpoint_save(t->cfg.output_dir, t->step, m, t->opt, NULL,
-                             t->cfg.save_total_limit, err, errlen);
-        if (rc < 0)
-            return rc;
-        log_info("saved checkpoint %s/ckpt-%ld", t->cfg.output_dir, t->step);
-    }
     return 0;
 }

@@ -15,6 +15,7 @@
  * agrees on it across ranks, rank 0 checkpoints and every rank exits 6.
  * Never touches SQLite; never exits from anywhere but main.
  */
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -57,15 +58,21 @@ int worker_send(worker *w, json_t *m)
 	return rc < 0 ? rc : 0;
 }
 
-int worker_fail(worker *w, int code, const char *kind, const char *fmt, ...)
+int worker_fail(worker *w, int code, const char *fmt, ...)
 {
+	/* the error message's code for each exit code (docs/formats.md) */
+	static const char *const kinds[] = {
+		[BERTD_EXIT_FAILURE] = "internal", [BERTD_EXIT_BAD_CONFIG] = "bad_config", [BERTD_EXIT_OOM] = "oom",
+		[BERTD_EXIT_PEER_LOST] = "peer_lost", [BERTD_EXIT_DATA] = "data", [BERTD_EXIT_IO] = "io",
+	};
+	assert(code > 0 && code < (int)(sizeof kinds / sizeof *kinds) && kinds[code]);
 	char msg[1024];
 	va_list ap;
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof msg, fmt, ap);
 	va_end(ap);
 	log_error("%s", msg);
-	worker_send(w, json_pack("{s:s, s:s, s:s, s:i}", "type", "error", "code", kind, "message", msg,
+	worker_send(w, json_pack("{s:s, s:s, s:s, s:i}", "type", "error", "code", kinds[code], "message", msg,
 				 "rank", w->rank));
 	return code;
 }
@@ -141,11 +148,78 @@ int worker_await(worker *w, const char *type, int timeout_ms, json_t **out)
 	}
 }
 
-/* ---- setup ---- */
+static const char *jstr(json_t *o, const char *k)
+{
+	return json_string_value(json_object_get(o, k));
+}
+
+/* ---- setup: each step returns 0 or the exit code, already reported ---- */
+
+/* Reads the job file: this rank's directories and device kind (*on_gpu for
+ * "cuda" in CUDA builds; any other kind is refused). */
+static int open_job(worker *w, const char *job_path, const char **kind, bool *on_gpu)
+{
+	json_error_t jerr;
+	w->job = json_load_file(job_path, JSON_REJECT_DUPLICATES, &jerr);
+	if (!w->job)
+		return worker_fail(w, BERTD_EXIT_BAD_CONFIG, "cannot read job file %s: %s", job_path,
+				   jerr.text);
+	if (batchjob_from_json(w->job, &w->bj) < 0)
+		return worker_fail(w, BERTD_EXIT_BAD_CONFIG, "job file %s is not usable (see log)", job_path);
+	w->world = (int)w->bj.world_size;
+	w->checkpoint_dir = jstr(w->job, "checkpoint_dir");
+	w->export_dir = jstr(w->job, "export_dir");
+	w->resume_from = jstr(w->job, "resume_from");
+	*kind = jstr(json_array_get(json_object_get(w->job, "devices"), (size_t)w->rank), "kind");
+	if (w->rank >= w->world || !w->checkpoint_dir || !w->export_dir || !*kind)
+		return worker_fail(w, BERTD_EXIT_BAD_CONFIG,
+				   "job file lacks rank %d's device or its directories", w->rank);
+	worker_send(w, json_pack("{s:s, s:i, s:i, s:s}", "type", "hello", "rank", w->rank, "pid", (int)getpid(),
+				 "device", *kind));
+#ifdef BERTD_CUDA
+	*on_gpu = strcmp(*kind, "cuda") == 0;
+	const char *built_for = "trains on \"cpu\" or \"cuda\"";
+#else
+	*on_gpu = false;
+	const char *built_for = "was built without CUDA (CPU backend only)";
+#endif
+	if (strcmp(*kind, "cpu") != 0 && !*on_gpu) /* refuse rather than silently train on the CPU */
+		return worker_fail(w, BERTD_EXIT_BAD_CONFIG, "device kind %s: this bertd-worker %s", *kind,
+				   built_for);
+	if (!*on_gpu && (w->bj.spec.training.bf16 == 1 || w->bj.spec.training.fp16 == 1))
+		return worker_fail(w, BERTD_EXIT_BAD_CONFIG,
+				   "bf16/fp16 asked for, but this job runs on the CPU backend (fp32 only)");
+	return 0;
+}
+
+/* The dataset is opened by every rank (its vocab sizes the model); batches
+ * come from the ring when loaders run, else are built here. */
+static int open_batches(worker *w)
+{
+	const batch_layout *l = &w->bj.ring.layout;
+	const int M = w->bj.spec.training.gradient_accumulation_steps;
+	int rc = batchjob_data_open(&w->bj, &w->data);
+	if (rc < 0)
+		return worker_fail(w, BERTD_EXIT_DATA, "dataset %s: %s", w->bj.dataset_dir, strerror(-rc));
+	if (M > 64)
+		return worker_fail(w, BERTD_EXIT_BAD_CONFIG, "gradient_accumulation_steps above 64");
+	w->mlm_pos = calloc((size_t)M * l->B * l->P, sizeof(int32_t));
+	w->mlm_lab = calloc((size_t)M * l->B * l->P, sizeof(int32_t));
+	w->win_ph = calloc(LOOP_WIN_STEPS_MAX, sizeof *w->win_ph);
+	if (!w->mlm_pos || !w->mlm_lab || !w->win_ph)
+		return worker_fail(w, BERTD_EXIT_OOM, "out of memory for batch buffers");
+	if (w->bj.spec.training.dataloader_num_workers == 0 &&
+	    posix_memalign(&w->local_slot, BATCH_ALIGN, (size_t)M * l->slot_bytes) != 0)
+		return worker_fail(w, BERTD_EXIT_OOM, "out of memory for batch slots");
+	if (w->bj.spec.training.dataloader_num_workers > 0 &&
+	    (rc = ring_open(&w->rg, w->bj.shm_name, &w->bj.ring)) < 0)
+		return worker_fail(w, BERTD_EXIT_DATA, "cannot open the batch ring %s: %s", w->bj.shm_name,
+				   strerror(-rc));
+	return 0;
+}
 
 /* The spec's model and training settings (train.c), with what only this
- * process knows: the dataset's vocab, threads, and that this file (not
- * train.c) logs and checkpoints, so the daemon hears of each. */
+ * process knows: the dataset's vocab and the threads. */
 static int build_train_config(worker *w, train_config *tc, char *err, size_t errlen)
 {
 	jobspec spec = w->bj.spec;
@@ -159,14 +233,52 @@ static int build_train_config(worker *w, train_config *tc, char *err, size_t err
 	}
 	const char *omp = getenv("OMP_NUM_THREADS");
 	int threads = omp && atoi(omp) > 0 ? atoi(omp) : 1;
-	int rc = train_config_from_jobspec(tc, &spec, NULL, threads, (uint32_t)w->rank, err, errlen);
+	int rc = train_config_from_jobspec(tc, &spec, threads, (uint32_t)w->rank, err, errlen);
 	if (rc < 0)
 		return rc;
 	tc->model.pad_token_id = (int)vi->special.pad;
-	tc->logging_steps = 0;
-	tc->save_steps = 0;
 	/* init_from points into the spec copy above: use the job's own */
 	tc->init_from = w->bj.spec.init_from[0] ? w->bj.spec.init_from : NULL;
+	return 0;
+}
+
+/* The host trainer: made from the spec (tc), or resumed from a checkpoint,
+ * whose step must be the job's. */
+static int make_trainer(worker *w, bool on_gpu, train_config *tc)
+{
+	char err[512];
+	if (build_train_config(w, tc, err, sizeof err) < 0)
+		return worker_fail(w, BERTD_EXIT_BAD_CONFIG, "%s", err);
+	int rc = trainer_create(&w->tr, tc, err, sizeof err);
+	if (rc < 0)
+		return worker_fail(w, rc == -ENOMEM ? BERTD_EXIT_OOM : BERTD_EXIT_BAD_CONFIG, "%s", err);
+	if (w->resume_from) {
+		if ((rc = trainer_resume(w->tr, w->resume_from, err, sizeof err)) >= 0)
+			rc = checkpoint_read_scaler(w->resume_from, &w->ckpt_scaler, err, sizeof err);
+		if (rc < 0)
+			return worker_fail(w, BERTD_EXIT_DATA, "resuming from %s: %s", w->resume_from, err);
+		w->have_ckpt_scaler = rc == 0;
+		if (!on_gpu && w->have_ckpt_scaler && w->ckpt_scaler.enabled)
+			log_info("the checkpoint's fp16 loss scale (%g) is not used: the CPU backend trains in fp32",
+				 (double)w->ckpt_scaler.scale);
+	}
+	if (w->tr->step != w->bj.start_step)
+		return worker_fail(w, BERTD_EXIT_DATA,
+				   "checkpoint step %ld disagrees with the job's resume step %lld", w->tr->step,
+				   (long long)w->bj.start_step);
+	return 0;
+}
+
+/* The shm group of the job's ranks (world > 1): the loop's per-step sums,
+ * the replica check, and the CPU device's gradients. */
+static int join_ranks(worker *w)
+{
+	char cname[160];
+	comm_name_for_job(cname, sizeof cname, w->bj.job_id);
+	int rc = comm_create_shm(&w->cm, cname, w->rank, w->world, COMM_DEFAULT_MAX_FLOATS, LOOP_COMM_TIMEOUT_MS);
+	if (rc < 0)
+		return worker_fail(w, BERTD_EXIT_PEER_LOST, "joining the %d-rank group failed: %s", w->world,
+				   strerror(-rc));
 	return 0;
 }
 
@@ -199,11 +311,6 @@ static int parse_args(int argc, char **argv, const char **job_path, int *rank)
 	return *job_path && *rank >= 0 && optind == argc ? 0 : -EINVAL;
 }
 
-static const char *jstr(json_t *o, const char *k)
-{
-	return json_string_value(json_object_get(o, k));
-}
-
 int main(int argc, char **argv)
 {
 	char name[32] = "bertd-worker";
@@ -226,142 +333,33 @@ int main(int argc, char **argv)
 		fcntl(DAEMON_FD, F_SETFL, fcntl(DAEMON_FD, F_GETFL) | O_NONBLOCK);
 	}
 	msg_reader_init(&w.rd);
-	int code = BERTD_EXIT_OK;
-	char err[512];
 
-	json_error_t jerr;
-	w.job = json_load_file(job_path, JSON_REJECT_DUPLICATES, &jerr);
-	if (!w.job) {
-		code = worker_fail(&w, BERTD_EXIT_BAD_CONFIG, "bad_config", "cannot read job file %s: %s",
-				   job_path, jerr.text);
-		goto out;
-	}
-	if (batchjob_from_json(w.job, &w.bj) < 0) {
-		code = worker_fail(&w, BERTD_EXIT_BAD_CONFIG, "bad_config", "job file %s is not usable (see log)",
-				   job_path);
-		goto out;
-	}
-	w.world = (int)w.bj.world_size;
-	w.checkpoint_dir = jstr(w.job, "checkpoint_dir");
-	w.export_dir = jstr(w.job, "export_dir");
-	w.resume_from = jstr(w.job, "resume_from");
-	const char *kind = jstr(json_array_get(json_object_get(w.job, "devices"), (size_t)w.rank), "kind");
-	if (w.rank >= w.world || !w.checkpoint_dir || !w.export_dir || !kind) {
-		code = worker_fail(&w, BERTD_EXIT_BAD_CONFIG, "bad_config",
-				   "job file lacks rank %d's device or its directories",
-			    w.rank);
-		goto out;
-	}
-	worker_send(&w, json_pack("{s:s, s:i, s:i, s:s}", "type", "hello", "rank", w.rank, "pid", (int)getpid(),
-			       "device", kind));
+	const char *kind = NULL;
 	bool on_gpu = false;
-#ifdef BERTD_CUDA
-	on_gpu = strcmp(kind, "cuda") == 0;
-#endif
-	if (strcmp(kind, "cpu") != 0 && !on_gpu) {
-		/* refuse rather than silently train on the CPU */
-		code = worker_fail(&w, BERTD_EXIT_BAD_CONFIG, "bad_config",
-#ifdef BERTD_CUDA
-			    "device kind %s: this bertd-worker trains on \"cpu\" or \"cuda\"", kind);
-#else
-			    "device kind %s: this bertd-worker was built without CUDA (CPU backend only)", kind);
-#endif
-		goto out;
-	}
-	if (!on_gpu && (w.bj.spec.training.bf16 == 1 || w.bj.spec.training.fp16 == 1)) {
-		code = worker_fail(&w, BERTD_EXIT_BAD_CONFIG, "bad_config",
-			    "bf16/fp16 asked for, but this job runs on the CPU backend (fp32 only)");
-		goto out;
-	}
-
-	/* Data: the dataset is opened by every rank (its vocab sizes the model);
-	 * batches come from the ring when loaders run, else are built here. */
-	if ((rc = batchjob_data_open(&w.bj, &w.data)) < 0) {
-		code = worker_fail(&w, BERTD_EXIT_DATA, "data", "dataset %s: %s", w.bj.dataset_dir, strerror(-rc));
-		goto out;
-	}
-	const batch_layout *l = &w.bj.ring.layout;
-	int M = w.bj.spec.training.gradient_accumulation_steps;
-	if (M > 64) {
-		code = worker_fail(&w, BERTD_EXIT_BAD_CONFIG, "bad_config", "gradient_accumulation_steps above 64");
-		goto out;
-	}
-	w.mlm_pos = calloc((size_t)M * l->B * l->P, sizeof(int32_t));
-	w.mlm_lab = calloc((size_t)M * l->B * l->P, sizeof(int32_t));
-	w.win_ph = calloc(LOOP_WIN_STEPS_MAX, sizeof *w.win_ph);
-	if (!w.mlm_pos || !w.mlm_lab || !w.win_ph) {
-		code = worker_fail(&w, BERTD_EXIT_OOM, "oom", "out of memory for batch buffers");
-		goto out;
-	}
-	if (w.bj.spec.training.dataloader_num_workers == 0 &&
-	    posix_memalign(&w.local_slot, BATCH_ALIGN, (size_t)M * l->slot_bytes) != 0) {
-		code = worker_fail(&w, BERTD_EXIT_OOM, "oom", "out of memory for batch slots");
-		goto out;
-	}
-	if (w.bj.spec.training.dataloader_num_workers > 0 &&
-	    (rc = ring_open(&w.rg, w.bj.shm_name, &w.bj.ring)) < 0) {
-		code = worker_fail(&w, BERTD_EXIT_DATA, "data", "cannot open the batch ring %s: %s", w.bj.shm_name,
-			    strerror(-rc));
-		goto out;
-	}
-
 	train_config tc;
-	if (build_train_config(&w, &tc, err, sizeof err) < 0) {
-		code = worker_fail(&w, BERTD_EXIT_BAD_CONFIG, "bad_config", "%s", err);
-		goto out;
-	}
-	if ((rc = trainer_create(&w.tr, &tc, err, sizeof err)) < 0) {
-		code = worker_fail(&w, rc == -ENOMEM ? BERTD_EXIT_OOM : BERTD_EXIT_BAD_CONFIG,
-			    rc == -ENOMEM ? "oom" : "bad_config", "%s", err);
-		goto out;
-	}
-	if (w.resume_from && (rc = trainer_resume(w.tr, w.resume_from, err, sizeof err)) < 0) {
-		code = worker_fail(&w, BERTD_EXIT_DATA, "data", "resuming from %s: %s", w.resume_from, err);
-		goto out;
-	}
-	if (w.resume_from) {
-		rc = checkpoint_read_scaler(w.resume_from, &w.ckpt_scaler, err, sizeof err);
-		if (rc < 0) {
-			code = worker_fail(&w, BERTD_EXIT_DATA, "data", "resuming from %s: %s", w.resume_from, err);
-			goto out;
-		}
-		w.have_ckpt_scaler = rc == 0;
-		if (!on_gpu && w.have_ckpt_scaler && w.ckpt_scaler.enabled)
-			log_info("the checkpoint's fp16 loss scale (%g) is not used: the CPU backend trains in fp32",
-				 (double)w.ckpt_scaler.scale);
-	}
-	if (w.tr->step != w.bj.start_step) {
-		code = worker_fail(&w, BERTD_EXIT_DATA, "data",
-				   "checkpoint step %ld disagrees with the job's resume step %lld",
-			    w.tr->step, (long long)w.bj.start_step);
-		goto out;
-	}
-	/* the host trainer above made (or loaded) the weights; a GPU takes them */
+	int code = open_job(&w, job_path, &kind, &on_gpu);
+	if (code == 0)
+		code = open_batches(&w);
+	if (code == 0)
+		code = make_trainer(&w, on_gpu, &tc);
+	/* the host trainer made (or loaded) the weights; a GPU takes them */
 #ifdef BERTD_CUDA
-	code = on_gpu ? device_gpu_create(&w, &dev) : device_cpu_create(&w, &dev);
-#else
-	code = device_cpu_create(&w, &dev);
+	if (code == 0 && on_gpu)
+		code = device_gpu_create(&w, &dev);
 #endif
-	if (code != 0)
-		goto out;
-	if (w.world > 1) {
-		char cname[160];
-		comm_name_for_job(cname, sizeof cname, w.bj.job_id);
-		if ((rc = comm_create_shm(&w.cm, cname, w.rank, w.world, COMM_DEFAULT_MAX_FLOATS,
-					  LOOP_COMM_TIMEOUT_MS)) < 0) {
-			code = worker_fail(&w, BERTD_EXIT_PEER_LOST, "peer_lost",
-					   "joining the %d-rank group failed: %s",
-				    w.world, strerror(-rc));
-			goto out;
-		}
+	if (code == 0 && !on_gpu)
+		code = device_cpu_create(&w, &dev);
+	if (code == 0 && w.world > 1)
+		code = join_ranks(&w);
+	if (code == 0) {
+		log_info("rank %d/%d on %s: %d layers, hidden %d, vocab %d, batch %u x %u, accumulation %d, from step %ld",
+			 w.rank, w.world, kind, tc.model.num_hidden_layers, tc.model.hidden_size, tc.model.vocab_size,
+			 w.bj.ring.layout.B, w.bj.ring.layout.T, w.bj.spec.training.gradient_accumulation_steps,
+			 w.tr->step);
+		code = loop_run(&w, &dev);
+		if (code == BERTD_EXIT_PEER_LOST && w.cm)
+			comm_abort(w.cm, -EPIPE);
 	}
-	log_info("rank %d/%d on %s: %d layers, hidden %d, vocab %d, batch %u x %u, accumulation %d, from step %ld",
-		 w.rank, w.world, kind, tc.model.num_hidden_layers, tc.model.hidden_size, tc.model.vocab_size, l->B,
-		 l->T, M, w.tr->step);
-	code = loop_run(&w, &dev);
-	if (code == BERTD_EXIT_PEER_LOST && w.cm)
-		comm_abort(w.cm, -EPIPE);
-out:
 	if (dev.destroy)
 		dev.destroy(dev.ctx, code);
 	comm_destroy(w.cm);

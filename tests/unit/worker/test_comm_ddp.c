@@ -6,7 +6,8 @@
  *       comm_allreduce_mean over the shm backend,
  * must give the same weights to fp32 rounding, and (c)'s two ranks must hold
  * bit-identical weights. Once with direct model/optim calls, once through
- * the real loop (trainer_step with its grad_sync hook on comm).
+ * the host trainer as the CPU device of the training loop steps it
+ * (trainer_micro per micro-batch, comm_allreduce_mean, optim_step).
  *
  * Why not bit-equal across (a), (b), (c): the gradient mean is summed in a
  * different order. (a) sums all 2B*T rows in one GEMM and scales the loss by
@@ -215,17 +216,8 @@ static int train_rank(optim_kind kind, const char *name, int rank, float *out, d
     return rc == 0 ? 0 : 4;
 }
 
-/* ---- the same through the real training loop (train.h, grad_sync hook) ---- */
-
-static int sync_hook(void *ctx, float *grads, size_t n, double *loss)
-{
-    comm *c = ctx;
-    int rc = comm_allreduce_mean(c, grads, n);
-    if (rc == 0)
-        rc = comm_allreduce_sum_f64(c, loss, 1);
-    *loss /= comm_world(c);
-    return rc;
-}
+/* ---- the same through the host trainer (train.h), as worker/device_cpu.c
+ * steps it ---- */
 
 /* micro micro-batches of 2B/(world*micro) sequences per rank and step */
 static int train_loop(optim_kind kind, int micro, int rank, int world, const char *name, float *out,
@@ -241,19 +233,14 @@ static int train_loop(optim_kind kind, int micro, int rank, int world, const cha
     tc.optim.warmup_steps = 3;
     tc.optim.total_steps = STEPS;
     tc.optim.max_grad_norm = 1.0f;
-    tc.grad_accum = micro;
     tc.seed = SEED;
     tc.rank = (uint32_t)rank;
     tc.threads = 1;
     comm *c = NULL;
-    if (world > 1) {
-        if (comm_create_shm(&c, name, rank, world, 1 << 16, 60000) != 0)
-            return 3;
-        tc.grad_sync = sync_hook;
-        tc.grad_sync_ctx = c;
-    }
+    if (world > 1 && comm_create_shm(&c, name, rank, world, 1 << 16, 60000) != 0)
+        return 3;
     trainer *t = NULL;
-    char err[256];
+    char err[256] = "";
     int rc = trainer_create(&t, &tc, err, sizeof(err));
     batch_buf *bb = calloc((size_t)micro, sizeof(*bb));
     bert_batch mb[4];
@@ -263,13 +250,26 @@ static int train_loop(optim_kind kind, int micro, int rank, int world, const cha
             make_batch(&bb[u], s, rank * micro * nb + u * nb, nb, tc.model.vocab_size);
             mb[u] = bb[u].b;
         }
-        train_result res;
-        rc = trainer_step(t, mb, micro, &res, err, sizeof(err));
+        bert_model *m = t->model;
+        double loss = 0, lr, gn;
+        bert_model_zero_grad(m);
+        for (int u = 0; u < micro && rc == 0; u++)
+            rc = trainer_micro(t, &mb[u], u, micro, &loss, err, sizeof(err));
+        loss /= micro;
+        if (rc == 0 && c) {
+            rc = comm_allreduce_mean(c, m->grads_memory, m->num_params);
+            if (rc == 0)
+                rc = comm_allreduce_sum_f64(c, &loss, 1); /* as the loop's per-step sums */
+            loss /= world;
+        }
+        if (rc == 0)
+            rc = optim_step(t->opt, m->params_memory, m->grads_memory, &lr, &gn);
+        t->step++;
         if (s == 0)
-            *loss0 = res.loss;
+            *loss0 = loss;
     }
     if (rc != 0)
-        fprintf(stderr, "rank %d: %s\n", rank, err);
+        fprintf(stderr, "rank %d: %s (%s)\n", rank, err, strerror(-rc));
     if (t)
         memcpy(out, t->model->params_memory, t->model->num_params * sizeof(float));
     trainer_destroy(t);
@@ -405,7 +405,7 @@ static void check_loop(optim_kind kind, const char *label)
     double d_ddp = max_abs_diff(shared, big, np);
     double d_acc = max_abs_diff(accum, big, np);
     double d_direct = max_abs_diff(direct, big, np);
-    print_message("  %s via trainer_step + grad_sync: max |w| diff vs 1x2B: 2 ranks %.3g, 2 micro-steps %.3g,"
+    print_message("  %s via the host trainer: max |w| diff vs 1x2B: 2 ranks %.3g, 2 micro-steps %.3g,"
                   " direct model/optim calls %.3g (tol %.1g)\n",
                   label, d_ddp, d_acc, d_direct, TOL);
     assert_true(d_ddp <= TOL);

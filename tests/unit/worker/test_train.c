@@ -1,5 +1,5 @@
-/* test_train — the training loop really learns, and checkpoints resume
- * bit-for-bit.
+/* test_train — the host trainer, stepped as the CPU device of the training
+ * loop steps it, really learns, and checkpoints resume bit-for-bit.
  *  - learns: bert-tiny (vocab overridden to 512 to stay fast) on a synthetic
  *    but structured corpus (every row repeats one of 8 random 5-token motifs,
  *    so a masked token is predictable from its neighbours): the mean MLM loss
@@ -83,6 +83,23 @@ static void free_batch(batch_buf *bb)
     free(bb->labels);
 }
 
+/* One optimizer step over micro-batches mb[0..n), as the CPU device of the
+ * training loop takes it on one rank (worker/device_cpu.c). Returns the
+ * step's mean loss. */
+static double train_step(trainer *t, const bert_batch *mb, int n)
+{
+    char err[256];
+    bert_model *m = t->model;
+    double loss = 0, lr, gnorm;
+    bert_model_zero_grad(m);
+    for (int k = 0; k < n; k++)
+        if (trainer_micro(t, &mb[k], k, n, &loss, err, sizeof err) < 0)
+            fail_msg("step %ld: %s", t->step, err);
+    assert_int_equal(optim_step(t->opt, m->params_memory, m->grads_memory, &lr, &gnorm), 0);
+    t->step++;
+    return loss / n;
+}
+
 static void init_motifs(int motifs[][5], int n, int V, uint64_t *rng)
 {
     for (int i = 0; i < n; i++)
@@ -103,7 +120,6 @@ static void test_learns_structured_corpus(void **state)
     tc.optim.weight_decay = 0.01f;
     tc.optim.warmup_steps = 15;
     tc.optim.total_steps = STEPS;
-    tc.grad_accum = 1;
     tc.seed = 42;
     tc.threads = 1; // cheapest on a shared CI box; the resume test covers 2 threads
     char err[256];
@@ -118,14 +134,11 @@ static void test_learns_structured_corpus(void **state)
     for (int s = 0; s < STEPS; s++) {
         batch_buf bb;
         make_batch(&bb, &rng, 16, 32, 512, motifs, 8);
-        train_result r;
-        rc = trainer_step(t, &bb.b, 1, &r, err, sizeof err);
-        if (rc < 0)
-            fail_msg("step %d: %s", s, err);
+        double loss = train_step(t, &bb.b, 1);
         if (s < 5)
-            first += r.loss / 5;
+            first += loss / 5;
         if (s >= STEPS - 20)
-            last += r.loss / 20;
+            last += loss / 20;
         free_batch(&bb);
     }
     print_message("  mean MLM loss: first 5 steps %.3f, last 20 steps %.3f (ln V = %.3f)\n",
@@ -135,7 +148,7 @@ static void test_learns_structured_corpus(void **state)
     trainer_destroy(t);
 }
 
-static train_config small_config(const char *dir)
+static train_config small_config(void)
 {
     train_config tc = {0};
     bert_config_preset(&tc.model, "bert-tiny");
@@ -149,14 +162,13 @@ static train_config small_config(const char *dir)
     tc.optim.weight_decay = 0.01f;
     tc.optim.warmup_steps = 2;
     tc.optim.total_steps = 6;
-    tc.grad_accum = 2;
     tc.seed = 7;
     tc.threads = 2;
-    tc.output_dir = dir;
     return tc;
 }
 
-static void run(trainer *t, int steps, uint64_t seed_for_step0)
+/* steps of 2 micro-batches; save_dir: a checkpoint after each, keeping keep_last */
+static void run(trainer *t, int steps, uint64_t seed_for_step0, const char *save_dir, int keep_last)
 {
     char err[256];
     int motifs[8][5];
@@ -168,8 +180,9 @@ static void run(trainer *t, int steps, uint64_t seed_for_step0)
         make_batch(&bb[0], &rng, 3, 16, 128, motifs, 8);
         make_batch(&bb[1], &rng, 3, 16, 128, motifs, 8);
         bert_batch mb[2] = {bb[0].b, bb[1].b};
-        int rc = trainer_step(t, mb, 2, NULL, err, sizeof err);
-        if (rc < 0)
+        train_step(t, mb, 2);
+        if (save_dir && checkpoint_save(save_dir, t->step, t->model, t->opt, NULL, keep_last, err,
+                                        sizeof err) < 0)
             fail_msg("%s", err);
         free_batch(&bb[0]);
         free_batch(&bb[1]);
@@ -189,15 +202,15 @@ static void test_exact_resume(void **state)
     char dir[] = "/tmp/bertd-ckpt-XXXXXX", err[256];
     assert_non_null(mkdtemp(dir));
     /* A: six steps without stopping (saves nothing) */
-    train_config tca = small_config(NULL);
+    train_config tca = small_config();
     trainer *a = NULL, *b = NULL;
     assert_int_equal(trainer_create(&a, &tca, err, sizeof err), 0);
-    run(a, 6, 99);
+    run(a, 6, 99, NULL, 0);
     /* B: three steps, checkpoint at 3, a brand-new trainer resumes */
-    train_config tcb = small_config(dir);
-    tcb.save_steps = 3;
+    train_config tcb = small_config();
     assert_int_equal(trainer_create(&b, &tcb, err, sizeof err), 0);
-    run(b, 3, 99);
+    run(b, 2, 99, NULL, 0);
+    run(b, 1, 99, dir, 0);
     trainer_destroy(b);
     b = NULL;
     long step;
@@ -212,7 +225,7 @@ static void test_exact_resume(void **state)
     if (rc < 0)
         fail_msg("%s", err);
     assert_int_equal(b->step, 3);
-    run(b, 3, 99);
+    run(b, 3, 99, NULL, 0);
     assert_int_equal(a->model->num_params, b->model->num_params);
     assert_memory_equal(a->model->params_memory, b->model->params_memory,
                         a->model->num_params * sizeof(float));
@@ -228,7 +241,7 @@ static void test_dropout_is_active_and_deterministic(void **state)
 {
     (void)state;
     char err[256];
-    train_config tc = small_config(NULL);
+    train_config tc = small_config();
     trainer *t = NULL;
     assert_int_equal(trainer_create(&t, &tc, err, sizeof err), 0);
     uint64_t rng = 5;
@@ -258,14 +271,12 @@ static void test_keep_last_and_incomplete(void **state)
     (void)state;
     char dir[] = "/tmp/bertd-ckpt-XXXXXX", err[256], path[4200];
     assert_non_null(mkdtemp(dir));
-    train_config tc = small_config(dir);
-    tc.save_steps = 1;
-    tc.save_total_limit = 2;
+    train_config tc = small_config();
     trainer *t = NULL;
     assert_int_equal(trainer_create(&t, &tc, err, sizeof err), 0);
     snprintf(path, sizeof path, "%s/ckpt-77.tmp", dir); // debris of a crashed save
     assert_int_equal(mkdir(path, 0755), 0);
-    run(t, 4, 1);
+    run(t, 4, 1, dir, 2); // keeps the last 2
     assert_int_equal(access(path, F_OK), -1); // pruned with the old checkpoints
     struct stat st;
     for (int s = 1; s <= 4; s++) {
@@ -325,20 +336,21 @@ static void test_config_from_jobspec(void **state)
     js.mlm.nsp = true;
     train_config tc;
     char err[256];
-    assert_int_equal(train_config_from_jobspec(&tc, &js, "/tmp/x", 2, 1, err, sizeof err), 0);
+    assert_int_equal(train_config_from_jobspec(&tc, &js, 2, 1, err, sizeof err), 0);
     assert_int_equal(tc.model.hidden_size, 64);
     assert_int_equal(tc.model.nsp, 1);
     assert_int_equal(tc.optim.kind, OPTIM_LAMB);
     assert_int_equal(tc.optim.sched, SCHED_COSINE);
     assert_int_equal(tc.optim.warmup_steps, 61); // ceil(1001 * 0.06), as HF
     assert_true(tc.optim.beta2 == 0.98f);
-    assert_int_equal(tc.grad_accum, 2);
+    assert_int_equal(tc.rank, 1);
+    assert_int_equal(tc.threads, 2);
     assert_null(tc.init_from);
     strcpy(js.model.hidden_act, "relu");
-    assert_int_equal(train_config_from_jobspec(&tc, &js, NULL, 1, 0, err, sizeof err), -EINVAL);
+    assert_int_equal(train_config_from_jobspec(&tc, &js, 1, 0, err, sizeof err), -EINVAL);
     strcpy(js.model.hidden_act, "gelu");
     js.model.num_attention_heads = 5; // does not divide 64
-    assert_int_equal(train_config_from_jobspec(&tc, &js, NULL, 1, 0, err, sizeof err), -EINVAL);
+    assert_int_equal(train_config_from_jobspec(&tc, &js, 1, 0, err, sizeof err), -EINVAL);
     print_message("  bad spec: %s\n", err);
     assert_non_null(strstr(err, "num_attention_heads"));
 }
