@@ -4,7 +4,10 @@
  * A POST validates the request, confines every path to the data roots and
  * stores the dataset as `preparing`; the supervisor (daemon loop) runs
  * bertd-prepare for it and moves it to ready or failed. Handlers never start
- * processes themselves. DELETE removes a dataset no live job needs.
+ * processes themselves. DELETE removes a dataset no live job needs; on a
+ * preparing one it cancels instead: the row becomes failed ("canceled"), and
+ * the supervisor, seeing its bertd-prepare's dataset no longer preparing,
+ * kills it and removes the partial output. A second DELETE removes it.
  */
 #include <errno.h>
 #include <jansson.h>
@@ -20,6 +23,7 @@
 #include "common/fsutil.h"
 #include "common/log.h"
 #include "daemon/store.h"
+#include "loader/prepare.h"
 
 static json_t *time_json(int64_t ms)
 {
@@ -97,11 +101,61 @@ static bool resolve_field(api_request *req, json_t *v, const char *field, char *
 	return false;
 }
 
+/* The walk's bounds (null or absent: every default), with every default
+ * filled in (caller owns); on failure replies and returns NULL. */
+static json_t *dataset_limits(api_request *req, json_t *in, enum MHD_Result *ret)
+{
+	static const struct {
+		const char *key, *field;
+		json_int_t min, max, def;
+	} lim[] = {
+		{"max_depth", "limits.max_depth", 1, 256, PREPARE_DEFAULT_MAX_DEPTH},
+		{"max_files", "limits.max_files", 1, 100000000, PREPARE_DEFAULT_MAX_FILES},
+		{"max_bytes", "limits.max_bytes", 0, INT64_MAX, 0},
+	};
+	if (in && !json_is_null(in) && !json_is_object(in)) {
+		*ret = api_reply_problem(req, API_P_INVALID_REQUEST, "limits",
+					 "must be an object: {\"max_depth\", \"max_files\", \"max_bytes\"}");
+		return NULL;
+	}
+	const char *key;
+	json_t *v;
+	json_object_foreach(in, key, v) {
+		bool ok = false;
+		for (size_t i = 0; i < sizeof lim / sizeof lim[0]; i++)
+			ok |= strcmp(key, lim[i].key) == 0;
+		if (!ok) {
+			char f[160];
+			snprintf(f, sizeof f, "limits.%s", key);
+			*ret = api_reply_problem(req, API_P_INVALID_REQUEST, f, "unknown key");
+			return NULL;
+		}
+	}
+	json_t *out = json_object();
+	for (size_t i = 0; i < sizeof lim / sizeof lim[0]; i++) {
+		json_int_t x = lim[i].def;
+		if ((v = json_object_get(in, lim[i].key)) && !json_is_null(v)) {
+			if (!json_is_integer(v) || json_integer_value(v) < lim[i].min ||
+			    json_integer_value(v) > lim[i].max) {
+				*ret = api_reply_problem(req, API_P_INVALID_REQUEST, lim[i].field,
+							 "must be an integer in %lld..%lld", (long long)lim[i].min,
+							 (long long)lim[i].max);
+				json_decref(out);
+				return NULL;
+			}
+			x = json_integer_value(v);
+		}
+		json_object_set_new(out, lim[i].key, json_integer(x));
+	}
+	return out;
+}
+
 /* Validates a dataset request; on success returns the effective request
  * (caller owns) with canonical paths and every default. */
 static json_t *dataset_request(api_request *req, json_t *in, enum MHD_Result *ret)
 {
-	static const char *const known[] = {"name", "source", "format", "text_field", "vocab", "lowercase"};
+	static const char *const known[] = {"name",  "source",    "format",
+					    "text_field", "vocab", "lowercase", "limits"};
 	const char *key;
 	json_t *v;
 	json_object_foreach(in, key, v) {
@@ -196,8 +250,19 @@ static json_t *dataset_request(api_request *req, json_t *in, enum MHD_Result *re
 		*ret = api_reply_problem(req, API_P_INVALID_REQUEST, "vocab", "must hold \"file\" or \"train\"");
 		return NULL;
 	}
-	return json_pack("{s:s, s:s, s:s, s:s, s:o, s:o}", "name", name, "source_path", source, "format", format,
-			 "text_field", text_field, "lowercase", lowercase, "vocab", out_vocab);
+	json_t *limits = dataset_limits(req, json_object_get(in, "limits"), ret);
+	if (!limits) {
+		json_decref(out_vocab);
+		return NULL;
+	}
+	/* the roots bertd-prepare confines its reading to (--root): links in
+	 * the source that lead out of them are skipped */
+	json_t *roots = json_array();
+	for (size_t i = 0; i < req->cfg->n_data_roots; i++)
+		json_array_append_new(roots, json_string(req->cfg->data_roots[i]));
+	return json_pack("{s:s, s:s, s:s, s:s, s:o, s:o, s:o, s:o}", "name", name, "source_path", source,
+			 "format", format, "text_field", text_field, "lowercase", lowercase, "vocab", out_vocab,
+			 "limits", limits, "roots", roots);
 }
 
 enum MHD_Result datasets_create(api_request *req)
@@ -235,7 +300,7 @@ enum MHD_Result datasets_create(api_request *req)
 		goto out;
 	}
 	if (rc < 0) {
-		ret = api_reply_problem(req, API_P_INTERNAL, NULL, "storing the dataset failed: %s", strerror(-rc));
+		ret = api_reply_store_error(req, rc, "storing the dataset failed");
 		goto out;
 	}
 	log_info("dataset %s (%s) submitted for preparation", id, name);
@@ -267,7 +332,7 @@ enum MHD_Result datasets_list(api_request *req)
 	size_t n = 0;
 	int rc = store_dataset_list(req->st, &ds, &n);
 	if (rc < 0)
-		return api_reply_problem(req, API_P_INTERNAL, NULL, "listing datasets failed: %s", strerror(-rc));
+		return api_reply_store_error(req, rc, "listing datasets failed");
 	json_t *arr = json_array();
 	for (size_t i = 0; i < n; i++)
 		json_array_append_new(arr, dataset_json(req, &ds[i]));
@@ -295,7 +360,7 @@ enum MHD_Result datasets_get(api_request *req)
 	if (rc == -ENOENT)
 		return api_reply_problem(req, API_P_DATASET_NOT_FOUND, NULL, "no dataset %s", req->args.v[0]);
 	if (rc < 0)
-		return api_reply_problem(req, API_P_INTERNAL, NULL, "loading dataset failed: %s", strerror(-rc));
+		return api_reply_store_error(req, rc, "loading dataset failed");
 	json_t *o = dataset_json(req, &d);
 	store_dataset_free(&d);
 	return api_reply_json(req, MHD_HTTP_OK, o);
@@ -331,8 +396,10 @@ static int dataset_in_use(store *st, const char *name, char *job, size_t cap)
 
 /* Deletes a dataset that no live job needs: its row, then its shards under
  * the first data root (the only place bertd-prepare writes). A preparing
- * dataset is refused rather than canceled: the supervisor owns that
- * process, and handlers never touch processes. */
+ * one no live job needs is canceled instead (202 with the dataset, now failed): only its
+ * row changes here, since the supervisor owns the process and handlers never
+ * touch processes; the supervisor's next tick kills bertd-prepare and
+ * removes what it wrote. */
 enum MHD_Result datasets_delete(api_request *req)
 {
 	static const char *const known[] = {NULL};
@@ -344,23 +411,38 @@ enum MHD_Result datasets_delete(api_request *req)
 	if (rc == -ENOENT)
 		return api_reply_problem(req, API_P_DATASET_NOT_FOUND, NULL, "no dataset %s", req->args.v[0]);
 	if (rc < 0)
-		return api_reply_problem(req, API_P_INTERNAL, NULL, "loading dataset failed: %s", strerror(-rc));
+		return api_reply_store_error(req, rc, "loading dataset failed");
 	enum MHD_Result ret;
 	char job[64] = "";
-	if (d.state == DATASET_PREPARING) {
-		ret = api_reply_problem(req, API_P_DATASET_STATE, NULL,
-					"dataset \"%s\" is still preparing; delete it once it is ready or failed",
-					d.name);
-		goto out;
-	}
+	/* a job waiting for it keeps it, preparing or not */
 	if ((rc = dataset_in_use(req->st, d.name, job, sizeof job)) != 0) {
 		if (rc < 0)
-			ret = api_reply_problem(req, API_P_INTERNAL, NULL, "listing jobs failed: %s", strerror(-rc));
+			ret = api_reply_store_error(req, rc, "listing jobs failed");
 		else
 			ret = api_reply_problem(req, API_P_DATASET_STATE, NULL,
 						"dataset \"%s\" is used by job %s (queued or running); cancel it first",
 						d.name, job);
 		goto out;
+	}
+	if (d.state == DATASET_PREPARING) {
+		rc = store_dataset_finish(req->st, d.id, DATASET_FAILED,
+					  "canceled by DELETE while preparing; DELETE again to remove it", NULL);
+		if (rc == 0) {
+			log_info("dataset %s (%s) canceled while preparing", d.id, d.name);
+			store_dataset now;
+			if (store_dataset_get(req->st, d.id, &now) < 0) {
+				ret = api_reply_problem(req, API_P_INTERNAL, NULL, "reading the dataset back failed");
+				goto out;
+			}
+			ret = api_reply_json(req, MHD_HTTP_ACCEPTED, dataset_json(req, &now));
+			store_dataset_free(&now);
+			goto out;
+		}
+		if (rc != -EBUSY) {
+			ret = api_reply_store_error(req, rc, "canceling the dataset failed");
+			goto out;
+		}
+		/* it finished meanwhile: delete it as it is now */
 	}
 	rc = store_dataset_delete(req->st, d.id);
 	if (rc == -ENOENT) {
@@ -372,7 +454,7 @@ enum MHD_Result datasets_delete(api_request *req)
 		goto out;
 	}
 	if (rc < 0) {
-		ret = api_reply_problem(req, API_P_INTERNAL, NULL, "deleting the dataset failed: %s", strerror(-rc));
+		ret = api_reply_store_error(req, rc, "deleting the dataset failed");
 		goto out;
 	}
 	if (req->cfg->n_data_roots) {

@@ -25,7 +25,7 @@ enum MHD_Result devices_list(api_request *req)
 	int rc = holder ? store_job_list(req->st, JOB_MASK_ACTIVE, 0, 1000, &jobs, &nj, &next) : -ENOMEM;
 	if (rc < 0) {
 		free(holder);
-		return api_reply_problem(req, API_P_INTERNAL, NULL, "listing jobs failed: %s", strerror(-rc));
+		return api_reply_store_error(req, rc, "listing jobs failed");
 	}
 	for (size_t i = 0; i < nj; i++) {
 		json_t *devs = jobs[i].devices_json ? json_loads(jobs[i].devices_json, 0, NULL) : NULL;

@@ -109,7 +109,7 @@ enum MHD_Result jobs_diagnosis(api_request *req)
 	if (rc == -ENOENT)
 		return api_reply_problem(req, API_P_JOB_NOT_FOUND, NULL, "no job %s", req->args.v[0]);
 	if (rc < 0)
-		return api_reply_problem(req, API_P_INTERNAL, NULL, "loading job failed: %s", strerror(-rc));
+		return api_reply_store_error(req, rc, "loading job failed");
 	diag_report rep;
 	rc = api_diagnose(req->st, &j, wall_ms(), &rep);
 	if (rc < 0) {

@@ -287,6 +287,11 @@ enum MHD_Result api_reply_problem(api_request *req, enum api_problem p, const ch
 	vsnprintf(detail, sizeof detail, fmt, ap);
 	va_end(ap);
 	int status = api_problem_status(p);
+	int retry = api_problem_retry_after(p);
+	char retry_s[16];
+	snprintf(retry_s, sizeof retry_s, "%d", retry);
+	if (retry > 0 && api_add_header(req, MHD_HTTP_HEADER_RETRY_AFTER, retry_s) < 0)
+		log_warn("%s %s: no room for Retry-After", req->method, req->path);
 	if (status >= 500)
 		log_error("%s %s: %d %s: %s", req->method, req->path, status, api_problem_code(p),
 			  detail);
@@ -295,6 +300,17 @@ enum MHD_Result api_reply_problem(api_request *req, enum api_problem p, const ch
 			  detail);
 	return reply_dumped(req, (unsigned)status, "application/problem+json",
 			    api_problem_json(p, detail, field, req->path));
+}
+
+enum MHD_Result api_reply_store_error(api_request *req, int rc, const char *fmt, ...)
+{
+	char what[400];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(what, sizeof what, fmt, ap);
+	va_end(ap);
+	return api_reply_problem(req, api_problem_of_store(rc), NULL, "%s: %s", what,
+				 api_problem_store_text(rc));
 }
 
 /* ------------------------------------------------------------ MHD glue */

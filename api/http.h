@@ -62,6 +62,11 @@ enum MHD_Result api_reply_empty(api_request *req, unsigned status);
 enum MHD_Result api_reply_problem(api_request *req, enum api_problem p, const char *field,
 				  const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
+/* The reply for a failed store_* call: the problem api_problem_of_store
+ * maps rc to, detail "<fmt>: <what the error means>". */
+enum MHD_Result api_reply_store_error(api_request *req, int rc, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
 /* Serializes compactly, reals with the fewest digits (15 or 17) that read
  * back as the same double, so 0.1 prints as 0.1, not 0.10000000000000001.
  * newline appends "\n". Returns a malloc'd string (caller frees) or NULL. */

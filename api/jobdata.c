@@ -50,7 +50,7 @@ static bool job_exists(api_request *req, enum MHD_Result *ret)
 	if (rc == -ENOENT)
 		*ret = api_reply_problem(req, API_P_JOB_NOT_FOUND, NULL, "no job %s", req->args.v[0]);
 	else
-		*ret = api_reply_problem(req, API_P_INTERNAL, NULL, "loading job failed: %s", strerror(-rc));
+		*ret = api_reply_store_error(req, rc, "loading job failed");
 	return false;
 }
 
@@ -64,8 +64,7 @@ bool jobs_resolve_epochs(api_request *req, json_t *spec, enum MHD_Result *ret)
 	const char *name = json_string_value(json_object_get(spec, "dataset"));
 	int rc = name ? store_dataset_get_by_name(req->st, name, &ds) : -ENOENT;
 	if (rc < 0 && rc != -ENOENT) {
-		*ret = api_reply_problem(req, API_P_INTERNAL, NULL, "looking up the dataset failed: %s",
-					 strerror(-rc));
+		*ret = api_reply_store_error(req, rc, "looking up the dataset failed");
 		return false;
 	}
 	if (rc == 0) {
@@ -106,7 +105,7 @@ enum MHD_Result jobs_metrics(api_request *req)
 	size_t n = 0;
 	int rc = store_metric_list(req->st, req->args.v[0], since, (int)limit, &m, &n);
 	if (rc < 0)
-		return api_reply_problem(req, API_P_INTERNAL, NULL, "reading metrics failed: %s", strerror(-rc));
+		return api_reply_store_error(req, rc, "reading metrics failed");
 	json_t *arr = json_array();
 	for (size_t i = 0; i < n; i++) {
 		json_t *o = json_loads(m[i].values_json, 0, NULL);
@@ -136,8 +135,7 @@ enum MHD_Result jobs_checkpoints(api_request *req)
 	size_t n = 0;
 	int rc = store_checkpoint_list(req->st, req->args.v[0], &c, &n);
 	if (rc < 0)
-		return api_reply_problem(req, API_P_INTERNAL, NULL, "reading checkpoints failed: %s",
-					 strerror(-rc));
+		return api_reply_store_error(req, rc, "reading checkpoints failed");
 	json_t *arr = json_array();
 	for (size_t i = 0; i < n; i++) {
 		char t[32];
@@ -163,7 +161,7 @@ static bool job_processes(api_request *req, long long *ranks, long long *loaders
 		return false;
 	}
 	if (rc < 0) {
-		*ret = api_reply_problem(req, API_P_INTERNAL, NULL, "loading job failed: %s", strerror(-rc));
+		*ret = api_reply_store_error(req, rc, "loading job failed");
 		return false;
 	}
 	/* normalized again, as the supervisor does: a spec stored by an older

@@ -16,13 +16,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "api/handlers.h"
 #include "api/diagnosis.h"
 #include "api/http.h"
 #include "api/paths.h"
+#include "common/fsutil.h"
 #include "common/jobspec.h"
 #include "common/sha256.h"
 #include "common/log.h"
@@ -154,8 +157,7 @@ static enum MHD_Result store_failed(api_request *req, int rc, const char *id, co
 {
 	if (rc == -ENOENT)
 		return api_reply_problem(req, API_P_JOB_NOT_FOUND, NULL, "no job %s", id);
-	return api_reply_problem(req, API_P_INTERNAL, NULL, "%s %s failed: %s", what, id,
-				 strerror(-rc));
+	return api_reply_store_error(req, rc, "%s %s failed", what, id);
 }
 
 static enum MHD_Result no_such_job(api_request *req, const char *id)
@@ -312,8 +314,7 @@ static bool init_from_checkpoint(api_request *req, const store_job *j, json_t *s
 	size_t n = 0;
 	int rc = store_checkpoint_list(req->st, j->id, &ck, &n);
 	if (rc < 0 && rc != -ENOENT) {
-		*ret = api_reply_problem(req, API_P_INTERNAL, NULL, "listing checkpoints failed: %s",
-					 strerror(-rc));
+		*ret = api_reply_store_error(req, rc, "listing checkpoints failed");
 		return false;
 	}
 	bool found = false;
@@ -382,8 +383,7 @@ static bool init_from_job(api_request *req, json_t *ref, char *out, size_t cap,
 		return false;
 	}
 	if (rc < 0) {
-		*ret = api_reply_problem(req, API_P_INTERNAL, NULL, "loading job %s failed: %s", id,
-					 strerror(-rc));
+		*ret = api_reply_store_error(req, rc, "loading job %s failed", id);
 		return false;
 	}
 	bool ok = false;
@@ -409,6 +409,46 @@ static bool init_from_job(api_request *req, json_t *ref, char *out, size_t cap,
 	return ok;
 }
 
+/* The files the worker reads from a model directory (worker/hf.c,
+ * checkpoint.c) must stay where dir is allowed to be: each is opened
+ * beneath the data root holding dir (a job's output: dir itself), so a link
+ * among them that leads out is refused. NULL when all are fine, else the
+ * offending name (the link, never what it points at) and *rc. */
+static const char *model_files_escape(const api_config *cfg, const char *dir, int *rc)
+{
+	static const char *const names[] = {"config.json", "model.safetensors", "state.json",
+					    "params.safetensors", "optim.safetensors", "DONE"};
+	char root[PATH_MAX] = "";
+	for (size_t i = 0; i < cfg->n_data_roots && !root[0]; i++) {
+		char real[PATH_MAX];
+		if (realpath(cfg->data_roots[i], real) && api_path_under(dir, real))
+			snprintf(root, sizeof root, "%s", real);
+	}
+	if (!root[0])
+		snprintf(root, sizeof root, "%s", dir);
+	int rfd = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (rfd < 0) {
+		*rc = -errno;
+		return ".";
+	}
+	size_t n = strlen(root);
+	const char *below = dir[n] == '/' ? dir + n + 1 : dir + n; /* "" when dir is the root */
+	const char *bad = NULL;
+	for (size_t i = 0; i < sizeof names / sizeof names[0] && !bad; i++) {
+		char rel[PATH_MAX + 64];
+		snprintf(rel, sizeof rel, "%s%s%s", below, below[0] ? "/" : "", names[i]);
+		int fd = fs_open_beneath(rfd, rel, O_PATH, 0);
+		if (fd >= 0)
+			close(fd);
+		else if (fd != -ENOENT) {
+			*rc = fd;
+			bad = names[i];
+		}
+	}
+	close(rfd);
+	return bad;
+}
+
 /* Resolves o's init_from in place (see the section comment): a string
  * when paths is true, an object when it is false; anything else is left
  * for jobspec. Returns true, or replies (422 unusable, 403 outside what may
@@ -429,6 +469,19 @@ static bool init_from_resolve(api_request *req, json_t *o, bool paths, enum MHD_
 	const char *missing = model_dir_missing(real);
 	if (missing) {
 		*ret = api_reply_problem(req, API_P_INVALID_SPEC, "init_from", "%s %s", real, missing);
+		return false;
+	}
+	int erc = 0;
+	const char *escape = model_files_escape(req->cfg, real, &erc);
+	if (escape) {
+		if (erc == -EXDEV || erc == -ELOOP)
+			*ret = api_reply_problem(req, API_P_PATH_FORBIDDEN, "init_from",
+						 "%s/%s is a symbolic link %s; the model's files must lie under "
+						 "the data root that holds it (or in the job's own output)",
+						 real, escape, erc == -EXDEV ? "leading outside" : "loop");
+		else
+			*ret = api_reply_problem(req, API_P_INVALID_SPEC, "init_from", "%s/%s: %s", real, escape,
+						 strerror(-erc));
 		return false;
 	}
 	if (json_object_set_new(o, "init_from", json_string(real)) < 0) {
@@ -462,8 +515,7 @@ static bool needs_exist(api_request *req, const json_t *spec, enum MHD_Result *r
 		return true;
 	}
 	if (rc != -ENOENT) {
-		*ret = api_reply_problem(req, API_P_INTERNAL, NULL, "looking up the dataset failed: %s",
-					 strerror(-rc));
+		*ret = api_reply_store_error(req, rc, "looking up the dataset failed");
 		return false;
 	}
 	/* Name what exists, so a typo is obvious (bounded: the first few). */
@@ -611,8 +663,7 @@ enum MHD_Result jobs_create(api_request *req)
 		ret = api_reply_raw(req, MHD_HTTP_CREATED, "application/json", prev_resp,
 				    strlen(prev_resp));
 	} else {
-		ret = api_reply_problem(req, API_P_INTERNAL, NULL, "storing the job failed: %s",
-					strerror(rc < 0 ? -rc : EIO));
+		ret = api_reply_store_error(req, rc < 0 ? rc : -EIO, "storing the job failed");
 	}
 out:
 	json_decref(in);
@@ -764,8 +815,7 @@ enum MHD_Result jobs_list(api_request *req)
 		return api_reply_problem(req, API_P_INVALID_PARAMETER, q.bad_field, "%s", q.detail);
 	int rc = store_job_list(req->st, q.state_mask, q.after_seq, q.limit, &jobs, &n, &next);
 	if (rc)
-		return api_reply_problem(req, API_P_INTERNAL, NULL, "listing jobs failed: %s",
-					 strerror(-rc));
+		return api_reply_store_error(req, rc, "listing jobs failed");
 	json_t *arr = json_array();
 	for (size_t i = 0; arr && i < n; i++) {
 		if (json_array_append_new(arr, job_json(req->st, &jobs[i], req->cfg))) {

@@ -4,12 +4,17 @@
 #include "api/problem.h"
 
 #include <assert.h>
+#include <errno.h>
 #include <stddef.h>
+#include <string.h>
+
+#include "daemon/store.h"
 
 static const struct {
 	const char *code;
 	int status;
 	const char *title;
+	int retry_after_s; /* Retry-After of the reply; 0 none */
 } problems[API_P_COUNT] = {
 	[API_P_BAD_REQUEST]        = {"bad-request", 400, "Bad request"},
 	[API_P_MALFORMED_JSON]     = {"malformed-json", 400, "Request body is not valid JSON"},
@@ -33,9 +38,13 @@ static const struct {
 	[API_P_PATH_FORBIDDEN]     = {"path-forbidden", 403, "Path is outside the configured data roots"},
 	[API_P_INVALID_REQUEST]    = {"invalid-request", 422, "Invalid request"},
 	[API_P_INTERNAL]           = {"internal", 500, "Internal error"},
-	[API_P_UNAVAILABLE]        = {"unavailable", 503, "Service unavailable"},
+	[API_P_UNAVAILABLE]        = {"unavailable", 503, "Service unavailable", 1},
 	[API_P_TRANSFER_CODING]    = {"transfer-encoding-not-implemented", 501,
 				      "Transfer-Encoding not implemented"},
+	[API_P_DB_BUSY]            = {"database-busy", 503, "Job database is locked; retry", 1},
+	[API_P_DB_FULL]            = {"insufficient-storage", 507,
+				      "No space left for the job database"},
+	[API_P_DB_DAMAGED]         = {"database-damaged", 500, "Job database is damaged"},
 };
 
 static enum api_problem checked(enum api_problem p)
@@ -47,6 +56,37 @@ static enum api_problem checked(enum api_problem p)
 const char *api_problem_code(enum api_problem p) { return problems[checked(p)].code; }
 int api_problem_status(enum api_problem p) { return problems[checked(p)].status; }
 const char *api_problem_title(enum api_problem p) { return problems[checked(p)].title; }
+int api_problem_retry_after(enum api_problem p) { return problems[checked(p)].retry_after_s; }
+
+enum api_problem api_problem_of_store(int rc)
+{
+	switch (rc) {
+	case STORE_E_LOCKED:
+		return API_P_DB_BUSY;
+	case STORE_E_FULL:
+		return API_P_DB_FULL;
+	case STORE_E_DAMAGED:
+		return API_P_DB_DAMAGED;
+	default:
+		return API_P_INTERNAL;
+	}
+}
+
+const char *api_problem_store_text(int rc)
+{
+	switch (rc) {
+	case STORE_E_LOCKED:
+		return "the database is locked by another process or busy with other calls; "
+		       "nothing was changed";
+	case STORE_E_FULL:
+		return "the file system holding the database is full; nothing was changed";
+	case STORE_E_DAMAGED:
+		return "the database file is damaged; nothing was changed, and no write is "
+		       "accepted until an operator restores it (docs/operations.md)";
+	default:
+		return strerror(rc < 0 ? -rc : rc);
+	}
+}
 
 /* Details may quote client input (a bad query value); keep the reply valid
  * UTF-8 even when that input is not. */

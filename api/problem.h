@@ -35,6 +35,9 @@ enum api_problem {
 	API_P_INTERNAL,            /* 500 the daemon failed (logged) */
 	API_P_UNAVAILABLE,         /* 503 the daemon cannot serve it right now */
 	API_P_TRANSFER_CODING,     /* 501 a Transfer-Encoding other than chunked */
+	API_P_DB_BUSY,             /* 503 the job database is locked (Retry-After) */
+	API_P_DB_FULL,             /* 507 no space left for the job database */
+	API_P_DB_DAMAGED,          /* 500 the job database file is damaged */
 	API_P_COUNT
 };
 
@@ -42,6 +45,18 @@ enum api_problem {
 const char *api_problem_code(enum api_problem p);
 int api_problem_status(enum api_problem p);
 const char *api_problem_title(enum api_problem p);
+/* Seconds a client should wait before retrying (the Retry-After header of
+ * the reply), or 0 for none. */
+int api_problem_retry_after(enum api_problem p);
+
+/* The one mapping of store errors (daemon/store.h) to problems:
+ * STORE_E_LOCKED -> database-busy (503), STORE_E_FULL -> insufficient-storage
+ * (507), STORE_E_DAMAGED -> database-damaged (500), anything else ->
+ * internal (500). */
+enum api_problem api_problem_of_store(int rc);
+/* A phrase for the detail of such a reply ("the database is locked by
+ * another process or call"); strerror for errors not in the list. */
+const char *api_problem_store_text(int rc);
 
 /* Builds a problem body. detail, field and instance may be NULL (omitted;
  * an empty field is omitted too). Returns a new object (caller owns), or NULL

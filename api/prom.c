@@ -220,7 +220,7 @@ enum MHD_Result prom_metrics(api_request *req)
 	size_t n = 0;
 	int rc = load_running(req->st, &jobs, &n);
 	if (rc < 0)
-		return api_reply_problem(req, API_P_INTERNAL, NULL, "reading jobs failed: %s", strerror(-rc));
+		return api_reply_store_error(req, rc, "reading jobs failed");
 	char *buf = NULL;
 	size_t len = 0;
 	FILE *f = open_memstream(&buf, &len);

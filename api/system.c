@@ -1,8 +1,9 @@
 /* system — liveness, build facts, and what the daemon runs with. healthz
- * answers without auth and without touching the store, so a supervisor's
- * probe never queues behind a busy database; it must never reveal anything
- * but "ok". /v1/system (token needed) shows configuration problems a user
- * would otherwise only find in the start-up log, checked at request time. */
+ * answers without auth and without touching the database (store_damaged
+ * reads a flag), so a supervisor's probe never queues behind a busy
+ * database; it must never reveal anything but "ok" or why it is unhealthy.
+ * /v1/system (token needed) shows configuration problems a user would
+ * otherwise only find in the start-up log, checked at request time. */
 #include <jansson.h>
 #include <stdbool.h>
 
@@ -22,6 +23,12 @@ static const bool built_with_cuda = false;
 
 enum MHD_Result system_healthz(api_request *req)
 {
+	/* A damaged database cannot be served from; say so to the probe so an
+	 * operator is called rather than jobs silently lost. */
+	if (req->st && store_damaged(req->st))
+		return api_reply_json(req, MHD_HTTP_SERVICE_UNAVAILABLE,
+				      json_pack("{s:s, s:s}", "status", "unhealthy", "reason",
+						"database-damaged"));
 	return api_reply_json(req, MHD_HTTP_OK, json_pack("{s:s}", "status", "ok"));
 }
 

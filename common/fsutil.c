@@ -5,11 +5,21 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <limits.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
+#ifdef __has_include
+#if __has_include(<linux/openat2.h>)
+#include <linux/openat2.h>
+#else
+#undef SYS_openat2 /* headers too old to say how: the walk does it */
+#endif
+#endif
 
 int fs_mkdir_p(const char *path, mode_t mode)
 {
@@ -138,4 +148,157 @@ int fs_lock_pidfile(const char *path, mode_t mode, int *fd, pid_t *holder)
 	}
 	*fd = lfd;
 	return 0;
+}
+
+/* ---- confined opens ---- */
+
+#define BENEATH_MAX_LINKS 40 /* as the kernel's own path walk */
+#define BENEATH_MAX_DEPTH 256
+
+int fs_open_beneath_walk(int rootfd, const char *relpath, int flags, mode_t mode)
+{
+	/* todo holds what is left to resolve; a link's target is spliced in
+	 * front of the rest, so it is resolved from the directory holding it */
+	char *todo = malloc(2 * PATH_MAX);
+	char *next = malloc(2 * PATH_MAX);
+	int stack[BENEATH_MAX_DEPTH]; /* directories below rootfd, each owned */
+	int depth = 0, links = 0, rc = 0;
+	if (!todo || !next) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	if (relpath[0] == '/') {
+		rc = -EXDEV;
+		goto out;
+	}
+	if (strlen(relpath) >= PATH_MAX) {
+		rc = -ENAMETOOLONG;
+		goto out;
+	}
+	snprintf(todo, 2 * PATH_MAX, "%s", relpath);
+	char *p = todo;
+	for (;;) {
+		while (*p == '/')
+			p++;
+		int cur = depth ? stack[depth - 1] : rootfd;
+		char *end = strchr(p, '/');
+		size_t n = end ? (size_t)(end - p) : strlen(p);
+		char *rest = end ? end : p + n;
+		while (*rest == '/')
+			rest++;
+		bool last = *rest == 0;
+		char name[NAME_MAX + 1];
+		if (n > NAME_MAX) {
+			rc = -ENAMETOOLONG;
+			goto out;
+		}
+		memcpy(name, p, n);
+		name[n] = 0;
+		if (n == 0 || strcmp(name, ".") == 0 || strcmp(name, "..") == 0) {
+			if (n == 2) { /* ".." */
+				if (depth == 0) {
+					rc = -EXDEV;
+					goto out;
+				}
+				close(stack[--depth]);
+				cur = depth ? stack[depth - 1] : rootfd;
+			}
+			if (last) {
+				int fd = openat(cur, ".", flags | O_CLOEXEC, mode);
+				rc = fd < 0 ? -errno : fd;
+				goto out;
+			}
+			p = rest;
+			continue;
+		}
+		struct stat st;
+		if (fstatat(cur, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+			if (errno == ENOENT && last && (flags & O_CREAT)) {
+				int fd = openat(cur, name, flags | O_NOFOLLOW | O_CLOEXEC, mode);
+				rc = fd < 0 ? -errno : fd;
+			} else {
+				rc = -errno;
+			}
+			goto out;
+		}
+		if (S_ISLNK(st.st_mode)) {
+			if (++links > BENEATH_MAX_LINKS) {
+				rc = -ELOOP;
+				goto out;
+			}
+			ssize_t k = readlinkat(cur, name, next, PATH_MAX);
+			if (k < 0) {
+				rc = -errno;
+				goto out;
+			}
+			if (k >= PATH_MAX) {
+				rc = -ENAMETOOLONG;
+				goto out;
+			}
+			next[k] = 0;
+			if (next[0] == '/') {
+				rc = -EXDEV;
+				goto out;
+			}
+			if ((size_t)k + 1 + strlen(rest) >= 2 * PATH_MAX) {
+				rc = -ENAMETOOLONG;
+				goto out;
+			}
+			if (!last) {
+				strcat(next, "/");
+				strcat(next, rest);
+			}
+			char *t = todo;
+			todo = next;
+			next = t;
+			p = todo;
+			continue;
+		}
+		if (last) {
+			int fd = openat(cur, name, flags | O_NOFOLLOW | O_CLOEXEC, mode);
+			rc = fd < 0 ? -errno : fd;
+			goto out;
+		}
+		if (depth == BENEATH_MAX_DEPTH) {
+			rc = -ENAMETOOLONG;
+			goto out;
+		}
+		int fd = openat(cur, name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (fd < 0) {
+			rc = -errno;
+			goto out;
+		}
+		stack[depth++] = fd;
+		p = rest;
+	}
+out:
+	while (depth > 0)
+		close(stack[--depth]);
+	free(todo);
+	free(next);
+	return rc;
+}
+
+int fs_open_beneath(int rootfd, const char *relpath, int flags, mode_t mode)
+{
+#ifdef SYS_openat2
+	struct open_how how = {
+		.flags = (uint64_t)(flags | O_CLOEXEC),
+		.mode = (flags & (O_CREAT | O_TMPFILE)) ? mode : 0,
+		.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
+	};
+	const char *p = relpath[0] ? relpath : ".";
+	for (int tries = 0; tries < 8; tries++) {
+		long fd = syscall(SYS_openat2, rootfd, p, &how, sizeof how);
+		if (fd >= 0)
+			return (int)fd;
+		/* EAGAIN: a rename raced the lookup; ENOSYS/EPERM (seccomp): no openat2 */
+		if (errno == EAGAIN)
+			continue;
+		if (errno != ENOSYS && errno != EPERM)
+			return -errno;
+		break;
+	}
+#endif
+	return fs_open_beneath_walk(rootfd, relpath, flags, mode);
 }

@@ -1,5 +1,6 @@
 /* fsutil — small, careful filesystem helpers shared by every process:
- * recursive mkdir and crash-safe whole-file replacement. */
+ * recursive mkdir, crash-safe whole-file replacement, and opening files
+ * confined beneath a directory (links followed only while they stay in). */
 #ifndef BERTD_COMMON_FSUTIL_H
 #define BERTD_COMMON_FSUTIL_H
 
@@ -32,5 +33,24 @@ int fs_remove_tree(const char *path);
  * -EWOULDBLOCK when another open file description holds it (*holder gets its
  * pid from the file, or 0 when unknown), or another negative errno. */
 int fs_lock_pidfile(const char *path, mode_t mode, int *fd, pid_t *holder);
+
+/* Opens relpath (relative; "" or "." is the directory itself) beneath the
+ * directory rootfd with open(2) flags and mode, never leaving it: a ".."
+ * that would climb above rootfd, an absolute path, or a symbolic link
+ * whose target is absolute or climbs out is refused; a relative link that
+ * stays beneath is followed. This is openat2(2) with RESOLVE_BENEATH (Linux
+ * 5.6+), or, where the kernel lacks it, fs_open_beneath_walk. O_CLOEXEC is
+ * always added. Returns the fd (caller owns) or a negative errno: -EXDEV
+ * for a path or link leading outside, -ELOOP for more than 40 links (a
+ * loop), or open's own (-ENOENT, -ENOTDIR, ...). The data roots use it so
+ * that a link planted inside a root cannot expose a file outside it. */
+int fs_open_beneath(int rootfd, const char *relpath, int flags, mode_t mode);
+
+/* The same rules without openat2: one component at a time, each directory
+ * opened O_PATH | O_NOFOLLOW from the one before, links read with
+ * readlinkat and spliced in, ".." popped from the walk's own stack (never
+ * the file system's), the last component opened O_NOFOLLOW (a link swapped
+ * in meanwhile fails -ELOOP rather than being followed). Public for tests. */
+int fs_open_beneath_walk(int rootfd, const char *relpath, int flags, mode_t mode);
 
 #endif

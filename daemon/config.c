@@ -62,6 +62,8 @@ static const config_key keys[] = {
 	INT(conn_limit, "256", 1, 65536, "concurrent HTTP connections, all clients"),
 	INT(per_ip_limit, "64", 1, 65536, "concurrent HTTP connections per client address"),
 	SIZE(conn_memory, "131072", 16384, 16777216, "memory per HTTP connection (bytes)"),
+	INT(api_db_wait_ms, "1500", 1, 60000,
+	    "how long an API request waits for a locked database before 503 + Retry-After (ms)"),
 	STR(devices, "auto", "auto (GPUs when NVML finds any, else CPU slots) | cpu | cuda"),
 	INT(cpu_slots, "0", 0, 4096, "CPU worker slots when training on the CPU (0 = one per online CPU)"),
 	STR(bin_dir, "", "directory of bertd-worker, bertd-loader, bertd-prepare (\"\" = next to bertd)"),

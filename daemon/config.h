@@ -30,6 +30,7 @@ typedef struct config {
 	int conn_limit;
 	int per_ip_limit;
 	size_t conn_memory;
+	int api_db_wait_ms;      /* how long an API request waits for the database lock (then 503) */
 	char devices[8];         /* auto | cpu | cuda */
 	int cpu_slots;           /* CPU worker slots; 0 = one per online CPU */
 	char bin_dir[1024];      /* where bertd-worker/-loader/-prepare are; "" = next to bertd */

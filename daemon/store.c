@@ -17,10 +17,12 @@
 #include <limits.h>
 #include <pthread.h>
 #include <sqlite3.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/log.h"
 
@@ -28,13 +30,20 @@
 extern const unsigned char schema_sql[];
 extern const size_t schema_sql_len;
 
-/* Long enough to ride out a checkpoint of the WAL or a sqlite3 shell an
- * operator left open; short enough that an API call does not hang. */
-#define BUSY_TIMEOUT_MS 5000
-
+/* A handle: the connection and its mutex belong to the handle store_open
+ * made (owner NULL); a view (store_view) points at its owner's and only
+ * brings its own wait. wait_ms bounds how long one call waits for locks
+ * another process holds: the owner's is STORE_WAIT_MS_DEFAULT (long enough
+ * to ride out a checkpoint of the WAL or a sqlite3 shell an operator left
+ * open); a view's bounds its wait for the mutex too. */
 struct store {
 	sqlite3 *db;
-	pthread_mutex_t mu;
+	pthread_mutex_t *mu;
+	atomic_bool *damaged;
+	int wait_ms;
+	store *owner;
+	pthread_mutex_t own_mu;
+	atomic_bool own_damaged;
 };
 
 /* ---- states ---- */
@@ -94,9 +103,36 @@ static int64_t now_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* The store.h error of a failed SQLite call (not a constraint): what the
+ * caller can do about it decides the class — wait (locked), free space
+ * (full), restore (damaged) — so the API can answer 503, 507 or 500. */
+static int db_errno(sqlite3 *db, int rc)
+{
+	switch (rc & 0xff) {
+	case SQLITE_NOMEM:
+		return -ENOMEM;
+	case SQLITE_BUSY:
+	case SQLITE_LOCKED:
+		return STORE_E_LOCKED;
+	case SQLITE_FULL:
+		return STORE_E_FULL;
+	case SQLITE_CORRUPT:
+	case SQLITE_NOTADB:
+		return STORE_E_DAMAGED;
+	case SQLITE_IOERR:
+		if (rc == SQLITE_IOERR_NOMEM)
+			return -ENOMEM;
+		/* a write the file system refused for space reads as an I/O error */
+		return db && sqlite3_system_errno(db) == ENOSPC ? STORE_E_FULL : -EIO;
+	default:
+		return -EIO;
+	}
+}
+
 /* Maps a SQLite result to our error convention; the one place that does.
  * Constraint failures are expected outcomes (duplicate key, missing parent
- * row) and are not logged; anything else is a real failure and is. */
+ * row) and are not logged; anything else is a real failure and is. A
+ * damaged file marks the store damaged for good (store_damaged). */
 static int sqlerr(store *s, int rc, const char *what)
 {
 	switch (rc) {
@@ -104,20 +140,23 @@ static int sqlerr(store *s, int rc, const char *what)
 	case SQLITE_ROW:
 	case SQLITE_DONE:
 		return 0;
-	case SQLITE_NOMEM:
-		return -ENOMEM;
 	case SQLITE_CONSTRAINT_UNIQUE:
 	case SQLITE_CONSTRAINT_PRIMARYKEY:
 		return -EEXIST;
 	case SQLITE_CONSTRAINT_FOREIGNKEY:
 		return -ENOENT;
 	default: {
+		int e = db_errno(s->db, rc);
 		const char *msg = sqlite3_errmsg(s->db), *gen = sqlite3_errstr(rc);
+		enum log_level lvl = e == STORE_E_LOCKED ? LOG_LVL_WARN : LOG_LVL_ERROR;
+		if (e == STORE_E_DAMAGED && !atomic_exchange(s->damaged, true))
+			log_error("store: the database file is damaged; refusing every write from "
+				  "now on (stop bertd, restore a backup or run sqlite3 .recover)");
 		if (strcmp(msg, gen) == 0)
-			log_error("store: %s: %s", what, msg);
+			log_msg(lvl, "store: %s: %s", what, msg);
 		else
-			log_error("store: %s: %s (%s)", what, msg, gen);
-		return -EIO;
+			log_msg(lvl, "store: %s: %s (%s)", what, msg, gen);
+		return e;
 	}
 	}
 }
@@ -199,11 +238,49 @@ static int found(int rc, int none)
  * cannot fail halfway on a lock upgrade. */
 enum txn_kind { TXN_NONE, TXN_READ, TXN_WRITE };
 
-static int txn_begin(store *s, enum txn_kind kind)
+/* A write whose BEGIN IMMEDIATE finds another process holding the write
+ * lock waits this long between attempts with the mutex let go, so the calls
+ * of other threads (API reads, which WAL lets run beside the other process's
+ * write) are not queued behind the whole wait, as they would be behind
+ * SQLite's busy handler. */
+#define WRITE_RETRY_MS 20
+/* txn_begin's "the write lock is taken elsewhere; let go and try again" */
+#define TXN_RETRY 1
+
+static int64_t mono_ms(void)
 {
-	if (kind == TXN_NONE)
-		return 0;
-	return exec_sql(s, kind == TXN_WRITE ? "BEGIN IMMEDIATE" : "BEGIN");
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Milliseconds left until deadline (mono_ms), at least 1: SQLite reads a
+ * busy timeout of 0 as "do not wait". */
+static int ms_left(int64_t deadline)
+{
+	int64_t left = deadline - mono_ms();
+	return left > 1 ? (int)left : 1;
+}
+
+/* Starts the transaction; the caller holds the mutex. A write that finds
+ * the write lock taken returns TXN_RETRY at once while the deadline has not
+ * passed (nothing was done; the caller lets the mutex go, waits and calls
+ * again). Every statement after it may wait until the deadline. */
+static int txn_begin(store *s, enum txn_kind kind, int64_t deadline)
+{
+	int rc = 0;
+	if (kind == TXN_WRITE) {
+		sqlite3_busy_timeout(s->db, 0); /* no busy handler: answer at once */
+		int src = sqlite3_exec(s->db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+		if ((src & 0xff) == SQLITE_BUSY && mono_ms() < deadline)
+			return TXN_RETRY;
+		rc = sqlerr(s, src, "BEGIN IMMEDIATE");
+	} else if (kind == TXN_READ) {
+		sqlite3_busy_timeout(s->db, ms_left(deadline));
+		return exec_sql(s, "BEGIN");
+	}
+	sqlite3_busy_timeout(s->db, ms_left(deadline));
+	return rc;
 }
 
 /* Commits when rc >= 0 (success, possibly a count), else rolls back; returns
@@ -229,18 +306,61 @@ static int txn_end(store *s, int rc)
  * roll back. */
 typedef int txn_fn(store *s, void *ctx);
 
+/* Takes the mutex: the owner handle waits for it as long as it takes, a
+ * view until deadline (mono_ms), else STORE_E_LOCKED (not held then). */
+static int handle_lock(store *s, int64_t deadline)
+{
+	if (!s->owner) {
+		pthread_mutex_lock(s->mu);
+		return 0;
+	}
+	struct timespec abs;
+	clock_gettime(CLOCK_REALTIME, &abs);
+	int64_t left = deadline - mono_ms();
+	if (left < 0)
+		left = 0;
+	abs.tv_sec += left / 1000;
+	abs.tv_nsec += (long)(left % 1000) * 1000000;
+	if (abs.tv_nsec >= 1000000000) {
+		abs.tv_sec++;
+		abs.tv_nsec -= 1000000000;
+	}
+	if (pthread_mutex_timedlock(s->mu, &abs) != 0) {
+		log_warn("store: gave up after %d ms waiting behind other database calls",
+			 s->wait_ms);
+		return STORE_E_LOCKED;
+	}
+	return 0;
+}
+
 /* The frame of every public call: takes the mutex for the whole call (so a
  * transaction never interleaves with another caller's statements), runs fn
  * in a transaction of the given kind, commits or rolls back by its result,
- * and returns that result. */
+ * and returns that result. The whole call waits at most the handle's
+ * wait_ms for locks (the owner's mutex wait aside). */
 static int in_txn(store *s, enum txn_kind kind, txn_fn *fn, void *ctx)
 {
-	pthread_mutex_lock(&s->mu);
-	int rc = txn_begin(s, kind);
+	/* Once a statement found the file damaged, no write is acknowledged:
+	 * it might land next to pages that are gone. */
+	if (kind == TXN_WRITE && store_damaged(s))
+		return STORE_E_DAMAGED;
+	int64_t deadline = mono_ms() + s->wait_ms;
+	int rc;
+	for (;;) {
+		if ((rc = handle_lock(s, deadline)) < 0)
+			return rc;
+		if ((rc = txn_begin(s, kind, deadline)) != TXN_RETRY)
+			break;
+		pthread_mutex_unlock(s->mu);
+		int64_t left = deadline - mono_ms();
+		int64_t pause = left < WRITE_RETRY_MS ? (left > 0 ? left : 0) : WRITE_RETRY_MS;
+		struct timespec ts = {0, (long)pause * 1000000};
+		nanosleep(&ts, NULL);
+	}
 	if (rc == 0)
 		rc = fn(s, ctx);
 	rc = txn_end(s, rc);
-	pthread_mutex_unlock(&s->mu);
+	pthread_mutex_unlock(s->mu);
 	return rc;
 }
 
@@ -616,10 +736,14 @@ int store_open_schema(store **out, const char *path, const char *schema)
 	store *s = calloc(1, sizeof *s);
 	if (!s)
 		return -ENOMEM;
-	if (pthread_mutex_init(&s->mu, NULL) != 0) {
+	if (pthread_mutex_init(&s->own_mu, NULL) != 0) {
 		free(s);
 		return -ENOMEM;
 	}
+	s->mu = &s->own_mu;
+	s->damaged = &s->own_damaged;
+	atomic_init(&s->own_damaged, false);
+	s->wait_ms = STORE_WAIT_MS_DEFAULT;
 	int src = sqlite3_open_v2(path, &s->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL);
 	if (src != SQLITE_OK) {
 		log_error("store: cannot open %s: %s", path,
@@ -628,7 +752,7 @@ int store_open_schema(store **out, const char *path, const char *schema)
 		goto out;
 	}
 	sqlite3_extended_result_codes(s->db, 1);
-	sqlite3_busy_timeout(s->db, BUSY_TIMEOUT_MS);
+	sqlite3_busy_timeout(s->db, s->wait_ms);
 	/* A file that is not a database fails at the first statement that reads
 	 * its header (journal_mode below) with SQLite's own message. */
 	if ((rc = exec_sql(s, "PRAGMA foreign_keys = ON")) < 0)
@@ -668,10 +792,161 @@ void store_close(store *s)
 {
 	if (!s)
 		return;
+	if (s->owner) {
+		free(s);
+		return;
+	}
 	if (s->db && sqlite3_close(s->db) != SQLITE_OK)
 		log_error("store: close: %s", sqlite3_errmsg(s->db));
-	pthread_mutex_destroy(&s->mu);
+	pthread_mutex_destroy(&s->own_mu);
 	free(s);
+}
+
+int store_view(store **out, store *s, int wait_ms)
+{
+	*out = NULL;
+	if (!s || s->owner || wait_ms < 1)
+		return -EINVAL;
+	store *v = calloc(1, sizeof *v);
+	if (!v)
+		return -ENOMEM;
+	v->db = s->db;
+	v->mu = s->mu;
+	v->damaged = s->damaged;
+	v->wait_ms = wait_ms;
+	v->owner = s;
+	*out = v;
+	return 0;
+}
+
+bool store_damaged(const store *s)
+{
+	return atomic_load(s->damaged);
+}
+
+typedef struct check_rows {
+	char *why;
+	size_t cap;
+	int n;
+} check_rows;
+
+/* Keeps the first row of an integrity or quick check ("ok" when sound). */
+static int check_row(sqlite3_stmt *st, void *ctx)
+{
+	check_rows *c = ctx;
+	const char *t = (const char *)sqlite3_column_text(st, 0);
+	if (c->n++ == 0)
+		snprintf(c->why, c->cap, "%s", t ? t : "");
+	return 0;
+}
+
+int store_quick_check(store *s, char *why, size_t cap)
+{
+	check_rows c = {.why = why, .cap = cap};
+	why[0] = 0;
+	int rc = locked_exec(s, TXN_NONE, "PRAGMA quick_check", NO_ARGS, check_row, &c);
+	if (rc == STORE_E_DAMAGED && !why[0])
+		snprintf(why, cap, "%s", sqlite3_errstr(SQLITE_CORRUPT));
+	if (rc < 0)
+		return rc;
+	if (c.n == 1 && strcmp(why, "ok") == 0)
+		return 0;
+	if (c.n > 1) {
+		size_t len = strlen(why);
+		snprintf(why + len, cap - len, " (and %d more problem%s)", c.n - 1, c.n > 2 ? "s" : "");
+	}
+	if (!atomic_exchange(s->damaged, true))
+		log_error("store: quick_check found the database file damaged: %s", why);
+	return STORE_E_DAMAGED;
+}
+
+/* First row of a check, for sqlite3_exec. */
+static int backup_check_row(void *ctx, int ncol, char **val, char **name)
+{
+	(void)name;
+	check_rows *c = ctx;
+	if (c->n++ == 0)
+		snprintf(c->why, c->cap, "%s", ncol > 0 && val[0] ? val[0] : "");
+	return 0;
+}
+
+int store_backup(const char *src_path, const char *dst_path, char *why, size_t cap)
+{
+	sqlite3 *src = NULL, *dst = NULL;
+	char tmp[PATH_MAX + 32];
+	int rc = 0, src_rc;
+	why[0] = 0;
+	if (!src_path || !dst_path)
+		return -EINVAL;
+	if (access(dst_path, F_OK) == 0) {
+		snprintf(why, cap, "%s exists; a backup never replaces a file", dst_path);
+		return -EEXIST;
+	}
+	if (access(src_path, F_OK) != 0) {
+		snprintf(why, cap, "no database at %s: %s", src_path, strerror(errno));
+		return -ENOENT;
+	}
+	snprintf(tmp, sizeof tmp, "%s.tmp-%ld", dst_path, (long)getpid());
+	/* Read-write without create: a read-only connection to a WAL database
+	 * cannot always open the -shm the daemon owns. Nothing is written. */
+	src_rc = sqlite3_open_v2(src_path, &src, SQLITE_OPEN_READWRITE, NULL);
+	if (src_rc == SQLITE_OK) {
+		sqlite3_extended_result_codes(src, 1);
+		sqlite3_busy_timeout(src, STORE_WAIT_MS_DEFAULT);
+		src_rc = sqlite3_open_v2(tmp, &dst, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL);
+		if (src_rc != SQLITE_OK) {
+			snprintf(why, cap, "cannot create %s: %s", tmp,
+				 dst ? sqlite3_errmsg(dst) : sqlite3_errstr(src_rc));
+			rc = db_errno(dst, src_rc);
+			goto out;
+		}
+	} else {
+		snprintf(why, cap, "cannot open %s: %s", src_path,
+			 src ? sqlite3_errmsg(src) : sqlite3_errstr(src_rc));
+		rc = db_errno(src, src_rc);
+		goto out;
+	}
+	/* All pages in one step: one read transaction, so one snapshot of the
+	 * database and its WAL, however the daemon writes meanwhile. */
+	sqlite3_backup *bk = sqlite3_backup_init(dst, "main", src, "main");
+	if (!bk) {
+		snprintf(why, cap, "backup of %s: %s", src_path, sqlite3_errmsg(dst));
+		rc = db_errno(dst, sqlite3_extended_errcode(dst));
+		goto out;
+	}
+	int step = sqlite3_backup_step(bk, -1);
+	int fin = sqlite3_backup_finish(bk);
+	if (step != SQLITE_DONE || fin != SQLITE_OK) {
+		int e = step != SQLITE_DONE ? step : fin;
+		snprintf(why, cap, "backup of %s: %s", src_path, sqlite3_errstr(e));
+		rc = db_errno(src, e);
+		goto out;
+	}
+	check_rows c = {.why = why, .cap = cap};
+	int crc = sqlite3_exec(dst, "PRAGMA integrity_check", backup_check_row, &c, NULL);
+	if (crc != SQLITE_OK || c.n != 1 || strcmp(why, "ok") != 0) {
+		char first[512];
+		snprintf(first, sizeof first, "%s", crc != SQLITE_OK ? sqlite3_errmsg(dst) : why);
+		snprintf(why, cap, "the copy of %s fails integrity_check (%s): the source is "
+			 "damaged; restore an older backup or run sqlite3 .recover", src_path, first);
+		rc = crc != SQLITE_OK ? db_errno(dst, crc) : STORE_E_DAMAGED;
+		goto out;
+	}
+	why[0] = 0;
+out:
+	sqlite3_close(src);
+	/* the last close folds the copy's WAL into it: one self-contained file */
+	if (dst && sqlite3_close(dst) != SQLITE_OK && rc == 0) {
+		snprintf(why, cap, "closing %s: %s", tmp, sqlite3_errmsg(dst));
+		rc = -EIO;
+	}
+	if (rc == 0 && link(tmp, dst_path) != 0) {
+		rc = -errno;
+		snprintf(why, cap, "cannot create %s: %s", dst_path, strerror(errno));
+	}
+	if (dst || access(tmp, F_OK) == 0)
+		unlink(tmp);
+	return rc;
 }
 
 int store_schema_version(store *s)

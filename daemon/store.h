@@ -10,16 +10,30 @@
  * Times are Unix epoch milliseconds (int64); 0 means "not yet".
  * Errors are negative errno values: -ENOENT (no such row), -EEXIST
  * (idempotency key already used), -EBUSY (state does not allow it),
- * -ENOMEM, -EIO (SQLite failed; the message is logged).
+ * -ENOMEM, and for the database itself (the message is logged):
+ *   STORE_E_LOCKED  (-EAGAIN)  another connection held the lock past this
+ *                              handle's wait; nothing was written, retry
+ *   STORE_E_FULL    (-ENOSPC)  the disk (or max_page_count) is full
+ *   STORE_E_DAMAGED (-EUCLEAN) the file is damaged (SQLITE_CORRUPT/NOTADB);
+ *                              from then on every write is refused with it
+ *                              and store_damaged() is true
+ *   -EIO                       any other SQLite failure.
  */
 #ifndef BERTD_DAEMON_STORE_H
 #define BERTD_DAEMON_STORE_H
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 typedef struct store store;
+
+#define STORE_E_LOCKED (-EAGAIN)
+#define STORE_E_FULL (-ENOSPC)
+#define STORE_E_DAMAGED (-EUCLEAN)
+/* How long the handle from store_open waits for a lock another process holds. */
+#define STORE_WAIT_MS_DEFAULT 5000
 
 enum job_state {
 	JOB_QUEUED = 0,
@@ -67,11 +81,36 @@ typedef struct store_event {
 
 /* Opens (creating if needed) the database at path, applies pending
  * migrations. *out is caller-owned; free with store_close. -EPROTO if the
- * file's schema is newer than this build knows (nothing is changed), -EIO if
- * it cannot be opened, is not a database, or WAL mode is unavailable. */
+ * file's schema is newer than this build knows (nothing is changed),
+ * STORE_E_DAMAGED if it is not a database (or its first pages are damaged;
+ * store_quick_check finds damage elsewhere), -EIO if it cannot be opened or
+ * WAL mode is unavailable. */
 int store_open(store **out, const char *path);
-/* Closes the connection; NULL is a no-op. No call may be in flight. */
+/* Closes the connection; NULL is a no-op. No call may be in flight. On a
+ * handle from store_view, frees only the view (close views first). */
 void store_close(store *s);
+/* A second handle on s's connection (same mutex, same data) whose calls wait
+ * at most wait_ms (>= 1) in all — for the other callers of this process and
+ * for another process's lock — before failing with STORE_E_LOCKED. The API
+ * uses one so a locked database fails fast while the daemon's own writes
+ * keep the longer STORE_WAIT_MS_DEFAULT. *out is caller-owned (store_close,
+ * before s). -EINVAL, -ENOMEM. */
+int store_view(store **out, store *s, int wait_ms);
+/* True once any statement found the file damaged (STORE_E_DAMAGED); never
+ * cleared. Reads no database, takes no lock. */
+bool store_damaged(const store *s);
+/* PRAGMA quick_check: 0 when the file is sound; STORE_E_DAMAGED (and
+ * store_damaged() becomes true) with SQLite's first complaint in why,
+ * otherwise another negative error. O(size of the file). */
+int store_quick_check(store *s, char *why, size_t cap);
+/* Copies the database at src_path, WAL included, into a new file dst_path
+ * with the SQLite online backup API: one read snapshot, so the copy is
+ * consistent while a daemon writes to src_path. The copy is written beside
+ * dst_path, checked with PRAGMA integrity_check and then linked into place;
+ * an existing dst_path is never replaced (-EEXIST). why gets a one-line
+ * reason on failure. -ENOENT no src_path, STORE_E_LOCKED, STORE_E_FULL,
+ * STORE_E_DAMAGED (source or copy fails the check), -EIO. */
+int store_backup(const char *src_path, const char *dst_path, char *why, size_t cap);
 /* The schema version now in the file (PRAGMA user_version), or -EIO. */
 int store_schema_version(store *s);
 /* The latest schema version this build knows (the last migration). */

@@ -25,6 +25,7 @@
 #include "daemon/telemetry_sampler.h"
 #include "daemon/supervisor.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -83,6 +84,7 @@ typedef struct run {
 	child *kids[MAX_CHILDREN];
 	int nkids, alive;
 	bool stop_sent, killing, shutdown;
+	bool canceled;         /* dataset: its row left preparing (DELETE): killed, output removed */
 	int64_t start_ms, stop_deadline_ms;
 	int64_t max_runtime_ms;
 	bool saw_running;
@@ -770,6 +772,28 @@ static void free_dev_ids(supervisor *sv, run *r)
 	r->ndev = 0;
 }
 
+/* A canceled preparation's output: its temp directory (bertd-prepare's
+ * "<out>.tmp-<pid>", left by the kill) and <out> itself if it was renamed
+ * into place just before, unless another preparation of the same name runs
+ * now (deleted and submitted again). */
+static void remove_prepare_output(supervisor *sv, run *r)
+{
+	const char *name = json_string_value(json_object_get(r->spec, "name"));
+	for (run *o = sv->runs; o; o = o->next)
+		if (o != r && o->is_dataset && name &&
+		    json_equal(json_object_get(o->spec, "name"), json_object_get(r->spec, "name")))
+			return;
+	char tmp[1100];
+	int rc;
+	for (int i = 0; i < r->nkids; i++) {
+		snprintf(tmp, sizeof tmp, "%s.tmp-%ld", r->dir, (long)r->kids[i]->p.pid);
+		if ((rc = fs_remove_tree(tmp)) < 0)
+			log_warn("dataset %s: cannot remove %s: %s", r->id, tmp, strerror(-rc));
+	}
+	if (r->dir[0] && (rc = fs_remove_tree(r->dir)) < 0)
+		log_warn("dataset %s: cannot remove %s: %s", r->id, r->dir, strerror(-rc));
+}
+
 /* All children gone: decide the job's (or dataset's) next state. */
 static void run_maybe_finish(supervisor *sv, run *r)
 {
@@ -777,7 +801,11 @@ static void run_maybe_finish(supervisor *sv, run *r)
 		return;
 	unlink_run(sv, r);
 	if (r->is_dataset) {
+		/* canceled, or failed (a kill skips bertd-prepare's own cleanup) */
+		if (r->canceled || r->failed)
+			remove_prepare_output(sv, r);
 		if (r->failed) {
+			/* canceled: the row says so already (-EBUSY here leaves it) */
 			store_dataset_finish(sv->st, r->id, DATASET_FAILED, r->reason, NULL);
 		} else {
 			/* bertd-prepare's last line carried the stats */
@@ -840,6 +868,38 @@ static void run_maybe_finish(supervisor *sv, run *r)
 
 /* ---- datasets ---- */
 
+/* Removes "<name>.tmp-<pid>" in dsdir: the working directory of a
+ * bertd-prepare killed together with an earlier daemon (kill -9), which
+ * its own cleanup never removed. One that is another dataset's name ('.'
+ * and '-' are allowed in names) is kept. */
+static void remove_stale_prepare_tmp(supervisor *sv, const char *dsdir, const char *name)
+{
+	DIR *d = opendir(dsdir);
+	if (!d)
+		return;
+	size_t nl = strlen(name);
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		const char *pid = e->d_name + nl + 5;
+		if (strncmp(e->d_name, name, nl) != 0 || strncmp(e->d_name + nl, ".tmp-", 5) != 0 || !*pid ||
+		    strspn(pid, "0123456789") != strlen(pid))
+			continue;
+		store_dataset other;
+		if (store_dataset_get_by_name(sv->st, e->d_name, &other) == 0) {
+			store_dataset_free(&other);
+			continue;
+		}
+		char path[1400];
+		snprintf(path, sizeof path, "%s/%s", dsdir, e->d_name);
+		int rc = fs_remove_tree(path);
+		if (rc < 0)
+			log_warn("dataset %s: cannot remove stale %s: %s", name, path, strerror(-rc));
+		else
+			log_info("dataset %s: removed %s, left by a bertd-prepare that was killed", name, path);
+	}
+	closedir(d);
+}
+
 static int start_prepare(supervisor *sv, const store_dataset *ds)
 {
 	run *r = calloc(1, sizeof *r);
@@ -873,8 +933,10 @@ static int start_prepare(supervisor *sv, const store_dataset *ds)
 	 * (a daemon that died after bertd-prepare renamed it into place). */
 	if ((rc = fs_remove_tree(outdir)) < 0)
 		log_warn("dataset %s: cannot remove stale %s: %s", ds->name, outdir, strerror(-rc));
+	remove_stale_prepare_tmp(sv, dsdir, ds->name);
+	snprintf(r->dir, sizeof r->dir, "%s", outdir);
 	/* The request was validated by the API; pass it on as options. */
-	const char *argv[32];
+	const char *argv[40 + 2 * 64];
 	int a = 0;
 	char fd[8];
 	snprintf(fd, sizeof fd, "%d", PROC_CHILD_FD);
@@ -908,6 +970,35 @@ static int start_prepare(supervisor *sv, const store_dataset *ds)
 	json_t *lower = json_object_get(r->spec, "lowercase");
 	if (json_is_boolean(lower)) /* null: bertd-prepare infers it from the vocab */
 		argv[a++] = json_is_true(lower) ? "--lowercase" : "--cased";
+	/* Reading stays under the data roots the request was checked against
+	 * (a request stored before they were recorded: the first one). */
+	json_t *roots = json_object_get(r->spec, "roots");
+	size_t nroots = 0;
+	for (size_t i = 0; i < json_array_size(roots) && nroots < 64; i++) {
+		const char *root = json_string_value(json_array_get(roots, i));
+		if (root) {
+			argv[a++] = "--root";
+			argv[a++] = root;
+			nroots++;
+		}
+	}
+	if (nroots == 0) {
+		argv[a++] = "--root";
+		argv[a++] = sv->dataset_root;
+	}
+	static const char *const lim_key[] = {"max_depth", "max_files", "max_bytes"};
+	static const char *const lim_opt[] = {"--max-depth", "--max-files", "--max-bytes"};
+	char lim_val[3][24];
+	json_t *limits = json_object_get(r->spec, "limits");
+	for (int i = 0; i < 3; i++) {
+		json_t *v = json_object_get(limits, lim_key[i]);
+		if (!json_is_integer(v))
+			continue; /* bertd-prepare's default */
+		snprintf(lim_val[i], sizeof lim_val[i], "%lld", (long long)json_integer_value(v));
+		argv[a++] = lim_opt[i];
+		argv[a++] = lim_val[i];
+	}
+	argv[a++] = "--";
 	argv[a++] = json_string_value(json_object_get(r->spec, "source_path"));
 	argv[a] = NULL;
 	childenv *env = NULL;
@@ -945,6 +1036,21 @@ static void tick_datasets(supervisor *sv)
 	for (size_t i = 0; i < n; i++)
 		if (ds[i].state == DATASET_PREPARING && !find_run(sv, ds[i].id))
 			start_prepare(sv, &ds[i]);
+	/* A preparation whose row is no longer preparing (DELETE canceled it,
+	 * or deleted it) is stopped: nothing it writes now would be used. */
+	for (run *r = sv->runs; r; r = r->next) {
+		if (!r->is_dataset || r->killing)
+			continue;
+		bool live = false;
+		for (size_t i = 0; i < n; i++)
+			live |= strcmp(ds[i].id, r->id) == 0 && ds[i].state == DATASET_PREPARING;
+		if (live)
+			continue;
+		r->canceled = true;
+		set_failure(r, false, "canceled while preparing");
+		log_info("dataset %s: canceled; stopping bertd-prepare", r->id);
+		run_kill_all(r, SIGKILL);
+	}
 	store_datasets_free(ds, n);
 }
 

@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/fsutil.h"
 #include "common/log.h"
 #include "loader/shard.h"
 #include "loader/vocab_train.h"
@@ -68,12 +69,27 @@ static int cmp_str(const void *a, const void *b)
 	return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+typedef struct dirid {
+	dev_t dev;
+	ino_t ino;
+} dirid;
+
 typedef struct run {
 	const prepare_opts *o;
 	enum prepare_error *err;
 	char *msg;
 	size_t msg_len;
-	strvec files;
+	strvec files;       /* display paths: canonical under a root, else as found */
+	int *froot;         /* (files.n,) index into rootfd, or -1: opened by path */
+	size_t *frel;       /* (files.n,) offset of the path below its root */
+	uint64_t *fsize;    /* (files.n,) bytes, as the walk saw them */
+	size_t fcap;
+	int *rootfd;        /* (o->n_roots,) O_PATH directories */
+	char **root_real;   /* (o->n_roots,) their canonical paths */
+	dirid *stack;       /* directories on the walk's path, for loop detection */
+	uint32_t max_depth;
+	uint64_t max_files, bytes;
+	size_t links_skipped;
 } run;
 
 static int fail(run *r, enum prepare_error e, int rc, const char *fmt, ...)
@@ -97,13 +113,143 @@ static int fail(run *r, enum prepare_error e, int rc, const char *fmt, ...)
 
 /* ---- inputs ---- */
 
-static int walk_dir(run *r, const char *dir, strvec *out, int depth)
+static int open_roots(run *r)
 {
-	if (depth > 64)
-		return fail(r, PREPARE_ERR_INPUT, -ELOOP, "%s: directories nested too deep", dir);
-	DIR *d = opendir(dir);
-	if (!d)
+	const prepare_opts *o = r->o;
+	if (o->n_roots == 0)
+		return 0;
+	r->rootfd = calloc(o->n_roots, sizeof *r->rootfd);
+	r->root_real = calloc(o->n_roots, sizeof *r->root_real);
+	if (!r->rootfd || !r->root_real)
+		return fail(r, PREPARE_ERR_INTERNAL, -ENOMEM, "out of memory");
+	for (size_t i = 0; i < o->n_roots; i++)
+		r->rootfd[i] = -1;
+	for (size_t i = 0; i < o->n_roots; i++) {
+		if (!(r->root_real[i] = realpath(o->roots[i], NULL)))
+			return fail(r, PREPARE_ERR_USAGE, -errno, "root %s: %s", o->roots[i], strerror(errno));
+		if ((r->rootfd[i] = open(r->root_real[i], O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0)
+			return fail(r, PREPARE_ERR_USAGE, -errno, "root %s: %s", o->roots[i], strerror(errno));
+	}
+	return 0;
+}
+
+static void close_roots(run *r)
+{
+	for (size_t i = 0; r->rootfd && i < r->o->n_roots; i++)
+		if (r->rootfd[i] >= 0)
+			close(r->rootfd[i]);
+	for (size_t i = 0; r->root_real && i < r->o->n_roots; i++)
+		free(r->root_real[i]);
+	free(r->rootfd);
+	free(r->root_real);
+}
+
+/* The root holding canonical path canon (-1: none), and where below it
+ * canon's relative part starts. */
+static int root_of(const run *r, const char *canon, size_t *rel)
+{
+	for (size_t i = 0; i < r->o->n_roots; i++) {
+		const char *root = r->root_real[i];
+		size_t n = strlen(root);
+		if (n == 1 && root[0] == '/') {
+			*rel = 1;
+			return (int)i;
+		}
+		if (strncmp(canon, root, n) == 0 && (canon[n] == 0 || canon[n] == '/')) {
+			*rel = canon[n] ? n + 1 : n;
+			return (int)i;
+		}
+	}
+	return -1;
+}
+
+/* Opens path: beneath its root when confined (ri >= 0: path + rel is the
+ * part below root ri), else as it is. fd or negative errno. */
+static int open_at_root(const run *r, int ri, const char *path, size_t rel, int flags)
+{
+	if (ri < 0) {
+		int fd = open(path, flags | O_CLOEXEC);
+		return fd < 0 ? -errno : fd;
+	}
+	return fs_open_beneath(r->rootfd[ri], path + rel, flags, 0);
+}
+
+static int open_input(const run *r, size_t f, int flags)
+{
+	return open_at_root(r, r->froot[f], r->files.v[f], r->frel[f], flags);
+}
+
+static int add_file(run *r, const char *path, int ri, size_t rel, uint64_t size)
+{
+	if (r->files.n >= r->max_files)
+		return fail(r, PREPARE_ERR_INPUT, -EFBIG,
+			    "%s: more than %llu input files (the max_files limit)", path,
+			    (unsigned long long)r->max_files);
+	r->bytes += size;
+	if (r->o->max_bytes && r->bytes > r->o->max_bytes)
+		return fail(r, PREPARE_ERR_INPUT, -EFBIG,
+			    "%s: the inputs pass %llu bytes (the max_bytes limit)", path,
+			    (unsigned long long)r->o->max_bytes);
+	if (r->files.n == r->fcap) {
+		size_t c = r->fcap ? 2 * r->fcap : 64;
+		int *a = realloc(r->froot, c * sizeof *a);
+		if (a)
+			r->froot = a;
+		size_t *b = realloc(r->frel, c * sizeof *b);
+		if (b)
+			r->frel = b;
+		uint64_t *d = realloc(r->fsize, c * sizeof *d);
+		if (d)
+			r->fsize = d;
+		if (!a || !b || !d)
+			return fail(r, PREPARE_ERR_INTERNAL, -ENOMEM, "out of memory");
+		r->fcap = c;
+	}
+	r->froot[r->files.n] = ri;
+	r->frel[r->files.n] = rel;
+	r->fsize[r->files.n] = size;
+	return strvec_push(&r->files, path);
+}
+
+/* Why an entry is left out, naming it and never what it points at. */
+static void skip_link(run *r, const char *path, int rc)
+{
+	r->links_skipped++;
+	if (rc == -EXDEV)
+		log_warn("skipping %s: a symbolic link leading outside the data root", path);
+	else if (rc == -ELOOP)
+		log_warn("skipping %s: a symbolic link loop (or more than 40 links)", path);
+	else
+		log_warn("skipping %s: %s", path, strerror(-rc));
+}
+
+/* Walks the open directory dfd (caller keeps it), whose display path is
+ * dir: regular files below it in name order. ri/rel as open_at_root. */
+static int walk_dir(run *r, int ri, int dfd, const char *dir, size_t rel, uint32_t depth)
+{
+	struct stat st;
+	if (fstat(dfd, &st) < 0)
 		return fail(r, PREPARE_ERR_INPUT, -errno, "%s: %s", dir, strerror(errno));
+	for (uint32_t i = 0; i < depth; i++)
+		if (r->stack[i].dev == st.st_dev && r->stack[i].ino == st.st_ino) {
+			/* reached again through a link: its files are already listed */
+			r->links_skipped++;
+			log_warn("skipping %s: a symbolic link loop (a directory inside itself)", dir);
+			return 0;
+		}
+	if (depth > r->max_depth)
+		return fail(r, PREPARE_ERR_INPUT, -ELOOP,
+			    "%s: directories nested deeper than %u levels (the max_depth limit)", dir,
+			    r->max_depth);
+	r->stack[depth] = (dirid){st.st_dev, st.st_ino};
+	int dup_fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	DIR *d = dup_fd >= 0 ? fdopendir(dup_fd) : NULL;
+	if (!d) {
+		int e = errno;
+		if (dup_fd >= 0)
+			close(dup_fd);
+		return fail(r, PREPARE_ERR_INPUT, -e, "%s: %s", dir, strerror(e));
+	}
 	strvec names = {0};
 	int rc = 0;
 	struct dirent *e;
@@ -122,35 +268,109 @@ static int walk_dir(run *r, const char *dir, strvec *out, int depth)
 			rc = -ENOMEM;
 			break;
 		}
-		struct stat st;
-		if (stat(p, &st) == 0 && S_ISDIR(st.st_mode))
-			rc = walk_dir(r, p, out, depth + 1);
-		else if (stat(p, &st) == 0 && S_ISREG(st.st_mode))
-			rc = strvec_push(out, p);
+		/* p + crel: the entry's path below its root */
+		size_t crel = rel < strlen(dir) ? rel : strlen(dir) + 1;
+		if (fstatat(dfd, names.v[i], &st, AT_SYMLINK_NOFOLLOW) < 0) {
+			free(p);
+			continue; /* gone meanwhile */
+		}
+		int cfd = -1;
+		if (S_ISLNK(st.st_mode)) {
+			/* followed only while it stays beneath the root */
+			cfd = ri >= 0 ? fs_open_beneath(r->rootfd[ri], p + crel, O_PATH, 0)
+				      : openat(dfd, names.v[i], O_PATH | O_CLOEXEC);
+			if (cfd < 0)
+				cfd = ri >= 0 ? cfd : -errno;
+			if (cfd == -ENOENT) {
+				log_debug("skipping %s: a dangling symbolic link", p);
+			} else if (cfd < 0) {
+				skip_link(r, p, cfd);
+			} else if (fstat(cfd, &st) < 0) {
+				close(cfd);
+				cfd = -1;
+			}
+			if (cfd < 0) {
+				free(p);
+				continue;
+			}
+		}
+		if (S_ISDIR(st.st_mode)) {
+			int sub = cfd >= 0 ? openat(cfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+					   : openat(dfd, names.v[i], O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+			if (sub < 0)
+				rc = fail(r, PREPARE_ERR_INPUT, -errno, "%s: %s", p, strerror(errno));
+			else
+				rc = walk_dir(r, ri, sub, p, crel, depth + 1);
+			if (sub >= 0)
+				close(sub);
+		} else if (S_ISREG(st.st_mode)) {
+			rc = add_file(r, p, ri, crel, (uint64_t)st.st_size);
+		}
+		if (cfd >= 0)
+			close(cfd);
 		free(p);
 	}
 	strvec_free(&names);
 	return rc;
 }
 
+/* One input path (a file or a directory; not a pattern). */
+static int add_input(run *r, const char *in)
+{
+	char *canon = NULL;
+	const char *path = in;
+	int ri = -1, rc = 0;
+	size_t rel = 0;
+	if (r->o->n_roots) {
+		/* the input itself is resolved (the daemon passes canonical paths);
+		 * below it, links are confined to the root that holds it */
+		if (!(canon = realpath(in, NULL)))
+			return fail(r, PREPARE_ERR_INPUT, -errno, "%s: %s", in, strerror(errno));
+		if ((ri = root_of(r, canon, &rel)) < 0) {
+			rc = fail(r, PREPARE_ERR_INPUT, -EACCES, "%s is outside the data roots", in);
+			goto out;
+		}
+		path = canon;
+	}
+	int fd = open_at_root(r, ri, path, rel, O_PATH);
+	struct stat st;
+	if (fd < 0 || fstat(fd, &st) < 0) {
+		int e = fd < 0 ? fd : -errno;
+		rc = fail(r, PREPARE_ERR_INPUT, e, "%s: %s", in,
+			  e == -EXDEV ? "leads outside the data root" : strerror(-e));
+	} else if (S_ISDIR(st.st_mode)) {
+		int dfd = openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (dfd < 0) {
+			rc = fail(r, PREPARE_ERR_INPUT, -errno, "%s: %s", in, strerror(errno));
+		} else {
+			rc = walk_dir(r, ri, dfd, path, rel, 0);
+			close(dfd);
+		}
+	} else if (S_ISREG(st.st_mode)) {
+		rc = add_file(r, path, ri, rel, (uint64_t)st.st_size);
+	} else {
+		rc = fail(r, PREPARE_ERR_INPUT, -EINVAL, "%s: not a file or directory", in);
+	}
+	if (fd >= 0)
+		close(fd);
+out:
+	free(canon);
+	return rc;
+}
+
 static int expand_inputs(run *r)
 {
 	const prepare_opts *o = r->o;
+	r->max_depth = o->max_depth ? o->max_depth : PREPARE_DEFAULT_MAX_DEPTH;
+	r->max_files = o->max_files ? o->max_files : PREPARE_DEFAULT_MAX_FILES;
+	if (!(r->stack = calloc((size_t)r->max_depth + 1, sizeof *r->stack)))
+		return fail(r, PREPARE_ERR_INTERNAL, -ENOMEM, "out of memory");
 	int rc = 0;
 	for (size_t i = 0; i < o->n_inputs && rc == 0; i++) {
 		const char *in = o->inputs[i];
 		struct stat st;
-		if (stat(in, &st) == 0) {
-			if (S_ISDIR(st.st_mode))
-				rc = walk_dir(r, in, &r->files, 0);
-			else if (S_ISREG(st.st_mode))
-				rc = strvec_push(&r->files, in);
-			else
-				rc = fail(r, PREPARE_ERR_INPUT, -EINVAL, "%s: not a file or directory", in);
-			continue;
-		}
-		if (!strpbrk(in, "*?[")) {
-			rc = fail(r, PREPARE_ERR_INPUT, -ENOENT, "%s: %s", in, strerror(errno));
+		if (stat(in, &st) == 0 || !strpbrk(in, "*?[")) {
+			rc = add_input(r, in);
 			continue;
 		}
 		glob_t g;
@@ -163,17 +383,16 @@ static int expand_inputs(run *r)
 			for (size_t k = 0; k < g.gl_pathc && rc == 0; k++) {
 				if (stat(g.gl_pathv[k], &st) != 0)
 					continue;
-				if (S_ISDIR(st.st_mode))
-					rc = walk_dir(r, g.gl_pathv[k], &r->files, 0);
-				else if (S_ISREG(st.st_mode))
-					rc = strvec_push(&r->files, g.gl_pathv[k]);
+				if (S_ISDIR(st.st_mode) || S_ISREG(st.st_mode))
+					rc = add_input(r, g.gl_pathv[k]);
 			}
 		}
 		if (gr != GLOB_NOMATCH)
 			globfree(&g);
 	}
 	if (rc == 0 && r->files.n == 0)
-		rc = fail(r, PREPARE_ERR_INPUT, -ENOENT, "no input files");
+		rc = fail(r, PREPARE_ERR_INPUT, -ENOENT, "no input files%s",
+			  r->links_skipped ? " (symbolic links were skipped: see the log)" : "");
 	return rc;
 }
 
@@ -209,22 +428,17 @@ static int plan_chunks(run *r, chunkvec *out, uint64_t *total)
 	*total = 0;
 	for (size_t f = 0; f < r->files.n && rc == 0; f++) {
 		const char *p = r->files.v[f];
-		struct stat st;
-		/* stat, not open: a directory of many small files costs one open each, later */
-		if (stat(p, &st) != 0) {
-			rc = fail(r, PREPARE_ERR_INPUT, -errno, "%s: %s", p, strerror(errno));
-			break;
-		}
-		uint64_t size = (uint64_t)st.st_size;
+		/* the walk's size: a directory of many small files costs one open each, later */
+		uint64_t size = r->fsize[f];
 		*total += size;
 		if (size <= CHUNK_BYTES) {
 			if (size)
 				rc = chunk_push(out, (chunk){(uint32_t)f, 0, size});
 			continue;
 		}
-		int fd = open(p, O_RDONLY | O_CLOEXEC);
+		int fd = open_input(r, f, O_RDONLY);
 		if (fd < 0) {
-			rc = fail(r, PREPARE_ERR_INPUT, -errno, "%s: %s", p, strerror(errno));
+			rc = fail(r, PREPARE_ERR_INPUT, fd, "%s: %s", p, strerror(-fd));
 			break;
 		}
 		const char *m = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -329,12 +543,16 @@ static int doc_break(work *w, result *res)
 	return ev_push(&res->ev, EV_DOC);
 }
 
-static uint64_t line_number(const char *path, uint64_t off)
+static uint64_t line_number(const run *r, size_t file, uint64_t off)
 {
-	FILE *f = fopen(path, "rbe");
+	int fd = open_input(r, file, O_RDONLY);
+	FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
 	uint64_t line = 1;
-	if (!f)
+	if (!f) {
+		if (fd >= 0)
+			close(fd);
 		return 0;
+	}
 	char buf[1 << 16];
 	while (off > 0) {
 		size_t want = off < sizeof buf ? (size_t)off : sizeof buf;
@@ -361,7 +579,7 @@ static int jsonl_line(work *w, wordpiece_cache *cache, result *res, const chunk 
 	if (!json_is_string(t)) {
 		const char *path = w->r->files.v[c->file];
 		snprintf(res->msg, sizeof res->msg, "%s:%llu: %s", path,
-			 (unsigned long long)line_number(path, c->off + line_off),
+			 (unsigned long long)line_number(w->r, c->file, c->off + line_off),
 			 !j ? jerr.text : !json_is_object(j) ? "not a JSON object" :
 			 "no string field with the text");
 		json_decref(j);
@@ -383,15 +601,15 @@ static int jsonl_line(work *w, wordpiece_cache *cache, result *res, const chunk 
 	return rc;
 }
 
-static int read_chunk(const char *path, const chunk *c, char **buf)
+static int read_chunk(const run *r, const chunk *c, char **buf)
 {
 	int rc = 0;
 	*buf = malloc(c->len ? c->len : 1);
 	if (!*buf)
 		return -ENOMEM;
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	int fd = open_input(r, c->file, O_RDONLY);
 	if (fd < 0)
-		return -errno;
+		return fd;
 	uint64_t got = 0;
 	while (got < c->len) {
 		ssize_t k = pread(fd, *buf + got, c->len - got, (off_t)(c->off + got));
@@ -416,7 +634,7 @@ static void process_chunk(work *w, wordpiece_cache *cache, size_t i)
 	int rc = 0;
 	if (w->counting && (rc = vocab_counter_create(w->lower, &res->counter)) < 0)
 		goto out;
-	if ((rc = read_chunk(path, c, &buf)) < 0) {
+	if ((rc = read_chunk(w->r, c, &buf)) < 0) {
 		snprintf(res->msg, sizeof res->msg, "%s: read: %s", path, strerror(-rc));
 		goto out;
 	}
@@ -742,12 +960,24 @@ static int write_file_sync(const char *path, const void *data, size_t n)
 	return rc;
 }
 
-static int read_whole(const char *path, char **buf, size_t *n)
+/* Reads a file whole; under the data roots when there are some (-EACCES:
+ * outside them, -EXDEV: a link on its path leads out). */
+static int read_whole(const run *r, const char *path, char **buf, size_t *n)
 {
 	*buf = NULL;
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	int fd;
+	if (r->o->n_roots) {
+		char *canon = realpath(path, NULL);
+		size_t rel = 0;
+		int ri = canon ? root_of(r, canon, &rel) : -1;
+		fd = !canon ? -errno : ri < 0 ? -EACCES : open_at_root(r, ri, canon, rel, O_RDONLY);
+		free(canon);
+	} else {
+		fd = open(path, O_RDONLY | O_CLOEXEC);
+		fd = fd < 0 ? -errno : fd;
+	}
 	if (fd < 0)
-		return -errno;
+		return fd;
 	struct stat st;
 	int rc = 0;
 	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (1 << 30)) {
@@ -835,7 +1065,7 @@ int prepare_run(const prepare_opts *o, prepare_summary *s, enum prepare_error *e
 		rc = fail(&r, PREPARE_ERR_OUTPUT, -errno, "%s: %s", out_dir, strerror(errno));
 		goto out;
 	}
-	if ((rc = expand_inputs(&r)) < 0)
+	if ((rc = open_roots(&r)) < 0 || (rc = expand_inputs(&r)) < 0)
 		goto out;
 	uint64_t total;
 	if ((rc = plan_chunks(&r, &chunks, &total)) < 0)
@@ -848,8 +1078,10 @@ int prepare_run(const prepare_opts *o, prepare_summary *s, enum prepare_error *e
 	progress pg = {.o = o, .total = total, .f0 = 0.0, .fw = o->vocab_path ? 1.0 : 0.5};
 	work w = {.r = &r, .chunks = chunks.v, .n_chunks = chunks.n};
 	if (o->vocab_path) {
-		if ((rc = read_whole(o->vocab_path, &vtxt, &vlen)) < 0) {
-			rc = fail(&r, PREPARE_ERR_VOCAB, rc, "vocab %s: %s", o->vocab_path, strerror(-rc));
+		if ((rc = read_whole(&r, o->vocab_path, &vtxt, &vlen)) < 0) {
+			rc = fail(&r, PREPARE_ERR_VOCAB, rc, "vocab %s: %s", o->vocab_path,
+				  rc == -EACCES ? "outside the data roots" : rc == -EXDEV
+				  ? "a link on its path leads outside the data root" : strerror(-rc));
 			goto out;
 		}
 		if (o->lowercase < 0) {
@@ -1012,6 +1244,11 @@ out:
 	wordpiece_destroy(wp);
 	vocab_counter_destroy(counter);
 	strvec_free(&r.files);
+	free(r.froot);
+	free(r.frel);
+	free(r.fsize);
+	free(r.stack);
+	close_roots(&r);
 	free(chunks.v);
 	return rc;
 }

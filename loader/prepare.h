@@ -15,7 +15,8 @@
  *    most that many tokens (0 = never cut).
  * Inputs may be files, directories (all regular files below, recursively,
  * skipping names starting with '.'), or glob patterns; they are read in
- * sorted order so the output does not depend on the thread count.
+ * sorted order so the output does not depend on the thread count. See
+ * prepare_opts for the data roots and the walk's bounds.
  *
  * The dataset is built in "<out>.tmp-<pid>" next to out and renamed to out
  * only when complete, so a crash never leaves a directory that looks ready.
@@ -52,7 +53,25 @@ typedef struct prepare_opts {
 				     * Write errors are ignored; a caller whose reader may
 				     * close a pipe should ignore SIGPIPE (bertd-prepare does). */
 	bool progress_tty;          /* redraw a progress line on stderr */
+	/* Confinement (the daemon passes its data_roots): when n_roots > 0
+	 * every input and the vocab must lie under one of roots, and every
+	 * file is opened beneath the root holding it (fs_open_beneath): a
+	 * symbolic link whose target leaves that root is skipped with a
+	 * warning naming the link. n_roots = 0: links are followed anywhere. */
+	const char *const *roots;   /* (n_roots,) directories */
+	size_t n_roots;
+	/* Walk bounds, so that no directory tree keeps a run going forever. A
+	 * directory met again below itself (a link loop) is skipped with a
+	 * warning; going deeper than max_depth, or past max_files or max_bytes,
+	 * fails the run. 0 = the default: 32 levels, 1,000,000 files, bytes
+	 * unlimited. */
+	uint32_t max_depth;
+	uint64_t max_files;
+	uint64_t max_bytes;
 } prepare_opts;
+
+#define PREPARE_DEFAULT_MAX_DEPTH 32u
+#define PREPARE_DEFAULT_MAX_FILES 1000000ull
 
 typedef struct prepare_summary {
 	uint64_t files, bytes, documents, sentences, tokens, unk, shards;

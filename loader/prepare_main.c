@@ -46,6 +46,12 @@ static void usage(FILE *f)
 		"      --max-sentence-tokens N  cut longer sentences (default 510, 0 = never)\n"
 		"  -j, --jobs N               tokenizing threads (default: online CPUs)\n"
 		"      --progress-fd N        write JSON progress lines to file descriptor N\n"
+		"      --root DIR             confine reading to DIR (repeatable): inputs and the vocab\n"
+		"                             must lie under a root, and a symbolic link leading out\n"
+		"                             of its root is skipped (the daemon passes its data_roots)\n"
+		"      --max-depth N          fail below N directory levels, 1..256 (default 32)\n"
+		"      --max-files N          fail past N input files (default 1000000)\n"
+		"      --max-bytes N          fail past N input bytes (default 0 = unlimited)\n"
 		"  -v, --verbose              more log output\n"
 		"  -h, --help                 this text\n"
 		"\n"
@@ -93,7 +99,8 @@ static int fail_json(int code, const char *msg, int progress_fd)
 
 int main(int argc, char **argv)
 {
-	enum { O_TEXT_FIELD = 256, O_VOCAB, O_TRAIN, O_LOWER, O_CASED, O_SHARD, O_MAXSENT, O_PFD };
+	enum { O_TEXT_FIELD = 256, O_VOCAB, O_TRAIN, O_LOWER, O_CASED, O_SHARD, O_MAXSENT, O_PFD,
+	       O_ROOT, O_MAXDEPTH, O_MAXFILES, O_MAXBYTES };
 	static const struct option longopts[] = {
 		{"output", required_argument, NULL, 'o'},
 		{"format", required_argument, NULL, 'f'},
@@ -106,6 +113,10 @@ int main(int argc, char **argv)
 		{"max-sentence-tokens", required_argument, NULL, O_MAXSENT},
 		{"jobs", required_argument, NULL, 'j'},
 		{"progress-fd", required_argument, NULL, O_PFD},
+		{"root", required_argument, NULL, O_ROOT},
+		{"max-depth", required_argument, NULL, O_MAXDEPTH},
+		{"max-files", required_argument, NULL, O_MAXFILES},
+		{"max-bytes", required_argument, NULL, O_MAXBYTES},
 		{"verbose", no_argument, NULL, 'v'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
@@ -118,6 +129,11 @@ int main(int argc, char **argv)
 			  .threads = ncpu > 0 ? (int)(ncpu < 256 ? ncpu : 256) : 1, .progress_fd = -1};
 	uint64_t v;
 	char bad[256] = "";
+	/* static: reachable until exit, as the options pointing into it */
+	static const char **roots;
+	roots = calloc((size_t)argc, sizeof *roots); /* at most one per argument */
+	if (!roots)
+		return fail_json(BERTD_EXIT_OOM, "out of memory", -1);
 	int c;
 	while ((c = getopt_long(argc, argv, "o:f:j:vh", longopts, NULL)) != -1) {
 		switch (c) {
@@ -174,6 +190,27 @@ int main(int argc, char **argv)
 			else
 				o.progress_fd = (int)v;
 			break;
+		case O_ROOT:
+			roots[o.n_roots++] = optarg;
+			break;
+		case O_MAXDEPTH:
+			if (parse_u64(optarg, 256, &v) || v == 0)
+				snprintf(bad, sizeof bad, "--max-depth wants 1..256");
+			else
+				o.max_depth = (uint32_t)v;
+			break;
+		case O_MAXFILES:
+			if (parse_u64(optarg, UINT64_MAX, &v) || v == 0)
+				snprintf(bad, sizeof bad, "--max-files wants a positive integer");
+			else
+				o.max_files = v;
+			break;
+		case O_MAXBYTES:
+			if (parse_u64(optarg, UINT64_MAX, &v))
+				snprintf(bad, sizeof bad, "--max-bytes wants an integer (0 = unlimited)");
+			else
+				o.max_bytes = v;
+			break;
 		case 'v':
 			log_set_level(LOG_LVL_DEBUG);
 			break;
@@ -198,6 +235,7 @@ int main(int argc, char **argv)
 	}
 	if (o.train_vocab_size && o.lowercase < 0)
 		o.lowercase = 1;
+	o.roots = roots;
 	o.inputs = (const char *const *)(argv + optind);
 	o.n_inputs = (size_t)(argc - optind);
 	o.progress_tty = isatty(STDERR_FILENO);

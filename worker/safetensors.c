@@ -59,18 +59,21 @@ int st_parse(st_file **out, const void *buf, size_t len, char *err, size_t errle
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--)
         hlen = hlen << 8 | p[i];
+    /* The length is the file's first 8 bytes: never print it (init_from may
+     * name a file that is no safetensors at all, and its bytes are not ours
+     * to echo), nor jansson's text, which quotes what it choked on. */
     if (hlen > ST_MAX_HEADER)
-        BAD("safetensors: header length %llu exceeds the %u-byte limit",
-            (unsigned long long)hlen, ST_MAX_HEADER);
+        BAD("safetensors: not a safetensors file (its header length is over the %u-byte limit)",
+            ST_MAX_HEADER);
     if (hlen > len - 8)
-        BAD("safetensors: header length %llu runs past the end of the %zu-byte file",
-            (unsigned long long)hlen, len);
+        BAD("safetensors: not a safetensors file (its header length runs past the end of the "
+            "%zu-byte file)", len);
     if (hlen < 2)
-        BAD("safetensors: header of %llu bytes cannot be a JSON object", (unsigned long long)hlen);
+        BAD("safetensors: not a safetensors file (its header is too short for a JSON object)");
     json_error_t jerr;
     root = json_loadb((const char *)p + 8, hlen, JSON_REJECT_DUPLICATES, &jerr);
     if (!root)
-        BAD("safetensors: header is not valid JSON: %s (byte %d)", jerr.text, jerr.position);
+        BAD("safetensors: header is not valid JSON (byte %d)", jerr.position);
     if (!json_is_object(root))
         BAD("safetensors: header is not a JSON object");
     f->data = p + 8 + hlen;

@@ -48,24 +48,38 @@ ln -s "$build" "$work/build"
 ln -s "$src/tests" "$work/tests"
 [ -x "$work/build/bertd" ] || { echo "no bertd in $build" >&2; exit 1; }
 
-# A loopback port nothing listens on now (connect refused).
-port=
-for _ in $(seq 50); do
-  p=$(( 20000 + RANDOM % 30000 ))
-  if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then port=$p; break; fi
-done
-[ -n "$port" ] || { echo "no free loopback port found" >&2; exit 1; }
+# A loopback port nothing listens on now (connect refused). Another test's
+# daemon may take it before bertd binds it: then the walk-through runs again
+# on another port, from a fresh ./var.
+free_port() {
+  local p
+  for _ in $(seq 50); do
+    p=$(( 20000 + RANDOM % 30000 ))
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return 0; fi
+  done
+  echo "no free loopback port found" >&2
+  return 1
+}
 
-export BERTD_PORT=$port BERTD=http://127.0.0.1:$port
 export BERTD_CONFIG=/dev/null # this machine's /etc/bertd/bertd.conf is not the reader's
 export BERTD_DEVICES=cpu      # only the CPU backend is tested here
-echo "walk-through in $work, bertd at $BERTD"
 cd "$work"
-if ! bash -c "set -euo pipefail; . ./walkthrough.sh" >walk.out 2>&1; then
+for attempt in 1 2 3; do
+  port=$(free_port)
+  export BERTD_PORT=$port BERTD=http://127.0.0.1:$port
+  echo "walk-through in $work, bertd at $BERTD"
+  if bash -c "set -euo pipefail; . ./walkthrough.sh" >walk.out 2>&1; then
+    break
+  fi
+  if grep -q "cannot listen on .*Address already in use" walk.out && [ $attempt -lt 3 ]; then
+    echo "port $port was taken before bertd bound it: again on another"
+    rm -rf var
+    continue
+  fi
   cat walk.out
   echo "FAIL: a walk-through command failed (last output above)" >&2
   exit 1
-fi
+done
 cat walk.out
 
 # What the walk-through left in bertd: its job completed, its dataset ready.

@@ -415,6 +415,190 @@ static void test_job_subresources(void **state)
 	http_resp_free(&r);
 }
 
+static bool prepare_expected(void)
+{
+	const char *e = getenv("BERTD_EXPECT_PREPARE");
+	return e && strcmp(e, "ready") == 0;
+}
+
+static bool file_contains(const char *path, const char *needle)
+{
+	FILE *fp = fopen(path, "rb");
+	assert_non_null(fp);
+	static char buf[1 << 20];
+	size_t n = fread(buf, 1, sizeof buf - 1, fp);
+	fclose(fp);
+	buf[n] = 0;
+	return memmem(buf, n, needle, strlen(needle)) != NULL;
+}
+
+/* Issue #15: a link planted in a source directory pointed at a file outside
+ * the data roots, and the file was tokenized into the dataset. Links that
+ * lead out are skipped (one inside is followed); the outside word reaches
+ * neither the trained vocab nor the shards' counts. */
+static void test_dataset_links_confined(void **state)
+{
+	fx *f = *state;
+	if (!prepare_expected())
+		skip();
+	char p[300], target[300];
+	snprintf(p, sizeof p, "%s/corp", f->data);
+	mkdir(p, 0700);
+	snprintf(p, sizeof p, "%s/corp/a.txt", f->data);
+	write_file(p, "Hello world.\nSecond sentence here.\n\nA new document starts.\nIt ends.\n");
+	snprintf(p, sizeof p, "%s/secret.txt", f->outside);
+	FILE *fp = fopen(p, "w");
+	assert_non_null(fp);
+	for (int i = 0; i < 200; i++) /* frequent enough to be a vocab entry of its own */
+		fputs("zqxsecretword zqxsecretword\n", fp);
+	fclose(fp);
+	snprintf(p, sizeof p, "%s/corp/leak.txt", f->data);
+	assert_int_equal(symlink("../../outside/secret.txt", p), 0); /* relative, climbing out */
+	snprintf(target, sizeof target, "%s/secret.txt", f->outside);
+	snprintf(p, sizeof p, "%s/corp/leak-abs.txt", f->data);
+	assert_int_equal(symlink(target, p), 0);
+	snprintf(p, sizeof p, "%s/corp/etc", f->data);
+	assert_int_equal(symlink(f->outside, p), 0); /* a directory outside */
+	snprintf(p, sizeof p, "%s/corp/same.txt", f->data);
+	assert_int_equal(symlink("a.txt", p), 0); /* inside: followed */
+	http_resp r;
+	assert_int_equal(http_post_json(&f->d, "/v1/datasets",
+					"{\"name\":\"linked\",\"source\":\"corp\","
+					"\"vocab\":{\"train\":{\"vocab_size\":200}}}", &r), 0);
+	if (r.status != 201)
+		fail_msg("status %ld: %s", r.status, r.body);
+	char id[64];
+	snprintf(id, sizeof id, "%s", it_jstr(r.json, "id"));
+	http_resp_free(&r);
+	json_t *done = wait_dataset(&f->d, id);
+	if (strcmp(it_jstr(done, "state"), "ready") != 0)
+		fail_msg("dataset %s: %s", it_jstr(done, "state"), json_dumps(done, 0));
+	json_t *stats = json_object_get(done, "stats");
+	assert_int_equal(json_integer_value(json_object_get(stats, "files")), 2); /* a.txt, same.txt */
+	assert_int_equal(json_integer_value(json_object_get(stats, "unk")), 0);
+	json_decref(done);
+	snprintf(p, sizeof p, "%s/datasets/linked/vocab.txt", f->data);
+	assert_false(file_contains(p, "zqx"));
+	assert_true(file_contains(p, "hello"));
+}
+
+/* Issue #15: a preparation that never ends (a link loop once; here its vocab
+ * is a FIFO nobody writes, so it waits for ever) could not be stopped, and a
+ * restart began it again. DELETE cancels it: the dataset is failed at once,
+ * bertd-prepare is killed, its partial output removed; a second DELETE
+ * removes the row. */
+static void test_dataset_cancel(void **state)
+{
+	fx *f = *state;
+	if (!prepare_expected())
+		skip();
+	char p[300];
+	snprintf(p, sizeof p, "%s/corpus.txt", f->data);
+	write_file(p, "Hello world.\nSecond sentence here.\n");
+	snprintf(p, sizeof p, "%s/vocab.fifo", f->data);
+	assert_int_equal(mkfifo(p, 0600), 0);
+	http_resp r;
+	assert_int_equal(http_post_json(&f->d, "/v1/datasets",
+					"{\"name\":\"stuck\",\"source\":\"corpus.txt\","
+					"\"vocab\":{\"file\":\"vocab.fifo\"}}", &r), 0);
+	if (r.status != 201)
+		fail_msg("status %ld: %s", r.status, r.body);
+	char id[64], path[160], outdir[300];
+	snprintf(id, sizeof id, "%s", it_jstr(r.json, "id"));
+	http_resp_free(&r);
+	snprintf(path, sizeof path, "/v1/datasets/%s", id);
+	snprintf(outdir, sizeof outdir, "%s/datasets/stuck", f->data);
+	/* its bertd-prepare runs (bounded wait: the supervisor starts it within a tick) */
+	pid_t pid[4];
+	int n = 0;
+	for (int i = 0; i < 300 && (n = it_find_pids("bertd-prepare", outdir, pid, 4)) == 0; i++)
+		it_pause_ms(100);
+	if (n != 1)
+		fail_msg("%d bertd-prepare processes for %s", n, outdir);
+	json_t *now = it_get_json(&f->d, path);
+	assert_string_equal(it_jstr(now, "state"), "preparing");
+	json_decref(now);
+
+	if (do_delete(&f->d, path, &r) != 202)
+		fail_msg("DELETE while preparing -> %ld: %s", r.status, r.body);
+	assert_string_equal(it_jstr(r.json, "state"), "failed");
+	assert_non_null(strstr(it_jstr(r.json, "error"), "canceled"));
+	http_resp_free(&r);
+	/* the process goes (bounded), and with it what it wrote */
+	pid_t was = pid[0];
+	for (int i = 0; i < 300 && it_find_pids("bertd-prepare", outdir, pid, 4) > 0; i++)
+		it_pause_ms(100);
+	assert_int_equal(it_find_pids("bertd-prepare", outdir, pid, 4), 0);
+	char tmpdir[400];
+	snprintf(tmpdir, sizeof tmpdir, "%s.tmp-%ld", outdir, (long)was);
+	assert_int_equal(access(tmpdir, F_OK), -1);
+	assert_int_equal(access(outdir, F_OK), -1);
+	/* a canceled dataset is not prepared again by the next daemon */
+	bertd_kill9(&f->d);
+	const char *extra[] = {"--data-roots", f->data, "--devices", "cpu", "--cpu-slots", "3", NULL};
+	assert_int_equal(bertd_start(&f->d, extra), 0);
+	now = it_get_json(&f->d, path);
+	assert_string_equal(it_jstr(now, "state"), "failed");
+	assert_non_null(strstr(it_jstr(now, "error"), "canceled"));
+	json_decref(now);
+	/* DELETE again removes it */
+	assert_int_equal(do_delete(&f->d, path, &r), 204);
+	http_resp_free(&r);
+	assert_int_equal(http_get(&f->d, path, &r), 0);
+	assert_int_equal(r.status, 404);
+	http_resp_free(&r);
+}
+
+/* Issue #15: init_from may name a directory inside a data root whose
+ * model.safetensors links to a file elsewhere; the worker then read it and
+ * its failure quoted the file's first bytes. Submit refuses such a link
+ * (403 naming the link, never the target's content); one inside is fine. */
+static void test_init_from_link_refused(void **state)
+{
+	fx *f = *state;
+	char p[300];
+	snprintf(p, sizeof p, "%s/secret.bin", f->outside);
+	write_file(p, "zqxsecretword: not a model\n");
+	static const char *const dirs[] = {"hf", "ck"};
+	for (int k = 0; k < 2; k++) {
+		snprintf(p, sizeof p, "%s/%s", f->data, dirs[k]);
+		mkdir(p, 0700);
+		snprintf(p, sizeof p, "%s/%s/%s", f->data, dirs[k], k ? "state.json" : "config.json");
+		write_file(p, "{}\n");
+		if (k) {
+			snprintf(p, sizeof p, "%s/ck/DONE", f->data);
+			write_file(p, "");
+		}
+		snprintf(p, sizeof p, "%s/%s/%s", f->data, dirs[k], k ? "params.safetensors" : "model.safetensors");
+		assert_int_equal(symlink("../../outside/secret.bin", p), 0);
+		char body[300];
+		snprintf(body, sizeof body, "{\"dataset\":\"none\",\"init_from\":\"%s\"}", dirs[k]);
+		http_resp r;
+		assert_int_equal(http_post_json(&f->d, "/v1/jobs", body, &r), 0);
+		if (r.status != 403)
+			fail_msg("%s -> %ld: %s", body, r.status, r.body);
+		assert_string_equal(it_jstr(r.json, "type"), "urn:bertd:problem:path-forbidden");
+		assert_string_equal(it_jstr(r.json, "field"), "init_from");
+		const char *detail = it_jstr(r.json, "detail");
+		if (!strstr(detail, k ? "params.safetensors" : "model.safetensors") ||
+		    !strstr(detail, "symbolic link") || strstr(detail, "zqx"))
+			fail_msg("detail: %s", detail);
+		http_resp_free(&r);
+	}
+	/* a link that stays in the root passes this check (the job is then
+	 * refused for its missing dataset, a later check) */
+	snprintf(p, sizeof p, "%s/real.safetensors", f->data);
+	write_file(p, "x");
+	snprintf(p, sizeof p, "%s/hf/model.safetensors", f->data);
+	assert_int_equal(unlink(p), 0);
+	assert_int_equal(symlink("../real.safetensors", p), 0);
+	http_resp r;
+	assert_int_equal(http_post_json(&f->d, "/v1/jobs", "{\"dataset\":\"none\",\"init_from\":\"hf\"}", &r), 0);
+	if (r.status != 422 || strcmp(it_jstr(r.json, "field"), "dataset") != 0)
+		fail_msg("in-root link -> %ld: %s", r.status, r.body);
+	http_resp_free(&r);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -424,6 +608,9 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_devices, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_dataset_delete, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_job_subresources, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_dataset_links_confined, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_dataset_cancel, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_init_from_link_refused, setup, teardown),
 	};
 	return IT_RUN(tests, NULL, NULL);
 }

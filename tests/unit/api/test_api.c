@@ -332,9 +332,28 @@ static void test_docs_cover_routes_and_codes(void **state)
 	free(oa);
 }
 
+/* Store errors map to their own problems in one place (problem.c): locked
+ * is 503 with Retry-After, full 507, damaged 500 database-damaged, the rest
+ * internal. */
+static void test_store_errors_map(void **state)
+{
+	(void)state;
+	assert_int_equal(api_problem_status(api_problem_of_store(STORE_E_LOCKED)), 503);
+	assert_string_equal(api_problem_code(api_problem_of_store(STORE_E_LOCKED)), "database-busy");
+	assert_true(api_problem_retry_after(api_problem_of_store(STORE_E_LOCKED)) > 0);
+	assert_int_equal(api_problem_status(api_problem_of_store(STORE_E_FULL)), 507);
+	assert_string_equal(api_problem_code(api_problem_of_store(STORE_E_DAMAGED)),
+			    "database-damaged");
+	assert_int_equal(api_problem_status(api_problem_of_store(STORE_E_DAMAGED)), 500);
+	assert_int_equal(api_problem_of_store(-EIO), API_P_INTERNAL);
+	assert_int_equal(api_problem_of_store(-ENOMEM), API_P_INTERNAL);
+	assert_int_equal(api_problem_retry_after(API_P_INTERNAL), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_store_errors_map),
 		cmocka_unit_test(test_real_table_matches),
 		cmocka_unit_test(test_real_table_refuses),
 		cmocka_unit_test(test_two_placeholders_and_order),

@@ -213,7 +213,8 @@ static void test_not_a_database(void **state)
 		fputs("this is not an SQLite file\n", fp);
 	fclose(fp);
 	store *s = NULL;
-	assert_int_equal(store_open(&s, p), -EIO);
+	/* SQLITE_NOTADB: the damaged-file error, so bertd says how to recover */
+	assert_int_equal(store_open(&s, p), STORE_E_DAMAGED);
 	assert_null(s);
 	unlink(p);
 	snprintf(p, sizeof p, "%s/no/such/dir/x.db", f->dir);
@@ -1137,6 +1138,191 @@ static void test_unknown_state_in_file(void **state)
 	store_dataset_free(&g);
 }
 
+
+/* ---- faults of the database file: damaged, locked, full ---- */
+
+/* Fills the store with jobs whose specs make the jobs table most of the
+ * file, so pages overwritten in the middle are job rows. */
+static void fill_jobs(store *s, int n)
+{
+	char spec[2100], id[32];
+	memset(spec, 'x', sizeof spec);
+	memcpy(spec, "{\"pad\":\"", 8);
+	memcpy(spec + sizeof spec - 3, "\"}", 3);
+	for (int i = 0; i < n; i++) {
+		job_id(id, i);
+		store_job j = {.id = id, .name = (char *)"demo", .spec_json = spec};
+		assert_int_equal(store_job_insert(s, &j, NULL, NULL, NULL, NULL, NULL, NULL), 0);
+	}
+}
+
+/* Overwrites n pages in the middle of the (checkpointed) file with noise. */
+static void damage_pages(const char *path, int n)
+{
+	assert_int_equal(raw_int(path, "PRAGMA wal_checkpoint(TRUNCATE)", NULL), 0);
+	int64_t page = raw_int(path, "PRAGMA page_size", NULL);
+	int64_t pages = raw_int(path, "PRAGMA page_count", NULL);
+	assert_true(pages > 4 * n);
+	FILE *fp = fopen(path, "r+b");
+	assert_non_null(fp);
+	assert_int_equal(fseek(fp, (long)(pages / 2 * page), SEEK_SET), 0);
+	unsigned x = 12345;
+	for (int64_t i = 0; i < n * page; i++) {
+		x = x * 1103515245u + 12345u;
+		fputc((int)(x >> 16) & 0xff, fp);
+	}
+	assert_int_equal(fclose(fp), 0);
+}
+
+/* The damage of issue #15: 6 pages overwritten mid-file. quick_check finds
+ * it; a store that did not check finds it at the first statement that reads
+ * those pages, and from then on no write is acknowledged. */
+static void test_damaged_file(void **state)
+{
+	fixture *f = *state;
+	char why[256];
+	fill_jobs(f->s, 400);
+	assert_int_equal(store_quick_check(f->s, why, sizeof why), 0);
+	assert_string_equal(why, "ok");
+	assert_false(store_damaged(f->s));
+	store_close(f->s);
+	f->s = NULL;
+	damage_pages(f->path, 6);
+
+	store *s = NULL;
+	assert_int_equal(store_open(&s, f->path), 0); /* page 1 is intact */
+	assert_int_equal(store_quick_check(s, why, sizeof why), STORE_E_DAMAGED);
+	assert_true(why[0] && strcmp(why, "ok") != 0);
+	assert_true(store_damaged(s));
+	assert_int_equal(add_job(s, "job-00000000000fffff", 0), STORE_E_DAMAGED);
+	store_close(s);
+	assert_int_equal(raw_int(f->path, "SELECT COUNT(*) FROM jobs WHERE id = ?1",
+				 "job-00000000000fffff"), 0);
+
+	/* Without the check: listing reads the damaged pages. */
+	assert_int_equal(store_open(&s, f->path), 0);
+	assert_false(store_damaged(s));
+	store_job *jobs = NULL;
+	size_t n = 0;
+	int64_t next = 0;
+	assert_int_equal(store_job_list(s, 0, 0, 1000, &jobs, &n, &next), STORE_E_DAMAGED);
+	assert_null(jobs);
+	assert_true(store_damaged(s));
+	/* A write that would not touch a damaged page is still refused. */
+	assert_int_equal(store_metric_insert(s, "job-0000000000000000", 1, 1, "{}"),
+			 STORE_E_DAMAGED);
+	assert_int_equal(add_job(s, "job-00000000000ffffe", 0), STORE_E_DAMAGED);
+	store_close(s);
+	assert_int_equal(raw_int(f->path, "SELECT COUNT(*) FROM job_metrics", NULL), 0);
+}
+
+/* Another process holds the write lock (a sqlite3 shell in BEGIN
+ * EXCLUSIVE): a view's write fails with STORE_E_LOCKED, not -EIO, and
+ * nothing is written; reads go on (WAL); the write works once it lets go. */
+static void test_locked_is_busy(void **state)
+{
+	fixture *f = *state;
+	store *v = NULL;
+	store_job j;
+	assert_int_equal(store_view(&v, f->s, 0), -EINVAL);
+	assert_int_equal(store_view(&v, f->s, 50), 0);
+	assert_int_equal(add_job(v, "job-0000000000000b01", 0), 0);
+
+	sqlite3 *db = NULL;
+	assert_int_equal(sqlite3_open_v2(f->path, &db, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK);
+	assert_int_equal(sqlite3_exec(db, "BEGIN EXCLUSIVE; UPDATE jobs SET priority = 7", NULL,
+				      NULL, NULL), SQLITE_OK);
+	assert_int_equal(add_job(v, "job-0000000000000b02", 0), STORE_E_LOCKED);
+	assert_int_equal(store_job_transition(v, "job-0000000000000b01", JOB_MASK(JOB_QUEUED),
+					      JOB_CANCELED, "x", NULL), STORE_E_LOCKED);
+	assert_int_equal(store_job_get(v, "job-0000000000000b01", &j), 0);
+	assert_int_equal(j.state, JOB_QUEUED);
+	store_job_free(&j);
+	assert_false(store_damaged(v));
+	assert_int_equal(sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL), SQLITE_OK);
+	sqlite3_close(db);
+
+	assert_int_equal(store_job_get(v, "job-0000000000000b02", &j), -ENOENT);
+	assert_int_equal(add_job(v, "job-0000000000000b02", 0), 0);
+	/* the view and its owner are one connection */
+	assert_int_equal(store_job_get(f->s, "job-0000000000000b02", &j), 0);
+	store_job_free(&j);
+	store_close(v);
+}
+
+/* A full disk, as SQLite sees it: the file may not grow (max_page_count,
+ * set by an extra migration on the store's own connection). The write
+ * fails with STORE_E_FULL and leaves nothing behind. */
+static void test_full_is_enospc(void **state)
+{
+	fixture *f = *state;
+	extern const unsigned char schema_sql[];
+	char p[320];
+	snprintf(p, sizeof p, "%s/full.db", f->dir);
+	int latest = store_schema_latest();
+	size_t len = strlen((const char *)schema_sql);
+	char *schema = malloc(len + 128);
+	assert_non_null(schema);
+	snprintf(schema, len + 128, "%s\n-- migration %d\nPRAGMA max_page_count = 1;\n",
+		 (const char *)schema_sql, latest + 1);
+	store *s = NULL;
+	assert_int_equal(store_open_schema(&s, p, schema), 0);
+	free(schema);
+	char spec[4000], id[32];
+	memset(spec, 'y', sizeof spec);
+	memcpy(spec, "{\"pad\":\"", 8);
+	memcpy(spec + sizeof spec - 3, "\"}", 3);
+	int rc = 0, i;
+	for (i = 0; i < 64 && rc == 0; i++) {
+		job_id(id, i);
+		store_job j = {.id = id, .name = (char *)"demo", .spec_json = spec};
+		rc = store_job_insert(s, &j, NULL, NULL, NULL, NULL, NULL, NULL);
+	}
+	assert_int_equal(rc, STORE_E_FULL);
+	assert_false(store_damaged(s));
+	store_job j;
+	assert_int_equal(store_job_get(s, id, &j), -ENOENT);
+	store_close(s);
+	char q[340];
+	static const char *const suffix[] = {"", "-wal", "-shm"};
+	for (size_t k = 0; k < 3; k++) {
+		snprintf(q, sizeof q, "%s%s", p, suffix[k]);
+		unlink(q);
+	}
+}
+
+/* store_backup copies a store that is open and written to (WAL not yet
+ * checkpointed) into a file that passes integrity_check and has the rows;
+ * it never replaces a file, and a damaged source is reported as such. */
+static void test_backup(void **state)
+{
+	fixture *f = *state;
+	char dst[320], why[512];
+	fill_jobs(f->s, 20);
+	/* the rows are still in the WAL (auto-checkpoint comes at 1000 pages) */
+	assert_true(raw_int(f->path, "SELECT COUNT(*) FROM jobs", NULL) == 20);
+	snprintf(dst, sizeof dst, "%s/copy.db", f->dir);
+	assert_int_equal(store_backup(f->path, dst, why, sizeof why), 0);
+	assert_int_equal(raw_int(dst, "SELECT COUNT(*) FROM jobs", NULL), 20);
+	assert_int_equal(raw_int(dst, "SELECT COUNT(*) FROM job_events", NULL), 20);
+	assert_int_equal(raw_int(dst, "SELECT COUNT(*) FROM pragma_integrity_check "
+				      "WHERE integrity_check = 'ok'", NULL), 1);
+	assert_int_equal(store_backup(f->path, dst, why, sizeof why), -EEXIST);
+	assert_non_null(strstr(why, "exists"));
+	unlink(dst);
+	char nope[320];
+	snprintf(nope, sizeof nope, "%s/nope.db", f->dir);
+	assert_int_equal(store_backup(nope, dst, why, sizeof why), -ENOENT);
+	assert_int_equal(access(dst, F_OK), -1);
+
+	store_close(f->s);
+	f->s = NULL;
+	damage_pages(f->path, 6);
+	assert_int_equal(store_backup(f->path, dst, why, sizeof why), STORE_E_DAMAGED);
+	assert_non_null(strstr(why, "integrity_check"));
+	assert_int_equal(access(dst, F_OK), -1); /* no file that looks like a backup */
+}
+
 int main(void)
 {
 	/* The refusals under test log their errors; those lines are expected. */
@@ -1163,6 +1349,10 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_metric_tail_latest, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_failed_write_rolls_back, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_unknown_state_in_file, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_damaged_file, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_locked_is_busy, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_full_is_enospc, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_backup, setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

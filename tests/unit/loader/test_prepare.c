@@ -597,6 +597,149 @@ static void test_bad_inputs(void **state)
 }
 
 /* The CLI: exit codes and the JSON line on stdout. */
+static void mkdirs(const char *name)
+{
+	char p[600], *q;
+	snprintf(p, sizeof p, "%s/%s", tmp, name);
+	for (q = p + strlen(tmp) + 1; (q = strchr(q, '/')); q++) {
+		*q = 0;
+		mkdir(p, 0755);
+		*q = '/';
+	}
+	mkdir(p, 0755);
+}
+
+static void ln(const char *target, const char *name)
+{
+	assert_int_equal(symlink(target, path(name)), 0);
+}
+
+static bool file_has(const char *p, const char *needle)
+{
+	size_t n;
+	char *b = slurp_file(p, &n);
+	bool has = memmem(b, n, needle, strlen(needle)) != NULL;
+	free(b);
+	return has;
+}
+
+/* Issue #15: a link planted in a source directory must not bring a file
+ * from outside the data roots into the dataset; links inside are followed. */
+static void test_links_confined(void **state)
+{
+	(void)state;
+	mkdirs("lk/root/corp/sub");
+	mkdirs("lk/outdir");
+	put("lk/outside.txt", "zqxsecretword hello\n", 20);
+	put("lk/outdir/o.txt", "zqxsecretword world\n", 20);
+	put("lk/vocab.txt", VOCAB, strlen(VOCAB));
+	put("lk/root/vocab.txt", VOCAB, strlen(VOCAB));
+	put("lk/root/corp/a.txt", "hello world\n", 12);
+	put("lk/root/corp/sub/b.txt", "foo bar\n", 8);
+	ln("a.txt", "lk/root/corp/in.txt");             /* inside: followed */
+	ln("../corp/sub", "lk/root/corp/dirlink");        /* inside, a directory */
+	ln("../../outside.txt", "lk/root/corp/leak.txt"); /* climbs out */
+	ln(path("lk/outside.txt"), "lk/root/corp/abs.txt"); /* absolute, outside */
+	ln("../../outdir", "lk/root/corp/outdir");         /* a directory outside */
+	ln("../../vocab.txt", "lk/root/vocab_link");
+	const char *root = path("lk/root"), *roots[] = {root};
+	const char *in[] = {path("lk/root/corp")};
+	prepare_opts o = {.inputs = in, .n_inputs = 1, .out_dir = path("lk/ds1"),
+			  .vocab_path = path("lk/root/vocab.txt"), .lowercase = 1, .threads = 2,
+			  .progress_fd = -1, .roots = roots, .n_roots = 1};
+	enum prepare_error err;
+	prepare_summary s;
+	assert_int_equal(run_prep(&o, &err, &s), 0);
+	/* a.txt, in.txt (= a.txt), dirlink/b.txt, sub/b.txt; nothing from outside */
+	assert_int_equal(s.files, 4);
+	assert_int_equal(s.tokens, 8);
+	assert_int_equal(s.unk, 0);
+
+	/* a trained vocab never sees the outside word either */
+	o.out_dir = path("lk/ds2");
+	o.vocab_path = NULL;
+	o.train_vocab_size = 128;
+	assert_int_equal(run_prep(&o, &err, &s), 0);
+	assert_false(file_has(path("lk/ds2/vocab.txt"), "zqx"));
+	assert_true(file_has(path("lk/ds2/vocab.txt"), "hello"));
+
+	/* an input, or a vocab, that leads out of the roots is refused */
+	char msg[512];
+	const char *leak[] = {path("lk/root/corp/leak.txt")};
+	o = (prepare_opts){.inputs = leak, .n_inputs = 1, .out_dir = path("lk/ds3"),
+			   .vocab_path = path("lk/root/vocab.txt"), .lowercase = 1, .threads = 1,
+			   .progress_fd = -1, .roots = roots, .n_roots = 1};
+	assert_int_equal(prepare_run(&o, &s, &err, msg, sizeof msg), -EACCES);
+	assert_int_equal(err, PREPARE_ERR_INPUT);
+	assert_non_null(strstr(msg, "outside the data roots"));
+	assert_null(strstr(msg, "zqx"));
+	o.inputs = in;
+	o.vocab_path = path("lk/root/vocab_link");
+	assert_int_equal(prepare_run(&o, &s, &err, msg, sizeof msg), -EACCES);
+	assert_int_equal(err, PREPARE_ERR_VOCAB);
+	assert_non_null(strstr(msg, "outside the data roots"));
+	struct stat st;
+	assert_int_equal(stat(path("lk/ds3"), &st), -1);
+
+	/* without roots (a hand run) links are followed wherever they lead */
+	o = (prepare_opts){.inputs = in, .n_inputs = 1, .out_dir = path("lk/ds4"),
+			   .vocab_path = path("lk/vocab.txt"), .lowercase = 1, .threads = 1,
+			   .progress_fd = -1};
+	assert_int_equal(run_prep(&o, &err, &s), 0);
+	assert_int_equal(s.files, 7);
+	assert_int_equal(s.unk, 3);
+}
+
+/* Issue #15: "ln -s . l1; ln -s . l2" made the walk list 2^64 paths; loops
+ * are skipped, and depth, file count and bytes are bounded. */
+static void test_link_loops_and_bounds(void **state)
+{
+	(void)state;
+	mkdirs("lp/src/sub/d1/d2");
+	put("lp/vocab.txt", VOCAB, strlen(VOCAB));
+	put("lp/src/a.txt", "hello world\n", 12);
+	put("lp/src/sub/b.txt", "foo\n", 4);
+	put("lp/src/sub/d1/d2/c.txt", "bar\n", 4);
+	ln(".", "lp/src/l1");
+	ln(".", "lp/src/l2");
+	ln("..", "lp/src/sub/up");
+	ln("../..", "lp/src/sub/d1/top");
+	const char *roots[] = {path("lp")}, *in[] = {path("lp/src")};
+	prepare_opts o = {.inputs = in, .n_inputs = 1, .out_dir = path("lp/ds1"),
+			  .vocab_path = path("lp/vocab.txt"), .lowercase = 1, .threads = 1,
+			  .progress_fd = -1, .roots = roots, .n_roots = 1};
+	enum prepare_error err;
+	prepare_summary s;
+	char msg[512];
+	for (int confined = 1; confined >= 0; confined--) {
+		o.n_roots = (size_t)confined;
+		o.out_dir = path(confined ? "lp/ds1" : "lp/ds2");
+		assert_int_equal(run_prep(&o, &err, &s), 0);
+		assert_int_equal(s.files, 3);
+		assert_int_equal(s.tokens, 4);
+	}
+	/* sub/d1/d2 is 3 levels below src */
+	o.out_dir = path("lp/ds3");
+	o.max_depth = 2;
+	assert_int_equal(prepare_run(&o, &s, &err, msg, sizeof msg), -ELOOP);
+	assert_int_equal(err, PREPARE_ERR_INPUT);
+	assert_non_null(strstr(msg, "max_depth"));
+	o.max_depth = 3;
+	assert_int_equal(run_prep(&o, &err, &s), 0);
+	o.out_dir = path("lp/ds4");
+	o.max_depth = 0;
+	o.max_files = 2;
+	assert_int_equal(prepare_run(&o, &s, &err, msg, sizeof msg), -EFBIG);
+	assert_non_null(strstr(msg, "max_files"));
+	o.max_files = 3;
+	o.max_bytes = 19;
+	assert_int_equal(prepare_run(&o, &s, &err, msg, sizeof msg), -EFBIG);
+	assert_non_null(strstr(msg, "max_bytes"));
+	o.max_bytes = 20;
+	assert_int_equal(run_prep(&o, &err, &s), 0);
+	assert_int_equal(s.bytes, 20);
+}
+
 static int run_cli(const char *args, json_t **last)
 {
 	const char *exe = getenv("BERTD_PREPARE_EXE");
@@ -672,6 +815,8 @@ int main(void)
 		cmocka_unit_test(test_train_vocab_small_corpus),
 		cmocka_unit_test(test_bad_inputs),
 		cmocka_unit_test(test_cli),
+		cmocka_unit_test(test_links_confined),
+		cmocka_unit_test(test_link_loops_and_bounds),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

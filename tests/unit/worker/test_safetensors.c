@@ -110,6 +110,34 @@ static void test_malformed_headers_rejected(void **state)
     free(b);
 }
 
+/* Issue #15: init_from could name any file (a link to /etc/shadow, say) and
+ * the error quoted its first 8 bytes as a "header length", or the bytes
+ * jansson choked on. Neither may reach the message. */
+static void test_message_never_echoes_content(void **state)
+{
+    (void)state;
+    const char text[] = "root:x:0:0:root:/root:/bin/bash\n";
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--)
+        hlen = hlen << 8 | (uint8_t)text[i];
+    char num[32], err[256] = "";
+    snprintf(num, sizeof num, "%llu", (unsigned long long)hlen);
+    st_file *f = NULL;
+    assert_int_equal(st_parse(&f, text, sizeof text - 1, err, sizeof err), -EINVAL);
+    print_message("  text file -> %s\n", err);
+    assert_non_null(strstr(err, "not a safetensors file"));
+    assert_null(strstr(err, num));
+    /* a length that fits, then a header quoting a secret word */
+    size_t len;
+    uint8_t *b = image("{\"zqxsecretword", 0, &len);
+    err[0] = 0;
+    assert_int_equal(st_parse(&f, b, len, err, sizeof err), -EINVAL);
+    print_message("  bad JSON  -> %s\n", err);
+    assert_non_null(strstr(err, "not valid JSON"));
+    assert_null(strstr(err, "zqxsecret"));
+    free(b);
+}
+
 static void test_write_read_roundtrip(void **state)
 {
     (void)state;
@@ -218,6 +246,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_malformed_headers_rejected),
+        cmocka_unit_test(test_message_never_echoes_content),
         cmocka_unit_test(test_write_read_roundtrip),
         cmocka_unit_test(test_hf_export_import_lossless),
     };

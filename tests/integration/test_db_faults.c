@@ -1,0 +1,343 @@
+/* Faults of the job database (#15): bertd refuses to start on a damaged
+ * file, saying how to recover, with its own exit status; a file damaged
+ * under a running bertd fails requests with database-damaged and turns
+ * /v1/healthz unhealthy, and no write is acknowledged; a database another
+ * process holds locked answers 503 with Retry-After; `bertd backup` of a
+ * running daemon's database is a sound copy with the jobs. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <sqlite3.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "common/exitcodes.h"
+#include "common/log.h"
+#include "daemon/store.h"
+#include "harness.h"
+#include "it_util.h"
+
+#define SPEC_OK "{\"name\":\"it-job\",\"dataset\":\"wikitext2\"}"
+
+/* Whole file into a malloc'd string (caller frees); NULL if unreadable. */
+static char *slurp(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return NULL;
+	size_t cap = 1 << 16, n = 0, got;
+	char *buf = malloc(cap);
+	while (buf && (got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
+		n += got;
+		if (n + 1 == cap)
+			buf = realloc(buf, cap *= 2);
+	}
+	fclose(f);
+	if (buf)
+		buf[n] = 0;
+	return buf;
+}
+
+static void db_path(const bertd *d, char *out, size_t cap)
+{
+	snprintf(out, cap, "%s/bertd.db", d->state_dir);
+}
+
+/* Jobs must name a dataset that exists: stores "wikitext2" as ready, and
+ * with fill, that many jobs whose specs make the jobs table most of the
+ * file (so pages overwritten mid-file are job rows). */
+static int seed(const bertd *d, int fill)
+{
+	char db[200], id[32], spec[2100];
+	store *st = NULL;
+	db_path(d, db, sizeof db);
+	store_dataset ds = {.id = "ds-00000000000000aa", .name = "wikitext2", .spec_json = "{}"};
+	int rc = store_open(&st, db);
+	if (rc == 0)
+		rc = store_dataset_insert(st, &ds);
+	if (rc == 0)
+		rc = store_dataset_finish(st, ds.id, DATASET_READY, NULL, NULL);
+	memset(spec, 'x', sizeof spec);
+	memcpy(spec, "{\"pad\":\"", 8);
+	memcpy(spec + sizeof spec - 3, "\"}", 3);
+	for (int i = 0; rc == 0 && i < fill; i++) {
+		snprintf(id, sizeof id, "job-%016x", (unsigned)i);
+		store_job j = {.id = id, .name = "seeded", .spec_json = spec};
+		rc = store_job_insert(st, &j, NULL, NULL, NULL, NULL, NULL, NULL);
+	}
+	store_close(st);
+	return rc;
+}
+
+static int64_t raw_int(const char *path, const char *sql)
+{
+	sqlite3 *db = NULL;
+	sqlite3_stmt *st = NULL;
+	assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK);
+	sqlite3_busy_timeout(db, 5000);
+	assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK);
+	int rc = sqlite3_step(st);
+	assert_true(rc == SQLITE_ROW || rc == SQLITE_DONE);
+	int64_t v = rc == SQLITE_ROW ? sqlite3_column_int64(st, 0) : -1;
+	sqlite3_finalize(st);
+	sqlite3_close(db);
+	return v;
+}
+
+/* The damage of the issue: n pages in the middle of the file overwritten
+ * with noise, after the WAL is folded in (so the file holds every page). */
+static void damage_pages(const char *path, int n)
+{
+	assert_int_equal(raw_int(path, "PRAGMA wal_checkpoint(TRUNCATE)"), 0);
+	int64_t page = raw_int(path, "PRAGMA page_size");
+	int64_t pages = raw_int(path, "PRAGMA page_count");
+	assert_true(pages > 4 * n);
+	FILE *fp = fopen(path, "r+b");
+	assert_non_null(fp);
+	assert_int_equal(fseek(fp, (long)(pages / 2 * page), SEEK_SET), 0);
+	unsigned x = 777;
+	for (int64_t i = 0; i < n * page; i++) {
+		x = x * 1103515245u + 12345u;
+		fputc((int)(x >> 16) & 0xff, fp);
+	}
+	assert_int_equal(fclose(fp), 0);
+}
+
+/* Runs BERTD_BIN with args (NULL-ended, after argv[0]), stdout and stderr
+ * to log_path; waits at most 30 s (one still running then fails the test).
+ * Returns the wait status. */
+static int run_bertd(const char *const *args, const char *log_path)
+{
+	const char *bin = getenv("BERTD_BIN");
+	assert_non_null(bin);
+	const char *argv[32] = {bin};
+	size_t a = 1;
+	for (; args[a - 1] && a < 31; a++)
+		argv[a] = args[a - 1];
+	argv[a] = NULL;
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		int lfd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+		if (lfd >= 0) {
+			dup2(lfd, 1);
+			dup2(lfd, 2);
+		}
+		unsetenv("NOTIFY_SOCKET");
+		execv(bin, (char *const *)argv);
+		_exit(127);
+	}
+	int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+	assert_true(pidfd >= 0);
+	struct pollfd p = {pidfd, POLLIN, 0};
+	int ready = poll(&p, 1, 30000);
+	close(pidfd);
+	int st = 0;
+	if (ready <= 0) {
+		kill(pid, SIGTERM);
+		waitpid(pid, &st, 0);
+		char *log = slurp(log_path);
+		fail_msg("bertd %s kept running:\n%s", args[0], log ? log : "(no log)");
+	}
+	waitpid(pid, &st, 0);
+	return st;
+}
+
+static void assert_problem(const http_resp *r, long status, const char *code)
+{
+	char want[128];
+	snprintf(want, sizeof want, "urn:bertd:problem:%s", code);
+	const char *type = r->json ? json_string_value(json_object_get(r->json, "type")) : NULL;
+	if (r->status != status || !type || strcmp(type, want) != 0)
+		fail_msg("want %ld %s, got %ld: %s", status, code, r->status, r->body ? r->body : "");
+}
+
+static void test_damaged_db_refused_at_start(void **state)
+{
+	bertd *d = *state;
+	char db[200], log_path[200];
+	assert_int_equal(seed(d, 400), 0);
+	db_path(d, db, sizeof db);
+	damage_pages(db, 6);
+	snprintf(log_path, sizeof log_path, "%s/damaged.log", d->root);
+	const char *args[] = {"--state-dir", d->state_dir, "--port", "0", "--listen", "127.0.0.1",
+			      "--config", "/dev/null", "--schedule", "false", NULL};
+	int st = run_bertd(args, log_path);
+	char *log = slurp(log_path);
+	assert_non_null(log);
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != BERTD_DAEMON_EXIT_DB_DAMAGED)
+		fail_msg("bertd on a damaged db: status 0x%x, want exit %d:\n%s", st,
+			 BERTD_DAEMON_EXIT_DB_DAMAGED, log);
+	char want[300];
+	snprintf(want, sizeof want, "the job database %s is damaged", db);
+	if (!strstr(log, want) || !strstr(log, "restore a backup") || !strstr(log, ".recover"))
+		fail_msg("the log does not say what is damaged and how to recover:\n%s", log);
+	free(log);
+	/* it never served */
+	char addr[200];
+	snprintf(addr, sizeof addr, "%s/bertd.addr", d->state_dir);
+	assert_int_equal(access(addr, F_OK), -1);
+}
+
+/* Damage under a running daemon: the statement that meets it fails the
+ * request with database-damaged, healthz turns unhealthy, and a write is
+ * refused from then on (no 201). */
+static void test_damaged_while_running(void **state)
+{
+	bertd *d = *state;
+	char db[200];
+	http_resp r;
+	assert_int_equal(seed(d, 400), 0);
+	assert_int_equal(bertd_start(d, NULL), 0);
+	assert_int_equal(http_do(d, "GET", "/v1/healthz", NULL, 0, NULL, H_NO_AUTH, &r), 0);
+	assert_int_equal(r.status, 200);
+	http_resp_free(&r);
+	db_path(d, db, sizeof db);
+	/* the checkpoint resets the WAL, so the daemon drops its page cache */
+	damage_pages(db, 6);
+
+	/* Reading each seeded job meets the damaged pages at some row. */
+	char path[64];
+	int i = 0;
+	for (; i < 400; i++) {
+		snprintf(path, sizeof path, "/v1/jobs/job-%016x", (unsigned)i);
+		assert_int_equal(http_get(d, path, &r), 0);
+		if (r.status != 200)
+			break;
+		http_resp_free(&r);
+	}
+	if (i == 400)
+		fail_msg("no seeded job met the damage");
+	assert_problem(&r, 500, "database-damaged");
+	http_resp_free(&r);
+	assert_int_equal(http_do(d, "GET", "/v1/healthz", NULL, 0, NULL, H_NO_AUTH, &r), 0);
+	assert_int_equal(r.status, 503);
+	assert_string_equal(json_string_value(json_object_get(r.json, "reason")), "database-damaged");
+	http_resp_free(&r);
+	assert_int_equal(http_post_json(d, "/v1/jobs", SPEC_OK, &r), 0);
+	assert_problem(&r, 500, "database-damaged");
+	http_resp_free(&r);
+	assert_int_equal(bertd_stop(d), 0);
+	/* nothing was committed either (the file itself cannot be scanned now) */
+	char logp[200];
+	snprintf(logp, sizeof logp, "%s/bertd.log", d->root);
+	char *log = slurp(logp);
+	assert_non_null(log);
+	if (strstr(log, "(new) -> queued"))
+		fail_msg("a job was stored into the damaged database:\n%s", log);
+	free(log);
+}
+
+/* Another process holds the write lock (what `sqlite3 bertd.db 'BEGIN
+ * EXCLUSIVE; ...'` does): a write answers 503 database-busy with
+ * Retry-After, reads go on, and the write works once the lock is gone. */
+static void test_locked_db_is_503(void **state)
+{
+	bertd *d = *state;
+	char db[200], ra[32];
+	http_resp r;
+	assert_int_equal(seed(d, 0), 0);
+	const char *extra[] = {"--api-db-wait-ms", "200", NULL};
+	assert_int_equal(bertd_start(d, extra), 0);
+	db_path(d, db, sizeof db);
+	sqlite3 *h = NULL;
+	assert_int_equal(sqlite3_open_v2(db, &h, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK);
+	sqlite3_busy_timeout(h, 5000);
+	assert_int_equal(sqlite3_exec(h, "BEGIN EXCLUSIVE; UPDATE datasets SET updated_ms = 1",
+				      NULL, NULL, NULL), SQLITE_OK);
+
+	assert_int_equal(http_post_json(d, "/v1/jobs", SPEC_OK, &r), 0);
+	assert_problem(&r, 503, "database-busy");
+	assert_non_null(http_header(&r, "Retry-After", ra, sizeof ra));
+	assert_true(atoi(ra) >= 1);
+	http_resp_free(&r);
+	assert_int_equal(http_get(d, "/v1/jobs", &r), 0);
+	assert_int_equal(r.status, 200);
+	assert_int_equal(json_array_size(json_object_get(r.json, "jobs")), 0);
+	http_resp_free(&r);
+
+	assert_int_equal(sqlite3_exec(h, "ROLLBACK", NULL, NULL, NULL), SQLITE_OK);
+	sqlite3_close(h);
+	assert_int_equal(http_post_json(d, "/v1/jobs", SPEC_OK, &r), 0);
+	assert_int_equal(r.status, 201);
+	http_resp_free(&r);
+}
+
+/* `bertd backup FILE` while the daemon runs and holds jobs it has not
+ * checkpointed out of its WAL: the copy passes integrity_check and has them;
+ * a second backup to the same FILE is refused. */
+static void test_backup_of_running_daemon(void **state)
+{
+	bertd *d = *state;
+	char out[200], log_path[200];
+	assert_int_equal(seed(d, 0), 0);
+	assert_int_equal(bertd_start(d, NULL), 0);
+	for (int i = 0; i < 3; i++)
+		free(it_submit(d, SPEC_OK));
+	snprintf(out, sizeof out, "%s/backup.db", d->root);
+	snprintf(log_path, sizeof log_path, "%s/backup.log", d->root);
+	const char *args[] = {"backup", out, "--state-dir", d->state_dir, "--config", "/dev/null",
+			      NULL};
+	int st = run_bertd(args, log_path);
+	char *log = slurp(log_path);
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+		fail_msg("bertd backup: status 0x%x:\n%s", st, log ? log : "");
+	free(log);
+	assert_int_equal(raw_int(out, "SELECT COUNT(*) FROM pragma_integrity_check "
+				      "WHERE integrity_check = 'ok'"), 1);
+	assert_int_equal(raw_int(out, "SELECT COUNT(*) FROM jobs WHERE name = 'it-job'"), 3);
+	assert_int_equal(raw_int(out, "SELECT COUNT(*) FROM datasets"), 1);
+
+	st = run_bertd(args, log_path);
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) != 0);
+	log = slurp(log_path);
+	assert_non_null(log);
+	assert_non_null(strstr(log, "never replaces"));
+	free(log);
+	/* the daemon never noticed */
+	http_resp r;
+	assert_int_equal(http_post_json(d, "/v1/jobs", SPEC_OK, &r), 0);
+	assert_int_equal(r.status, 201);
+	http_resp_free(&r);
+}
+
+static int setup(void **state)
+{
+	bertd *d = calloc(1, sizeof *d);
+	if (!d || bertd_init(d)) {
+		free(d);
+		return -1;
+	}
+	*state = d;
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	bertd *d = *state;
+	int rc = d->pid ? it_daemon_finish(d) : (bertd_destroy(d), 0);
+	free(d);
+	return rc;
+}
+
+int main(void)
+{
+	log_init("test_db_faults", LOG_LVL_ERROR);
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_damaged_db_refused_at_start, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_damaged_while_running, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_locked_db_is_503, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_backup_of_running_daemon, setup, teardown),
+	};
+	return IT_RUN(tests, NULL, NULL);
+}
