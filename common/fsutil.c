@@ -1,6 +1,7 @@
 /* fsutil — see fsutil.h. */
 #include "common/fsutil.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -301,4 +302,22 @@ int fs_open_beneath(int rootfd, const char *relpath, int flags, mode_t mode)
 	}
 #endif
 	return fs_open_beneath_walk(rootfd, relpath, flags, mode);
+}
+
+int64_t fs_dir_bytes(const char *dir)
+{
+	DIR *d = opendir(dir);
+	if (!d)
+		return 0;
+	int64_t total = 0;
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		char p[PATH_MAX];
+		struct stat st;
+		snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+		if (e->d_name[0] != '.' && stat(p, &st) == 0 && S_ISREG(st.st_mode))
+			total += st.st_size;
+	}
+	closedir(d);
+	return total;
 }

@@ -5,6 +5,7 @@
 #define BERTD_COMMON_FSUTIL_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 /* mkdir -p with mode for every directory it creates. 0 or negative errno. */
@@ -23,6 +24,10 @@ int fs_fsync_parent(const char *path);
  * symlinks (a link is removed, not its target). 0 when gone (or absent),
  * or negative errno. */
 int fs_remove_tree(const char *path);
+
+/* Bytes of the plain files directly in dir (not below it; dot files left
+ * out); 0 when it cannot be read. */
+int64_t fs_dir_bytes(const char *dir);
 
 /* Takes an exclusive OFD lock (fcntl F_OFD_SETLK) on path, creating it with
  * mode, and writes our pid into it so a refused process can name the holder.

@@ -148,20 +148,3 @@ int resume_scan(const char *root, int64_t **steps, size_t *n)
 	return 0;
 }
 
-int64_t resume_dir_bytes(const char *dir)
-{
-	DIR *d = opendir(dir);
-	if (!d)
-		return 0;
-	int64_t total = 0;
-	struct dirent *e;
-	while ((e = readdir(d))) {
-		char p[4400];
-		struct stat sb;
-		snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-		if (e->d_name[0] != '.' && stat(p, &sb) == 0 && S_ISREG(sb.st_mode))
-			total += sb.st_size;
-	}
-	closedir(d);
-	return total;
-}

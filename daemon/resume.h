@@ -31,7 +31,4 @@ int resume_check(const char *dir, int64_t step, char *why, size_t cap);
  * there are none or root does not exist. 0 or -ENOMEM. */
 int resume_scan(const char *root, int64_t **steps, size_t *n);
 
-/* Bytes of the plain files in dir (what a checkpoint row records). */
-int64_t resume_dir_bytes(const char *dir);
-
 #endif

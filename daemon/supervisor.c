@@ -540,7 +540,7 @@ static void pick_resume(supervisor *sv, const char *id, const char *ckdir, char 
 		int rc = resume_check(dir, steps[i], why, sizeof why);
 		if (rc == 0) {
 			if (!row) {
-				store_checkpoint ck = {.step = steps[i], .path = dir, .bytes = resume_dir_bytes(dir)};
+				store_checkpoint ck = {.step = steps[i], .path = dir, .bytes = fs_dir_bytes(dir)};
 				store_checkpoint_insert(sv->st, id, &ck);
 				snprintf(note, sizeof note,
 					 "checkpoint at step %lld found in the job directory without a record (its "

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "common/exitcodes.h"
+#include "common/fsutil.h"
 #include "common/log.h"
 #include "loader/batch.h"
 #include "worker/hf.h"
@@ -149,24 +150,6 @@ static int check_replicas(worker *w, int64_t step)
 
 /* ---- checkpoints ---- */
 
-static int64_t dir_bytes(const char *dir)
-{
-	DIR *d = opendir(dir);
-	if (!d)
-		return 0;
-	int64_t total = 0;
-	struct dirent *e;
-	while ((e = readdir(d))) {
-		char p[PATH_MAX];
-		struct stat st;
-		snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-		if (e->d_name[0] != '.' && stat(p, &st) == 0 && S_ISREG(st.st_mode))
-			total += st.st_size;
-	}
-	closedir(d);
-	return total;
-}
-
 /* Rank 0: copies the device's state into the host trainer, saves
  * ckpt-<step> (pruning to save_total_limit) and tells the daemon which
  * checkpoints now exist. Returns 0 or the exit code (already reported). */
@@ -201,7 +184,7 @@ static int save_checkpoint(worker *w, const loop_device *dev, const char *what)
 	if (d)
 		closedir(d);
 	worker_send(w, json_pack("{s:s, s:I, s:s, s:I, s:o}", "type", "checkpoint", "step", (json_int_t)t->step,
-				 "path", path, "bytes", (json_int_t)dir_bytes(path), "present_steps", present));
+				 "path", path, "bytes", (json_int_t)fs_dir_bytes(path), "present_steps", present));
 	log_info("checkpoint %s", path);
 	return 0;
 }

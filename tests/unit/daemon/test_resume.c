@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/fsutil.h"
 #include "daemon/resume.h"
 #include "worker/safetensors.h"
 
@@ -85,7 +86,7 @@ static void test_complete_checkpoint_passes(void **state)
 	char dir[200], why[512] = "";
 	make_ckpt(20, true, dir, sizeof dir);
 	assert_int_equal(resume_check(dir, 20, why, sizeof why), 0);
-	assert_true(resume_dir_bytes(dir) > 0);
+	assert_true(fs_dir_bytes(dir) > 0);
 }
 
 static void test_damage_is_refused(void **state)
