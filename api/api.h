@@ -22,7 +22,9 @@ typedef struct api_config {
 	unsigned threads;              /* MHD thread pool size */
 	unsigned conn_timeout_s;       /* idle connection timeout */
 	unsigned conn_limit;           /* total concurrent connections */
-	unsigned per_ip_limit;         /* concurrent connections per client address */
+	unsigned per_ip_limit;         /* concurrent connections per client address (not loopback) */
+	unsigned request_timeout_s;    /* deadline for a request's headers and body, from the
+					* connection's start or the previous response; 0 = 10 */
 	size_t conn_memory;            /* MHD memory per connection, bytes */
 	const char *const *data_roots; /* allowed corpus/dataset directories */
 	size_t n_data_roots;

@@ -43,6 +43,11 @@ static json_t *dataset_json(api_request *req, const store_dataset *d)
 		 d->name);
 	/* bytes are per phase, fraction over the whole preparation (it only grows) */
 	const char *phase = d->phase ? d->phase : "starting";
+	const char *state = dataset_state_name(d->state);
+	/* phase "queued": the supervisor has not started its bertd-prepare
+	 * yet (prepare_concurrency others are running) */
+	if (d->state == DATASET_PREPARING && strcmp(phase, "queued") == 0)
+		state = "queued";
 	json_int_t done = d->bytes_done, total = d->bytes_total;
 	double frac = d->fraction;
 	if (d->state == DATASET_READY) {
@@ -54,7 +59,7 @@ static json_t *dataset_json(api_request *req, const store_dataset *d)
 		frac = 1.0;
 	}
 	return json_pack("{s:s, s:s, s:s, s:{s:s, s:I, s:I, s:f}, s:o, s:s?, s:s, s:o, s:o, s:o}",
-			 "id", d->id, "name", d->name, "state", dataset_state_name(d->state),
+			 "id", d->id, "name", d->name, "state", state,
 			 "progress", "phase", phase, "bytes_done", done, "bytes_total", total,
 			 "fraction", frac,
 			 "stats", stats ? stats : json_null(),

@@ -35,18 +35,15 @@ static void job_devices(const store_job *j, const json_t *spec, diag_job *dj)
 	json_decref(devs);
 }
 
-int api_diagnose(store *st, const store_job *j, int64_t now_ms, diag_report *rep)
+int api_diagnose_rows(const store_job *j, const json_t *spec, const store_metric *m, size_t n,
+		      const store_metric *first, size_t nf, int64_t now_ms, diag_report *rep)
 {
-	int rc;
-	store_metric *m = NULL, *first = NULL;
-	size_t n = 0, nf = 0;
-	diag_sample *s = NULL;
-	json_t *spec = j->spec_json ? json_loads(j->spec_json, 0, NULL) : NULL;
 	diag_config cfg;
 	char field[160], detail[160];
-	if ((rc = diag_config_parse(json_object_get(json_object_get(spec, "profiler"), "rules"), &cfg, field,
-				    sizeof field, detail, sizeof detail)) < 0)
-		goto out;
+	int rc = diag_config_parse(json_object_get(json_object_get(spec, "profiler"), "rules"), &cfg,
+				   field, sizeof field, detail, sizeof detail);
+	if (rc < 0)
+		return rc;
 	diag_job dj = {
 		.running = j->state == JOB_RUNNING,
 		.started = j->started_ms > 0,
@@ -59,17 +56,11 @@ int api_diagnose(store *st, const store_job *j, int64_t now_ms, diag_report *rep
 	};
 	job_devices(j, spec, &dj);
 	diag_job_stall_from_json(&dj, j->stall_json);
-	if ((rc = store_metric_tail(st, j->id, DIAG_WINDOW, &m, &n)) < 0)
-		goto out;
 	/* slow_start needs the first row, which the window may have left out */
-	if ((rc = store_metric_list(st, j->id, -1, 1, &first, &nf)) < 0)
-		goto out;
 	size_t lead = nf == 1 && (n == 0 || first[0].step != m[0].step) ? 1 : 0;
-	s = calloc(n + lead, sizeof *s);
-	if (!s && n + lead > 0) {
-		rc = -ENOMEM;
-		goto out;
-	}
+	diag_sample *s = calloc(n + lead, sizeof *s);
+	if (!s && n + lead > 0)
+		return -ENOMEM;
 	size_t k = 0;
 	if (lead) {
 		json_t *v = json_loads(first[0].values_json, 0, NULL);
@@ -82,12 +73,20 @@ int api_diagnose(store *st, const store_job *j, int64_t now_ms, diag_report *rep
 		json_decref(v);
 	}
 	diag_run(&cfg, &dj, s, k, rep);
-	rc = 0;
-out:
 	free(s);
-	store_metrics_free(m, n);
-	store_metrics_free(first, nf);
+	return 0;
+}
+
+int api_diagnose(store *st, const store_job *j, int64_t now_ms, diag_report *rep)
+{
+	store_job_extras *x = NULL;
+	int rc = store_job_extras_get(st, j, 1, DIAG_WINDOW, &x);
+	if (rc < 0)
+		return rc;
+	json_t *spec = j->spec_json ? json_loads(j->spec_json, 0, NULL) : NULL;
+	rc = api_diagnose_rows(j, spec, x->tail, x->n_tail, x->first, x->n_first, now_ms, rep);
 	json_decref(spec);
+	store_job_extras_free(x, 1);
 	return rc;
 }
 

@@ -5,6 +5,8 @@
 #ifndef BERTD_API_DIAGNOSIS_H
 #define BERTD_API_DIAGNOSIS_H
 
+#include <jansson.h>
+
 #include "daemon/diagnosis.h"
 #include "daemon/store.h"
 
@@ -13,5 +15,10 @@
  * Returns 0 and *rep, or a negative errno from the store (-EINVAL if the
  * stored profiler.rules no longer parse). */
 int api_diagnose(store *st, const store_job *j, int64_t now_ms, diag_report *rep);
+/* The same over rows already read (store_job_extras_get with DIAG_WINDOW:
+ * m the newest rows in step order, first the first row) and the job's
+ * parsed spec, so a list page reads and parses each job once. */
+int api_diagnose_rows(const store_job *j, const json_t *spec, const store_metric *m, size_t n,
+		      const store_metric *first, size_t nf, int64_t now_ms, diag_report *rep);
 
 #endif

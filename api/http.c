@@ -23,6 +23,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,9 +42,30 @@
 #define DEFAULT_CONN_LIMIT 128
 #define DEFAULT_PER_IP 64
 #define DEFAULT_CONN_MEMORY (64u << 10)
+#define DEFAULT_REQUEST_TIMEOUT_S 10
+
+/* One open connection, from MHD's NOTIFY_CONNECTION started to closed.
+ * libmicrohttpd's connection timeout is an idle timeout that every byte
+ * resets, so a client trickling a header never meets it: the sweeper
+ * closes (shutdown(2): MHD then sees the end and cleans up) a connection
+ * whose request has not fully arrived within request_timeout_s. */
+struct track {
+	int fd;
+	int64_t since_ms;   /* connection start, or the previous request's end */
+	bool received;      /* the request's headers and body are in: no deadline */
+	bool shut;          /* shut down by us; MHD closes it next */
+	struct sockaddr_storage addr;
+	struct track *prev, *next;
+};
 
 struct api_server {
 	struct MHD_Daemon *mhd;
+	pthread_mutex_t mu;       /* guards conns, nconns, stopping */
+	pthread_cond_t wake;
+	struct track *conns;      /* oldest first */
+	unsigned nconns;
+	bool stopping, sweeping;
+	pthread_t sweeper;
 	api_config cfg;   /* strings point at the copies below */
 	char *token, *listen_addr, *state_dir;
 	char **roots;     /* n_data_roots copies */
@@ -195,20 +217,43 @@ int api_json_parse(const char *buf, size_t len, int max_depth, json_t **out, cha
 	return 0;
 }
 
+/* Whether every real in o reads back equal from "%.15g", which is how
+ * jansson writes it at JSON_REAL_PRECISION(15), so a dump at 15 digits
+ * loses nothing. Checked value by value rather than by loading the dump
+ * back: the round trip cost as much as the dump itself on a 100-job page. */
+static bool reals_keep_15(const json_t *o)
+{
+	const char *key;
+	json_t *v;
+	size_t i;
+	switch (json_typeof(o)) {
+	case JSON_REAL: {
+		char buf[40];
+		double d = json_real_value(o);
+		snprintf(buf, sizeof buf, "%.15g", d);
+		return strtod(buf, NULL) == d;
+	}
+	case JSON_OBJECT:
+		json_object_foreach((json_t *)o, key, v)
+			if (!reals_keep_15(v))
+				return false;
+		return true;
+	case JSON_ARRAY:
+		json_array_foreach(o, i, v)
+			if (!reals_keep_15(v))
+				return false;
+		return true;
+	default:
+		return true;
+	}
+}
+
 char *api_json_dumps(const json_t *o, bool newline)
 {
-	const size_t flags = JSON_COMPACT | JSON_REAL_PRECISION(15);
-	char *text = json_dumps(o, flags);
+	int digits = reals_keep_15(o) ? 15 : 17;
+	char *text = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(digits));
 	if (!text)
 		return NULL;
-	json_t *back = json_loads(text, JSON_DECODE_ANY, NULL);
-	bool same = back && json_equal(back, (json_t *)o);
-	json_decref(back);
-	if (!same) {
-		free(text);
-		if (!(text = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(17))))
-			return NULL;
-	}
 	if (newline) {
 		size_t n = strlen(text);
 		char *t = realloc(text, n + 2);
@@ -514,6 +559,8 @@ static enum MHD_Result take_piece(struct conn_ctx *c, const char *data, size_t n
 	return MHD_YES;
 }
 
+static void track_request(api_server *srv, struct MHD_Connection *conn, bool received);
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
 				  const char *method, const char *version, const char *upload,
 				  size_t *upload_size, void **con_cls)
@@ -531,7 +578,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 		c->req.body = "";
 		c->req.st = srv->st;
 		c->req.cfg = &srv->cfg;
-		return begin(c, version);
+		enum MHD_Result ret = begin(c, version);
+		if (c->req.replied)
+			track_request(srv, conn, true);
+		return ret;
 	}
 	if (c->req.replied) {
 		*upload_size = 0;
@@ -542,6 +592,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 		*upload_size = 0;
 		return take_piece(c, upload, n);
 	}
+	track_request(srv, conn, true); /* headers and body are in */
 	if (c->too_large)
 		return api_reply_problem(&c->req, API_P_BODY_TOO_LARGE, NULL,
 					 "body is over the limit of %zu bytes",
@@ -556,7 +607,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 			 enum MHD_RequestTerminationCode toe)
 {
-	(void)cls, (void)conn, (void)toe;
+	(void)toe;
+	track_request(cls, conn, false); /* the next request's deadline starts */
 	struct conn_ctx *c = *con_cls;
 	if (!c)
 		return;
@@ -590,6 +642,159 @@ static bool is_loopback(const struct sockaddr_storage *ss)
 	if (IN6_IS_ADDR_LOOPBACK(&a6->sin6_addr))
 		return true;
 	return IN6_IS_ADDR_V4MAPPED(&a6->sin6_addr) && a6->sin6_addr.s6_addr[12] == 127;
+}
+
+/* --------------------------------------------------- connection limits */
+
+static int64_t mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static bool same_addr(const struct sockaddr_storage *a, const struct sockaddr *b)
+{
+	if (a->ss_family != b->sa_family)
+		return false;
+	if (b->sa_family == AF_INET)
+		return ((const struct sockaddr_in *)a)->sin_addr.s_addr ==
+		       ((const struct sockaddr_in *)b)->sin_addr.s_addr;
+	if (b->sa_family == AF_INET6)
+		return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr,
+			      &((const struct sockaddr_in6 *)b)->sin6_addr, sizeof(struct in6_addr)) == 0;
+	return false;
+}
+
+/* Shuts down the oldest connection whose request has not arrived; under mu. */
+static bool evict_oldest_pending(api_server *srv)
+{
+	for (struct track *t = srv->conns; t; t = t->next)
+		if (!t->received && !t->shut) {
+			t->shut = true;
+			shutdown(t->fd, SHUT_RDWR);
+			return true;
+		}
+	return false;
+}
+
+/* Accept policy: per_ip_limit for remote addresses (loopback clients all
+ * share 127.0.0.1, so for them only conn_limit counts); at conn_limit the
+ * oldest connection still sending its request makes room, so clients that
+ * send a request at once are served however many slow ones are open. */
+static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen_t len)
+{
+	api_server *srv = cls;
+	if (!addr || len < sizeof(sa_family_t))
+		return MHD_NO;
+	struct sockaddr_storage ss = {0};
+	memcpy(&ss, addr, len < sizeof ss ? len : sizeof ss);
+	bool local = is_loopback(&ss);
+	enum MHD_Result ok = MHD_YES;
+	pthread_mutex_lock(&srv->mu);
+	if (!local) {
+		unsigned same = 0;
+		for (struct track *t = srv->conns; t; t = t->next)
+			same += !t->shut && same_addr(&t->addr, addr);
+		if (same >= srv->cfg.per_ip_limit)
+			ok = MHD_NO;
+	}
+	unsigned open = 0;
+	for (struct track *t = srv->conns; t; t = t->next)
+		open += !t->shut;
+	if (ok == MHD_YES && open >= srv->cfg.conn_limit && !evict_oldest_pending(srv))
+		ok = MHD_NO;
+	pthread_mutex_unlock(&srv->mu);
+	return ok;
+}
+
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_ctx,
+			  enum MHD_ConnectionNotificationCode code)
+{
+	api_server *srv = cls;
+	if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+		const union MHD_ConnectionInfo *fd = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+		const union MHD_ConnectionInfo *ad = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+		struct track *t = calloc(1, sizeof *t);
+		if (!t || !fd) {
+			free(t);
+			return; /* untracked: only MHD's own limits apply to it */
+		}
+		t->fd = fd->connect_fd;
+		t->since_ms = mono_ms();
+		if (ad && ad->client_addr) {
+			socklen_t l = ad->client_addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+									  : sizeof(struct sockaddr_in);
+			memcpy(&t->addr, ad->client_addr, l);
+		}
+		pthread_mutex_lock(&srv->mu);
+		t->prev = NULL;
+		struct track **tail = &srv->conns;
+		while (*tail) {
+			t->prev = *tail;
+			tail = &(*tail)->next;
+		}
+		*tail = t;
+		srv->nconns++;
+		pthread_mutex_unlock(&srv->mu);
+		*socket_ctx = t;
+		return;
+	}
+	struct track *t = *socket_ctx;
+	if (!t)
+		return;
+	/* MHD closes the socket after this call: t->fd stays valid while listed */
+	pthread_mutex_lock(&srv->mu);
+	if (t->prev)
+		t->prev->next = t->next;
+	else
+		srv->conns = t->next;
+	if (t->next)
+		t->next->prev = t->prev;
+	srv->nconns--;
+	pthread_mutex_unlock(&srv->mu);
+	free(t);
+	*socket_ctx = NULL;
+}
+
+/* received: the request is in (its deadline stops); else the previous
+ * request ended and the next one's deadline starts now. */
+static void track_request(api_server *srv, struct MHD_Connection *conn, bool received)
+{
+	const union MHD_ConnectionInfo *i = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+	struct track *t = i ? i->socket_context : NULL;
+	if (!t)
+		return;
+	pthread_mutex_lock(&srv->mu);
+	t->received = received;
+	if (!received)
+		t->since_ms = mono_ms();
+	pthread_mutex_unlock(&srv->mu);
+}
+
+static void *sweep_main(void *arg)
+{
+	api_server *srv = arg;
+	int64_t limit_ms = (int64_t)srv->cfg.request_timeout_s * 1000;
+	pthread_mutex_lock(&srv->mu);
+	while (!srv->stopping) {
+		int64_t now = mono_ms();
+		for (struct track *t = srv->conns; t; t = t->next)
+			if (!t->received && !t->shut && now - t->since_ms >= limit_ms) {
+				t->shut = true;
+				shutdown(t->fd, SHUT_RDWR);
+			}
+		struct timespec until;
+		clock_gettime(CLOCK_REALTIME, &until);
+		until.tv_nsec += 250 * 1000000L; /* a quarter of a second's lateness at most */
+		if (until.tv_nsec >= 1000000000L) {
+			until.tv_sec++;
+			until.tv_nsec -= 1000000000L;
+		}
+		pthread_cond_timedwait(&srv->wake, &srv->mu, &until);
+	}
+	pthread_mutex_unlock(&srv->mu);
+	return NULL;
 }
 
 /* Binds the listening socket ourselves so a failure reports its real errno
@@ -655,6 +860,8 @@ static void server_free(api_server *srv)
 	for (size_t i = 0; srv->roots && i < srv->cfg.n_data_roots; i++)
 		free(srv->roots[i]);
 	free(srv->roots);
+	pthread_mutex_destroy(&srv->mu);
+	pthread_cond_destroy(&srv->wake);
 	free(srv);
 }
 
@@ -664,6 +871,8 @@ int api_server_start(api_server **out, const api_config *cfg, store *st)
 	api_server *srv = calloc(1, sizeof *srv);
 	if (!srv)
 		return -ENOMEM;
+	pthread_mutex_init(&srv->mu, NULL);
+	pthread_cond_init(&srv->wake, NULL);
 	srv->cfg = *cfg;
 	srv->st = st;
 	srv->token = strdup(cfg->token ? cfg->token : "");
@@ -707,6 +916,8 @@ int api_server_start(api_server **out, const api_config *cfg, store *st)
 		srv->cfg.per_ip_limit = DEFAULT_PER_IP;
 	if (!srv->cfg.conn_memory)
 		srv->cfg.conn_memory = DEFAULT_CONN_MEMORY;
+	if (!srv->cfg.request_timeout_s)
+		srv->cfg.request_timeout_s = DEFAULT_REQUEST_TIMEOUT_S;
 
 	if (srv->cfg.conn_limit < srv->cfg.threads) {
 		/* MHD splits the connection limit across its pool threads; a thread
@@ -721,17 +932,21 @@ int api_server_start(api_server **out, const api_config *cfg, store *st)
 	unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG;
 	if (strchr(srv->listen_addr, ':'))
 		flags |= MHD_USE_IPv6;
+	/* conn_limit and per_ip_limit are on_accept's; MHD's own limit is
+	 * twice conn_limit, as MHD splits it across the pool threads and an
+	 * evicted connection holds its slot until MHD has closed it. */
+	unsigned mhd_limit = srv->cfg.conn_limit * 2;
 	srv->mhd = MHD_start_daemon(
-		flags, 0, NULL, NULL, on_request, srv,
+		flags, 0, on_accept, srv, on_request, srv,
 		/* First, so MHD reports even option errors through our log. */
 		MHD_OPTION_EXTERNAL_LOGGER, mhd_log, srv,
 		MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
 		MHD_OPTION_THREAD_POOL_SIZE, (unsigned int)srv->cfg.threads,
 		MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)srv->cfg.conn_timeout_s,
-		MHD_OPTION_CONNECTION_LIMIT, (unsigned int)srv->cfg.conn_limit,
-		MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned int)srv->cfg.per_ip_limit,
+		MHD_OPTION_CONNECTION_LIMIT, mhd_limit,
 		MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)srv->cfg.conn_memory,
 		MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
+		MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv,
 		MHD_OPTION_END);
 	if (!srv->mhd) {
 		/* MHD may already have closed fd on some failure paths; leaking
@@ -740,6 +955,12 @@ int api_server_start(api_server **out, const api_config *cfg, store *st)
 		rc = -ENOMEM;
 		goto out;
 	}
+	if (pthread_create(&srv->sweeper, NULL, sweep_main, srv) != 0) {
+		MHD_stop_daemon(srv->mhd);
+		rc = -ENOMEM;
+		goto out;
+	}
+	srv->sweeping = true;
 	log_info("api listening on %s port %d (%u threads, max body %zu bytes)",
 		 srv->listen_addr, srv->port, srv->cfg.threads, srv->cfg.max_body_bytes);
 	*out = srv;
@@ -758,6 +979,13 @@ void api_server_stop(api_server *srv)
 {
 	if (!srv)
 		return;
+	if (srv->sweeping) {
+		pthread_mutex_lock(&srv->mu);
+		srv->stopping = true;
+		pthread_cond_signal(&srv->wake);
+		pthread_mutex_unlock(&srv->mu);
+		pthread_join(srv->sweeper, NULL);
+	}
 	if (srv->mhd)
 		MHD_stop_daemon(srv->mhd); /* joins the pool; closes the listening socket */
 	server_free(srv);

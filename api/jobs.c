@@ -52,18 +52,20 @@ static json_t *time_json(int64_t ms)
 	return json_string(buf);
 }
 
-/* Progress of a job that has run: latest logged metrics, ETA, devices,
- * newest checkpoint and, once completed, where the exported model is. */
-static void add_progress(json_t *o, store *st, const store_job *j, const json_t *spec)
+/* Progress of a job that has run: latest logged metrics (the newest row of
+ * x->tail), ETA, devices, newest checkpoint and, once completed, where the
+ * exported model is. */
+static void add_progress(json_t *o, const store_job *j, const json_t *spec,
+			 const store_job_extras *x)
 {
 	json_t *devs = j->devices_json ? json_loads(j->devices_json, 0, NULL) : NULL;
 	json_object_set_new(o, "devices", devs ? devs : json_array());
 	json_int_t max_steps = json_integer_value(json_object_get(json_object_get(spec, "training_args"), "max_steps"));
-	store_metric m;
 	json_t *prog = json_pack("{s:I, s:I}", "step", (json_int_t)0, "max_steps", max_steps);
-	if (store_metric_latest(st, j->id, &m) == 0) {
-		json_t *vals = json_loads(m.values_json, 0, NULL);
-		json_object_set_new(prog, "step", json_integer(m.step));
+	if (x->n_tail > 0) {
+		const store_metric *m = &x->tail[x->n_tail - 1];
+		json_t *vals = json_loads(m->values_json, 0, NULL);
+		json_object_set_new(prog, "step", json_integer(m->step));
 		const char *keep[] = {"epoch", "loss", "learning_rate", "grad_norm", "tokens_per_s", "step_time_ms"};
 		for (size_t i = 0; i < sizeof keep / sizeof keep[0]; i++) {
 			json_t *v = json_object_get(vals, keep[i]);
@@ -71,29 +73,30 @@ static void add_progress(json_t *o, store *st, const store_job *j, const json_t 
 				json_object_set(prog, keep[i], v);
 		}
 		double step_ms = json_number_value(json_object_get(vals, "step_time_ms"));
-		if (step_ms > 0 && max_steps > m.step && !job_state_is_terminal(j->state))
+		if (step_ms > 0 && max_steps > m->step && !job_state_is_terminal(j->state))
 			json_object_set_new(prog, "eta_seconds",
-					    json_real(step_ms * (double)(max_steps - m.step) / 1000.0));
+					    json_real(step_ms * (double)(max_steps - m->step) / 1000.0));
 		char t[32];
-		api_time_format(m.time_ms, t);
+		api_time_format(m->time_ms, t);
 		json_object_set_new(prog, "logged_at", json_string(t));
 		json_decref(vals);
-		free(m.values_json);
 	}
 	json_object_set_new(o, "progress", prog);
-	store_checkpoint *ck = NULL;
-	size_t n = 0;
 	json_t *last = json_null();
-	if (store_checkpoint_list(st, j->id, &ck, &n) == 0 && n > 0) {
+	if (x->n_checkpoint > 0) {
 		json_decref(last);
-		last = json_pack("{s:I, s:s}", "step", (json_int_t)ck[n - 1].step, "path", ck[n - 1].path);
+		last = json_pack("{s:I, s:s}", "step", (json_int_t)x->last_checkpoint[0].step, "path",
+				 x->last_checkpoint[0].path);
 	}
-	store_checkpoints_free(ck, n);
 	json_object_set_new(o, "last_checkpoint", last);
 }
 
-/* The job representation every endpoint answers with. NULL on OOM. */
-static json_t *job_json(store *st, const store_job *j, const api_config *cfg)
+/* The job representation every endpoint answers with, from its row and
+ * what store_job_extras_get read for it (window DIAG_WINDOW). The stored
+ * spec is parsed once here for progress, diagnosis and the "spec" member.
+ * NULL on OOM. */
+static json_t *job_json(const store_job *j, const store_job_extras *x, const api_config *cfg,
+			int64_t now)
 {
 	json_t *spec = j->spec_json ? json_loads(j->spec_json, 0, NULL) : NULL;
 	if (!spec)
@@ -113,20 +116,41 @@ static json_t *job_json(store *st, const store_job *j, const api_config *cfg)
 		json_decref(spec);
 		return NULL;
 	}
-	add_progress(o, st, j, spec);
+	add_progress(o, j, spec, x);
 	if (j->state == JOB_COMPLETED) {
 		char path[1400];
 		snprintf(path, sizeof path, "%s/jobs/%s/export", cfg->state_dir, j->id);
 		json_object_set_new(o, "model_dir", json_string(path));
 	}
 	diag_report rep;
-	if (api_diagnose(st, j, now_ms(), &rep) == 0)
+	if (api_diagnose_rows(j, spec, x->tail, x->n_tail, x->first, x->n_first, now, &rep) == 0)
 		json_object_set_new(o, "diagnosis", json_string(rep.summary));
 	else
 		json_object_set_new(o, "diagnosis", json_null());
 	if (spec)
 		json_object_set_new(o, "spec", spec);
 	return o;
+}
+
+/* The representations of jobs[0..n) as a JSON array: one read of the
+ * store for the whole page. *rc gets a store error (NULL returned), or 0
+ * (NULL then means out of memory). */
+static json_t *jobs_json(store *st, const store_job *jobs, size_t n, const api_config *cfg,
+			 int *rc)
+{
+	store_job_extras *x = NULL;
+	if ((*rc = store_job_extras_get(st, jobs, n, DIAG_WINDOW, &x)) < 0)
+		return NULL;
+	int64_t now = now_ms();
+	json_t *arr = json_array();
+	for (size_t i = 0; arr && i < n; i++) {
+		if (json_array_append_new(arr, job_json(&jobs[i], &x[i], cfg, now))) {
+			json_decref(arr);
+			arr = NULL;
+		}
+	}
+	store_job_extras_free(x, n);
+	return arr;
 }
 
 /* Ids are made here ("job-" + 16 hex); anything else cannot exist, so it is
@@ -172,8 +196,12 @@ static enum MHD_Result reply_job(api_request *req, unsigned status, const char *
 	int rc = store_job_get(req->st, id, &j);
 	if (rc)
 		return store_failed(req, rc, id, "loading job");
-	json_t *o = job_json(req->st, &j, req->cfg);
+	json_t *arr = jobs_json(req->st, &j, 1, req->cfg, &rc);
 	store_job_free(&j);
+	if (rc < 0)
+		return store_failed(req, rc, id, "loading job");
+	json_t *o = arr ? json_incref(json_array_get(arr, 0)) : NULL;
+	json_decref(arr);
 	return api_reply_json(req, status, o);
 }
 
@@ -816,14 +844,10 @@ enum MHD_Result jobs_list(api_request *req)
 	int rc = store_job_list(req->st, q.state_mask, q.after_seq, q.limit, &jobs, &n, &next);
 	if (rc)
 		return api_reply_store_error(req, rc, "listing jobs failed");
-	json_t *arr = json_array();
-	for (size_t i = 0; arr && i < n; i++) {
-		if (json_array_append_new(arr, job_json(req->st, &jobs[i], req->cfg))) {
-			json_decref(arr);
-			arr = NULL;
-		}
-	}
+	json_t *arr = jobs_json(req->st, jobs, n, req->cfg, &rc);
 	store_jobs_free(jobs, n);
+	if (rc < 0)
+		return api_reply_store_error(req, rc, "listing jobs failed");
 	json_t *cursor = json_null();
 	if (next > 0) {
 		char c[40];

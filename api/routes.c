@@ -23,6 +23,8 @@ static const api_route routes[] = {
 	{"GET",    "/v1/jobs/{id}/events",  jobs_events,    0},
 	{"GET",    "/v1/jobs/{id}/metrics", jobs_metrics,   0},
 	{"GET",    "/v1/jobs/{id}/checkpoints", jobs_checkpoints, 0},
+	{"GET",    "/v1/jobs/{id}/checkpoints/{step}", jobs_checkpoint_download, 0},
+	{"GET",    "/v1/jobs/{id}/export",  jobs_export,    0},
 	{"GET",    "/v1/jobs/{id}/logs",    jobs_logs,      0},
 	{"GET",    "/v1/jobs/{id}/diagnosis", jobs_diagnosis, 0},
 	{"GET",    "/v1/devices",           devices_list,   0},

@@ -42,7 +42,7 @@ api() { curl -sS -H "Authorization: Bearer $TOKEN" "$@"; }
 
 api -H 'Content-Type: application/json' -X POST "$URL/v1/datasets" \
     -d '{"name":"d","source":"corpus.txt","vocab":{"train":{"vocab_size":1000}}}' >/dev/null
-while [ "$(api "$URL/v1/datasets/d" | jq -r .state)" = preparing ]; do sleep 0.2; done
+while case "$(api "$URL/v1/datasets/d" | jq -r .state)" in queued|preparing) true;; *) false;; esac; do sleep 0.2; done
 [ "$(api "$URL/v1/datasets/d" | jq -r .state)" = ready ] || { echo "slow_source: dataset failed" >&2; exit 1; }
 
 # bert-tiny (2 layers, hidden 128): tens of ms of compute per step; 2 CPU slots

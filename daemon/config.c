@@ -60,7 +60,10 @@ static const config_key keys[] = {
 	INT(api_threads, "4", 1, 256, "HTTP worker threads"),
 	INT(conn_timeout_s, "30", 1, 3600, "idle HTTP connection timeout (seconds)"),
 	INT(conn_limit, "256", 1, 65536, "concurrent HTTP connections, all clients"),
-	INT(per_ip_limit, "64", 1, 65536, "concurrent HTTP connections per client address"),
+	INT(per_ip_limit, "64", 1, 65536,
+	    "concurrent HTTP connections per client address (loopback clients share conn_limit)"),
+	INT(request_timeout_s, "10", 1, 3600,
+	    "seconds a client gets to send a request's headers and body (closed after)"),
 	SIZE(conn_memory, "131072", 16384, 16777216, "memory per HTTP connection (bytes)"),
 	INT(api_db_wait_ms, "1500", 1, 60000,
 	    "how long an API request waits for a locked database before 503 + Retry-After (ms)"),
@@ -72,6 +75,9 @@ static const config_key keys[] = {
 	    "seconds a training job's workers may report nothing before the attempt fails as stalled "
 	    "(before the first step: at least 600)"),
 	BOOL(schedule, "true", "start queued jobs; false holds the queue (maintenance, API tests)"),
+	INT(prepare_concurrency, "-1", -1, 4096,
+	    "dataset preparations (bertd-prepare) run at once, the rest wait as queued "
+	    "(0 = one per online CPU; -1 = half of them, at least 1)"),
 	STRV(pass_env, CHILDENV_DEFAULT_PASS, check_pass_env,
 	     "variables of bertd's environment its children inherit: ':'-separated NAMEs and PREFIX*es"),
 };

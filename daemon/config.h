@@ -29,6 +29,7 @@ typedef struct config {
 	int conn_timeout_s;
 	int conn_limit;
 	int per_ip_limit;
+	int request_timeout_s;   /* deadline for receiving a request's headers and body */
 	size_t conn_memory;
 	int api_db_wait_ms;      /* how long an API request waits for the database lock (then 503) */
 	char devices[8];         /* auto | cpu | cuda */
@@ -37,6 +38,7 @@ typedef struct config {
 	int stop_timeout_s;      /* grace for a stopping job to checkpoint */
 	int stall_timeout_s;     /* a running job whose workers say nothing this long is stalled */
 	bool schedule;           /* false: accept and queue jobs, start none (maintenance) */
+	int prepare_concurrency; /* bertd-prepare processes at once; 0 = one per CPU, -1 = half (>= 1) */
 	char pass_env[1024];     /* what children inherit of the daemon's environment (childenv.h) */
 	char config_file[1024];  /* where the file settings came from ("" none) */
 

@@ -305,6 +305,7 @@ int main(int argc, char **argv)
 		.conn_timeout_s = (unsigned)d.cfg.conn_timeout_s,
 		.conn_limit = (unsigned)d.cfg.conn_limit,
 		.per_ip_limit = (unsigned)d.cfg.per_ip_limit,
+		.request_timeout_s = (unsigned)d.cfg.request_timeout_s,
 		.conn_memory = d.cfg.conn_memory,
 		.data_roots = (const char *const *)d.cfg.roots,
 		.n_data_roots = d.cfg.n_roots,
@@ -339,6 +340,7 @@ int main(int argc, char **argv)
 		.stop_timeout_ms = d.cfg.stop_timeout_s * 1000,
 		.stall_timeout_ms = d.cfg.stall_timeout_s * 1000,
 		.hold_queue = !d.cfg.schedule,
+		.prepare_concurrency = d.cfg.prepare_concurrency,
 		.pass_env = d.cfg.pass_env,
 	};
 	if ((rc = supervisor_create(&d.sup, &sc, d.lp, d.st, d.devs, d.ndev)) < 0) {

@@ -1402,9 +1402,10 @@ int store_dataset_insert(store *s, const store_dataset *ds)
 {
 	if (!ds || !ds->id || !ds->name || !ds->spec_json || ds->bytes_total < 0)
 		return -EINVAL;
+	/* phase "queued" until the supervisor starts its bertd-prepare */
 	int rc = locked_exec(s, TXN_WRITE, "INSERT INTO datasets (id, name, spec_json, state, "
-					   "bytes_total, created_ms, updated_ms) "
-					   "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6)",
+					   "bytes_total, created_ms, updated_ms, phase) "
+					   "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, 'queued')",
 			     ARGS(ARG_TEXT(ds->id), ARG_TEXT(ds->name), ARG_TEXT(ds->spec_json),
 				  ARG_TEXT(dataset_state_name(DATASET_PREPARING)),
 				  ARG_I64(ds->bytes_total), ARG_I64(now_ms())), NULL, NULL);
@@ -1667,4 +1668,96 @@ int store_checkpoint_delete(store *s, const char *job_id, int64_t step)
 	return found(locked_exec(s, TXN_WRITE, "DELETE FROM job_checkpoints "
 					       "WHERE job_id = ?1 AND step = ?2",
 				 ARGS(ARG_TEXT(job_id), ARG_I64(step)), NULL, NULL), -ENOENT);
+}
+
+/* ---- what a job's representation shows beyond its row ---- */
+
+/* One statement of store_job_extras, prepared once and run once per job. */
+static int extras_stmt(store *s, sqlite3_stmt *st, const char *sql, const char *job_id,
+		       int64_t limit, row_fn *row, void *ctx)
+{
+	sqlite3_reset(st);
+	int rc = sqlerr(s, sqlite3_bind_text(st, 1, job_id, -1, SQLITE_STATIC), sql);
+	if (rc == 0 && limit > 0)
+		rc = sqlerr(s, sqlite3_bind_int64(st, 2, limit), sql);
+	while (rc == 0 && (rc = sqlite3_step(st)) == SQLITE_ROW)
+		rc = row(st, ctx);
+	if (rc == SQLITE_DONE)
+		return 0;
+	return rc < 0 ? rc : sqlerr(s, rc, sql);
+}
+
+typedef struct extras_query {
+	const store_job *jobs;
+	size_t n;
+	int window;
+	store_job_extras *out;
+} extras_query;
+
+static int extras_txn(store *s, void *ctx)
+{
+	static const char *const sql[] = {
+		"SELECT step, time_ms, values_json FROM (SELECT step, time_ms, values_json "
+		"FROM job_metrics WHERE job_id = ?1 ORDER BY step DESC LIMIT ?2) ORDER BY step",
+		"SELECT step, time_ms, values_json FROM job_metrics WHERE job_id = ?1 "
+		"ORDER BY step LIMIT 1",
+		"SELECT step, path, bytes, created_ms FROM job_checkpoints WHERE job_id = ?1 "
+		"ORDER BY step DESC LIMIT 1",
+	};
+	enum { TAIL, FIRST, CKPT, NSQL };
+	extras_query *q = ctx;
+	sqlite3_stmt *st[NSQL] = {0};
+	int rc = 0;
+	for (int k = 0; rc == 0 && k < NSQL; k++)
+		rc = sqlerr(s, sqlite3_prepare_v2(s->db, sql[k], -1, &st[k], NULL), sql[k]);
+	for (size_t i = 0; rc == 0 && i < q->n; i++) {
+		store_job_extras *x = &q->out[i];
+		const char *id = q->jobs[i].id;
+		rows t = ROWS(store_metric, metric_read, metrics_free_rows);
+		rows f = ROWS(store_metric, metric_read, metrics_free_rows);
+		rows c = ROWS(store_checkpoint, checkpoint_read, checkpoints_free_rows);
+		rc = extras_stmt(s, st[TAIL], sql[TAIL], id, q->window, rows_push, &t);
+		if (rc == 0)
+			rc = extras_stmt(s, st[FIRST], sql[FIRST], id, 0, rows_push, &f);
+		if (rc == 0)
+			rc = extras_stmt(s, st[CKPT], sql[CKPT], id, 0, rows_push, &c);
+		x->tail = rows_take(&t, rc, &x->n_tail);
+		x->first = rows_take(&f, rc, &x->n_first);
+		x->last_checkpoint = rows_take(&c, rc, &x->n_checkpoint);
+	}
+	for (int k = 0; k < NSQL; k++)
+		sqlite3_finalize(st[k]);
+	return rc;
+}
+
+int store_job_extras_get(store *s, const store_job *jobs, size_t n, int window,
+			 store_job_extras **out)
+{
+	*out = NULL;
+	if (window < 1 || (n > 0 && !jobs))
+		return -EINVAL;
+	for (size_t i = 0; i < n; i++)
+		if (!jobs[i].id)
+			return -EINVAL;
+	store_job_extras *x = calloc(n ? n : 1, sizeof *x);
+	if (!x)
+		return -ENOMEM;
+	extras_query q = {.jobs = jobs, .n = n, .window = window, .out = x};
+	int rc = n ? in_txn(s, TXN_READ, extras_txn, &q) : 0;
+	if (rc < 0) {
+		store_job_extras_free(x, n);
+		return rc;
+	}
+	*out = x;
+	return 0;
+}
+
+void store_job_extras_free(store_job_extras *x, size_t n)
+{
+	for (size_t i = 0; x && i < n; i++) {
+		store_metrics_free(x[i].tail, x[i].n_tail);
+		store_metrics_free(x[i].first, x[i].n_first);
+		store_checkpoints_free(x[i].last_checkpoint, x[i].n_checkpoint);
+	}
+	free(x);
 }

@@ -292,6 +292,25 @@ int store_checkpoint_list(store *s, const char *job_id, store_checkpoint **out, 
 int store_checkpoint_delete(store *s, const char *job_id, int64_t step);
 void store_checkpoints_free(store_checkpoint *c, size_t n);
 
+/* What a job's representation shows beyond its row, for a list page read
+ * in one go (one read transaction, each query prepared once for the page
+ * instead of per job). Arrays caller-owned through store_job_extras_free. */
+typedef struct store_job_extras {
+	store_metric *tail;               /* newest `window` metrics rows, in step order */
+	size_t n_tail;
+	store_metric *first;              /* the job's first metrics row (n_first 0 or 1) */
+	size_t n_first;
+	store_checkpoint *last_checkpoint; /* its newest checkpoint (n_checkpoint 0 or 1) */
+	size_t n_checkpoint;
+} store_job_extras;
+
+/* *out gets one store_job_extras per jobs[i] (a job that no longer exists
+ * gets empty arrays). window >= 1, else -EINVAL; a store error is returned
+ * with *out NULL. */
+int store_job_extras_get(store *s, const store_job *jobs, size_t n, int window,
+			 store_job_extras **out);
+void store_job_extras_free(store_job_extras *x, size_t n);
+
 /* For tests and tools: store_open with the given migration text instead of
  * the embedded schema.sql (same "-- migration N" format). */
 int store_open_schema(store **out, const char *path, const char *schema);

@@ -53,6 +53,7 @@
 #include "daemon/proc.h"
 #include "daemon/resume.h"
 #include "daemon/scheduler.h"
+#include "daemon/tbevents.h"
 
 #define MAX_CHILDREN 130 /* 64 workers + 64 loaders + slack */
 #define TELEMETRY_SAMPLE_MS 500 /* GPU/host sampling period of running jobs */
@@ -115,6 +116,7 @@ struct supervisor {
 	size_t ndev;
 	const char **dev_job;  /* (ndev,) job id on each device or NULL */
 	run *runs;
+	int prepare_limit;     /* bertd-prepare processes at once (cfg.prepare_concurrency resolved) */
 	int sample_fd;         /* timerfd: telemetry samples every TELEMETRY_SAMPLE_MS; -1 if none */
 };
 
@@ -250,6 +252,7 @@ static void handle_job_message(supervisor *sv, run *r, child *c, json_t *m)
 		if (text)
 			store_metric_insert(sv->st, r->id, step,
 					    (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000, text);
+		tbevents_append_row(r->dir, step, (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000, vals);
 		free(text);
 		json_decref(vals);
 		if (!r->saw_running) {
@@ -1004,6 +1007,10 @@ static int start_prepare(supervisor *sv, const store_dataset *ds)
 	childenv *env = NULL;
 	r->next = sv->runs;
 	sv->runs = r;
+	/* phase "queued" (as inserted) becomes "starting": the API shows it
+	 * preparing from now on, before the process exists, so whoever sees
+	 * the process sees it preparing */
+	store_dataset_phase(sv->st, ds->id, "starting", 0.0);
 	rc = childenv_helper(&env, &sv->pass_env, environ);
 	if (rc == 0)
 		rc = spawn_child(sv, r, ROLE_PREPARE, 0, (char *const *)argv, env->envp, logp);
@@ -1033,9 +1040,17 @@ static void tick_datasets(supervisor *sv)
 	size_t n = 0;
 	if (store_dataset_list(sv->st, &ds, &n) < 0)
 		return;
-	for (size_t i = 0; i < n; i++)
-		if (ds[i].state == DATASET_PREPARING && !find_run(sv, ds[i].id))
+	/* At most prepare_concurrency bertd-prepare at once (one being killed
+	 * still counts: it still holds its CPU until it is reaped); the list is
+	 * oldest first, so the oldest waiting dataset starts next. */
+	int running = 0;
+	for (run *r = sv->runs; r; r = r->next)
+		running += r->is_dataset;
+	for (size_t i = 0; i < n && running < sv->prepare_limit; i++)
+		if (ds[i].state == DATASET_PREPARING && !find_run(sv, ds[i].id)) {
 			start_prepare(sv, &ds[i]);
+			running++;
+		}
 	/* A preparation whose row is no longer preparing (DELETE canceled it,
 	 * or deleted it) is stopped: nothing it writes now would be used. */
 	for (run *r = sv->runs; r; r = r->next) {
@@ -1182,9 +1197,35 @@ static void tick_running(supervisor *sv)
 	}
 }
 
+/* Whether the dataset named name is still being prepared (or waits in the
+ * preparation queue). memo keeps the last answer: the queued jobs of a tick
+ * mostly name the same dataset. */
+typedef struct {
+	char name[256];
+	bool preparing;
+} dataset_memo;
+
+static bool dataset_preparing(supervisor *sv, const char *name, dataset_memo *memo)
+{
+	if (!name)
+		return false;
+	if (strcmp(memo->name, name) == 0)
+		return memo->preparing;
+	store_dataset ds;
+	bool preparing = false;
+	if (store_dataset_get_by_name(sv->st, name, &ds) == 0) {
+		preparing = ds.state == DATASET_PREPARING;
+		store_dataset_free(&ds);
+	}
+	snprintf(memo->name, sizeof memo->name, "%s", name);
+	memo->preparing = preparing;
+	return preparing;
+}
+
 static void tick_schedule(supervisor *sv)
 {
 	for (;;) {
+		dataset_memo memo = {.name = ""};
 		store_job *jobs = NULL;
 		size_t n = 0;
 		int64_t next = 0;
@@ -1205,7 +1246,11 @@ static void tick_schedule(supervisor *sv)
 			json_t *g = json_object_get(json_object_get(js, "resources"), "gpus");
 			int want = json_is_integer(g) && json_integer_value(g) >= 1 && json_integer_value(g) <= 64
 					   ? (int)json_integer_value(g) : 1;
+			/* a job waits for its dataset while it is queued or preparing */
+			bool waits = dataset_preparing(sv, json_string_value(json_object_get(js, "dataset")), &memo);
 			json_decref(js);
+			if (waits)
+				continue;
 			q[nq] = (sched_job){jobs[i].id, jobs[i].priority, jobs[i].seq, want};
 			map[nq++] = i;
 		}
@@ -1289,8 +1334,23 @@ void supervisor_tick(supervisor *sv)
 
 /* ---- lifecycle ---- */
 
+/* Datasets left preparing by an earlier daemon are prepared again from
+ * scratch, each when its turn in the queue comes: queued until then. */
+static void recover_datasets(supervisor *sv)
+{
+	store_dataset *ds = NULL;
+	size_t n = 0;
+	if (store_dataset_list(sv->st, &ds, &n) < 0)
+		return;
+	for (size_t i = 0; i < n; i++)
+		if (ds[i].state == DATASET_PREPARING)
+			store_dataset_phase(sv->st, ds[i].id, "queued", 0.0);
+	store_datasets_free(ds, n);
+}
+
 static void recover(supervisor *sv)
 {
+	recover_datasets(sv);
 	store_job *jobs = NULL;
 	size_t n = 0;
 	int64_t next = 0;
@@ -1320,6 +1380,12 @@ int supervisor_create(supervisor **out, const supervisor_config *cfg, loop *lp, 
 	if (!sv)
 		return -ENOMEM;
 	sv->cfg = *cfg;
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	if (ncpu < 1)
+		ncpu = 1;
+	sv->prepare_limit = cfg->prepare_concurrency > 0 ? cfg->prepare_concurrency
+			    : cfg->prepare_concurrency == 0 ? (int)ncpu
+			    : (int)(ncpu / 2 > 1 ? ncpu / 2 : 1);
 	snprintf(sv->state_dir, sizeof sv->state_dir, "%s", cfg->state_dir);
 	snprintf(sv->bin_dir, sizeof sv->bin_dir, "%s", cfg->bin_dir);
 	snprintf(sv->dataset_root, sizeof sv->dataset_root, "%s", cfg->dataset_root);

@@ -43,6 +43,9 @@ typedef struct supervisor_config {
 				       * allowance is at least SUPERVISOR_STARTUP_ALLOWANCE_MS;
 				       * <= 0: 300000 */
 	bool hold_queue;              /* true: start no queued job (datasets still prepare) */
+	int prepare_concurrency;      /* bertd-prepare processes at once, oldest dataset first;
+				       * the others wait (preparing, phase "queued": the
+				       * API's state "queued"); 0 = one per online CPU, < 0 = half, >= 1 */
 	const char *pass_env;         /* what children inherit of the daemon's environment
 				       * (childenv.h); NULL = nothing */
 } supervisor_config;

@@ -688,7 +688,8 @@ static pid_t find_prepare(fx *f, const char *name, bool written)
 				return pid;
 		}
 		json_t *ds = it_get_json(&f->d, path);
-		bool over = strcmp(it_jstr(ds, "state"), "preparing") != 0;
+		const char *st = it_jstr(ds, "state");
+		bool over = strcmp(st, "preparing") != 0 && strcmp(st, "queued") != 0;
 		json_decref(ds);
 		if (over)
 			return 0;

@@ -838,7 +838,7 @@ static void test_datasets(void **state)
 	assert_null(g.stats_json);
 	assert_null(g.error);
 	assert_true(g.created_ms > 0);
-	assert_string_equal(g.phase, "starting"); /* nothing reported yet */
+	assert_string_equal(g.phase, "queued"); /* not started yet */
 	assert_true(g.fraction == 0.0);
 	store_dataset_free(&g);
 	/* phase and fraction of the whole preparation (issue #14) */
@@ -984,6 +984,51 @@ static void test_checkpoints(void **state)
 	assert_int_equal(n, 1);
 	assert_int_equal(l[0].step, 2000);
 	store_checkpoints_free(l, n);
+}
+
+/* store_job_extras_get: per job of a page, the newest `window` metrics in
+ * step order, the first row, the newest checkpoint; empty for a job with
+ * none and for one that does not exist. */
+static void test_job_extras(void **state)
+{
+	fixture *f = *state;
+	store_job jobs[3] = {{.id = (char *)"job-0000000000000e01"},
+			     {.id = (char *)"job-0000000000000e02"},
+			     {.id = (char *)"job-0000000000000eff"}}; /* never inserted */
+	assert_int_equal(add_job(f->s, jobs[0].id, 0), 0);
+	assert_int_equal(add_job(f->s, jobs[1].id, 0), 0);
+	for (int k = 5; k >= 1; k--) { /* logged out of order */
+		char v[32];
+		snprintf(v, sizeof v, "{\"loss\": %d}", k);
+		assert_int_equal(store_metric_insert(f->s, jobs[0].id, 10 * k, 1000 + k, v), 0);
+	}
+	store_checkpoint c1 = {.step = 10, .path = (char *)"/ck/ckpt-10"};
+	store_checkpoint c3 = {.step = 30, .path = (char *)"/ck/ckpt-30"};
+	assert_int_equal(store_checkpoint_insert(f->s, jobs[0].id, &c3), 0);
+	assert_int_equal(store_checkpoint_insert(f->s, jobs[0].id, &c1), 0);
+
+	store_job_extras *x = NULL;
+	assert_int_equal(store_job_extras_get(f->s, jobs, 3, 0, &x), -EINVAL);
+	assert_null(x);
+	assert_int_equal(store_job_extras_get(f->s, jobs, 3, 3, &x), 0);
+	assert_int_equal(x[0].n_tail, 3);
+	assert_int_equal(x[0].tail[0].step, 30);
+	assert_int_equal(x[0].tail[2].step, 50);
+	assert_string_equal(x[0].tail[2].values_json, "{\"loss\": 5}");
+	assert_int_equal(x[0].tail[2].time_ms, 1005);
+	assert_int_equal(x[0].n_first, 1);
+	assert_int_equal(x[0].first[0].step, 10);
+	assert_int_equal(x[0].n_checkpoint, 1);
+	assert_int_equal(x[0].last_checkpoint[0].step, 30);
+	assert_string_equal(x[0].last_checkpoint[0].path, "/ck/ckpt-30");
+	for (int i = 1; i < 3; i++) {
+		assert_int_equal(x[i].n_tail, 0);
+		assert_int_equal(x[i].n_first, 0);
+		assert_int_equal(x[i].n_checkpoint, 0);
+	}
+	store_job_extras_free(x, 3);
+	assert_int_equal(store_job_extras_get(f->s, jobs, 0, 3, &x), 0);
+	store_job_extras_free(x, 0);
 }
 
 static void test_metric_tail_latest(void **state)
@@ -1337,6 +1382,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_survives_kill, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_insert_get, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_list_paging, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_job_extras, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_transition_cas, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_events_in_order, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_delete_terminal_only, setup, teardown),

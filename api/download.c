@@ -1,0 +1,193 @@
+/* download — a job's files as a tar stream: GET /v1/jobs/{id}/export (the
+ * HF export of a completed job) and GET /v1/jobs/{id}/checkpoints/{step}
+ * (one complete checkpoint: DONE present). The archive (tarstream.h) is
+ * sized up front (Content-Length), tagged with a strong ETag (If-None-Match
+ * answers 304) and read from the files while MHD sends it, so a large
+ * model is never loaded into memory. Reads only <state_dir>/jobs/<id>/,
+ * with the id as the store has it; never a path the client names. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "api/handlers.h"
+#include "api/http.h"
+#include "api/tarstream.h"
+#include "common/log.h"
+#include "daemon/store.h"
+#include "daemon/telemetry.h"
+
+#define BASE_MAX 32        /* bytes of the job's name kept in file names */
+#define READ_BLOCK (64 << 10) /* bytes MHD asks the reader for at a time */
+
+/* The job's name made safe for a file name and a Content-Disposition
+ * value ([A-Za-z0-9._-], others become '_'), or its id when the name is
+ * empty or would start with '.'. */
+static void file_base(const store_job *j, char out[BASE_MAX + 1])
+{
+	const char *src = j->name && j->name[0] && j->name[0] != '.' ? j->name : j->id;
+	size_t i = 0;
+	for (; src[i] && i < BASE_MAX; i++) {
+		char c = src[i];
+		bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+			  c == '.' || c == '_' || c == '-';
+		out[i] = ok ? c : '_';
+	}
+	out[i] = 0;
+}
+
+/* Whether an If-None-Match value (a '*' or a comma-separated list of
+ * entity tags, weak ones "W/"-prefixed) matches etag by the weak comparison
+ * RFC 9110 13.1.2 prescribes for it. */
+static bool none_match(const char *inm, const char *etag)
+{
+	size_t el = strlen(etag);
+	const char *p = inm;
+	while (*p) {
+		while (*p == ' ' || *p == '\t' || *p == ',')
+			p++;
+		if (*p == '*')
+			return true;
+		if (p[0] == 'W' && p[1] == '/')
+			p += 2;
+		size_t tl = strcspn(p, ",");
+		while (tl > 0 && (p[tl - 1] == ' ' || p[tl - 1] == '\t'))
+			tl--;
+		if (tl == el && memcmp(p, etag, el) == 0)
+			return true;
+		p += strcspn(p, ",");
+	}
+	return false;
+}
+
+static ssize_t tar_reader(void *cls, uint64_t pos, char *buf, size_t max)
+{
+	ssize_t n = tarstream_read(cls, pos, buf, max);
+	if (n < 0) {
+		/* the headers are gone: all a client sees is a short body */
+		log_error("tar stream at byte %llu: %s", (unsigned long long)pos, strerror((int)-n));
+		return MHD_CONTENT_READER_END_WITH_ERROR;
+	}
+	return n > 0 ? n : MHD_CONTENT_READER_END_OF_STREAM;
+}
+
+static void tar_free(void *cls)
+{
+	tarstream_destroy(cls);
+}
+
+/* Replies with dir as <top>.tar: 304 when If-None-Match matches, else 200
+ * streaming it. what names the directory in errors ("the export"). */
+static enum MHD_Result reply_tar(api_request *req, const char *dir, const char *top,
+				 const char *what)
+{
+	tarstream *ts;
+	int rc = tarstream_open(&ts, dir, top);
+	if (rc < 0)
+		return api_reply_problem(req, API_P_INTERNAL, NULL, "reading %s %s failed: %s", what, dir,
+					 strerror(-rc));
+	const char *etag = tarstream_etag(ts);
+	const char *inm = api_header(req, MHD_HTTP_HEADER_IF_NONE_MATCH);
+	if (inm && none_match(inm, etag)) {
+		enum MHD_Result ret = api_add_header(req, MHD_HTTP_HEADER_ETAG, etag) < 0
+			? api_reply_problem(req, API_P_INTERNAL, NULL, "no room for the ETag header")
+			: api_reply_empty(req, MHD_HTTP_NOT_MODIFIED);
+		tarstream_destroy(ts);
+		return ret;
+	}
+	char disposition[128];
+	snprintf(disposition, sizeof disposition, "attachment; filename=\"%s.tar\"", top);
+	/* the response owns ts from here: MHD frees it with the response */
+	struct MHD_Response *r = MHD_create_response_from_callback(tarstream_size(ts), READ_BLOCK,
+								    tar_reader, ts, tar_free);
+	if (!r) {
+		tarstream_destroy(ts);
+		return MHD_NO;
+	}
+	enum MHD_Result ok = MHD_YES;
+	ok &= MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/x-tar");
+	ok &= MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_DISPOSITION, disposition);
+	ok &= MHD_add_response_header(r, MHD_HTTP_HEADER_ETAG, etag);
+	/* may be kept, but asked about again (If-None-Match) before use */
+	ok &= MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+	for (size_t i = 0; i < req->n_hdrs; i++)
+		ok &= MHD_add_response_header(r, req->hdr_name[i], req->hdr_value[i]);
+	if (ok == MHD_YES)
+		ok = MHD_queue_response(req->conn, MHD_HTTP_OK, r);
+	if (ok == MHD_YES)
+		telemetry_http_reply(MHD_HTTP_OK);
+	MHD_destroy_response(r);
+	req->replied = true;
+	return ok;
+}
+
+/* Loads the job named by the path into *j (store_job_free), or replies
+ * (404, 5xx) and sets *ret. */
+static bool load_job(api_request *req, store_job *j, enum MHD_Result *ret)
+{
+	int rc = store_job_get(req->st, req->args.v[0], j);
+	if (rc == 0)
+		return true;
+	if (rc == -ENOENT)
+		*ret = api_reply_problem(req, API_P_JOB_NOT_FOUND, NULL, "no job %s", req->args.v[0]);
+	else
+		*ret = api_reply_store_error(req, rc, "loading job failed");
+	return false;
+}
+
+enum MHD_Result jobs_export(api_request *req)
+{
+	enum MHD_Result ret;
+	static const char *const known[] = {NULL};
+	store_job j;
+	if (!api_query_known(req, known, &ret) || !load_job(req, &j, &ret))
+		return ret;
+	char dir[1400], base[BASE_MAX + 1], top[BASE_MAX + 16];
+	snprintf(dir, sizeof dir, "%s/jobs/%s/export", req->cfg->state_dir, j.id);
+	file_base(&j, base);
+	snprintf(top, sizeof top, "%s-export", base);
+	struct stat sb;
+	if (j.state != JOB_COMPLETED)
+		ret = api_reply_problem(req, API_P_NOT_FOUND, NULL,
+					"job %s is %s: it has no export (the model is exported when the job completes)",
+					j.id, job_state_name(j.state));
+	else if (stat(dir, &sb) < 0 || !S_ISDIR(sb.st_mode))
+		ret = api_reply_problem(req, API_P_NOT_FOUND, NULL,
+					"job %s is completed but its export %s is gone", j.id, dir);
+	else
+		ret = reply_tar(req, dir, top, "the export");
+	store_job_free(&j);
+	return ret;
+}
+
+enum MHD_Result jobs_checkpoint_download(api_request *req)
+{
+	enum MHD_Result ret;
+	static const char *const known[] = {NULL};
+	const char *s = req->args.v[1];
+	char *end;
+	errno = 0;
+	long long step = strtoll(s, &end, 10);
+	if (s[0] < '0' || s[0] > '9' || *end || errno || step < 0)
+		return api_reply_problem(req, API_P_INVALID_PARAMETER, "step",
+					 "must be a checkpoint's step, a non-negative integer");
+	store_job j;
+	if (!api_query_known(req, known, &ret) || !load_job(req, &j, &ret))
+		return ret;
+	char dir[1400], done[1420], base[BASE_MAX + 1], top[BASE_MAX + 32];
+	snprintf(dir, sizeof dir, "%s/jobs/%s/checkpoints/ckpt-%lld", req->cfg->state_dir, j.id, step);
+	snprintf(done, sizeof done, "%s/DONE", dir);
+	file_base(&j, base);
+	snprintf(top, sizeof top, "%s-ckpt-%lld", base, step);
+	struct stat sb;
+	if (lstat(done, &sb) < 0 || !S_ISREG(sb.st_mode))
+		ret = api_reply_problem(req, API_P_NOT_FOUND, NULL,
+					"job %s (%s) has no complete checkpoint at step %lld "
+					"(GET /v1/jobs/%s/checkpoints lists them)",
+					j.id, job_state_name(j.state), step, j.id);
+	else
+		ret = reply_tar(req, dir, top, "the checkpoint");
+	store_job_free(&j);
+	return ret;
+}

@@ -1,0 +1,103 @@
+#!/bin/sh
+# Control-plane throughput (issue #16), one or two bertd binaries side by
+# side in one run, each on its own copy of the same seeded database:
+#   GET /v1/jobs?limit=100, ?state=completed&limit=100, a cursor page,
+#   GET /v1/jobs/{id}, /v1/healthz, and /v1/healthz while ?limit=100 is
+#   hammered by a second wrk; prints req/s, p50 and p99 of each.
+# Usage: bench/api.sh BERTD [BERTD_B] [N_JOBS] [SECONDS] [CONNECTIONS]
+#   (defaults: 10000 jobs, 10 s, 32 connections)
+# The jobs are written by bench/api_seed (from $BUILD, default build/)
+# through daemon/store.c before the daemon starts, into a tmpfs directory.
+# Needs wrk (apt-get install wrk) and curl. Each bertd runs CPU-only with
+# BERTD_CONFIG=/dev/null on a free port; no worker starts (the seeded jobs
+# are completed, failed or canceled, none queued).
+# Last lines: "BENCH api <label> <case> rps=... p50_ms=... p99_ms=...".
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(dirname "$here")
+build=${BUILD:-$root/build}
+seed=$build/bench/api_seed
+[ $# -ge 1 ] || { echo "usage: $0 BERTD [BERTD_B] [N_JOBS] [SECONDS] [CONNECTIONS]" >&2; exit 2; }
+a=$1; shift
+b=
+case ${1:-} in ''|*[!0-9]*) [ $# -ge 1 ] && { b=$1; shift; } ;; esac
+n=${1:-10000}
+secs=${2:-10}
+conns=${3:-32}
+[ -x "$seed" ] || { echo "build first: ninja -C $build bench/api_seed" >&2; exit 2; }
+command -v wrk >/dev/null || { echo "wrk is missing: apt-get install -y wrk" >&2; exit 2; }
+for bin in $a $b; do [ -x "$bin" ] || { echo "not an executable: $bin" >&2; exit 2; }; done
+scratch=/dev/shm
+[ -d "$scratch" ] && [ -w "$scratch" ] || scratch=${TMPDIR:-/tmp}
+tmp=$(mktemp -d "$scratch/bertd-api-bench.XXXXXX")
+pid=
+cleanup() {
+	[ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
+	rm -rf "$tmp"
+}
+trap cleanup EXIT INT TERM
+
+# SEED_SCHEMA: migrations to seed with (the oldest binary's schema.sql when
+# the two differ, so each daemon migrates the copy itself at start).
+"$seed" "$tmp/seed.db" "$n" ${SEED_SCHEMA:+"$SEED_SCHEMA"} 2>"$tmp/seed.log" >/dev/null ||
+	{ tail -5 "$tmp/seed.log" >&2; exit 1; }
+
+free_port() {
+	python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# wrk's --latency report -> "rps=... p50_ms=... p99_ms=..."
+summarize() {
+	awk '
+	function ms(v) { if (v ~ /us$/) return v / 1000; if (v ~ /ms$/) return v + 0;
+	                 if (v ~ /m$/) return v * 60000; return v * 1000 }
+	$1 == "50%" { p50 = ms($2) } $1 == "99%" { p99 = ms($2) }
+	$1 == "Requests/sec:" { rps = $2 }
+	$1 == "Non-2xx" { bad = $NF }
+	$1 == "Socket" { err = $0; sub(/.*errors: /, "", err); gsub(/[ ,]+/, "_", err) }
+	END { printf "rps=%s p50_ms=%.2f p99_ms=%.2f%s%s\n", rps, p50, p99,
+	             bad ? " non2xx=" bad : "", err ? " errors=" err : "" }'
+}
+
+run_one() { # label bin
+	label=$1 bin=$2 dir=$tmp/$1
+	mkdir -p "$dir/state"
+	cp "$tmp/seed.db" "$dir/state/bertd.db"
+	port=$(free_port)
+	BERTD_CONFIG=/dev/null BERTD_STATE_DIR=$dir/state BERTD_PORT=$port "$bin" >"$dir/log" 2>&1 &
+	pid=$!
+	url=http://127.0.0.1:$port
+	i=0
+	until curl -sf "$url/v1/healthz" >/dev/null; do
+		i=$((i + 1))
+		[ $i -lt 300 ] && kill -0 "$pid" 2>/dev/null || { tail -5 "$dir/log" >&2; exit 1; }
+		sleep 0.1
+	done
+	tok=$(cat "$dir/state/token")
+	auth="Authorization: Bearer $tok"
+	cursor=$(curl -sf -H "$auth" "$url/v1/jobs?limit=100" |
+		python3 -c 'import json,sys; print(json.load(sys.stdin)["next_cursor"])')
+	one=$(curl -sf -H "$auth" "$url/v1/jobs?limit=1&state=completed" |
+		python3 -c 'import json,sys; print(json.load(sys.stdin)["jobs"][0]["id"])')
+	for c in "list:/v1/jobs?limit=100" "list_completed:/v1/jobs?state=completed&limit=100" \
+		 "list_cursor:/v1/jobs?limit=100&cursor=$cursor" "get_one:/v1/jobs/$one" \
+		 "healthz:/v1/healthz"; do
+		name=${c%%:*} path=${c#*:}
+		r=$(wrk -t2 -c"$conns" -d"${secs}s" --timeout 30s --latency -H "$auth" "$url$path" | summarize)
+		echo "BENCH api $label $name $r"
+	done
+	# healthz answered while the list is hammered: two wrk at once
+	wrk -t1 -c"$conns" -d"$((secs + 2))s" --timeout 30s -H "$auth" "$url/v1/jobs?limit=100" >/dev/null &
+	bg=$!
+	sleep 1
+	r=$(wrk -t1 -c4 -d"${secs}s" --timeout 30s --latency "$url/v1/healthz" | summarize)
+	wait $bg
+	echo "BENCH api $label healthz_under_list $r"
+	kill "$pid"
+	wait "$pid" 2>/dev/null || true
+	pid=
+}
+
+echo "api bench: $n jobs, ${secs}s per case, $conns connections, $(nproc) cores"
+run_one A "$a"
+[ -z "$b" ] || run_one B "$b"

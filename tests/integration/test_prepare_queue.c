@@ -1,0 +1,183 @@
+/* Dataset preparations go through a queue (#16): with prepare_concurrency 1
+ * at most one bertd-prepare runs at a time, oldest dataset first; the ones
+ * waiting show "queued"; DELETE cancels a queued one like a preparing one.
+ * A vocab file that is a FIFO keeps the first preparation stuck until it
+ * is canceled. */
+#include <setjmp.h>
+#include <stdbool.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "harness.h"
+#include "it_util.h"
+
+typedef struct fx {
+	bertd d;
+	char data[160]; /* the data root */
+} fx;
+
+static int setup(void **state)
+{
+	fx *f = calloc(1, sizeof *f);
+	if (!f || bertd_init(&f->d))
+		return -1;
+	snprintf(f->data, sizeof f->data, "%s/data", f->d.root);
+	mkdir(f->data, 0700);
+	const char *extra[] = {"--data-roots", f->data, "--devices", "cpu", "--cpu-slots", "1",
+			       "--schedule", "false", "--prepare-concurrency", "1", NULL};
+	if (bertd_start(&f->d, extra)) {
+		bertd_destroy(&f->d);
+		free(f);
+		return -1;
+	}
+	*state = f;
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	fx *f = *state;
+	int rc = it_daemon_finish(&f->d);
+	free(f);
+	return rc;
+}
+
+static void write_file(const char *path, const char *text)
+{
+	FILE *fp = fopen(path, "w");
+	assert_non_null(fp);
+	fputs(text, fp);
+	fclose(fp);
+}
+
+static void post(const fx *f, const char *body)
+{
+	http_resp r;
+	assert_int_equal(http_post_json(&f->d, "/v1/datasets", body, &r), 0);
+	if (r.status != 201)
+		fail_msg("%s -> %ld: %s", body, r.status, r.body);
+	http_resp_free(&r);
+}
+
+/* The bertd-prepare processes of this test's data root; fails the test
+ * when more than one runs. */
+static int prepares(const fx *f)
+{
+	pid_t pid[8];
+	int n = it_find_pids("bertd-prepare", f->data, pid, 8);
+	if (n > 1)
+		fail_msg("%d bertd-prepare processes at once with prepare_concurrency 1", n);
+	return n;
+}
+
+static const char *state_of(const fx *f, const char *name, char *buf, size_t cap)
+{
+	char path[128];
+	snprintf(path, sizeof path, "/v1/datasets/%s", name);
+	json_t *o = it_get_json(&f->d, path);
+	snprintf(buf, cap, "%s", it_jstr(o, "state"));
+	json_decref(o);
+	return buf;
+}
+
+static void test_prepare_queue(void **state)
+{
+	fx *f = *state;
+	const char *e = getenv("BERTD_EXPECT_PREPARE");
+	if (!e || strcmp(e, "ready") != 0)
+		skip();
+	char p[300], st[32];
+	snprintf(p, sizeof p, "%s/corpus.txt", f->data);
+	write_file(p, "Hello world.\nSecond sentence here.\n\nA new document starts.\nIt ends.\n");
+	snprintf(p, sizeof p, "%s/vocab.fifo", f->data);
+	assert_int_equal(mkfifo(p, 0600), 0);
+
+	/* the oldest is stuck reading its FIFO vocab */
+	post(f, "{\"name\":\"stuck\",\"source\":\"corpus.txt\",\"vocab\":{\"file\":\"vocab.fifo\"}}");
+	char outdir[300];
+	snprintf(outdir, sizeof outdir, "%s/datasets/stuck", f->data);
+	pid_t pid[4];
+	for (int i = 0; i < 300 && it_find_pids("bertd-prepare", outdir, pid, 4) == 0; i++)
+		it_pause_ms(100);
+	assert_int_equal(it_find_pids("bertd-prepare", outdir, pid, 4), 1);
+	assert_string_equal(state_of(f, "stuck", st, sizeof st), "preparing");
+
+	/* three more at once: they wait */
+	const char *names[] = {"q1", "q2", "q3"};
+	for (int i = 0; i < 3; i++) {
+		char body[200];
+		snprintf(body, sizeof body,
+			 "{\"name\":\"%s\",\"source\":\"corpus.txt\",\"vocab\":{\"train\":{\"vocab_size\":200}}}",
+			 names[i]);
+		post(f, body);
+	}
+	/* several ticks pass (a tick is a second): still one process, all queued */
+	for (int i = 0; i < 25; i++) {
+		assert_int_equal(prepares(f), 1);
+		it_pause_ms(100);
+	}
+	for (int i = 0; i < 3; i++) {
+		assert_string_equal(state_of(f, names[i], st, sizeof st), "queued");
+		char path[128];
+		snprintf(path, sizeof path, "/v1/datasets/%s", names[i]);
+		json_t *o = it_get_json(&f->d, path);
+		assert_string_equal(it_jstr(json_object_get(o, "progress"), "phase"), "queued");
+		json_decref(o);
+	}
+	assert_int_equal(it_find_pids("bertd-prepare", outdir, pid, 4), 1); /* still the stuck one */
+
+	/* DELETE of a queued one cancels it like a preparing one */
+	http_resp r;
+	assert_int_equal(http_do(&f->d, "DELETE", "/v1/datasets/q3", NULL, 0, NULL, 1, &r), 0);
+	if (r.status != 202)
+		fail_msg("DELETE while queued -> %ld: %s", r.status, r.body);
+	assert_string_equal(it_jstr(r.json, "state"), "failed");
+	assert_non_null(strstr(it_jstr(r.json, "error"), "canceled"));
+	http_resp_free(&r);
+
+	/* canceling the stuck one lets the queue move, one at a time, oldest first */
+	assert_int_equal(http_do(&f->d, "DELETE", "/v1/datasets/stuck", NULL, 0, NULL, 1, &r), 0);
+	if (r.status != 202)
+		fail_msg("DELETE while preparing -> %ld: %s", r.status, r.body);
+	http_resp_free(&r);
+	bool ready1 = false, ready2 = false;
+	for (int i = 0; i < 600 && !(ready1 && ready2); i++) {
+		prepares(f);
+		ready1 = strcmp(state_of(f, "q1", st, sizeof st), "ready") == 0;
+		if (strcmp(st, "failed") == 0) {
+			bertd_print_log(&f->d);
+			fail_msg("q1 failed");
+		}
+		ready2 = strcmp(state_of(f, "q2", st, sizeof st), "ready") == 0;
+		if (strcmp(st, "failed") == 0) {
+			bertd_print_log(&f->d);
+			fail_msg("q2 failed");
+		}
+		if (ready2 && !ready1)
+			fail_msg("q2 ready before q1 (not oldest first)");
+		it_pause_ms(100);
+	}
+	if (!(ready1 && ready2)) {
+		bertd_print_log(&f->d);
+		fail_msg("q1/q2 not ready within 60 s");
+	}
+	/* the canceled queued one never started */
+	assert_string_equal(state_of(f, "q3", st, sizeof st), "failed");
+	snprintf(p, sizeof p, "%s/datasets/q3", f->data);
+	assert_int_equal(access(p, F_OK), -1);
+	assert_int_equal(prepares(f), 0);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_prepare_queue, setup, teardown),
+	};
+	return IT_RUN(tests, NULL, NULL);
+}

@@ -1,0 +1,102 @@
+/* TensorBoard event files end to end on the CPU backend: two real jobs run
+ * side by side, then TensorBoard's own reader (EventMultiplexer over
+ * <state_dir>/jobs, as `tensorboard --logdir` loads it, and EventAccumulator
+ * per job; tb_read.py) must find one run per job holding every scalar of
+ * every metrics row the API returns, steps and values to float precision.
+ * Skipped (77) when /usr/bin/python3 has no tensorboard
+ * (scripts/setup --references installs it). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <cmocka.h>
+
+#include "harness.h"
+#include "it_util.h"
+
+#define DEADLINE_S 240
+
+typedef struct fx {
+	bertd d;
+	char data[160];
+} fx;
+
+static int setup(void **state)
+{
+	fx *f = calloc(1, sizeof *f);
+	if (!f || bertd_init(&f->d))
+		return -1;
+	snprintf(f->data, sizeof f->data, "%s/data", f->d.root);
+	mkdir(f->data, 0700);
+	const char *extra[] = {"--data-roots", f->data, "--devices", "cpu", "--cpu-slots", "2",
+			       "--schedule", "true", NULL};
+	if (bertd_start(&f->d, extra))
+		return -1;
+	it_make_corpus(f->data, "shakes.txt", 1000);
+	if (it_add_dataset(&f->d,
+			   "{\"name\":\"shakes\",\"source\":\"shakes.txt\",\"vocab\":{\"train\":{\"vocab_size\":300}}}"))
+		return -1;
+	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
+	*state = f;
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	fx *f = *state;
+	int rc = it_daemon_finish(&f->d);
+	free(f);
+	return rc;
+}
+
+#define SPEC(name, loaders)                                                                             \
+	"{\"name\":\"" name "\",\"dataset\":\"shakes\","                                                 \
+	"\"model\":{\"preset\":\"bert-tiny\",\"hidden_size\":32,\"num_hidden_layers\":1,"                \
+	"\"num_attention_heads\":2,\"intermediate_size\":64,\"max_position_embeddings\":64},"           \
+	"\"training_args\":{\"per_device_train_batch_size\":4,\"max_seq_length\":32,\"max_steps\":12,"   \
+	"\"logging_steps\":3,\"save_steps\":100,\"dataloader_num_workers\":" loaders ",\"seed\":7},"     \
+	"\"resources\":{\"gpus\":1}}"
+
+static void test_tensorboard_reads_every_scalar(void **state)
+{
+	fx *f = *state;
+	char *ids[2] = {it_submit(&f->d, SPEC("tb-serial", "0")), it_submit(&f->d, SPEC("tb-loaders", "1"))};
+	json_t *rows = json_object();
+	for (int i = 0; i < 2; i++) {
+		json_t *j = it_wait_job(&f->d, ids[i], "completed|failed", DEADLINE_S);
+		it_assert_completed(&f->d, j);
+		json_decref(j);
+		json_t *m = it_metrics_of(&f->d, ids[i]);
+		assert_int_equal(json_array_size(m), 4); /* steps 3, 6, 9, 12 */
+		json_object_set_new(rows, ids[i], m);
+	}
+	char rows_path[128], cmd[1024];
+	snprintf(rows_path, sizeof rows_path, "%s/rows.json", f->d.root);
+	assert_int_equal(json_dump_file(rows, rows_path, 0), 0);
+	json_decref(rows);
+	const char *src = getenv("BERTD_SOURCE_ROOT");
+	assert_non_null(src);
+	snprintf(cmd, sizeof cmd, "/usr/bin/python3 '%s/tests/integration/tb_read.py' '%s/jobs' '%s'", src,
+		 f->d.state_dir, rows_path);
+	int st = system(cmd);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 0);
+	free(ids[0]);
+	free(ids[1]);
+}
+
+int main(void)
+{
+	if (system("/usr/bin/python3 -c 'import tensorboard' >/dev/null 2>&1") != 0) {
+		printf("skipped: /usr/bin/python3 has no tensorboard (scripts/setup --references)\n");
+		return 77;
+	}
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_tensorboard_reads_every_scalar),
+	};
+	return IT_RUN(tests, setup, teardown);
+}
