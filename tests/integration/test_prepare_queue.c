@@ -4,6 +4,7 @@
  * A vocab file that is a FIFO keeps the first preparation stuck until it
  * is canceled. */
 #include <setjmp.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -22,7 +23,7 @@ typedef struct fx {
 	char data[160]; /* the data root */
 } fx;
 
-static int setup(void **state)
+static int setup_with(void **state, const char *schedule)
 {
 	fx *f = calloc(1, sizeof *f);
 	if (!f || bertd_init(&f->d))
@@ -30,7 +31,7 @@ static int setup(void **state)
 	snprintf(f->data, sizeof f->data, "%s/data", f->d.root);
 	mkdir(f->data, 0700);
 	const char *extra[] = {"--data-roots", f->data, "--devices", "cpu", "--cpu-slots", "1",
-			       "--schedule", "false", "--prepare-concurrency", "1", NULL};
+			       "--schedule", schedule, "--prepare-concurrency", "1", NULL};
 	if (bertd_start(&f->d, extra)) {
 		bertd_destroy(&f->d);
 		free(f);
@@ -38,6 +39,16 @@ static int setup(void **state)
 	}
 	*state = f;
 	return 0;
+}
+
+static int setup(void **state)
+{
+	return setup_with(state, "false");
+}
+
+static int setup_scheduling(void **state)
+{
+	return setup_with(state, "true");
 }
 
 static int teardown(void **state)
@@ -174,10 +185,52 @@ static void test_prepare_queue(void **state)
 	assert_int_equal(prepares(f), 0);
 }
 
+/* A job whose dataset is still being prepared waits in the queue (it once
+ * failed at once with "not ready"); when the preparation fails, so does the
+ * job, naming the dataset. */
+static void test_job_waits_for_its_dataset(void **state)
+{
+	fx *f = *state;
+	const char *e = getenv("BERTD_EXPECT_PREPARE");
+	if (!e || strcmp(e, "ready") != 0)
+		skip();
+	char p[300];
+	snprintf(p, sizeof p, "%s/corpus.txt", f->data);
+	write_file(p, "Hello world.\nSecond sentence here.\n\nA new document starts.\nIt ends.\n");
+	snprintf(p, sizeof p, "%s/vocab.fifo", f->data);
+	assert_int_equal(mkfifo(p, 0600), 0);
+	post(f, "{\"name\":\"stuck\",\"source\":\"corpus.txt\",\"vocab\":{\"file\":\"vocab.fifo\"}}");
+	char *id = it_submit(&f->d, "{\"dataset\":\"stuck\",\"model\":{\"preset\":\"bert-tiny\"},"
+				    "\"training_args\":{\"max_steps\":2}}");
+	/* several scheduler ticks (a tick is a second): the job stays queued */
+	for (int i = 0; i < 25; i++) {
+		char path[128];
+		snprintf(path, sizeof path, "/v1/jobs/%s", id);
+		json_t *j = it_get_json(&f->d, path);
+		if (strcmp(it_jstr(j, "state"), "queued") != 0)
+			fail_msg("job %s is %s (%s) while its dataset prepares", id, it_jstr(j, "state"),
+				 it_jstr(j, "failure_reason"));
+		json_decref(j);
+		it_pause_ms(100);
+	}
+	/* the preparation dies (DELETE is refused while a job names it) */
+	char outdir[300];
+	snprintf(outdir, sizeof outdir, "%s/datasets/stuck", f->data);
+	pid_t pid;
+	assert_int_equal(it_find_pids("bertd-prepare", outdir, &pid, 1), 1);
+	assert_int_equal(kill(pid, SIGKILL), 0);
+	json_t *j = it_wait_job(&f->d, id, "completed|failed|canceled", 60);
+	assert_string_equal(it_jstr(j, "state"), "failed");
+	assert_non_null(strstr(it_jstr(j, "failure_reason"), "dataset \"stuck\""));
+	json_decref(j);
+	free(id);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_prepare_queue, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_job_waits_for_its_dataset, setup_scheduling, teardown),
 	};
 	return IT_RUN(tests, NULL, NULL);
 }
