@@ -26,6 +26,9 @@ typedef struct api_config {
 	unsigned request_timeout_s;    /* deadline for a request's headers and body, from the
 					* connection's start or the previous response; 0 = 10 */
 	size_t conn_memory;            /* MHD memory per connection, bytes */
+	unsigned follow_max_per_job;   /* open ?follow=1 streams per job; 0 = 8 */
+	unsigned follow_max_total;     /* open ?follow=1 streams in all; 0 = 32 */
+	unsigned follow_keepalive_s;   /* a quiet follow stream gets a comment this often; 0 = 15 */
 	const char *const *data_roots; /* allowed corpus/dataset directories */
 	size_t n_data_roots;
 	const char *state_dir;

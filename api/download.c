@@ -16,7 +16,6 @@
 #include "api/tarstream.h"
 #include "common/log.h"
 #include "daemon/store.h"
-#include "daemon/telemetry.h"
 
 #define BASE_MAX 32        /* bytes of the job's name kept in file names */
 #define READ_BLOCK (64 << 10) /* bytes MHD asks the reader for at a time */
@@ -67,9 +66,9 @@ static ssize_t tar_reader(void *cls, uint64_t pos, char *buf, size_t max)
 	if (n < 0) {
 		/* the headers are gone: all a client sees is a short body */
 		log_error("tar stream at byte %llu: %s", (unsigned long long)pos, strerror((int)-n));
-		return MHD_CONTENT_READER_END_WITH_ERROR;
+		return API_STREAM_ERROR;
 	}
-	return n > 0 ? n : MHD_CONTENT_READER_END_OF_STREAM;
+	return n > 0 ? n : API_STREAM_END;
 }
 
 static void tar_free(void *cls)
@@ -98,28 +97,22 @@ static enum MHD_Result reply_tar(api_request *req, const char *dir, const char *
 	}
 	char disposition[128];
 	snprintf(disposition, sizeof disposition, "attachment; filename=\"%s.tar\"", top);
-	/* the response owns ts from here: MHD frees it with the response */
-	struct MHD_Response *r = MHD_create_response_from_callback(tarstream_size(ts), READ_BLOCK,
-								    tar_reader, ts, tar_free);
-	if (!r) {
+	if (api_add_header(req, MHD_HTTP_HEADER_CONTENT_DISPOSITION, disposition) < 0 ||
+	    api_add_header(req, MHD_HTTP_HEADER_ETAG, etag) < 0) {
 		tarstream_destroy(ts);
-		return MHD_NO;
+		return api_reply_problem(req, API_P_INTERNAL, NULL, "no room for the headers");
 	}
-	enum MHD_Result ok = MHD_YES;
-	ok &= MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/x-tar");
-	ok &= MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_DISPOSITION, disposition);
-	ok &= MHD_add_response_header(r, MHD_HTTP_HEADER_ETAG, etag);
-	/* may be kept, but asked about again (If-None-Match) before use */
-	ok &= MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-	for (size_t i = 0; i < req->n_hdrs; i++)
-		ok &= MHD_add_response_header(r, req->hdr_name[i], req->hdr_value[i]);
-	if (ok == MHD_YES)
-		ok = MHD_queue_response(req->conn, MHD_HTTP_OK, r);
-	if (ok == MHD_YES)
-		telemetry_http_reply(MHD_HTTP_OK);
-	MHD_destroy_response(r);
-	req->replied = true;
-	return ok;
+	api_stream s = {
+		.content_type = "application/x-tar",
+		/* may be kept, but asked about again (If-None-Match) before use */
+		.cache_control = "no-cache",
+		.size = tarstream_size(ts),
+		.block = READ_BLOCK,
+		.read = tar_reader,
+		.free = tar_free,
+		.cls = ts, /* the reply owns ts from here */
+	};
+	return api_reply_stream(req, MHD_HTTP_OK, &s);
 }
 
 /* Loads the job named by the path into *j (store_job_free), or replies

@@ -33,6 +33,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "api/follow.h"
 #include "common/log.h"
 #include "daemon/telemetry.h"
 
@@ -43,6 +44,9 @@
 #define DEFAULT_PER_IP 64
 #define DEFAULT_CONN_MEMORY (64u << 10)
 #define DEFAULT_REQUEST_TIMEOUT_S 10
+#define DEFAULT_FOLLOW_PER_JOB 8
+#define DEFAULT_FOLLOW_TOTAL 32
+#define DEFAULT_FOLLOW_KEEPALIVE_S 15
 
 /* One open connection, from MHD's NOTIFY_CONNECTION started to closed.
  * libmicrohttpd's connection timeout is an idle timeout that every byte
@@ -65,11 +69,13 @@ struct api_server {
 	struct track *conns;      /* oldest first */
 	unsigned nconns;
 	bool stopping, sweeping;
+	unsigned deferred;        /* api_defer replies not sent yet (under mu; wake) */
 	pthread_t sweeper;
 	api_config cfg;   /* strings point at the copies below */
 	char *token, *listen_addr, *state_dir;
 	char **roots;     /* n_data_roots copies */
 	store *st;
+	follow_hub *follow;       /* follow streams: started before MHD, stopped before it */
 	int port;
 };
 
@@ -270,17 +276,15 @@ char *api_json_dumps(const json_t *o, bool newline)
 
 /* ---------------------------------------------------------------- replies */
 
-static enum MHD_Result reply(api_request *req, unsigned status, const char *content_type,
-			     const char *body, size_t len)
+/* Adds the content type, Cache-Control and the request's extra headers to r,
+ * queues it, and destroys our reference (MHD keeps its own while queued). */
+static enum MHD_Result queue_reply(api_request *req, unsigned status, struct MHD_Response *r,
+				   const char *content_type, const char *cache_control)
 {
-	struct MHD_Response *r =
-		MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
-	if (!r)
-		return MHD_NO;
 	enum MHD_Result ok = MHD_YES;
 	if (content_type)
 		ok &= MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
-	ok &= MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+	ok &= MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, cache_control);
 	for (size_t i = 0; i < req->n_hdrs; i++)
 		ok &= MHD_add_response_header(r, req->hdr_name[i], req->hdr_value[i]);
 	if (ok == MHD_YES)
@@ -290,6 +294,80 @@ static enum MHD_Result reply(api_request *req, unsigned status, const char *cont
 	MHD_destroy_response(r);
 	req->replied = true;
 	return ok;
+}
+
+static enum MHD_Result reply(api_request *req, unsigned status, const char *content_type,
+			     const char *body, size_t len)
+{
+	struct MHD_Response *r =
+		MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
+	if (!r)
+		return MHD_NO;
+	return queue_reply(req, status, r, content_type, "no-store");
+}
+
+enum MHD_Result api_reply_stream(api_request *req, unsigned status, const api_stream *s)
+{
+	struct MHD_Response *r = MHD_create_response_from_callback(s->size, s->block, s->read,
+								    s->cls, s->free);
+	if (!r) {
+		if (s->free)
+			s->free(s->cls);
+		req->replied = true;
+		return MHD_NO;
+	}
+	/* from here the response owns cls: MHD_destroy_response frees it */
+	return queue_reply(req, status, r, s->content_type, s->cache_control ? s->cache_control : "no-store");
+}
+
+void api_conn_suspend(struct MHD_Connection *conn)
+{
+	MHD_suspend_connection(conn);
+}
+
+void api_conn_resume(struct MHD_Connection *conn)
+{
+	MHD_resume_connection(conn);
+}
+
+void api_defer(api_request *req, enum MHD_Result (*fn)(api_request *req, void *arg), void *arg,
+	       void (*free_arg)(void *arg))
+{
+	req->resume = fn;
+	req->resume_arg = arg;
+	req->resume_free = free_arg;
+	MHD_suspend_connection(req->conn);
+}
+
+/* Counts api_defer replies (+1 made, -1 sent or dropped); stop waits for 0. */
+static void deferred_add(api_server *srv, int d)
+{
+	pthread_mutex_lock(&srv->mu);
+	srv->deferred = (unsigned)((int)srv->deferred + d);
+	if (!srv->deferred)
+		pthread_cond_broadcast(&srv->wake);
+	pthread_mutex_unlock(&srv->mu);
+}
+
+/* Runs (or, req NULL-replied, drops) a deferred reply; returns its result. */
+static enum MHD_Result deferred_end(api_server *srv, struct conn_ctx *c, bool run)
+{
+	enum MHD_Result (*fn)(api_request *, void *) = c->req.resume;
+	void *arg = c->req.resume_arg;
+	c->req.resume = NULL;
+	c->req.resume_arg = NULL;
+	enum MHD_Result ret = run ? fn(&c->req, arg) : MHD_NO;
+	if (c->req.resume_free)
+		c->req.resume_free(arg);
+	deferred_add(srv, -1);
+	return ret;
+}
+
+int api_conn_fd(struct MHD_Connection *conn)
+{
+	const union MHD_ConnectionInfo *i =
+		MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+	return i ? i->connect_fd : -1;
 }
 
 enum MHD_Result api_reply_raw(api_request *req, unsigned status, const char *content_type,
@@ -578,11 +656,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 		c->req.body = "";
 		c->req.st = srv->st;
 		c->req.cfg = &srv->cfg;
+		c->req.follow = srv->follow;
 		enum MHD_Result ret = begin(c, version);
 		if (c->req.replied)
 			track_request(srv, conn, true);
 		return ret;
 	}
+	if (c->req.resume) /* resumed after api_defer */
+		return deferred_end(srv, c, true);
 	if (c->req.replied) {
 		*upload_size = 0;
 		return MHD_YES;
@@ -601,7 +682,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 		c->req.body = c->body;
 		c->req.body_len = c->len;
 	}
-	return c->route->handler(&c->req);
+	pthread_mutex_lock(&srv->mu);
+	bool stopping = srv->stopping;
+	pthread_mutex_unlock(&srv->mu);
+	if (stopping) /* no new deferred reply once api_server_stop waits for them */
+		return api_reply_problem(&c->req, API_P_UNAVAILABLE, NULL, "bertd is stopping");
+	enum MHD_Result ret = c->route->handler(&c->req);
+	if (c->req.resume)
+		deferred_add(srv, 1);
+	return ret;
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
@@ -612,6 +701,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 	struct conn_ctx *c = *con_cls;
 	if (!c)
 		return;
+	if (c->req.resume) /* the client left before its deferred reply */
+		deferred_end(cls, c, false);
 	for (size_t i = 0; i < c->req.n_hdrs; i++)
 		free(c->req.hdr_value[i]);
 	free(c->body);
@@ -854,6 +945,7 @@ static void server_free(api_server *srv)
 {
 	if (!srv)
 		return;
+	follow_hub_destroy(srv->follow);
 	free(srv->token);
 	free(srv->listen_addr);
 	free(srv->state_dir);
@@ -918,6 +1010,12 @@ int api_server_start(api_server **out, const api_config *cfg, store *st)
 		srv->cfg.conn_memory = DEFAULT_CONN_MEMORY;
 	if (!srv->cfg.request_timeout_s)
 		srv->cfg.request_timeout_s = DEFAULT_REQUEST_TIMEOUT_S;
+	if (!srv->cfg.follow_max_per_job)
+		srv->cfg.follow_max_per_job = DEFAULT_FOLLOW_PER_JOB;
+	if (!srv->cfg.follow_max_total)
+		srv->cfg.follow_max_total = DEFAULT_FOLLOW_TOTAL;
+	if (!srv->cfg.follow_keepalive_s)
+		srv->cfg.follow_keepalive_s = DEFAULT_FOLLOW_KEEPALIVE_S;
 
 	if (srv->cfg.conn_limit < srv->cfg.threads) {
 		/* MHD splits the connection limit across its pool threads; a thread
@@ -929,7 +1027,16 @@ int api_server_start(api_server **out, const api_config *cfg, store *st)
 	rc = listen_on(srv->listen_addr, cfg->port, cfg->allow_remote, &fd, &srv->port);
 	if (rc)
 		goto out;
-	unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG;
+	rc = follow_hub_create(&srv->follow, srv->st, srv->cfg.follow_max_per_job,
+			       srv->cfg.follow_max_total, srv->cfg.follow_keepalive_s);
+	if (rc) {
+		close(fd);
+		goto out;
+	}
+	/* Suspend/resume: a follow stream with nothing to send gives its pool
+	 * thread back instead of spinning (follow.c). */
+	unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG |
+			 MHD_ALLOW_SUSPEND_RESUME;
 	if (strchr(srv->listen_addr, ':'))
 		flags |= MHD_USE_IPv6;
 	/* conn_limit and per_ip_limit are on_accept's; MHD's own limit is
@@ -956,6 +1063,7 @@ int api_server_start(api_server **out, const api_config *cfg, store *st)
 		goto out;
 	}
 	if (pthread_create(&srv->sweeper, NULL, sweep_main, srv) != 0) {
+		follow_hub_stop(srv->follow);
 		MHD_stop_daemon(srv->mhd);
 		rc = -ENOMEM;
 		goto out;
@@ -986,6 +1094,15 @@ void api_server_stop(api_server *srv)
 		pthread_mutex_unlock(&srv->mu);
 		pthread_join(srv->sweeper, NULL);
 	}
+	/* MHD 0.9.75 panics when stopped with a suspended connection: end
+	 * (and resume) every follow stream first */
+	follow_hub_stop(srv->follow);
+	/* and let every deferred reply (a submission's commit) be sent */
+	pthread_mutex_lock(&srv->mu);
+	srv->stopping = true;
+	while (srv->deferred)
+		pthread_cond_wait(&srv->wake, &srv->mu);
+	pthread_mutex_unlock(&srv->mu);
 	if (srv->mhd)
 		MHD_stop_daemon(srv->mhd); /* joins the pool; closes the listening socket */
 	server_free(srv);

@@ -2,8 +2,9 @@
  *
  * http.c owns the MHD glue: it matches the route, checks auth, media type
  * and body size, accumulates the body, and then calls the handler with an
- * api_request. Handlers answer through api_reply_* (one call per request)
- * and never call MHD directly. Internal to api/.
+ * api_request. Handlers answer through api_reply_* (one call per request;
+ * a body made while it is sent goes through api_reply_stream) and never
+ * call MHD directly. Internal to api/.
  */
 #ifndef BERTD_API_HTTP_H
 #define BERTD_API_HTTP_H
@@ -12,6 +13,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <microhttpd.h>
 
 #include "api/api.h"
@@ -31,11 +33,16 @@ struct api_request {
 	api_path_args args;        /* the route's {placeholders}, in order */
 	store *st;
 	const api_config *cfg;
+	struct follow_hub *follow; /* the server's follow streams (follow.h) */
 	/* Headers every reply of this request carries (Location, Allow, ...). */
 	size_t n_hdrs;
 	const char *hdr_name[API_MAX_EXTRA_HEADERS];
 	char *hdr_value[API_MAX_EXTRA_HEADERS];
 	bool replied;
+	/* api_defer's reply to come: fn(req, arg), then free_arg(arg) */
+	enum MHD_Result (*resume)(struct api_request *req, void *arg);
+	void *resume_arg;
+	void (*resume_free)(void *arg);
 };
 
 /* Adds a header to the reply (value copied). Returns 0 or -ENOMEM/-E2BIG. */
@@ -57,6 +64,58 @@ enum MHD_Result api_reply_raw(api_request *req, unsigned status, const char *con
 			      const char *body, size_t len);
 /* Replies with no body (204). */
 enum MHD_Result api_reply_empty(api_request *req, unsigned status);
+
+/* A body made while it is sent (tar downloads, follow streams). read is
+ * called with the byte position so far and a buffer of max bytes; it
+ * returns the bytes written, API_STREAM_END (done; with a known size only
+ * once all of it was written), API_STREAM_ERROR (the connection is closed:
+ * the client sees a short body), or 0 only after api_conn_suspend (0
+ * otherwise makes the server's thread spin: in MHD 0.9.75's internal
+ * polling a reader answering 0 is called again at once). */
+typedef ssize_t (*api_stream_reader)(void *cls, uint64_t pos, char *buf, size_t max);
+#define API_STREAM_END MHD_CONTENT_READER_END_OF_STREAM
+#define API_STREAM_ERROR MHD_CONTENT_READER_END_WITH_ERROR
+#define API_SIZE_UNKNOWN MHD_SIZE_UNKNOWN
+
+typedef struct api_stream {
+	const char *content_type;
+	const char *cache_control; /* NULL = "no-store" */
+	uint64_t size;             /* bytes (sent as Content-Length), or API_SIZE_UNKNOWN:
+				    * chunked (HTTP/1.0: ended by closing) */
+	size_t block;              /* the most bytes read is asked for at a time */
+	api_stream_reader read;
+	void (*free)(void *cls);   /* frees cls once the reply is over; may be NULL */
+	void *cls;
+} api_stream;
+
+/* Replies status with s's body, plus the request's extra headers
+ * (api_add_header: Content-Disposition, ETag, ...). The reply owns s->cls
+ * from this call on: s->free runs when it is done, or at once when it
+ * cannot be queued. */
+enum MHD_Result api_reply_stream(api_request *req, unsigned status, const api_stream *s);
+
+/* For a stream's reader with nothing to send yet: takes the connection out
+ * of the server's polling (no timeouts, no reads, no thread held) until
+ * api_conn_resume; the reader then returns 0, and is called again once
+ * resumed. Only from within the reader. The server must not be stopped
+ * while a connection is suspended (follow_hub_stop resumes them all). */
+void api_conn_suspend(struct MHD_Connection *conn);
+/* Puts a suspended connection back; from any thread, once per suspend. */
+void api_conn_resume(struct MHD_Connection *conn);
+
+/* A reply that waits for work done elsewhere (a submission's group commit)
+ * without holding a server thread meanwhile: the handler calls api_defer
+ * (which suspends the connection), then starts the work, and returns
+ * MHD_YES without replying; the work's end calls api_conn_resume(req->conn)
+ * once, from any thread (it may be before the handler returned). fn(req,
+ * arg) then runs on a server thread and replies; free_arg(arg) (may be
+ * NULL) runs after it, or when the connection ends without it. The server
+ * waits for deferred replies before it stops. */
+void api_defer(api_request *req, enum MHD_Result (*fn)(api_request *req, void *arg), void *arg,
+	       void (*free_arg)(void *arg));
+/* The socket of a request's connection (to watch for a hang-up while it is
+ * suspended), or -1. */
+int api_conn_fd(struct MHD_Connection *conn);
 /* The one error reply: application/problem+json for code p. field may be
  * NULL; fmt is the human detail. */
 enum MHD_Result api_reply_problem(api_request *req, enum api_problem p, const char *field,

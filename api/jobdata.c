@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "api/follow.h"
 #include "api/handlers.h"
 #include "api/http.h"
 #include "common/jobspec.h"
@@ -189,9 +190,19 @@ enum MHD_Result jobs_logs(api_request *req)
 {
 	enum MHD_Result ret;
 	long long rank, loader, tail;
-	static const char *const known[] = {"rank", "loader", "tail", NULL};
-	if (!api_query_known(req, known, &ret))
+	static const char *const known[] = {"rank", "loader", "tail", "follow", "offset", NULL};
+	bool follow, has_offset;
+	int64_t offset;
+	if (!api_query_known(req, known, &ret) || !follow_param(req, &follow, &ret) ||
+	    !follow_start(req, "offset", follow, &offset, &has_offset, &ret))
 		return ret;
+	if (has_offset && !follow)
+		return api_reply_problem(req, API_P_INVALID_PARAMETER, "offset",
+					 "offset is where a follow stream starts: add follow=1 "
+					 "(without it, tail picks the lines)");
+	if (api_query(req, "offset") && api_query(req, "tail"))
+		return api_reply_problem(req, API_P_INVALID_PARAMETER, "offset",
+					 "give tail or offset, not both");
 	if (query_int(req, "rank", 0, 4095, 0, &rank) < 0)
 		return api_reply_problem(req, API_P_INVALID_PARAMETER, "rank", "must be an integer in 0..4095");
 	if (query_int(req, "loader", -1, 4095, -1, &loader) < 0)
@@ -223,25 +234,40 @@ enum MHD_Result jobs_logs(api_request *req)
 		snprintf(path, sizeof path, "%s/jobs/%s/logs/worker-%lld.log", req->cfg->state_dir,
 			 req->args.v[0], rank);
 	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-	if (fd < 0) /* not started yet: an empty log */
-		return api_reply_raw(req, MHD_HTTP_OK, "text/plain; charset=utf-8", "", 0);
 	struct stat st;
+	if (fd < 0 || fstat(fd, &st) < 0)
+		st.st_size = 0; /* not started yet: an empty log */
+	if (has_offset && offset > (int64_t)st.st_size) {
+		if (fd >= 0)
+			close(fd);
+		return api_reply_problem(req, API_P_INVALID_PARAMETER, "offset",
+					 "the log has %lld bytes: offset must be at most that",
+					 (long long)st.st_size);
+	}
+	if (fd < 0 && !follow)
+		return api_reply_raw(req, MHD_HTTP_OK, "text/plain; charset=utf-8", "", 0);
 	char *buf = NULL;
 	size_t len = 0;
-	if (fstat(fd, &st) == 0 && st.st_size > 0) {
-		off_t start = st.st_size > (off_t)LOG_READ_MAX ? st.st_size - (off_t)LOG_READ_MAX : 0;
+	off_t start = 0;
+	if (fd >= 0 && !has_offset && st.st_size > 0) {
+		start = st.st_size > (off_t)LOG_READ_MAX ? st.st_size - (off_t)LOG_READ_MAX : 0;
 		len = (size_t)(st.st_size - start);
 		buf = malloc(len + 1);
 		ssize_t got = buf ? pread(fd, buf, len, start) : -1;
 		len = got > 0 ? (size_t)got : 0;
 	}
-	close(fd);
+	if (fd >= 0)
+		close(fd);
 	/* keep the last `tail` lines */
 	size_t begin = len, lines = 0;
 	while (begin > 0) {
 		if (buf[begin - 1] == '\n' && begin != len && ++lines == (size_t)tail)
 			break;
 		begin--;
+	}
+	if (follow) { /* stream from offset, else from those lines (follow.c) */
+		free(buf);
+		return follow_logs(req, path, has_offset ? offset : (int64_t)start + (int64_t)begin);
 	}
 	ret = api_reply_raw(req, MHD_HTTP_OK, "text/plain; charset=utf-8", buf ? buf + begin : "", len - begin);
 	free(buf);

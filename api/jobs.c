@@ -12,6 +12,10 @@
 #include <errno.h>
 #include <limits.h>
 #include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,8 +27,10 @@
 
 #include "api/handlers.h"
 #include "api/diagnosis.h"
+#include "api/follow.h"
 #include "api/http.h"
 #include "api/paths.h"
+#include "api/restore.h"
 #include "common/fsutil.h"
 #include "common/jobspec.h"
 #include "common/sha256.h"
@@ -132,25 +138,173 @@ static json_t *job_json(const store_job *j, const store_job_extras *x, const api
 	return o;
 }
 
-/* The representations of jobs[0..n) as a JSON array: one read of the
- * store for the whole page. *rc gets a store error (NULL returned), or 0
- * (NULL then means out of memory). */
-static json_t *jobs_json(store *st, const store_job *jobs, size_t n, const api_config *cfg,
-			 int *rc)
+/* ---- rendered representations of finished jobs ----
+ *
+ * A list page is mostly finished jobs, and a finished job's representation
+ * no longer depends on the clock (no ETA, no running-time diagnosis): it
+ * changes only when the store writes something of the job, which changes
+ * store_job.version. So the compact JSON text of terminal jobs is kept,
+ * keyed by id, version and the server's config (model_dir), and a page of
+ * them is copied text instead of one spec parse, one metrics window parse
+ * and one dump per job. RENDER_SETS x RENDER_WAYS entries at most (a new
+ * one evicts the oldest of its set); each is one job's text (~2 KB). */
+#define RENDER_SETS 8192
+#define RENDER_WAYS 4
+#define RENDER_LOCKS 64
+
+/* One job's text, shared by the cache and the replies being built from it. */
+typedef struct rtext {
+	atomic_int refs;
+	size_t len;
+	char text[];
+} rtext;
+
+static rtext *rtext_new(const char *text, size_t len)
 {
-	store_job_extras *x = NULL;
-	if ((*rc = store_job_extras_get(st, jobs, n, DIAG_WINDOW, &x)) < 0)
+	rtext *t = malloc(sizeof *t + len + 1);
+	if (!t)
 		return NULL;
-	int64_t now = now_ms();
-	json_t *arr = json_array();
-	for (size_t i = 0; arr && i < n; i++) {
-		if (json_array_append_new(arr, job_json(&jobs[i], &x[i], cfg, now))) {
-			json_decref(arr);
-			arr = NULL;
+	atomic_init(&t->refs, 1);
+	t->len = len;
+	memcpy(t->text, text, len + 1);
+	return t;
+}
+
+static void rtext_put(rtext *t)
+{
+	if (t && atomic_fetch_sub(&t->refs, 1) == 1)
+		free(t);
+}
+
+typedef struct rendered {
+	uint64_t version;
+	const api_config *cfg;
+	char id[24];
+	rtext *t;
+} rendered;
+
+static rendered render_cache[RENDER_SETS][RENDER_WAYS];
+static unsigned render_victim[RENDER_SETS];
+static pthread_mutex_t render_mu[RENDER_LOCKS];
+static pthread_once_t render_once = PTHREAD_ONCE_INIT;
+
+static void render_init(void)
+{
+	for (int i = 0; i < RENDER_LOCKS; i++)
+		pthread_mutex_init(&render_mu[i], NULL);
+}
+
+static size_t render_set(const char *id)
+{
+	uint64_t h = 1469598103934665603ull; /* FNV-1a */
+	for (const unsigned char *p = (const unsigned char *)id; *p; p++)
+		h = (h ^ *p) * 1099511628211ull;
+	return (size_t)(h % RENDER_SETS);
+}
+
+static bool render_cacheable(const store_job *j)
+{
+	return job_state_is_terminal(j->state) && j->version && j->id &&
+	       strlen(j->id) < sizeof render_cache[0][0].id;
+}
+
+/* j's cached text at this version (a reference: rtext_put it), or NULL. */
+static rtext *render_get(const store_job *j, const api_config *cfg)
+{
+	if (!render_cacheable(j))
+		return NULL;
+	pthread_once(&render_once, render_init);
+	size_t set = render_set(j->id);
+	rtext *t = NULL;
+	pthread_mutex_lock(&render_mu[set % RENDER_LOCKS]);
+	for (int w = 0; w < RENDER_WAYS; w++) {
+		rendered *r = &render_cache[set][w];
+		if (r->t && r->version == j->version && r->cfg == cfg && strcmp(r->id, j->id) == 0) {
+			t = r->t;
+			atomic_fetch_add(&t->refs, 1);
+			break;
 		}
 	}
-	store_job_extras_free(x, n);
-	return arr;
+	pthread_mutex_unlock(&render_mu[set % RENDER_LOCKS]);
+	return t;
+}
+
+/* Keeps t (takes a reference) as j's representation at j->version. */
+static void render_put(const store_job *j, const api_config *cfg, rtext *t)
+{
+	if (!render_cacheable(j))
+		return;
+	pthread_once(&render_once, render_init);
+	size_t set = render_set(j->id);
+	atomic_fetch_add(&t->refs, 1);
+	pthread_mutex_lock(&render_mu[set % RENDER_LOCKS]);
+	int way = -1;
+	for (int w = 0; w < RENDER_WAYS && way < 0; w++)
+		if (render_cache[set][w].t && strcmp(render_cache[set][w].id, j->id) == 0)
+			way = w;
+	for (int w = 0; w < RENDER_WAYS && way < 0; w++)
+		if (!render_cache[set][w].t)
+			way = w;
+	if (way < 0)
+		way = (int)(render_victim[set]++ % RENDER_WAYS);
+	rendered *r = &render_cache[set][way];
+	rtext *old = r->t;
+	*r = (rendered){.version = j->version, .cfg = cfg, .t = t};
+	snprintf(r->id, sizeof r->id, "%s", j->id);
+	pthread_mutex_unlock(&render_mu[set % RENDER_LOCKS]);
+	rtext_put(old);
+}
+
+/* The compact JSON texts of jobs[0..n) into texts[i] (references: the
+ * caller rtext_puts each): cached ones shared, the others rendered from one
+ * read of the store for all of them. A store error is returned; -ENOMEM. */
+static int jobs_texts(store *st, const store_job *jobs, size_t n, const api_config *cfg,
+		      rtext **texts)
+{
+	store_job *miss = n ? malloc(n * sizeof *miss) : NULL;
+	size_t *at = n ? malloc(n * sizeof *at) : NULL;
+	size_t m = 0;
+	int rc = 0;
+	if (n && (!miss || !at)) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	for (size_t i = 0; i < n; i++) {
+		if (!(texts[i] = render_get(&jobs[i], cfg))) {
+			miss[m] = jobs[i]; /* a shallow copy: store_job_extras_get only reads it */
+			at[m++] = i;
+		}
+	}
+	if (m == 0)
+		goto out;
+	store_job_extras *x = NULL;
+	if ((rc = store_job_extras_get(st, miss, m, DIAG_WINDOW, &x)) < 0)
+		goto out;
+	int64_t now = now_ms();
+	for (size_t k = 0; k < m && rc == 0; k++) {
+		json_t *o = job_json(&miss[k], &x[k], cfg, now);
+		char *d = o ? api_json_dumps(o, false) : NULL;
+		json_decref(o);
+		rtext *t = d ? rtext_new(d, strlen(d)) : NULL;
+		free(d);
+		if (!t) {
+			rc = -ENOMEM;
+			break;
+		}
+		texts[at[k]] = t;
+		render_put(&miss[k], cfg, t);
+	}
+	store_job_extras_free(x, m);
+out:
+	if (rc < 0) {
+		for (size_t i = 0; i < n; i++) {
+			rtext_put(texts[i]);
+			texts[i] = NULL;
+		}
+	}
+	free(miss);
+	free(at);
+	return rc;
 }
 
 /* Ids are made here ("job-" + 16 hex); anything else cannot exist, so it is
@@ -189,6 +343,50 @@ static enum MHD_Result no_such_job(api_request *req, const char *id)
 	return api_reply_problem(req, API_P_JOB_NOT_FOUND, NULL, "no job %s", id);
 }
 
+/* One held-out evaluation of a metrics row: step and its eval keys. */
+static json_t *eval_point(const store_metric *m)
+{
+	json_t *v = json_loads(m->values_json, 0, NULL);
+	json_t *o = json_pack("{s:I}", "step", (json_int_t)m->step);
+	static const char *const keys[] = {"eval_loss", "perplexity", "eval_accuracy"};
+	for (size_t i = 0; o && i < sizeof keys / sizeof keys[0]; i++) {
+		json_t *x = json_object_get(v, keys[i]);
+		json_object_set(o, keys[i], x ? x : json_null());
+	}
+	json_decref(v);
+	return o;
+}
+
+/* Adds "eval" (docs/api.md: the newest and the best held-out evaluation,
+ * or null) to the compact job text *text (len bytes; replaced). Only a
+ * single job's representation has it: it reads the job's metrics rows. */
+static int add_eval_summary(store *st, const char *id, char **text, size_t *len)
+{
+	store_metric last, best;
+	int rc = store_metric_eval(st, id, &last, &best);
+	if (rc < 0 && rc != -ENOENT)
+		return rc;
+	json_t *o = json_loads(*text, 0, NULL);
+	json_t *ev = rc == 0 ? json_pack("{s:o, s:o}", "last", eval_point(&last), "best", eval_point(&best))
+			     : json_null();
+	if (rc == 0) {
+		free(last.values_json);
+		free(best.values_json);
+	}
+	char *t = NULL;
+	if (o && ev && json_object_set_new(o, "eval", ev) == 0)
+		t = api_json_dumps(o, false);
+	else
+		json_decref(ev);
+	json_decref(o);
+	if (!t)
+		return -ENOMEM;
+	free(*text);
+	*text = t;
+	*len = strlen(t);
+	return 0;
+}
+
 /* Replies with the job's current representation. */
 static enum MHD_Result reply_job(api_request *req, unsigned status, const char *id)
 {
@@ -196,13 +394,37 @@ static enum MHD_Result reply_job(api_request *req, unsigned status, const char *
 	int rc = store_job_get(req->st, id, &j);
 	if (rc)
 		return store_failed(req, rc, id, "loading job");
-	json_t *arr = jobs_json(req->st, &j, 1, req->cfg, &rc);
+	char *text = NULL;
+	size_t len = 0;
+	rtext *t = NULL;
+	rc = jobs_texts(req->st, &j, 1, req->cfg, &t);
 	store_job_free(&j);
+	if (rc == 0) {
+		len = t->len;
+		if (!(text = malloc(len + 1)))
+			rc = -ENOMEM;
+		else
+			memcpy(text, t->text, len + 1);
+		rtext_put(t);
+	}
+	if (rc == 0 && (rc = add_eval_summary(req->st, id, &text, &len)) < 0) {
+		free(text);
+		text = NULL;
+	}
+	if (rc == -ENOMEM)
+		return api_reply_problem(req, API_P_INTERNAL, NULL, "out of memory");
 	if (rc < 0)
 		return store_failed(req, rc, id, "loading job");
-	json_t *o = arr ? json_incref(json_array_get(arr, 0)) : NULL;
-	json_decref(arr);
-	return api_reply_json(req, status, o);
+	char *body = realloc(text, len + 2);
+	if (!body) {
+		free(text);
+		return api_reply_problem(req, API_P_INTERNAL, NULL, "out of memory");
+	}
+	body[len] = '\n';
+	body[len + 1] = 0;
+	enum MHD_Result ret = api_reply_raw(req, status, "application/json", body, len + 1);
+	free(body);
+	return ret;
 }
 
 /* ------------------------------------------------------------ submit */
@@ -512,6 +734,8 @@ static bool init_from_resolve(api_request *req, json_t *o, bool paths, enum MHD_
 						 strerror(-erc));
 		return false;
 	}
+	if (!api_restore_check(req, o, paths ? NULL : v, real, ret)) /* init_from_restore "all" */
+		return false;
 	if (json_object_set_new(o, "init_from", json_string(real)) < 0) {
 		*ret = api_reply_problem(req, API_P_INTERNAL, "init_from", "out of memory");
 		return false;
@@ -526,9 +750,11 @@ static bool init_from_resolve(api_request *req, json_t *o, bool paths, enum MHD_
 static bool needs_exist(api_request *req, const json_t *spec, enum MHD_Result *ret)
 {
 	json_t *g = json_object_get(json_object_get(spec, "resources"), "gpus");
+	json_t *nodes = json_object_get(json_object_get(spec, "resources"), "nodes");
 	json_int_t want = json_is_integer(g) ? json_integer_value(g) : 1;
 	size_t have = req->cfg->n_devices;
-	if (want > (json_int_t)have) {
+	/* several nodes: Slurm places the ranks, not this machine (docs/multinode.md) */
+	if (!(json_is_integer(nodes) && json_integer_value(nodes) > 1) && want > (json_int_t)have) {
 		const char *what = have && req->cfg->devices[0].kind == DEVICE_CUDA ? "GPU" : "CPU worker slot";
 		*ret = api_reply_problem(req, API_P_INVALID_SPEC, "resources.gpus",
 					 "asks for %lld devices; this machine has %zu (%s%s, see GET /v1/devices)",
@@ -567,13 +793,127 @@ static bool needs_exist(api_request *req, const json_t *spec, enum MHD_Result *r
 	return false;
 }
 
+/* A submission waiting for its group commit (store_job_insert_async): what
+ * its reply needs, alive from jobs_create to submit_free. */
+typedef struct submit {
+	store_insert ins;
+	store_job job;
+	struct MHD_Connection *conn;
+	json_t *spec;
+	char *spec_text, *body, *key;
+	char id[21], hash[65];
+} submit;
+
+static void submit_free(void *arg)
+{
+	submit *sb = arg;
+	json_decref(sb->spec);
+	free(sb->spec_text);
+	free(sb->body);
+	free(sb->key);
+	free(sb->ins.prev_hash);
+	free(sb->ins.prev_response);
+	free(sb->ins.prev_job_id);
+	free(sb);
+}
+
+/* A new id, the job row and the 201 body that goes with it. */
+static int submit_prepare(submit *sb)
+{
+	int rc = make_id(sb->id);
+	if (rc)
+		return rc;
+	const char *name = json_string_value(json_object_get(sb->spec, "name"));
+	json_t *prio = json_object_get(sb->spec, "priority");
+	int64_t now = now_ms();
+	sb->job = (store_job){
+		.id = sb->id,
+		.name = (char *)(name && name[0] ? name : sb->id),
+		.spec_json = sb->spec_text,
+		.state = JOB_QUEUED,
+		.priority = json_is_integer(prio) ? (int)json_integer_value(prio) : 0,
+		.created_ms = now,
+		.updated_ms = now,
+	};
+	free(sb->body);
+	json_int_t max_steps = json_integer_value(
+		json_object_get(json_object_get(sb->spec, "training_args"), "max_steps"));
+	sb->body = dump_line(json_pack("{s:s, s:s, s:s, s:i, s:o, s:o, s:n, s:n, s:i, s:n, s:[], "
+				       "s:{s:i, s:I}, s:n, s:s, s:O}",
+				       "id", sb->job.id, "name", sb->job.name, "state", "queued",
+				       "priority", sb->job.priority,
+				       "created_at", time_json(now), "updated_at", time_json(now),
+				       "started_at", "finished_at", "restart_count", 0,
+				       "failure_reason", "devices", "progress", "step", 0,
+				       "max_steps", max_steps, "last_checkpoint", "diagnosis",
+				       "no telemetry yet", "spec", sb->spec));
+	if (!sb->body)
+		return -ENOMEM;
+	sb->ins = (store_insert){.job = &sb->job, .idem_key = sb->key,
+				 .idem_hash = sb->key ? sb->hash : NULL,
+				 .response_json = sb->key ? sb->body : NULL};
+	return 0;
+}
+
+/* The commit thread's word: the submission's result is in sb->ins. */
+static void submit_done(store_insert *ins, void *arg)
+{
+	(void)ins;
+	api_conn_resume(((submit *)arg)->conn);
+}
+
+/* The reply, once the commit that holds the job (or its failure) is known. */
+static enum MHD_Result submit_reply(api_request *req, void *arg)
+{
+	submit *sb = arg;
+	char location[64];
+	int rc = sb->ins.rc;
+	/* -EEXIST without a previous key: the random id was taken (2^-64 odds
+	 * per job): again with a new one, here and waiting */
+	for (int attempt = 1; rc == -EEXIST && !sb->ins.prev_hash && attempt < 4; attempt++) {
+		if ((rc = submit_prepare(sb)) != 0)
+			break;
+		rc = store_job_insert(req->st, &sb->job, sb->ins.idem_key, sb->ins.idem_hash,
+				      sb->ins.response_json, &sb->ins.prev_hash,
+				      &sb->ins.prev_response, &sb->ins.prev_job_id);
+	}
+	const char *prev_hash = sb->ins.prev_hash, *prev_resp = sb->ins.prev_response;
+	const char *prev_id = sb->ins.prev_job_id;
+	if (rc == 0) {
+		snprintf(location, sizeof location, "/v1/jobs/%s", sb->id);
+		if (api_add_header(req, MHD_HTTP_HEADER_LOCATION, location))
+			return MHD_NO;
+		const char *name = json_string_value(json_object_get(sb->spec, "name"));
+		log_info("job %s submitted (%s)", sb->id, name ? name : "");
+		telemetry_job_submitted();
+		return api_reply_raw(req, MHD_HTTP_CREATED, "application/json", sb->body,
+				     strlen(sb->body));
+	}
+	if (rc == -EEXIST && prev_hash) {
+		if (strcmp(prev_hash, sb->hash) != 0)
+			return api_reply_problem(req, API_P_IDEMPOTENCY_REUSE, "Idempotency-Key",
+						 "this key was first used with a different body (for job "
+						 "%s); use a new key for a new job",
+						 prev_id ? prev_id : "?");
+		if (!prev_resp || !prev_id)
+			return api_reply_problem(req, API_P_INTERNAL, NULL,
+						 "the stored answer for this key is incomplete");
+		snprintf(location, sizeof location, "/v1/jobs/%s", prev_id);
+		if (api_add_header(req, MHD_HTTP_HEADER_LOCATION, location) ||
+		    api_add_header(req, "Idempotent-Replayed", "true"))
+			return MHD_NO;
+		return api_reply_raw(req, MHD_HTTP_CREATED, "application/json", prev_resp,
+				     strlen(prev_resp));
+	}
+	return api_reply_store_error(req, rc < 0 ? rc : -EIO, "storing the job failed");
+}
+
 enum MHD_Result jobs_create(api_request *req)
 {
 	enum MHD_Result ret;
 	json_t *in = NULL, *spec = NULL;
-	char *spec_text = NULL, *body = NULL;
-	char *prev_hash = NULL, *prev_resp = NULL, *prev_id = NULL;
-	char detail[256], id[21], hash[65], location[64];
+	char *spec_text = NULL;
+	char detail[256];
 	int rc;
 
 	const char *key = api_header(req, "Idempotency-Key");
@@ -622,85 +962,35 @@ enum MHD_Result jobs_create(api_request *req)
 	}
 	/* The digest is of the bytes sent: a retry is the same request only if
 	 * it is byte-identical, which is what client retry loops produce. */
-	sha256_hex(req->body, req->body_len, hash);
-	const char *name = json_string_value(json_object_get(spec, "name"));
-	json_t *prio = json_object_get(spec, "priority");
-
-	for (int attempt = 0; attempt < 4; attempt++) {
-		if ((rc = make_id(id)) != 0)
-			break;
-		int64_t now = now_ms();
-		store_job job = {
-			.id = id,
-			.name = (char *)(name && name[0] ? name : id),
-			.spec_json = spec_text,
-			.state = JOB_QUEUED,
-			.priority = json_is_integer(prio) ? (int)json_integer_value(prio) : 0,
-			.created_ms = now,
-			.updated_ms = now,
-		};
-		free(body);
-		json_int_t max_steps = json_integer_value(
-			json_object_get(json_object_get(spec, "training_args"), "max_steps"));
-		body = dump_line(json_pack("{s:s, s:s, s:s, s:i, s:o, s:o, s:n, s:n, s:i, s:n, s:[], "
-					   "s:{s:i, s:I}, s:n, s:s, s:O}",
-					   "id", job.id, "name", job.name, "state", "queued",
-					   "priority", job.priority,
-					   "created_at", time_json(now), "updated_at", time_json(now),
-					   "started_at", "finished_at", "restart_count", 0,
-					   "failure_reason", "devices", "progress", "step", 0,
-					   "max_steps", max_steps, "last_checkpoint", "diagnosis",
-					   "no telemetry yet", "spec", spec));
-		if (!body) {
-			rc = -ENOMEM;
-			break;
-		}
-		rc = store_job_insert(req->st, &job, key, key ? hash : NULL, key ? body : NULL,
-				      &prev_hash, &prev_resp, &prev_id);
-		if (rc != -EEXIST || prev_hash)
-			break; /* -EEXIST without a previous key: the random id was taken */
+	submit *sb = calloc(1, sizeof *sb);
+	if (!sb || (key && !(sb->key = strdup(key)))) {
+		free(sb);
+		ret = api_reply_problem(req, API_P_INTERNAL, NULL, "out of memory");
+		goto out;
 	}
-	if (rc == 0) {
-		snprintf(location, sizeof location, "/v1/jobs/%s", id);
-		if (api_add_header(req, MHD_HTTP_HEADER_LOCATION, location)) {
-			ret = MHD_NO;
-			goto out;
-		}
-		log_info("job %s submitted (%s)", id, name ? name : "");
-		telemetry_job_submitted();
-		ret = api_reply_raw(req, MHD_HTTP_CREATED, "application/json", body, strlen(body));
-	} else if (rc == -EEXIST && prev_hash) {
-		if (strcmp(prev_hash, hash) != 0) {
-			ret = api_reply_problem(req, API_P_IDEMPOTENCY_REUSE, "Idempotency-Key",
-						"this key was first used with a different body (for job "
-						"%s); use a new key for a new job",
-						prev_id ? prev_id : "?");
-			goto out;
-		}
-		if (!prev_resp || !prev_id) {
-			ret = api_reply_problem(req, API_P_INTERNAL, NULL,
-						"the stored answer for this key is incomplete");
-			goto out;
-		}
-		snprintf(location, sizeof location, "/v1/jobs/%s", prev_id);
-		if (api_add_header(req, MHD_HTTP_HEADER_LOCATION, location) ||
-		    api_add_header(req, "Idempotent-Replayed", "true")) {
-			ret = MHD_NO;
-			goto out;
-		}
-		ret = api_reply_raw(req, MHD_HTTP_CREATED, "application/json", prev_resp,
-				    strlen(prev_resp));
-	} else {
-		ret = api_reply_store_error(req, rc < 0 ? rc : -EIO, "storing the job failed");
+	sha256_hex(req->body, req->body_len, sb->hash);
+	sb->conn = req->conn;
+	sb->spec = spec;
+	sb->spec_text = spec_text;
+	spec = NULL;
+	spec_text = NULL;
+	if ((rc = submit_prepare(sb)) != 0) {
+		submit_free(sb);
+		ret = api_reply_store_error(req, rc, "storing the job failed");
+		goto out;
 	}
+	/* The 201 goes out once the group commit that holds the job is done;
+	 * meanwhile the connection is suspended and its thread serves others. */
+	api_defer(req, submit_reply, sb, submit_free);
+	if ((rc = store_job_insert_async(req->st, &sb->ins, submit_done, sb)) < 0) {
+		sb->ins.rc = rc;
+		api_conn_resume(req->conn);
+	}
+	ret = MHD_YES;
 out:
 	json_decref(in);
 	json_decref(spec);
 	free(spec_text);
-	free(body);
-	free(prev_hash);
-	free(prev_resp);
-	free(prev_id);
 	return ret;
 }
 
@@ -772,7 +1062,8 @@ static int cursor_decode(const char *s, int64_t *seq)
 struct list_query {
 	unsigned state_mask;
 	int limit;
-	int64_t after_seq;
+	int64_t after_seq; /* with newest: the seq to stay below */
+	bool newest;       /* order=desc */
 	const char *bad_field;
 	char detail[256];
 };
@@ -824,9 +1115,16 @@ static int list_arg(void *cls, const char *key, const char *value)
 				 "cursor is not one this server handed out (use next_cursor as is)");
 			return -EINVAL;
 		}
+	} else if (strcmp(key, "order") == 0) {
+		if (!value || (strcmp(value, "asc") && strcmp(value, "desc"))) {
+			snprintf(q->detail, sizeof q->detail, "order must be asc or desc; got '%s'",
+				 value ? value : "");
+			return -EINVAL;
+		}
+		q->newest = strcmp(value, "desc") == 0;
 	} else {
 		snprintf(q->detail, sizeof q->detail,
-			 "unknown query parameter; known: state, limit, cursor");
+			 "unknown query parameter; known: state, limit, cursor, order");
 		return -EINVAL;
 	}
 	q->bad_field = NULL;
@@ -841,22 +1139,50 @@ enum MHD_Result jobs_list(api_request *req)
 	int64_t next = 0;
 	if (api_query_each(req, list_arg, &q))
 		return api_reply_problem(req, API_P_INVALID_PARAMETER, q.bad_field, "%s", q.detail);
-	int rc = store_job_list(req->st, q.state_mask, q.after_seq, q.limit, &jobs, &n, &next);
+	int rc = q.newest ? store_job_list_newest(req->st, q.state_mask, q.after_seq, q.limit, &jobs, &n, &next)
+			  : store_job_list(req->st, q.state_mask, q.after_seq, q.limit, &jobs, &n, &next);
 	if (rc)
 		return api_reply_store_error(req, rc, "listing jobs failed");
-	json_t *arr = jobs_json(req->st, jobs, n, req->cfg, &rc);
+	/* {"jobs":[...],"next_cursor":...} as api_reply_json would write it,
+	 * assembled from each job's text (most of them cached). */
+	rtext **texts = calloc(n ? n : 1, sizeof *texts);
+	rc = texts ? jobs_texts(req->st, jobs, n, req->cfg, texts) : -ENOMEM;
 	store_jobs_free(jobs, n);
-	if (rc < 0)
-		return api_reply_store_error(req, rc, "listing jobs failed");
-	json_t *cursor = json_null();
+	char cursor[48] = "null";
 	if (next > 0) {
 		char c[40];
 		cursor_encode(next, c);
-		json_decref(cursor);
-		cursor = json_string(c);
+		snprintf(cursor, sizeof cursor, "\"%s\"", c);
 	}
-	return api_reply_json(req, MHD_HTTP_OK,
-			      arr ? json_pack("{s:o, s:o}", "jobs", arr, "next_cursor", cursor) : NULL);
+	static const char head[] = "{\"jobs\":[", mid[] = "],\"next_cursor\":", tail[] = "}\n";
+	size_t len = sizeof head + sizeof mid + sizeof tail + strlen(cursor) + n;
+	for (size_t i = 0; rc == 0 && i < n; i++)
+		len += texts[i]->len;
+	char *body = rc == 0 ? malloc(len) : NULL;
+	size_t at = 0;
+	if (body) {
+		memcpy(body + at, head, sizeof head - 1);
+		at += sizeof head - 1;
+		for (size_t i = 0; i < n; i++) {
+			if (i)
+				body[at++] = ',';
+			memcpy(body + at, texts[i]->text, texts[i]->len);
+			at += texts[i]->len;
+		}
+		at += (size_t)sprintf(body + at, "%s%s%s", mid, cursor, tail);
+	}
+	for (size_t i = 0; texts && i < n; i++)
+		rtext_put(texts[i]);
+	free(texts);
+	enum MHD_Result ret;
+	if (rc < 0 && rc != -ENOMEM)
+		ret = api_reply_store_error(req, rc, "listing jobs failed");
+	else if (!body)
+		ret = api_reply_problem(req, API_P_INTERNAL, NULL, "out of memory");
+	else
+		ret = api_reply_raw(req, MHD_HTTP_OK, "application/json", body, at);
+	free(body);
+	return ret;
 }
 
 /* ------------------------------------------------------------ one job */
@@ -939,16 +1265,25 @@ enum MHD_Result jobs_events(api_request *req)
 	const char *id = req->args.v[0];
 	store_event *ev = NULL;
 	size_t n = 0;
+	enum MHD_Result ret;
+	static const char *const known[] = {"since", "follow", NULL};
+	bool follow, given;
+	int64_t since;
+	if (!api_query_known(req, known, &ret) || !follow_param(req, &follow, &ret) ||
+	    !follow_start(req, "since", follow, &since, &given, &ret))
+		return ret;
 	if (!id_plausible(id))
 		return no_such_job(req, id);
 	int rc = store_job_events(req->st, id, &ev, &n);
 	if (rc)
 		return store_failed(req, rc, id, "loading events");
+	if (follow) { /* the job exists: stream (follow.c) from event since + 1 */
+		store_events_free(ev, n);
+		return follow_events(req, since);
+	}
 	json_t *arr = json_array();
-	for (size_t i = 0; arr && i < n; i++) {
-		json_t *e = json_pack("{s:o, s:s, s:s, s:s?}", "time", time_json(ev[i].time_ms),
-				      "from", job_state_name(ev[i].from), "to",
-				      job_state_name(ev[i].to), "reason", ev[i].reason);
+	for (size_t i = (size_t)since; arr && i < n; i++) {
+		json_t *e = follow_event_json(&ev[i], (int64_t)i + 1);
 		if (json_array_append_new(arr, e)) {
 			json_decref(arr);
 			arr = NULL;

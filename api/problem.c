@@ -45,6 +45,8 @@ static const struct {
 	[API_P_DB_FULL]            = {"insufficient-storage", 507,
 				      "No space left for the job database"},
 	[API_P_DB_DAMAGED]         = {"database-damaged", 500, "Job database is damaged"},
+	[API_P_TOO_MANY_FOLLOWERS] = {"too-many-followers", 429,
+				      "Too many follow streams open; retry later", 5},
 };
 
 static enum api_problem checked(enum api_problem p)

@@ -25,6 +25,8 @@ typedef struct running {
 	char id[32];
 	json_t *v; /* the newest metrics row's values, or NULL */
 	int64_t step;
+	json_t *ev; /* the newest row with a held-out evaluation (eval_loss), or NULL */
+	double best_eval_loss; /* NAN without one */
 } running;
 
 static void family(FILE *f, const char *name, const char *type, const char *help)
@@ -48,15 +50,23 @@ static double num(const json_t *o, const char *k)
 }
 
 /* A gauge read from top-level key k of each job's row, times scale. */
-static void job_gauge(FILE *f, running *jobs, size_t n, const char *name, const char *help, const char *k,
-		      double scale)
+/* One gauge per running job: key k of its newest metrics row (times scale),
+ * or of its newest evaluation row when eval. */
+static void gauge_of(FILE *f, running *jobs, size_t n, const char *name, const char *help, const char *k,
+		     double scale, bool eval)
 {
 	family(f, name, "gauge", help);
 	char lab[64];
 	for (size_t i = 0; i < n; i++) {
 		snprintf(lab, sizeof lab, "job_id=\"%s\"", jobs[i].id);
-		sample(f, name, lab, num(jobs[i].v, k) * scale);
+		sample(f, name, lab, num(eval ? jobs[i].ev : jobs[i].v, k) * scale);
 	}
+}
+
+static void job_gauge(FILE *f, running *jobs, size_t n, const char *name, const char *help, const char *k,
+		      double scale)
+{
+	gauge_of(f, jobs, n, name, help, k, scale, false);
 }
 
 static int load_running(store *st, running **out, size_t *n)
@@ -79,6 +89,16 @@ static int load_running(store *st, running **out, size_t *n)
 			r[i].v = json_loads(m.values_json, 0, NULL);
 			r[i].step = m.step;
 			free(m.values_json);
+		}
+		store_metric last, best;
+		r[i].best_eval_loss = NAN;
+		if (store_metric_eval(st, jobs[i].id, &last, &best) == 0) {
+			r[i].ev = json_loads(last.values_json, 0, NULL);
+			json_t *b = json_loads(best.values_json, 0, NULL);
+			r[i].best_eval_loss = num(b, "eval_loss");
+			json_decref(b);
+			free(last.values_json);
+			free(best.values_json);
 		}
 	}
 	store_jobs_free(jobs, nj);
@@ -139,7 +159,21 @@ static void write_jobs(FILE *f, running *jobs, size_t n)
 	job_gauge(f, jobs, n, "bertd_job_grad_norm",
 		  "Global gradient L2 norm (before clipping) of the newest logged optimizer step.", "grad_norm", 1);
 
-	static const char *const phases[] = {"data_wait", "h2d", "compute", "allreduce", "optimizer", "checkpoint"};
+	/* held-out evaluation: the newest one, and the lowest loss so far */
+	gauge_of(f, jobs, n, "bertd_job_eval_loss",
+		 "Held-out masked-LM loss (eval_loss) of the newest evaluation of a running job.", "eval_loss", 1, true);
+	gauge_of(f, jobs, n, "bertd_job_eval_perplexity", "exp(eval_loss) of the newest evaluation.", "perplexity",
+		 1, true);
+	gauge_of(f, jobs, n, "bertd_job_eval_accuracy", "Masked-token accuracy of the newest evaluation.",
+		 "eval_accuracy", 1, true);
+	family(f, "bertd_job_best_eval_loss", "gauge", "Lowest eval_loss of the job's evaluations so far.");
+	for (size_t i = 0; i < n; i++) {
+		snprintf(lab, sizeof lab, "job_id=\"%s\"", jobs[i].id);
+		sample(f, "bertd_job_best_eval_loss", lab, jobs[i].best_eval_loss);
+	}
+
+	static const char *const phases[] = {"data_wait", "h2d", "compute", "allreduce", "optimizer", "checkpoint",
+					     "eval"};
 	family(f, "bertd_job_step_phase_seconds", "gauge", "Mean time per step in each phase over the newest logging window.");
 	for (size_t i = 0; i < n; i++)
 		for (size_t p = 0; p < sizeof phases / sizeof phases[0]; p++) {
@@ -237,8 +271,10 @@ enum MHD_Result prom_metrics(api_request *req)
 	ret = api_reply_raw(req, 200, "text/plain; version=0.0.4; charset=utf-8", buf, len);
 out:
 	free(buf);
-	for (size_t i = 0; i < n; i++)
+	for (size_t i = 0; i < n; i++) {
 		json_decref(jobs[i].v);
+		json_decref(jobs[i].ev);
+	}
 	free(jobs);
 	return ret;
 }

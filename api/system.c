@@ -7,6 +7,7 @@
 #include <jansson.h>
 #include <stdbool.h>
 
+#include "api/follow.h"
 #include "api/handlers.h"
 #include "api/http.h"
 #include "daemon/config.h"
@@ -56,6 +57,16 @@ enum MHD_Result system_info(api_request *req)
 			      cfg->allow_remote, "data_roots", roots, "warnings", warnings);
 	if (!o)
 		return api_reply_problem(req, API_P_INTERNAL, NULL, "out of memory");
+	if (req->follow) {
+		unsigned open, per_job, total;
+		follow_hub_counts(req->follow, &open, &per_job, &total);
+		if (json_object_set_new(o, "followers",
+					json_pack("{s:i, s:i, s:i}", "open", (int)open, "max_per_job",
+						  (int)per_job, "max_total", (int)total))) {
+			json_decref(o);
+			return api_reply_problem(req, API_P_INTERNAL, NULL, "out of memory");
+		}
+	}
 	for (size_t i = 0; i < cfg->n_data_roots; i++) {
 		char why[1400];
 		bool ok = config_root_check(cfg->data_roots[i], i == 0, why, sizeof why) == 0;

@@ -2,15 +2,23 @@
 # Control-plane throughput (issue #16), one or two bertd binaries side by
 # side in one run, each on its own copy of the same seeded database:
 #   GET /v1/jobs?limit=100, ?state=completed&limit=100, a cursor page,
-#   GET /v1/jobs/{id}, /v1/healthz, and /v1/healthz while ?limit=100 is
-#   hammered by a second wrk; prints req/s, p50 and p99 of each.
+#   GET /v1/jobs/{id}, /v1/healthz, /v1/healthz while ?limit=100 is
+#   hammered by a second wrk, POST /v1/jobs (each 201 is a durable job),
+#   and /v1/healthz while the list is hammered and jobs are submitted at
+#   once; prints req/s, p50 and p99 of each.
 # Usage: bench/api.sh BERTD [BERTD_B] [N_JOBS] [SECONDS] [CONNECTIONS]
 #   (defaults: 10000 jobs, 10 s, 32 connections)
 # The jobs are written by bench/api_seed (from $BUILD, default build/)
 # through daemon/store.c before the daemon starts, into a tmpfs directory.
+# STATE_ROOT: where each daemon's state dir (its copy of the database) lives;
+# default the same tmpfs, where fsync costs nothing: set it to a directory on
+# a disk to measure durable submissions (POST) as a user would see them.
+# The daemons hold their queue (schedule=false): submitted jobs stay queued.
 # Needs wrk (apt-get install wrk) and curl. Each bertd runs CPU-only with
 # BERTD_CONFIG=/dev/null on a free port; no worker starts (the seeded jobs
 # are completed, failed or canceled, none queued).
+# CASES: the case names to run (space-separated; default all).
+# BERTD_* variables (e.g. BERTD_API_THREADS) reach both daemons.
 # Last lines: "BENCH api <label> <case> rps=... p50_ms=... p99_ms=...".
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
@@ -30,12 +38,27 @@ for bin in $a $b; do [ -x "$bin" ] || { echo "not an executable: $bin" >&2; exit
 scratch=/dev/shm
 [ -d "$scratch" ] && [ -w "$scratch" ] || scratch=${TMPDIR:-/tmp}
 tmp=$(mktemp -d "$scratch/bertd-api-bench.XXXXXX")
-pid=
+pid= states=
 cleanup() {
 	[ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
-	rm -rf "$tmp"
+	rm -rf "$tmp" ${states:+"$states"}
 }
 trap cleanup EXIT INT TERM
+state_root=${STATE_ROOT:-$tmp}
+[ -d "$state_root" ] || { echo "STATE_ROOT $state_root is not a directory" >&2; exit 2; }
+states=$(mktemp -d "$state_root/bertd-api-bench-state.XXXXXX")
+# POST /v1/jobs: the seed's spec (its dataset "pubmed" is stored as ready)
+cat >"$tmp/submit.json" <<'SPEC'
+{"name": "bench-post", "dataset": "pubmed", "model": {"preset": "bert-base", "num_hidden_layers": 12}, "training_args": {"per_device_train_batch_size": 64, "learning_rate": 1e-4, "warmup_steps": 10, "max_steps": 1000, "max_seq_length": 128, "logging_steps": 10, "save_steps": 100, "dataloader_num_workers": 2}, "resources": {"gpus": 1}}
+SPEC
+cat >"$tmp/submit.lua" <<'LUA'
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+local f = io.open(os.getenv("SUBMIT_BODY"), "r")
+wrk.body = f:read("*a")
+f:close()
+LUA
+export SUBMIT_BODY="$tmp/submit.json"
 
 # SEED_SCHEMA: migrations to seed with (the oldest binary's schema.sql when
 # the two differ, so each daemon migrates the copy itself at start).
@@ -59,12 +82,18 @@ summarize() {
 	             bad ? " non2xx=" bad : "", err ? " errors=" err : "" }'
 }
 
+want() { # case name: run it?
+	case " ${CASES:-$1} " in *" $1 "*) return 0 ;; esac
+	return 1
+}
+
 run_one() { # label bin
-	label=$1 bin=$2 dir=$tmp/$1
+	label=$1 bin=$2 dir=$states/$1
 	mkdir -p "$dir/state"
 	cp "$tmp/seed.db" "$dir/state/bertd.db"
 	port=$(free_port)
-	BERTD_CONFIG=/dev/null BERTD_STATE_DIR=$dir/state BERTD_PORT=$port "$bin" >"$dir/log" 2>&1 &
+	BERTD_CONFIG=/dev/null BERTD_STATE_DIR=$dir/state BERTD_PORT=$port BERTD_SCHEDULE=false \
+		"$bin" >"$dir/log" 2>&1 &
 	pid=$!
 	url=http://127.0.0.1:$port
 	i=0
@@ -83,21 +112,43 @@ run_one() { # label bin
 		 "list_cursor:/v1/jobs?limit=100&cursor=$cursor" "get_one:/v1/jobs/$one" \
 		 "healthz:/v1/healthz"; do
 		name=${c%%:*} path=${c#*:}
+		want "$name" || continue
 		r=$(wrk -t2 -c"$conns" -d"${secs}s" --timeout 30s --latency -H "$auth" "$url$path" | summarize)
 		echo "BENCH api $label $name $r"
 	done
 	# healthz answered while the list is hammered: two wrk at once
-	wrk -t1 -c"$conns" -d"$((secs + 2))s" --timeout 30s -H "$auth" "$url/v1/jobs?limit=100" >/dev/null &
-	bg=$!
-	sleep 1
-	r=$(wrk -t1 -c4 -d"${secs}s" --timeout 30s --latency "$url/v1/healthz" | summarize)
-	wait $bg
-	echo "BENCH api $label healthz_under_list $r"
+	if want healthz_under_list; then
+		wrk -t1 -c"$conns" -d"$((secs + 2))s" --timeout 30s -H "$auth" "$url/v1/jobs?limit=100" >/dev/null &
+		bg=$!
+		sleep 1
+		r=$(wrk -t1 -c4 -d"${secs}s" --timeout 30s --latency "$url/v1/healthz" | summarize)
+		wait $bg
+		echo "BENCH api $label healthz_under_list $r"
+	fi
+	# submissions: every 201 is a committed (fsynced) job
+	if want submit; then
+		r=$(wrk -t2 -c"$conns" -d"${secs}s" --timeout 30s --latency -H "$auth" -s "$tmp/submit.lua" \
+			"$url/v1/jobs" | summarize)
+		echo "BENCH api $label submit $r"
+	fi
+	# healthz while the list is hammered and jobs are submitted
+	if want healthz_under_list_submit; then
+		wrk -t1 -c"$conns" -d"$((secs + 2))s" --timeout 30s -H "$auth" "$url/v1/jobs?limit=100" >/dev/null &
+		bg=$!
+		wrk -t1 -c"$conns" -d"$((secs + 2))s" --timeout 30s --latency -H "$auth" -s "$tmp/submit.lua" \
+			"$url/v1/jobs" >"$dir/submit_bg" &
+		bg2=$!
+		sleep 1
+		r=$(wrk -t1 -c4 -d"${secs}s" --timeout 30s --latency "$url/v1/healthz" | summarize)
+		wait $bg $bg2
+		echo "BENCH api $label healthz_under_list_submit $r"
+		echo "BENCH api $label submit_beside_list $(summarize <"$dir/submit_bg")"
+	fi
 	kill "$pid"
 	wait "$pid" 2>/dev/null || true
 	pid=
 }
 
-echo "api bench: $n jobs, ${secs}s per case, $conns connections, $(nproc) cores"
+echo "api bench: $n jobs, ${secs}s per case, $conns connections, $(nproc) cores, state in $state_root"
 run_one A "$a"
 [ -z "$b" ] || run_one B "$b"

@@ -6,7 +6,9 @@
  * Every job has the normalized DESIGN.md example spec. Of each 4 jobs, 2
  * end completed (devices, METRICS logged steps, one checkpoint), 1 failed
  * after 2 steps, 1 is canceled while queued; so a list page mixes rows with and
- * without progress, as a long-lived daemon's would. Each store call is
+ * without progress, as a long-lived daemon's would. The spec's dataset
+ * ("pubmed") is stored as ready, so the spec can be submitted as is (the
+ * daemon must hold its queue: nothing reads the absent shards). Each store call is
  * its own synchronous transaction, as in the daemon, so bench/api.sh puts
  * the database on a scratch (tmpfs) directory to seed 10,000 jobs fast. */
 #include <errno.h>
@@ -111,6 +113,10 @@ int main(int argc, char **argv)
 	}
 	if (rc < 0)
 		return fail("store_open", rc);
+	store_dataset ds = {.id = "ds-00000000000be0da", .name = "pubmed", .spec_json = "{}"};
+	if ((rc = store_dataset_insert(st, &ds)) < 0 ||
+	    (rc = store_dataset_finish(st, ds.id, DATASET_READY, NULL, NULL)) < 0)
+		return fail("storing the dataset", rc);
 	int64_t t0 = 1767225600000; /* 2026-01-01 */
 	for (long i = 0; i < n; i++) {
 		char id[32], name[32];

@@ -135,6 +135,9 @@ static const struct choice reduce_choices[] = {
 	{"fp16", "fp16"}, {"float16", "fp16"}, {NULL, NULL},
 };
 
+/* HF's IntervalStrategy; "epoch" is not implemented (bertd steps only). */
+static const struct choice eval_choices[] = {{"no", "no"}, {"steps", "steps"}, {NULL, NULL}};
+
 /* The update is torch.optim.AdamW's; adamw_torch_fused is torch's fused
  * kernel of the same update. transformers' own AdamW ("adamw_hf") is not:
  * its epsilon is added before the bias correction and its weight decay
@@ -180,6 +183,10 @@ static const struct field training_fields[] = {
 	INT("dataloader_num_workers", 0, 64, 2, 0, T_INT, training.dataloader_num_workers),
 	BOOL("dataloader_pin_memory", 1, 0, T_BOOL, training.dataloader_pin_memory),
 	ENUM("ddp_reduce_dtype", reduce_choices, "fp32", training.ddp_reduce_dtype),
+	ENUM("eval_strategy", eval_choices, "no", training.eval_strategy),
+	INT("eval_steps", 1, STEPS_MAX, 0, DERIVED, T_I64, training.eval_steps),
+	INT("per_device_eval_batch_size", 1, 65536, 8, 0, T_INT, training.per_device_eval_batch_size),
+	INT("max_eval_batches", 1, 1000000, 100, 0, T_INT, training.max_eval_batches),
 };
 
 /* ---- mlm (DataCollatorForLanguageModeling + BERT's data recipe) ---- */
@@ -192,10 +199,14 @@ static const struct field mlm_fields[] = {
 	BOOL("nsp", 0, 0, T_BOOL, mlm.nsp),
 	INT("max_predictions_per_seq", 1, 65536, 0, DERIVED, T_INT, mlm.max_predictions_per_seq),
 	NUM("short_seq_prob", 0, 1, 0.1, 0, mlm.short_seq_prob),
+	INT("validation_split_percentage", 0, 99, 0, DERIVED, T_INT, mlm.validation_split_percentage),
 };
 
 /* ---- resources, stopping_condition, retry_policy, profiler ---- */
 
+/* init_from_restore: the weights only (a new run), or everything a resume
+ * restores (HF's resume_from_checkpoint: continue that run) */
+static const struct choice restore_choices[] = {{"weights", "weights"}, {"all", "all"}, {NULL, NULL}};
 static const struct choice device_choices[] = {
 	{"auto", "auto"}, {"cuda", "cuda"}, {"cpu", "cpu"}, {NULL, NULL},
 };
@@ -203,6 +214,8 @@ static const struct choice device_choices[] = {
 static const struct field resources_fields[] = {
 	INT("gpus", 1, 64, 1, 0, T_INT, gpus),
 	ENUM("device", device_choices, "auto", device),
+	INT("nodes", 1, 64, 1, 0, T_INT, nodes),
+	INT("gpus_per_node", 1, 64, 0, NULLABLE, T_INT, gpus_per_node),
 };
 
 static const struct field stopping_fields[] = {
@@ -239,6 +252,7 @@ static const struct field top_fields[] = {
 	SECTION("model", model_sec),
 	{.key = "init_from", .kind = K_INIT, .flags = NULLABLE, .imin = 1, .imax = 1023,
 	 .preset_dim = -1, .t = T_STR, OFF(init_from)},
+	ENUM("init_from_restore", restore_choices, "weights", init_from_restore),
 	INT("priority", -100, 100, 0, 0, T_INT, priority),
 	SECTION("training_args", training_sec),
 	SECTION("mlm", mlm_sec),
@@ -248,6 +262,35 @@ static const struct field top_fields[] = {
 	SECTION("profiler", profiler_sec),
 };
 static const struct section top_sec = SEC(top_fields);
+
+/* Older spellings of keys that HF renamed: accepted on input, written with
+ * the new name in the effective spec; giving both is refused. */
+static const struct key_alias {
+	const struct section *sec;
+	const char *old, *canon;
+} key_aliases[] = {
+	{&training_sec, "evaluation_strategy", "eval_strategy"},
+};
+#define N_KEY_ALIASES (sizeof key_aliases / sizeof key_aliases[0])
+
+static const struct key_alias *alias_find(const struct section *s, const char *key, size_t n)
+{
+	for (size_t i = 0; i < N_KEY_ALIASES; i++)
+		if (key_aliases[i].sec == s && strlen(key_aliases[i].old) == n &&
+		    memcmp(key_aliases[i].old, key, n) == 0)
+			return &key_aliases[i];
+	return NULL;
+}
+
+/* The value of f in obj, under its name or an older spelling of it. */
+static json_t *field_value(json_t *obj, const struct section *s, const struct field *f)
+{
+	json_t *v = obj ? json_object_get(obj, f->key) : NULL;
+	for (size_t i = 0; !v && obj && i < N_KEY_ALIASES; i++)
+		if (key_aliases[i].sec == s && strcmp(key_aliases[i].canon, f->key) == 0)
+			v = json_object_get(obj, key_aliases[i].old);
+	return v;
+}
 
 /* ---- errors ---- */
 
@@ -576,13 +619,19 @@ static int section_normalize(const json_t *in, const struct section *s, const ch
 	/* Unknown keys first: a typo must not silently leave a default in place.
 	 * The length matters: jansson keys may hold a NUL ("seed\0x" is not "seed"). */
 	json_object_keylen_foreach(obj, key, len, v) {
-		if (!section_find(s, key, len))
+		if (section_find(s, key, len))
+			continue;
+		const struct key_alias *a = alias_find(s, key, len);
+		if (!a)
 			return fail(c->err, 422, path, key, "unknown key");
+		if (json_object_get(obj, a->canon))
+			return fail(c->err, 422, path, key, "is the older spelling of %s: give one of them",
+				    a->canon);
 	}
 	for (size_t i = 0; i < s->n; i++) {
 		const struct field *f = &s->f[i];
 		json_t *res;
-		int rc = field_normalize(obj ? json_object_get(obj, f->key) : NULL, f, path, c, &res);
+		int rc = field_normalize(field_value(obj, s, f), f, path, c, &res);
 		if (rc < 0)
 			return rc;
 		if (!res)
@@ -616,6 +665,38 @@ static json_t *at(json_t *spec, const char *sec, const char *key)
 static long long ival(json_t *spec, const char *sec, const char *key)
 {
 	return json_integer_value(at(spec, sec, key));
+}
+
+/* resources.nodes x gpus_per_node (docs/multinode.md): the ranks are
+ * nodes * gpus_per_node, written into gpus so that every count of ranks
+ * downstream (epochs, the worker's world) stays one number. gpus_per_node
+ * null: gpus on one node. Multi-node ranks build their own batches (no
+ * per-node loaders yet). */
+static int check_nodes(json_t *o, jobspec_error *err)
+{
+	json_t *res = json_object_get(o, "resources");
+	long long nodes = ival(o, "resources", "nodes"), gpus = ival(o, "resources", "gpus");
+	json_t *gpn = json_object_get(res, "gpus_per_node");
+	if (json_is_null(gpn)) {
+		if (nodes > 1)
+			return fail(err, 422, "resources", "gpus_per_node",
+				    "is required when resources.nodes is above 1");
+		return 0;
+	}
+	long long per = json_integer_value(gpn), world = nodes * per;
+	if (world > 64)
+		return fail(err, 422, "resources", "gpus_per_node",
+			    "times resources.nodes must be at most 64 ranks");
+	if (gpus != 1 && gpus != world)
+		return fail(err, 422, "resources", "gpus",
+			    "must be resources.nodes * gpus_per_node (%lld) or left out", world);
+	if (nodes > 1 && ival(o, "training_args", "dataloader_num_workers") != 0)
+		return fail(err, 422, "training_args", "dataloader_num_workers",
+			    "must be 0 when resources.nodes is above 1 (each rank builds its own batches; "
+			    "per-node loaders are not built yet)");
+	if (json_object_set_new(res, "gpus", json_integer(world)) < 0)
+		return fail_oom(err);
+	return 0;
 }
 
 static int cross_check(json_t *o, jobspec_error *err)
@@ -675,6 +756,10 @@ static int cross_check(json_t *o, jobspec_error *err)
 		return fail(err, 422, "training_args", json_is_true(bf16) ? "bf16" : "fp16",
 			    "needs a GPU; the CPU backend trains in fp32 (use null or false)");
 
+	int rc = check_nodes(o, err);
+	if (rc < 0)
+		return rc;
+
 	double mask = json_real_value(at(o, "mlm", "mask_replace_prob"));
 	double rnd = json_real_value(at(o, "mlm", "random_replace_prob"));
 	if (mask + rnd > 1.0)
@@ -692,6 +777,36 @@ static int cross_check(json_t *o, jobspec_error *err)
 		return fail(err, 422, "mlm", "max_predictions_per_seq",
 			    "must be at most training_args.max_seq_length (%lld)", seq);
 	}
+
+	/* Held-out evaluation: eval_steps defaults to logging_steps (as HF);
+	 * evaluating needs a held-out share, 5% when not given (run_mlm.py's
+	 * default); without evaluation nothing is held out unless asked. */
+	bool eval_on = strcmp(json_string_value(json_object_get(ta, "eval_strategy")), "steps") == 0;
+	if (json_is_null(json_object_get(ta, "eval_steps")) &&
+	    json_object_set(ta, "eval_steps", json_object_get(ta, "logging_steps")) < 0)
+		return fail_oom(err);
+	json_t *vsp = json_object_get(mlm, "validation_split_percentage");
+	if (json_is_null(vsp)) {
+		if (json_object_set_new(mlm, "validation_split_percentage", json_integer(eval_on ? 5 : 0)) < 0)
+			return fail_oom(err);
+	} else if (eval_on && json_integer_value(vsp) == 0) {
+		return fail(err, 422, "mlm", "validation_split_percentage",
+			    "must be at least 1 when training_args.eval_strategy is \"steps\" "
+			    "(the eval set is held out of the dataset)");
+	}
+	long long ebatch = ival(o, "training_args", "per_device_eval_batch_size");
+	if (ebatch * seq > (1LL << 24))
+		return fail(err, 422, "training_args", "per_device_eval_batch_size",
+			    "times max_seq_length must be at most 16777216 tokens");
+
+	/* the API checks the rest of "all" at submit (a checkpoint with optimizer
+	 * state, the same model and data layout: api/restore.c) */
+	json_t *init = json_object_get(o, "init_from");
+	if (strcmp(json_string_value(json_object_get(o, "init_from_restore")), "all") == 0 &&
+	    (json_is_null(init) || (json_is_object(init) && !json_object_get(init, "checkpoint"))))
+		return fail(err, 422, NULL, "init_from_restore",
+			    "\"all\" needs init_from naming a job's checkpoint ({\"job\": id, \"checkpoint\": "
+			    "step or \"latest\"})");
 
 	if (json_is_true(json_object_get(mlm, "nsp")) && ival(o, "model", "type_vocab_size") < 2)
 		return fail(err, 422, "model", "type_vocab_size",
@@ -816,6 +931,21 @@ static json_t *section_schema(const struct section *s)
 		if (rc == 0 && (s->f[i].flags & REQUIRED))
 			rc = json_array_append_new(req, json_string(s->f[i].key));
 	}
+	for (size_t i = 0; i < N_KEY_ALIASES && rc == 0; i++) {
+		if (key_aliases[i].sec != s)
+			continue;
+		const struct field *f = section_find(s, key_aliases[i].canon, strlen(key_aliases[i].canon));
+		json_t *a = f ? field_schema(f) : NULL;
+		char d[96];
+		snprintf(d, sizeof d, "older spelling of %s", key_aliases[i].canon);
+		rc = a ? json_object_set_new(a, "description", json_string(d)) : -1;
+		if (rc == 0)
+			rc = json_object_set_new(a, "deprecated", json_true());
+		if (rc == 0)
+			rc = json_object_set_new(props, key_aliases[i].old, a);
+		else
+			json_decref(a);
+	}
 	if (rc == 0)
 		rc = json_object_set_new(o, "type", json_string("object"));
 	if (rc == 0 && json_array_size(req))
@@ -881,6 +1011,9 @@ int jobspec_resolve_epochs(json_t *spec, const jobspec_epoch_source *src, jobspe
 		src, (int)ival(spec, "training_args", "max_seq_length"),
 		json_is_true(json_object_get(mlm, "nsp")),
 		json_real_value(json_object_get(mlm, "short_seq_prob")));
+	/* the documents held out for evaluation are not trained on: an epoch is
+	 * the rest (their share of the tokens taken as their share of documents) */
+	n *= (100.0 - (double)ival(spec, "mlm", "validation_split_percentage")) / 100.0;
 	double per_step = (double)ival(spec, "training_args", "per_device_train_batch_size") *
 			  (double)ival(spec, "training_args", "gradient_accumulation_steps") *
 			  (double)ival(spec, "resources", "gpus");

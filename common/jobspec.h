@@ -75,6 +75,10 @@ typedef struct jobspec_training {
 	int dataloader_num_workers;    /* 0 = the worker builds batches serially */
 	bool dataloader_pin_memory;
 	char ddp_reduce_dtype[8];      /* fp32 | bf16 | fp16: the GPU gradient all-reduce's type */
+	char eval_strategy[8];         /* no | steps (evaluation_strategy is its older spelling) */
+	int64_t eval_steps;            /* resolved: logging_steps when not given */
+	int per_device_eval_batch_size;
+	int max_eval_batches;          /* bertd: cap on the eval set, in eval batches */
 } jobspec_training;
 
 typedef struct jobspec_mlm {
@@ -82,6 +86,8 @@ typedef struct jobspec_mlm {
 	bool whole_word_mask, nsp;
 	int max_predictions_per_seq;   /* always resolved: 20 at seq 128, 80 at 512 */
 	double short_seq_prob;
+	int validation_split_percentage; /* held-out share of the documents; resolved:
+	                                  * 5 with eval_strategy "steps", else 0 */
 } jobspec_mlm;
 
 typedef struct jobspec {
@@ -89,12 +95,17 @@ typedef struct jobspec {
 	char dataset[65];              /* 1..64 of [A-Za-z0-9._-] */
 	char init_from[1024];          /* absolute path, "" when training from scratch (the
 	                                * {"job", "checkpoint"} form is resolved at submit) */
+	char init_from_restore[8];     /* "weights" | "all": also the optimizer, scheduler,
+	                                * loss scaler and data position (start at its step) */
 	int priority;                  /* -100..100, higher runs first */
 	jobspec_model model;
 	jobspec_training training;
 	jobspec_mlm mlm;
 	int gpus;                      /* resources.gpus: devices (GPUs or CPU slots) */
 	char device[8];                /* "auto" | "cuda" | "cpu" */
+	int nodes;                     /* resources.nodes: 1 = this machine (docs/multinode.md) */
+	int gpus_per_node;             /* resources.gpus_per_node; 0 (null) = gpus on one node;
+	                                * set: gpus == nodes * gpus_per_node */
 	int64_t max_runtime_seconds;   /* 0 = no limit (null in JSON) */
 	int max_restarts;
 	int simulate_data_delay_ms;    /* profiler.simulate_data_delay_ms: 0 = off */

@@ -65,6 +65,11 @@ static const config_key keys[] = {
 	INT(request_timeout_s, "10", 1, 3600,
 	    "seconds a client gets to send a request's headers and body (closed after)"),
 	SIZE(conn_memory, "131072", 16384, 16777216, "memory per HTTP connection (bytes)"),
+	INT(follow_max_per_job, "8", 1, 65536,
+	    "open ?follow=1 streams (events, logs) per job; more get 429"),
+	INT(follow_max_total, "32", 1, 65536, "open ?follow=1 streams in all; more get 429"),
+	INT(follow_keepalive_s, "15", 1, 3600,
+	    "a quiet follow stream gets a keep-alive comment this often (seconds)"),
 	INT(api_db_wait_ms, "1500", 1, 60000,
 	    "how long an API request waits for a locked database before 503 + Retry-After (ms)"),
 	STR(devices, "auto", "auto (GPUs when NVML finds any, else CPU slots) | cpu | cuda"),
@@ -80,6 +85,13 @@ static const config_key keys[] = {
 	    "(0 = one per online CPU; -1 = half of them, at least 1)"),
 	STRV(pass_env, CHILDENV_DEFAULT_PASS, check_pass_env,
 	     "variables of bertd's environment its children inherit: ':'-separated NAMEs and PREFIX*es"),
+	STR(slurm_srun, "", "srun that starts multi-node jobs' workers (docs/multinode.md; \"\" = "
+	    "multi-node jobs fail at start)"),
+	STR(slurm_conf, "", "SLURM_CONF given to srun and scancel (\"\" = Slurm's default)"),
+	STR(relay_host, "", "address the workers of a multi-node job connect back to (\"\" = this "
+	    "machine's hostname)"),
+	INT(slurm_immediate_s, "60", 1, 86400,
+	    "seconds srun waits for a multi-node job's nodes before the attempt fails"),
 };
 #define N_KEYS (sizeof keys / sizeof keys[0])
 

@@ -31,6 +31,9 @@ typedef struct config {
 	int per_ip_limit;
 	int request_timeout_s;   /* deadline for receiving a request's headers and body */
 	size_t conn_memory;
+	int follow_max_per_job;  /* open follow streams per job (429 above) */
+	int follow_max_total;    /* open follow streams in all (429 above) */
+	int follow_keepalive_s;  /* keep-alive comment interval of a quiet follow stream */
 	int api_db_wait_ms;      /* how long an API request waits for the database lock (then 503) */
 	char devices[8];         /* auto | cpu | cuda */
 	int cpu_slots;           /* CPU worker slots; 0 = one per online CPU */
@@ -40,6 +43,10 @@ typedef struct config {
 	bool schedule;           /* false: accept and queue jobs, start none (maintenance) */
 	int prepare_concurrency; /* bertd-prepare processes at once; 0 = one per CPU, -1 = half (>= 1) */
 	char pass_env[1024];     /* what children inherit of the daemon's environment (childenv.h) */
+	char slurm_srun[1024];   /* srun for multi-node jobs (docs/multinode.md); "" = none */
+	char slurm_conf[1024];   /* SLURM_CONF for srun/scancel; "" = Slurm's default */
+	char relay_host[256];    /* address workers on other nodes reach this daemon at; "" = hostname */
+	int slurm_immediate_s;   /* srun --immediate: how long to wait for the nodes */
 	char config_file[1024];  /* where the file settings came from ("" none) */
 
 	/* Derived by config_finish: */

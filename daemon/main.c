@@ -307,6 +307,9 @@ int main(int argc, char **argv)
 		.per_ip_limit = (unsigned)d.cfg.per_ip_limit,
 		.request_timeout_s = (unsigned)d.cfg.request_timeout_s,
 		.conn_memory = d.cfg.conn_memory,
+		.follow_max_per_job = (unsigned)d.cfg.follow_max_per_job,
+		.follow_max_total = (unsigned)d.cfg.follow_max_total,
+		.follow_keepalive_s = (unsigned)d.cfg.follow_keepalive_s,
 		.data_roots = (const char *const *)d.cfg.roots,
 		.n_data_roots = d.cfg.n_roots,
 		.state_dir = d.cfg.state_dir,
@@ -342,6 +345,10 @@ int main(int argc, char **argv)
 		.hold_queue = !d.cfg.schedule,
 		.prepare_concurrency = d.cfg.prepare_concurrency,
 		.pass_env = d.cfg.pass_env,
+		.slurm_srun = d.cfg.slurm_srun,
+		.slurm_conf = d.cfg.slurm_conf,
+		.relay_host = d.cfg.relay_host,
+		.slurm_immediate_s = d.cfg.slurm_immediate_s,
 	};
 	if ((rc = supervisor_create(&d.sup, &sc, d.lp, d.st, d.devs, d.ndev)) < 0) {
 		log_error("supervisor setup failed: %s", strerror(-rc));

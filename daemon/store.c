@@ -1,12 +1,14 @@
 /* store — the job database: jobs and their events, idempotency keys,
  * datasets, per-step metrics and checkpoints, in one SQLite file.
  *
- * The only file with SQL in it. One connection, one mutex: every public
- * function takes the mutex for its whole duration, so a transaction is never
- * interleaved with another caller's statements. Writes run in BEGIN IMMEDIATE
- * (the write lock is taken up front, so a read-then-write cannot fail halfway
- * on a lock upgrade) and are rolled back on any error; multi-statement reads
- * run in one deferred transaction so they see one snapshot.
+ * The only file with SQL in it. Writes: one connection, one mutex, taken
+ * for the whole call, so a transaction is never interleaved with another
+ * caller's statements. Reads: READERS more connections, each with its own
+ * mutex, so a read never waits for a write's commit (WAL). Writes run in
+ * BEGIN IMMEDIATE (the write lock is taken up front, so a read-then-write
+ * cannot fail halfway on a lock upgrade) and are rolled back on any error;
+ * multi-statement reads run in one deferred transaction so they see one
+ * snapshot. Job inserts are group-committed by a commit thread.
  *
  * Must never: format user data into SQL (everything is bound), hold the
  * connection across fork(), or return 0 before a write has committed.
@@ -44,7 +46,122 @@ struct store {
 	store *owner;
 	pthread_mutex_t own_mu;
 	atomic_bool own_damaged;
+	atomic_uint_fast64_t *versions; /* VERSION_SLOTS; the owner's */
+	struct stamps *stamps;      /* the owner's: slots a write touched, and the
+				     * writer's data_version, under mu */
+	struct reader *readers;     /* the owner's read connections (n_readers) */
+	size_t n_readers;
+	atomic_uint *next_reader;
+	atomic_uint own_next_reader;
+	struct insert_queue *queue; /* the owner's group commit of job inserts */
 };
+
+/* Reads run on their own connections (READERS of them, each with its own
+ * mutex): in WAL mode a reader sees the last commit and never waits for
+ * the writer, so API reads are not held up by a commit's fsync. */
+#define READERS 4
+typedef struct reader {
+	sqlite3 *db;
+	pthread_mutex_t mu;
+} reader;
+
+/* store_job.version: a job's writes (any statement that changes its row,
+ * metrics or checkpoints) stamp its slot with a fresh value of one
+ * process-wide clock, again once the transaction has committed. A read
+ * takes the clock (g0) before its statement starts and keeps a row's slot
+ * value only when it is <= g0: that stamp, and the commit before it, came
+ * before the read's snapshot, so the rows it read are at least that new; a
+ * later commit stamps a value > g0. A slot > g0 reads as version 0: "may
+ * be mid-change, do not cache". Jobs share a slot by hash (a write to one
+ * re-stamps its neighbours: harmless), and a new store starts every slot
+ * at a fresh value, so equal versions mean the same store and no write
+ * since. */
+#define VERSION_SLOTS 4096
+#define STAMPS_MAX 512
+static atomic_uint_fast64_t version_clock;
+
+typedef struct stamps {
+	size_t n;
+	bool all; /* more than STAMPS_MAX: stamp every slot */
+	uint16_t slot[STAMPS_MAX];
+	int data_version; /* of the writer connection: moves only when another
+			   * process commits (external_check) */
+	bool data_version_known;
+} stamps;
+
+static size_t version_slot(const char *id)
+{
+	uint64_t h = 1469598103934665603ull; /* FNV-1a */
+	for (const unsigned char *p = (const unsigned char *)id; *p; p++)
+		h = (h ^ *p) * 1099511628211ull;
+	return (size_t)(h % VERSION_SLOTS);
+}
+
+/* In a write transaction (under the writer's mutex): stamps id's slot now
+ * and once more after the commit (stamps_commit). */
+static void job_touch(store *s, const char *id)
+{
+	size_t k = version_slot(id);
+	atomic_store(&s->versions[k], atomic_fetch_add(&version_clock, 1) + 1);
+	if (s->stamps->n < STAMPS_MAX)
+		s->stamps->slot[s->stamps->n++] = (uint16_t)k;
+	else
+		s->stamps->all = true;
+}
+
+static void stamp_all(store *s)
+{
+	uint64_t v = atomic_fetch_add(&version_clock, 1) + 1;
+	for (size_t k = 0; k < VERSION_SLOTS; k++)
+		atomic_store(&s->versions[k], v);
+}
+
+/* After a write transaction ended (committed or not), under its mutex. */
+static void stamps_commit(store *s)
+{
+	stamps *t = s->stamps;
+	if (!t->n && !t->all)
+		return;
+	uint64_t v = atomic_fetch_add(&version_clock, 1) + 1;
+	if (t->all)
+		stamp_all(s);
+	else
+		for (size_t i = 0; i < t->n; i++)
+			atomic_store(&s->versions[t->slot[i]], v);
+	t->n = 0;
+	t->all = false;
+}
+
+/* The clock before a read's statement starts (see store_job.version). */
+static uint64_t version_now(void)
+{
+	return atomic_load(&version_clock);
+}
+
+static uint64_t job_version(const store *s, const char *id, uint64_t g0)
+{
+	if (!id)
+		return 0;
+	uint64_t v = atomic_load(&s->versions[version_slot(id)]);
+	return v <= g0 ? v : 0;
+}
+
+/* Group commit of job inserts: submitters queue their inserts; one thread
+ * per store (the committer, started by the first insert) takes everything
+ * queued, writes it in one transaction (one fsync) and hands each its own
+ * result: store_job_insert waits for it, store_job_insert_async gets a
+ * callback. While a group commits, the next one gathers. */
+struct insert_item;
+typedef struct insert_queue {
+	pthread_mutex_t mu;
+	pthread_cond_t work;  /* something was queued, or stopping */
+	pthread_cond_t done;  /* a group ended */
+	struct insert_item *head, *tail;
+	bool started, stopping;
+	pthread_t thread;
+} insert_queue;
+
+static void insert_queue_stop(insert_queue *q);
 
 /* ---- states ---- */
 
@@ -333,6 +450,38 @@ static int handle_lock(store *s, int64_t deadline)
 	return 0;
 }
 
+static void external_check(store *s);
+
+/* in_txn for a read: on a free read connection (else waits for one, as
+ * handle_lock waits), through a copy of the handle that names it. */
+static int in_read(store *s, enum txn_kind kind, txn_fn *fn, void *ctx)
+{
+	int64_t deadline = mono_ms() + s->wait_ms;
+	unsigned first = atomic_fetch_add(s->next_reader, 1);
+	reader *r = NULL;
+	for (size_t i = 0; i < s->n_readers && !r; i++) {
+		reader *c = &s->readers[(first + i) % s->n_readers];
+		if (pthread_mutex_trylock(&c->mu) == 0)
+			r = c;
+	}
+	store rd = *s;
+	if (!r) {
+		r = &s->readers[first % s->n_readers];
+		rd.mu = &r->mu;
+		int rc = handle_lock(&rd, deadline);
+		if (rc < 0)
+			return rc;
+	}
+	rd.db = r->db;
+	rd.mu = &r->mu;
+	int rc = txn_begin(&rd, kind, deadline);
+	if (rc == 0)
+		rc = fn(&rd, ctx);
+	rc = txn_end(&rd, rc);
+	pthread_mutex_unlock(&r->mu);
+	return rc;
+}
+
 /* The frame of every public call: takes the mutex for the whole call (so a
  * transaction never interleaves with another caller's statements), runs fn
  * in a transaction of the given kind, commits or rolls back by its result,
@@ -344,6 +493,8 @@ static int in_txn(store *s, enum txn_kind kind, txn_fn *fn, void *ctx)
 	 * it might land next to pages that are gone. */
 	if (kind == TXN_WRITE && store_damaged(s))
 		return STORE_E_DAMAGED;
+	if (kind != TXN_WRITE && s->n_readers)
+		return in_read(s, kind, fn, ctx);
 	int64_t deadline = mono_ms() + s->wait_ms;
 	int rc;
 	for (;;) {
@@ -357,9 +508,13 @@ static int in_txn(store *s, enum txn_kind kind, txn_fn *fn, void *ctx)
 		struct timespec ts = {0, (long)pause * 1000000};
 		nanosleep(&ts, NULL);
 	}
+	if (rc == 0 && kind == TXN_WRITE)
+		external_check(s);
 	if (rc == 0)
 		rc = fn(s, ctx);
 	rc = txn_end(s, rc);
+	if (kind == TXN_WRITE)
+		stamps_commit(s);
 	pthread_mutex_unlock(s->mu);
 	return rc;
 }
@@ -370,12 +525,16 @@ typedef struct one_stmt {
 	size_t nargs;
 	row_fn *row;
 	void *ctx;
+	const char *job_id; /* a write of this job's data: stamp its version */
 } one_stmt;
 
 static int one_stmt_txn(store *s, void *ctx)
 {
 	one_stmt *o = ctx;
-	return sql_exec(s, o->sql, o->args, o->nargs, o->row, o->ctx);
+	int rc = sql_exec(s, o->sql, o->args, o->nargs, o->row, o->ctx);
+	if (rc >= 0 && o->job_id)
+		job_touch(s, o->job_id);
+	return rc;
 }
 
 /* A public call that is one statement: sql_exec inside in_txn. A write
@@ -385,6 +544,14 @@ static int locked_exec(store *s, enum txn_kind kind, const char *sql, const sqla
 {
 	one_stmt o = {.sql = sql, .args = args, .nargs = nargs, .row = row, .ctx = ctx};
 	return in_txn(s, kind, one_stmt_txn, &o);
+}
+
+/* locked_exec for one write statement that changes job_id's data. */
+static int job_write(store *s, const char *job_id, const char *sql, const sqlarg *args,
+		     size_t nargs)
+{
+	one_stmt o = {.sql = sql, .args = args, .nargs = nargs, .job_id = job_id};
+	return in_txn(s, TXN_WRITE, one_stmt_txn, &o);
 }
 
 /* ---- reading rows ---- */
@@ -460,6 +627,32 @@ static int int_row(sqlite3_stmt *st, void *out)
 {
 	*(int *)out = sqlite3_column_int(st, 0);
 	return 0;
+}
+
+/* Writes by another process (an operator's sqlite3, a tool) do not stamp
+ * versions: the writer connection's data_version moves exactly when another
+ * connection commits (the read connections never do), so a move stamps
+ * every slot. Under the writer's mutex: at each write, and before the
+ * reads that hand out versions when the writer is idle (external_peek). */
+static void external_check(store *s)
+{
+	int v = 0;
+	if (sql_exec(s, "PRAGMA data_version", NULL, 0, int_row, &v) != 1)
+		return;
+	stamps *t = s->stamps;
+	if (t->data_version_known && v != t->data_version)
+		stamp_all(s);
+	t->data_version = v;
+	t->data_version_known = true;
+}
+
+/* external_check unless a write is under way (it checks at its start). */
+static void external_peek(store *s)
+{
+	if (pthread_mutex_trylock(s->mu) == 0) {
+		external_check(s);
+		pthread_mutex_unlock(s->mu);
+	}
 }
 
 static int col_job_state(sqlite3_stmt *st, int col, enum job_state *out)
@@ -726,6 +919,42 @@ static int pragma_text(store *s, const char *sql, char *out, size_t outsz)
 	return found(sql_exec(s, sql, NO_ARGS, text_row, &b), -EIO);
 }
 
+/* Before the first connection: no global memory statistics (a process-wide
+ * mutex on every SQLite allocation; nothing here reads them). Too late
+ * (SQLITE_MISUSE) when this process used SQLite before: harmless. */
+static pthread_once_t sqlite_once = PTHREAD_ONCE_INIT;
+
+static void sqlite_setup(void)
+{
+	sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 0);
+}
+
+/* The read connections, once the file is migrated (query_only: every
+ * write goes through s->db and its mutex). */
+static int readers_open(store *s, const char *path)
+{
+	for (size_t i = 0; i < READERS; i++) {
+		reader *r = &s->readers[i];
+		if (pthread_mutex_init(&r->mu, NULL) != 0)
+			return -ENOMEM;
+		s->n_readers++;
+		int src = sqlite3_open_v2(path, &r->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX,
+					  NULL);
+		if (src != SQLITE_OK) {
+			log_error("store: cannot open %s for reading: %s", path,
+				  r->db ? sqlite3_errmsg(r->db) : sqlite3_errstr(src));
+			return src == SQLITE_NOMEM ? -ENOMEM : -EIO;
+		}
+		sqlite3_extended_result_codes(r->db, 1);
+		store rd = *s;
+		rd.db = r->db;
+		int rc = exec_sql(&rd, "PRAGMA query_only = ON");
+		if (rc < 0)
+			return rc;
+	}
+	return 0;
+}
+
 int store_open_schema(store **out, const char *path, const char *schema)
 {
 	int rc;
@@ -744,7 +973,40 @@ int store_open_schema(store **out, const char *path, const char *schema)
 	s->damaged = &s->own_damaged;
 	atomic_init(&s->own_damaged, false);
 	s->wait_ms = STORE_WAIT_MS_DEFAULT;
-	int src = sqlite3_open_v2(path, &s->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL);
+	s->versions = malloc(VERSION_SLOTS * sizeof *s->versions);
+	s->stamps = calloc(1, sizeof *s->stamps);
+	s->readers = calloc(READERS, sizeof *s->readers);
+	s->next_reader = &s->own_next_reader;
+	atomic_init(&s->own_next_reader, 0);
+	s->queue = calloc(1, sizeof *s->queue);
+	if (!s->versions || !s->stamps || !s->readers || !s->queue ||
+	    pthread_mutex_init(&s->queue->mu, NULL) != 0) {
+		free(s->versions);
+		free(s->stamps);
+		free(s->readers);
+		free(s->queue);
+		pthread_mutex_destroy(&s->own_mu);
+		free(s);
+		return -ENOMEM;
+	}
+	if (pthread_cond_init(&s->queue->done, NULL) != 0 ||
+	    pthread_cond_init(&s->queue->work, NULL) != 0) {
+		pthread_mutex_destroy(&s->queue->mu);
+		free(s->versions);
+		free(s->stamps);
+		free(s->readers);
+		free(s->queue);
+		pthread_mutex_destroy(&s->own_mu);
+		free(s);
+		return -ENOMEM;
+	}
+	uint64_t v0 = atomic_fetch_add(&version_clock, 1) + 1;
+	for (size_t i = 0; i < VERSION_SLOTS; i++)
+		atomic_init(&s->versions[i], v0);
+	pthread_once(&sqlite_once, sqlite_setup);
+	/* NOMUTEX: every use of a connection is under its store mutex already */
+	int src = sqlite3_open_v2(path, &s->db,
+				  SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);
 	if (src != SQLITE_OK) {
 		log_error("store: cannot open %s: %s", path,
 			  s->db ? sqlite3_errmsg(s->db) : sqlite3_errstr(src));
@@ -774,7 +1036,9 @@ int store_open_schema(store **out, const char *path, const char *schema)
 	}
 	if ((rc = exec_sql(s, "PRAGMA synchronous = FULL")) < 0)
 		goto out;
-	rc = migrate(s, path, schema);
+	if ((rc = migrate(s, path, schema)) < 0)
+		goto out;
+	rc = readers_open(s, path);
 out:
 	if (rc < 0)
 		store_close(s);
@@ -796,9 +1060,22 @@ void store_close(store *s)
 		free(s);
 		return;
 	}
+	insert_queue_stop(s->queue);
+	for (size_t i = 0; i < s->n_readers; i++) {
+		if (s->readers[i].db && sqlite3_close(s->readers[i].db) != SQLITE_OK)
+			log_error("store: close: %s", sqlite3_errmsg(s->readers[i].db));
+		pthread_mutex_destroy(&s->readers[i].mu);
+	}
+	free(s->readers);
+	free(s->stamps);
 	if (s->db && sqlite3_close(s->db) != SQLITE_OK)
 		log_error("store: close: %s", sqlite3_errmsg(s->db));
 	pthread_mutex_destroy(&s->own_mu);
+	pthread_cond_destroy(&s->queue->work);
+	pthread_cond_destroy(&s->queue->done);
+	pthread_mutex_destroy(&s->queue->mu);
+	free(s->queue);
+	free(s->versions);
 	free(s);
 }
 
@@ -813,6 +1090,12 @@ int store_view(store **out, store *s, int wait_ms)
 	v->db = s->db;
 	v->mu = s->mu;
 	v->damaged = s->damaged;
+	v->versions = s->versions;
+	v->stamps = s->stamps;
+	v->readers = s->readers;
+	v->n_readers = s->n_readers;
+	v->next_reader = s->next_reader;
+	v->queue = s->queue;
 	v->wait_ms = wait_ms;
 	v->owner = s;
 	*out = v;
@@ -1017,6 +1300,7 @@ typedef struct job_insert {
 	const char *idem_key, *idem_hash, *response_json;
 	int64_t t;
 	char *prev[PREV_COUNT]; /* what an existing idempotency key recorded */
+	int rc;                 /* its result in a group */
 } job_insert;
 
 static int idem_read(sqlite3_stmt *st, void *ctx)
@@ -1055,6 +1339,246 @@ static int job_insert_txn(store *s, void *ctx)
 	return rc < 0 ? rc : 0;
 }
 
+/* A group: ins[0..n) in one write transaction. Each insert runs in its own
+ * savepoint, so one that finds its key or id taken (-EEXIST, its own
+ * result) is undone alone; any other failure, or of the COMMIT, is the
+ * whole group's and becomes every member's result: no member is
+ * acknowledged unless the commit that holds its rows succeeded. */
+typedef struct insert_group {
+	job_insert **ins;
+	size_t n;
+} insert_group;
+
+static int insert_group_txn(store *s, void *ctx)
+{
+	insert_group *g = ctx;
+	for (size_t i = 0; i < g->n; i++) {
+		job_insert *c = g->ins[i];
+		int rc = exec_sql(s, "SAVEPOINT job_insert");
+		if (rc < 0)
+			return rc;
+		rc = job_insert_txn(s, c);
+		if (rc == -EEXIST) {
+			if ((rc = exec_sql(s, "ROLLBACK TO job_insert")) < 0 ||
+			    (rc = exec_sql(s, "RELEASE job_insert")) < 0)
+				return rc;
+			c->rc = -EEXIST;
+			continue;
+		}
+		if (rc < 0)
+			return rc;
+		if ((rc = exec_sql(s, "RELEASE job_insert")) < 0)
+			return rc;
+		c->rc = 0;
+		job_touch(s, c->job->id);
+	}
+	return 0;
+}
+
+static void insert_group_run(store *s, job_insert **ins, size_t n)
+{
+	insert_group g = {.ins = ins, .n = n};
+	int rc = in_txn(s, TXN_WRITE, insert_group_txn, &g);
+	for (size_t i = 0; rc < 0 && i < n; i++) {
+		ins[i]->rc = rc;
+		for (int k = 0; k < PREV_COUNT; k++) {
+			free(ins[i]->prev[k]);
+			ins[i]->prev[k] = NULL;
+		}
+	}
+}
+
+int store_job_insert_group(store *s, store_insert *ins, size_t n)
+{
+	if (!s || (n && !ins))
+		return -EINVAL;
+	job_insert *c = calloc(n ? n : 1, sizeof *c);
+	job_insert **p = calloc(n ? n : 1, sizeof *p);
+	size_t m = 0;
+	if (!c || !p) {
+		free(c);
+		free(p);
+		return -ENOMEM;
+	}
+	int64_t t = now_ms();
+	for (size_t i = 0; i < n; i++) {
+		const store_job *j = ins[i].job;
+		ins[i].prev_hash = ins[i].prev_response = ins[i].prev_job_id = NULL;
+		if (!j || !j->id || !j->name || !j->spec_json ||
+		    (ins[i].idem_key && (!ins[i].idem_hash || !ins[i].response_json))) {
+			ins[i].rc = -EINVAL;
+			continue;
+		}
+		c[i] = (job_insert){.job = j, .idem_key = ins[i].idem_key, .idem_hash = ins[i].idem_hash,
+				    .response_json = ins[i].response_json,
+				    .t = j->created_ms > 0 ? j->created_ms : t};
+		p[m++] = &c[i];
+	}
+	insert_group_run(s, p, m);
+	int rc = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (!c[i].job)
+			continue;
+		ins[i].rc = c[i].rc;
+		if (c[i].rc < 0 && c[i].rc != -EEXIST)
+			rc = c[i].rc;
+		if (c[i].rc == -EEXIST && c[i].prev[PREV_HASH]) {
+			ins[i].prev_hash = c[i].prev[PREV_HASH];
+			ins[i].prev_response = c[i].prev[PREV_RESPONSE];
+			ins[i].prev_job_id = c[i].prev[PREV_JOB_ID];
+		} else {
+			for (int k = 0; k < PREV_COUNT; k++)
+				free(c[i].prev[k]);
+		}
+	}
+	free(c);
+	free(p);
+	return rc;
+}
+
+/* One insert in the queue: on its caller's stack (store_job_insert, which
+ * waits for done) or on the heap (store_job_insert_async: the committer
+ * hands the result to done_fn and frees it). */
+typedef struct insert_item {
+	job_insert c;
+	store *h;                /* the handle it came through: its wait applies */
+	store_insert *ins;       /* async: where the result goes */
+	store_insert_done *done_fn;
+	void *arg;
+	bool done;               /* sync: the result is in c */
+	struct insert_item *next;
+} insert_item;
+
+/* The largest group one transaction writes. */
+#define GROUP_MAX 256
+
+/* Copies c's result into the caller's store_insert (prevs handed over). */
+static void insert_result(job_insert *c, store_insert *ins)
+{
+	ins->rc = c->rc;
+	ins->prev_hash = ins->prev_response = ins->prev_job_id = NULL;
+	if (c->rc == -EEXIST && c->prev[PREV_HASH]) {
+		ins->prev_hash = c->prev[PREV_HASH];
+		ins->prev_response = c->prev[PREV_RESPONSE];
+		ins->prev_job_id = c->prev[PREV_JOB_ID];
+	} else {
+		for (int k = 0; k < PREV_COUNT; k++)
+			free(c->prev[k]);
+	}
+	for (int k = 0; k < PREV_COUNT; k++)
+		c->prev[k] = NULL;
+	if (c->rc == 0)
+		log_info("job %s: (new) -> %s (submitted)", c->job->id, job_state_name(JOB_QUEUED));
+}
+
+static void *committer_main(void *arg)
+{
+	insert_queue *q = arg;
+	insert_item *batch[GROUP_MAX];
+	job_insert *cs[GROUP_MAX];
+	pthread_mutex_lock(&q->mu);
+	for (;;) {
+		while (!q->head && !q->stopping)
+			pthread_cond_wait(&q->work, &q->mu);
+		if (!q->head)
+			break; /* stopping, and everything queued is written */
+		size_t n = 0;
+		for (insert_item *it = q->head; it && n < GROUP_MAX; it = it->next)
+			batch[n++] = it;
+		q->head = batch[n - 1]->next;
+		if (!q->head)
+			q->tail = NULL;
+		pthread_mutex_unlock(&q->mu);
+		for (size_t i = 0; i < n; i++)
+			cs[i] = &batch[i]->c;
+		insert_group_run(batch[0]->h, cs, n);
+		size_t waiting = 0; /* sync items, moved to batch[0..waiting) */
+		for (size_t i = 0; i < n; i++) {
+			insert_item *it = batch[i];
+			if (!it->done_fn) {
+				batch[waiting++] = it;
+				continue;
+			}
+			insert_result(&it->c, it->ins);
+			it->done_fn(it->ins, it->arg);
+			free(it);
+		}
+		pthread_mutex_lock(&q->mu);
+		/* A waiter that sees done returns and its item is gone: last. */
+		for (size_t i = 0; i < waiting; i++)
+			batch[i]->done = true;
+		pthread_cond_broadcast(&q->done);
+	}
+	pthread_mutex_unlock(&q->mu);
+	return NULL;
+}
+
+/* Queues it (under nothing); starts the committer on first use. -ENOMEM
+ * (it is not queued) when the thread cannot start. */
+static int insert_enqueue(store *s, insert_item *it)
+{
+	insert_queue *q = s->queue;
+	pthread_mutex_lock(&q->mu);
+	if (!q->started) {
+		if (pthread_create(&q->thread, NULL, committer_main, q) != 0) {
+			pthread_mutex_unlock(&q->mu);
+			log_error("store: cannot start the commit thread");
+			return -ENOMEM;
+		}
+		q->started = true;
+	}
+	it->next = NULL;
+	if (q->tail)
+		q->tail->next = it;
+	else
+		q->head = it;
+	q->tail = it;
+	pthread_cond_signal(&q->work);
+	pthread_mutex_unlock(&q->mu);
+	return 0;
+}
+
+/* Stops the committer after it wrote everything queued (store_close). */
+static void insert_queue_stop(insert_queue *q)
+{
+	pthread_mutex_lock(&q->mu);
+	q->stopping = true;
+	pthread_cond_signal(&q->work);
+	bool started = q->started;
+	pthread_mutex_unlock(&q->mu);
+	if (started)
+		pthread_join(q->thread, NULL);
+}
+
+static bool insert_args_ok(const store_job *job, const char *idem_key, const char *idem_hash,
+			   const char *response_json)
+{
+	return job && job->id && job->name && job->spec_json &&
+	       (!idem_key || (idem_hash && response_json));
+}
+
+int store_job_insert_async(store *s, store_insert *ins, store_insert_done *done, void *arg)
+{
+	if (!s || !ins || !done || !insert_args_ok(ins->job, ins->idem_key, ins->idem_hash,
+						   ins->response_json))
+		return -EINVAL;
+	insert_item *it = calloc(1, sizeof *it);
+	if (!it)
+		return -ENOMEM;
+	const store_job *j = ins->job;
+	it->c = (job_insert){.job = j, .idem_key = ins->idem_key, .idem_hash = ins->idem_hash,
+			     .response_json = ins->response_json,
+			     .t = j->created_ms > 0 ? j->created_ms : now_ms()};
+	it->h = s;
+	it->ins = ins;
+	it->done_fn = done;
+	it->arg = arg;
+	int rc = insert_enqueue(s, it);
+	if (rc < 0)
+		free(it);
+	return rc;
+}
+
 int store_job_insert(store *s, const store_job *job,
 		     const char *idem_key, const char *idem_hash, const char *response_json,
 		     char **prev_hash, char **prev_response, char **prev_job_id)
@@ -1063,26 +1587,51 @@ int store_job_insert(store *s, const store_job *job,
 	for (int i = 0; i < PREV_COUNT; i++)
 		if (want[i])
 			*want[i] = NULL;
-	if (!job || !job->id || !job->name || !job->spec_json ||
-	    (idem_key && (!idem_hash || !response_json)))
+	if (!insert_args_ok(job, idem_key, idem_hash, response_json))
 		return -EINVAL;
-	job_insert c = {.job = job, .idem_key = idem_key, .idem_hash = idem_hash,
-			.response_json = response_json,
-			/* the API stamps its 201 with created_ms */
-			.t = job->created_ms > 0 ? job->created_ms : now_ms()};
-	int rc = in_txn(s, TXN_WRITE, job_insert_txn, &c);
+	insert_item it = {.c = {.job = job, .idem_key = idem_key, .idem_hash = idem_hash,
+				.response_json = response_json,
+				/* the API stamps its 201 with created_ms */
+				.t = job->created_ms > 0 ? job->created_ms : now_ms()},
+			  .h = s};
+	job_insert *c = &it.c;
+	if (insert_enqueue(s, &it) == 0) {
+		insert_queue *q = s->queue;
+		pthread_mutex_lock(&q->mu);
+		while (!it.done)
+			pthread_cond_wait(&q->done, &q->mu);
+		pthread_mutex_unlock(&q->mu);
+	} else {
+		insert_group_run(s, &c, 1); /* no committer: a group of one, here */
+	}
+	int rc = c->rc;
 	if (rc == 0)
 		log_info("job %s: (new) -> %s (submitted)", job->id, job_state_name(JOB_QUEUED));
 	/* The key's record goes out only with the -EEXIST it caused: -EEXIST
 	 * with the prevs left NULL means the job id was taken. */
-	bool replay = rc == -EEXIST && c.prev[PREV_HASH];
+	bool replay = rc == -EEXIST && c->prev[PREV_HASH];
 	for (int i = 0; i < PREV_COUNT; i++) {
 		if (replay && want[i]) {
-			*want[i] = c.prev[i];
-			c.prev[i] = NULL;
+			*want[i] = c->prev[i];
+			c->prev[i] = NULL;
 		}
-		free(c.prev[i]);
+		free(c->prev[i]);
 	}
+	return rc;
+}
+
+typedef struct job_get {
+	const store *s;
+	store_job *out;
+	uint64_t g0;
+} job_get;
+
+static int job_get_row(sqlite3_stmt *st, void *ctx)
+{
+	job_get *g = ctx;
+	int rc = job_read(st, g->out);
+	if (rc == 0)
+		g->out->version = job_version(g->s, g->out->id, g->g0);
 	return rc;
 }
 
@@ -1091,8 +1640,10 @@ int store_job_get(store *s, const char *id, store_job *out)
 	memset(out, 0, sizeof *out);
 	if (!id)
 		return -EINVAL;
+	external_peek(s);
+	job_get g = {.s = s, .out = out, .g0 = version_now()};
 	return found(locked_exec(s, TXN_NONE, "SELECT " JOB_COLS " FROM jobs WHERE id = ?1",
-				 ARGS(ARG_TEXT(id)), job_read, out), -ENOENT);
+				 ARGS(ARG_TEXT(id)), job_get_row, &g), -ENOENT);
 }
 
 /* A page of store_job_list: one row more than the page is asked for, and
@@ -1101,6 +1652,8 @@ typedef struct job_page {
 	rows r;
 	size_t limit;
 	int64_t next_seq;
+	const store *s;
+	uint64_t g0; /* version_now() before the statement */
 } job_page;
 
 static int job_page_row(sqlite3_stmt *st, void *ctx)
@@ -1110,11 +1663,19 @@ static int job_page_row(sqlite3_stmt *st, void *ctx)
 		pg->next_seq = ((store_job *)pg->r.arr)[pg->r.n - 1].seq;
 		return 0;
 	}
-	return rows_push(st, &pg->r);
+	int rc = rows_push(st, &pg->r);
+	if (rc == 0) {
+		store_job *j = &((store_job *)pg->r.arr)[pg->r.n - 1];
+		j->version = job_version(pg->s, j->id, pg->g0);
+	}
+	return rc;
 }
 
-int store_job_list(store *s, unsigned state_mask, int64_t after_seq, int limit,
-		   store_job **out, size_t *n, int64_t *next_seq)
+/* One page of store_job_list (desc false: seq > seq_bound, oldest first) or
+ * store_job_list_newest (desc true: seq < seq_bound or from the newest when
+ * 0, newest first). */
+static int job_list(store *s, unsigned state_mask, int64_t seq_bound, bool desc, int limit,
+		    store_job **out, size_t *n, int64_t *next_seq)
 {
 	*out = NULL;
 	*n = 0;
@@ -1124,20 +1685,38 @@ int store_job_list(store *s, unsigned state_mask, int64_t after_seq, int limit,
 	/* The mask becomes eight bound parameters, NULL for states not wanted:
 	 * "state IN (NULL, ...)" never matches a NULL, so those drop out. */
 	_Static_assert(JOB_STATE_COUNT == 8, "the IN list below has one parameter per state");
-	sqlarg args[11] = {ARG_I64(after_seq), ARG_I64(state_mask)};
+	sqlarg args[11] = {ARG_I64(seq_bound), ARG_I64(state_mask)};
 	for (int i = 0; i < JOB_STATE_COUNT; i++)
 		args[2 + i] = ARG_TEXT((state_mask & JOB_MASK(i)) ? job_state_names[i] : NULL);
 	args[10] = ARG_I64((int64_t)limit + 1);
-	job_page pg = {.r = ROWS(store_job, job_read, jobs_free_rows), .limit = (size_t)limit};
-	int rc = locked_exec(s, TXN_NONE, "SELECT " JOB_COLS " FROM jobs WHERE seq > ?1 AND "
-					  "(?2 = 0 OR state IN (?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)) "
-					  "ORDER BY seq LIMIT ?11",
+	external_peek(s);
+	job_page pg = {.r = ROWS(store_job, job_read, jobs_free_rows), .limit = (size_t)limit, .s = s,
+		       .g0 = version_now()};
+#define JOB_LIST_STATES "(?2 = 0 OR state IN (?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)) "
+	int rc = locked_exec(s, TXN_NONE,
+			     desc ? "SELECT " JOB_COLS " FROM jobs WHERE (?1 = 0 OR seq < ?1) AND " JOB_LIST_STATES
+				    "ORDER BY seq DESC LIMIT ?11"
+				  : "SELECT " JOB_COLS " FROM jobs WHERE seq > ?1 AND " JOB_LIST_STATES
+				    "ORDER BY seq LIMIT ?11",
 			     args, sizeof args / sizeof args[0], job_page_row, &pg);
+#undef JOB_LIST_STATES
 	*out = rows_take(&pg.r, rc, n);
 	if (rc < 0)
 		return rc;
 	*next_seq = pg.next_seq;
 	return 0;
+}
+
+int store_job_list(store *s, unsigned state_mask, int64_t after_seq, int limit,
+		   store_job **out, size_t *n, int64_t *next_seq)
+{
+	return job_list(s, state_mask, after_seq, false, limit, out, n, next_seq);
+}
+
+int store_job_list_newest(store *s, unsigned state_mask, int64_t before_seq, int limit,
+			  store_job **out, size_t *n, int64_t *next_seq)
+{
+	return job_list(s, state_mask, before_seq, true, limit, out, n, next_seq);
 }
 
 typedef struct job_change {
@@ -1169,6 +1748,7 @@ static int job_transition_txn(store *s, void *ctx)
 			   ARG_TEXT(c->to == JOB_FAILED ? c->reason : NULL)), NULL, NULL);
 	if (rc < 0)
 		return rc;
+	job_touch(s, c->id);
 	return event_insert(s, c->id, c->t, was, c->to, c->reason);
 }
 
@@ -1214,10 +1794,10 @@ int store_job_set_devices(store *s, const char *id, const char *devices_json)
 	if (!id)
 		return -EINVAL;
 	/* No row changed: no such job. */
-	return found(locked_exec(s, TXN_WRITE, "UPDATE jobs SET devices_json = ?2, updated_ms = ?3 "
-					       "WHERE id = ?1",
-				 ARGS(ARG_TEXT(id), ARG_TEXT(devices_json), ARG_I64(now_ms())),
-				 NULL, NULL), -ENOENT);
+	return found(job_write(s, id, "UPDATE jobs SET devices_json = ?2, updated_ms = ?3 "
+				      "WHERE id = ?1",
+			       ARGS(ARG_TEXT(id), ARG_TEXT(devices_json), ARG_I64(now_ms()))),
+		     -ENOENT);
 }
 
 int store_job_set_stall(store *s, const char *id, const char *stall_json)
@@ -1225,8 +1805,8 @@ int store_job_set_stall(store *s, const char *id, const char *stall_json)
 	if (!id)
 		return -EINVAL;
 	/* not updated_ms: this is the daemon's observation, not a change of the job */
-	return found(locked_exec(s, TXN_WRITE, "UPDATE jobs SET stall_json = ?2 WHERE id = ?1",
-				 ARGS(ARG_TEXT(id), ARG_TEXT(stall_json)), NULL, NULL), -ENOENT);
+	return found(job_write(s, id, "UPDATE jobs SET stall_json = ?2 WHERE id = ?1",
+			       ARGS(ARG_TEXT(id), ARG_TEXT(stall_json))), -ENOENT);
 }
 
 typedef struct job_restarts {
@@ -1243,6 +1823,7 @@ static int job_bump_restarts_txn(store *s, void *ctx)
 				ARGS(ARG_TEXT(c->id), ARG_I64(c->t)), NULL, NULL), -ENOENT);
 	if (rc < 0)
 		return rc;
+	job_touch(s, c->id);
 	return found(sql_exec(s, "SELECT restart_count FROM jobs WHERE id = ?1",
 			      ARGS(ARG_TEXT(c->id)), int_row, &c->count), -EIO);
 }
@@ -1269,7 +1850,10 @@ static int job_delete_txn(store *s, void *ctx)
 		return -EBUSY;
 	/* Events, metrics and checkpoint rows go with it (ON DELETE CASCADE). */
 	rc = sql_exec(s, "DELETE FROM jobs WHERE id = ?1", ARGS(ARG_TEXT(id)), NULL, NULL);
-	return rc < 0 ? rc : 0;
+	if (rc < 0)
+		return rc;
+	job_touch(s, id);
+	return 0;
 }
 
 int store_job_delete(store *s, const char *id)
@@ -1539,12 +2123,12 @@ int store_metric_insert(store *s, const char *job_id, int64_t step, int64_t time
 	if (!job_id || !values_json || step < 0)
 		return -EINVAL;
 	/* A missing job fails the foreign key, which sqlerr maps to -ENOENT. */
-	int rc = locked_exec(s, TXN_WRITE, "INSERT INTO job_metrics (job_id, step, time_ms, "
-					   "values_json) VALUES (?1, ?2, ?3, ?4) "
-					   "ON CONFLICT (job_id, step) DO UPDATE SET "
-					   "time_ms = excluded.time_ms, values_json = excluded.values_json",
-			     ARGS(ARG_TEXT(job_id), ARG_I64(step), ARG_I64(time_ms),
-				  ARG_TEXT(values_json)), NULL, NULL);
+	int rc = job_write(s, job_id, "INSERT INTO job_metrics (job_id, step, time_ms, "
+				      "values_json) VALUES (?1, ?2, ?3, ?4) "
+				      "ON CONFLICT (job_id, step) DO UPDATE SET "
+				      "time_ms = excluded.time_ms, values_json = excluded.values_json",
+			   ARGS(ARG_TEXT(job_id), ARG_I64(step), ARG_I64(time_ms),
+				ARG_TEXT(values_json)));
 	return rc < 0 ? rc : 0;
 }
 
@@ -1577,6 +2161,32 @@ int store_metric_latest(store *s, const char *job_id, store_metric *out)
 	return found(locked_exec(s, TXN_READ, "SELECT step, time_ms, values_json FROM job_metrics "
 					      "WHERE job_id = ?1 ORDER BY step DESC LIMIT 1",
 				 ARGS(ARG_TEXT(job_id)), metric_read, out), -ENOENT);
+}
+
+int store_metric_eval(store *s, const char *job_id, store_metric *last, store_metric *best)
+{
+	memset(last, 0, sizeof *last);
+	memset(best, 0, sizeof *best);
+	if (!job_id)
+		return -EINVAL;
+	/* rows where the worker reported a held-out evaluation (worker/eval.c) */
+	int rc = found(locked_exec(s, TXN_READ, "SELECT step, time_ms, values_json FROM job_metrics "
+					       "WHERE job_id = ?1 AND json_extract(values_json, '$.eval_loss') "
+					       "IS NOT NULL ORDER BY step DESC LIMIT 1",
+				   ARGS(ARG_TEXT(job_id)), metric_read, last), -ENOENT);
+	if (rc == 0)
+		rc = found(locked_exec(s, TXN_READ, "SELECT step, time_ms, values_json FROM job_metrics "
+						    "WHERE job_id = ?1 AND json_extract(values_json, '$.eval_loss') "
+						    "IS NOT NULL ORDER BY json_extract(values_json, '$.eval_loss'), "
+						    "step LIMIT 1",
+					ARGS(ARG_TEXT(job_id)), metric_read, best), -ENOENT);
+	if (rc < 0) {
+		free(last->values_json);
+		free(best->values_json);
+		memset(last, 0, sizeof *last);
+		memset(best, 0, sizeof *best);
+	}
+	return rc;
 }
 
 /* The query of store_metric_list / store_metric_tail: ?1 job, ?2 since, ?3 limit. */
@@ -1617,10 +2227,10 @@ int store_checkpoint_insert(store *s, const char *job_id, const store_checkpoint
 		return -EINVAL;
 	/* A missing job fails the foreign key (-ENOENT), a recorded step the
 	 * primary key (-EEXIST). */
-	int rc = locked_exec(s, TXN_WRITE, "INSERT INTO job_checkpoints (job_id, step, path, bytes, "
-					   "created_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
-			     ARGS(ARG_TEXT(job_id), ARG_I64(c->step), ARG_TEXT(c->path),
-				  ARG_I64(c->bytes), ARG_I64(now_ms())), NULL, NULL);
+	int rc = job_write(s, job_id, "INSERT INTO job_checkpoints (job_id, step, path, bytes, "
+				      "created_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+			   ARGS(ARG_TEXT(job_id), ARG_I64(c->step), ARG_TEXT(c->path),
+				ARG_I64(c->bytes), ARG_I64(now_ms())));
 	return rc < 0 ? rc : 0;
 }
 
@@ -1665,9 +2275,9 @@ int store_checkpoint_delete(store *s, const char *job_id, int64_t step)
 	if (!job_id)
 		return -EINVAL;
 	/* No row changed: no such job or step. */
-	return found(locked_exec(s, TXN_WRITE, "DELETE FROM job_checkpoints "
-					       "WHERE job_id = ?1 AND step = ?2",
-				 ARGS(ARG_TEXT(job_id), ARG_I64(step)), NULL, NULL), -ENOENT);
+	return found(job_write(s, job_id, "DELETE FROM job_checkpoints "
+					  "WHERE job_id = ?1 AND step = ?2",
+			       ARGS(ARG_TEXT(job_id), ARG_I64(step))), -ENOENT);
 }
 
 /* ---- what a job's representation shows beyond its row ---- */

@@ -1,10 +1,13 @@
 /* store — the job database (SQLite). The only module that contains SQL.
  *
- * One connection, serialized by an internal mutex, so API threads and the
- * daemon's event loop may call any function concurrently. Every write runs in
- * BEGIN IMMEDIATE ... COMMIT; a function that returns 0 after a write has
- * committed it (journal_mode=WAL, synchronous=FULL), so the data survives a
- * kill -9 or power loss right after. The schema is schema.sql, embedded at
+ * One connection for writes, serialized by an internal mutex, and a few
+ * read connections (each with its own mutex; WAL lets them read the last
+ * commit while a write is under way), so API threads and the daemon's event
+ * loop may call any function concurrently and a read never waits for a
+ * commit. Every write runs in BEGIN IMMEDIATE ... COMMIT; a function that
+ * returns 0 after a write has committed it (journal_mode=WAL,
+ * synchronous=FULL), so the data survives a kill -9 or power loss right
+ * after. Job submissions commit in groups (store_job_insert). The schema is schema.sql, embedded at
  * build time and applied under PRAGMA user_version (migrations run forward).
  *
  * Times are Unix epoch milliseconds (int64); 0 means "not yet".
@@ -71,6 +74,10 @@ typedef struct store_job {
 	char *devices_json;   /* devices of the current/last run, JSON array; NULL before */
 	char *stall_json;     /* the rank the stall watch suspects, {"rank", "since_ms" (epoch ms of
 			       * its last message), "limit_s", "stopped"}; NULL when none */
+	uint64_t version;     /* set by store_job_get/list: two equal non-zero values mean
+			       * nothing of this job (row, metrics, checkpoints) was written
+			       * in between (a cache key; a write to another job may change
+			       * it too); 0: a write was committing as it was read, no key */
 } store_job;
 
 typedef struct store_event {
@@ -131,6 +138,35 @@ int store_schema_latest(void);
 int store_job_insert(store *s, const store_job *job,
 		     const char *idem_key, const char *idem_hash, const char *response_json,
 		     char **prev_hash, char **prev_response, char **prev_job_id);
+/* store_job_insert commits in groups: inserts of concurrent callers are
+ * written in one transaction (one fsync), and each call returns only after
+ * the commit that holds its rows (0), or with the error that failed the
+ * group's transaction (every member of a failed group gets it; none of its
+ * rows is kept). -EEXIST (key or id taken) stays a member's own result. */
+
+/* One insert of store_job_insert_group: the arguments of store_job_insert,
+ * and its result (rc, and the prevs as store_job_insert fills them). */
+typedef struct store_insert {
+	const store_job *job;
+	const char *idem_key, *idem_hash, *response_json;
+	int rc;
+	char *prev_hash, *prev_response, *prev_job_id; /* caller frees */
+} store_insert;
+/* The callback of store_job_insert_async: ins->rc and the prevs are set. */
+typedef void store_insert_done(store_insert *ins, void *arg);
+/* store_job_insert without waiting: queues *ins (which, with the strings it
+ * points at, must stay valid until done) for the next group commit and
+ * returns 0; done(ins, arg) is then called exactly once, on the store's
+ * commit thread, after the commit that holds the job (ins->rc 0) or with
+ * the error that failed it; it must not block for long (it holds up the
+ * next group). Returns -EINVAL (bad arguments) or -ENOMEM without queueing
+ * (done is never called). store_close waits for queued inserts. */
+int store_job_insert_async(store *s, store_insert *ins, store_insert_done *done, void *arg);
+/* The group commit itself, for n inserts given at once: one transaction.
+ * Returns 0 when every valid member got 0 or -EEXIST, else the error that
+ * failed the transaction (then every valid member's rc is it). A member
+ * with bad arguments gets -EINVAL alone. */
+int store_job_insert_group(store *s, store_insert *ins, size_t n);
 
 /* Loads one job. *out is filled (free with store_job_free); -ENOENT if none
  * (*out is then zeroed). */
@@ -149,6 +185,11 @@ void store_jobs_free(store_job *jobs, size_t n);
  * pass next time, or 0 when there are no more rows. */
 int store_job_list(store *s, unsigned state_mask, int64_t after_seq, int limit,
 		   store_job **out, size_t *n, int64_t *next_seq);
+/* store_job_list newest first: jobs with seq < before_seq (0: from the
+ * newest), in descending seq; *next_seq is the before_seq of the next page,
+ * or 0 when there are no more rows. */
+int store_job_list_newest(store *s, unsigned state_mask, int64_t before_seq, int limit,
+			  store_job **out, size_t *n, int64_t *next_seq);
 
 /* Compare-and-set state change: succeeds only if the job's current state is
  * in from_mask; writes the new state, updated/started/finished times,
@@ -271,6 +312,10 @@ void store_metrics_free(store_metric *m, size_t n);
 /* The newest metrics row of a job into *out (free out->values_json).
  * -ENOENT when the job has none (or does not exist). */
 int store_metric_latest(store *s, const char *job_id, store_metric *out);
+/* A job's held-out evaluations (rows holding eval_loss): the newest into
+ * *last and the one with the smallest eval_loss (the earliest on a tie) into
+ * *best; free both values_json. -ENOENT when no row has one. */
+int store_metric_eval(store *s, const char *job_id, store_metric *last, store_metric *best);
 
 /* ---- per-job checkpoints (directories written by the worker) ---- */
 

@@ -37,6 +37,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/timerfd.h>
 #include <sys/wait.h>
@@ -50,6 +51,7 @@
 #include "common/msg.h"
 #include "common/procstat.h"
 #include "daemon/childenv.h"
+#include "daemon/cluster.h"
 #include "daemon/proc.h"
 #include "daemon/resume.h"
 #include "daemon/scheduler.h"
@@ -60,7 +62,9 @@
 
 extern char **environ; /* what children may inherit from (pass_env) */
 
-enum child_role { ROLE_WORKER, ROLE_LOADER, ROLE_PREPARE };
+/* ROLE_LAUNCHER: srun of a multi-node job; its ranks are ROLE_WORKER
+ * children without a process here ("relayed": only their connection). */
+enum child_role { ROLE_WORKER, ROLE_LOADER, ROLE_PREPARE, ROLE_LAUNCHER };
 
 typedef struct child {
 	enum child_role role;
@@ -72,8 +76,18 @@ typedef struct child {
 	bool sock_eof;         /* its end of the socket is closed */
 	int64_t last_msg_ms;   /* monotonic: its last message (or its start) */
 	bool heartbeat;        /* it sends "progress" messages: held to its own silence */
+	bool relayed;          /* a multi-node rank: p.sock is its relay connection, no process */
+	bool said_bye;         /* relayed: it said it is exiting (EOF is then no loss) */
 	struct run *owner;
 } child;
+
+/* A relay connection that has not said who it is yet (multi-node). */
+typedef struct relay_pending {
+	int fd;
+	msg_reader rd;
+	struct run *owner;
+	struct relay_pending *next;
+} relay_pending;
 
 typedef struct run {
 	bool is_dataset;
@@ -102,6 +116,16 @@ typedef struct run {
 	int stall_noted;       /* rank recorded as suspect in the store; -1 none */
 	tsampler *ts;          /* device/host samples between metrics rows; NULL if none */
 	const char *stop_why;   /* reason recorded when a stop ends the job */
+	/* multi-node (docs/multinode.md): world ranks started by srun */
+	bool multinode;
+	int world;              /* ranks: ndev, or nodes * gpus_per_node */
+	int nodes, per_node;
+	cluster_attempt ca;     /* relay listener and token; listen_fd -1 when none */
+	relay_pending *pending;
+	int relays;             /* ranks connected with the token */
+	char (*rank_node)[64];  /* (world,) node of each rank, from its relay hello */
+	char (*rank_sha)[CLUSTER_TOKEN_HEX + 1]; /* (world,) its dataset manifest's sha256 */
+	char launch_log[1200];  /* srun's output, for the reason when it fails */
 	struct supervisor *sv;
 	struct run *next;
 } run;
@@ -127,12 +151,19 @@ static int64_t now_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+static void relay_close_all(supervisor *sv, run *r);
+
 static void run_free(run *r)
 {
+	relay_close_all(r->sv, r);
 	for (int i = 0; i < r->nkids; i++) {
+		if (r->kids[i]->relayed && r->kids[i]->p.sock >= 0)
+			close(r->kids[i]->p.sock);
 		msg_reader_free(&r->kids[i]->rd);
 		free(r->kids[i]);
 	}
+	free(r->rank_node);
+	free(r->rank_sha);
 	json_decref(r->spec);
 	tsampler_destroy(r->ts);
 	free(r);
@@ -147,6 +178,8 @@ static void shm_name_for(const char *job_id, char *buf, size_t cap)
 
 static void run_maybe_finish(supervisor *sv, run *r);
 static void run_kill_all(run *r, int sig);
+static void relay_lost(supervisor *sv, run *r, child *c);
+static void launcher_exited(supervisor *sv, run *r, int status, const char *desc);
 static void note_stall(supervisor *sv, run *r, const child *c, int64_t silent_ms, int64_t limit_ms, bool stopped);
 
 static void set_failure(run *r, bool retryable, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -203,7 +236,8 @@ static void note_progress(run *r, child *c, const char *type)
 		return;
 	int64_t now = now_ms();
 	c->last_msg_ms = r->last_msg_ms = now;
-	if (strcmp(type, "metrics") && strcmp(type, "progress") && strcmp(type, "checkpoint"))
+	if (strcmp(type, "metrics") && strcmp(type, "progress") && strcmp(type, "checkpoint") &&
+	    strcmp(type, "eval"))
 		return;
 	/* the first gap counts from the start (startup included: a
 	 * generous estimate of the window, never a short one) */
@@ -212,6 +246,30 @@ static void note_progress(run *r, child *c, const char *type)
 		r->max_gap_ms = gap;
 	r->stepping = true;
 	r->last_step_ms = now;
+}
+
+/* Stores vals as metrics row `step` over the keys that row already has: a
+ * step's training figures ("metrics") and its held-out evaluation ("eval")
+ * come in two messages, in either order (docs/api.md, job_metrics). */
+static void metric_row_merge(supervisor *sv, run *r, int64_t step, int64_t time_ms, json_t *vals)
+{
+	store_metric *old = NULL;
+	size_t n = 0;
+	json_t *row = NULL;
+	if (store_metric_list(sv->st, r->id, step - 1, 1, &old, &n) == 0 && n == 1 && old[0].step == step)
+		row = json_loads(old[0].values_json, 0, NULL);
+	store_metrics_free(old, n);
+	if (json_is_object(row)) {
+		json_object_update(row, vals);
+	} else {
+		json_decref(row);
+		row = json_incref(vals);
+	}
+	char *text = json_dumps(row, JSON_COMPACT);
+	if (text)
+		store_metric_insert(sv->st, r->id, step, time_ms, text);
+	free(text);
+	json_decref(row);
 }
 
 static void handle_job_message(supervisor *sv, run *r, child *c, json_t *m)
@@ -227,7 +285,7 @@ static void handle_job_message(supervisor *sv, run *r, child *c, json_t *m)
 		if (c->index == 0 && step > r->last_step)
 			r->last_step = step;
 	} else if (strcmp(type, "hello") == 0) {
-		if (c->role == ROLE_WORKER && ++r->hellos == r->ndev && !r->saw_running) {
+		if (c->role == ROLE_WORKER && ++r->hellos == r->world && !r->saw_running) {
 			r->saw_running = true;
 			store_job_transition(sv->st, r->id, JOB_MASK(JOB_STARTING), JOB_RUNNING,
 					     "all workers started", NULL);
@@ -246,20 +304,32 @@ static void handle_job_message(supervisor *sv, run *r, child *c, json_t *m)
 		json_object_del(vals, "step");
 		if (r->ts)
 			tsampler_flush(r->ts, vals);
-		char *text = json_dumps(vals, JSON_COMPACT);
 		struct timespec ts;
 		clock_gettime(CLOCK_REALTIME, &ts);
-		if (text)
-			store_metric_insert(sv->st, r->id, step,
-					    (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000, text);
-		tbevents_append_row(r->dir, step, (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000, vals);
-		free(text);
+		int64_t ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+		metric_row_merge(sv, r, step, ms, vals);
+		tbevents_append_row(r->dir, step, ms, vals);
 		json_decref(vals);
 		if (!r->saw_running) {
 			r->saw_running = true;
 			store_job_transition(sv->st, r->id, JOB_MASK(JOB_STARTING), JOB_RUNNING,
 					     "training", NULL);
 		}
+	} else if (strcmp(type, "eval") == 0 && c->role == ROLE_WORKER && c->index == 0) {
+		/* {"type":"eval","step":N,"eval_loss":..,"perplexity":..,"eval_accuracy":..}
+		 * (every rank has the same sums; rank 0 reports): keys of row N */
+		json_int_t step = json_integer_value(json_object_get(m, "step"));
+		json_t *vals = json_deep_copy(m);
+		json_object_del(vals, "type");
+		json_object_del(vals, "step");
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		int64_t ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+		if (step >= 0 && json_is_object(vals)) {
+			metric_row_merge(sv, r, step, ms, vals);
+			tbevents_append_row(r->dir, step, ms, vals);
+		}
+		json_decref(vals);
 	} else if (strcmp(type, "checkpoint") == 0) {
 		store_checkpoint ck = {
 			.step = json_integer_value(json_object_get(m, "step")),
@@ -296,6 +366,16 @@ static void handle_job_message(supervisor *sv, run *r, child *c, json_t *m)
 		bool retry = code && (strcmp(code, "peer_lost") == 0 || strcmp(code, "internal") == 0);
 		set_failure(r, retry, "%s %d: %s%s%s", c->role == ROLE_LOADER ? "loader" : "rank", c->index,
 			    code ? code : "error", msg ? ": " : "", msg ? msg : "");
+	} else if (strcmp(type, "bye") == 0 && c->relayed) {
+		c->said_bye = true; /* its connection closing next is no loss */
+		/* a rank's bad exit ends the attempt on every node, as a local
+		 * worker's does (srun alone would wait for the others) */
+		int code = (int)json_integer_value(json_object_get(m, "code"));
+		if (code != BERTD_EXIT_OK && code != BERTD_EXIT_STOPPED && !r->killing) {
+			set_failure(r, code == BERTD_EXIT_FAILURE || code == BERTD_EXIT_PEER_LOST,
+				    "rank %d on node %s ended with exit %d", c->index, r->rank_node[c->index], code);
+			run_kill_all(r, SIGTERM);
+		}
 	} else if (strcmp(type, "nccl_id") == 0 && c->role == ROLE_WORKER && c->index == 0) {
 		/* rank 0 made the communicator id; every other rank needs it */
 		for (int i = 0; i < r->nkids; i++) {
@@ -380,6 +460,8 @@ static void on_child_sock(loop *l, int fd, uint32_t events, void *arg)
 	long n = msg_reader_fill(&c->rd, fd);
 	if (n == 0 || (n < 0 && n != -EAGAIN)) {
 		loop_del(l, fd); /* EOF: exit is handled through the pidfd */
+		if (c->relayed)
+			relay_lost(sv, r, c);
 		return;
 	}
 	if (c->role == ROLE_PREPARE) {
@@ -422,7 +504,10 @@ static void on_child_exit(loop *l, int fd, uint32_t events, void *arg)
 	int st = c->p.status;
 	char desc[96];
 	proc_describe(st, desc, sizeof desc);
-	const char *who = c->role == ROLE_WORKER ? "rank" : c->role == ROLE_LOADER ? "loader" : "prepare";
+	if (c->role == ROLE_LAUNCHER)
+		launcher_exited(sv, r, st, desc);
+	const char *who = c->role == ROLE_WORKER ? "rank" : c->role == ROLE_LOADER ? "loader"
+			  : c->role == ROLE_LAUNCHER ? "srun" : "prepare";
 	bool ok = WIFEXITED(st) && WEXITSTATUS(st) == BERTD_EXIT_OK;
 	bool stopped = WIFEXITED(st) && WEXITSTATUS(st) == BERTD_EXIT_STOPPED;
 	if (c->role == ROLE_LOADER && r->killing)
@@ -440,7 +525,8 @@ static void on_child_exit(loop *l, int fd, uint32_t events, void *arg)
 	if (!r->is_dataset && !r->killing) {
 		bool workers_left = false;
 		for (int i = 0; i < r->nkids; i++)
-			if (r->kids[i]->role == ROLE_WORKER && !r->kids[i]->exited)
+			if ((r->kids[i]->role == ROLE_WORKER || r->kids[i]->role == ROLE_LAUNCHER) &&
+			    !r->kids[i]->exited)
 				workers_left = true;
 		if (!workers_left)
 			run_kill_all(r, SIGTERM);
@@ -455,7 +541,7 @@ static void run_kill_all(run *r, int sig)
 		r->stop_deadline_ms = now_ms() + 10000;
 	}
 	for (int i = 0; i < r->nkids; i++)
-		if (!r->kids[i]->exited)
+		if (!r->kids[i]->exited && !r->kids[i]->relayed)
 			proc_signal(&r->kids[i]->p, sig);
 }
 
@@ -486,6 +572,221 @@ static int spawn_child(supervisor *sv, run *r, enum child_role role, int index, 
 	}
 	c->watched = true;
 	return 0;
+}
+
+/* ---- multi-node: the relay (docs/multinode.md, daemon/cluster.h) ---- */
+
+/* Closes a relayed rank's connection; it counts as exited (it has no
+ * process here to wait for). */
+static void relay_drop(supervisor *sv, child *c)
+{
+	if (c->p.sock >= 0) {
+		loop_del(sv->lp, c->p.sock);
+		close(c->p.sock);
+		c->p.sock = -1;
+	}
+	c->exited = true;
+}
+
+static void pending_free(supervisor *sv, run *r, relay_pending *p, bool close_fd)
+{
+	for (relay_pending **pp = &r->pending; *pp; pp = &(*pp)->next) {
+		if (*pp == p) {
+			*pp = p->next;
+			break;
+		}
+	}
+	if (close_fd) {
+		loop_del(sv->lp, p->fd);
+		close(p->fd);
+		msg_reader_free(&p->rd);
+	}
+	free(p);
+}
+
+/* The attempt is over: listener, connections not yet identified, ranks. */
+static void relay_close_all(supervisor *sv, run *r)
+{
+	if (!r->multinode)
+		return;
+	if (r->ca.listen_fd >= 0)
+		loop_del(sv->lp, r->ca.listen_fd);
+	cluster_attempt_close(&r->ca);
+	while (r->pending)
+		pending_free(sv, r, r->pending, true);
+	for (int i = 0; i < r->nkids; i++)
+		if (r->kids[i]->relayed)
+			relay_drop(sv, r->kids[i]);
+}
+
+/* A rank's connection closed. After its "bye" that is its exit; before,
+ * the rank is lost (killed, its node gone): the attempt fails on every
+ * node, retryable, and srun is told to end the step. */
+static void relay_lost(supervisor *sv, run *r, child *c)
+{
+	bool bye = c->said_bye;
+	relay_drop(sv, c);
+	if (bye || r->killing)
+		return;
+	set_failure(r, true, "rank %d on node %s was lost (its connection closed before it exited)", c->index,
+		    r->rank_node[c->index]);
+	log_warn("job %s: %s", r->id, r->reason);
+	run_kill_all(r, SIGTERM);
+}
+
+/* Every rank has joined: the same dataset everywhere, or the job fails
+ * (not retried: a restart would find the same copies). Then "go". */
+static void relay_all_joined(supervisor *sv, run *r)
+{
+	char why[600], where[600];
+	int len = snprintf(where, sizeof where, "%d ranks joined:", r->world);
+	for (int i = 0; i < r->world && len > 0 && (size_t)len < sizeof where; i++)
+		len += snprintf(where + len, sizeof where - (size_t)len, " %d@%s", i, r->rank_node[i]);
+	store_job_note(sv->st, r->id, where);
+	const char *dataset = json_string_value(json_object_get(r->spec, "dataset"));
+	if (cluster_dataset_verdict((const char(*)[64])r->rank_node,
+				    (const char(*)[CLUSTER_TOKEN_HEX + 1])r->rank_sha, r->world,
+				    dataset ? dataset : "", why, sizeof why) < 0) {
+		set_failure(r, false, "%s", why);
+		log_warn("job %s: %s", r->id, why);
+		run_kill_all(r, SIGTERM);
+		return;
+	}
+	json_t *go = json_pack("{s:s}", "type", "go");
+	for (int i = 0; i < r->nkids; i++)
+		if (r->kids[i]->relayed && !r->kids[i]->exited)
+			msg_send(r->kids[i]->p.sock, go);
+	json_decref(go);
+	log_info("job %s: %s", r->id, where);
+}
+
+/* The first message of a relay connection: {"type":"relay","token","rank",
+ * "node","dataset_sha256"}. The right token makes it rank's child; anything
+ * else closes it (a wrong token is logged, the job goes on). */
+static void on_relay_pending(loop *l, int fd, uint32_t events, void *arg)
+{
+	(void)events;
+	relay_pending *p = arg;
+	run *r = p->owner;
+	supervisor *sv = r->sv;
+	long n = msg_reader_fill(&p->rd, fd);
+	json_t *m = NULL;
+	int rc = msg_reader_next(&p->rd, &m);
+	if (rc == 0 && (n > 0 || n == -EAGAIN))
+		return; /* not whole yet */
+	const char *type = json_string_value(json_object_get(m, "type"));
+	json_t *jr = json_object_get(m, "rank");
+	int rank = json_is_integer(jr) ? (int)json_integer_value(jr) : -1;
+	const char *why = NULL;
+	if (rc != 1 || !type || strcmp(type, "relay") != 0)
+		why = "it did not introduce itself";
+	else if (!cluster_token_ok(&r->ca, json_string_value(json_object_get(m, "token"))))
+		why = "wrong relay token";
+	else if (rank < 0 || rank >= r->world)
+		why = "rank out of range";
+	for (int i = 0; !why && i < r->nkids; i++)
+		if (r->kids[i]->relayed && r->kids[i]->index == rank)
+			why = "rank already joined";
+	child *c = why || r->nkids == MAX_CHILDREN ? NULL : calloc(1, sizeof *c);
+	if (!c) {
+		log_warn("job %s: relay connection refused: %s", r->id, why ? why : "out of memory");
+		json_decref(m);
+		pending_free(sv, r, p, true);
+		return;
+	}
+	*c = (child){.role = ROLE_WORKER, .index = rank, .relayed = true, .owner = r, .rd = p->rd,
+		     .last_msg_ms = now_ms(), .p = {.pid = 0, .pidfd = -1, .sock = fd}};
+	snprintf(r->rank_node[rank], sizeof r->rank_node[rank], "%s",
+		 json_string_value(json_object_get(m, "node")) ? json_string_value(json_object_get(m, "node"))
+							     : "?");
+	snprintf(r->rank_sha[rank], sizeof r->rank_sha[rank], "%s",
+		 json_string_value(json_object_get(m, "dataset_sha256")) ? json_string_value(json_object_get(
+										m, "dataset_sha256"))
+									  : "");
+	json_decref(m);
+	loop_del(l, fd);
+	pending_free(sv, r, p, false);
+	r->kids[r->nkids++] = c;
+	if (loop_add(l, fd, EPOLLIN, on_child_sock, c) < 0) {
+		relay_lost(sv, r, c);
+		return;
+	}
+	c->watched = true;
+	note_progress(r, c, "relay");
+	if (++r->relays == r->world)
+		relay_all_joined(sv, r);
+	while (!c->exited && msg_reader_next(&c->rd, &m) == 1) { /* what came with it */
+		handle_job_message(sv, r, c, m);
+		json_decref(m);
+	}
+}
+
+static void on_relay_accept(loop *l, int fd, uint32_t events, void *arg)
+{
+	(void)events;
+	run *r = arg;
+	for (;;) {
+		int cfd = accept4(fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (cfd < 0)
+			return;
+		relay_pending *p = calloc(1, sizeof *p);
+		if (!p || loop_add(l, cfd, EPOLLIN, on_relay_pending, p) < 0) {
+			free(p);
+			close(cfd);
+			continue;
+		}
+		p->fd = cfd;
+		p->owner = r;
+		msg_reader_init(&p->rd);
+		p->next = r->pending;
+		r->pending = p;
+	}
+}
+
+/* The last non-empty line of a log file (srun's own error), or "". */
+static void log_last_line(const char *path, char *out, size_t cap)
+{
+	out[0] = 0;
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return;
+	char line[512];
+	while (fgets(line, sizeof line, f)) {
+		line[strcspn(line, "\n")] = 0;
+		if (line[0])
+			snprintf(out, cap, "%s", line);
+	}
+	fclose(f);
+}
+
+/* srun ended: what the ranks said last is read first (their error is the
+ * cause), then their connections are closed; a bad exit of srun itself
+ * (no nodes, a rank killed) fails the attempt with srun's own words. */
+static void launcher_exited(supervisor *sv, run *r, int status, const char *desc)
+{
+	for (int i = 0; i < r->nkids; i++) {
+		child *c = r->kids[i];
+		if (c->relayed && !c->exited) {
+			drain_child(sv, r, c);
+			relay_drop(sv, c);
+		}
+	}
+	int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+	if (code == BERTD_EXIT_OK || code == BERTD_EXIT_STOPPED || r->killing)
+		return;
+	char last[400];
+	log_last_line(r->launch_log, last, sizeof last);
+	set_failure(r, true, "srun ended with %s%s%s", desc, last[0] ? ": " : "", last);
+}
+
+/* resources.device of a multi-node job: "auto" is what this machine has
+ * (a cluster's nodes are taken to be alike). */
+static const char *multinode_kind(supervisor *sv, const run *r)
+{
+	const char *d = json_string_value(json_object_get(json_object_get(r->spec, "resources"), "device"));
+	if (d && strcmp(d, "auto") != 0)
+		return d;
+	return sv->ndev && sv->devs[0].kind == DEVICE_CUDA ? "cuda" : "cpu";
 }
 
 /* ---- jobs ---- */
@@ -586,13 +887,16 @@ static int write_job_file(supervisor *sv, run *r, const char *dataset_dir, const
 		json_array_append_new(devs, json_pack("{s:s, s:i}", "kind", device_kind_name(d->kind),
 						      "index", d->index));
 	}
+	for (int i = 0; r->multinode && i < r->world; i++) /* rank i: local device i % per_node there */
+		json_array_append_new(devs, json_pack("{s:s, s:i}", "kind", multinode_kind(sv, r), "index",
+						      i % r->per_node));
 	char ck[1100], ex[1100], shm[80];
 	snprintf(ck, sizeof ck, "%s/checkpoints", r->dir);
 	snprintf(ex, sizeof ex, "%s/export", r->dir);
 	shm_name_for(r->id, shm, sizeof shm);
 	json_t *job = json_pack("{s:s, s:O, s:s, s:s, s:s, s:s, s:o, s:i}", "job_id", r->id, "spec", r->spec,
 				"dataset_dir", dataset_dir, "checkpoint_dir", ck, "export_dir", ex, "shm_name", shm,
-				"devices", devs, "world_size", r->ndev);
+				"devices", devs, "world_size", r->world);
 	json_object_set_new(job, "resume_from", resume && *resume ? json_string(resume) : json_null());
 	char *text = json_dumps(job, JSON_INDENT(2) | JSON_SORT_KEYS);
 	json_decref(job);
@@ -615,6 +919,104 @@ static json_t *stored_spec_load(const char *spec_json)
 		out = NULL;
 	json_decref(in);
 	return out;
+}
+
+/* A multi-node job (resources.nodes > 1): srun starts its world ranks on
+ * Slurm's nodes; they join through the relay. No device of this machine is
+ * taken (Slurm places the ranks). r is start_job's, spec checked. */
+static int start_multinode(supervisor *sv, run *r, const store_job *j, const jobspec *spec,
+			   const char *dataset_dir, const char *resume, int64_t resume_step, unsigned from)
+{
+	char reason[1400];
+	int rc;
+	r->multinode = true;
+	r->ca.listen_fd = -1;
+	r->nodes = spec->nodes;
+	r->per_node = spec->gpus_per_node;
+	r->world = spec->gpus;
+	if (!sv->cfg.slurm_srun || !*sv->cfg.slurm_srun) {
+		snprintf(reason, sizeof reason,
+			 "resources.nodes is %d: multi-node jobs are started with Slurm, and this bertd has no "
+			 "slurm_srun set (docs/multinode.md)", spec->nodes);
+		fail_job_now(sv, j->id, from, reason);
+		run_free(r);
+		return 0;
+	}
+	r->rank_node = calloc((size_t)r->world, sizeof *r->rank_node);
+	r->rank_sha = calloc((size_t)r->world, sizeof *r->rank_sha);
+	rc = r->rank_node && r->rank_sha ? cluster_attempt_open(&r->ca, sv->cfg.relay_host, r->id) : -ENOMEM;
+	if (rc == 0 && (rc = loop_add(sv->lp, r->ca.listen_fd, EPOLLIN, on_relay_accept, r)) < 0)
+		cluster_attempt_close(&r->ca);
+	if (rc == 0 && (rc = write_job_file(sv, r, dataset_dir, resume)) < 0)
+		relay_close_all(sv, r);
+	if (rc < 0) {
+		snprintf(reason, sizeof reason, "cannot set up the multi-node attempt: %s", strerror(-rc));
+		fail_job_now(sv, j->id, from, reason);
+		run_free(r);
+		return 0;
+	}
+	if (resume[0])
+		snprintf(reason, sizeof reason, "resuming from checkpoint at step %lld on %d nodes x %d %s (Slurm)",
+			 (long long)resume_step, r->nodes, r->per_node, multinode_kind(sv, r));
+	else
+		snprintf(reason, sizeof reason, "starting on %d nodes x %d %s (Slurm)", r->nodes, r->per_node,
+			 multinode_kind(sv, r));
+	if (store_job_transition(sv->st, j->id, from, JOB_STARTING, reason, NULL) < 0) {
+		run_free(r); /* someone canceled it meanwhile */
+		return 0;
+	}
+	store_job_set_stall(sv->st, r->id, NULL);
+	r->start_ms = r->last_msg_ms = now_ms();
+	r->stall_noted = -1;
+	r->max_runtime_ms = spec->max_runtime_seconds > 0 ? spec->max_runtime_seconds * 1000 : 0;
+	r->next = sv->runs;
+	sv->runs = r;
+
+	char job_json[1200], worker_bin[1100];
+	snprintf(job_json, sizeof job_json, "%s/job.json", r->dir);
+	snprintf(worker_bin, sizeof worker_bin, "%s/bertd-worker", sv->bin_dir);
+	snprintf(r->launch_log, sizeof r->launch_log, "%s/logs/srun.log", r->dir);
+	cluster_argv av;
+	cluster_srun_argv(&av, sv->cfg.slurm_srun, r->nodes, r->per_node, sv->cfg.slurm_immediate_s, &r->ca,
+			  worker_bin, job_json);
+	childenv *henv = NULL;
+	cluster_env *env = NULL;
+	/* a rank there gets the threads a rank here would (nodes are alike) */
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	int threads = strcmp(multinode_kind(sv, r), "cpu") == 0 && ncpu > 0 && sv->ndev
+			      ? (int)(ncpu / (long)sv->ndev) : 1;
+	if ((rc = childenv_helper(&henv, &sv->pass_env, environ)) == 0 &&
+	    (rc = cluster_srun_env(&env, henv->envp, threads > 0 ? threads : 1, &r->ca, sv->cfg.slurm_conf)) == 0)
+		rc = spawn_child(sv, r, ROLE_LAUNCHER, 0, av.argv, env->envp, r->launch_log);
+	free(env);
+	free(henv);
+	if (rc < 0) {
+		set_failure(r, false, "cannot start srun (%s): %s", sv->cfg.slurm_srun, strerror(-rc));
+		run_kill_all(r, SIGKILL);
+		run_maybe_finish(sv, r);
+		return 0;
+	}
+	log_info("job %s: %s", j->id, reason);
+	return 0;
+}
+
+/* init_from_restore "all": dir, a .../ckpt-<step> of another job, as the
+ * checkpoint to resume from, checked as one of the job's own would be.
+ * 0 with path and *step set, or -EINVAL with reason. */
+static int restore_from_init(const char *dir, char *path, size_t cap, int64_t *step, char *reason, size_t rcap)
+{
+	const char *base = strrchr(dir, '/');
+	long long s;
+	char tail, why[1100];
+	if (!base || sscanf(base, "/ckpt-%lld%c", &s, &tail) != 1 || s < 0)
+		snprintf(why, sizeof why, "%s is not a .../ckpt-<step> directory", dir);
+	else if (resume_check(dir, s, why, sizeof why) == 0) {
+		snprintf(path, cap, "%s", dir);
+		*step = s;
+		return 0;
+	}
+	snprintf(reason, rcap, "init_from_restore \"all\": the checkpoint to continue from is unusable (%s)", why);
+	return -EINVAL;
 }
 
 static int start_job(supervisor *sv, const store_job *j, const int *dev, int ndev, bool resumed)
@@ -666,6 +1068,17 @@ static int start_job(supervisor *sv, const store_job *j, const int *dev, int nde
 	char resume[1200];
 	int64_t resume_step;
 	pick_resume(sv, j->id, ckdir, resume, sizeof resume, &resume_step);
+	/* init_from_restore "all": until it has checkpoints of its own, the job
+	 * resumes from init_from's (docs/jobspec.md#init_from) */
+	if (!resume[0] && strcmp(spec.init_from_restore, "all") == 0 &&
+	    restore_from_init(spec.init_from, resume, sizeof resume, &resume_step, reason, sizeof reason) < 0) {
+		fail_job_now(sv, j->id, from, reason);
+		run_free(r);
+		return 0;
+	}
+	if (spec.nodes > 1)
+		return start_multinode(sv, r, j, &spec, dataset_dir, resume, resume_step, from);
+	r->world = ndev;
 	r->ndev = ndev;
 	memcpy(r->dev, dev, sizeof(int) * (size_t)ndev);
 	if ((rc = write_job_file(sv, r, dataset_dir, resume)) < 0) {
@@ -824,6 +1237,11 @@ static void run_maybe_finish(supervisor *sv, run *r)
 	snprintf(shm, sizeof shm, "/bertd-%s-comm", r->id);
 	shm_unlink(shm);
 	free_dev_ids(sv, r);
+	if (r->multinode) {
+		relay_close_all(sv, r);
+		/* srun is gone; whatever its step left on a node goes too */
+		cluster_scancel(&r->ca, sv->cfg.slurm_srun, sv->cfg.slurm_conf);
+	}
 	note_stall(sv, r, NULL, 0, 0, false); /* the attempt is over: nothing is silent now */
 
 	store_job cur;
@@ -1123,7 +1541,8 @@ static void check_stall(supervisor *sv, run *r, int64_t now)
 		if (4 * silent <= limit)
 			continue; /* not even suspect */
 		char state = 0;
-		procstat_starttime(c->p.pid, &state);
+		if (!c->relayed) /* a rank on another node: no process to look at here */
+			procstat_starttime(c->p.pid, &state);
 		bool stopped = state == 'T' || state == 't';
 		/* furthest into its limit; ties (ranks judged by the job's
 		 * silence) go to the one whose own last message is oldest */
@@ -1165,7 +1584,7 @@ static void tick_running(supervisor *sv)
 		if (r->killing) {
 			if (now > r->stop_deadline_ms)
 				for (int i = 0; i < r->nkids; i++)
-					if (!r->kids[i]->exited)
+					if (!r->kids[i]->exited && !r->kids[i]->relayed)
 						proc_signal(&r->kids[i]->p, SIGKILL);
 			continue;
 		}
@@ -1248,9 +1667,15 @@ static void tick_schedule(supervisor *sv)
 					   ? (int)json_integer_value(g) : 1;
 			/* a job waits for its dataset while it is queued or preparing */
 			bool waits = dataset_preparing(sv, json_string_value(json_object_get(js, "dataset")), &memo);
+			json_t *nodes = json_object_get(json_object_get(js, "resources"), "nodes");
+			bool multinode = json_is_integer(nodes) && json_integer_value(nodes) > 1;
 			json_decref(js);
 			if (waits)
 				continue;
+			if (multinode) { /* Slurm places it, not this machine's device table */
+				start_job(sv, &jobs[i], NULL, 0, jobs[i].state == JOB_RESTARTING);
+				continue;
+			}
 			q[nq] = (sched_job){jobs[i].id, jobs[i].priority, jobs[i].seq, want};
 			map[nq++] = i;
 		}
@@ -1440,10 +1865,12 @@ static void shutdown_wait_workers(supervisor *sv, run *r, int64_t deadline_ms)
 		nfds_t n = 0;
 		for (int i = 0; i < r->nkids; i++) {
 			child *c = r->kids[i];
-			if (c->role != ROLE_WORKER || c->exited || c->p.reaped)
+			if (c->role != ROLE_WORKER || c->exited || c->p.reaped || (c->relayed && c->sock_eof))
 				continue;
-			pfd[n] = (struct pollfd){.fd = c->p.pidfd, .events = POLLIN};
-			who[n++] = c;
+			if (!c->relayed) { /* a relayed rank ends with its connection */
+				pfd[n] = (struct pollfd){.fd = c->p.pidfd, .events = POLLIN};
+				who[n++] = c;
+			}
 			if (c->p.sock >= 0 && !c->sock_eof) {
 				pfd[n] = (struct pollfd){.fd = c->p.sock, .events = POLLIN};
 				who[n++] = c;
@@ -1496,9 +1923,14 @@ void supervisor_shutdown(supervisor *sv)
 			child *c = r->kids[i];
 			if (c->exited)
 				continue;
-			int sig = c->role == ROLE_LOADER ? SIGTERM : 0;
+			if (c->relayed) { /* srun (below) ends its process */
+				relay_drop(sv, c);
+				continue;
+			}
+			bool gentle = c->role == ROLE_LOADER || c->role == ROLE_LAUNCHER;
+			int sig = gentle ? SIGTERM : 0;
 			/* workers: the grace period is spent, so this kills what is left */
-			proc_stop(&c->p, sig, c->role == ROLE_LOADER ? 2000 : 0);
+			proc_stop(&c->p, sig, gentle ? 2000 : 0);
 			if (!r->is_dataset)
 				drain_child(sv, r, c);
 			if (c->watched) {

@@ -48,6 +48,11 @@ typedef struct supervisor_config {
 				       * API's state "queued"); 0 = one per online CPU, < 0 = half, >= 1 */
 	const char *pass_env;         /* what children inherit of the daemon's environment
 				       * (childenv.h); NULL = nothing */
+	/* multi-node jobs (daemon/cluster.h, docs/multinode.md) */
+	const char *slurm_srun;       /* "" or NULL: multi-node jobs fail at start */
+	const char *slurm_conf;       /* "" or NULL: Slurm's default */
+	const char *relay_host;       /* "" or NULL: gethostname() */
+	int slurm_immediate_s;
 } supervisor_config;
 
 /* devices is copied. *out caller-owned (supervisor_destroy). -EINVAL for a

@@ -43,7 +43,7 @@
 #include "common/fsutil.h"
 #include "common/log.h"
 
-#define MAX_SCALARS 64       /* per row: 4 train + 2 eval + phase shares */
+#define MAX_SCALARS 64       /* per row: 4 train + 3 eval + phase shares */
 #define TAG_MAX 64
 
 uint32_t tbevents_crc32c(const void *data, size_t n)
@@ -215,6 +215,8 @@ static size_t row_scalars(json_t *row, tbevents_scalar *v, char (*names)[TAG_MAX
 		if (isfinite(ppl))
 			v[n++] = (tbevents_scalar){"eval/perplexity", (float)ppl};
 	}
+	if (finite_number(json_object_get(row, "eval_accuracy"), &x))
+		v[n++] = (tbevents_scalar){"eval/accuracy", (float)x};
 	json_t *phases = json_object_get(row, "phases_ms");
 	if (json_is_object(phases) && finite_number(json_object_get(row, "step_time_ms"), &step_ms) &&
 	    step_ms > 0) {

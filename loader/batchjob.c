@@ -96,6 +96,9 @@ int batchjob_from_json(const json_t *job, batchjob *out)
 	c->short_seq_prob = (float)m->short_seq_prob;
 	c->nsp = m->nsp;
 	c->whole_word_mask = m->whole_word_mask;
+	/* training batches come from the documents not held out for evaluation */
+	c->holdout_pct = (uint32_t)m->validation_split_percentage;
+	c->split = MLM_SPLIT_TRAIN;
 	ring_params *p = &out->ring;
 	p->G = out->world_size;
 	p->M = (uint32_t)tr->gradient_accumulation_steps;

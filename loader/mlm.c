@@ -25,6 +25,7 @@ enum {
 	PURPOSE_TRUNC = 3,  /* NSP: front/back truncation bits, per sample id */
 	PURPOSE_MASK = 4,   /* masking, per (epoch, sample id) */
 	PURPOSE_PERM = 5,   /* epoch permutation round keys */
+	PURPOSE_SPLIT = 6,  /* held-out document permutation round keys */
 };
 
 /* One NSP sample: segment A = sentences [a_sent, a_sent + a_n) of shard a_shard,
@@ -46,12 +47,20 @@ struct mlm_dataset {
 	 * is global sentences [starts[i], starts[i+1]) cut at its shard's end:
 	 * 8 bytes per sample. NSP samples need both segments: refs. */
 	uint64_t *starts;          /* (n_samples + 1,) full-sentences only */
+	/* (n_samples,) one past each sample's last global sentence: only when
+	 * documents are held out, where the next sample may start after a
+	 * skipped document; NULL otherwise (a sample ends where the next starts) */
+	uint64_t *ends;
 	sample_ref *refs;          /* (n_samples,) NSP only */
 	uint64_t *shard_sent0;     /* (n_shards + 1,) global index of each shard's first sentence */
 	uint64_t n_samples, cap;
 	mlm_stats stats;
 	uint32_t perm_half_bits;   /* Feistel half width for n_samples */
 	uint8_t *special_bits;     /* (vocab_size/8 + 1,) never-masked ids */
+	/* while indexing with holdout_pct: bit g set when global document g
+	 * (shard_doc0[k] + d, empty ones counted) is in this dataset's split */
+	uint8_t *in_split;
+	uint64_t *shard_doc0;      /* (n_shards + 1,) while indexing with holdout_pct */
 };
 
 /* A counter-addressed stream of 32-bit draws for one decision. */
@@ -115,6 +124,11 @@ uint64_t mlm_config_digest(const mlm_config *c)
 			 (unsigned long long)c->seed, c->max_seq_len, c->max_pred, (double)c->mlm_probability,
 			 (double)c->mask_replace_prob, (double)c->random_replace_prob,
 			 (double)c->short_seq_prob, c->nsp, c->whole_word_mask);
+	/* appended only when on, so a job without a held-out share keeps its tag */
+	if (c->holdout_pct && n > 0 && (size_t)n < sizeof(buf))
+		n += snprintf(buf + n, sizeof(buf) - (size_t)n, " holdout=%u split=%d", c->holdout_pct, c->split);
+	if (n < 0 || (size_t)n >= sizeof(buf))
+		n = (int)strlen(buf);
 	sha256_ctx h;
 	uint8_t d[32];
 	sha256_init(&h);
@@ -144,6 +158,11 @@ static int config_check(const mlm_config *c)
 		log_error("mlm: probabilities out of range (mlm %g, mask %g, random %g, short %g)",
 			  (double)c->mlm_probability, (double)c->mask_replace_prob,
 			  (double)c->random_replace_prob, (double)c->short_seq_prob);
+		return -EINVAL;
+	}
+	if (c->holdout_pct > 99 || (c->split != MLM_SPLIT_TRAIN && c->split != MLM_SPLIT_EVAL) ||
+	    (c->split == MLM_SPLIT_EVAL && c->holdout_pct == 0)) {
+		log_error("mlm: held-out share %u%% / split %d is not a valid split", c->holdout_pct, c->split);
 		return -EINVAL;
 	}
 	if (c->whole_word_mask && !c->is_continuation) {
@@ -211,6 +230,12 @@ static int starts_push(mlm_dataset *ds, uint64_t g, int sentinel)
 		if (!p)
 			return -ENOMEM;
 		ds->starts = p;
+		if (ds->in_split) {
+			p = realloc(ds->ends, cap * sizeof(*p));
+			if (!p)
+				return -ENOMEM;
+			ds->ends = p;
+		}
 		ds->cap = cap;
 	}
 	ds->starts[ds->n_samples] = g;
@@ -231,9 +256,19 @@ static uint64_t draw_target(const mlm_dataset *ds, uint64_t cap)
 	return cap;
 }
 
+static inline int doc_in_split(const mlm_dataset *ds, uint32_t k, uint64_t d)
+{
+	if (!ds->in_split)
+		return 1;
+	uint64_t g = ds->shard_doc0[k] + d;
+	return ds->in_split[g >> 3] >> (g & 7) & 1;
+}
+
 /* RoBERTa FULL-SENTENCES: whole sentences, in order, packed up to the target;
  * a sample may run on into the next document of the same shard, with one
- * [SEP] between documents. A sentence longer than the space alone is cut. */
+ * [SEP] between documents. A sentence longer than the space alone is cut.
+ * Documents of the other split are skipped and end the open sample, so a
+ * sample never reaches across one. */
 static int index_full_sentences(mlm_dataset *ds)
 {
 	const uint64_t cap = ds->cfg.max_seq_len - 2;
@@ -241,16 +276,28 @@ static int index_full_sentences(mlm_dataset *ds)
 		const corpus_view *c = &ds->shards[k];
 		uint64_t used = 0, last_doc = UINT64_MAX, target = draw_target(ds, cap);
 		int open = 0;
-		uint64_t d = 0;
+		uint64_t d = 0, last_end = 0; /* one past the open sample's last sentence */
 		for (uint64_t s = 0; s < c->n_sents; s++) {
 			while (d < c->n_docs && c->doc_off[d + 1] <= s)
 				d++;
 			uint64_t len = sent_len(c, s);
 			if (len == 0)
 				continue;
+			if (!doc_in_split(ds, k, d)) {
+				if (open) {
+					ds->stats.n_tokens_packed += used + 2;
+					ds->ends[ds->n_samples - 1] = ds->shard_sent0[k] + last_end;
+					open = 0;
+					used = 0;
+					target = draw_target(ds, cap);
+				}
+				continue;
+			}
 			uint64_t sep = (open && d != last_doc) ? 1 : 0;
 			if (open && used + sep + len > target) {
 				ds->stats.n_tokens_packed += used + 2;
+				if (ds->ends)
+					ds->ends[ds->n_samples - 1] = ds->shard_sent0[k] + last_end;
 				open = 0;
 				used = 0;
 				sep = 0;
@@ -262,6 +309,7 @@ static int index_full_sentences(mlm_dataset *ds)
 					return rc;
 				open = 1;
 			}
+			last_end = s + 1;
 			uint64_t take = len;
 			if (used + sep + take > cap) {
 				ds->stats.n_tokens_truncated += used + sep + take - cap;
@@ -270,8 +318,11 @@ static int index_full_sentences(mlm_dataset *ds)
 			used += sep + take;
 			last_doc = d;
 		}
-		if (open)
+		if (open) {
 			ds->stats.n_tokens_packed += used + 2;
+			if (ds->ends)
+				ds->ends[ds->n_samples - 1] = ds->shard_sent0[k] + last_end;
+		}
 	}
 	return starts_push(ds, ds->shard_sent0[ds->n_shards], 1);
 }
@@ -373,6 +424,40 @@ static uint32_t half_bits_for(uint64_t n)
 	return bits / 2;
 }
 
+/* Keeps the documents of cfg.split in docs (*nd of them, non-empty, in
+ * order) and marks them in ds->in_split for index_full_sentences. */
+static int split_docs(mlm_dataset *ds, doc_ref *docs, uint64_t *nd)
+{
+	const uint64_t n = *nd;
+	if (n < 2) {
+		log_error("mlm: validation_split_percentage needs at least 2 documents with tokens; "
+			  "the dataset has %llu", (unsigned long long)n);
+		return -ENODATA;
+	}
+	ds->shard_doc0 = malloc(sizeof(uint64_t) * (ds->n_shards + 1));
+	if (!ds->shard_doc0)
+		return -ENOMEM;
+	ds->shard_doc0[0] = 0;
+	for (uint32_t k = 0; k < ds->n_shards; k++)
+		ds->shard_doc0[k + 1] = ds->shard_doc0[k] + ds->shards[k].n_docs;
+	ds->in_split = calloc(ds->shard_doc0[ds->n_shards] / 8 + 1, 1);
+	if (!ds->in_split)
+		return -ENOMEM;
+	const int want = ds->cfg.split == MLM_SPLIT_EVAL;
+	uint64_t kept = 0;
+	for (uint64_t i = 0; i < n; i++) {
+		if (mlm_doc_held_out(&ds->cfg, i, n) != want)
+			continue;
+		uint64_t g = ds->shard_doc0[docs[i].shard] + docs[i].doc;
+		ds->in_split[g >> 3] |= (uint8_t)(1u << (g & 7));
+		docs[kept++] = docs[i];
+	}
+	ds->stats.n_docs = kept;
+	ds->stats.n_docs_other = n - kept;
+	*nd = kept;
+	return 0;
+}
+
 int mlm_dataset_create(mlm_dataset **out, const corpus_view *shards, uint32_t n_shards,
 		       const mlm_config *cfg)
 {
@@ -449,6 +534,11 @@ int mlm_dataset_create(mlm_dataset **out, const corpus_view *shards, uint32_t n_
 		rc = -ENODATA;
 		goto out;
 	}
+	if (cfg->holdout_pct) {
+		rc = split_docs(ds, docs, &nd);
+		if (rc)
+			goto out;
+	}
 	if (total_tokens < cfg->max_seq_len - 2) {
 		log_error("mlm: corpus has %llu tokens, not enough for one sequence of max_seq_length %u",
 			  (unsigned long long)total_tokens, cfg->max_seq_len);
@@ -458,8 +548,14 @@ int mlm_dataset_create(mlm_dataset **out, const corpus_view *shards, uint32_t n_
 	rc = cfg->nsp ? index_pairs(ds, docs, nd) : index_full_sentences(ds);
 	if (rc)
 		goto out;
+	free(ds->in_split); /* only the index needed it */
+	free(ds->shard_doc0);
+	ds->in_split = NULL;
+	ds->shard_doc0 = NULL;
 	ds->stats.n_samples = ds->n_samples;
 	ds->stats.index_bytes = cfg->nsp ? ds->n_samples * sizeof(sample_ref) : (ds->n_samples + 1) * sizeof(uint64_t);
+	if (ds->ends)
+		ds->stats.index_bytes += ds->n_samples * sizeof(uint64_t);
 	ds->stats.pad_fraction =
 		1.0 - (double)ds->stats.n_tokens_packed / ((double)ds->n_samples * cfg->max_seq_len);
 	ds->perm_half_bits = half_bits_for(ds->n_samples);
@@ -477,6 +573,9 @@ void mlm_dataset_destroy(mlm_dataset *ds)
 		return;
 	free(ds->refs);
 	free(ds->starts);
+	free(ds->ends);
+	free(ds->in_split);
+	free(ds->shard_doc0);
 	free(ds->shard_sent0);
 	free(ds->special_bits);
 	free(ds);
@@ -504,14 +603,13 @@ static inline uint32_t mix32(uint32_t x)
 	return x;
 }
 
-uint64_t mlm_epoch_index(const mlm_dataset *ds, uint64_t epoch, uint64_t i)
+/* Position of i (< n, n >= 2) under the bijection of [0, n) keyed by
+ * (seed, purpose, tweak); h = half_bits_for(n). */
+static uint64_t keyed_perm(uint64_t seed, uint32_t purpose, uint64_t tweak, uint32_t h, uint64_t n,
+			   uint64_t i)
 {
-	const uint64_t n = ds->n_samples;
-	if (n <= 1)
-		return 0;
 	uint32_t keys[4];
-	philox_block(ds->cfg.seed, ((uint64_t)PURPOSE_PERM << 56) | epoch, 0, keys);
-	const uint32_t h = ds->perm_half_bits;
+	philox_block(seed, ((uint64_t)purpose << 56) | tweak, 0, keys);
 	const uint64_t mask = (h == 32) ? 0xFFFFFFFFull : ((1ull << h) - 1);
 	uint64_t x = i;
 	/* Cycle-walking: the Feistel net permutes [0, 4^h) >= n; re-apply until
@@ -527,6 +625,32 @@ uint64_t mlm_epoch_index(const mlm_dataset *ds, uint64_t epoch, uint64_t i)
 		x = (L << h) | R;
 	} while (x >= n);
 	return x;
+}
+
+uint64_t mlm_epoch_index(const mlm_dataset *ds, uint64_t epoch, uint64_t i)
+{
+	if (ds->n_samples <= 1)
+		return 0;
+	return keyed_perm(ds->cfg.seed, PURPOSE_PERM, epoch, ds->perm_half_bits, ds->n_samples, i);
+}
+
+/* Documents held out of n: ceil(pct% of n), at least 1, at most n - 1. */
+static uint64_t held_count(uint32_t pct, uint64_t n)
+{
+	if (pct == 0 || n < 2)
+		return 0;
+	uint64_t h = (n / 100) * pct + ((n % 100) * pct + 99) / 100;
+	if (h < 1)
+		h = 1;
+	return h > n - 1 ? n - 1 : h;
+}
+
+int mlm_doc_held_out(const mlm_config *cfg, uint64_t i, uint64_t n)
+{
+	uint64_t h = held_count(cfg->holdout_pct, n);
+	if (h == 0 || i >= n)
+		return 0;
+	return keyed_perm(cfg->seed, PURPOSE_SPLIT, 0, half_bits_for(n), n, i) < h;
 }
 
 /* Copies corpus tokens [a, b) to ids + *pos as int32; nonzero when one is
@@ -607,7 +731,7 @@ int mlm_sample_pack(const mlm_dataset *ds, uint64_t s, int32_t *ids, int32_t *to
 	int rc;
 	ids[pos++] = (int32_t)sp->cls;
 	if (!ds->cfg.nsp) {
-		uint64_t g0 = ds->starts[s], g1 = ds->starts[s + 1];
+		uint64_t g0 = ds->starts[s], g1 = ds->ends ? ds->ends[s] : ds->starts[s + 1];
 		/* the shard holding g0: shard_sent0[k] <= g0 < shard_sent0[k+1] */
 		uint32_t lo = 0, hi = ds->n_shards - 1;
 		while (lo < hi) {

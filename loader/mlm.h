@@ -35,7 +35,16 @@ typedef struct mlm_config {
 	/* Bit v (byte v/8, bit v%8) set when vocab id v continues the previous
 	 * token's word (WordPiece "##" pieces). Borrowed; NULL without WWM. */
 	const uint8_t *is_continuation;
+	/* Held-out documents (validation_split_percentage): 0 = none, every
+	 * document is in the training split. Otherwise ceil(holdout_pct% of the
+	 * non-empty documents), at least 1 and at most all but one, picked by a
+	 * permutation keyed by seed; `split` says which side this dataset
+	 * indexes. Samples never mix the two sides. */
+	uint32_t holdout_pct;        /* 0..99 */
+	int split;                   /* MLM_SPLIT_TRAIN or MLM_SPLIT_EVAL */
 } mlm_config;
+
+enum { MLM_SPLIT_TRAIN = 0, MLM_SPLIT_EVAL = 1 };
 
 /* Fills the HuggingFace/BERT defaults for max_seq_length T:
  * 0.15 / 0.8 / 0.1, short_seq_prob 0.1, no NSP, no WWM, seed 42, and
@@ -52,7 +61,8 @@ typedef struct mlm_dataset mlm_dataset;
 /* Sample-index counters, fixed at create time. */
 typedef struct mlm_stats {
 	uint64_t n_samples;          /* samples per epoch */
-	uint64_t n_docs;             /* documents with at least one token */
+	uint64_t n_docs;             /* documents with at least one token, in this split */
+	uint64_t n_docs_other;       /* non-empty documents of the other split (held out or trained on) */
 	uint64_t n_empty_docs;       /* documents skipped for having no tokens */
 	uint64_t n_tokens_packed;    /* tokens placed in samples, incl. [CLS]/[SEP] */
 	uint64_t n_tokens_truncated; /* corpus tokens dropped by truncation */
@@ -73,6 +83,12 @@ void mlm_dataset_destroy(mlm_dataset *ds);
 
 const mlm_config *mlm_dataset_config(const mlm_dataset *ds);
 void mlm_dataset_stats(const mlm_dataset *ds, mlm_stats *out);
+
+/* 1 when non-empty document number i (of n, counted over the shards in
+ * order, empty documents skipped) is held out under cfg (holdout_pct,
+ * seed); 0 when cfg holds nothing out. Pure: the same answer in every
+ * process. */
+int mlm_doc_held_out(const mlm_config *cfg, uint64_t i, uint64_t n);
 
 /* Sample id at position i (< n_samples) of epoch `epoch`: a keyed bijection
  * of [0, n_samples) (Feistel network with cycle-walking; no O(N) state). */

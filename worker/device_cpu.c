@@ -1,10 +1,9 @@
 /* device_cpu — the CPU backend of the training loop (loop.h): the host
- * trainer (train.h) is the model; forward and backward read each batch in
- * place from its ring slot or batch buffer; gradients are averaged over the
- * ranks on the job's shm comm (w->cm), then the optimizer steps. Never
- * scales the loss (fp32 only), never copies the model anywhere.
+ * trainer (train.h) is the model and reads each batch in place (no upload);
+ * gradients are averaged over the ranks on the job's shm comm (w->cm), then
+ * the optimizer steps. Never scales the loss (fp32 only), never copies the
+ * model anywhere.
  */
-#include <errno.h>
 #include <stdlib.h>
 
 #include "common/exitcodes.h"
@@ -12,31 +11,20 @@
 
 typedef struct cpu_device {
 	worker *w;
-	bert_batch batch;  /* the uploaded micro-batch: pointers into host memory */
-	double loss;       /* sum over the step's micro-batches so far */
+	double loss; /* sum over the step's micro-batches so far */
 } cpu_device;
 
-static void cpu_zero_grad(void *ctx)
+/* trainer_micro draws the same dropout masks as d, from the trainer's seed and rank */
+static int cpu_forward_backward(void *ctx, const bert_batch *b, const bert_dropout *d, int k, int M, char *err,
+				size_t errlen)
 {
 	cpu_device *c = ctx;
-	bert_model_zero_grad(c->w->tr->model);
-	c->loss = 0;
-}
-
-static int cpu_upload(void *ctx, const bert_batch *b, char *err, size_t errlen)
-{
-	(void)err;
-	(void)errlen;
-	cpu_device *c = ctx;
-	c->batch = *b;
-	return 0;
-}
-
-static int cpu_forward_backward(void *ctx, const bert_dropout *d, int k, int M, char *err, size_t errlen)
-{
-	cpu_device *c = ctx;
-	(void)d; /* trainer_micro draws the same masks from the trainer's seed and rank */
-	return trainer_micro(c->w->tr, &c->batch, k, M, &c->loss, err, errlen);
+	(void)d;
+	if (k == 0) {
+		bert_model_zero_grad(c->w->tr->model);
+		c->loss = 0;
+	}
+	return trainer_micro(c->w->tr, b, k, M, &c->loss, err, errlen);
 }
 
 static double cpu_loss(void *ctx, int M)
@@ -60,6 +48,12 @@ static int cpu_update(void *ctx, loop_update *out)
 	return optim_step(w->tr->opt, m->params_memory, m->grads_memory, &out->lr, &out->grad_norm);
 }
 
+static int cpu_eval(void *ctx, const bert_batch *b, bert_eval_sums *acc)
+{
+	cpu_device *c = ctx;
+	return bert_model_eval(c->w->tr->model, b, acc);
+}
+
 static void cpu_destroy(void *ctx, int exit_code)
 {
 	(void)exit_code; /* w->cm is worker_main.c's */
@@ -73,9 +67,8 @@ int device_cpu_create(worker *w, loop_device *dev)
 		return worker_fail(w, BERTD_EXIT_OOM, "out of memory for the CPU device");
 	c->w = w;
 	*dev = (loop_device){
-		.ctx = c, .h2d = false, .reads_in_place = true,
-		.zero_grad = cpu_zero_grad, .upload = cpu_upload, .forward_backward = cpu_forward_backward,
-		.loss = cpu_loss, .update = cpu_update, .destroy = cpu_destroy,
+		.ctx = c, .reads_in_place = true, .forward_backward = cpu_forward_backward,
+		.loss = cpu_loss, .update = cpu_update, .eval = cpu_eval, .destroy = cpu_destroy,
 	};
 	return 0;
 }

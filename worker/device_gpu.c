@@ -31,13 +31,6 @@ typedef struct gpu_device {
 
 /* ---- the device interface ---- */
 
-static void gpu_zero_grad(void *ctx)
-{
-	gpu_device *g = ctx;
-	gpu_model_zero_grad(g->gm);
-	g->loss = 0;
-}
-
 /* In place (pinned, or pageable without pin_memory) the copy reads the
  * batch's memory until gpu_upload_wait; staged, it is copied out first. */
 static int gpu_upload(void *ctx, const bert_batch *b, char *err, size_t errlen)
@@ -52,23 +45,41 @@ static int gpu_upload_wait(void *ctx)
 	return gpu_model_upload_wait(g->gm);
 }
 
-/* Reads the previous micro-batch's loss (the host fetched and uploaded this
- * one while the device computed that one), then enqueues forward and
- * backward; only the last micro-batch's gradients are final, so only its
- * backward reduces buckets. */
-static int gpu_forward_backward(void *ctx, const bert_dropout *d, int k, int M, char *err, size_t errlen)
+/* Zeroes the gradients (k = 0) or reads the previous micro-batch's loss
+ * (the host fetched and uploaded this one while the device computed that
+ * one), then enqueues forward and backward; only the last micro-batch's
+ * gradients are final, so only its backward reduces buckets. */
+static int gpu_forward_backward(void *ctx, const bert_batch *b, const bert_dropout *d, int k, int M, char *err,
+				size_t errlen)
 {
+	(void)b; /* uploaded */
 	(void)err;
 	(void)errlen;
 	gpu_device *g = ctx;
 	int rc;
-	if (k > 0)
+	if (k == 0) {
+		gpu_model_zero_grad(g->gm);
+		g->loss = 0;
+	} else {
 		g->loss += gpu_model_loss(g->gm);
+	}
 	if (k == M - 1)
 		gpu_model_reduce_in_next_backward(g->gm);
 	if ((rc = gpu_model_forward(g->gm, d, gpu_model_loss_scale(g->gm) / (float)M)) < 0)
 		return rc;
 	return gpu_model_backward(g->gm); /* -EPIPE: a gradient bucket's all-reduce lost a peer */
+}
+
+/* Staged upload (the eval set is the worker's own memory), forward without
+ * dropout, sums read back: synchronous, between two steps. */
+static int gpu_eval(void *ctx, const bert_batch *b, bert_eval_sums *acc)
+{
+	gpu_device *g = ctx;
+	char err[256] = "";
+	int rc = gpu_model_eval(g->gm, b, acc, err, sizeof err);
+	if (rc < 0 && err[0])
+		log_error("held-out evaluation: %s", err);
+	return rc;
 }
 
 static double gpu_loss(void *ctx, int M)
@@ -198,18 +209,6 @@ static int nccl_hook(void *ctx, float *grads, size_t n, cudaStream_t s)
 
 /* ---- setup ---- */
 
-/* The spec's bf16/fp16 tri-state as gpu_precision_pick's wish. */
-static const char *precision_want(int bf16, int fp16)
-{
-	if (bf16 == 1)
-		return "bf16";
-	if (fp16 == 1)
-		return "fp16";
-	if (bf16 == 0 && fp16 == 0)
-		return "fp32";
-	return "auto";
-}
-
 /* Restores the loss scaler of the checkpoint resumed from. */
 static int restore_scaler(gpu_device *g, kdtype dt)
 {
@@ -229,13 +228,10 @@ static int restore_scaler(gpu_device *g, kdtype dt)
 }
 
 /* Where uploads read a batch from (docs/cuda.md, "Data path"). pin_memory:
- * the memory batches are built in (the ring's slot area, or the serial
- * path's buffer) is page-locked once, and each batch is DMA'd from it in
- * place; if the kernel refuses to lock it, batches are staged through
- * gpu_model's own pinned buffer (a host copy, then the DMA). Without
- * pin_memory, the copy reads the pageable slot itself: the driver stages it,
- * synchronously, which is what the loader experiment measures. Returns
- * whether uploads read in place. */
+ * in place from the batch memory (ring slot area or serial buffer), locked
+ * once, or, if the kernel refuses to lock it, staged through gpu_model's
+ * pinned buffer. Without: from the pageable slot, which the driver stages
+ * synchronously. Returns whether uploads read in place. */
 static bool pick_h2d(gpu_device *g)
 {
 	worker *w = g->w;
@@ -292,7 +288,9 @@ static int join_nccl(gpu_device *g)
 #endif
 }
 
-/* *dev is set first: whatever fails below, loop_device.destroy frees g. */
+/* Picks the precision, makes gpu_model from the host trainer's weights and
+ * optimizer state, pins the batch memory, joins the NCCL group (world > 1).
+ * *dev is set first: whatever fails below, loop_device.destroy frees g. */
 int device_gpu_create(worker *w, loop_device *dev)
 {
 	char err[512];
@@ -303,13 +301,15 @@ int device_gpu_create(worker *w, loop_device *dev)
 		return worker_fail(w, BERTD_EXIT_OOM, "out of memory for the GPU device");
 	g->w = w;
 	*dev = (loop_device){
-		.ctx = g, .h2d = true,
-		.zero_grad = gpu_zero_grad, .upload = gpu_upload, .forward_backward = gpu_forward_backward,
-		.upload_wait = gpu_upload_wait, .loss = gpu_loss,
-		.update = gpu_update, .to_host = gpu_to_host, .destroy = gpu_destroy,
+		.ctx = g, .upload = gpu_upload, .forward_backward = gpu_forward_backward,
+		.loss = gpu_loss, .update = gpu_update, .to_host = gpu_to_host, .eval = gpu_eval,
+		.destroy = gpu_destroy,
 	};
+	/* the spec's bf16/fp16 (1, 0, JOBSPEC_AUTO) as gpu_precision_pick's wish */
+	const char *want = ta->bf16 == 1 ? "bf16" : ta->fp16 == 1 ? "fp16"
+				 : ta->bf16 == 0 && ta->fp16 == 0 ? "fp32" : "auto";
 	kdtype dt;
-	int rc = gpu_precision_pick(precision_want(ta->bf16, ta->fp16), GPU_DEVICE, &dt, err, sizeof err);
+	int rc = gpu_precision_pick(want, GPU_DEVICE, &dt, err, sizeof err);
 	if (rc == -ENOTSUP || rc == -EINVAL)
 		return worker_fail(w, BERTD_EXIT_BAD_CONFIG, "%s", err);
 	if (rc < 0)
@@ -336,7 +336,8 @@ int device_gpu_create(worker *w, loop_device *dev)
 	int code;
 	if (w->have_ckpt_scaler && (code = restore_scaler(g, dt)) != 0)
 		return code;
-	dev->reads_in_place = g->inplace = pick_h2d(g);
+	if ((dev->reads_in_place = g->inplace = pick_h2d(g)))
+		dev->upload_wait = gpu_upload_wait;
 	if (w->world > 1 && (code = join_nccl(g)) != 0)
 		return code;
 	log_info("GPU model: %s, batch %u x %u, %zu parameters", kdtype_name(dt), l->B, l->T, g->gm->num_params);

@@ -885,6 +885,121 @@ float gpu_model_loss(gpu_model *g)
     return g->cfg.nsp ? mlm + g->loss_host[1] / (float)B : mlm;
 }
 
+/* IEEE half / bfloat16 bits to float, on the host (eval's argmax). */
+static float half_to_float(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 0x1f, m = h & 0x3ff, bits;
+    if (e == 0x1f) {
+        bits = sign | 0x7f800000u | (m << 13);
+    } else if (e != 0) {
+        bits = sign | ((e + 112) << 23) | (m << 13);
+    } else if (m == 0) {
+        bits = sign;
+    } else { /* subnormal: normalize */
+        e = 113;
+        while (!(m & 0x400)) {
+            m <<= 1;
+            e--;
+        }
+        bits = sign | (e << 23) | ((m & 0x3ff) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* gpu_model_eval of a batch that fits the capacity. */
+static int eval_fitting(gpu_model *g, const bert_batch *b, bert_eval_sums *acc, char *err, size_t errlen)
+{
+    int rc = gpu_model_upload(g, b, err, errlen);
+    if (rc < 0)
+        return rc;
+    const bert_dropout off = {.train = 0};
+    rc = gpu_model_forward(g, &off, 0.0f); /* 0: eval, the logits stay logits */
+    if (rc < 0)
+        return rc;
+    const int M = b->M, V = g->cfg.vocab_size;
+    const size_t esz = kdtype_size(g->dt), n = (size_t)M * V;
+    void *raw = NULL;
+    float *logits = NULL, *losses = NULL;
+    GPU_TRY(cudaStreamSynchronize(g->compute));
+    if (M == 0)
+        goto out;
+    raw = malloc(n * esz);
+    logits = g->dt == KDT_F32 ? raw : malloc(n * 4);
+    losses = malloc((size_t)M * 4);
+    if (!raw || !logits || !losses) {
+        snprintf(err, errlen, "out of host memory for %d x %d eval logits", M, V);
+        rc = -ENOMEM;
+        goto out;
+    }
+    GPU_TRY(cudaMemcpy(raw, g->acts->logits, n * esz, cudaMemcpyDeviceToHost));
+    GPU_TRY(cudaMemcpy(losses, g->acts->losses, (size_t)M * 4, cudaMemcpyDeviceToHost));
+    if (g->dt != KDT_F32) {
+        const uint16_t *h = raw;
+        for (size_t i = 0; i < n; i++) {
+            if (g->dt == KDT_F16) {
+                logits[i] = half_to_float(h[i]);
+            } else {
+                uint32_t bits = (uint32_t)h[i] << 16;
+                memcpy(&logits[i], &bits, 4);
+            }
+        }
+    }
+    bert_eval_accumulate(logits, losses, b->mlm_labels, M, V, acc);
+out:
+    if (logits != raw)
+        free(logits);
+    free(raw);
+    free(losses);
+    return rc;
+}
+
+int gpu_model_eval(gpu_model *g, const bert_batch *b, bert_eval_sums *acc, char *err, size_t errlen)
+{
+    if (b->B <= g->max_B && b->M <= g->max_M)
+        return eval_fitting(g, b, acc, err, errlen);
+    /* Larger than the training capacity (per_device_eval_batch_size above
+     * the training batch): the sums add up, so evaluate it in runs of
+     * sequences that fit, their masked positions re-based. */
+    if (b->T > g->T || b->M < 0) {
+        snprintf(err, errlen, "eval batch of T=%d does not fit the model's T=%d", b->T, g->T);
+        return -EINVAL;
+    }
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)(b->M > 0 ? b->M : 1));
+    int32_t *lab = malloc(sizeof(int32_t) * (size_t)(b->M > 0 ? b->M : 1));
+    int rc = pos && lab ? 0 : -ENOMEM;
+    for (int j0 = 0; j0 < b->B && rc == 0;) {
+        int n = b->B - j0 < g->max_B ? b->B - j0 : g->max_B;
+        int m;
+        for (;;) { /* shrink the run until its masked positions fit too */
+            m = 0;
+            for (int i = 0; i < b->M; i++) {
+                int j = b->mlm_positions[i] / b->T;
+                if (j >= j0 && j < j0 + n) {
+                    pos[m] = b->mlm_positions[i] - j0 * b->T;
+                    lab[m++] = b->mlm_labels[i];
+                }
+            }
+            if (m <= g->max_M || n == 1)
+                break;
+            n /= 2;
+        }
+        const size_t o = (size_t)j0 * b->T;
+        bert_batch sub = {
+            .B = n, .T = b->T, .M = m,
+            .input_ids = b->input_ids + o, .token_type_ids = b->token_type_ids + o,
+            .seq_lens = b->seq_lens + j0, .mlm_positions = pos, .mlm_labels = lab,
+            .nsp_labels = b->nsp_labels ? b->nsp_labels + j0 : NULL,
+        };
+        rc = eval_fitting(g, &sub, acc, err, errlen);
+        j0 += n;
+    }
+    free(pos);
+    free(lab);
+    return rc;
+}
+
 void gpu_model_zero_grad(gpu_model *g)
 {
     cudaError_t e = cudaMemsetAsync(g->grads_memory, 0, g->num_params * 4, g->compute);

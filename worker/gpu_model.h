@@ -197,6 +197,16 @@ int gpu_model_forward(gpu_model *g, const bert_dropout *d, float loss_scale);
 /* Loss of the last forward, mean MLM (+ mean NSP when nsp = 1), as
  * worker/model.c's m->loss (waits for it). */
 float gpu_model_loss(gpu_model *g);
+/* Held-out evaluation of b (worker/eval.c): uploads it, runs the forward
+ * without dropout and without a gradient, and adds its masked-LM sums to
+ * *acc as bert_model_eval does: per-token losses from the device (fp32,
+ * from logits in the activation precision), argmax over the logits copied to
+ * the host (M x V of them per batch). Synchronous; the next training step
+ * starts as after any forward. A batch larger than the capacity (max_B,
+ * max_M) is evaluated in runs of sequences that fit (the sums add up).
+ * -EINVAL with err for a batch the model cannot take (another T, bad ids),
+ * -ENOMEM, -EIO for a CUDA error. */
+int gpu_model_eval(gpu_model *g, const bert_batch *b, bert_eval_sums *acc, char *err, size_t errlen);
 void gpu_model_zero_grad(gpu_model *g);
 /* Accumulates (+=) into grads the gradient of loss_scale * loss of the last
  * forward, which must have been a training forward. */

@@ -4,10 +4,10 @@
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "common/exitcodes.h"
 #include "common/fsutil.h"
@@ -26,9 +26,8 @@ static int slot_to_batch(worker *w, const void *slot, int micro, bert_batch *b)
 {
 	const batch_header *h = slot;
 	const batch_layout *l = &w->bj.ring.layout;
-	int rc = batch_header_check(h, l);
-	if (rc < 0)
-		return rc;
+	if (batch_header_check(h, l) < 0)
+		return -EPROTO;
 	const char *base = slot;
 	const int32_t *pos = (const int32_t *)(base + h->off_mlm_positions);
 	const int32_t *lab = (const int32_t *)(base + h->off_mlm_labels);
@@ -51,72 +50,59 @@ static int slot_to_batch(worker *w, const void *slot, int micro, bert_batch *b)
 		.mlm_positions = fp, .mlm_labels = fl,
 		.nsp_labels = (h->flags & BATCH_FLAG_NSP) ? (const int32_t *)(base + h->off_nsp_labels) : NULL,
 	};
-	w->win_tokens += h->n_tokens;
+	w->win.tokens += h->n_tokens;
 	w->epoch = h->epoch;
 	return 0;
 }
 
 /* Micro-batch k of this step into *b: from the ring (*from_ring: the caller
  * releases the slot once the device has stopped reading it) or built here
- * into local_slot[k]. Returns 0, 1 when a stop came while starved, or -1
- * with *code set (already reported). */
-static int next_batch(worker *w, int k, bert_batch *b, bool *from_ring, int *code)
+ * into local_slot[k]. Returns 0, BERTD_EXIT_STOPPED when a stop came while
+ * starved, or the exit code (already reported). */
+static int next_batch(worker *w, int k, bert_batch *b, bool *from_ring)
 {
 	const batch_layout *l = &w->bj.ring.layout;
 	const int M = w->bj.spec.training.gradient_accumulation_steps;
 	void *slot = NULL;
+	int rc;
 	*from_ring = false;
 	if (w->rg) {
-		int rc;
 		while ((rc = ring_next(w->rg, (uint32_t)w->rank, RING_WAIT_MS, &slot)) == -ETIMEDOUT) {
 			worker_poll(w);
 			if (w->world == 1 && w->stop_requested)
-				break;
+				return BERTD_EXIT_STOPPED;
 		}
-		if (rc == -ETIMEDOUT)
-			return 1;
-		if (rc == RING_END) {
-			*code = worker_fail(w, BERTD_EXIT_DATA, "the batch stream ended at step %ld",
-					    w->tr->step);
-			return -1;
-		}
-		if (rc < 0) {
-			*code = worker_fail(w, BERTD_EXIT_DATA, "no batch from the loaders: %s", strerror(-rc));
-			return -1;
-		}
+		if (rc == RING_END)
+			return worker_fail(w, BERTD_EXIT_DATA, "the batch stream ended at step %ld", w->tr->step);
+		if (rc < 0)
+			return worker_fail(w, BERTD_EXIT_DATA, "no batch from the loaders: %s", strerror(-rc));
 		*from_ring = true;
 	} else {
 		uint64_t global = ((uint64_t)w->tr->step * (uint64_t)M + (uint64_t)k) * (uint64_t)w->world +
 				  (uint64_t)w->rank;
 		slot = (char *)w->local_slot + (size_t)k * l->slot_bytes;
 		batchjob_simulated_delay(&w->bj);
-		int rc = mlm_batch_build(w->data.ds, l, (uint32_t)w->world, (uint32_t)M, global, slot);
-		if (rc < 0) {
-			*code = worker_fail(w, BERTD_EXIT_DATA, "building batch %llu: %s",
-					    (unsigned long long)global, strerror(-rc));
-			return -1;
-		}
+		if ((rc = mlm_batch_build(w->data.ds, l, (uint32_t)w->world, (uint32_t)M, global, slot)) < 0)
+			return worker_fail(w, BERTD_EXIT_DATA, "building batch %llu: %s", (unsigned long long)global,
+					   strerror(-rc));
 	}
 	if (slot_to_batch(w, slot, k, b) < 0) {
 		if (*from_ring)
 			ring_release(w->rg, (uint32_t)w->rank);
-		*code = worker_fail(w, BERTD_EXIT_DATA, "batch slot failed its header check");
-		return -1;
+		return worker_fail(w, BERTD_EXIT_DATA, "batch slot failed its header check");
 	}
 	return 0;
 }
 
 /* ---- the ranks' per-step sums ---- */
 
-/* Sums the step's loss, the window's tokens, the stop flag and per-rank busy
- * time over the ranks (host doubles, w->cm); *loss comes back averaged,
- * *tokens summed. */
+/* Sums the step's loss, the window's tokens, the stop flag and each rank's
+ * busy time (data + forward/backward: in its own slot, so rank 0 can name a
+ * straggler) over the ranks; *loss comes back averaged, *tokens summed. */
 static int sum_over_ranks(worker *w, double *loss, double *tokens, double busy_s)
 {
-	/* Each rank's busy time (data + forward/backward) travels in its
-	 * own slot, so rank 0 can name a straggler. */
 	int nr = w->world <= LOOP_WIN_MAX_RANKS ? w->world : 0;
-	double s[3 + LOOP_WIN_MAX_RANKS] = {*loss, w->win_tokens, w->stop_requested ? 1.0 : 0.0};
+	double s[3 + LOOP_WIN_MAX_RANKS] = {*loss, w->win.tokens, w->stop_requested ? 1.0 : 0.0};
 	if (nr)
 		s[3 + w->rank] = busy_s;
 	int rc = comm_allreduce_sum_f64(w->cm, s, 3 + nr);
@@ -127,22 +113,23 @@ static int sum_over_ranks(worker *w, double *loss, double *tokens, double busy_s
 	if (s[2] > 0)
 		w->stop_requested = true; /* any rank's stop stops all, same step */
 	for (int k = 0; k < nr; k++)
-		w->win_rank_busy_s[k] += s[3 + k];
+		w->win.rank_busy_s[k] += s[3 + k];
 	return 0;
 }
 
 /* Replicas are identical by construction (same init, same all-reduced
- * gradients, same update): every rank compares its host parameter span at
- * a save step, before rank 0 checkpoints, so a diverged state is never
+ * gradients, same update): every rank compares its parameters, on the host,
+ * at a save step, before rank 0 checkpoints, so a diverged state is never
  * saved. Returns 0, or the exit code (already reported). */
-static int check_replicas(worker *w, int64_t step)
+static int check_replicas(worker *w, const loop_device *dev, long step)
 {
-	int rc = comm_replicas_agree(w->cm, w->tr->model->params_memory, w->tr->model->num_params * sizeof(float));
+	int rc = dev->to_host ? dev->to_host(dev->ctx, false, NULL) : 0;
+	if (rc < 0)
+		return worker_fail(w, BERTD_EXIT_FAILURE, "copying parameters from the device: %s", strerror(-rc));
+	rc = comm_replicas_agree(w->cm, w->tr->model->params_memory, w->tr->model->num_params * sizeof(float));
 	if (rc == 0)
-		return worker_fail(w, BERTD_EXIT_FAILURE,
-				   "the ranks' parameters differ at step %ld: a replica diverged (restarting from the "
-				   "last checkpoint)",
-				   (long)step);
+		return worker_fail(w, BERTD_EXIT_FAILURE, "the ranks' parameters differ at step %ld: a replica "
+				   "diverged (restarting from the last checkpoint)", step);
 	if (rc < 0)
 		return worker_fail(w, BERTD_EXIT_PEER_LOST, "checking replicas: %s", strerror(-rc));
 	return 0;
@@ -197,12 +184,10 @@ static int cmp_double(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
-/* Nearest-rank 95th percentile of phase p over the window's kept steps. */
-static double window_p95(const worker *w, int p, double *scratch)
+/* Nearest-rank 95th percentile of phase p over the window's n kept steps. */
+static double window_p95(const worker *w, size_t n, int p)
 {
-	size_t n = w->win_steps < LOOP_WIN_STEPS_MAX ? (size_t)w->win_steps : LOOP_WIN_STEPS_MAX;
-	if (n == 0)
-		return 0;
+	static double scratch[LOOP_WIN_STEPS_MAX];
 	for (size_t i = 0; i < n; i++)
 		scratch[i] = w->win_ph[i][p];
 	qsort(scratch, n, sizeof *scratch, cmp_double);
@@ -215,34 +200,29 @@ static double window_p95(const worker *w, int p, double *scratch)
  * loader ring's counters and each rank's busy time (docs/diagnosis.md). */
 static void add_window_timing(worker *w, json_t *m)
 {
-	static double scratch[LOOP_WIN_STEPS_MAX];
-	const double n = (double)w->win_steps;
-	size_t kept = w->win_steps < LOOP_WIN_STEPS_MAX ? (size_t)w->win_steps : LOOP_WIN_STEPS_MAX;
-	double mean[PH_COUNT] = {0};
-	for (size_t i = 0; i < kept; i++)
-		for (int p = 0; p < PH_COUNT; p++)
-			mean[p] += w->win_ph[i][p] / (double)kept;
-	/* data and all-reduce are exact window sums; the split of the rest
-	 * into forward/backward and optimizer comes from the kept steps */
-	double data = 1000.0 * w->win_data_s / n, ar = 1000.0 * w->win_comm_s / n;
-	double h2d = 1000.0 * w->win_h2d_s / n;
-	double rest = 1000.0 * (w->win_step_s - w->win_data_s - w->win_comm_s - w->win_h2d_s) / n;
-	double split = mean[PH_COMPUTE] + mean[PH_OPTIMIZER];
-	double opt = split > 0 ? rest * mean[PH_OPTIMIZER] / split : 0;
+	const double n = (double)w->win.steps, *s = w->win.phase_s;
+	size_t kept = w->win.steps < LOOP_WIN_STEPS_MAX ? (size_t)w->win.steps : LOOP_WIN_STEPS_MAX;
+	/* the rest of the step after data, h2d and all-reduce is split between
+	 * forward/backward and optimizer as their sums are (compute >= 0 each step) */
+	double data = 1000.0 * s[PH_DATA] / n, ar = 1000.0 * s[PH_ALLREDUCE] / n, h2d = 1000.0 * s[PH_H2D] / n;
+	double rest = 1000.0 * (s[PH_STEP] - s[PH_DATA] - s[PH_ALLREDUCE] - s[PH_H2D]) / n;
+	double split = s[PH_COMPUTE] + s[PH_OPTIMIZER];
+	double opt = split > 0 ? rest * s[PH_OPTIMIZER] / split : 0;
 	json_object_set_new(m, "phases_ms",
 			    json_pack("{s:f, s:f, s:f, s:f, s:f, s:f}", "data_wait", data, "h2d", h2d, /* CPU: 0 */
 				      "compute", rest - opt, "allreduce", ar, "optimizer", opt, "checkpoint",
-				      1000.0 * w->win_ckpt_s / n));
-	json_object_set_new(m, "step_time_p95_ms", json_real(window_p95(w, PH_STEP, scratch)));
+				      1000.0 * w->win.ckpt_s / n));
+	if (w->eval) /* like checkpoint: outside the step, per step of the window */
+		json_object_set_new(json_object_get(m, "phases_ms"), "eval", json_real(1000.0 * w->win.eval_s / n));
+	json_object_set_new(m, "step_time_p95_ms", json_real(window_p95(w, kept, PH_STEP)));
 	json_object_set_new(m, "phases_p95_ms",
-			    json_pack("{s:f, s:f, s:f, s:f}", "data_wait", window_p95(w, PH_DATA, scratch),
-				      "compute", window_p95(w, PH_COMPUTE, scratch), "allreduce",
-				      window_p95(w, PH_ALLREDUCE, scratch), "optimizer",
-				      window_p95(w, PH_OPTIMIZER, scratch)));
+			    json_pack("{s:f, s:f, s:f, s:f}", "data_wait", window_p95(w, kept, PH_DATA), "compute",
+				      window_p95(w, kept, PH_COMPUTE), "allreduce", window_p95(w, kept, PH_ALLREDUCE),
+				      "optimizer", window_p95(w, kept, PH_OPTIMIZER)));
 	if (w->world > 1 && w->world <= LOOP_WIN_MAX_RANKS) {
 		json_t *ranks = json_array();
 		for (int k = 0; k < w->world; k++)
-			json_array_append_new(ranks, json_real(1000.0 * w->win_rank_busy_s[k] / n));
+			json_array_append_new(ranks, json_real(1000.0 * w->win.rank_busy_s[k] / n));
 		json_object_set_new(m, "rank_step_ms", ranks);
 	}
 	if (w->rg) {
@@ -271,38 +251,109 @@ static void log_window(worker *w, const loop_update *up, double tokens, double *
 	if (!log_now && step != max_steps)
 		return;
 	double wall = worker_now_s() - *t_log;
+	double loss = w->win.loss / (double)w->win.steps, tps = wall > 0 ? tokens / wall : 0.0;
 	if (w->rank == 0) {
-		json_t *m = json_pack("{s:s, s:I, s:I, s:f, s:f, s:f, s:f, s:f}",
-				      "type", "metrics", "step", (json_int_t)step,
-				      "epoch", (json_int_t)w->epoch, "loss", w->win_loss / (double)w->win_steps,
-				      "learning_rate", up->lr, "grad_norm", up->grad_norm,
-				      "tokens_per_s", wall > 0 ? tokens / wall : 0.0,
-				      "step_time_ms", 1000.0 * w->win_step_s / (double)w->win_steps);
+		json_t *m = json_pack("{s:s, s:I, s:I, s:f, s:f, s:f, s:f, s:f}", "type", "metrics", "step",
+				      (json_int_t)step, "epoch", (json_int_t)w->epoch, "loss", loss, "learning_rate",
+				      up->lr, "grad_norm", up->grad_norm, "tokens_per_s", tps, "step_time_ms",
+				      1000.0 * w->win.phase_s[PH_STEP] / (double)w->win.steps);
 		add_window_timing(w, m);
 		worker_send(w, m);
-		log_info("step %ld/%lld loss %.4f lr %.3g grad_norm %.3f tokens/s %.0f", step,
-			 (long long)max_steps, w->win_loss / (double)w->win_steps, up->lr, up->grad_norm,
-			 wall > 0 ? tokens / wall : 0.0);
+		log_info("step %ld/%lld loss %.4f lr %.3g grad_norm %.3f tokens/s %.0f", step, (long long)max_steps,
+			 loss, up->lr, up->grad_norm, tps);
 	}
-	w->win_data_s = w->win_step_s = w->win_comm_s = w->win_tokens = w->win_loss = 0;
-	w->win_h2d_s = 0;
-	w->win_ckpt_s = 0;
-	memset(w->win_rank_busy_s, 0, sizeof w->win_rank_busy_s);
-	w->win_steps = 0;
+	memset(&w->win, 0, sizeof w->win);
 	*t_log = worker_now_s();
+}
+
+/* ---- held-out evaluation (worker/eval.c) ---- */
+
+static int device_failed(worker *w, int rc, const char *what, double loss, const char *err);
+
+/* With eval_strategy "steps": every rank builds the eval set, rank 0 writes
+ * it to the job directory (the parent of checkpoint_dir) as
+ * eval_batches.bin. Returns 0 or the exit code (already reported). */
+static int eval_setup(worker *w)
+{
+	char err[512], path[PATH_MAX];
+	if (strcmp(w->bj.spec.training.eval_strategy, "steps") != 0)
+		return 0;
+	int rc = eval_set_create(&w->eval, &w->bj, w->rank, w->world, err, sizeof err);
+	if (rc < 0)
+		return worker_fail(w, rc == -ENOMEM ? BERTD_EXIT_OOM : BERTD_EXIT_DATA, "held-out evaluation: %s",
+				   err);
+	if (w->rank == 0) {
+		const char *slash = strrchr(w->checkpoint_dir, '/');
+		int dir = slash ? (int)(slash - w->checkpoint_dir) : 1;
+		snprintf(path, sizeof path, "%.*s/eval_batches.bin", dir, slash ? w->checkpoint_dir : ".");
+		if ((rc = eval_set_write(w->eval, path)) < 0)
+			return worker_fail(w, BERTD_EXIT_IO, "writing %s: %s", path, strerror(-rc));
+		log_info("held-out evaluation: %d eval batches, written to %s", eval_set_batches(w->eval), path);
+	}
+	return 0;
+}
+
+static json_t *finite_or_null(double x)
+{
+	return isfinite(x) ? json_real(x) : json_null();
+}
+
+/* The stall watch's heartbeat during an evaluation, at most once a second. */
+static void eval_tick(void *arg)
+{
+	worker *w = arg;
+	double now = worker_now_s();
+	if (now - w->eval_tick_s >= 1.0) {
+		worker_send(w, json_pack("{s:s, s:I}", "type", "progress", "step", (json_int_t)w->tr->step));
+		w->eval_tick_s = now;
+	}
+}
+
+/* After step (before its window is logged, so the time falls in it): every
+ * eval_steps and at the last step, every rank evaluates its share; rank 0
+ * reports the sums over the ranks. Returns 0 or the exit code. */
+static int maybe_eval(worker *w, const loop_device *dev, long step)
+{
+	const jobspec_training *ta = &w->bj.spec.training;
+	if (!w->eval || (step % ta->eval_steps != 0 && step != ta->max_steps))
+		return 0;
+	double t0 = worker_now_s();
+	eval_result r;
+	w->eval_tick_s = t0;
+	int rc = eval_set_run(w->eval, dev->eval, dev->ctx, w->world > 1 ? w->cm : NULL, eval_tick, w, &r);
+	if (rc < 0)
+		return device_failed(w, rc, "held-out evaluation", 0, "");
+	double s = worker_now_s() - t0;
+	w->win.eval_s += s;
+	if (w->rank == 0) {
+		worker_send(w, json_pack("{s:s, s:I, s:o, s:o, s:f, s:I, s:i, s:f}", "type", "eval", "step",
+					 (json_int_t)step, "eval_loss", finite_or_null(r.loss), "perplexity",
+					 finite_or_null(r.perplexity), "eval_accuracy", r.accuracy,
+					 "eval_masked_tokens", (json_int_t)r.masked, "eval_batches", r.batches,
+					 "eval_ms", 1000.0 * s));
+		log_info("step %ld eval_loss %.4f perplexity %.3f accuracy %.4f (%d batches, %.0f masked tokens, "
+			 "%.0f ms)", step, r.loss, r.perplexity, r.accuracy, r.batches, r.masked, 1000.0 * s);
+	}
+	return 0;
 }
 
 /* ---- the end of a run ---- */
 
-/* Training done: rank 0 writes the final checkpoint and the HuggingFace
- * export from the host model; all ranks meet once more. */
-static int finish_run(worker *w, const loop_device *dev)
+/* The end of a run (max_steps reached, or stopped on request): rank 0
+ * checkpoints what it has; when done, it also writes the HuggingFace export
+ * from the host model, and all ranks meet once more. */
+static int end_run(worker *w, const loop_device *dev, bool stopped)
 {
 	char err[512];
+	int code;
+	if (w->rank == 0 && (!stopped || w->tr->step > 0) &&
+	    (code = save_checkpoint(w, dev, stopped ? "the stop checkpoint" : "the final checkpoint")) != 0)
+		return code;
+	if (stopped) {
+		log_info("stopped at step %ld", w->tr->step);
+		return BERTD_EXIT_STOPPED;
+	}
 	if (w->rank == 0) {
-		int code = save_checkpoint(w, dev, "the final checkpoint");
-		if (code != 0)
-			return code;
 		const shard_dataset *sh = w->data.shards;
 		if (hf_export(w->tr->model, w->export_dir, sh ? sh->vocab_path : NULL, sh ? sh->vocab.lowercase : true,
 			      err, sizeof err) < 0)
@@ -315,18 +366,6 @@ static int finish_run(worker *w, const loop_device *dev)
 	return BERTD_EXIT_OK;
 }
 
-/* Stopped on request: rank 0 checkpoints what it has. */
-static int stop_run(worker *w, const loop_device *dev)
-{
-	if (w->rank == 0 && w->tr->step > 0) {
-		int code = save_checkpoint(w, dev, "the stop checkpoint");
-		if (code != 0)
-			return code;
-	}
-	log_info("stopped at step %ld", w->tr->step);
-	return BERTD_EXIT_STOPPED;
-}
-
 /* ---- the step loop ---- */
 
 /* The exit code for a failed device call (err: its message, or ""). */
@@ -335,8 +374,7 @@ static int device_failed(worker *w, int rc, const char *what, double loss, const
 	long step = w->tr->step;
 	const char *why = err[0] ? err : strerror(-rc);
 	if (rc == -EPIPE || rc == -EPROTO)
-		return worker_fail(w, BERTD_EXIT_PEER_LOST, "step %ld: %s: a peer was lost (%s)", step, what,
-				   why);
+		return worker_fail(w, BERTD_EXIT_PEER_LOST, "step %ld: %s: a peer was lost (%s)", step, what, why);
 	if (rc == -ENOMEM)
 		return worker_fail(w, BERTD_EXIT_OOM, "step %ld: %s: %s", step, what, why);
 	if (rc == -ERANGE)
@@ -345,77 +383,70 @@ static int device_failed(worker *w, int rc, const char *what, double loss, const
 	return worker_fail(w, BERTD_EXIT_FAILURE, "step %ld: %s failed: %s", step, what, why);
 }
 
-/* Per micro-batch: fetch (data phase), upload (h2d phase on a device),
- * forward + backward, then hand the batch memory back once the device has
- * stopped reading it. Then the update (gradient all-reduce + optimizer), the
- * loss / tokens / stop sums over ranks, and the step's phase times. */
 int loop_run(worker *w, const loop_device *dev)
 {
 	char err[512];
 	const jobspec_training *ta = &w->bj.spec.training;
 	const int M = ta->gradient_accumulation_steps;
 	const int64_t max_steps = ta->max_steps;
-	double tokens = 0; /* the window's, summed over the ranks when the last step did */
-	int code = BERTD_EXIT_OK;
+	int rc, code;
 	if (w->rg)
 		ring_get_counters(w->rg, (uint32_t)w->rank, &w->ring_prev);
+	if ((code = eval_setup(w)) != 0)
+		return code;
 	double t_log = worker_now_s(), t_progress = 0;
 	while (w->tr->step < max_steps) {
 		worker_poll(w);
 		if (w->world == 1 && w->stop_requested)
 			goto stop; /* alone: no step to agree on */
 		double t0 = worker_now_s(), data_s = 0, h2d_s = 0;
-		dev->zero_grad(dev->ctx);
 		for (int k = 0; k < M; k++) {
 			bert_batch b;
 			bool from_ring;
 			double ta0 = worker_now_s();
-			int rc = next_batch(w, k, &b, &from_ring, &code);
-			if (rc == 1)
+			if ((code = next_batch(w, k, &b, &from_ring)) == BERTD_EXIT_STOPPED)
 				goto stop; /* stop requested while starved */
-			if (rc < 0)
+			if (code != 0)
 				return code;
 			double tb = worker_now_s();
 			data_s += tb - ta0;
 			/* On error the slot stays held: the device may be reading it,
 			 * and the process is about to exit anyway. */
-			if ((rc = dev->upload(dev->ctx, &b, err, sizeof err)) == -EINVAL)
-				return worker_fail(w, BERTD_EXIT_DATA, "step %ld: unusable batch: %s",
-						   w->tr->step, err);
-			if (rc < 0)
-				return device_failed(w, rc, "uploading a batch", 0, err);
-			if (from_ring && !dev->reads_in_place)
-				ring_release(w->rg, (uint32_t)w->rank); /* the upload copied it out */
-			if (dev->h2d)
+			if (dev->upload) {
+				if ((rc = dev->upload(dev->ctx, &b, err, sizeof err)) == -EINVAL)
+					return worker_fail(w, BERTD_EXIT_DATA, "step %ld: unusable batch: %s",
+							   w->tr->step, err);
+				if (rc < 0)
+					return device_failed(w, rc, "uploading a batch", 0, err);
+				if (from_ring && !dev->reads_in_place)
+					ring_release(w->rg, (uint32_t)w->rank); /* the upload copied it out */
 				h2d_s += worker_now_s() - tb;
+			}
 			bert_dropout d = {.train = 1, .seed = w->tr->cfg.seed, .rank = w->tr->cfg.rank,
 					  .step = (uint32_t)w->tr->step, .micro = (uint32_t)k};
 			err[0] = 0;
-			if ((rc = dev->forward_backward(dev->ctx, &d, k, M, err, sizeof err)) < 0)
+			if ((rc = dev->forward_backward(dev->ctx, &b, &d, k, M, err, sizeof err)) < 0)
 				return device_failed(w, rc, "forward/backward", 0, err);
-			if (dev->reads_in_place) {
-				/* Read in place: hand the slot back (or, serial, rebuild that
-				 * buffer) only once the device is done with it. A device's copy
-				 * waited for the backward two micro-batches back, which had
-				 * finished by the time the previous loss was read, so this
-				 * rarely blocks for more than the copy itself. */
+			/* Read in place: the slot goes back (or, serial, that buffer is
+			 * rebuilt) only once the device is done with it. A GPU's copy
+			 * waited for the backward two micro-batches back, finished when
+			 * the previous loss was read: this rarely blocks for long. */
+			if (dev->upload_wait) {
 				double tw = worker_now_s();
-				if (dev->upload_wait && (rc = dev->upload_wait(dev->ctx)) < 0)
+				if ((rc = dev->upload_wait(dev->ctx)) < 0)
 					return device_failed(w, rc, "batch copy", 0, "");
-				if (dev->h2d)
-					h2d_s += worker_now_s() - tw;
-				if (from_ring)
-					ring_release(w->rg, (uint32_t)w->rank);
+				h2d_s += worker_now_s() - tw;
 			}
+			if (from_ring && dev->reads_in_place)
+				ring_release(w->rg, (uint32_t)w->rank);
 		}
 		double loss = dev->loss(dev->ctx, M);
 		double t1 = worker_now_s();
 		loop_update up = {0};
-		int rc = dev->update(dev->ctx, &up);
-		if (rc < 0)
+		if ((rc = dev->update(dev->ctx, &up)) < 0)
 			return device_failed(w, rc, "the update", loss, "");
 		double t2 = worker_now_s(), ar_s = up.comm_s;
-		tokens = w->win_tokens;
+		double tokens = w->win.tokens; /* the window's, summed over the ranks below */
 		if (w->cm) {
 			if ((rc = sum_over_ranks(w, &loss, &tokens, t1 - t0)) < 0)
 				return worker_fail(w, BERTD_EXIT_PEER_LOST, "step %ld: a peer was lost: %s",
@@ -424,48 +455,42 @@ int loop_run(worker *w, const loop_device *dev)
 		}
 		const long step = ++w->tr->step;
 		double t_end = worker_now_s();
-		w->win_data_s += data_s;
-		w->win_h2d_s += h2d_s;
-		w->win_comm_s += ar_s;
-		w->win_step_s += t_end - t0;
-		double *ph = w->win_ph[w->win_steps % LOOP_WIN_STEPS_MAX];
 		/* A device's compute still running when the host waits in the
 		 * reduction counts as compute, as does whatever the measured phases
 		 * leave of the step, so the phases add up to the step. */
 		double opt_s = t2 - t1 - up.comm_host_s;
 		double comp_s = (t_end - t0) - data_s - h2d_s - ar_s - opt_s;
-		ph[PH_STEP] = 1000.0 * (t_end - t0);
-		ph[PH_DATA] = 1000.0 * data_s;
-		ph[PH_COMPUTE] = 1000.0 * (comp_s > 0 ? comp_s : 0);
-		ph[PH_ALLREDUCE] = 1000.0 * ar_s;
-		ph[PH_OPTIMIZER] = 1000.0 * opt_s;
-		w->win_steps++;
-		w->win_loss += loss;
+		double ph_s[PH_COUNT] = {[PH_STEP] = t_end - t0, [PH_DATA] = data_s, [PH_H2D] = h2d_s,
+					 [PH_COMPUTE] = comp_s > 0 ? comp_s : 0, [PH_ALLREDUCE] = ar_s,
+					 [PH_OPTIMIZER] = opt_s};
+		double *ph = w->win_ph[w->win.steps % LOOP_WIN_STEPS_MAX];
+		for (int p = 0; p < PH_COUNT; p++) {
+			w->win.phase_s[p] += ph_s[p];
+			ph[p] = 1000.0 * ph_s[p];
+		}
+		w->win.steps++;
+		w->win.loss += loss;
 
+		if ((code = maybe_eval(w, dev, step)) != 0)
+			return code;
 		log_window(w, &up, tokens, &t_log);
 		if (t_end - t_progress >= 1.0) { /* the daemon's stall watch (daemon/supervisor.c) */
 			worker_send(w, json_pack("{s:s, s:I}", "type", "progress", "step", (json_int_t)step));
 			t_progress = t_end;
 		}
 		bool save_now = ta->save_steps > 0 && step % ta->save_steps == 0 && step != max_steps;
-		if (save_now && w->cm) {
-			/* every rank's parameters, compared on the host */
-			if (dev->to_host && (rc = dev->to_host(dev->ctx, false, NULL)) < 0)
-				return worker_fail(w, BERTD_EXIT_FAILURE,
-						   "copying parameters from the device: %s", strerror(-rc));
-			if ((code = check_replicas(w, step)) != 0)
-				return code;
-		}
+		if (save_now && w->cm && (code = check_replicas(w, dev, step)) != 0)
+			return code;
 		if (save_now && w->rank == 0) {
 			double tc = worker_now_s();
 			if ((code = save_checkpoint(w, dev, "checkpoint")) != 0)
 				return code;
-			w->win_ckpt_s += worker_now_s() - tc; /* reported with the next window */
+			w->win.ckpt_s += worker_now_s() - tc; /* reported with the next window */
 		}
 		if (w->stop_requested)
 			goto stop;
 	}
-	return finish_run(w, dev);
+	return end_run(w, dev, false);
 stop:
-	return stop_run(w, dev);
+	return end_run(w, dev, true);
 }

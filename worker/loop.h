@@ -5,17 +5,12 @@
  * (the device reduces its gradients over ranks, then steps the optimizer),
  * sum loss / tokens / stop flag / busy time over the ranks (shm comm), time
  * every phase, log a window, check the replicas and checkpoint at save
- * steps. At the end (or on an agreed stop) rank 0 writes the checkpoint and
- * the HuggingFace export from the host trainer.
+ * steps; at the end (or on an agreed stop), the checkpoint and the export.
  *
- * The device is a table of functions (loop_device): the CPU model
- * (worker/device_cpu.c, the host trainer itself) and gpu_model
- * (worker/device_gpu.c, CUDA builds) implement it; the loop never names a
- * backend. Gradient communication stays behind comm.h (shm or NCCL), owned
- * by the device that uses it.
- *
- * worker_main.c owns the process: arguments, the daemon socket, signals,
- * exit codes. The loop returns the exit code and never exits.
+ * The device is a table of functions (loop_device), implemented by the CPU
+ * model (device_cpu.c) and gpu_model (device_gpu.c): the loop never names a
+ * backend. worker_main.c owns the process; the loop returns the exit code
+ * and never exits.
  */
 #ifndef BERTD_WORKER_LOOP_H
 #define BERTD_WORKER_LOOP_H
@@ -30,14 +25,15 @@
 #include "loader/ring.h"
 #include "worker/checkpoint.h"
 #include "worker/comm.h"
+#include "worker/eval.h"
 #include "worker/train.h"
 
 #define LOOP_COMM_TIMEOUT_MS 60000
 #define LOOP_WIN_STEPS_MAX 4096 /* steps kept per logging window for the p95s */
 #define LOOP_WIN_MAX_RANKS 64   /* per-rank busy times reported up to this world size */
 
-/* Phases of a step, in the order of the metrics message's phases_ms. */
-enum { PH_STEP, PH_DATA, PH_COMPUTE, PH_ALLREDUCE, PH_OPTIMIZER, PH_COUNT };
+/* Phases of a step (the step itself first), as in the metrics message. */
+enum { PH_STEP, PH_DATA, PH_H2D, PH_COMPUTE, PH_ALLREDUCE, PH_OPTIMIZER, PH_COUNT };
 
 /* One rank's process state: set up by worker_main.c, run by loop_run. */
 typedef struct worker {
@@ -58,19 +54,22 @@ typedef struct worker {
 	comm *cm;                  /* shm group of the job's ranks (world > 1) */
 	checkpoint_scaler ckpt_scaler; /* loss scaler of the checkpoint resumed from */
 	bool have_ckpt_scaler;       /* false: none, or a checkpoint that predates it */
-	/* telemetry for the current logging window */
-	double win_data_s, win_step_s, win_comm_s;
-	double win_h2d_s;            /* batch uploads to the device; 0 on the CPU */
-	double win_tokens;
-	double win_loss;             /* sum of step losses (rank-averaged) */
-	int64_t win_steps;
-	uint64_t epoch;
-	double win_ckpt_s;           /* rank 0's checkpoint writes (training stalls) */
-	double win_rank_busy_s[LOOP_WIN_MAX_RANKS]; /* (world,) per-rank data + fwd/bwd, summed */
+	uint64_t epoch;              /* of the last batch taken */
+	struct {                     /* the current logging window's sums, zeroed at its end */
+		double phase_s[PH_COUNT]; /* exact sums; h2d (uploads to a device) 0 on the CPU */
+		double tokens;
+		double loss;         /* of the step losses (rank-averaged) */
+		int64_t steps;
+		double ckpt_s;       /* rank 0's checkpoint writes (training stalls) */
+		double eval_s;       /* held-out evaluations (the phase "eval") */
+		double rank_busy_s[LOOP_WIN_MAX_RANKS]; /* (world,) per-rank data + fwd/bwd */
+	} win;
 	/* (LOOP_WIN_STEPS_MAX, PH_COUNT) per-step phase times of the window, ms,
 	 * for the p95s; past LOOP_WIN_STEPS_MAX steps the oldest are overwritten */
 	double (*win_ph)[PH_COUNT];
 	ring_counters ring_prev;     /* loader counters at the window's start */
+	eval_set *eval;              /* held-out eval set (eval_strategy "steps"), or NULL */
+	double eval_tick_s;          /* last progress message sent during an evaluation */
 } worker;
 
 /* What a device reports of one update. */
@@ -85,16 +84,16 @@ typedef struct loop_update {
  * an unusable batch, -ERANGE (update) a non-finite gradient norm. */
 typedef struct loop_device {
 	void *ctx;
-	bool h2d;                  /* upload copies to a device: its time is the h2d phase */
-	bool reads_in_place;       /* upload keeps reading b's host memory until upload_wait
-				      (or forward_backward, without upload_wait) has returned */
-	/* Starts a step: zero the gradients and the step's loss. */
-	void (*zero_grad)(void *ctx);
-	/* Takes micro-batch b for the next forward_backward. */
+	bool reads_in_place;       /* b's host memory is read until upload_wait (or, without
+				      it, forward_backward) has returned */
+	/* NULL (forward_backward reads b), or copies micro-batch b to the
+	 * device for the next forward_backward: its time is the h2d phase. */
 	int (*upload)(void *ctx, const bert_batch *b, char *err, size_t errlen);
-	/* Micro-batch k of M: forward on the uploaded batch, backward of loss/M
-	 * into the gradients (+=); dropout as d. err may say more. */
-	int (*forward_backward)(void *ctx, const bert_dropout *d, int k, int M, char *err, size_t errlen);
+	/* Micro-batch k of M: forward on b (or the uploaded batch), backward of
+	 * loss/M into the gradients (+=); dropout as d. err may say more. k = 0
+	 * starts a step: the gradients and the step's loss are zeroed first. */
+	int (*forward_backward)(void *ctx, const bert_batch *b, const bert_dropout *d, int k, int M, char *err,
+				size_t errlen);
 	/* NULL, or waits until the last upload stopped reading host memory. */
 	int (*upload_wait)(void *ctx);
 	/* Mean loss of the step's M micro-batches (waits for it). */
@@ -105,6 +104,9 @@ typedef struct loop_device {
 	 * copies the device's parameters (and, with opt_state, the optimizer
 	 * state) into the host trainer, and its loss scaler into *scaler. */
 	int (*to_host)(void *ctx, bool opt_state, checkpoint_scaler *scaler);
+	/* Forward of b without dropout or gradient, adding its masked-LM sums
+	 * to *acc (worker/eval.c); a training step may follow at once. */
+	int (*eval)(void *ctx, const bert_batch *b, bert_eval_sums *acc);
 	/* Frees ctx; exit_code BERTD_EXIT_PEER_LOST aborts its communicator first. */
 	void (*destroy)(void *ctx, int exit_code);
 } loop_device;
@@ -113,13 +115,11 @@ typedef struct loop_device {
  * (common/exitcodes.h), failures already reported to the daemon. */
 int loop_run(worker *w, const loop_device *dev);
 
-/* The devices. Each returns 0 or the exit code, already reported; once *dev
- * is set (even if it then fails), loop_device.destroy frees it. */
+/* The devices (device_cpu.c; device_gpu.c in CUDA builds). Each returns 0
+ * or the exit code, already reported; once *dev is set (even if it then
+ * fails), loop_device.destroy frees it. */
 int device_cpu_create(worker *w, loop_device *dev);
 #ifdef BERTD_CUDA
-/* Picks the precision, creates gpu_model from the host trainer's weights and
- * optimizer state, pins the batch memory when asked and joins the NCCL
- * group (world > 1). */
 int device_gpu_create(worker *w, loop_device *dev);
 #endif
 

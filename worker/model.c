@@ -443,6 +443,32 @@ static const philox_stream *site_rng(philox_stream *s, const bert_dropout *d, fl
     return s;
 }
 
+void bert_eval_accumulate(const float *logits, const float *losses, const int32_t *labels, int M, int V,
+                          bert_eval_sums *acc)
+{
+    for (int i = 0; i < M; i++) {
+        const float *row = logits + (size_t)i * V;
+        int best = 0;
+        for (int v = 1; v < V; v++)
+            if (row[v] > row[best])
+                best = v;
+        acc->loss_sum += losses[i];
+        acc->count += 1.0;
+        acc->correct += best == labels[i];
+    }
+}
+
+int bert_model_eval(bert_model *m, const bert_batch *b, bert_eval_sums *acc)
+{
+    const bert_dropout off = {.train = 0};
+    int rc = bert_model_forward(m, b, &off);
+    if (rc < 0)
+        return rc;
+    m->have_forward = 0; /* nothing of this pass is for a backward */
+    bert_eval_accumulate(m->acts.logits, m->acts.losses, b->mlm_labels, b->M, m->cfg.vocab_size, acc);
+    return 0;
+}
+
 int bert_model_forward(bert_model *m, const bert_batch *b, const bert_dropout *d)
 {
     char err[160];

@@ -184,6 +184,20 @@ void bert_model_init_weights(bert_model *m, uint64_t seed);
 int bert_batch_validate(const bert_model *m, const bert_batch *b, char *err, size_t errlen);
 /* Forward pass; sets m->loss. Keeps pointers to b's arrays until backward. */
 int bert_model_forward(bert_model *m, const bert_batch *b, const bert_dropout *d);
+/* Sums of a held-out evaluation (worker/eval.c): masked-LM cross-entropy
+ * summed over masked tokens (nats), the masked-token count, and how many of
+ * them the argmax of the logits predicts (ties: the lowest id, as
+ * torch.argmax). Doubles, so the ranks' shares add up exactly enough. */
+typedef struct bert_eval_sums {
+    double loss_sum, count, correct;
+} bert_eval_sums;
+/* Forward of b without dropout, adding its masked-LM sums to *acc (+=).
+ * Overwrites the activations: no backward may follow. 0 or as forward. */
+int bert_model_eval(bert_model *m, const bert_batch *b, bert_eval_sums *acc);
+/* Adds to *acc the sums over the M masked rows of logits (M,V) with
+ * per-row losses (M,) and labels (M,): shared with gpu_model's eval. */
+void bert_eval_accumulate(const float *logits, const float *losses, const int32_t *labels, int M, int V,
+                          bert_eval_sums *acc);
 void bert_model_zero_grad(bert_model *m);
 /* Accumulates (+=) into m->grads the gradient of loss_scale * m->loss. */
 int bert_model_backward(bert_model *m, float loss_scale);

@@ -1,26 +1,23 @@
 /* bertd-worker — one training process of a job: rank r of G, one device.
  *
- * Reads the job file the daemon wrote (docs/formats.md), builds or loads the
- * model, opens its batches (the job's ring when loaders run, else the
- * dataset, to build them here: dataloader_num_workers = 0, the serial
- * baseline), picks the device (worker/device_cpu.c, or device_gpu.c for kind
- * "cuda" in CUDA builds), joins the job's ranks and runs the training loop
- * (worker/loop.c), which reports to the daemon over fd 3: hello, metrics
- * every logging_steps (rank 0, reduced over ranks), checkpoints, errors.
- * Rank 0 writes the checkpoints and, at the end, the HuggingFace export.
+ * Reads the job file the daemon wrote (docs/formats.md), opens its batches
+ * (the job's ring when loaders run, else the dataset, to build them here:
+ * dataloader_num_workers = 0, the serial baseline), builds or loads the
+ * model, picks the device (device_cpu.c, or device_gpu.c for kind "cuda" in
+ * CUDA builds), joins the job's ranks and runs the training loop (loop.c).
  *
- * This file is the process: arguments, the daemon socket, signals, the exit
- * code (common/exitcodes.h). Stopping: a {"type":"stop"} from the daemon
- * (cancel, shutdown), or the daemon gone, sets stop_requested; the loop
- * agrees on it across ranks, rank 0 checkpoints and every rank exits 6.
- * Never touches SQLite; never exits from anywhere but main.
+ * This file is the process: arguments, the daemon socket (fd 3: hello,
+ * metrics, checkpoints, errors), signals, the exit code (common/exitcodes.h).
+ * Stopping: a {"type":"stop"} from the daemon (cancel, shutdown), or the
+ * daemon gone, sets stop_requested; the loop agrees on it across ranks,
+ * rank 0 checkpoints and every rank exits 6. Never touches SQLite; never
+ * exits from anywhere but main.
  */
 #include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
 #include <jansson.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -38,6 +35,7 @@
 #include "worker/checkpoint.h"
 #include "worker/comm.h"
 #include "worker/loop.h"
+#include "worker/relay.h"
 #include "worker/train.h"
 
 #define DAEMON_FD 3
@@ -77,12 +75,14 @@ int worker_fail(worker *w, int code, const char *fmt, ...)
 	return code;
 }
 
-static bool is_stop(json_t *m)
+/* A stop message (logged): sets stop_requested. */
+static bool take_stop(worker *w, json_t *m)
 {
 	const char *type = json_string_value(json_object_get(m, "type"));
 	if (!type || strcmp(type, "stop") != 0)
 		return false;
 	log_info("stop requested (%s)", json_string_value(json_object_get(m, "reason")));
+	w->stop_requested = true;
 	return true;
 }
 
@@ -102,8 +102,7 @@ void worker_poll(worker *w)
 	}
 	json_t *m;
 	while (msg_reader_next(&w->rd, &m) == 1) {
-		if (is_stop(m))
-			w->stop_requested = true;
+		take_stop(w, m);
 		json_decref(m);
 	}
 }
@@ -115,36 +114,20 @@ int worker_await(worker *w, const char *type, int timeout_ms, json_t **out)
 	double deadline = worker_now_s() + timeout_ms / 1000.0;
 	for (;;) {
 		json_t *m;
-		int rc;
-		while ((rc = msg_reader_next(&w->rd, &m)) == 1) {
-			const char *t = json_string_value(json_object_get(m, "type"));
-			if (is_stop(m)) {
-				w->stop_requested = true;
-				json_decref(m);
-				return -ECANCELED;
-			}
-			if (t && strcmp(t, type) == 0) {
-				*out = m;
-				return 0;
-			}
+		int left_ms = (int)((deadline - worker_now_s()) * 1000.0);
+		int rc = msg_recv(w->daemon_fd, &w->rd, left_ms > 0 ? left_ms : 0, &m);
+		if (rc <= 0)
+			return rc == 0 ? -EPIPE : rc; /* 0: the daemon is gone */
+		const char *t = json_string_value(json_object_get(m, "type"));
+		if (take_stop(w, m)) {
 			json_decref(m);
+			return -ECANCELED;
 		}
-		if (rc < 0)
-			return rc;
-		double left = deadline - worker_now_s();
-		if (left <= 0)
-			return -ETIMEDOUT;
-		struct pollfd p = {.fd = w->daemon_fd, .events = POLLIN};
-		int pr = poll(&p, 1, (int)(left * 1000.0) + 1);
-		if (pr < 0 && errno != EINTR)
-			return -errno;
-		if (pr > 0) {
-			long n = msg_reader_fill(&w->rd, w->daemon_fd);
-			if (n == 0)
-				return -EPIPE; /* the daemon is gone */
-			if (n < 0 && n != -EAGAIN)
-				return (int)n;
+		if (t && strcmp(t, type) == 0) {
+			*out = m;
+			return 0;
 		}
+		json_decref(m);
 	}
 }
 
@@ -218,37 +201,27 @@ static int open_batches(worker *w)
 	return 0;
 }
 
-/* The spec's model and training settings (train.c), with what only this
- * process knows: the dataset's vocab and the threads. */
-static int build_train_config(worker *w, train_config *tc, char *err, size_t errlen)
-{
-	jobspec spec = w->bj.spec;
-	const shard_vocab_info *vi = &w->data.shards->vocab;
-	if (spec.model.vocab_size <= 0)
-		spec.model.vocab_size = (int)vi->vocab_size;
-	if ((uint32_t)spec.model.vocab_size < vi->vocab_size) {
-		snprintf(err, errlen, "model.vocab_size %d is smaller than the dataset's vocab (%u)",
-			 spec.model.vocab_size, vi->vocab_size);
-		return -EINVAL;
-	}
-	const char *omp = getenv("OMP_NUM_THREADS");
-	int threads = omp && atoi(omp) > 0 ? atoi(omp) : 1;
-	int rc = train_config_from_jobspec(tc, &spec, threads, (uint32_t)w->rank, err, errlen);
-	if (rc < 0)
-		return rc;
-	tc->model.pad_token_id = (int)vi->special.pad;
-	/* init_from points into the spec copy above: use the job's own */
-	tc->init_from = w->bj.spec.init_from[0] ? w->bj.spec.init_from : NULL;
-	return 0;
-}
-
-/* The host trainer: made from the spec (tc), or resumed from a checkpoint,
+/* The host trainer: made from the spec (train.c) with what only this process
+ * knows (the dataset's vocab, the threads), or resumed from a checkpoint,
  * whose step must be the job's. */
 static int make_trainer(worker *w, bool on_gpu, train_config *tc)
 {
 	char err[512];
-	if (build_train_config(w, tc, err, sizeof err) < 0)
+	jobspec_model *jm = &w->bj.spec.model;
+	const shard_vocab_info *vi = &w->data.shards->vocab;
+	if (jm->vocab_size <= 0)
+		jm->vocab_size = (int)vi->vocab_size;
+	if ((uint32_t)jm->vocab_size < vi->vocab_size)
+		return worker_fail(w, BERTD_EXIT_BAD_CONFIG,
+				   "model.vocab_size %d is smaller than the dataset's vocab (%u)", jm->vocab_size,
+				   vi->vocab_size);
+	const char *omp = getenv("OMP_NUM_THREADS");
+	int threads = omp && atoi(omp) > 0 ? atoi(omp) : 1;
+	if (train_config_from_jobspec(tc, &w->bj.spec, threads, (uint32_t)w->rank, err, sizeof err) < 0)
 		return worker_fail(w, BERTD_EXIT_BAD_CONFIG, "%s", err);
+	tc->model.pad_token_id = (int)vi->special.pad;
+	if (tc->init_from && w->resume_from) /* the model is the checkpoint's; init_from may be gone */
+		tc->init_from = w->resume_from;
 	int rc = trainer_create(&w->tr, tc, err, sizeof err);
 	if (rc < 0)
 		return worker_fail(w, rc == -ENOMEM ? BERTD_EXIT_OOM : BERTD_EXIT_BAD_CONFIG, "%s", err);
@@ -308,7 +281,32 @@ static int parse_args(int argc, char **argv, const char **job_path, int *rank)
 		default: return -EINVAL;
 		}
 	}
+	if (*rank < 0 && relay_wanted()) /* a multi-node rank: srun numbered it */
+		*rank = relay_rank();
 	return *job_path && *rank >= 0 && optind == argc ? 0 : -EINVAL;
+}
+
+#define RELAY_GO_TIMEOUT_MS 120000
+
+/* A multi-node rank (docs/multinode.md): the daemon's relay stands in for
+ * fd 3; the daemon answers "go" once every rank on every node has joined
+ * with the same dataset. */
+static int join_relay(worker *w, const char *job_path)
+{
+	char err[512];
+	int fd = relay_connect(job_path, w->rank, err, sizeof err);
+	if (fd < 0) {
+		log_error("%s", err);
+		return BERTD_EXIT_PEER_LOST;
+	}
+	w->daemon_fd = fd;
+	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+	json_t *go = NULL;
+	int rc = worker_await(w, "go", RELAY_GO_TIMEOUT_MS, &go);
+	json_decref(go);
+	if (rc < 0)
+		return worker_fail(w, BERTD_EXIT_PEER_LOST, "the job's ranks did not all join: %s", strerror(-rc));
+	return 0;
 }
 
 int main(int argc, char **argv)
@@ -337,7 +335,9 @@ int main(int argc, char **argv)
 	const char *kind = NULL;
 	bool on_gpu = false;
 	train_config tc;
-	int code = open_job(&w, job_path, &kind, &on_gpu);
+	int code = w.daemon_fd < 0 && relay_wanted() ? join_relay(&w, job_path) : 0;
+	if (code == 0)
+		code = open_job(&w, job_path, &kind, &on_gpu);
 	if (code == 0)
 		code = open_batches(&w);
 	if (code == 0)
@@ -364,14 +364,16 @@ int main(int argc, char **argv)
 		dev.destroy(dev.ctx, code);
 	comm_destroy(w.cm);
 	trainer_destroy(w.tr);
+	eval_set_destroy(w.eval);
 	if (w.rg)
 		ring_detach(w.rg);
 	free(w.local_slot);
 	free(w.mlm_pos);
 	free(w.mlm_lab);
 	free(w.win_ph);
-	if (w.data.ds || w.data.shards)
-		batchjob_data_close(&w.data);
+	batchjob_data_close(&w.data);
+	if (relay_wanted()) /* the relay's EOF after this is an exit, not a lost rank */
+		worker_send(&w, json_pack("{s:s, s:i}", "type", "bye", "code", code));
 	msg_reader_free(&w.rd);
 	json_decref(w.job);
 	return code;

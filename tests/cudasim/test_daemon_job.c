@@ -11,6 +11,8 @@
  *     before the kill equal the uninterrupted run's exactly, and the export
  *     equals an uninterrupted GPU run's within TOL_RESUME_REL (not bit for
  *     bit: see test_gpu_kill_worker_resumes);
+ *   - the held-out eval_loss (eval batches larger than the training batch)
+ *     and eval_accuracy of the GPU job equal the CPU job's;
  *   - the metrics carry the h2d and all-reduce phases (>= 0, time measured)
  *     and NVML samples of both GPUs; the CPU job's claim no h2d (exactly 0)
  *     and no devices; both diagnoses judge communication_bound;
@@ -151,8 +153,9 @@ static int group_teardown(void **state)
 	"\"num_attention_heads\":2,\"intermediate_size\":64,\"max_position_embeddings\":64},"            \
 	"\"training_args\":{\"per_device_train_batch_size\":8,\"max_seq_length\":32,\"max_steps\":" STEPS_S \
 	",\"logging_steps\":5,\"save_steps\":10,\"learning_rate\":0.01,\"warmup_steps\":2,"              \
-	"\"dataloader_num_workers\":" loaders ",\"seed\":7,\"bf16\":false,\"fp16\":false},"              \
-	"\"resources\":{\"gpus\":" gpus "}}"
+	"\"dataloader_num_workers\":" loaders ",\"seed\":7,\"bf16\":false,\"fp16\":false,"              \
+	"\"eval_strategy\":\"steps\",\"eval_steps\":10,\"per_device_eval_batch_size\":12},"              \
+	"\"mlm\":{\"validation_split_percentage\":10},\"resources\":{\"gpus\":" gpus "}}"
 
 /* Every worker pid a job has had, as seen while polling: the stand-in's
  * NCCL segments are named after the pid of the rank that made the id. */
@@ -386,6 +389,20 @@ static void test_gpu_matches_cpu(void **state)
 		worst = rel > worst ? rel : worst;
 	}
 	fprintf(stderr, "loss: max relative difference GPU vs CPU %.2e (tolerance %.0e)\n", worst, TOL_LOSS_REL);
+	/* held-out evaluation at 10, 20, 30 (eval batches of 12 > the training
+	 * batch of 8: gpu_model_eval in runs that fit): GPU equals CPU */
+	double eworst = 0;
+	for (size_t i = 1; i < ROWS; i += 2) {
+		double eg = num_at(mg, i, "eval_loss"), ec = num_at(mc, i, "eval_loss");
+		double rel = fabs(eg - ec) / fabs(ec);
+		if (!(ec > 0 && rel <= TOL_LOSS_REL))
+			fail_msg("step %zu: GPU eval_loss %.9f, CPU %.9f (rel %.2e > %.0e)", 5 * (i + 1), eg, ec, rel,
+				 TOL_LOSS_REL);
+		assert_true(num_at(mg, i, "eval_accuracy") == num_at(mc, i, "eval_accuracy"));
+		eworst = rel > eworst ? rel : eworst;
+	}
+	fprintf(stderr, "eval_loss: max relative difference GPU vs CPU %.2e (tolerance %.0e)\n", eworst,
+		TOL_LOSS_REL);
 	/* and it learned something: chance is ln(400) = 5.99 */
 	assert_true(num_at(mg, ROWS - 1, "loss") < num_at(mg, 0, "loss"));
 

@@ -5,7 +5,9 @@
  * alone and with the NSP head (BertForPreTraining); fp16
  * loss scaling (an injected inf skips the step, keeps the weights, halves the
  * scale); the memory plan's refusal naming the largest batch that fits, and
- * that batch then really fitting; bad batches refused. Exits 77 without a GPU.
+ * that batch then really fitting; bad batches refused; the held-out eval
+ * (gpu_model_eval: loss sum, masked and correct counts) against the CPU
+ * model's bert_model_eval. Exits 77 without a GPU.
  *
  * Tolerances (normwise relative, gpu_check.h): one op is held to 1e-5 (fp32)
  * in test_kernels_cuda; a whole model composes ~20 ops per layer whose
@@ -217,6 +219,115 @@ static void test_forward_backward_steps(kdtype dt, int nsp)
     report(ur <= utol, "10 AdamW steps: update p10 - p0", dt, ur, utol);
     free(gg); free(gp); free(p0); free(segs); free(decays);
     optim_destroy(o);
+    gpu_model_destroy(g);
+    bert_model_destroy(cpu);
+}
+
+/* Held-out evaluation (gpu_model_eval) against the CPU model's
+ * (bert_model_eval) on the same weights and batches: the summed loss within
+ * the loss tolerance, the masked-token count equal, and in fp32 the correct
+ * count equal; in 16-bit the argmax may differ where two logits round
+ * together, so at most one token in ten. The CPU eval itself is its no-dropout
+ * forward: its loss sum over the count is that forward's MLM loss. */
+static void test_eval(kdtype dt, int nsp)
+{
+    printf("--- held-out eval, %s%s\n", kdtype_name(dt), nsp ? ", with the NSP head" : "");
+    bert_config c = gpu_test_config(4, nsp);
+    optim_config oc = test_optim_config();
+    bert_model *cpu = NULL;
+    gpu_model *g = make_pair(&c, dt, &oc, 4321, &cpu);
+    if (!g)
+        return;
+    char err[256];
+    bert_eval_sums ce = {0}, ge = {0};
+    double single = 0;
+    for (int k = 0; k < 3; k++) {
+        batch_store bs;
+        make_batch(&bs, &c, k + 20);
+        /* every other label made the CPU's argmax, so the correct counts
+         * compared below are not both zero */
+        bert_dropout off0 = {.train = 0};
+        bert_model_forward(cpu, &bs.b, &off0);
+        for (int m = 0; m < TM; m += 2) {
+            const float *row = cpu->acts.logits + (size_t)m * c.vocab_size;
+            int best = 0;
+            for (int v = 1; v < c.vocab_size; v++)
+                best = row[v] > row[best] ? v : best;
+            bs.labels[m] = best;
+        }
+        bert_eval_sums one = {0};
+        if (bert_model_eval(cpu, &bs.b, &one) != 0)
+            abort();
+        bert_dropout offd = {.train = 0};
+        bert_model_forward(cpu, &bs.b, &offd);
+        double e1 = fabs(one.loss_sum / one.count - cpu->mlm_loss) / fabs((double)cpu->mlm_loss);
+        if (e1 > single)
+            single = e1;
+        ce.loss_sum += one.loss_sum;
+        ce.count += one.count;
+        ce.correct += one.correct;
+        if (gpu_model_eval(g, &bs.b, &ge, err, sizeof err) != 0) {
+            printf("FAIL gpu_model_eval: %s\n", err);
+            gpu_failures++;
+            break;
+        }
+    }
+    report(single <= 1e-6, "CPU eval = its no-dropout forward's MLM loss", dt, single, 1e-6);
+    double ltol = dt == KDT_F32 ? 1e-5 : 1e-2;
+    double lrel = fabs(ge.loss_sum - ce.loss_sum) / fabs(ce.loss_sum);
+    report(isfinite(ge.loss_sum) && lrel <= ltol, "eval loss sum vs CPU", dt, lrel, ltol);
+    report(ce.correct >= 3 * ((TM + 1) / 2), "CPU eval counts its argmax labels", dt, ce.correct,
+           3 * ((TM + 1) / 2));
+    report(ge.count == ce.count && ce.count == 3 * TM, "eval masked-token count vs CPU", dt,
+           fabs(ge.count - ce.count), 0);
+    double dc = fabs(ge.correct - ce.correct), ctol = dt == KDT_F32 ? 0 : floor(ce.count / 10);
+    report(dc <= ctol, "eval correct count vs CPU", dt, dc, ctol);
+    printf("     eval loss %.6f (CPU %.6f), accuracy %.0f/%.0f (CPU %.0f)\n", ge.loss_sum / ge.count,
+           ce.loss_sum / ce.count, ge.correct, ge.count, ce.correct);
+    /* a batch of twice the capacity (6 sequences, 22 masked) is evaluated in
+     * runs that fit: the same sums as the CPU's one pass */
+    {
+        batch_store a, b2;
+        make_batch(&a, &c, 30);
+        make_batch(&b2, &c, 31);
+        int32_t ids[2 * TB * TT], types[2 * TB * TT], lens[2 * TB], pos[2 * TM], labels[2 * TM], nsp[2 * TB];
+        memcpy(ids, a.ids, sizeof a.ids);
+        memcpy(ids + TB * TT, b2.ids, sizeof b2.ids);
+        memcpy(types, a.types, sizeof a.types);
+        memcpy(types + TB * TT, b2.types, sizeof b2.types);
+        memcpy(lens, a.lens, sizeof a.lens);
+        memcpy(lens + TB, b2.lens, sizeof b2.lens);
+        memcpy(nsp, a.nsp, sizeof a.nsp);
+        memcpy(nsp + TB, b2.nsp, sizeof b2.nsp);
+        for (int m = 0; m < TM; m++) {
+            pos[m] = a.pos[m];
+            labels[m] = a.labels[m];
+            pos[TM + m] = b2.pos[m] + TB * TT;
+            labels[TM + m] = b2.labels[m];
+        }
+        bert_batch big = {.B = 2 * TB, .T = TT, .M = 2 * TM, .input_ids = ids, .token_type_ids = types,
+                          .seq_lens = lens, .mlm_positions = pos, .mlm_labels = labels,
+                          .nsp_labels = c.nsp ? nsp : NULL};
+        bert_eval_sums cb = {0}, gb = {0};
+        if (bert_model_eval(cpu, &big, &cb) != 0)
+            abort();
+        int brc = gpu_model_eval(g, &big, &gb, err, sizeof err);
+        double brel = fabs(gb.loss_sum - cb.loss_sum) / fabs(cb.loss_sum);
+        report(brc == 0 && gb.count == cb.count && brel <= ltol, "eval of a batch twice the capacity", dt,
+               brel, ltol);
+    }
+    /* training goes on after an eval: the next step's loss still matches */
+    batch_store bs;
+    make_batch(&bs, &c, 1);
+    bert_dropout d = {.train = 1, .seed = 5, .rank = 0, .step = 3, .micro = 0};
+    bert_model_forward(cpu, &bs.b, &d);
+    if (gpu_model_upload(g, &bs.b, err, sizeof err) != 0)
+        abort();
+    gpu_model_zero_grad(g);
+    gpu_model_forward(g, &d, gpu_model_loss_scale(g));
+    float gl = gpu_model_loss(g);
+    double trel = fabs((double)gl - cpu->loss) / fabs((double)cpu->loss);
+    report(isfinite(gl) && trel <= ltol, "training forward after an eval", dt, trel, ltol);
     gpu_model_destroy(g);
     bert_model_destroy(cpu);
 }
@@ -476,6 +587,10 @@ int main(void)
     kdtype f16;
     if (gpu_precision_pick("fp16", 0, &f16, err, sizeof err) == 0)
         test_forward_backward_steps(KDT_F16, 0);
+    test_eval(KDT_F32, 0);
+    test_eval(KDT_F32, 1);
+    if (best == KDT_BF16)
+        test_eval(KDT_BF16, 0);
     test_loss_scaling();
     test_buckets_final_and_complete(0);
     test_buckets_final_and_complete(1);

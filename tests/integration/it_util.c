@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <cmocka.h>
 #include <curl/curl.h>
@@ -292,6 +294,109 @@ int it_daemon_finish(bertd *d)
 	}
 	bertd_destroy(d);
 	return rc == 0 ? 0 : -1;
+}
+
+int it_daemon_init(bertd *d, char *data, size_t cap)
+{
+	if (bertd_init(d))
+		return -1;
+	snprintf(data, cap, "%s/data", d->root);
+	return mkdir(data, 0700) ? -1 : 0;
+}
+
+int it_daemon_run(bertd *d, const char *data, const it_daemon_opts *o)
+{
+	const char *args[32] = {"--data-roots", data, "--devices", "cpu", "--cpu-slots", o->cpu_slots,
+				"--schedule", o->schedule ? o->schedule : "true"};
+	size_t n = 8;
+	for (size_t i = 0; o->extra && o->extra[i]; i++) {
+		if (n + 1 >= sizeof args / sizeof args[0]) {
+			fprintf(stderr, "it_daemon_run: too many arguments\n");
+			return -1;
+		}
+		args[n++] = o->extra[i];
+	}
+	args[n] = NULL;
+	return bertd_start(d, args);
+}
+
+int it_system(const char *fmt, ...)
+{
+	char cmd[4096];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(cmd, sizeof cmd, fmt, ap);
+	va_end(ap);
+	int st = system(cmd);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+it_fx *it_daemon_start(const it_daemon_opts *o, int deadline_s)
+{
+	it_fx *f = calloc(1, sizeof *f);
+	if (!f)
+		return NULL;
+	if (it_daemon_init(&f->d, f->data, sizeof f->data))
+		goto fail;
+	if (it_daemon_run(&f->d, f->data, o))
+		goto fail;
+	if (!o->dataset)
+		return f;
+	it_make_corpus(f->data, o->corpus, o->corpus_lines);
+	char spec[512], path[160];
+	snprintf(spec, sizeof spec,
+		 "{\"name\":\"%s\",\"source\":\"%s\",\"vocab\":{\"train\":{\"vocab_size\":%d}}}",
+		 o->dataset, o->corpus, o->vocab_size);
+	if (it_add_dataset(&f->d, spec))
+		goto fail;
+	if (o->wait_ready) {
+		snprintf(path, sizeof path, "/v1/datasets/%s", o->dataset);
+		json_t *ds = it_wait_state(&f->d, path, "ready|failed", deadline_s);
+		bool ok = strcmp(json_string_value(json_object_get(ds, "state")), "ready") == 0;
+		if (!ok) {
+			char *txt = json_dumps(ds, JSON_COMPACT);
+			fprintf(stderr, "dataset: %s\n", txt);
+			free(txt);
+			bertd_print_log(&f->d);
+		}
+		json_decref(ds);
+		if (!ok)
+			goto fail;
+	}
+	return f;
+fail:
+	bertd_destroy(&f->d); /* kills a started daemon: no test runs on it */
+	free(f);
+	return NULL;
+}
+
+int it_daemon_stop(it_fx *f)
+{
+	int rc = it_daemon_finish(&f->d);
+	free(f);
+	return rc;
+}
+
+int it_bertd_setup(void **state, const char *const *extra)
+{
+	bertd *d = calloc(1, sizeof *d);
+	if (!d)
+		return -1;
+	if (bertd_init(d) || bertd_start(d, extra)) {
+		bertd_destroy(d);
+		free(d);
+		return -1;
+	}
+	*state = d;
+	return 0;
+}
+
+int it_bertd_teardown(void **state)
+{
+	bertd *d = *state;
+	int rc = it_daemon_finish(d);
+	free(d);
+	return rc;
 }
 
 int it_run_group(const char *name, const struct CMUnitTest *tests, size_t n, int (*setup)(void **),

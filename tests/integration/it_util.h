@@ -1,11 +1,13 @@
-/* it_util — small cmocka helpers shared by the integration tests: JSON
- * field access that fails the test, bounded polling of a resource's or a
- * job's state, a job's metrics and export, the processes running it, and
- * corpus files cut from real text (tests/testdata.h). */
+/* it_util — small cmocka helpers shared by the integration tests: a test
+ * daemon's start and stop (with a data root and a dataset), the tiny CPU job
+ * spec, JSON field access that fails the test, bounded polling of a
+ * resource's or a job's state, a job's metrics and export, the processes
+ * running it, and corpus files cut from real text (tests/testdata.h). */
 #ifndef BERTD_TESTS_IT_UTIL_H
 #define BERTD_TESTS_IT_UTIL_H
 
 #include <jansson.h>
+#include <stdbool.h>
 
 #include "harness.h"
 
@@ -73,6 +75,66 @@ int it_find_pids(const char *a, const char *b, pid_t *out, int cap);
 /* Ends a test's daemon: SIGTERM (when running) must give exit 0, else its
  * log is printed; then the temp root is removed. 0, or -1 for a bad exit. */
 int it_daemon_finish(bertd *d);
+
+/* Runs the shell command that printf(fmt, ...) makes: its exit status, or
+ * -1 when it did not exit (a signal). */
+int it_system(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* A test daemon with a data root (root/data) and one dataset in it. */
+typedef struct it_fx {
+	bertd d;
+	char data[160];
+} it_fx;
+/* What the tests vary in it_daemon_start. */
+typedef struct it_daemon_opts {
+	const char *cpu_slots;     /* --cpu-slots */
+	const char *schedule;      /* --schedule; NULL = "true" */
+	const char *const *extra;  /* more arguments, NULL-ended; may be NULL */
+	const char *dataset;       /* added from corpus with vocab_size; NULL: none */
+	const char *corpus;        /* file name under data, corpus_lines lines (it_make_corpus) */
+	int corpus_lines;
+	int vocab_size;
+	bool wait_ready;           /* wait until the dataset is ready */
+} it_daemon_opts;
+/* For setup functions: starts bertd (--data-roots data --devices cpu, then
+ * o's arguments), writes the corpus and adds the dataset; with wait_ready
+ * also waits (deadline_s) until it is ready, printing it and the daemon's
+ * log when it failed. Returns the fixture, or NULL after any failure. */
+it_fx *it_daemon_start(const it_daemon_opts *o, int deadline_s);
+/* bertd_init, then makes the data root, root/data, into data (cap bytes):
+ * 0 or -1. */
+int it_daemon_init(bertd *d, char *data, size_t cap);
+/* (Re)starts bertd on d's state dir with --data-roots data and o's
+ * arguments (no dataset work): bertd_start's answer. */
+int it_daemon_run(bertd *d, const char *data, const it_daemon_opts *o);
+/* it_daemon_finish, then frees f: 0, or -1 for a bad exit. */
+int it_daemon_stop(it_fx *f);
+
+/* cmocka setup for a plain daemon: a fresh bertd started with extra
+ * (bertd_start's, may be NULL) into *state; 0, or -1 with nothing left. */
+int it_bertd_setup(void **state, const char *const *extra);
+/* cmocka teardown for *state, a bertd on the heap (started or not):
+ * it_daemon_finish, then frees it. */
+int it_bertd_teardown(void **state);
+
+/* The small bert-tiny model of the CPU job tests: hidden 32, 2 heads,
+ * intermediate 64, 64 positions, layers (a string literal) layers. */
+#define IT_TINY_MODEL(layers)                                                              \
+	"\"model\":{\"preset\":\"bert-tiny\",\"hidden_size\":32,\"num_hidden_layers\":" layers \
+	",\"num_attention_heads\":2,\"intermediate_size\":64,\"max_position_embeddings\":64}"
+/* A CPU job spec of IT_TINY_MODEL("1") (string literals all): gpus ranks,
+ * max_seq_length 32, seed 7, the batch size, max_steps, logging_steps,
+ * save_steps and dataloader_num_workers given; targs: more training_args
+ * members, each after a comma ("" for none); top: more top-level members,
+ * each after a comma. */
+#define IT_TINY_SPEC(name, dataset, gpus, batch, steps, logging, save, loaders, targs, top)          \
+	"{\"name\":\"" name "\",\"dataset\":\"" dataset "\"," IT_TINY_MODEL("1")                        \
+	",\"training_args\":{\"per_device_train_batch_size\":" batch ",\"max_seq_length\":32,"           \
+	"\"max_steps\":" steps ",\"logging_steps\":" logging ",\"save_steps\":" save                       \
+	",\"dataloader_num_workers\":" loaders ",\"seed\":7" targs "},\"resources\":{\"gpus\":" gpus "}" \
+	top "}"
+/* The learning rate and warm-up most of those jobs train with (targs). */
+#define IT_LR_WARMUP ",\"learning_rate\":0.01,\"warmup_steps\":2"
 
 /* Runs a test file's cmocka group with libcurl initialised around it.
  * IT_ONLY in the environment (a glob of test names) runs only the matching

@@ -6,8 +6,10 @@ rows.json: {"<job id>": [<GET /v1/jobs/{id}/metrics rows>], ...}
 
 Expected scalars, from docs/formats.md: train/loss, train/learning_rate,
 train/grad_norm, train/tokens_per_s from the row's fields of those names;
-time/<phase>_share = phases_ms[phase] / step_time_ms; eval/loss and
-eval/perplexity = exp(eval_loss) when a row has eval_loss. Every value is
+time/<phase>_share = phases_ms[phase] / step_time_ms; eval/loss,
+eval/perplexity = exp(eval_loss) and eval/accuracy when a row has
+eval_loss (a row of an eval step that logged nothing else has only
+those). Every value is
 compared at float32 precision (what an Event's simple_value holds), and the
 tag set of each run must be exactly the expected one. Exit 0 when all
 match, 1 with a message otherwise, 77 when tensorboard is not installed."""
@@ -43,6 +45,8 @@ def expected(rows):
         if finite(r.get("eval_loss")):
             want.setdefault("eval/loss", []).append((step, f32(r["eval_loss"])))
             want.setdefault("eval/perplexity", []).append((step, f32(math.exp(r["eval_loss"]))))
+        if finite(r.get("eval_accuracy")):
+            want.setdefault("eval/accuracy", []).append((step, f32(r["eval_accuracy"])))
         st = r.get("step_time_ms")
         if finite(st) and st > 0:
             for phase, ms in (r.get("phases_ms") or {}).items():
@@ -71,8 +75,9 @@ def main():
                                                  size_guidance={event_accumulator.SCALARS: 0})
         acc.Reload()
         want = expected(rows)
-        if not rows or len(want.get("train/loss", [])) != len(rows):
-            print("%s: %d rows, not every one with a loss" % (job, len(rows)))
+        trained = [r for r in rows if "eval_loss" not in r or "loss" in r]
+        if not rows or len(want.get("train/loss", [])) != len(trained):
+            print("%s: %d rows, not every one with a loss or an eval_loss" % (job, len(rows)))
             return 1
         tags = set(acc.Tags()["scalars"])
         if tags != set(want):

@@ -160,14 +160,6 @@ fail:
 	return -1;
 }
 
-static int teardown(void **state)
-{
-	bertd *d = *state;
-	int rc = it_daemon_finish(d);
-	free(d);
-	return rc;
-}
-
 static bool matches(const char *s, const char *re)
 {
 	regex_t r;
@@ -1030,29 +1022,112 @@ static void test_job_survives_kill9(void **state)
 	http_resp_free(&r);
 }
 
+/* Many clients submitting at once (their inserts share group commits):
+ * every one gets its 201, and after kill -9 right after the last 201 every
+ * acknowledged job is there, each with its own spec and its one event. */
+enum { BURST_THREADS = 8, BURST_EACH = 25 };
+
+struct burst {
+	const bertd *d;
+	int t;
+	char ids[BURST_EACH][32];
+	int failures;
+};
+
+static void *burst_submit(void *arg)
+{
+	struct burst *b = arg;
+	for (int i = 0; i < BURST_EACH; i++) {
+		char spec[128];
+		snprintf(spec, sizeof spec, "{\"name\":\"burst-%d-%d\",\"dataset\":\"wikitext2\"}", b->t, i);
+		http_resp r;
+		if (http_post_json(b->d, "/v1/jobs", spec, &r) != 0 || r.status != 201 ||
+		    !it_jstr(r.json, "id")) {
+			b->failures++;
+		} else {
+			snprintf(b->ids[i], sizeof b->ids[i], "%s", it_jstr(r.json, "id"));
+		}
+		http_resp_free(&r);
+	}
+	return NULL;
+}
+
+static void test_burst_survives_kill9(void **state)
+{
+	bertd *d = *state;
+	struct burst b[BURST_THREADS];
+	pthread_t t[BURST_THREADS];
+	for (int i = 0; i < BURST_THREADS; i++) {
+		b[i] = (struct burst){.d = d, .t = i};
+		assert_int_equal(pthread_create(&t[i], NULL, burst_submit, &b[i]), 0);
+	}
+	for (int i = 0; i < BURST_THREADS; i++)
+		pthread_join(t[i], NULL);
+	bertd_kill9(d);
+	for (int i = 0; i < BURST_THREADS; i++)
+		assert_int_equal(b[i].failures, 0);
+
+	const char *extra[] = {"--max-body-bytes", MAX_BODY_S, HOLD, NULL};
+	assert_int_equal(bertd_start(d, extra), 0);
+	for (int i = 0; i < BURST_THREADS; i++) {
+		for (int k = 0; k < BURST_EACH; k++) {
+			http_resp g;
+			char want[64];
+			get_path(d, "/v1/jobs/%s", b[i].ids[k], &g);
+			if (g.status != 200)
+				fail_msg("acknowledged job %s (client %d, #%d) is gone after kill -9: %ld",
+					 b[i].ids[k], i, k, g.status);
+			snprintf(want, sizeof want, "burst-%d-%d", i, k);
+			assert_string_equal(it_jstr(g.json, "name"), want);
+			assert_string_equal(it_jstr(g.json, "state"), "queued");
+			http_resp_free(&g);
+			get_path(d, "/v1/jobs/%s/events", b[i].ids[k], &g);
+			assert_int_equal(json_array_size(json_object_get(g.json, "events")), 1);
+			http_resp_free(&g);
+		}
+	}
+	/* and nothing else: the list holds exactly the acknowledged jobs */
+	http_resp r;
+	int n = 0;
+	char path[160], cursor[128] = "";
+	for (;;) {
+		snprintf(path, sizeof path, "/v1/jobs?limit=100%s%s", cursor[0] ? "&cursor=" : "", cursor);
+		assert_int_equal(http_get(d, path, &r), 0);
+		assert_int_equal(r.status, 200);
+		n += (int)json_array_size(json_object_get(r.json, "jobs"));
+		const char *next = json_string_value(json_object_get(r.json, "next_cursor"));
+		snprintf(cursor, sizeof cursor, "%s", next ? next : "");
+		http_resp_free(&r);
+		if (!cursor[0])
+			break;
+	}
+	assert_int_equal(n, BURST_THREADS * BURST_EACH);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_healthz_and_version, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_auth, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_404_and_405, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_submit_and_get, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_415, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_400_bad_json, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_422_names_field, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_healthz_and_version, setup, it_bertd_teardown),
+		cmocka_unit_test_setup_teardown(test_auth, setup, it_bertd_teardown),
+		cmocka_unit_test_setup_teardown(test_404_and_405, setup, it_bertd_teardown),
+		cmocka_unit_test_setup_teardown(test_submit_and_get, setup, it_bertd_teardown),
+		cmocka_unit_test_setup_teardown(test_415, setup, it_bertd_teardown),
+		cmocka_unit_test_setup_teardown(test_400_bad_json, setup, it_bertd_teardown),
+		cmocka_unit_test_setup_teardown(test_422_names_field, setup, it_bertd_teardown),
 		cmocka_unit_test_setup_teardown(test_422_unknown_dataset_or_too_many_devices, setup,
-						teardown),
-		cmocka_unit_test_setup_teardown(test_413, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_idempotent_submit, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_idempotent_submit_concurrent, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_list_paging, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_filter_by_state, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_cancel_and_events, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_delete, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_cancel_running_moves_to_stopping, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_job_survives_kill9, setup, teardown),
+						it_bertd_teardown),
+		cmocka_unit_test_setup_teardown(test_413, setup, it_bertd_teardown),
+		cmocka_unit_test_setup_teardown(test_idempotent_submit, setup, it_bertd_teardown),
+		cmocka_unit_test_setup_teardown(test_idempotent_submit_concurrent, setup, it_bertd_teardown),
+		cmocka_unit_test_setup_teardown(test_list_paging, setup, it_bertd_teardown),
+		cmocka_unit_test_setup_teardown(test_filter_by_state, setup, it_bertd_teardown),
+		cmocka_unit_test_setup_teardown(test_cancel_and_events, setup, it_bertd_teardown),
+		cmocka_unit_test_setup_teardown(test_delete, setup, it_bertd_teardown),
+		cmocka_unit_test_setup_teardown(test_cancel_running_moves_to_stopping, setup, it_bertd_teardown),
+		cmocka_unit_test_setup_teardown(test_job_survives_kill9, setup, it_bertd_teardown),
+		cmocka_unit_test_setup_teardown(test_burst_survives_kill9, setup, it_bertd_teardown),
 		cmocka_unit_test_setup_teardown(test_init_from_confined_to_data_roots, setup_roots,
-						teardown),
+						it_bertd_teardown),
 		cmocka_unit_test(test_refuses_remote_listen),
 	};
 	return IT_RUN(tests, NULL, NULL);

@@ -86,19 +86,15 @@ typedef struct fx {
 
 static int start(fx *f)
 {
-	const char *extra[] = {"--data-roots", f->data, "--devices", "cpu", "--cpu-slots", "2",
-			       "--schedule", "true", "--stop-timeout-s", "60", "--stall-timeout-s", "20", NULL};
-	return bertd_start(&f->d, extra);
+	const char *extra[] = {"--stop-timeout-s", "60", "--stall-timeout-s", "20", NULL};
+	it_daemon_opts o = {.cpu_slots = "2", .extra = extra};
+	return it_daemon_run(&f->d, f->data, &o);
 }
 
 static int setup(void **state)
 {
 	fx *f = calloc(1, sizeof *f);
-	if (!f || bertd_init(&f->d))
-		return -1;
-	snprintf(f->data, sizeof f->data, "%s/data", f->d.root);
-	mkdir(f->data, 0700);
-	if (start(f))
+	if (!f || it_daemon_init(&f->d, f->data, sizeof f->data) || start(f))
 		return -1;
 	*state = f;
 	return 0;
@@ -114,14 +110,8 @@ static int teardown(void **state)
 
 /* A model small enough to train in seconds on two cores (as in
  * test_recovery.c). */
-#define SPEC(name, steps, save, log, gpus, loaders, top)                                                  \
-	"{\"name\":\"" name "\",\"dataset\":\"shakes\","                                                  \
-	"\"model\":{\"preset\":\"bert-tiny\",\"hidden_size\":32,\"num_hidden_layers\":1,"                 \
-	"\"num_attention_heads\":2,\"intermediate_size\":64,\"max_position_embeddings\":64},"            \
-	"\"training_args\":{\"per_device_train_batch_size\":8,\"max_seq_length\":32,\"max_steps\":" steps \
-	",\"logging_steps\":" log ",\"save_steps\":" save ",\"learning_rate\":0.01,\"warmup_steps\":2,"   \
-	"\"dataloader_num_workers\":" loaders ",\"seed\":7},"                                              \
-	"\"resources\":{\"gpus\":" gpus "}" top "}"
+#define SPEC(name, steps, save, log, gpus, loaders, top) \
+	IT_TINY_SPEC(name, "shakes", gpus, "8", steps, log, save, loaders, IT_LR_WARMUP, top)
 #define STR_(x) #x
 #define STR(x) STR_(x)
 /* Two ranks and two loaders, a checkpoint every 10 steps, restarts enough

@@ -195,28 +195,13 @@ static void test_state_changes_logged(void **state)
 	free(id);
 }
 
-static int setup(void **state)
-{
-	bertd *d = calloc(1, sizeof *d);
-	if (!d || bertd_init(d) || bertd_start(d, NULL))
-		return -1;
-	*state = d;
-	return 0;
-}
-
-static int teardown(void **state)
-{
-	bertd *d = *state;
-	int rc = it_daemon_finish(d);
-	free(d);
-	return rc;
-}
+static int setup(void **state) { return it_bertd_setup(state, NULL); }
 
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_second_daemon_refused, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_state_changes_logged, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_second_daemon_refused, setup, it_bertd_teardown),
+		cmocka_unit_test_setup_teardown(test_state_changes_logged, setup, it_bertd_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

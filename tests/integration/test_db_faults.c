@@ -7,10 +7,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <sqlite3.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -273,6 +275,109 @@ static void test_locked_db_is_503(void **state)
 	http_resp_free(&r);
 }
 
+/* Submissions commit in groups; a group whose transaction fails fails each
+ * of its submitters, never acknowledges one. Clients submit at once while
+ * (1) another process holds the write lock: every one gets 503
+ * database-busy with Retry-After and none is stored; (2) a trigger aborts
+ * the insert of jobs named poison-*: no poisoned job is acknowledged, every
+ * answer is a 201 or a 500 problem, and exactly the acknowledged jobs are
+ * stored (members of a poisoned group fail with it). */
+enum { SUBMITTERS = 8, EACH = 6 };
+
+struct submitter {
+	const bertd *d;
+	int t;
+	bool poison;
+	http_resp r[EACH];
+};
+
+static void *submit_some(void *arg)
+{
+	struct submitter *x = arg;
+	for (int i = 0; i < EACH; i++) {
+		char spec[128];
+		bool bad = x->poison && i % 2 == 0;
+		snprintf(spec, sizeof spec, "{\"name\":\"%s-%d-%d\",\"dataset\":\"wikitext2\"}",
+			 bad ? "poison" : "ok", x->t, i);
+		http_post_json(x->d, "/v1/jobs", spec, &x->r[i]);
+	}
+	return NULL;
+}
+
+static void submit_all(const bertd *d, struct submitter *x, bool poison)
+{
+	pthread_t t[SUBMITTERS];
+	for (int i = 0; i < SUBMITTERS; i++) {
+		x[i] = (struct submitter){.d = d, .t = i, .poison = poison && i % 2 == 0};
+		assert_int_equal(pthread_create(&t[i], NULL, submit_some, &x[i]), 0);
+	}
+	for (int i = 0; i < SUBMITTERS; i++)
+		pthread_join(t[i], NULL);
+}
+
+static void test_group_commit_failure(void **state)
+{
+	bertd *d = *state;
+	char db[200], ra[32];
+	struct submitter x[SUBMITTERS];
+	assert_int_equal(seed(d, 0), 0);
+	const char *extra[] = {"--api-db-wait-ms", "200", "--schedule", "false", NULL};
+	assert_int_equal(bertd_start(d, extra), 0);
+	db_path(d, db, sizeof db);
+
+	sqlite3 *h = NULL;
+	assert_int_equal(sqlite3_open_v2(db, &h, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK);
+	sqlite3_busy_timeout(h, 5000);
+	assert_int_equal(sqlite3_exec(h, "BEGIN EXCLUSIVE; UPDATE datasets SET updated_ms = 1",
+				      NULL, NULL, NULL), SQLITE_OK);
+	submit_all(d, x, false);
+	assert_int_equal(sqlite3_exec(h, "ROLLBACK", NULL, NULL, NULL), SQLITE_OK);
+	for (int i = 0; i < SUBMITTERS; i++) {
+		for (int k = 0; k < EACH; k++) {
+			assert_problem(&x[i].r[k], 503, "database-busy");
+			assert_non_null(http_header(&x[i].r[k], "Retry-After", ra, sizeof ra));
+			http_resp_free(&x[i].r[k]);
+		}
+	}
+	assert_int_equal(raw_int(db, "SELECT COUNT(*) FROM jobs"), 0);
+
+	assert_int_equal(sqlite3_exec(h, "CREATE TRIGGER poison BEFORE INSERT ON jobs "
+					 "WHEN NEW.name LIKE 'poison-%' "
+					 "BEGIN SELECT RAISE(ABORT, 'injected failure'); END",
+				      NULL, NULL, NULL), SQLITE_OK);
+	submit_all(d, x, true);
+	int acked = 0;
+	for (int i = 0; i < SUBMITTERS; i++) {
+		for (int k = 0; k < EACH; k++) {
+			http_resp *r = &x[i].r[k];
+			bool bad = x[i].poison && k % 2 == 0;
+			if (r->status == 201) {
+				if (bad)
+					fail_msg("poisoned job %d-%d was acknowledged", i, k);
+				char path[64];
+				http_resp g;
+				snprintf(path, sizeof path, "/v1/jobs/%s", it_jstr(r->json, "id"));
+				assert_int_equal(http_get(d, path, &g), 0);
+				if (g.status != 200)
+					fail_msg("acknowledged job %s is not stored", path);
+				http_resp_free(&g);
+				acked++;
+			} else {
+				assert_problem(r, 500, "internal");
+			}
+			http_resp_free(r);
+		}
+	}
+	assert_int_equal(raw_int(db, "SELECT COUNT(*) FROM jobs"), acked);
+	assert_int_equal(raw_int(db, "SELECT COUNT(*) FROM jobs WHERE name LIKE 'poison-%'"), 0);
+	assert_int_equal(sqlite3_exec(h, "DROP TRIGGER poison", NULL, NULL, NULL), SQLITE_OK);
+	sqlite3_close(h);
+	http_resp r;
+	assert_int_equal(http_post_json(d, "/v1/jobs", SPEC_OK, &r), 0);
+	assert_int_equal(r.status, 201);
+	http_resp_free(&r);
+}
+
 /* `bertd backup FILE` while the daemon runs and holds jobs it has not
  * checkpointed out of its WAL: the copy passes integrity_check and has them;
  * a second backup to the same FILE is refused. */
@@ -337,6 +442,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_damaged_db_refused_at_start, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_damaged_while_running, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_locked_db_is_503, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_group_commit_failure, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_backup_of_running_daemon, setup, teardown),
 	};
 	return IT_RUN(tests, NULL, NULL);

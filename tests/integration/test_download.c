@@ -27,57 +27,20 @@
 
 #define DEADLINE_S 240
 
-typedef struct fx {
-	bertd d;
-	char data[160];
-} fx;
+typedef it_fx fx;
 
 static int setup(void **state)
 {
-	fx *f = calloc(1, sizeof *f);
-	if (!f || bertd_init(&f->d))
-		return -1;
-	snprintf(f->data, sizeof f->data, "%s/data", f->d.root);
-	mkdir(f->data, 0700);
-	const char *extra[] = {"--data-roots", f->data, "--devices", "cpu", "--cpu-slots", "2",
-			       "--schedule", "true", "--stop-timeout-s", "60", NULL};
-	if (bertd_start(&f->d, extra))
-		return -1;
-	it_make_corpus(f->data, "shakes.txt", 2000);
-	if (it_add_dataset(&f->d,
-			   "{\"name\":\"shakes\",\"source\":\"shakes.txt\",\"vocab\":{\"train\":{\"vocab_size\":400}}}"))
-		return -1;
-	*state = f;
-	return 0;
+	const char *extra[] = {"--stop-timeout-s", "60", NULL};
+	it_daemon_opts o = {.cpu_slots = "2", .extra = extra, .dataset = "shakes", .corpus = "shakes.txt",
+			    .corpus_lines = 2000, .vocab_size = 400};
+	return (*state = it_daemon_start(&o, DEADLINE_S)) ? 0 : -1;
 }
 
-static int teardown(void **state)
-{
-	fx *f = *state;
-	int rc = it_daemon_finish(&f->d);
-	free(f);
-	return rc;
-}
+static int teardown(void **state) { return it_daemon_stop(*state); }
 
-#define SPEC(name, steps)                                                                                \
-	"{\"name\":\"" name "\",\"dataset\":\"shakes\","                                                  \
-	"\"model\":{\"preset\":\"bert-tiny\",\"hidden_size\":32,\"num_hidden_layers\":1,"                 \
-	"\"num_attention_heads\":2,\"intermediate_size\":64,\"max_position_embeddings\":64},"            \
-	"\"training_args\":{\"per_device_train_batch_size\":8,\"max_seq_length\":32,\"max_steps\":" steps \
-	",\"logging_steps\":5,\"save_steps\":10,\"learning_rate\":0.01,\"warmup_steps\":2,"              \
-	"\"dataloader_num_workers\":0,\"seed\":7},\"resources\":{\"gpus\":1}}"
-
-static int run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int run(const char *fmt, ...)
-{
-	char cmd[4096];
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(cmd, sizeof cmd, fmt, ap);
-	va_end(ap);
-	int st = system(cmd);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+#define SPEC(name, steps) \
+	IT_TINY_SPEC(name, "shakes", "1", "8", steps, "5", "10", "0", IT_LR_WARMUP, "")
 
 static void save(const char *path, const http_resp *r)
 {
@@ -126,21 +89,21 @@ static void test_export_and_checkpoint(void **state)
 	assert_true(etag[0] == '"' && etag[strlen(etag) - 1] == '"');
 	http_resp_free(&r);
 	mkdir(out, 0700);
-	assert_int_equal(run("tar -xf '%s' -C '%s'", tar, out), 0);
+	assert_int_equal(it_system("tar -xf '%s' -C '%s'", tar, out), 0);
 	/* the same names as model_dir, byte for byte */
-	assert_int_equal(run("test \"$(ls -A '%s')\" = \"$(ls -A '%s/dl-job.v1-export')\"", model_dir, out), 0);
-	assert_int_equal(run("for f in '%s'/*; do cmp -s \"$f\" '%s/dl-job.v1-export/'\"$(basename \"$f\")\" "
+	assert_int_equal(it_system("test \"$(ls -A '%s')\" = \"$(ls -A '%s/dl-job.v1-export')\"", model_dir, out), 0);
+	assert_int_equal(it_system("for f in '%s'/*; do cmp -s \"$f\" '%s/dl-job.v1-export/'\"$(basename \"$f\")\" "
 			     "|| exit 1; done", model_dir, out), 0);
 	static const char *const files[] = {"config.json", "model.safetensors", "vocab.txt",
 					    "tokenizer_config.json", "special_tokens_map.json"};
 	for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
-		assert_int_equal(run("test -s '%s/dl-job.v1-export/%s'", out, files[i]), 0);
+		assert_int_equal(it_system("test -s '%s/dl-job.v1-export/%s'", out, files[i]), 0);
 	/* transformers loads what was downloaded (77: not installed, a skip of
 	 * this part only) */
 	const char *src = getenv("BERTD_SOURCE_ROOT");
 	assert_non_null(src);
 	if (access("/usr/bin/python3", X_OK) == 0) {
-		int rc = run("/usr/bin/python3 '%s/tests/integration/check_download.py' '%s/dl-job.v1-export'",
+		int rc = it_system("/usr/bin/python3 '%s/tests/integration/check_download.py' '%s/dl-job.v1-export'",
 			     src, out);
 		if (rc == 77)
 			fprintf(stderr, "transformers check skipped: not installed\n");
@@ -189,13 +152,13 @@ static void test_export_and_checkpoint(void **state)
 	snprintf(tar, sizeof tar, "%s/ckpt.tar", f->d.root);
 	get_tar(&f->d, path, "dl-job.v1-ckpt-20.tar", tar, &r);
 	http_resp_free(&r);
-	assert_int_equal(run("tar -xf '%s' -C '%s'", tar, out), 0);
+	assert_int_equal(it_system("tar -xf '%s' -C '%s'", tar, out), 0);
 	char ckdir[1400];
 	snprintf(ckdir, sizeof ckdir, "%s/jobs/%s/checkpoints/ckpt-20", f->d.state_dir, id);
-	assert_int_equal(run("test \"$(ls -A '%s')\" = \"$(ls -A '%s/dl-job.v1-ckpt-20')\"", ckdir, out), 0);
-	assert_int_equal(run("for f in '%s'/*; do cmp -s \"$f\" '%s/dl-job.v1-ckpt-20/'\"$(basename \"$f\")\" "
+	assert_int_equal(it_system("test \"$(ls -A '%s')\" = \"$(ls -A '%s/dl-job.v1-ckpt-20')\"", ckdir, out), 0);
+	assert_int_equal(it_system("for f in '%s'/*; do cmp -s \"$f\" '%s/dl-job.v1-ckpt-20/'\"$(basename \"$f\")\" "
 			     "|| exit 1; done", ckdir, out), 0);
-	assert_int_equal(run("test -f '%s/dl-job.v1-ckpt-20/DONE' && test -s '%s/dl-job.v1-ckpt-20/params.safetensors'",
+	assert_int_equal(it_system("test -f '%s/dl-job.v1-ckpt-20/DONE' && test -s '%s/dl-job.v1-ckpt-20/params.safetensors'",
 			     out, out), 0);
 	/* no checkpoint at step 7; "x7" is no step */
 	snprintf(path, sizeof path, "/v1/jobs/%s/checkpoints/7", id);

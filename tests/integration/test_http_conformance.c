@@ -42,23 +42,8 @@ typedef struct raw_resp {
 
 static int setup(void **state)
 {
-	bertd *d = calloc(1, sizeof *d);
 	const char *extra[] = {"--conn-timeout-s", "5", NULL};
-	if (bertd_init(d) || bertd_start(d, extra)) {
-		bertd_destroy(d);
-		free(d);
-		return -1;
-	}
-	*state = d;
-	return 0;
-}
-
-static int teardown(void **state)
-{
-	bertd *d = *state;
-	int rc = it_daemon_finish(d);
-	free(d);
-	return rc;
+	return it_bertd_setup(state, extra);
 }
 
 static int connect_to(const bertd *d)
@@ -373,10 +358,10 @@ static void test_allow_remote_names_the_dropin(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_two_content_lengths, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_host_required, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_unknown_transfer_encoding_501, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_no_token_learns_no_routes, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_two_content_lengths, setup, it_bertd_teardown),
+		cmocka_unit_test_setup_teardown(test_host_required, setup, it_bertd_teardown),
+		cmocka_unit_test_setup_teardown(test_unknown_transfer_encoding_501, setup, it_bertd_teardown),
+		cmocka_unit_test_setup_teardown(test_no_token_learns_no_routes, setup, it_bertd_teardown),
 		cmocka_unit_test(test_missing_data_root_reported),
 		cmocka_unit_test(test_allow_remote_names_the_dropin),
 	};

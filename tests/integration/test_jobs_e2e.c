@@ -34,54 +34,22 @@
 
 #define DEADLINE_S 240
 
-typedef struct fx {
-	bertd d;
-	char data[160];
-} fx;
+typedef it_fx fx;
 
-static int start(fx *f, bool fresh)
-{
-	if (fresh) {
-		if (bertd_init(&f->d))
-			return -1;
-		snprintf(f->data, sizeof f->data, "%s/data", f->d.root);
-		mkdir(f->data, 0700);
-	}
-	const char *extra[] = {"--data-roots", f->data, "--devices", "cpu", "--cpu-slots", "2",
-			       "--schedule", "true", "--stop-timeout-s", "60", NULL};
-	return bertd_start(&f->d, extra);
-}
+static const char *const daemon_args[] = {"--stop-timeout-s", "60", NULL};
+static const it_daemon_opts daemon_opts = {.cpu_slots = "2", .extra = daemon_args, .dataset = "shakes",
+					   .corpus = "shakes.txt", .corpus_lines = 3000, .vocab_size = 400};
 
-static int setup(void **state)
-{
-	fx *f = calloc(1, sizeof *f);
-	if (!f || start(f, true))
-		return -1;
-	it_make_corpus(f->data, "shakes.txt", 3000);
-	if (it_add_dataset(&f->d,
-			   "{\"name\":\"shakes\",\"source\":\"shakes.txt\",\"vocab\":{\"train\":{\"vocab_size\":400}}}"))
-		return -1;
-	*state = f;
-	return 0;
-}
+/* Starts the stopped daemon again on the same state dir. */
+static int restart(fx *f) { return it_daemon_run(&f->d, f->data, &daemon_opts); }
 
-static int teardown(void **state)
-{
-	fx *f = *state;
-	int rc = it_daemon_finish(&f->d);
-	free(f);
-	return rc;
-}
+static int setup(void **state) { return (*state = it_daemon_start(&daemon_opts, DEADLINE_S)) ? 0 : -1; }
+
+static int teardown(void **state) { return it_daemon_stop(*state); }
 
 /* A model small enough to train in seconds on two cores. */
-#define SPEC(name, steps, gpus, loaders, extra)                                                          \
-	"{\"name\":\"" name "\",\"dataset\":\"shakes\","                                                  \
-	"\"model\":{\"preset\":\"bert-tiny\",\"hidden_size\":32,\"num_hidden_layers\":1,"                 \
-	"\"num_attention_heads\":2,\"intermediate_size\":64,\"max_position_embeddings\":64},"            \
-	"\"training_args\":{\"per_device_train_batch_size\":8,\"max_seq_length\":32,\"max_steps\":" steps \
-	",\"logging_steps\":5,\"save_steps\":10,\"learning_rate\":0.01,\"warmup_steps\":2,"              \
-	"\"dataloader_num_workers\":" loaders ",\"seed\":7" extra "},"                                     \
-	"\"resources\":{\"gpus\":" gpus "}}"
+#define SPEC(name, steps, gpus, loaders, extra) \
+	IT_TINY_SPEC(name, "shakes", gpus, "8", steps, "5", "10", loaders, IT_LR_WARMUP extra, "")
 
 static void test_full_run(void **state)
 {
@@ -206,7 +174,7 @@ static void test_kill_daemon_resumes(void **state)
 	for (int i = 0; i < 100 && it_find_pids(id, NULL, pids, 8) > 0; i++)
 		it_pause_ms(100);
 	assert_int_equal(it_find_pids(id, NULL, pids, 8), 0);
-	assert_int_equal(start(f, false), 0);
+	assert_int_equal(restart(f), 0);
 	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
 	it_assert_completed(&f->d, job);
 	char path[128];
@@ -474,7 +442,7 @@ static void test_spec_from_older_bertd_runs(void **state)
 	assert_non_null(fgets(out, sizeof out, p));
 	assert_int_equal(pclose(p), 0);
 	assert_null(strstr(out, "simulate_data_delay_ms")); /* really the old shape now */
-	assert_int_equal(start(f, false), 0);
+	assert_int_equal(restart(f), 0);
 	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
 	assert_string_equal(it_jstr(job, "state"), "completed");
 	json_decref(job);
@@ -492,7 +460,7 @@ static void test_sigterm_requeues(void **state)
 	assert_int_equal(bertd_stop(&f->d), 0); /* exit 0 after draining */
 	pid_t pids[8];
 	assert_int_equal(it_find_pids(id, NULL, pids, 8), 0);
-	assert_int_equal(start(f, false), 0);
+	assert_int_equal(restart(f), 0);
 	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
 	assert_string_equal(it_jstr(job, "state"), "completed");
 	char path[128];
@@ -550,7 +518,7 @@ static void test_disk_full(void **state)
 	assert_non_null(fgets(out, sizeof out, p));
 	pclose(p);
 	assert_string_equal(out, "ok\n");
-	assert_int_equal(start(f, false), 0);
+	assert_int_equal(restart(f), 0);
 	free(id);
 }
 

@@ -153,9 +153,7 @@ static void test_checker_refuses_wrong_types(void **state)
 
 #define SPEC(name, extra_ta, gpus, loaders)                                                            \
 	"{\"name\":\"" name "\",\"dataset\":\"shakes\","                                                 \
-	"\"model\":{\"preset\":\"bert-tiny\",\"hidden_size\":32,\"num_hidden_layers\":1,"                \
-	"\"num_attention_heads\":2,\"intermediate_size\":64,\"max_position_embeddings\":64},"           \
-	"\"training_args\":{\"per_device_train_batch_size\":8,\"max_seq_length\":32,"                    \
+	IT_TINY_MODEL("1") ",\"training_args\":{\"per_device_train_batch_size\":8,\"max_seq_length\":32,"  \
 	"\"logging_steps\":5,\"save_steps\":5,\"learning_rate\":0.01,\"seed\":7,"                        \
 	"\"dataloader_num_workers\":" loaders extra_ta "},\"resources\":{\"gpus\":" gpus "}}"
 

@@ -18,27 +18,13 @@
 #include "harness.h"
 #include "it_util.h"
 
-typedef struct fx {
-	bertd d;
-	char data[160]; /* the data root */
-} fx;
+typedef it_fx fx; /* data: the data root */
 
 static int setup_with(void **state, const char *schedule)
 {
-	fx *f = calloc(1, sizeof *f);
-	if (!f || bertd_init(&f->d))
-		return -1;
-	snprintf(f->data, sizeof f->data, "%s/data", f->d.root);
-	mkdir(f->data, 0700);
-	const char *extra[] = {"--data-roots", f->data, "--devices", "cpu", "--cpu-slots", "1",
-			       "--schedule", schedule, "--prepare-concurrency", "1", NULL};
-	if (bertd_start(&f->d, extra)) {
-		bertd_destroy(&f->d);
-		free(f);
-		return -1;
-	}
-	*state = f;
-	return 0;
+	const char *extra[] = {"--prepare-concurrency", "1", NULL};
+	it_daemon_opts o = {.cpu_slots = "1", .schedule = schedule, .extra = extra};
+	return (*state = it_daemon_start(&o, 0)) ? 0 : -1;
 }
 
 static int setup(void **state)
@@ -51,13 +37,7 @@ static int setup_scheduling(void **state)
 	return setup_with(state, "true");
 }
 
-static int teardown(void **state)
-{
-	fx *f = *state;
-	int rc = it_daemon_finish(&f->d);
-	free(f);
-	return rc;
-}
+static int teardown(void **state) { return it_daemon_stop(*state); }
 
 static void write_file(const char *path, const char *text)
 {

@@ -46,20 +46,11 @@ typedef struct fx {
 
 static int start(fx *f, bool fresh)
 {
-	if (fresh) {
-		if (bertd_init(&f->d))
-			return -1;
-		snprintf(f->data, sizeof f->data, "%s/data", f->d.root);
-		mkdir(f->data, 0700);
-	}
-	const char *extra[16] = {"--data-roots", f->data, "--devices", "cpu", "--cpu-slots", "2",
-				 "--schedule", "true", "--stop-timeout-s", "60", NULL};
-	if (f->stall_s) {
-		extra[10] = "--stall-timeout-s";
-		extra[11] = f->stall_s;
-		extra[12] = NULL;
-	}
-	return bertd_start(&f->d, extra);
+	if (fresh && it_daemon_init(&f->d, f->data, sizeof f->data))
+		return -1;
+	const char *extra[] = {"--stop-timeout-s", "60", f->stall_s ? "--stall-timeout-s" : NULL, f->stall_s, NULL};
+	it_daemon_opts o = {.cpu_slots = "2", .extra = extra};
+	return it_daemon_run(&f->d, f->data, &o);
 }
 
 static int setup_with(void **state, const char *stall_s)
@@ -105,14 +96,8 @@ static int teardown(void **state)
 
 /* A model small enough to train in seconds on two cores. top: more
  * top-level keys (with a leading comma) or "". */
-#define SPEC(name, steps, save, log, gpus, loaders, top)                                                  \
-	"{\"name\":\"" name "\",\"dataset\":\"shakes\","                                                  \
-	"\"model\":{\"preset\":\"bert-tiny\",\"hidden_size\":32,\"num_hidden_layers\":1,"                 \
-	"\"num_attention_heads\":2,\"intermediate_size\":64,\"max_position_embeddings\":64},"            \
-	"\"training_args\":{\"per_device_train_batch_size\":8,\"max_seq_length\":32,\"max_steps\":" steps \
-	",\"logging_steps\":" log ",\"save_steps\":" save ",\"learning_rate\":0.01,\"warmup_steps\":2,"   \
-	"\"dataloader_num_workers\":" loaders ",\"seed\":7},"                                              \
-	"\"resources\":{\"gpus\":" gpus "}" top "}"
+#define SPEC(name, steps, save, log, gpus, loaders, top) \
+	IT_TINY_SPEC(name, "shakes", gpus, "8", steps, log, save, loaders, IT_LR_WARMUP, top)
 
 /* The job's events (caller decrefs). */
 static json_t *events_of(fx *f, const char *id)

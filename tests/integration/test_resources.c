@@ -34,15 +34,12 @@ static void write_file(const char *path, const char *text)
 static int setup(void **state)
 {
 	fx *f = calloc(1, sizeof *f);
-	if (!f || bertd_init(&f->d))
+	if (!f || it_daemon_init(&f->d, f->data, sizeof f->data))
 		return -1;
-	snprintf(f->data, sizeof f->data, "%s/data", f->d.root);
 	snprintf(f->outside, sizeof f->outside, "%s/outside", f->d.root);
-	mkdir(f->data, 0700);
 	mkdir(f->outside, 0700);
-	const char *extra[] = {"--data-roots", f->data, "--devices", "cpu", "--cpu-slots", "3",
-			       "--schedule", "false", NULL};
-	if (bertd_start(&f->d, extra)) {
+	it_daemon_opts o = {.cpu_slots = "3", .schedule = "false"};
+	if (it_daemon_run(&f->d, f->data, &o)) {
 		bertd_destroy(&f->d);
 		free(f);
 		return -1;

@@ -24,27 +24,13 @@
 
 #define N_SLOW 80
 
-static int start(void **state, const char *const *extra)
-{
-	bertd *d = calloc(1, sizeof *d);
-	if (!d || bertd_init(d))
-		return -1;
-	if (bertd_start(d, extra)) {
-		bertd_destroy(d);
-		free(d);
-		return -1;
-	}
-	*state = d;
-	return 0;
-}
-
 /* No deadline to speak of (an hour): the limits alone must keep clients
  * served; conn_limit 32 is below the 80 slow connections. */
 static int setup_limits(void **state)
 {
 	const char *extra[] = {"--request-timeout-s", "3600", "--conn-timeout-s", "3600",
 			       "--conn-limit", "32", "--schedule", "false", NULL};
-	return start(state, extra);
+	return it_bertd_setup(state, extra);
 }
 
 /* A 2 s request deadline; the idle timeout (an hour) cannot be what closes them. */
@@ -52,16 +38,9 @@ static int setup_deadline(void **state)
 {
 	const char *extra[] = {"--request-timeout-s", "2", "--conn-timeout-s", "3600",
 			       "--schedule", "false", NULL};
-	return start(state, extra);
+	return it_bertd_setup(state, extra);
 }
 
-static int teardown(void **state)
-{
-	bertd *d = *state;
-	int rc = it_daemon_finish(d);
-	free(d);
-	return rc;
-}
 
 /* A connection that sent the start of a request line and no more. */
 static int open_slow(const bertd *d)
@@ -147,8 +126,8 @@ static void test_trickling_clients_closed(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_served_beside_slow_clients, setup_limits, teardown),
-		cmocka_unit_test_setup_teardown(test_trickling_clients_closed, setup_deadline, teardown),
+		cmocka_unit_test_setup_teardown(test_served_beside_slow_clients, setup_limits, it_bertd_teardown),
+		cmocka_unit_test_setup_teardown(test_trickling_clients_closed, setup_deadline, it_bertd_teardown),
 	};
 	return IT_RUN(tests, NULL, NULL);
 }

@@ -42,50 +42,20 @@
 
 #define DEADLINE_S 240
 
-typedef struct fx {
-	bertd d;
-	char data[160];
-} fx;
+typedef it_fx fx;
 
 static int setup(void **state)
 {
-	fx *f = calloc(1, sizeof *f);
-	if (!f || bertd_init(&f->d))
-		return -1;
-	snprintf(f->data, sizeof f->data, "%s/data", f->d.root);
-	mkdir(f->data, 0700);
-	const char *extra[] = {"--data-roots", f->data, "--devices", "cpu", "--cpu-slots", "2",
-			       "--schedule", "true", "--stop-timeout-s", "60", NULL};
-	if (bertd_start(&f->d, extra))
-		return -1;
-	it_make_corpus(f->data, "shakes.txt", 2000);
-	if (it_add_dataset(&f->d,
-			   "{\"name\":\"shakes\",\"source\":\"shakes.txt\",\"vocab\":{\"train\":{\"vocab_size\":400}}}"))
-		return -1;
-	json_t *ds = it_wait_state(&f->d, "/v1/datasets/shakes", "ready|failed", DEADLINE_S);
-	int ok = strcmp(json_string_value(json_object_get(ds, "state")), "ready") == 0;
-	json_decref(ds);
-	if (!ok)
-		return -1;
-	*state = f;
-	return 0;
+	const char *extra[] = {"--stop-timeout-s", "60", NULL};
+	it_daemon_opts o = {.cpu_slots = "2", .extra = extra, .dataset = "shakes", .corpus = "shakes.txt",
+			    .corpus_lines = 2000, .vocab_size = 400, .wait_ready = true};
+	return (*state = it_daemon_start(&o, DEADLINE_S)) ? 0 : -1;
 }
 
-static int teardown(void **state)
-{
-	fx *f = *state;
-	int rc = it_daemon_finish(&f->d);
-	free(f);
-	return rc;
-}
+static int teardown(void **state) { return it_daemon_stop(*state); }
 
-#define SPEC(name, steps, loaders, profiler)                                                           \
-	"{\"name\":\"" name "\",\"dataset\":\"shakes\","                                                 \
-	"\"model\":{\"preset\":\"bert-tiny\",\"hidden_size\":32,\"num_hidden_layers\":1,"                \
-	"\"num_attention_heads\":2,\"intermediate_size\":64,\"max_position_embeddings\":64},"           \
-	"\"training_args\":{\"per_device_train_batch_size\":8,\"max_seq_length\":32,\"max_steps\":" steps \
-	",\"logging_steps\":5,\"save_steps\":20,\"dataloader_num_workers\":" loaders ",\"seed\":7},"      \
-	"\"resources\":{\"gpus\":1}" profiler "}"
+#define SPEC(name, steps, loaders, profiler) \
+	IT_TINY_SPEC(name, "shakes", "1", "8", steps, "5", "20", loaders, "", profiler)
 
 static json_t *rule(json_t *diag, const char *name)
 {
@@ -237,9 +207,7 @@ static void test_loader_job_verdict_follows_phases(void **state)
  * scheduling noise a loaded machine adds to a window. 96 steps logged every
  * 4: the rules' 20-row window leaves out the first rows. */
 #define SLOW_SPEC(name, loaders)                                                                      \
-	"{\"name\":\"" name "\",\"dataset\":\"shakes\","                                                 \
-	"\"model\":{\"preset\":\"bert-tiny\",\"hidden_size\":32,\"num_hidden_layers\":1,"                \
-	"\"num_attention_heads\":2,\"intermediate_size\":64,\"max_position_embeddings\":64},"           \
+	"{\"name\":\"" name "\",\"dataset\":\"shakes\"," IT_TINY_MODEL("1") ","                          \
 	"\"training_args\":{\"per_device_train_batch_size\":32,\"max_seq_length\":64,\"max_steps\":96,"  \
 	"\"logging_steps\":4,\"save_steps\":40,\"dataloader_num_workers\":" loaders ",\"seed\":7},"      \
 	"\"profiler\":{\"simulate_data_delay_ms\":100}}"

@@ -20,46 +20,18 @@
 
 #define DEADLINE_S 240
 
-typedef struct fx {
-	bertd d;
-	char data[160];
-} fx;
+typedef it_fx fx;
 
 static int setup(void **state)
 {
-	fx *f = calloc(1, sizeof *f);
-	if (!f || bertd_init(&f->d))
-		return -1;
-	snprintf(f->data, sizeof f->data, "%s/data", f->d.root);
-	mkdir(f->data, 0700);
-	const char *extra[] = {"--data-roots", f->data, "--devices", "cpu", "--cpu-slots", "2",
-			       "--schedule", "true", NULL};
-	if (bertd_start(&f->d, extra))
-		return -1;
-	it_make_corpus(f->data, "shakes.txt", 1000);
-	if (it_add_dataset(&f->d,
-			   "{\"name\":\"shakes\",\"source\":\"shakes.txt\",\"vocab\":{\"train\":{\"vocab_size\":300}}}"))
-		return -1;
-	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
-	*state = f;
-	return 0;
+	it_daemon_opts o = {.cpu_slots = "2", .dataset = "shakes", .corpus = "shakes.txt", .corpus_lines = 1000,
+			    .vocab_size = 300, .wait_ready = true};
+	return (*state = it_daemon_start(&o, DEADLINE_S)) ? 0 : -1;
 }
 
-static int teardown(void **state)
-{
-	fx *f = *state;
-	int rc = it_daemon_finish(&f->d);
-	free(f);
-	return rc;
-}
+static int teardown(void **state) { return it_daemon_stop(*state); }
 
-#define SPEC(name, loaders)                                                                             \
-	"{\"name\":\"" name "\",\"dataset\":\"shakes\","                                                 \
-	"\"model\":{\"preset\":\"bert-tiny\",\"hidden_size\":32,\"num_hidden_layers\":1,"                \
-	"\"num_attention_heads\":2,\"intermediate_size\":64,\"max_position_embeddings\":64},"           \
-	"\"training_args\":{\"per_device_train_batch_size\":4,\"max_seq_length\":32,\"max_steps\":12,"   \
-	"\"logging_steps\":3,\"save_steps\":100,\"dataloader_num_workers\":" loaders ",\"seed\":7},"     \
-	"\"resources\":{\"gpus\":1}}"
+#define SPEC(name, loaders) IT_TINY_SPEC(name, "shakes", "1", "4", "12", "3", "100", loaders, "", "")
 
 static void test_tensorboard_reads_every_scalar(void **state)
 {

@@ -178,7 +178,7 @@ static void test_minimal_gets_every_default(void **state)
 {
 	(void)state;
 	json_t *o = normalize_ok("{\"dataset\": \"wiki.en-2\"}");
-	static const char *const top[] = {"name", "dataset", "model", "init_from", "priority",
+	static const char *const top[] = {"name", "dataset", "model", "init_from", "init_from_restore", "priority",
 		"training_args", "mlm", "resources", "stopping_condition", "retry_policy", "profiler"};
 	expect_keys(o, top, sizeof top / sizeof top[0]);
 	static const char *const model[] = {"preset", "vocab_size", "hidden_size",
@@ -191,11 +191,12 @@ static void test_minimal_gets_every_default(void **state)
 		"warmup_ratio", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon",
 		"max_grad_norm", "num_train_epochs", "max_steps", "max_seq_length", "optim", "bf16", "fp16", "seed",
 		"logging_steps", "save_steps", "save_total_limit", "dataloader_num_workers",
-		"dataloader_pin_memory", "ddp_reduce_dtype"};
+		"dataloader_pin_memory", "ddp_reduce_dtype", "eval_strategy", "eval_steps",
+		"per_device_eval_batch_size", "max_eval_batches"};
 	expect_keys(json_object_get(o, "training_args"), ta, sizeof ta / sizeof ta[0]);
 	static const char *const mlm[] = {"mlm_probability", "mask_replace_prob",
 		"random_replace_prob", "whole_word_mask", "nsp", "max_predictions_per_seq",
-		"short_seq_prob"};
+		"short_seq_prob", "validation_split_percentage"};
 	expect_keys(json_object_get(o, "mlm"), mlm, sizeof mlm / sizeof mlm[0]);
 
 	assert_string_equal(gets_(o, NULL, "name"), "wiki.en-2"); /* from the dataset */
@@ -996,6 +997,29 @@ static void test_init_from_job(void **state)
 	expect_bad("{\"dataset\":\"d\",\"init_from\":[\"/x\"]}", 422, "init_from");
 }
 
+/* init_from_restore: "weights" by default; "all" (continue a job's run)
+ * needs a checkpoint to continue from: not none, not a job's HF export. The
+ * rest (optimizer state, model, layout) the API checks with the files. */
+static void test_init_from_restore(void **state)
+{
+	(void)state;
+	json_t *o = normalize_ok("{\"dataset\":\"d\"}");
+	assert_string_equal(gets_(o, NULL, "init_from_restore"), "weights");
+	json_decref(o);
+	o = normalize_ok("{\"dataset\":\"d\",\"init_from\":{\"job\":\"job-00000000000000ff\",\"checkpoint\":10},"
+			 "\"init_from_restore\":\"all\"}");
+	assert_string_equal(gets_(o, NULL, "init_from_restore"), "all");
+	json_decref(o);
+	/* as stored: init_from resolved to the checkpoint's path */
+	check_idempotent("{\"dataset\":\"d\",\"init_from\":\"/s/jobs/job-00000000000000ff/checkpoints/ckpt-10\","
+			 "\"init_from_restore\":\"all\"}");
+	expect_bad("{\"dataset\":\"d\",\"init_from_restore\":\"all\"}", 422, "init_from_restore");
+	expect_bad("{\"dataset\":\"d\",\"init_from\":{\"job\":\"job-00000000000000ff\"},\"init_from_restore\":\"all\"}",
+		   422, "init_from_restore");
+	expect_bad("{\"dataset\":\"d\",\"init_from_restore\":\"optimizer\"}", 422, "init_from_restore");
+	expect_bad("{\"dataset\":\"d\",\"init_from_restore\":true}", 422, "init_from_restore");
+}
+
 /* Names the first path where a and b differ (for a message a person can act on). */
 static bool schema_diff(json_t *a, json_t *b, char *path, size_t cap)
 {
@@ -1070,6 +1094,66 @@ static void test_openapi_matches_table(void **state)
 	json_decref(doc);
 }
 
+/* Held-out evaluation keys: HF names, evaluation_strategy as the older
+ * spelling, eval_steps and the held-out share resolved from other keys. */
+static void test_eval_keys(void **state)
+{
+	(void)state;
+	json_t *o = normalize_ok("{\"dataset\":\"x\"}");
+	assert_string_equal(gets_(o, "training_args", "eval_strategy"), "no");
+	assert_int_equal(geti(o, "training_args", "eval_steps"), 50); /* = logging_steps */
+	assert_int_equal(geti(o, "training_args", "per_device_eval_batch_size"), 8);
+	assert_int_equal(geti(o, "training_args", "max_eval_batches"), 100);
+	assert_int_equal(geti(o, "mlm", "validation_split_percentage"), 0);
+	json_decref(o);
+
+	o = normalize_ok("{\"dataset\":\"x\",\"training_args\":{\"evaluation_strategy\":\"steps\","
+			 "\"logging_steps\":7}}");
+	assert_string_equal(gets_(o, "training_args", "eval_strategy"), "steps");
+	assert_null(json_object_get(json_object_get(o, "training_args"), "evaluation_strategy"));
+	assert_int_equal(geti(o, "training_args", "eval_steps"), 7);
+	assert_int_equal(geti(o, "mlm", "validation_split_percentage"), 5);
+	jobspec s;
+	jobspec_error err;
+	assert_int_equal(jobspec_from_json(o, &s, &err), 0);
+	assert_string_equal(s.training.eval_strategy, "steps");
+	assert_int_equal(s.training.eval_steps, 7);
+	assert_int_equal(s.mlm.validation_split_percentage, 5);
+	json_decref(o);
+
+	o = normalize_ok("{\"dataset\":\"x\",\"training_args\":{\"eval_strategy\":\"steps\","
+			 "\"eval_steps\":3},\"mlm\":{\"validation_split_percentage\":20}}");
+	assert_int_equal(geti(o, "training_args", "eval_steps"), 3);
+	assert_int_equal(geti(o, "mlm", "validation_split_percentage"), 20);
+	json_decref(o);
+
+	/* an epoch by num_train_epochs is the training share: 20% held out, 80% of the steps */
+	const jobspec_epoch_source src = {.tokens = 1000000, .sentences = 50000};
+	json_t *all = normalize_ok("{\"dataset\":\"x\",\"training_args\":{\"num_train_epochs\":1}}");
+	json_t *held = normalize_ok("{\"dataset\":\"x\",\"training_args\":{\"num_train_epochs\":1},"
+				    "\"mlm\":{\"validation_split_percentage\":20}}");
+	assert_int_equal(jobspec_resolve_epochs(all, &src, &err), 0);
+	assert_int_equal(jobspec_resolve_epochs(held, &src, &err), 0);
+	double s_all = (double)geti(all, "training_args", "max_steps");
+	double s_held = (double)geti(held, "training_args", "max_steps");
+	assert_true(s_all > 100 && fabs(s_held / s_all - 0.8) < 0.01);
+	json_decref(all);
+	json_decref(held);
+
+	expect_bad("{\"dataset\":\"x\",\"training_args\":{\"eval_strategy\":\"steps\","
+		   "\"evaluation_strategy\":\"steps\"}}", 422, "training_args.evaluation_strategy");
+	expect_bad("{\"dataset\":\"x\",\"training_args\":{\"eval_strategy\":\"epoch\"}}", 422,
+		   "training_args.eval_strategy");
+	expect_bad("{\"dataset\":\"x\",\"training_args\":{\"eval_strategy\":\"steps\"},"
+		   "\"mlm\":{\"validation_split_percentage\":0}}", 422, "mlm.validation_split_percentage");
+	expect_bad("{\"dataset\":\"x\",\"mlm\":{\"validation_split_percentage\":100}}", 422,
+		   "mlm.validation_split_percentage");
+	expect_bad("{\"dataset\":\"x\",\"training_args\":{\"eval_steps\":0}}", 422,
+		   "training_args.eval_steps");
+	expect_bad("{\"dataset\":\"x\",\"training_args\":{\"per_device_eval_batch_size\":65536,"
+		   "\"max_seq_length\":512}}", 422, "training_args.per_device_eval_batch_size");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1087,7 +1171,9 @@ int main(void)
 		cmocka_unit_test(test_train_by_epochs),
 		cmocka_unit_test(test_optim_hf_names),
 		cmocka_unit_test(test_init_from_job),
+		cmocka_unit_test(test_init_from_restore),
 		cmocka_unit_test(test_openapi_matches_table),
+		cmocka_unit_test(test_eval_keys),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

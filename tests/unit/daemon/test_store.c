@@ -8,6 +8,7 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <stdbool.h>
 #include <pthread.h>
 #include <sqlite3.h>
 #include <stdio.h>
@@ -811,6 +812,190 @@ static void test_concurrent_inserts(void **state)
 	assert_int_equal(raw_int(f->path, "SELECT COUNT(*) FROM job_events", NULL), THREADS * PER_THREAD);
 }
 
+/* ---- group commit ---- */
+
+static int present(store *s, const char *id)
+{
+	store_job j;
+	int rc = store_job_get(s, id, &j);
+	store_job_free(&j);
+	return rc == 0;
+}
+
+/* One group is one transaction: a member whose insert fails (a trigger
+ * aborts it, as a full disk or an I/O error would) fails every member, and
+ * none of their rows is kept; a key used twice in one group is the first
+ * member's job for the second (a replay), both committed together. */
+static void test_group_commit(void **state)
+{
+	fixture *f = *state;
+	store_job j[3] = {
+		{.id = "job-00000000000000g1", .name = "a", .spec_json = "{}"},
+		{.id = "job-00000000000000g2", .name = "poison", .spec_json = "{}"},
+		{.id = "job-00000000000000g3", .name = "c", .spec_json = "{}"},
+	};
+	store_insert ins[3];
+	for (int i = 0; i < 3; i++)
+		ins[i] = (store_insert){.job = &j[i]};
+	raw_exec(f->path, "CREATE TRIGGER poison BEFORE INSERT ON jobs WHEN NEW.name = 'poison' "
+			  "BEGIN SELECT RAISE(ABORT, 'injected failure'); END");
+	assert_int_equal(store_job_insert_group(f->s, ins, 3), -EIO);
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(ins[i].rc, -EIO);
+		assert_null(ins[i].prev_hash);
+		assert_false(present(f->s, j[i].id));
+	}
+	assert_int_equal(raw_int(f->path, "SELECT COUNT(*) FROM job_events", NULL), 0);
+
+	/* without the poisoned member the same group commits */
+	ins[0] = (store_insert){.job = &j[0]};
+	ins[1] = (store_insert){.job = &j[2]};
+	assert_int_equal(store_job_insert_group(f->s, ins, 2), 0);
+	assert_int_equal(ins[0].rc, 0);
+	assert_int_equal(ins[1].rc, 0);
+	assert_true(present(f->s, j[0].id) && present(f->s, j[2].id));
+
+	/* one key twice in a group: the second member replays the first */
+	store_job k[2] = {
+		{.id = "job-00000000000000k1", .name = "k", .spec_json = "{}"},
+		{.id = "job-00000000000000k2", .name = "k", .spec_json = "{}"},
+	};
+	for (int i = 0; i < 2; i++)
+		ins[i] = (store_insert){.job = &k[i], .idem_key = "key-g", .idem_hash = "h",
+					.response_json = i ? "{\"second\":1}" : "{\"first\":1}"};
+	assert_int_equal(store_job_insert_group(f->s, ins, 2), 0);
+	assert_int_equal(ins[0].rc, 0);
+	assert_int_equal(ins[1].rc, -EEXIST);
+	assert_string_equal(ins[1].prev_job_id, k[0].id);
+	assert_string_equal(ins[1].prev_response, "{\"first\":1}");
+	assert_true(present(f->s, k[0].id));
+	assert_false(present(f->s, k[1].id));
+	free(ins[1].prev_hash);
+	free(ins[1].prev_response);
+	free(ins[1].prev_job_id);
+}
+
+typedef struct async_result {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int done;
+} async_result;
+
+static void async_done(store_insert *ins, void *arg)
+{
+	(void)ins;
+	async_result *a = arg;
+	pthread_mutex_lock(&a->mu);
+	a->done++;
+	pthread_cond_broadcast(&a->cv);
+	pthread_mutex_unlock(&a->mu);
+}
+
+/* store_job_insert_async: each insert's callback comes once, after the
+ * commit, with its own result: all stored when nothing fails; with
+ * poisoned members, each is acknowledged (0) exactly when it is stored, and
+ * no poisoned one is (the others in its group fail with it). */
+static void test_insert_async(void **state)
+{
+	fixture *f = *state;
+	enum { N = 40 };
+	store_job j[N];
+	store_insert ins[N];
+	char ids[N][32];
+	async_result a = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+	raw_exec(f->path, "CREATE TRIGGER poison BEFORE INSERT ON jobs WHEN NEW.name = 'poison' "
+			  "BEGIN SELECT RAISE(ABORT, 'injected failure'); END");
+	int ok = 0;
+	for (int round = 0; round < 2; round++) {
+		for (int i = 0; i < N; i++) {
+			job_id(ids[i], 0x500 + round * N + i);
+			bool poison = round == 1 && i % 7 == 3;
+			j[i] = (store_job){.id = ids[i], .name = poison ? "poison" : "ok", .spec_json = "{}"};
+			ins[i] = (store_insert){.job = &j[i], .rc = 1};
+			assert_int_equal(store_job_insert_async(f->s, &ins[i], async_done, &a), 0);
+		}
+		pthread_mutex_lock(&a.mu);
+		while (a.done < N * (round + 1))
+			pthread_cond_wait(&a.cv, &a.mu);
+		pthread_mutex_unlock(&a.mu);
+		for (int i = 0; i < N; i++) {
+			assert_true(ins[i].rc == 0 || (round == 1 && ins[i].rc == -EIO));
+			assert_int_equal(ins[i].rc == 0, present(f->s, ids[i]));
+			if (round == 1 && i % 7 == 3)
+				assert_int_equal(ins[i].rc, -EIO);
+			ok += ins[i].rc == 0;
+		}
+	}
+	assert_int_equal(raw_int(f->path, "SELECT COUNT(*) FROM jobs", NULL), ok);
+	store_insert bad = {.job = NULL};
+	assert_int_equal(store_job_insert_async(f->s, &bad, async_done, &a), -EINVAL);
+}
+
+/* store_job.version: unchanged while nothing of the job is written, changed
+ * by every write of its row, metrics or checkpoints, and by any commit of
+ * another connection (it cannot tell which job that wrote); a new store
+ * never repeats an old store's values. */
+static uint64_t version_of(store *s, const char *id)
+{
+	store_job j;
+	assert_int_equal(store_job_get(s, id, &j), 0);
+	uint64_t v = j.version;
+	store_job_free(&j);
+	assert_true(v != 0);
+	return v;
+}
+
+static void test_job_version(void **state)
+{
+	fixture *f = *state;
+	const char *id = "job-00000000000000v1";
+	uint64_t v[8];
+	int k = 0;
+	assert_int_equal(add_job(f->s, id, 0), 0);
+#define VERSION_NOW(out) ((out) = version_of(f->s, id))
+	VERSION_NOW(v[k]);
+	uint64_t again;
+	VERSION_NOW(again);
+	assert_true(again == v[k]);
+	/* a list reads the same version */
+	store_job *jobs;
+	size_t n;
+	int64_t next;
+	assert_int_equal(store_job_list(f->s, 0, 0, 10, &jobs, &n, &next), 0);
+	assert_int_equal(n, 1);
+	assert_true(jobs[0].version == v[k]);
+	store_jobs_free(jobs, n);
+	assert_int_equal(store_job_transition(f->s, id, JOB_MASK(JOB_QUEUED), JOB_RUNNING, "go", NULL), 0);
+	VERSION_NOW(v[++k]);
+	assert_int_equal(store_metric_insert(f->s, id, 1, 1000, "{\"loss\":1}"), 0);
+	VERSION_NOW(v[++k]);
+	store_checkpoint c = {.step = 1, .path = "/x/ckpt-1", .bytes = 1};
+	assert_int_equal(store_checkpoint_insert(f->s, id, &c), 0);
+	VERSION_NOW(v[++k]);
+	assert_int_equal(store_job_transition(f->s, id, JOB_MASK(JOB_RUNNING), JOB_COMPLETED, "done", NULL), 0);
+	VERSION_NOW(v[++k]);
+	assert_int_equal(store_checkpoint_delete(f->s, id, 1), 0);
+	VERSION_NOW(v[++k]);
+	for (int a = 0; a < k; a++)
+		for (int b = a + 1; b <= k; b++)
+			assert_true(v[a] != v[b]);
+	/* a read never changes it */
+	VERSION_NOW(again);
+	assert_true(again == v[k]);
+	/* a commit by another connection (another process) changes it too */
+	raw_exec(f->path, "UPDATE jobs SET name = 'renamed' WHERE id = 'job-00000000000000v1'");
+	VERSION_NOW(again);
+	assert_true(again != v[k]);
+	v[k] = again;
+	/* the same file reopened: another store, other values */
+	store_close(f->s);
+	assert_int_equal(store_open(&f->s, f->path), 0);
+	VERSION_NOW(again);
+	for (int a = 0; a <= k; a++)
+		assert_true(again != v[a]);
+#undef VERSION_NOW
+}
+
 /* ---- datasets, metrics, checkpoints ---- */
 
 static void test_datasets(void **state)
@@ -1389,6 +1574,9 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_idempotency, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_enoent, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_concurrent_inserts, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_group_commit, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_insert_async, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_job_version, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_datasets, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_metrics, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_checkpoints, setup, teardown),

@@ -647,6 +647,133 @@ static void test_bad_input(void **state)
 	assert_int_equal(batch_layout_init(&l, 1u << 20, 8192, 80), -EOVERFLOW);
 }
 
+/* Which documents (by corpus position: ids follow it) sample s holds: sets
+ * seen[d] and returns 0, or -1 for a token that is not a corpus token. */
+static int sample_docs(const mlm_dataset *ds, const corpus_view *c, const uint64_t *doc_of, uint64_t s,
+		       uint8_t *seen_tok, uint8_t *seen_doc)
+{
+	int32_t ids[128], tt[128], nsp;
+	int len = mlm_sample_pack(ds, s, ids, tt, &nsp);
+	for (int i = 0; i < len; i++) {
+		if (ids[i] == CLS || ids[i] == SEP)
+			continue;
+		uint64_t pos = (uint64_t)(ids[i] - 5);
+		if (ids[i] < 5 || pos >= c->n_tokens)
+			return -1;
+		seen_tok[pos] = 1;
+		seen_doc[doc_of[pos]] = 1;
+	}
+	return 0;
+}
+
+/* validation_split_percentage: the held-out documents are ceil(pct%) of the
+ * non-empty ones, chosen by the seed alone; the training and eval datasets
+ * never share a document, between them hold every token (full-sentences),
+ * and the same seed gives the same split while another seed gives another. */
+static void check_holdout(int nsp)
+{
+	synth_corpus sc;
+	synth_spec sp = {.n_docs = 200, .min_sents = 1, .max_sents = 6, .min_len = 1, .max_len = 40,
+			 .empty_doc_every = 9, .vocab_size = 70000, .token_bytes = 4, .seed = 5};
+	assert_int_equal(synth_build(&sc, &sp), 0);
+	const corpus_view *c = &sc.view;
+	assert_true(c->n_tokens + 5 < 70000); /* ids name corpus positions */
+	uint64_t *doc_of = token_docs(c);
+	mlm_config cfg;
+	mlm_config_defaults(&cfg, 128);
+	cfg.nsp = nsp;
+	cfg.seed = 1234;
+	cfg.holdout_pct = 10;
+	mlm_config ecfg = cfg;
+	ecfg.split = MLM_SPLIT_EVAL;
+	assert_int_not_equal(mlm_config_digest(&cfg), mlm_config_digest(&ecfg));
+	mlm_dataset *tr, *ev;
+	assert_int_equal(mlm_dataset_create(&tr, c, 1, &cfg), 0);
+	assert_int_equal(mlm_dataset_create(&ev, c, 1, &ecfg), 0);
+	mlm_stats ts, es;
+	mlm_dataset_stats(tr, &ts);
+	mlm_dataset_stats(ev, &es);
+	uint64_t nonempty = 200 - 200 / 9;
+	assert_int_equal(ts.n_docs + es.n_docs, nonempty);
+	assert_int_equal(es.n_docs, (nonempty * 10 + 99) / 100);
+	assert_int_equal(ts.n_docs_other, es.n_docs);
+	uint8_t *tok_t = calloc(c->n_tokens, 1), *tok_e = calloc(c->n_tokens, 1);
+	uint8_t *doc_t = calloc(c->n_docs, 1), *doc_e = calloc(c->n_docs, 1);
+	for (uint64_t s = 0; s < ts.n_samples; s++)
+		assert_int_equal(sample_docs(tr, c, doc_of, s, tok_t, doc_t), 0);
+	for (uint64_t s = 0; s < es.n_samples; s++)
+		assert_int_equal(sample_docs(ev, c, doc_of, s, tok_e, doc_e), 0);
+	uint64_t n_doc_e = 0;
+	for (uint64_t d = 0; d < c->n_docs; d++) {
+		assert_false(doc_t[d] && doc_e[d]); /* never both sides */
+		n_doc_e += doc_e[d];
+	}
+	if (!nsp) {
+		/* every document's tokens are in exactly one split */
+		assert_int_equal(n_doc_e, es.n_docs);
+		for (uint64_t t = 0; t < c->n_tokens; t++)
+			assert_int_equal(tok_t[t] + tok_e[t], 1);
+	}
+	/* fixed by the seed: a second dataset holds out the same documents */
+	mlm_dataset *ev2;
+	assert_int_equal(mlm_dataset_create(&ev2, c, 1, &ecfg), 0);
+	uint8_t *tok_e2 = calloc(c->n_tokens, 1), *doc_e2 = calloc(c->n_docs, 1);
+	mlm_stats es2;
+	mlm_dataset_stats(ev2, &es2);
+	for (uint64_t s = 0; s < es2.n_samples; s++)
+		assert_int_equal(sample_docs(ev2, c, doc_of, s, tok_e2, doc_e2), 0);
+	assert_memory_equal(doc_e, doc_e2, c->n_docs);
+	mlm_dataset_destroy(ev2);
+	/* another seed, another split */
+	ecfg.seed = 99;
+	assert_int_equal(mlm_dataset_create(&ev2, c, 1, &ecfg), 0);
+	memset(doc_e2, 0, c->n_docs);
+	mlm_dataset_stats(ev2, &es2);
+	for (uint64_t s = 0; s < es2.n_samples; s++)
+		assert_int_equal(sample_docs(ev2, c, doc_of, s, tok_e2, doc_e2), 0);
+	assert_memory_not_equal(doc_e, doc_e2, c->n_docs);
+	mlm_dataset_destroy(ev2);
+	print_message("holdout nsp=%d: %llu train docs (%llu samples), %llu held out (%llu samples)\n", nsp,
+		      (unsigned long long)ts.n_docs, (unsigned long long)ts.n_samples,
+		      (unsigned long long)es.n_docs, (unsigned long long)es.n_samples);
+	free(tok_t);
+	free(tok_e);
+	free(tok_e2);
+	free(doc_t);
+	free(doc_e);
+	free(doc_e2);
+	free(doc_of);
+	mlm_dataset_destroy(tr);
+	mlm_dataset_destroy(ev);
+	synth_free(&sc);
+}
+
+static void test_holdout_split(void **state)
+{
+	(void)state;
+	check_holdout(0);
+	check_holdout(1);
+	/* nothing held out without a share; an eval split needs one */
+	mlm_config cfg;
+	mlm_config_defaults(&cfg, 128);
+	for (uint64_t i = 0; i < 100; i++)
+		assert_int_equal(mlm_doc_held_out(&cfg, i, 100), 0);
+	cfg.holdout_pct = 1;
+	uint64_t held = 0;
+	for (uint64_t i = 0; i < 1000; i++)
+		held += (uint64_t)mlm_doc_held_out(&cfg, i, 1000);
+	assert_int_equal(held, 10);
+	held = 0;
+	for (uint64_t i = 0; i < 3; i++)
+		held += (uint64_t)mlm_doc_held_out(&cfg, i, 3);
+	assert_int_equal(held, 1); /* at least one */
+	cfg.holdout_pct = 99;
+	held = 0;
+	for (uint64_t i = 0; i < 3; i++)
+		held += (uint64_t)mlm_doc_held_out(&cfg, i, 3);
+	assert_int_equal(held, 2); /* never all */
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -660,6 +787,7 @@ int main(void)
 		cmocka_unit_test(test_epoch_permutation),
 		cmocka_unit_test(test_batch_pure_function),
 		cmocka_unit_test(test_bad_input),
+		cmocka_unit_test(test_holdout_split),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,81 @@
+/* cluster — the Slurm side of multi-node jobs (docs/multinode.md): one
+ * attempt's relay listener and token, srun's command line and environment,
+ * the dataset check across nodes, and scancel. The supervisor wires these
+ * into its runs; this module knows nothing of runs, children or the store.
+ *
+ * An attempt: bertd listens on a TCP port (the relay), starts
+ *   srun --nodes=N --ntasks-per-node=G --immediate=S --job-name=<name>
+ *        <bin>/bertd-worker --job <job.json>
+ * (no --kill-on-bad-exit: a stopping job's ranks exit 6 while rank 0 still
+ * writes the stop checkpoint; a rank's bad exit reaches the daemon as its
+ * "bye" or its lost connection, and the daemon ends the step)
+ * with BERTD_RELAY=<host>:<port> and BERTD_RELAY_TOKEN=<token> in the
+ * environment srun exports to every task; each rank connects back, says
+ * {"type":"relay","token","rank","node","dataset_sha256"} and then speaks
+ * the worker protocol of docs/formats.md over that connection.
+ *
+ * Never blocks: the listener is non-blocking; scancel is started detached.
+ */
+#ifndef BERTD_DAEMON_CLUSTER_H
+#define BERTD_DAEMON_CLUSTER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "daemon/childenv.h"
+
+#define CLUSTER_TOKEN_HEX 64
+#define CLUSTER_ARGV_MAX 16
+#define CLUSTER_ENV_OWN 6
+
+typedef struct cluster_attempt {
+	int listen_fd;                        /* relay listener, -1 when closed */
+	char addr[300];                       /* "host:port" the ranks connect to */
+	char token[CLUSTER_TOKEN_HEX + 1];    /* per attempt, hex */
+	char slurm_name[96];                  /* srun --job-name, unique per attempt */
+} cluster_attempt;
+
+/* Opens the relay listener of an attempt of job_id: binds relay_host when
+ * it is a numeric address (else every address) on an ephemeral port, makes
+ * the token and the Slurm job name. relay_host "" or NULL: advertised as
+ * gethostname(). 0, or a negative errno (a->listen_fd stays -1). */
+int cluster_attempt_open(cluster_attempt *a, const char *relay_host, const char *job_id);
+
+/* Closes the listener (idempotent). */
+void cluster_attempt_close(cluster_attempt *a);
+
+/* Whether token is the attempt's (compared in constant time). */
+bool cluster_token_ok(const cluster_attempt *a, const char *token);
+
+/* srun's argv (NULL-ended, pointing into out and the arguments). */
+typedef struct cluster_argv {
+	char num[4][128];
+	char *argv[CLUSTER_ARGV_MAX];
+} cluster_argv;
+void cluster_srun_argv(cluster_argv *out, const char *srun, int nodes, int per_node, int immediate_s,
+		       const cluster_attempt *a, const char *worker_bin, const char *job_json);
+
+/* srun's environment: base (a childenv's NULL-ended envp) plus
+ * OMP_NUM_THREADS/OPENBLAS_NUM_THREADS (threads), BERTD_RELAY,
+ * BERTD_RELAY_TOKEN and SLURM_CONF (slurm_conf not empty). *out is
+ * caller-owned (free()), pointing into itself and base. 0 or -ENOMEM. */
+typedef struct cluster_env {
+	char own[CLUSTER_ENV_OWN][1100];
+	char *envp[];
+} cluster_env;
+int cluster_srun_env(cluster_env **out, char *const base[], int threads, const cluster_attempt *a,
+		     const char *slurm_conf);
+
+/* The dataset check: every rank's node and its dataset's content digest
+ * (worker/relay.c; "" = absent there). 0 when all agree; -ENOENT with why
+ * naming a node that has none; -EINVAL with why naming the nodes on each
+ * side (the first node's digest against the first that differs). */
+int cluster_dataset_verdict(const char (*node)[64], const char (*sha)[CLUSTER_TOKEN_HEX + 1], int world,
+			    const char *dataset, char *why, size_t cap);
+
+/* Runs `scancel --name=<a->slurm_name>` (SLURM_CONF=slurm_conf) detached:
+ * what is left of the attempt's Slurm job on any node is killed. The
+ * daemon does not wait for it. */
+void cluster_scancel(const cluster_attempt *a, const char *srun, const char *slurm_conf);
+
+#endif

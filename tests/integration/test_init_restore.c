@@ -1,0 +1,204 @@
+/* init_from_restore "all" on the CPU backend (docs/jobspec.md#init_from):
+ *   - job A trains to step 20 with a checkpoint at 10; job B, the same spec
+ *     with init_from {"job": A, "checkpoint": 10} and init_from_restore
+ *     "all", trains steps 11..20 and ends with A's exported weights, byte
+ *     for byte, and A's logged losses: optimizer moments, scheduler
+ *     position and data position were restored, not only the weights;
+ *   - B restarted after A's checkpoint is gone resumes from its own;
+ *   - submits that cannot continue A's run are 422s naming the key: no
+ *     init_from, an HF export, a path, max_steps not past the checkpoint, a
+ *     different model, batch or accumulation, a checkpoint without
+ *     optimizer state.
+ * Waiting is polling the API with a deadline, never timing. */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "harness.h"
+#include "it_util.h"
+
+#define DEADLINE_S 240
+
+typedef it_fx fx;
+
+static int setup(void **state)
+{
+	it_daemon_opts o = {.cpu_slots = "1", .dataset = "shakes", .corpus = "shakes.txt", .corpus_lines = 3000,
+			    .vocab_size = 400};
+	return (*state = it_daemon_start(&o, DEADLINE_S)) ? 0 : -1;
+}
+
+static int teardown(void **state) { return it_daemon_stop(*state); }
+
+/* A tiny model on one CPU slot, a loader, checkpoints every 10 steps.
+ * model / train: JSON fragments that vary; init: the init_from keys. */
+static void spec(char *out, size_t cap, const char *name, const char *hidden, const char *steps,
+		 const char *train, const char *init)
+{
+	snprintf(out, cap,
+		 "{\"name\":\"%s\",\"dataset\":\"shakes\",\"model\":{\"preset\":\"bert-tiny\",\"hidden_size\":%s,"
+		 "\"num_hidden_layers\":1,\"num_attention_heads\":2,\"intermediate_size\":64,"
+		 "\"max_position_embeddings\":64},\"training_args\":{\"max_seq_length\":32,\"max_steps\":%s,"
+		 "\"logging_steps\":5,\"save_steps\":10,\"learning_rate\":0.01,\"warmup_steps\":2,"
+		 "\"dataloader_num_workers\":1,\"seed\":7%s},\"resources\":{\"gpus\":1}%s}",
+		 name, hidden, steps, train, init);
+}
+
+#define BATCH ",\"per_device_train_batch_size\":8"
+#define RESTORE_ALL(step) ",\"init_from\":{\"job\":\"%s\",\"checkpoint\":" #step "},\"init_from_restore\":\"all\""
+
+/* The directory of job's checkpoint at step: beside its export (model_dir). */
+static void ckpt_dir(const json_t *job, int step, char *out, size_t cap)
+{
+	const char *ex = it_jstr((json_t *)job, "model_dir");
+	size_t n = strlen(ex);
+	assert_true(n > 7 && strcmp(ex + n - 7, "/export") == 0);
+	snprintf(out, cap, "%.*s/checkpoints/ckpt-%d", (int)(n - 7), ex, step);
+}
+
+/* Submits s expecting 422 with field; prints the detail. */
+static void refused(const bertd *d, const char *s, const char *field, const char *detail_has)
+{
+	http_resp r;
+	assert_int_equal(http_post_json(d, "/v1/jobs", s, &r), 0);
+	if (r.status != 422)
+		fail_msg("expected 422 for %s, got %ld: %s", field, r.status, r.body);
+	assert_string_equal(it_jstr(r.json, "field"), field);
+	const char *detail = it_jstr(r.json, "detail");
+	fprintf(stderr, "422 %s: %s\n", field, detail);
+	if (!strstr(detail, detail_has))
+		fail_msg("detail of %s lacks \"%s\": %s", field, detail_has, detail);
+	http_resp_free(&r);
+}
+
+static void test_continue_restores_everything(void **state)
+{
+	fx *f = *state;
+	char s[3072], init[1400];
+	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
+	spec(s, sizeof s, "a", "32", "20", BATCH, "");
+	char *a = it_submit(&f->d, s);
+	json_t *ja = it_wait_job(&f->d, a, "completed|failed|canceled", DEADLINE_S);
+	it_assert_completed(&f->d, ja);
+
+	snprintf(init, sizeof init, RESTORE_ALL(10), a);
+	spec(s, sizeof s, "b", "32", "20", BATCH, init);
+	char *b = it_submit(&f->d, s);
+	json_t *jb = it_wait_job(&f->d, b, "completed|failed|canceled", DEADLINE_S);
+	it_assert_completed(&f->d, jb);
+	assert_string_equal(it_jstr(json_object_get(jb, "spec"), "init_from_restore"), "all");
+
+	/* B ran steps 11..20 only: its metrics rows are 15 and 20, with A's losses */
+	json_t *ma = it_metrics_of(&f->d, a), *mb = it_metrics_of(&f->d, b);
+	assert_int_equal(json_array_size(ma), 4);
+	assert_int_equal(json_array_size(mb), 2);
+	for (size_t i = 0; i < 2; i++) {
+		json_t *ra = json_array_get(ma, i + 2), *rb = json_array_get(mb, i);
+		assert_int_equal(json_integer_value(json_object_get(rb, "step")), 15 + 5 * (int)i);
+		fprintf(stderr, "step %lld: loss A %.6f, B %.6f\n", json_integer_value(json_object_get(rb, "step")),
+			json_number_value(json_object_get(ra, "loss")), json_number_value(json_object_get(rb, "loss")));
+		assert_true(json_number_value(json_object_get(ra, "loss")) ==
+			    json_number_value(json_object_get(rb, "loss")));
+	}
+	json_decref(ma);
+	json_decref(mb);
+	char ha[65], hb[65];
+	it_sha_of_export(ja, ha);
+	it_sha_of_export(jb, hb);
+	assert_string_equal(ha, hb); /* byte-identical weights: A's run, continued */
+
+	/* the 422s: each names the key and what would be accepted */
+	spec(s, sizeof s, "x", "32", "20", BATCH, ",\"init_from_restore\":\"all\"");
+	refused(&f->d, s, "init_from_restore", "needs init_from naming a job's checkpoint");
+	snprintf(init, sizeof init, ",\"init_from\":{\"job\":\"%s\"},\"init_from_restore\":\"all\"", a);
+	spec(s, sizeof s, "x", "32", "20", BATCH, init);
+	refused(&f->d, s, "init_from_restore", "needs init_from naming a job's checkpoint");
+	char path[1200];
+	ckpt_dir(ja, 10, path, sizeof path);
+	snprintf(init, sizeof init, ",\"init_from\":\"%s\",\"init_from_restore\":\"all\"", path);
+	spec(s, sizeof s, "x", "32", "20", BATCH, init);
+	refused(&f->d, s, "init_from_restore", "not a path");
+	snprintf(init, sizeof init, RESTORE_ALL(10), a);
+	spec(s, sizeof s, "x", "32", "10", BATCH, init);
+	refused(&f->d, s, "training_args.max_steps", "must exceed the checkpoint's step (10)");
+	spec(s, sizeof s, "x", "64", "20", BATCH, init);
+	refused(&f->d, s, "model.hidden_size", "differs from the model of the checkpoint");
+	spec(s, sizeof s, "x", "32", "20", ",\"per_device_train_batch_size\":4", init);
+	refused(&f->d, s, "training_args.per_device_train_batch_size", "gradient_accumulation_steps");
+	spec(s, sizeof s, "x", "32", "20", BATCH ",\"gradient_accumulation_steps\":2", init);
+	refused(&f->d, s, "training_args.gradient_accumulation_steps", "per_device_train_batch_size");
+	/* a checkpoint whose optimizer state is gone */
+	ckpt_dir(ja, 20, path, sizeof path);
+	strcat(path, "/optim.safetensors");
+	assert_int_equal(unlink(path), 0);
+	snprintf(init, sizeof init, RESTORE_ALL(20), a);
+	spec(s, sizeof s, "x", "32", "30", BATCH, init);
+	refused(&f->d, s, "init_from_restore", "optimizer state");
+	json_decref(ja);
+	json_decref(jb);
+	free(a);
+	free(b);
+}
+
+/* Removes dir and the plain files in it (a checkpoint). */
+static void remove_ckpt(const char *dir)
+{
+	static const char *const files[] = {"DONE", "state.json", "params.safetensors", "optim.safetensors"};
+	char path[1300];
+	for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+		snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+		unlink(path);
+	}
+	assert_int_equal(rmdir(dir), 0);
+}
+
+/* B continues A's run; after B has a checkpoint of its own, A's checkpoint
+ * it started from is deleted (say, pruned) and B's worker is killed: B
+ * resumes from its own checkpoint, not needing A's any more, and still ends
+ * with A's weights. */
+static void test_restart_after_source_is_gone(void **state)
+{
+	fx *f = *state;
+	char s[3072], init[1400], path[1200];
+	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
+	spec(s, sizeof s, "a", "32", "300", BATCH ",\"save_total_limit\":1000", "");
+	char *a = it_submit(&f->d, s);
+	json_t *ja = it_wait_job(&f->d, a, "completed|failed|canceled", DEADLINE_S);
+	it_assert_completed(&f->d, ja);
+	snprintf(init, sizeof init, RESTORE_ALL(10), a);
+	spec(s, sizeof s, "b", "32", "300", BATCH ",\"save_total_limit\":1000", init);
+	char *b = it_submit(&f->d, s);
+	it_wait_step(&f->d, b, 25, DEADLINE_S); /* past its own checkpoint at 20 */
+	ckpt_dir(ja, 10, path, sizeof path);
+	remove_ckpt(path);
+	pid_t pids[4];
+	assert_int_equal(it_find_pids(b, "--rank 0", pids, 4), 1);
+	assert_int_equal(kill(pids[0], SIGKILL), 0);
+	json_t *jb = it_wait_job(&f->d, b, "completed|failed|canceled", DEADLINE_S);
+	it_assert_completed(&f->d, jb);
+	assert_int_equal(json_integer_value(json_object_get(jb, "restart_count")), 1);
+	char ha[65], hb[65];
+	it_sha_of_export(ja, ha);
+	it_sha_of_export(jb, hb);
+	assert_string_equal(ha, hb);
+	json_decref(ja);
+	json_decref(jb);
+	free(a);
+	free(b);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_continue_restores_everything, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_restart_after_source_is_gone, setup, teardown),
+	};
+	return IT_RUN(tests, NULL, NULL);
+}

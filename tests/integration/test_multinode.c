@@ -1,0 +1,456 @@
+/* Multi-node jobs through Slurm (issue #18, docs/multinode.md), for real on
+ * one host: a private munged, slurmctld and two slurmd's (n1, n2) started
+ * by multinode_slurm.sh, the real bertd with slurm_srun set, CPU ranks.
+ * On one host the ranks' shm all-reduce stands in for NCCL's network
+ * transport; placement, start, rendezvous (the relay), failure and restart
+ * go through Slurm as on a cluster.
+ *   - 2 nodes x 1 rank trains bit for bit what 1 node x 2 ranks trains
+ *     (the exported model.safetensors), with rank 0 on n1 and rank 1 on n2;
+ *   - a relay connection with a wrong token is refused and the job goes on;
+ *   - kill -9 of node n2's processes (the rank and its slurmstepd) mid-job
+ *     fails the attempt on both nodes (rank 0's process goes too), the job
+ *     restarts from its last checkpoint and ends bit-identical to an
+ *     uninterrupted run;
+ *   - cancel: both nodes stop, rank 0's stop checkpoint is written, the job
+ *     ends canceled with nothing left running;
+ *   - bad resources are refused at submit (422), and more nodes than the
+ *     cluster has fail the attempt with srun's own message.
+ * Skips (77) without Slurm/munge (root is not needed). Waiting is polling with
+ * deadlines; the assertions are on states, events and bytes. */
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "common/msg.h"
+#include "harness.h"
+#include "it_util.h"
+
+#define DEADLINE_S 300
+
+typedef struct fx {
+	bertd d;
+	char data[160];
+	char slurm[160];   /* the private cluster's directory */
+	char conf[200];    /* its slurm.conf */
+} fx;
+
+static const char *script(void)
+{
+	const char *s = getenv("BERTD_MULTINODE_SLURM");
+	return s ? s : "tests/integration/multinode_slurm.sh";
+}
+
+static int free_port(void)
+{
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t len = sizeof a;
+	int port = -1;
+	if (fd >= 0 && bind(fd, (struct sockaddr *)&a, len) == 0 &&
+	    getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+		port = ntohs(a.sin_port);
+	if (fd >= 0)
+		close(fd);
+	return port;
+}
+
+static int cluster(fx *f, const char *what)
+{
+	char cmd[600];
+	snprintf(cmd, sizeof cmd, "%s %s %s", script(), what, f->slurm);
+	int st = system(cmd);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int setup(void **state)
+{
+	fx *f = calloc(1, sizeof *f);
+	if (!f || bertd_init(&f->d))
+		return -1;
+	*state = f;
+	snprintf(f->data, sizeof f->data, "%s/data", f->d.root);
+	snprintf(f->slurm, sizeof f->slurm, "%s/slurm", f->d.root);
+	snprintf(f->conf, sizeof f->conf, "%s/slurm.conf", f->slurm);
+	mkdir(f->data, 0700);
+	mkdir(f->slurm, 0700);
+	char cmd[700];
+	snprintf(cmd, sizeof cmd, "%s start %s %d %d %d >/dev/null", script(), f->slurm, free_port(), free_port(),
+		 free_port());
+	if (system(cmd) != 0) {
+		fprintf(stderr, "the private Slurm cluster did not start (%s)\n", cmd);
+		return -1;
+	}
+	const char *extra[] = {"--data-roots", f->data, "--devices", "cpu", "--cpu-slots", "2",
+			       "--schedule", "true", "--stop-timeout-s", "60", "--slurm-srun", "/usr/bin/srun",
+			       "--slurm-conf", f->conf, "--relay-host", "127.0.0.1",
+			       "--slurm-immediate-s", "30", NULL};
+	if (bertd_start(&f->d, extra))
+		return -1;
+	it_make_corpus(f->data, "shakes.txt", 3000);
+	if (it_add_dataset(&f->d,
+			   "{\"name\":\"shakes\",\"source\":\"shakes.txt\",\"vocab\":{\"train\":{\"vocab_size\":400}}}"))
+		return -1;
+	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	fx *f = *state;
+	cluster(f, "stop"); /* first: its files are under the daemon's root */
+	int rc = it_daemon_finish(&f->d);
+	free(f);
+	return rc;
+}
+
+/* A model small enough to train in seconds on two cores; res is the
+ * resources object, top more top-level keys (leading comma) or "". */
+#define SPEC(name, steps, save, log, res, top)                                                            \
+	"{\"name\":\"" name "\",\"dataset\":\"shakes\","                                                  \
+	"\"model\":{\"preset\":\"bert-tiny\",\"hidden_size\":32,\"num_hidden_layers\":1,"                 \
+	"\"num_attention_heads\":2,\"intermediate_size\":64,\"max_position_embeddings\":64},"            \
+	"\"training_args\":{\"per_device_train_batch_size\":8,\"max_seq_length\":32,\"max_steps\":" steps \
+	",\"logging_steps\":" log ",\"save_steps\":" save ",\"learning_rate\":0.01,\"warmup_steps\":2,"   \
+	"\"dataloader_num_workers\":0,\"seed\":7},"                                                        \
+	"\"resources\":" res top "}"
+#define ONE_NODE "{\"gpus\":2}"
+#define TWO_NODES "{\"nodes\":2,\"gpus_per_node\":1,\"device\":\"cpu\"}"
+
+static json_t *events_of(fx *f, const char *id)
+{
+	char path[128];
+	snprintf(path, sizeof path, "/v1/jobs/%s/events", id);
+	json_t *r = it_get_json(&f->d, path);
+	json_t *ev = json_incref(json_object_get(r, "events"));
+	json_decref(r);
+	assert_true(json_is_array(ev));
+	return ev;
+}
+
+static const char *event_with(json_t *ev, const char *text)
+{
+	size_t i;
+	json_t *e;
+	json_array_foreach(ev, i, e) {
+		const char *r = json_string_value(json_object_get(e, "reason"));
+		if (r && strstr(r, text))
+			return r;
+	}
+	return NULL;
+}
+
+static void run_to_end(fx *f, const char *spec, char sha[65], char **id_out)
+{
+	char *id = it_submit(&f->d, spec);
+	json_t *j = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
+	it_assert_completed(&f->d, j);
+	it_sha_of_export(j, sha);
+	json_decref(j);
+	if (id_out)
+		*id_out = id;
+	else
+		free(id);
+}
+
+/* 2 nodes x 1 rank == 1 node x 2 ranks, bit for bit; the ranks really ran
+ * on n1 and n2 (the relay's note). */
+static void two_nodes_equal_one_node(void **state)
+{
+	fx *f = *state;
+	char one[65], two[65], *id;
+	run_to_end(f, SPEC("eq-1x2", "8", "4", "2", ONE_NODE, ""), one, NULL);
+	run_to_end(f, SPEC("eq-2x1", "8", "4", "2", TWO_NODES, ""), two, &id);
+	json_t *ev = events_of(f, id);
+	if (!event_with(ev, "2 ranks joined: 0@n1 1@n2") || !event_with(ev, "starting on 2 nodes x 1 cpu (Slurm)")) {
+		fprintf(stderr, "%s\n", json_dumps(ev, JSON_INDENT(1)));
+		fail_msg("the 2-node job's events do not show its ranks on n1 and n2");
+	}
+	json_decref(ev);
+	assert_string_equal(one, two);
+	free(id);
+}
+
+/* The value of NAME in /proc/pid/environ into out; 0 or -1. */
+static int env_of(pid_t pid, const char *name, char *out, size_t cap)
+{
+	char path[64], buf[65536];
+	snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
+	FILE *fp = fopen(path, "r");
+	if (!fp)
+		return -1;
+	size_t n = fread(buf, 1, sizeof buf - 1, fp);
+	fclose(fp);
+	buf[n] = 0;
+	size_t nl = strlen(name);
+	for (size_t i = 0; i < n; i += strlen(buf + i) + 1) {
+		if (strncmp(buf + i, name, nl) == 0 && buf[i + nl] == '=') {
+			snprintf(out, cap, "%s", buf + i + nl + 1);
+			return 0;
+		}
+	}
+	return -1;
+}
+
+static pid_t ppid_of(pid_t pid)
+{
+	char path[64], buf[512];
+	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+	FILE *fp = fopen(path, "r");
+	if (!fp)
+		return -1;
+	size_t n = fread(buf, 1, sizeof buf - 1, fp);
+	fclose(fp);
+	buf[n] = 0;
+	char *rp = strrchr(buf, ')');
+	int pp = -1;
+	char st;
+	if (!rp || sscanf(rp + 1, " %c %d", &st, &pp) != 2)
+		return -1;
+	return pp;
+}
+
+static bool alive(pid_t pid)
+{
+	char path[64], buf[512];
+	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+	FILE *fp = fopen(path, "r");
+	if (!fp)
+		return false;
+	size_t n = fread(buf, 1, sizeof buf - 1, fp);
+	fclose(fp);
+	buf[n] = 0;
+	char *rp = strrchr(buf, ')');
+	return rp && rp[1] == ' ' && rp[2] != 'Z' && rp[2] != 'X';
+}
+
+/* The job's rank on node (SLURMD_NODENAME), or -1. */
+static pid_t rank_on(const char *id, const char *node)
+{
+	pid_t p[16];
+	int n = it_find_pids("bertd-worker", id, p, 16);
+	for (int i = 0; i < n; i++) {
+		char v[64];
+		if (env_of(p[i], "SLURMD_NODENAME", v, sizeof v) == 0 && strcmp(v, node) == 0)
+			return p[i];
+	}
+	return -1;
+}
+
+/* Connects to the relay at host:port and introduces itself with a wrong
+ * token; returns whether the daemon closed the connection (bounded wait). */
+static bool wrong_token_refused(const char *addr)
+{
+	char host[64];
+	const char *colon = strrchr(addr, ':');
+	assert_non_null(colon);
+	snprintf(host, sizeof host, "%.*s", (int)(colon - addr), addr);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
+	assert_int_equal(inet_pton(AF_INET, host, &a.sin_addr), 1);
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	assert_true(fd >= 0);
+	assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+	json_t *m = json_pack("{s:s, s:s, s:i, s:s, s:s}", "type", "relay", "token",
+			      "0000000000000000000000000000000000000000000000000000000000000000", "rank", 1, "node",
+			      "intruder", "dataset_sha256", "");
+	assert_int_equal(msg_send(fd, m), 0);
+	json_decref(m);
+	struct pollfd p = {.fd = fd, .events = POLLIN};
+	char b;
+	bool closed = poll(&p, 1, 30000) == 1 && read(fd, &b, 1) == 0;
+	close(fd);
+	return closed;
+}
+
+static long job_int(const json_t *j, const char *key)
+{
+	return (long)json_integer_value(json_object_get(j, key));
+}
+
+/* kill -9 of n2's rank and its slurmstepd: the attempt fails on both nodes,
+ * nothing of it is left, the job resumes and ends as an uninterrupted run. */
+static void node_lost_fails_attempt_and_resumes(void **state)
+{
+	fx *f = *state;
+/* The tiny model trains 60 steps in well under a second; 100 ms more per
+ * batch (a slow source, no effect on the numbers) leaves the job running
+ * for seconds after step 15, where the kill comes. */
+#define LOST_SPEC(name, res)                                                                          \
+	SPEC(name, "60", "10", "5", res,                                                              \
+	     ",\"retry_policy\":{\"max_restarts\":3},\"profiler\":{\"simulate_data_delay_ms\":100}")
+	char ref[65];
+	run_to_end(f, LOST_SPEC("lost-ref", ONE_NODE), ref, NULL);
+
+	char *id = it_submit(&f->d, LOST_SPEC("lost-2x1", TWO_NODES));
+	it_wait_step(&f->d, id, 15, DEADLINE_S); /* past the checkpoint at step 10 */
+	pid_t r0 = rank_on(id, "n1"), r1 = rank_on(id, "n2");
+	if (r0 <= 0 || r1 <= 0) {
+		char p[128];
+		snprintf(p, sizeof p, "/v1/jobs/%s", id);
+		json_t *jj = it_get_json(&f->d, p), *ev = events_of(f, id);
+		fprintf(stderr, "rank pids %d %d\njob: %s\nevents: %s\n", (int)r0, (int)r1,
+			json_dumps(jj, JSON_INDENT(1)), json_dumps(ev, JSON_INDENT(1)));
+		bertd_print_log(&f->d);
+		fail_msg("the job's ranks on n1 and n2 were not found");
+	}
+
+	/* the relay's credential: a wrong token is refused, the job goes on */
+	char relay[128];
+	assert_int_equal(env_of(r1, "BERTD_RELAY", relay, sizeof relay), 0);
+	assert_true(wrong_token_refused(relay));
+	char path[128];
+	snprintf(path, sizeof path, "/v1/jobs/%s", id);
+	json_t *j = it_get_json(&f->d, path);
+	assert_string_equal(it_jstr(j, "state"), "running");
+	assert_int_equal(job_int(j, "restart_count"), 0);
+	json_decref(j);
+
+	pid_t stepd = ppid_of(r1);
+	assert_true(stepd > 1);
+	assert_int_equal(kill(r1, SIGKILL), 0);
+	assert_int_equal(kill(stepd, SIGKILL), 0);
+
+	/* the attempt fails (on n1 too: rank 0's process ends) and restarts */
+	for (int i = 0; i < DEADLINE_S * 10; i++) {
+		j = it_get_json(&f->d, path);
+		long restarts = job_int(j, "restart_count");
+		json_decref(j);
+		if (restarts >= 1 && !alive(r0))
+			break;
+		it_pause_ms(100);
+	}
+	j = it_get_json(&f->d, path);
+	if (job_int(j, "restart_count") < 1) {
+		json_t *ev = events_of(f, id);
+		fprintf(stderr, "job: %s\nevents: %s\n", json_dumps(j, JSON_INDENT(1)), json_dumps(ev, JSON_INDENT(1)));
+		bertd_print_log(&f->d);
+		fail_msg("the attempt did not fail and restart after node n2's processes were killed");
+	}
+	json_decref(j);
+	assert_false(alive(r0));
+	assert_false(alive(r1));
+
+	j = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
+	it_assert_completed(&f->d, j);
+	char sha[65];
+	it_sha_of_export(j, sha);
+	json_decref(j);
+	json_t *ev = events_of(f, id);
+	const char *resumed = event_with(ev, "resuming from checkpoint at step ");
+	const char *failed = event_with(ev, "restart 1 of 3");
+	printf("attempt 1 ended: %s\nthen: %s\n", failed ? failed : "?", resumed ? resumed : "?");
+	if (!resumed || !failed) {
+		fprintf(stderr, "%s\n", json_dumps(ev, JSON_INDENT(1)));
+		fail_msg("no restart from a checkpoint in the events");
+	}
+	assert_true(strtol(resumed + strlen("resuming from checkpoint at step "), NULL, 10) >= 10);
+	json_decref(ev);
+	assert_string_equal(ref, sha);
+	/* nothing of the job is left on either node */
+	pid_t left[4];
+	assert_int_equal(it_find_pids("bertd-worker", id, left, 4), 0);
+	free(id);
+}
+
+/* The highest step among the job's complete checkpoints on disk; -1 none. */
+static long newest_on_disk(fx *f, const char *id)
+{
+	char root[300];
+	snprintf(root, sizeof root, "%s/jobs/%s/checkpoints", f->d.state_dir, id);
+	DIR *d = opendir(root);
+	if (!d)
+		return -1;
+	long best = -1;
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		char *end, p[600];
+		if (strncmp(e->d_name, "ckpt-", 5) != 0)
+			continue;
+		long s = strtol(e->d_name + 5, &end, 10);
+		snprintf(p, sizeof p, "%s/%s/DONE", root, e->d_name);
+		if (!*end && end != e->d_name + 5 && access(p, F_OK) == 0 && s > best)
+			best = s;
+	}
+	closedir(d);
+	return best;
+}
+
+/* Cancel: the stop reaches the ranks on both nodes over the relay, rank 0
+ * writes the stop checkpoint, the job ends canceled and nothing of it is
+ * left. */
+static void cancel_keeps_stop_checkpoint(void **state)
+{
+	fx *f = *state;
+	char *id = it_submit(&f->d, SPEC("cancel-2x1", "100000", "100000", "5", TWO_NODES, ""));
+	it_wait_step(&f->d, id, 5, DEADLINE_S);
+	assert_int_equal(newest_on_disk(f, id), -1); /* no periodic one: save_steps 100000 */
+	it_cancel_job(&f->d, id, DEADLINE_S);
+	assert_true(newest_on_disk(f, id) >= 5);
+	pid_t left[4];
+	assert_int_equal(it_find_pids("bertd-worker", id, left, 4), 0);
+	free(id);
+}
+
+/* resources checked at submit; more nodes than Slurm has: srun's words. */
+static void bad_resources_refused(void **state)
+{
+	fx *f = *state;
+	http_resp r = {0};
+	assert_int_equal(http_post_json(&f->d, "/v1/jobs", SPEC("bad-a", "4", "4", "2", "{\"nodes\":2}", ""), &r), 0);
+	assert_int_equal(r.status, 422);
+	assert_non_null(strstr(r.body, "gpus_per_node"));
+	http_resp_free(&r);
+	const char *loaders =
+		"{\"dataset\":\"shakes\",\"resources\":{\"nodes\":2,\"gpus_per_node\":1},"
+		"\"training_args\":{\"dataloader_num_workers\":2}}";
+	assert_int_equal(http_post_json(&f->d, "/v1/jobs", loaders, &r), 0);
+	assert_int_equal(r.status, 422);
+	assert_non_null(strstr(r.body, "dataloader_num_workers"));
+	http_resp_free(&r);
+	assert_int_equal(http_post_json(&f->d, "/v1/jobs",
+					SPEC("bad-b", "4", "4", "2", "{\"nodes\":40,\"gpus_per_node\":2}", ""), &r), 0);
+	assert_int_equal(r.status, 422);
+	http_resp_free(&r);
+
+	char *id = it_submit(&f->d, SPEC("three", "4", "4", "2", "{\"nodes\":3,\"gpus_per_node\":1,\"device\":\"cpu\"}",
+					 ",\"retry_policy\":{\"max_restarts\":0}"));
+	json_t *j = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
+	const char *why = json_string_value(json_object_get(j, "failure_reason"));
+	if (!why || !strstr(why, "srun ended with") || !strstr(why, "srun: error")) {
+		fprintf(stderr, "failure_reason: %s\n", why ? why : "(none)");
+		fail_msg("a 3-node job on a 2-node cluster must fail with srun's message");
+	}
+	assert_string_equal(it_jstr(j, "state"), "failed");
+	json_decref(j);
+	free(id);
+}
+
+int main(void)
+{
+	char cmd[600];
+	snprintf(cmd, sizeof cmd, "%s check /nonexistent", script());
+	int st = system(cmd);
+	if (!WIFEXITED(st) || WEXITSTATUS(st) == 77)
+		return 77;
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(bad_resources_refused),
+		cmocka_unit_test(two_nodes_equal_one_node),
+		cmocka_unit_test(node_lost_fails_attempt_and_resumes),
+		cmocka_unit_test(cancel_keeps_stop_checkpoint),
+	};
+	return IT_RUN(tests, setup, teardown);
+}

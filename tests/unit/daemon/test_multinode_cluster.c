@@ -1,0 +1,169 @@
+/* Multi-node pieces that need no cluster (docs/multinode.md): the job
+ * spec's resources.nodes x gpus_per_node, the dataset verdict naming the
+ * nodes that differ, the relay token and listener, srun's command line. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include <jansson.h>
+
+#include "common/jobspec.h"
+#include "daemon/cluster.h"
+
+static json_t *normalize(const char *text, jobspec_error *err)
+{
+	json_t *in = json_loads(text, 0, NULL), *out = NULL;
+	assert_non_null(in);
+	int rc = jobspec_normalize(in, &out, err);
+	json_decref(in);
+	return rc == 0 ? out : NULL;
+}
+
+static long long res_int(json_t *o, const char *k)
+{
+	return json_integer_value(json_object_get(json_object_get(o, "resources"), k));
+}
+
+static void spec_nodes(void **state)
+{
+	(void)state;
+	jobspec_error err;
+	/* the default: one node, gpus_per_node null, as before */
+	json_t *o = normalize("{\"dataset\":\"x\",\"resources\":{\"gpus\":3}}", &err);
+	assert_non_null(o);
+	assert_int_equal(res_int(o, "nodes"), 1);
+	assert_true(json_is_null(json_object_get(json_object_get(o, "resources"), "gpus_per_node")));
+	assert_int_equal(res_int(o, "gpus"), 3);
+	json_decref(o);
+	/* nodes x gpus_per_node ranks, written into gpus; normalizing again keeps it */
+	o = normalize("{\"dataset\":\"x\",\"resources\":{\"nodes\":4,\"gpus_per_node\":8},"
+		      "\"training_args\":{\"dataloader_num_workers\":0}}", &err);
+	assert_non_null(o);
+	assert_int_equal(res_int(o, "gpus"), 32);
+	json_t *again = NULL;
+	assert_int_equal(jobspec_normalize(o, &again, &err), 0);
+	assert_true(json_equal(o, again));
+	jobspec js;
+	assert_int_equal(jobspec_from_json(again, &js, &err), 0);
+	assert_int_equal(js.nodes, 4);
+	assert_int_equal(js.gpus_per_node, 8);
+	assert_int_equal(js.gpus, 32);
+	json_decref(again);
+	json_decref(o);
+
+	static const struct { const char *spec, *field; } bad[] = {
+		{"{\"dataset\":\"x\",\"resources\":{\"nodes\":2}}", "resources.gpus_per_node"},
+		{"{\"dataset\":\"x\",\"resources\":{\"nodes\":2,\"gpus_per_node\":1}}",
+		 "training_args.dataloader_num_workers"},
+		{"{\"dataset\":\"x\",\"resources\":{\"nodes\":2,\"gpus_per_node\":1,\"gpus\":3},"
+		 "\"training_args\":{\"dataloader_num_workers\":0}}", "resources.gpus"},
+		{"{\"dataset\":\"x\",\"resources\":{\"nodes\":9,\"gpus_per_node\":8},"
+		 "\"training_args\":{\"dataloader_num_workers\":0}}", "resources.gpus_per_node"},
+		{"{\"dataset\":\"x\",\"resources\":{\"nodes\":0}}", "resources.nodes"},
+		{"{\"dataset\":\"x\",\"resources\":{\"nodes\":65}}", "resources.nodes"},
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		memset(&err, 0, sizeof err);
+		assert_null(normalize(bad[i].spec, &err));
+		assert_int_equal(err.status, 422);
+		assert_string_equal(err.field, bad[i].field);
+	}
+}
+
+static void dataset_verdict(void **state)
+{
+	(void)state;
+	char node[3][64] = {"n1", "n2", "n3"};
+	char sha[3][CLUSTER_TOKEN_HEX + 1] = {"aaaa1111", "aaaa1111", "aaaa1111"};
+	char why[600] = "";
+	assert_int_equal(cluster_dataset_verdict((const char(*)[64])node,
+						 (const char(*)[CLUSTER_TOKEN_HEX + 1])sha, 3, "wiki", why,
+						 sizeof why), 0);
+	strcpy(sha[2], "bbbb2222");
+	assert_int_equal(cluster_dataset_verdict((const char(*)[64])node,
+						 (const char(*)[CLUSTER_TOKEN_HEX + 1])sha, 3, "wiki", why,
+						 sizeof why), -EINVAL);
+	assert_non_null(strstr(why, "\"wiki\""));
+	assert_non_null(strstr(why, "n1 has content digest aaaa1111"));
+	assert_non_null(strstr(why, "n3 has bbbb2222"));
+	sha[1][0] = 0; /* n2 has no dataset at all */
+	assert_int_equal(cluster_dataset_verdict((const char(*)[64])node,
+						 (const char(*)[CLUSTER_TOKEN_HEX + 1])sha, 3, "wiki", why,
+						 sizeof why), -ENOENT);
+	assert_non_null(strstr(why, "missing on node n2"));
+	/* missing everywhere is no agreement either */
+	sha[0][0] = sha[2][0] = 0;
+	assert_int_equal(cluster_dataset_verdict((const char(*)[64])node,
+						 (const char(*)[CLUSTER_TOKEN_HEX + 1])sha, 3, "wiki", why,
+						 sizeof why), -ENOENT);
+	assert_non_null(strstr(why, "missing on node n1"));
+}
+
+static void relay_and_srun(void **state)
+{
+	(void)state;
+	cluster_attempt a;
+	assert_int_equal(cluster_attempt_open(&a, "127.0.0.1", "job-0123"), 0);
+	assert_true(a.listen_fd >= 0);
+	assert_int_equal((int)strlen(a.token), CLUSTER_TOKEN_HEX);
+	assert_true(cluster_token_ok(&a, a.token));
+	char other[CLUSTER_TOKEN_HEX + 1];
+	strcpy(other, a.token);
+	other[5] = other[5] == '0' ? '1' : '0';
+	assert_false(cluster_token_ok(&a, other));
+	assert_false(cluster_token_ok(&a, ""));
+	assert_false(cluster_token_ok(&a, NULL));
+	assert_int_equal(strncmp(a.addr, "127.0.0.1:", 10), 0);
+	assert_int_equal(strncmp(a.slurm_name, "bertd-job-0123-", 15), 0);
+
+	/* the listener takes a connection at the advertised address */
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(a.addr + 10))};
+	inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+	close(fd);
+
+	cluster_argv av;
+	cluster_srun_argv(&av, "/usr/bin/srun", 2, 8, 60, &a, "/opt/bertd/bertd-worker", "/s/jobs/j/job.json");
+	const char *want[] = {"/usr/bin/srun", "--nodes=2", "--ntasks-per-node=8", "--immediate=60", NULL,
+			      "/opt/bertd/bertd-worker", "--job", "/s/jobs/j/job.json"};
+	for (int i = 0; i < 8; i++)
+		if (want[i])
+			assert_string_equal(av.argv[i], want[i]);
+	assert_int_equal(strncmp(av.argv[4], "--job-name=bertd-job-0123-", 26), 0);
+	assert_null(av.argv[8]);
+
+	char *base[] = {"PATH=/usr/bin:/bin", "NCCL_DEBUG=INFO", NULL};
+	cluster_env *e = NULL;
+	assert_int_equal(cluster_srun_env(&e, base, 4, &a, "/etc/slurm/x.conf"), 0);
+	bool relay = false, conf = false, nccl = false, omp = false;
+	for (char **p = e->envp; *p; p++) {
+		relay |= strncmp(*p, "BERTD_RELAY=127.0.0.1:", 22) == 0;
+		conf |= strcmp(*p, "SLURM_CONF=/etc/slurm/x.conf") == 0;
+		nccl |= strcmp(*p, "NCCL_DEBUG=INFO") == 0; /* pass_env's NCCL_* reach every rank */
+		omp |= strcmp(*p, "OMP_NUM_THREADS=4") == 0;
+	}
+	assert_true(relay && conf && nccl && omp);
+	free(e);
+	cluster_attempt_close(&a);
+	assert_int_equal(a.listen_fd, -1);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(spec_nodes),
+		cmocka_unit_test(dataset_verdict),
+		cmocka_unit_test(relay_and_srun),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
