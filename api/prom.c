@@ -49,7 +49,6 @@ static double num(const json_t *o, const char *k)
 	return json_is_number(v) ? json_number_value(v) : NAN;
 }
 
-/* A gauge read from top-level key k of each job's row, times scale. */
 /* One gauge per running job: key k of its newest metrics row (times scale),
  * or of its newest evaluation row when eval. */
 static void gauge_of(FILE *f, running *jobs, size_t n, const char *name, const char *help, const char *k,

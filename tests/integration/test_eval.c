@@ -14,7 +14,10 @@
  *     a value 1e-4 off fails, so it can;
  *   - TensorBoard's reader (tb_read.py; skipped without tensorboard) finds
  *     eval/loss, eval/perplexity and eval/accuracy at the eval steps;
- *   - a job without eval_strategy has no eval keys and no eval file. */
+ *   - a job without eval_strategy has no eval keys and no eval file;
+ *   - while an evaluating job runs, GET /metrics (Prometheus) shows its
+ *     newest eval_loss, perplexity and accuracy and its lowest eval_loss,
+ *     equal to the metrics rows'. */
 #include <errno.h>
 #include <math.h>
 #include <setjmp.h>
@@ -196,11 +199,79 @@ static void test_no_eval_by_default(void **state)
 	free(id);
 }
 
+/* The value of the sample "name{job_id="id"}" in a Prometheus text page;
+ * NAN when absent. */
+static double prom_sample(const char *page, const char *name, const char *id)
+{
+	char key[256];
+	snprintf(key, sizeof key, "\n%s{job_id=\"%s\"} ", name, id);
+	const char *p = strstr(page, key);
+	return p ? strtod(p + strlen(key), NULL) : NAN;
+}
+
+static void assert_close(double got, double want, const char *what)
+{
+	if (!(fabs(got - want) <= 1e-12 * fabs(want)))
+		fail_msg("%s: /metrics has %.17g, the metrics rows %.17g", what, got, want);
+}
+
+static void test_eval_gauges_while_running(void **state)
+{
+	fx *f = *state;
+	it_wait_dataset_ready(&f->d, "evalds", DEADLINE_S);
+	/* slowed down (a 150 ms data source) so it is still running after some
+	 * evaluations; eval_steps is not logging_steps, so the newest row is
+	 * mostly a training row without eval keys */
+	char *id = it_submit(&f->d, "{\"name\":\"eval-gauges\",\"dataset\":\"evalds\"," MODEL ","
+				     "\"training_args\":{\"per_device_train_batch_size\":4,\"max_seq_length\":32,"
+				     "\"max_steps\":400,\"logging_steps\":2,\"save_steps\":1000,"
+				     "\"dataloader_num_workers\":0,\"eval_strategy\":\"steps\",\"eval_steps\":5,"
+				     "\"max_eval_batches\":2},\"mlm\":{\"validation_split_percentage\":10},"
+				     "\"profiler\":{\"simulate_data_delay_ms\":150}}");
+	it_wait_step(&f->d, id, 6, DEADLINE_S);
+	http_resp r = {0};
+	assert_int_equal(http_get(&f->d, "/metrics", &r), 0);
+	assert_int_equal(r.status, 200);
+	double loss = prom_sample(r.body, "bertd_job_eval_loss", id);
+	double ppl = prom_sample(r.body, "bertd_job_eval_perplexity", id);
+	double acc = prom_sample(r.body, "bertd_job_eval_accuracy", id);
+	double best = prom_sample(r.body, "bertd_job_best_eval_loss", id);
+	if (!isfinite(loss) || !isfinite(ppl) || !isfinite(acc) || !isfinite(best))
+		fail_msg("no eval gauges for %s in /metrics:\n%s", id, r.body);
+	http_resp_free(&r);
+	/* rows only grow while it runs: the gauges' evaluation is among them,
+	 * and the best is the lowest eval_loss up to it */
+	json_t *rows = it_metrics_of(&f->d, id), *row, *hit = NULL;
+	size_t i;
+	json_array_foreach(rows, i, row) {
+		json_t *v = json_object_get(row, "eval_loss");
+		if (json_is_number(v) && fabs(json_number_value(v) - loss) <= 1e-12 * fabs(loss)) {
+			hit = row;
+			break;
+		}
+	}
+	if (!hit)
+		fail_msg("/metrics eval_loss %.17g is in no metrics row", loss);
+	assert_close(ppl, num(hit, "perplexity"), "perplexity");
+	assert_close(acc, num(hit, "eval_accuracy"), "eval_accuracy");
+	double low = INFINITY;
+	json_array_foreach(rows, i, row) {
+		json_t *v = json_object_get(row, "eval_loss");
+		if (json_is_number(v) && num(row, "step") <= num(hit, "step") && json_number_value(v) < low)
+			low = json_number_value(v);
+	}
+	assert_close(best, low, "best eval_loss");
+	json_decref(rows);
+	it_cancel_job(&f->d, id, DEADLINE_S);
+	free(id);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_eval_matches_transformers),
 		cmocka_unit_test(test_no_eval_by_default),
+		cmocka_unit_test(test_eval_gauges_while_running),
 	};
 	return IT_RUN(tests, setup, teardown);
 }
