@@ -34,6 +34,8 @@ typedef struct api_config {
 	const char *state_dir;
 	const device *devices;        /* what jobs run on (GET /v1/devices) */
 	size_t n_devices;
+	const char *slurm_srun;       /* "" or NULL: no submit-time node check (docs/multinode.md) */
+	const char *slurm_conf;       /* SLURM_CONF for that check's sinfo; "" = Slurm's default */
 } api_config;
 
 typedef struct api_server api_server;

@@ -35,6 +35,7 @@
 #include "common/jobspec.h"
 #include "common/sha256.h"
 #include "common/log.h"
+#include "daemon/cluster.h"
 #include "daemon/store.h"
 #include "daemon/telemetry.h"
 
@@ -743,6 +744,41 @@ static bool init_from_resolve(api_request *req, json_t *o, bool paths, enum MHD_
 	return true;
 }
 
+/* A multi-node job needs `want` Slurm nodes up (docs/multinode.md, "A node
+ * down at submit"): sinfo is asked, for at most CLUSTER_SINFO_TIMEOUT_MS of
+ * this HTTP thread. More than the cluster has: 422; fewer up: 409 naming
+ * the nodes that are down; sinfo
+ * failing or silent: 503 saying so. Without slurm_srun the job fails at
+ * start as before. Nodes that go down after this are the start's concern
+ * (srun --immediate). Returns true, or replies and sets *ret. */
+static bool nodes_up(api_request *req, int want, enum MHD_Result *ret)
+{
+	const char *srun = req->cfg->slurm_srun;
+	if (!srun || !*srun)
+		return true;
+	cluster_nodes cn;
+	char why[600] = "";
+	int rc = cluster_sinfo(srun, req->cfg->slurm_conf, CLUSTER_SINFO_TIMEOUT_MS, &cn, why, sizeof why);
+	if (rc) {
+		*ret = api_reply_problem(req, API_P_UNAVAILABLE, "resources.nodes",
+					 "cannot check which Slurm nodes are up for a %d-node job: %s", want, why);
+		return false;
+	}
+	if (cn.up >= want)
+		return true;
+	if (want > cn.total) /* can never start here: the spec is what is wrong */
+		*ret = api_reply_problem(req, API_P_INVALID_SPEC, "resources.nodes",
+					 "asks for %d nodes; the Slurm cluster has %d (%d up%s%s)", want, cn.total,
+					 cn.up, cn.ndown ? "; not usable: " : "", cn.down);
+	else
+		*ret = api_reply_problem(req, API_P_NODES_UNAVAILABLE, "resources.nodes",
+					 "asks for %d nodes; %d of the cluster's %d %s up; not usable: %s "
+					 "(resume them, e.g. scontrol update nodename=<node> state=resume, "
+					 "or ask for fewer nodes)",
+					 want, cn.up, cn.total, cn.up == 1 ? "is" : "are", cn.down);
+	return false;
+}
+
 /* What the job needs must exist, or it would be answered 201 and fail a
  * moment later: the dataset must be known (one still preparing is fine, the
  * job waits for it) and resources.gpus must fit the machine. Returns true,
@@ -766,7 +802,9 @@ static bool needs_exist(api_request *req, const json_t *spec, enum MHD_Result *r
 	int rc = name ? store_dataset_get_by_name(req->st, name, &ds) : -ENOENT;
 	if (rc == 0) {
 		store_dataset_free(&ds);
-		return true;
+		return json_is_integer(nodes) && json_integer_value(nodes) > 1
+			       ? nodes_up(req, (int)json_integer_value(nodes), ret)
+			       : true;
 	}
 	if (rc != -ENOENT) {
 		*ret = api_reply_store_error(req, rc, "looking up the dataset failed");

@@ -47,6 +47,8 @@ static const struct {
 	[API_P_DB_DAMAGED]         = {"database-damaged", 500, "Job database is damaged"},
 	[API_P_TOO_MANY_FOLLOWERS] = {"too-many-followers", 429,
 				      "Too many follow streams open; retry later", 5},
+	[API_P_NODES_UNAVAILABLE]  = {"nodes-unavailable", 409,
+				      "Fewer cluster nodes are up than the job asks for"},
 };
 
 static enum api_problem checked(enum api_problem p)

@@ -39,6 +39,7 @@ enum api_problem {
 	API_P_DB_FULL,             /* 507 no space left for the job database */
 	API_P_DB_DAMAGED,          /* 500 the job database file is damaged */
 	API_P_TOO_MANY_FOLLOWERS,  /* 429 follow streams at their limit (Retry-After) */
+	API_P_NODES_UNAVAILABLE,   /* 409 fewer Slurm nodes up than a multi-node job asks for */
 	API_P_COUNT
 };
 

@@ -5,12 +5,18 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/log.h"
@@ -178,4 +184,226 @@ void cluster_scancel(const cluster_attempt *a, const char *srun, const char *slu
 		_exit(0);
 	}
 	waitpid(pid, NULL, 0);
+}
+
+/* Whether a sinfo %t state keeps a node from taking a new job. */
+static bool state_down(const char *st)
+{
+	static const char *const bad[] = {"down", "drain", "drng", "drained", "draining", "fail", "failg",
+					  "failing", "maint", "unk", "unknown", "futr", "future", "inval",
+					  "npc"};
+	if (strchr(st, '*')) /* not responding */
+		return true;
+	size_t n = strspn(st, "abcdefghijklmnopqrstuvwxyz_");
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+		if (strlen(bad[i]) == n && strncmp(st, bad[i], n) == 0)
+			return true;
+	return false;
+}
+
+static void add_down(cluster_nodes *out, const char *name, const char *st)
+{
+	size_t used = strlen(out->down), cap = sizeof out->down - 6; /* room for ", ..." */
+	out->ndown++;
+	if (out->cut)
+		return;
+	int w = snprintf(out->down + used, cap - used, "%s%s (%s)", used ? ", " : "", name, st);
+	if (w >= 0 && (size_t)w < cap - used)
+		return;
+	out->down[used] = '\0'; /* does not fit: the whole entries so far, then ", ..." */
+	strcat(out->down, ", ...");
+	out->cut = true;
+}
+
+int cluster_sinfo_parse(const char *text, cluster_nodes *out, char *why, size_t cap)
+{
+	*out = (cluster_nodes){0};
+	char (*seen)[64] = NULL;
+	size_t nseen = 0, room = 0;
+	int rc = 0;
+	for (const char *line = text; *line && rc == 0;) {
+		const char *end = strchr(line, '\n');
+		size_t len = end ? (size_t)(end - line) : strlen(line);
+		char name[64], st[32], extra;
+		char buf[256];
+		snprintf(buf, sizeof buf, "%.*s", (int)(len < sizeof buf ? len : sizeof buf - 1), line);
+		line += len + (end ? 1 : 0);
+		if (strspn(buf, " \t\r") == strlen(buf))
+			continue;
+		if (len >= sizeof buf || sscanf(buf, "%63s %31s %c", name, st, &extra) != 2) {
+			snprintf(why, cap, "sinfo printed \"%.80s\" where \"<node> <state>\" was expected", buf);
+			rc = -EINVAL;
+			break;
+		}
+		bool dup = false;
+		for (size_t i = 0; i < nseen && !dup; i++)
+			dup = strcmp(seen[i], name) == 0;
+		if (dup)
+			continue;
+		if (nseen == room) {
+			size_t nr = room ? room * 2 : 64;
+			char (*grown)[64] = realloc(seen, nr * sizeof *seen);
+			if (!grown) {
+				snprintf(why, cap, "out of memory reading sinfo's node list");
+				rc = -ENOMEM;
+				break;
+			}
+			seen = grown;
+			room = nr;
+		}
+		snprintf(seen[nseen++], sizeof seen[0], "%s", name);
+		out->total++;
+		if (state_down(st))
+			add_down(out, name, st);
+		else
+			out->up++;
+	}
+	free(seen);
+	return rc;
+}
+
+/* The first line of s (at most cap-1 bytes) into out. */
+static void first_line(const char *s, char *out, size_t cap)
+{
+	size_t n = strcspn(s, "\n");
+	snprintf(out, cap, "%.*s", (int)(n < cap ? n : cap - 1), s);
+}
+
+static int64_t mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int cluster_sinfo(const char *srun, const char *slurm_conf, int timeout_ms, cluster_nodes *out, char *why,
+		  size_t cap)
+{
+	char bin[1100] = "sinfo", conf[1100] = "";
+	const char *slash = srun ? strrchr(srun, '/') : NULL;
+	if (slash)
+		snprintf(bin, sizeof bin, "%.*s/sinfo", (int)(slash - srun), srun);
+	if (slurm_conf && *slurm_conf)
+		snprintf(conf, sizeof conf, "SLURM_CONF=%s", slurm_conf);
+	char *argv[] = {bin, "-h", "-N", "-o", "%N %t", NULL};
+	char *envp[] = {"PATH=/usr/bin:/bin", conf[0] ? conf : NULL, NULL};
+	int po[2], pe[2];
+	if (pipe2(po, O_CLOEXEC) < 0)
+		return snprintf(why, cap, "sinfo: pipe: %s", strerror(errno)), -EIO;
+	if (pipe2(pe, O_CLOEXEC) < 0) {
+		int e = errno;
+		close(po[0]);
+		close(po[1]);
+		return snprintf(why, cap, "sinfo: pipe: %s", strerror(e)), -EIO;
+	}
+	/* posix_spawn, not fork: this runs on an HTTP thread of a daemon that
+	 * may be large; its own process group, so a timeout kills all of it */
+	posix_spawn_file_actions_t fa;
+	posix_spawnattr_t at;
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+	posix_spawn_file_actions_adddup2(&fa, po[1], 1);
+	posix_spawn_file_actions_adddup2(&fa, pe[1], 2);
+	posix_spawnattr_init(&at);
+	posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP);
+	posix_spawnattr_setpgroup(&at, 0);
+	pid_t pid = -1;
+	int se = slash ? posix_spawn(&pid, bin, &fa, &at, argv, envp)
+		       : posix_spawnp(&pid, bin, &fa, &at, argv, envp);
+	posix_spawn_file_actions_destroy(&fa);
+	posix_spawnattr_destroy(&at);
+	close(po[1]);
+	close(pe[1]);
+	if (se) {
+		close(po[0]);
+		close(pe[0]);
+		return snprintf(why, cap, "cannot run %s: %s", bin, strerror(se)), -se;
+	}
+	size_t cap_o = 64 * 1024, n_o = 0, n_e = 0;
+	char *o = malloc(cap_o), err[512] = "";
+	int64_t deadline = mono_ms() + timeout_ms;
+	bool timed_out = false, open_o = true, open_e = true;
+	int rc = o ? 0 : -ENOMEM;
+	while ((open_o || open_e) && rc == 0) {
+		int64_t left = deadline - mono_ms();
+		if (left <= 0) {
+			timed_out = true;
+			break;
+		}
+		struct pollfd pf[2] = {{.fd = open_o ? po[0] : -1, .events = POLLIN},
+				       {.fd = open_e ? pe[0] : -1, .events = POLLIN}};
+		int pr = poll(pf, 2, (int)left);
+		if (pr < 0 && errno != EINTR)
+			rc = -errno;
+		if (pr <= 0)
+			continue;
+		if (open_o && pf[0].revents) {
+			if (n_o + 4096 + 1 > cap_o) {
+				char *g = cap_o < (64u << 20) ? realloc(o, cap_o * 2) : NULL;
+				if (!g) {
+					rc = -E2BIG;
+					break;
+				}
+				o = g;
+				cap_o *= 2;
+			}
+			ssize_t r = read(po[0], o + n_o, cap_o - n_o - 1);
+			if (r > 0)
+				n_o += (size_t)r;
+			else if (r == 0 || errno != EINTR)
+				open_o = false;
+		}
+		if (open_e && pf[1].revents) {
+			char tmp[512];
+			ssize_t r = read(pe[0], tmp, sizeof tmp);
+			if (r > 0) {
+				size_t take = (size_t)r < sizeof err - 1 - n_e ? (size_t)r : sizeof err - 1 - n_e;
+				memcpy(err + n_e, tmp, take);
+				n_e += take;
+				err[n_e] = '\0';
+			} else if (r == 0 || errno != EINTR) {
+				open_e = false;
+			}
+		}
+	}
+	close(po[0]);
+	close(pe[0]);
+	/* Output closed: sinfo still gets what is left of the deadline to exit
+	 * (its pidfd; without one, the wait is unbounded as before pidfds). */
+	int pfd = timed_out || rc ? -1 : (int)syscall(SYS_pidfd_open, pid, 0);
+	if (pfd >= 0) {
+		int64_t left = deadline - mono_ms();
+		struct pollfd pf = {.fd = pfd, .events = POLLIN};
+		int pr;
+		while ((pr = poll(&pf, 1, left > 0 ? (int)left : 0)) < 0 && errno == EINTR)
+			left = deadline - mono_ms();
+		timed_out = pr == 0;
+		close(pfd);
+	}
+	if (timed_out || rc)
+		kill(-pid, SIGKILL);
+	int st = 0;
+	while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+		;
+	char line[300];
+	first_line(err, line, sizeof line);
+	if (timed_out) {
+		snprintf(why, cap, "%s did not answer within %d ms (is slurmctld up?)", bin, timeout_ms);
+		rc = -ETIMEDOUT;
+	} else if (rc) {
+		snprintf(why, cap, "reading %s's output: %s", bin, strerror(-rc));
+	} else if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+		char how[64];
+		if (WIFEXITED(st))
+			snprintf(how, sizeof how, "exited with %d", WEXITSTATUS(st));
+		else
+			snprintf(how, sizeof how, "was killed by signal %d", WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+		snprintf(why, cap, "%s %s%s%s", bin, how, line[0] ? ": " : "", line);
+		rc = -EIO;
+	} else {
+		o[n_o] = '\0';
+		rc = cluster_sinfo_parse(o, out, why, cap);
+	}
+	free(o);
+	return rc;
 }

@@ -15,6 +15,8 @@
  * the worker protocol of docs/formats.md over that connection.
  *
  * Never blocks: the listener is non-blocking; scancel is started detached.
+ * The one exception is cluster_sinfo (the submit-time node check), which
+ * waits for sinfo up to its deadline.
  */
 #ifndef BERTD_DAEMON_CLUSTER_H
 #define BERTD_DAEMON_CLUSTER_H
@@ -77,5 +79,30 @@ int cluster_dataset_verdict(const char (*node)[64], const char (*sha)[CLUSTER_TO
  * what is left of the attempt's Slurm job on any node is killed. The
  * daemon does not wait for it. */
 void cluster_scancel(const cluster_attempt *a, const char *srun, const char *slurm_conf);
+
+/* The submit-time node check (docs/multinode.md, "A node down at submit").
+ * sinfo lists a node once per partition; each counts once. A node is down
+ * when its state (sinfo's %t, flags such as "*" kept) is down, drained or
+ * draining, failed or failing, in maintenance, unknown, future, invalid or
+ * not responding ("*"); any other state (idle, mix, alloc, comp, boot,
+ * powered off in a cloud "~", ...) is up: srun waits for busy nodes. */
+#define CLUSTER_SINFO_TIMEOUT_MS 5000
+typedef struct cluster_nodes {
+	int total, up, ndown;
+	char down[512]; /* "n2 (down*), n3 (drain)"; ", ..." when it does not fit */
+	bool cut;       /* down ends with ", ..." */
+} cluster_nodes;
+
+/* Parses `sinfo -h -N -o "%N %t"` output. 0, or -EINVAL with why naming
+ * the line that is not "<name> <state>". */
+int cluster_sinfo_parse(const char *text, cluster_nodes *out, char *why, size_t cap);
+
+/* Runs `sinfo -h -N -o "%N %t"` (the sinfo beside srun, else PATH's;
+ * SLURM_CONF=slurm_conf when not empty) for at most timeout_ms and parses
+ * it. 0; -ETIMEDOUT (sinfo killed); or another negative errno with why
+ * saying what failed (sinfo's exit status and the first line it wrote to
+ * stderr). Blocks its caller for up to timeout_ms. */
+int cluster_sinfo(const char *srun, const char *slurm_conf, int timeout_ms, cluster_nodes *out, char *why,
+		  size_t cap);
 
 #endif

@@ -87,7 +87,7 @@ static const config_key keys[] = {
 	     "variables of bertd's environment its children inherit: ':'-separated NAMEs and PREFIX*es"),
 	STR(slurm_srun, "", "srun that starts multi-node jobs' workers (docs/multinode.md; \"\" = "
 	    "multi-node jobs fail at start)"),
-	STR(slurm_conf, "", "SLURM_CONF given to srun and scancel (\"\" = Slurm's default)"),
+	STR(slurm_conf, "", "SLURM_CONF given to srun, sinfo and scancel (\"\" = Slurm's default)"),
 	STR(relay_host, "", "address the workers of a multi-node job connect back to (\"\" = this "
 	    "machine's hostname)"),
 	INT(slurm_immediate_s, "60", 1, 86400,

@@ -357,6 +357,8 @@ int main(int argc, char **argv)
 
 	ac.devices = d.devs;
 	ac.n_devices = d.ndev;
+	ac.slurm_srun = d.cfg.slurm_srun;
+	ac.slurm_conf = d.cfg.slurm_conf;
 	if ((rc = api_server_start(&d.api, &ac, d.api_st)) < 0) {
 		if (rc == -EPERM)
 			log_error("refusing to listen on %s: not a loopback address (set allow_remote = true)",

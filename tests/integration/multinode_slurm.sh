@@ -8,6 +8,7 @@
 #   multinode_slurm.sh stop DIR
 #   multinode_slurm.sh check DIR                          exit 0, or 77 with why
 #   multinode_slurm.sh node-stop DIR NODE | node-start DIR NODE
+#   multinode_slurm.sh node-start-bind DIR NODE SRC DST   NODE sees SRC at DST (root)
 #
 # Exit 77 (skip) when the Slurm/munge binaries are missing. Everything runs
 # as the calling user (SlurmUser = SlurmdUser = it): root or not, the tasks
@@ -26,6 +27,18 @@ start_node() {
 	local n=$1
 	mkdir -p "$dir/spool/$n"
 	setsid slurmd -D -f "$dir/slurm.conf" -N "$n" >"$dir/slurmd-$n.out" 2>&1 </dev/null &
+	echo $! >"$dir/slurmd-$n.pid"
+}
+
+# start_node, but the node's slurmd (and every task it starts) sees
+# directory $2 at path $3: a mount namespace of its own with a bind mount
+# (root only). Exits 77 when this machine does not allow it.
+start_node_bind() {
+	local n=$1 src=$2 dst=$3
+	unshare -m --propagation private true 2>/dev/null || { echo "skip: no mount namespaces here"; exit 77; }
+	mkdir -p "$dir/spool/$n"
+	setsid unshare -m --propagation private sh -c 'mount --bind "$1" "$2" && exec slurmd -D -f "$3" -N "$4"' \
+		sh "$src" "$dst" "$dir/slurm.conf" "$n" >"$dir/slurmd-$n.out" 2>&1 </dev/null &
 	echo $! >"$dir/slurmd-$n.pid"
 }
 
@@ -98,6 +111,7 @@ start)
 	;;
 node-stop) stop_pidfile "$dir/slurmd-${3:?}.pid" ;;
 node-start) start_node "${3:?}" ;;
+node-start-bind) start_node_bind "${3:?}" "${4:?}" "${5:?}" ;;
 stop)
 	for f in "$dir"/slurmd-*.pid; do stop_pidfile "$f"; done
 	stop_pidfile "$dir/slurmctld.pid"

@@ -1,6 +1,8 @@
 /* Multi-node pieces that need no cluster (docs/multinode.md): the job
  * spec's resources.nodes x gpus_per_node, the dataset verdict naming the
- * nodes that differ, the relay token and listener, srun's command line. */
+ * nodes that differ, the relay token and listener, srun's command line,
+ * and the submit-time node check (sinfo's output read, sinfo run with a
+ * deadline: a fake sinfo beside a fake srun). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <stdbool.h>
@@ -11,6 +13,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -158,12 +161,111 @@ static void relay_and_srun(void **state)
 	assert_int_equal(a.listen_fd, -1);
 }
 
+/* sinfo -h -N -o "%N %t": a node listed once per partition counts once;
+ * down, drained, draining, failed, not responding ("*") are not up; busy
+ * (alloc, mix) and cloud nodes powered off ("idle~") are. */
+static void sinfo_parse(void **state)
+{
+	(void)state;
+	cluster_nodes cn;
+	char why[300] = "";
+	assert_int_equal(cluster_sinfo_parse("n1 idle\nn2 idle\n", &cn, why, sizeof why), 0);
+	assert_int_equal(cn.total, 2);
+	assert_int_equal(cn.up, 2);
+	assert_int_equal(cn.ndown, 0);
+	assert_string_equal(cn.down, "");
+
+	const char *mixed = "n1 alloc\nn2 down\nn3 drain\nn4 idle*\nn5 mix\nn6 idle~\nn7 drng\n"
+			    "n2 down\nn8 comp\nn9 fail\n\n";
+	assert_int_equal(cluster_sinfo_parse(mixed, &cn, why, sizeof why), 0);
+	assert_int_equal(cn.total, 9);
+	assert_int_equal(cn.up, 4); /* n1 n5 n6 n8 */
+	assert_int_equal(cn.ndown, 5);
+	assert_string_equal(cn.down, "n2 (down), n3 (drain), n4 (idle*), n7 (drng), n9 (fail)");
+
+	assert_int_equal(cluster_sinfo_parse("", &cn, why, sizeof why), 0);
+	assert_int_equal(cn.total, 0);
+
+	/* not "<node> <state>": refused, naming the line */
+	assert_int_equal(cluster_sinfo_parse("n1 idle\nsinfo: error: oops\n", &cn, why, sizeof why), -EINVAL);
+	assert_non_null(strstr(why, "sinfo: error: oops"));
+	assert_int_equal(cluster_sinfo_parse("n1\n", &cn, why, sizeof why), -EINVAL);
+
+	/* many down nodes: whole entries, then ", ..."; the count stays exact */
+	char big[20000] = "";
+	for (int i = 0; i < 500; i++)
+		snprintf(big + strlen(big), sizeof big - strlen(big), "node%03d down*\n", i);
+	assert_int_equal(cluster_sinfo_parse(big, &cn, why, sizeof why), 0);
+	assert_int_equal(cn.total, 500);
+	assert_int_equal(cn.up, 0);
+	assert_int_equal(cn.ndown, 500);
+	assert_true(cn.cut);
+	size_t n = strlen(cn.down);
+	assert_true(n < sizeof cn.down);
+	assert_string_equal(cn.down + n - 5, ", ...");
+	assert_non_null(strstr(cn.down, "node000 (down*), node001 (down*)"));
+}
+
+/* A fake srun directory whose sinfo is body (a sh script). */
+static void fake_sinfo(const char *dir, const char *body, char *srun, size_t cap)
+{
+	char p[300];
+	snprintf(p, sizeof p, "%s/sinfo", dir);
+	FILE *f = fopen(p, "w");
+	assert_non_null(f);
+	fprintf(f, "#!/bin/sh\n%s\n", body);
+	fclose(f);
+	assert_int_equal(chmod(p, 0700), 0);
+	snprintf(srun, cap, "%s/srun", dir);
+}
+
+/* cluster_sinfo runs the sinfo beside srun with SLURM_CONF and its
+ * arguments; a failing sinfo is named with its exit and stderr; one that
+ * does not answer is killed at the deadline (its sleep would last 10 min). */
+static void sinfo_run(void **state)
+{
+	(void)state;
+	char dir[] = "/tmp/bertd-sinfo-XXXXXX", srun[300], why[600] = "";
+	assert_non_null(mkdtemp(dir));
+	cluster_nodes cn;
+	fake_sinfo(dir,
+		   "[ \"$SLURM_CONF\" = /x/slurm.conf ] && [ \"$*\" = '-h -N -o %N %t' ] || exit 3\n"
+		   "printf 'n1 idle\\nn2 down\\n'",
+		   srun, sizeof srun);
+	assert_int_equal(cluster_sinfo(srun, "/x/slurm.conf", 10000, &cn, why, sizeof why), 0);
+	assert_int_equal(cn.total, 2);
+	assert_int_equal(cn.up, 1);
+	assert_string_equal(cn.down, "n2 (down)");
+
+	fake_sinfo(dir, "echo 'sinfo: error: Unable to contact slurm controller (connect failure)' >&2; exit 1",
+		   srun, sizeof srun);
+	assert_int_equal(cluster_sinfo(srun, "", 10000, &cn, why, sizeof why), -EIO);
+	assert_non_null(strstr(why, "exited with 1: sinfo: error: Unable to contact slurm controller"));
+
+	fake_sinfo(dir, "exec sleep 600", srun, sizeof srun);
+	assert_int_equal(cluster_sinfo(srun, "", 300, &cn, why, sizeof why), -ETIMEDOUT);
+	assert_non_null(strstr(why, "did not answer within 300 ms"));
+	/* output closed, still running: the deadline holds too */
+	fake_sinfo(dir, "exec >&- 2>&-; exec sleep 600", srun, sizeof srun);
+	assert_int_equal(cluster_sinfo(srun, "", 300, &cn, why, sizeof why), -ETIMEDOUT);
+
+	char p[300];
+	snprintf(p, sizeof p, "%s/sinfo", dir);
+	unlink(p);
+	assert_int_equal(cluster_sinfo(srun, "", 10000, &cn, why, sizeof why), -ENOENT);
+	assert_non_null(strstr(why, "cannot run "));
+	assert_non_null(strstr(why, "/sinfo: No such file or directory"));
+	rmdir(dir);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(spec_nodes),
 		cmocka_unit_test(dataset_verdict),
 		cmocka_unit_test(relay_and_srun),
+		cmocka_unit_test(sinfo_parse),
+		cmocka_unit_test(sinfo_run),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
