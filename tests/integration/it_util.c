@@ -409,3 +409,26 @@ int it_run_group(const char *name, const struct CMUnitTest *tests, size_t n, int
 	curl_global_cleanup();
 	return rc;
 }
+
+json_t *it_events_of(const bertd *d, const char *id)
+{
+	char path[128];
+	snprintf(path, sizeof path, "/v1/jobs/%s/events", id);
+	json_t *r = it_get_json(d, path);
+	json_t *ev = json_incref(json_object_get(r, "events"));
+	json_decref(r);
+	assert_true(json_is_array(ev));
+	return ev;
+}
+
+const char *it_event_with(json_t *ev, const char *text)
+{
+	size_t i;
+	json_t *e;
+	json_array_foreach(ev, i, e) {
+		const char *r = json_string_value(json_object_get(e, "reason"));
+		if (r && strstr(r, text))
+			return r;
+	}
+	return NULL;
+}

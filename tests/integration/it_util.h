@@ -53,6 +53,11 @@ void it_wait_step(const bertd *d, const char *id, long step, int deadline_s);
 /* Fails the test, with the daemon's log and the failure_reason, unless
  * job's state is "completed". */
 void it_assert_completed(const bertd *d, const json_t *job);
+/* The "events" array of GET /v1/jobs/{id}/events (caller decrefs). */
+json_t *it_events_of(const bertd *d, const char *id);
+/* The reason of the first event in ev whose reason holds text, or NULL
+ * (borrowed from ev). */
+const char *it_event_with(json_t *ev, const char *text);
 /* The "metrics" rows of GET /v1/jobs/{id}/metrics (caller decrefs). */
 json_t *it_metrics_of(const bertd *d, const char *id);
 /* sha256sum of the job's exported model_dir/model.safetensors: 64 hex

@@ -136,29 +136,6 @@ static int teardown(void **state)
 #define ONE_NODE "{\"gpus\":2}"
 #define TWO_NODES "{\"nodes\":2,\"gpus_per_node\":1,\"device\":\"cpu\"}"
 
-static json_t *events_of(fx *f, const char *id)
-{
-	char path[128];
-	snprintf(path, sizeof path, "/v1/jobs/%s/events", id);
-	json_t *r = it_get_json(&f->d, path);
-	json_t *ev = json_incref(json_object_get(r, "events"));
-	json_decref(r);
-	assert_true(json_is_array(ev));
-	return ev;
-}
-
-static const char *event_with(json_t *ev, const char *text)
-{
-	size_t i;
-	json_t *e;
-	json_array_foreach(ev, i, e) {
-		const char *r = json_string_value(json_object_get(e, "reason"));
-		if (r && strstr(r, text))
-			return r;
-	}
-	return NULL;
-}
-
 static void run_to_end(fx *f, const char *spec, char sha[65], char **id_out)
 {
 	char *id = it_submit(&f->d, spec);
@@ -180,8 +157,8 @@ static void two_nodes_equal_one_node(void **state)
 	char one[65], two[65], *id;
 	run_to_end(f, SPEC("eq-1x2", "8", "4", "2", ONE_NODE, ""), one, NULL);
 	run_to_end(f, SPEC("eq-2x1", "8", "4", "2", TWO_NODES, ""), two, &id);
-	json_t *ev = events_of(f, id);
-	if (!event_with(ev, "2 ranks joined: 0@n1 1@n2") || !event_with(ev, "starting on 2 nodes x 1 cpu (Slurm)")) {
+	json_t *ev = it_events_of(&f->d, id);
+	if (!it_event_with(ev, "2 ranks joined: 0@n1 1@n2") || !it_event_with(ev, "starting on 2 nodes x 1 cpu (Slurm)")) {
 		fprintf(stderr, "%s\n", json_dumps(ev, JSON_INDENT(1)));
 		fail_msg("the 2-node job's events do not show its ranks on n1 and n2");
 	}
@@ -306,7 +283,7 @@ static void node_lost_fails_attempt_and_resumes(void **state)
 	if (r0 <= 0 || r1 <= 0) {
 		char p[128];
 		snprintf(p, sizeof p, "/v1/jobs/%s", id);
-		json_t *jj = it_get_json(&f->d, p), *ev = events_of(f, id);
+		json_t *jj = it_get_json(&f->d, p), *ev = it_events_of(&f->d, id);
 		fprintf(stderr, "rank pids %d %d\njob: %s\nevents: %s\n", (int)r0, (int)r1,
 			json_dumps(jj, JSON_INDENT(1)), json_dumps(ev, JSON_INDENT(1)));
 		bertd_print_log(&f->d);
@@ -340,7 +317,7 @@ static void node_lost_fails_attempt_and_resumes(void **state)
 	}
 	j = it_get_json(&f->d, path);
 	if (job_int(j, "restart_count") < 1) {
-		json_t *ev = events_of(f, id);
+		json_t *ev = it_events_of(&f->d, id);
 		fprintf(stderr, "job: %s\nevents: %s\n", json_dumps(j, JSON_INDENT(1)), json_dumps(ev, JSON_INDENT(1)));
 		bertd_print_log(&f->d);
 		fail_msg("the attempt did not fail and restart after node n2's processes were killed");
@@ -354,9 +331,9 @@ static void node_lost_fails_attempt_and_resumes(void **state)
 	char sha[65];
 	it_sha_of_export(j, sha);
 	json_decref(j);
-	json_t *ev = events_of(f, id);
-	const char *resumed = event_with(ev, "resuming from checkpoint at step ");
-	const char *failed = event_with(ev, "restart 1 of 3");
+	json_t *ev = it_events_of(&f->d, id);
+	const char *resumed = it_event_with(ev, "resuming from checkpoint at step ");
+	const char *failed = it_event_with(ev, "restart 1 of 3");
 	printf("attempt 1 ended: %s\nthen: %s\n", failed ? failed : "?", resumed ? resumed : "?");
 	if (!resumed || !failed) {
 		fprintf(stderr, "%s\n", json_dumps(ev, JSON_INDENT(1)));
@@ -498,8 +475,8 @@ static void node_down_refused_at_submit(void **state)
 	j = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
 	it_assert_completed(&f->d, j);
 	json_decref(j);
-	json_t *ev = events_of(f, id);
-	assert_non_null(event_with(ev, "1@n2"));
+	json_t *ev = it_events_of(&f->d, id);
+	assert_non_null(it_event_with(ev, "1@n2"));
 	json_decref(ev);
 	free(id);
 }

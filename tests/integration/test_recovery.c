@@ -99,31 +99,6 @@ static int teardown(void **state)
 #define SPEC(name, steps, save, log, gpus, loaders, top) \
 	IT_TINY_SPEC(name, "shakes", gpus, "8", steps, log, save, loaders, IT_LR_WARMUP, top)
 
-/* The job's events (caller decrefs). */
-static json_t *events_of(fx *f, const char *id)
-{
-	char path[128];
-	snprintf(path, sizeof path, "/v1/jobs/%s/events", id);
-	json_t *r = it_get_json(&f->d, path);
-	json_t *ev = json_incref(json_object_get(r, "events"));
-	json_decref(r);
-	assert_true(json_is_array(ev));
-	return ev;
-}
-
-/* The first event whose reason holds text, or NULL (borrowed from ev). */
-static const char *event_with(json_t *ev, const char *text)
-{
-	size_t i;
-	json_t *e;
-	json_array_foreach(ev, i, e) {
-		const char *r = json_string_value(json_object_get(e, "reason"));
-		if (r && strstr(r, text))
-			return r;
-	}
-	return NULL;
-}
-
 /* The step of the last "resuming from checkpoint at step N" event; -1 if none. */
 static long resumed_step(json_t *ev)
 {
@@ -204,10 +179,10 @@ static void drain_resumes_from_stop_checkpoint(fx *f, const char *ref_spec, cons
 
 	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
 	it_assert_completed(&f->d, job);
-	json_t *ev = events_of(f, id);
-	assert_non_null(event_with(ev, "daemon shutting down")); /* drained, not finished first */
+	json_t *ev = it_events_of(&f->d, id);
+	assert_non_null(it_event_with(ev, "daemon shutting down")); /* drained, not finished first */
 	assert_int_equal(resumed_step(ev), stop_step);
-	assert_null(event_with(ev, "without a record"));
+	assert_null(it_event_with(ev, "without a record"));
 	it_sha_of_export(job, b);
 	assert_string_equal(a, b); /* bit-identical to the uninterrupted run */
 	json_decref(ev);
@@ -250,8 +225,8 @@ static void test_unrecorded_checkpoint_found(void **state)
 
 	assert_int_equal(start(f, false), 0);
 	it_wait_step(&f->d, id, stop_step + 5, DEADLINE_S); /* resumed and training */
-	json_t *ev = events_of(f, id);
-	assert_non_null(event_with(ev, "without a record"));
+	json_t *ev = it_events_of(&f->d, id);
+	assert_non_null(it_event_with(ev, "without a record"));
 	assert_int_equal(resumed_step(ev), stop_step);
 	char path[128];
 	snprintf(path, sizeof path, "/v1/jobs/%s/checkpoints", id);
@@ -289,11 +264,11 @@ static void test_truncated_newest_falls_back(void **state)
 	assert_int_equal(start(f, false), 0);
 	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
 	it_assert_completed(&f->d, job);
-	json_t *ev = events_of(f, id);
-	assert_non_null(event_with(ev, "daemon shutting down")); /* drained, not finished first */
+	json_t *ev = it_events_of(&f->d, id);
+	assert_non_null(it_event_with(ev, "daemon shutting down")); /* drained, not finished first */
 	char want[80];
 	snprintf(want, sizeof want, "checkpoint at step %ld is unusable", newest);
-	assert_non_null(event_with(ev, want));
+	assert_non_null(it_event_with(ev, want));
 	long resumed = resumed_step(ev);
 	assert_true(resumed > 0 && resumed < newest);
 	it_sha_of_export(job, b);
@@ -400,8 +375,8 @@ static void test_stopped_worker_is_a_stall(void **state)
 	json_t *ev = NULL;
 	for (int i = 0; i < DEADLINE_S * 10 && !why; i++) {
 		json_decref(ev);
-		ev = events_of(f, id);
-		why = event_with(ev, "rank 0 made no progress for ");
+		ev = it_events_of(&f->d, id);
+		why = it_event_with(ev, "rank 0 made no progress for ");
 		if (!why)
 			it_pause_ms(100);
 	}
@@ -417,7 +392,7 @@ static void test_stopped_worker_is_a_stall(void **state)
 	/* the next attempt resumes from the step-20 checkpoint */
 	long resumed = -1;
 	for (int i = 0; i < DEADLINE_S * 10 && resumed < 20; i++) {
-		ev = events_of(f, id);
+		ev = it_events_of(&f->d, id);
 		resumed = resumed_step(ev);
 		json_decref(ev);
 		if (resumed < 20)
