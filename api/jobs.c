@@ -29,6 +29,7 @@
 #include "api/diagnosis.h"
 #include "api/follow.h"
 #include "api/http.h"
+#include "api/initmodel.h"
 #include "api/paths.h"
 #include "api/restore.h"
 #include "common/fsutil.h"
@@ -661,14 +662,16 @@ static bool init_from_job(api_request *req, json_t *ref, char *out, size_t cap,
 }
 
 /* The files the worker reads from a model directory (worker/hf.c,
- * checkpoint.c) must stay where dir is allowed to be: each is opened
- * beneath the data root holding dir (a job's output: dir itself), so a link
- * among them that leads out is refused. NULL when all are fine, else the
+ * checkpoint.c), and the vocab.txt the API compares, must stay where dir
+ * is allowed to be: each is opened beneath the data root holding dir (a
+ * job's output: dir itself), so a link among them that leads out is
+ * refused. NULL when all are fine, else the
  * offending name (the link, never what it points at) and *rc. */
 static const char *model_files_escape(const api_config *cfg, const char *dir, int *rc)
 {
 	static const char *const names[] = {"config.json", "model.safetensors", "state.json",
-					    "params.safetensors", "optim.safetensors", "DONE"};
+					    "params.safetensors", "optim.safetensors", "DONE",
+					    "vocab.txt" /* compared at submit (api/initmodel.c) */};
 	char root[PATH_MAX] = "";
 	for (size_t i = 0; i < cfg->n_data_roots && !root[0]; i++) {
 		char real[PATH_MAX];
@@ -735,13 +738,27 @@ static bool init_from_resolve(api_request *req, json_t *o, bool paths, enum MHD_
 						 strerror(-erc));
 		return false;
 	}
-	if (!api_restore_check(req, o, paths ? NULL : v, real, ret)) /* init_from_restore "all" */
-		return false;
 	if (json_object_set_new(o, "init_from", json_string(real)) < 0) {
 		*ret = api_reply_problem(req, API_P_INTERNAL, "init_from", "out of memory");
 		return false;
 	}
 	return true;
+}
+
+/* Once init_from is resolved: the model it names becomes the job's, its
+ * vocab is held against the dataset's (api/initmodel.c), and then
+ * init_from_restore "all" is checked against that model. in is the spec
+ * as submitted (a job reference is still there); *note as
+ * api_initmodel_apply. Returns true, or replies and sets *ret. */
+static bool init_from_model(api_request *req, const json_t *in, json_t **spec, char **note,
+			    enum MHD_Result *ret)
+{
+	if (!api_initmodel_apply(req, in, spec, note, ret))
+		return false;
+	json_t *dir = json_object_get(*spec, "init_from");
+	json_t *ref = json_object_get(in, "init_from");
+	return !json_is_string(dir) || /* init_from_restore "all" */
+	       api_restore_check(req, *spec, json_is_object(ref) ? ref : NULL, json_string_value(dir), ret);
 }
 
 /* A multi-node job needs `want` Slurm nodes up (docs/multinode.md, "A node
@@ -839,6 +856,7 @@ typedef struct submit {
 	struct MHD_Connection *conn;
 	json_t *spec;
 	char *spec_text, *body, *key;
+	char *note; /* an event to add once the job is stored, or NULL */
 	char id[21], hash[65];
 } submit;
 
@@ -849,6 +867,7 @@ static void submit_free(void *arg)
 	free(sb->spec_text);
 	free(sb->body);
 	free(sb->key);
+	free(sb->note);
 	free(sb->ins.prev_hash);
 	free(sb->ins.prev_response);
 	free(sb->ins.prev_job_id);
@@ -923,6 +942,9 @@ static enum MHD_Result submit_reply(api_request *req, void *arg)
 			return MHD_NO;
 		const char *name = json_string_value(json_object_get(sb->spec, "name"));
 		log_info("job %s submitted (%s)", sb->id, name ? name : "");
+		int nrc = sb->note ? store_job_note(req->st, sb->id, sb->note) : 0;
+		if (nrc < 0)
+			log_warn("job %s: cannot add its event \"%s\": %s", sb->id, sb->note, strerror(-nrc));
 		telemetry_job_submitted();
 		return api_reply_raw(req, MHD_HTTP_CREATED, "application/json", sb->body,
 				     strlen(sb->body));
@@ -950,7 +972,7 @@ enum MHD_Result jobs_create(api_request *req)
 {
 	enum MHD_Result ret;
 	json_t *in = NULL, *spec = NULL;
-	char *spec_text = NULL;
+	char *spec_text = NULL, *note = NULL;
 	char detail[256];
 	int rc;
 
@@ -982,7 +1004,8 @@ enum MHD_Result jobs_create(api_request *req)
 					err.field, "%s", err.detail[0] ? err.detail : "invalid job spec");
 		goto out;
 	}
-	if (!init_from_resolve(req, spec, false, &ret) || !needs_exist(req, spec, &ret) ||
+	if (!init_from_resolve(req, spec, false, &ret) || !init_from_model(req, in, &spec, &note, &ret) ||
+	    !needs_exist(req, spec, &ret) ||
 	    !jobs_resolve_epochs(req, spec, &ret))
 		goto out;
 	/* profiler.rules: the thresholds belong to the rules (docs/diagnosis.md) */
@@ -1010,8 +1033,10 @@ enum MHD_Result jobs_create(api_request *req)
 	sb->conn = req->conn;
 	sb->spec = spec;
 	sb->spec_text = spec_text;
+	sb->note = note;
 	spec = NULL;
 	spec_text = NULL;
+	note = NULL;
 	if ((rc = submit_prepare(sb)) != 0) {
 		submit_free(sb);
 		ret = api_reply_store_error(req, rc, "storing the job failed");
@@ -1029,6 +1054,7 @@ out:
 	json_decref(in);
 	json_decref(spec);
 	free(spec_text);
+	free(note);
 	return ret;
 }
 

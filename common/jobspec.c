@@ -1133,3 +1133,28 @@ out:
 	json_decref(norm);
 	return rc;
 }
+
+/* ---- presets ---- */
+
+int jobspec_preset_dims(const char *name, int dims[4])
+{
+	for (size_t i = 0; name && i < sizeof presets / sizeof presets[0]; i++) {
+		if (strcmp(presets[i].name, name) != 0)
+			continue;
+		dims[0] = presets[i].dim[D_HIDDEN];
+		dims[1] = presets[i].dim[D_LAYERS];
+		dims[2] = presets[i].dim[D_HEADS];
+		dims[3] = presets[i].dim[D_INTER];
+		return 0;
+	}
+	return -ENOENT;
+}
+
+const char *jobspec_preset_of(const int dims[4])
+{
+	for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
+		if (presets[i].dim[D_HIDDEN] == dims[0] && presets[i].dim[D_LAYERS] == dims[1] &&
+		    presets[i].dim[D_HEADS] == dims[2] && presets[i].dim[D_INTER] == dims[3])
+			return presets[i].name;
+	return NULL;
+}

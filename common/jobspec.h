@@ -149,4 +149,11 @@ json_t *jobspec_schema(void);
  * (20 at 128 and 80 at 512 for 0.15, as in Google's BERT recipe). */
 int jobspec_default_max_predictions(int max_seq_length, double mlm_probability);
 
+/* The dimensions of model.preset name into dims: hidden_size,
+ * num_hidden_layers, num_attention_heads, intermediate_size. 0, or -ENOENT
+ * when name is not a preset. */
+int jobspec_preset_dims(const char *name, int dims[4]);
+/* The preset with exactly these dimensions (same order), or NULL. */
+const char *jobspec_preset_of(const int dims[4]);
+
 #endif

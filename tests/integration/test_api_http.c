@@ -60,9 +60,10 @@ static int setup(void **state)
 	return 0;
 }
 
-/* Creates dir/name holding the empty files named, '|'-separated: what a
- * model directory looks like to the API (it checks which files exist, the
- * worker reads them). */
+/* Creates dir/name holding the files named, '|'-separated: what a model
+ * directory looks like to the API (it checks which files exist and reads
+ * the model's config: an empty one, BertConfig's defaults; the worker reads
+ * the rest). Every other file is empty. */
 static int model_dir(const char *dir, const char *name, const char *files)
 {
 	char p[512];
@@ -75,6 +76,10 @@ static int model_dir(const char *dir, const char *name, const char *files)
 		FILE *fp = fopen(p, "w");
 		if (!fp)
 			return -1;
+		if (n == 11 && strncmp(f, "config.json", n) == 0)
+			fputs("{}\n", fp);
+		else if (n == 10 && strncmp(f, "state.json", n) == 0)
+			fputs("{\"model\": {}}\n", fp);
 		fclose(fp);
 		f += n + (f[n] == '|');
 	}
