@@ -57,18 +57,20 @@ static int copy_vocab(const char *src, const char *dst, long change, const char 
 	return rc;
 }
 
-/* An HF model directory data/name: config.json with these dimensions,
- * model.safetensors holding only the word embeddings (rows x hidden, F32
- * zeros), and a copy of vocab (NULL: no vocab.txt). */
-static void hf_dir(const char *data, const char *name, long vocab_size, long rows, const char *vocab)
+/* An HF model directory data/name: config.json with vocab_size and the
+ * dimensions dims (hidden, layers, heads, inner), 128 positions and 2 token
+ * types; model.safetensors holding only the word embeddings (rows x hidden,
+ * F32 zeros); and a copy of vocab (NULL: no vocab.txt). */
+static void hf_dir_dims(const char *data, const char *name, long vocab_size, long rows, const char *vocab,
+			const int dims[4])
 {
 	char p[512];
 	snprintf(p, sizeof p, "%s/%s", data, name);
 	assert_int_equal(mkdir(p, 0700), 0);
 	json_t *cfg = json_pack("{s:[s], s:s, s:I, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:s}",
 				"architectures", "BertForMaskedLM", "model_type", "bert",
-				"vocab_size", (json_int_t)vocab_size, "hidden_size", 16,
-				"num_hidden_layers", 1, "num_attention_heads", 2, "intermediate_size", 32,
+				"vocab_size", (json_int_t)vocab_size, "hidden_size", dims[0],
+				"num_hidden_layers", dims[1], "num_attention_heads", dims[2], "intermediate_size", dims[3],
 				"max_position_embeddings", 128, "type_vocab_size", 2, "layer_norm_eps", 1e-12,
 				"hidden_act", "gelu");
 	snprintf(p, sizeof p, "%s/%s/config.json", data, name);
@@ -77,9 +79,9 @@ static void hf_dir(const char *data, const char *name, long vocab_size, long row
 
 	char hdr[256];
 	int n = snprintf(hdr, sizeof hdr,
-			 "{\"bert.embeddings.word_embeddings.weight\":{\"dtype\":\"F32\",\"shape\":[%ld,16],"
+			 "{\"bert.embeddings.word_embeddings.weight\":{\"dtype\":\"F32\",\"shape\":[%ld,%d],"
 			 "\"data_offsets\":[0,%ld]}}",
-			 rows, rows * 16 * 4);
+			 rows, dims[0], rows * dims[0] * 4);
 	while (n % 8)
 		hdr[n++] = ' ';
 	snprintf(p, sizeof p, "%s/%s/model.safetensors", data, name);
@@ -90,13 +92,20 @@ static void hf_dir(const char *data, const char *name, long vocab_size, long row
 		len[i] = (uint8_t)((uint64_t)n >> (8 * i));
 	assert_int_equal(fwrite(len, 1, 8, f), 8);
 	assert_int_equal(fwrite(hdr, 1, (size_t)n, f), (size_t)n);
-	assert_int_equal(ftruncate(fileno(f), 8 + n + rows * 16 * 4), 0);
+	assert_int_equal(ftruncate(fileno(f), 8 + n + rows * dims[0] * 4), 0);
 	assert_int_equal(fclose(f), 0);
 	if (vocab) {
 		char dst[512];
 		snprintf(dst, sizeof dst, "%s/%s/vocab.txt", data, name);
 		assert_int_equal(copy_vocab(vocab, dst, 0, NULL), 0);
 	}
+}
+
+/* The test's model: 16 wide, one layer, 2 heads, 32 inner. */
+static void hf_dir(const char *data, const char *name, long vocab_size, long rows, const char *vocab)
+{
+	static const int small[4] = {16, 1, 2, 32};
+	hf_dir_dims(data, name, vocab_size, rows, vocab, small);
 }
 
 static int setup(void **state)
@@ -306,6 +315,22 @@ static void test_hf_directories(void **state)
 			  "\"hidden_size\":16,\"num_hidden_layers\":1,\"num_attention_heads\":2,"
 			  "\"intermediate_size\":32,\"vocab_size\":30522}}");
 	free(accepted(&r, V_UNCASED));
+	/* a model with a preset's dimensions is shown as that preset (the
+	 * default, bert-base, would describe another model) */
+	static const int tiny[4] = {128, 2, 2, 512};
+	hf_dir_dims(f->data, "hf-tiny", V_UNCASED, V_UNCASED, uncased, tiny);
+	r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":\"hf-tiny\"}");
+	assert_int_equal(r.status, 201);
+	json_t *m = json_object_get(json_object_get(r.json, "spec"), "model");
+	assert_string_equal(it_jstr(m, "preset"), "bert-tiny");
+	assert_int_equal(json_integer_value(json_object_get(m, "hidden_size")), 128);
+	assert_int_equal(json_integer_value(json_object_get(m, "intermediate_size")), 512);
+	http_resp_free(&r);
+	r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":\"hf-same\"}");
+	assert_int_equal(r.status, 201);
+	assert_string_equal(it_jstr(json_object_get(json_object_get(r.json, "spec"), "model"), "preset"), "bert-base");
+	http_resp_free(&r);
+
 	/* the rules between keys hold for the model's dimensions */
 	r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":\"hf-same\","
 			  "\"training_args\":{\"max_seq_length\":256}}");
@@ -349,6 +374,25 @@ static void test_job_outputs(void **state)
 		r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":%s," DIMS "}", ref);
 		free(accepted(&r, V_UNCASED));
 	}
+
+	/* Without the export's vocab.txt a checkpoint's vocab is its job's
+	 * dataset's; the export itself then has none: sizes only, a warning */
+	char p[700];
+	snprintf(p, sizeof p, "%s/vocab.txt", export);
+	assert_int_equal(unlink(p), 0);
+	snprintf(q, sizeof q, "%s/datasets/cased/vocab.txt|%s/datasets/uncased/vocab.txt|line 2", f->data,
+		 f->data);
+	http_resp r = submit(&f->d, "{\"dataset\":\"cased\",\"init_from\":{\"job\":\"%s\",\"checkpoint\":2}}", a);
+	refused(&r, "init_from", q);
+	r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":{\"job\":\"%s\",\"checkpoint\":2}}", a);
+	free(accepted(&r, V_UNCASED));
+	r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":{\"job\":\"%s\"}}", a);
+	char *id = accepted(&r, V_UNCASED);
+	json_t *ev = it_events_of(&f->d, id);
+	if (!it_event_with(ev, "could not be compared"))
+		fail_msg("no warning event on %s", id);
+	json_decref(ev);
+	free(id);
 	free(export);
 	free(a);
 }

@@ -1154,6 +1154,31 @@ static void test_eval_keys(void **state)
 		   "\"max_seq_length\":512}}", 422, "training_args.per_device_eval_batch_size");
 }
 
+/* The presets' dimensions are docs/jobspec.md's table (Google's BERT
+ * checkpoints); a model with them is named back (the API names the preset
+ * of an init_from model with it). */
+static void test_preset_dims(void **state)
+{
+	(void)state;
+	static const struct {
+		const char *name;
+		int dims[4]; /* H, L, A, I */
+	} doc[] = {{"bert-tiny", {128, 2, 2, 512}},	{"bert-mini", {256, 4, 4, 1024}},
+		   {"bert-small", {512, 4, 8, 2048}},	{"bert-medium", {512, 8, 8, 2048}},
+		   {"bert-base", {768, 12, 12, 3072}},	{"bert-large", {1024, 24, 16, 4096}}};
+	for (size_t i = 0; i < sizeof doc / sizeof doc[0]; i++) {
+		int d[4] = {0};
+		assert_int_equal(jobspec_preset_dims(doc[i].name, d), 0);
+		assert_memory_equal(d, doc[i].dims, sizeof d);
+		assert_string_equal(jobspec_preset_of(doc[i].dims), doc[i].name);
+	}
+	int d[4];
+	assert_int_equal(jobspec_preset_dims("bert-huge", d), -ENOENT);
+	assert_int_equal(jobspec_preset_dims(NULL, d), -ENOENT);
+	static const int odd[4] = {16, 1, 2, 32};
+	assert_null(jobspec_preset_of(odd));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1174,6 +1199,7 @@ int main(void)
 		cmocka_unit_test(test_init_from_restore),
 		cmocka_unit_test(test_openapi_matches_table),
 		cmocka_unit_test(test_eval_keys),
+		cmocka_unit_test(test_preset_dims),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
