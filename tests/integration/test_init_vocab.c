@@ -375,6 +375,18 @@ static void test_job_outputs(void **state)
 		free(accepted(&r, V_UNCASED));
 	}
 
+	/* the effective spec submitted again is the same effective spec: the
+	 * model's keys it holds agree with the model */
+	http_resp r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":{\"job\":\"%s\",\"checkpoint\":2}}", a);
+	assert_int_equal(r.status, 201);
+	char *eff = json_dumps(json_object_get(r.json, "spec"), JSON_COMPACT);
+	http_resp r2 = submit(&f->d, "%s", eff);
+	if (r2.status != 201 || !json_equal(json_object_get(r.json, "spec"), json_object_get(r2.json, "spec")))
+		fail_msg("the effective spec again: %ld %s", r2.status, r2.body);
+	free(eff);
+	http_resp_free(&r);
+	http_resp_free(&r2);
+
 	/* Without the export's vocab.txt a checkpoint's vocab is its job's
 	 * dataset's; the export itself then has none: sizes only, a warning */
 	char p[700];
@@ -382,7 +394,7 @@ static void test_job_outputs(void **state)
 	assert_int_equal(unlink(p), 0);
 	snprintf(q, sizeof q, "%s/datasets/cased/vocab.txt|%s/datasets/uncased/vocab.txt|line 2", f->data,
 		 f->data);
-	http_resp r = submit(&f->d, "{\"dataset\":\"cased\",\"init_from\":{\"job\":\"%s\",\"checkpoint\":2}}", a);
+	r = submit(&f->d, "{\"dataset\":\"cased\",\"init_from\":{\"job\":\"%s\",\"checkpoint\":2}}", a);
 	refused(&r, "init_from", q);
 	r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":{\"job\":\"%s\",\"checkpoint\":2}}", a);
 	free(accepted(&r, V_UNCASED));
