@@ -6,7 +6,9 @@
  *     sizes match, with a warning event; refused when they do not);
  *   - the effective spec's model section is the model's (config.json /
  *     state.json), and a model.* key that contradicts it is a 422 naming
- *     both values; keys that agree are accepted.
+ *     both values; keys that agree are accepted; the effective spec
+ *     submitted again is the same, and init_from_restore "all" needs no
+ *     model keys.
  * Two datasets with Google's bert-base vocabs (uncased 30522 lines, cased
  * 28996), HF model directories the test writes (config.json, a
  * model.safetensors holding the word embeddings, vocab.txt), and one tiny
@@ -286,8 +288,8 @@ static void test_hf_directories(void **state)
 	const char *w = it_event_with(ev, "could not be compared");
 	if (!w)
 		fail_msg("no warning event on %s", id);
-	fprintf(stderr, "event: %s\n", w);
-	assert_non_null(strstr(w, "hf-novocab"));
+	fprintf(stderr, "event: %s\n", w ? w : "");
+	assert_non_null(strstr(w ? w : "", "hf-novocab"));
 	json_decref(ev);
 	free(id);
 	/* ... and refused when they do not */
@@ -386,6 +388,13 @@ static void test_job_outputs(void **state)
 	free(eff);
 	http_resp_free(&r);
 	http_resp_free(&r2);
+
+	/* continuing A's run needs no model keys either: the model is the
+	 * checkpoint's before init_from_restore "all" compares it */
+	r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":{\"job\":\"%s\",\"checkpoint\":2},"
+			  "\"init_from_restore\":\"all\",\"training_args\":{\"max_seq_length\":32,\"max_steps\":6,"
+			  "\"per_device_train_batch_size\":4,\"dataloader_num_workers\":0}}", a);
+	free(accepted(&r, V_UNCASED));
 
 	/* Without the export's vocab.txt a checkpoint's vocab is its job's
 	 * dataset's; the export itself then has none: sizes only, a warning */
