@@ -665,8 +665,8 @@ static bool init_from_job(api_request *req, json_t *ref, char *out, size_t cap,
  * checkpoint.c), and the vocab.txt the API compares, must stay where dir
  * is allowed to be: each is opened beneath the data root holding dir (a
  * job's output: dir itself), so a link among them that leads out is
- * refused. NULL when all are fine, else the
- * offending name (the link, never what it points at) and *rc. */
+ * refused. NULL when all are fine, else the offending name (the link,
+ * never what it points at) and *rc. */
 static const char *model_files_escape(const api_config *cfg, const char *dir, int *rc)
 {
 	static const char *const names[] = {"config.json", "model.safetensors", "state.json",
