@@ -796,6 +796,43 @@ static bool nodes_up(api_request *req, int want, enum MHD_Result *ret)
 	return false;
 }
 
+/* bf16 needs compute capability 8.0 (A100, H100, H200): a job asking for it
+ * where fewer GPUs than it needs can do it (a V100 is 7.0) would be
+ * answered 201 and then fail at its workers' start, so it is 422 here with
+ * what to use instead. Multi-node jobs run on Slurm's nodes, whose GPUs
+ * this machine does not see. Returns true, or replies 422 and sets *ret. */
+static bool precision_fits(api_request *req, const json_t *spec, enum MHD_Result *ret)
+{
+	const json_t *res = json_object_get(spec, "resources");
+	json_t *nodes = json_object_get(res, "nodes");
+	json_t *g = json_object_get(res, "gpus");
+	const char *kind = json_string_value(json_object_get(res, "device"));
+	if (!json_is_true(json_object_get(json_object_get(spec, "training_args"), "bf16")) ||
+	    (json_is_integer(nodes) && json_integer_value(nodes) > 1) || (kind && strcmp(kind, "cpu") == 0))
+		return true;
+	json_int_t want = json_is_integer(g) ? json_integer_value(g) : 1;
+	json_int_t able = 0;
+	const device *old = NULL;
+	for (size_t i = 0; i < req->cfg->n_devices; i++) {
+		const device *d = &req->cfg->devices[i];
+		if (d->kind != DEVICE_CUDA)
+			continue;
+		if (d->cc_major == 0 || d->cc_major >= 8) /* 0: NVML did not say */
+			able++;
+		else if (!old)
+			old = d;
+	}
+	if (!old || able >= want)
+		return true;
+	*ret = api_reply_problem(req, API_P_INVALID_SPEC, "training_args.bf16",
+				 "bf16 needs compute capability 8.0 or newer; %s %d (%s) is %d.%d and this "
+				 "machine has %lld GPU%s that can (the job asks for %lld): use fp16 (with "
+				 "dynamic loss scaling) or fp32",
+				 "GPU", old->index, old->name, old->cc_major, old->cc_minor, (long long)able,
+				 able == 1 ? "" : "s", (long long)want);
+	return false;
+}
+
 /* What the job needs must exist, or it would be answered 201 and fail a
  * moment later: the dataset must be known (one still preparing is fine, the
  * job waits for it) and resources.gpus must fit the machine. Returns true,
@@ -1007,6 +1044,8 @@ enum MHD_Result jobs_create(api_request *req)
 	if (!init_from_resolve(req, spec, false, &ret) || !init_from_model(req, in, &spec, &note, &ret) ||
 	    !needs_exist(req, spec, &ret) ||
 	    !jobs_resolve_epochs(req, spec, &ret))
+		goto out;
+	if (!precision_fits(req, spec, &ret))
 		goto out;
 	/* profiler.rules: the thresholds belong to the rules (docs/diagnosis.md) */
 	diag_config dcfg;

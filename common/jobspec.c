@@ -751,6 +751,15 @@ static int cross_check(json_t *o, jobspec_error *err)
 	if (json_is_true(bf16) && json_is_true(fp16))
 		return fail(err, 422, "training_args", "fp16",
 			    "must not be true together with bf16");
+	/* fp16 training's gradients carry the loss scale (up to 2^16 and more):
+	 * cast to fp16 for the all-reduce they overflow, and every such step is
+	 * skipped. bf16 has fp32's range at the same size on the wire. */
+	const char *rd = json_string_value(at(o, "training_args", "ddp_reduce_dtype"));
+	if (json_is_true(fp16) && rd && strcmp(rd, "fp16") == 0)
+		return fail(err, 422, "training_args", "ddp_reduce_dtype",
+			    "\"fp16\" with fp16 training would cast the loss-scaled gradients to fp16, "
+			    "where they overflow and the steps are skipped; use \"bf16\" (the same "
+			    "bytes on the wire, fp32's range) or \"fp32\"");
 	const char *device = json_string_value(at(o, "resources", "device"));
 	if (strcmp(device, "cpu") == 0 && (json_is_true(bf16) || json_is_true(fp16)))
 		return fail(err, 422, "training_args", json_is_true(bf16) ? "bf16" : "fp16",

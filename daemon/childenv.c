@@ -141,13 +141,23 @@ static childenv *alloc_env(char *const src[])
 }
 
 /* Appends the entries of src that pass after the ne already in envp, and
- * the closing NULL. */
-static void add_passed(childenv *ce, size_t ne, const childenv_pass *pass, char *const src[])
+ * the closing NULL; returns the new count (the NULL not counted). */
+static size_t add_passed(childenv *ce, size_t ne, const childenv_pass *pass, char *const src[])
 {
 	for (size_t i = 0; src && src[i]; i++)
 		if (strchr(src[i], '=') && childenv_passes(pass, src[i]))
 			ce->envp[ne++] = src[i];
 	ce->envp[ne] = NULL;
+	return ne;
+}
+
+static bool has_var(char *const envp[], const char *name)
+{
+	size_t n = strlen(name);
+	for (size_t i = 0; envp[i]; i++)
+		if (strncmp(envp[i], name, n) == 0 && envp[i][n] == '=')
+			return true;
+	return false;
 }
 
 int childenv_worker(childenv **out, const childenv_pass *pass, const device *d, int threads,
@@ -176,7 +186,7 @@ int childenv_worker(childenv **out, const childenv_pass *pass, const device *d, 
 	snprintf(ce->own[3], sizeof ce->own[3], "OPENBLAS_NUM_THREADS=%d", threads);
 	snprintf(ce->own[4], sizeof ce->own[4], "PATH=/usr/bin:/bin");
 	size_t ne = 0;
-	for (size_t i = 0; i < CHILDENV_OWN; i++)
+	for (size_t i = 0; i < CHILDENV_OWN - 1; i++) /* the last: NCCL_SOCKET_IFNAME, below */
 		ce->envp[ne++] = ce->own[i];
 	/* The operator's way back to the plain CUDA paths if a fast one
 	 * misbehaves on their GPUs (docs/cuda.md): always passed, by name. */
@@ -189,7 +199,21 @@ int childenv_worker(childenv **out, const childenv_pass *pass, const device *d, 
 			}
 		}
 	}
-	add_passed(ce, ne, pass, src);
+	ne = add_passed(ce, ne, pass, src);
+	/* NCCL's bootstrap of a job on this machine stays on loopback. NCCL's
+	 * interface search skips lo and binds the host's first other interface
+	 * (the ENA on a p3), which the unit's IPAddressAllow=localhost drops:
+	 * every multi-GPU job would time out in ncclCommInitRank. Ranks on one
+	 * machine move their data over NVLink/PCIe/shared memory anyway; only
+	 * the bootstrap and the proxy's connections use the socket. The
+	 * operator's own NCCL_SOCKET_IFNAME (through pass_env) wins. Multi-node
+	 * ranks are started by srun with the helper environment and never get
+	 * this. */
+	if (!has_var(ce->envp, "NCCL_SOCKET_IFNAME")) {
+		snprintf(ce->own[CHILDENV_OWN - 1], sizeof ce->own[0], "NCCL_SOCKET_IFNAME=lo");
+		ce->envp[ne++] = ce->own[CHILDENV_OWN - 1];
+		ce->envp[ne] = NULL;
+	}
 	*out = ce;
 	return 0;
 }

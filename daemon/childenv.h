@@ -2,7 +2,8 @@
  * gets only what bertd chooses (proc_spawn passes nothing else):
  *   - what the supervisor sets itself: PATH, and for a worker
  *     CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER, OMP_NUM_THREADS,
- *     OPENBLAS_NUM_THREADS;
+ *     OPENBLAS_NUM_THREADS, and NCCL_SOCKET_IFNAME=lo unless the operator
+ *     passes their own;
  *   - for a worker, bertd's own switches of the CUDA path (BERTD_GEMM,
  *     BERTD_ATTENTION, BERTD_DDP_OVERLAP, docs/cuda.md) when the daemon has
  *     them;
@@ -51,7 +52,7 @@ int childenv_pass_parse(childenv_pass *out, const char *list, char *err, size_t 
  * p matches its name and it is not one bertd sets itself or a BERTD_ name. */
 bool childenv_passes(const childenv_pass *p, const char *var);
 
-#define CHILDENV_OWN 5 /* assignments bertd makes itself, at most */
+#define CHILDENV_OWN 6 /* assignments bertd makes itself, at most */
 
 typedef struct childenv {
 	char own[CHILDENV_OWN][128]; /* "NAME=value" that bertd sets */
@@ -63,7 +64,10 @@ typedef struct childenv {
  * slot), CUDA_DEVICE_ORDER=PCI_BUS_ID, OMP_NUM_THREADS and
  * OPENBLAS_NUM_THREADS = threads, then BERTD_GEMM, BERTD_ATTENTION and
  * BERTD_DDP_OVERLAP where src has them, then what pass lets through of src
- * (a NULL-ended "NAME=value" array, usually environ). *out is caller-owned
+ * (a NULL-ended "NAME=value" array, usually environ), and last
+ * NCCL_SOCKET_IFNAME=lo unless what passed sets it (a worker of this
+ * machine's job; multi-node ranks get the helper environment through srun
+ * and so NCCL's own interface choice). *out is caller-owned
  * (free()); its envp points into src, which must outlive it.
  * 0 or -ENOMEM. */
 int childenv_worker(childenv **out, const childenv_pass *pass, const device *d, int threads,

@@ -227,6 +227,28 @@ static int restore_scaler(gpu_device *g, kdtype dt)
 	return 0;
 }
 
+/* The likely causes of a refused cudaHostRegister, by error. The driver
+ * pins pages itself: RLIMIT_MEMLOCK (LimitMEMLOCK) does not apply, so it is
+ * never the cause named here. */
+static const char *pin_hint(cudaError_t ce)
+{
+	switch (ce) {
+	case cudaErrorMemoryAllocation:
+		return ": the driver could not lock that much host memory (memory pressure, or "
+		       "too many other pinned buffers on this machine)";
+	case cudaErrorHostMemoryAlreadyRegistered:
+		return ": part of the area is already registered by another CUDA context of this "
+		       "process";
+	case cudaErrorNotSupported:
+		return ": this system does not support registering this memory (some virtualized "
+		       "GPUs, or a mapping the driver cannot pin)";
+	case cudaErrorInvalidValue:
+		return ": the area is not page-aligned or its size is wrong (a bertd bug: report it)";
+	default:
+		return "";
+	}
+}
+
 /* Where uploads read a batch from (docs/cuda.md, "Data path"). pin_memory:
  * in place from the batch memory (ring slot area or serial buffer), locked
  * once, or, if the kernel refuses to lock it, staged through gpu_model's
@@ -245,8 +267,9 @@ static bool pick_h2d(gpu_device *g)
 	cudaError_t ce = cudaHostRegister(area, bytes, cudaHostRegisterDefault);
 	if (ce != cudaSuccess) {
 		(void)cudaGetLastError(); /* not sticky: later launch checks must not see it */
-		log_warn("cannot pin the %s (%zu bytes): %s; staging each batch through a pinned buffer",
-			 w->rg ? "batch ring" : "batch buffer", bytes, cudaGetErrorString(ce));
+		log_warn("cannot pin the %s (%zu bytes): cudaHostRegister: %s (%s)%s; staging each batch "
+			 "through a pinned buffer", w->rg ? "batch ring" : "batch buffer", bytes,
+			 cudaGetErrorName(ce), cudaGetErrorString(ce), pin_hint(ce));
 		return false;
 	}
 	g->pinned_area = area;

@@ -315,6 +315,19 @@ int gpu_model_create_reserving(gpu_model **out, const bert_config *cfg, kdtype d
     uint8_t *dec8 = NULL;
 
     GPU_TRY(cudaSetDevice(device));
+    /* bf16 arithmetic needs sm_80; below it (a V100) the bf16 kernels trap
+     * and take the context with them: refuse before anything runs */
+    if (dt == KDT_BF16) {
+        int major = 0, minor = 0;
+        GPU_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+        GPU_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+        if (major < 8) {
+            snprintf(err, errlen, "bf16 needs compute capability 8.0 or newer; device %d is "
+                     "%d.%d (train in fp16 or fp32)", device, major, minor);
+            rc = -ENOTSUP;
+            goto out;
+        }
+    }
     /* the memory plan first: refuse clearly rather than fail half-way */
     size_t free_b = 0, total_b = 0;
     GPU_TRY(cudaMemGetInfo(&free_b, &total_b));

@@ -158,7 +158,7 @@ extern "C" {
         }                                                                                 \
     } while (0)
 
-/* The shape rule, then the current device's opt-in shared-memory limit:
+/* The shape rule, bf16 only from sm_80, then the current device's opt-in shared-memory limit:
  * 16-bit tiles need up to ~91 KiB, more than a T4 (sm_75, 64 KiB) allows, and
  * a launch over the limit would fail (set_smem aborts); the caller takes the
  * unfused path instead. */
@@ -173,12 +173,17 @@ int cuda_flash_attention_supported(int T, int C, int NH, kdtype dt)
         return 0;
     size_t need = 0;
     DT_DISPATCH(dt, FLASH_HS_DISPATCH(hs, need = smem_need<T, HS>()));
-    int dev = 0, optin = 0;
+    int dev = 0, optin = 0, major = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
         (void)cudaGetLastError(); /* no device: nothing is supported, and no error is left */
         return 0;
     }
+    /* bf16 arithmetic needs sm_80: below it (a V100) the bf16 instantiation
+     * traps and takes the context with it */
+    if (dt == KDT_BF16 && major < 8)
+        return 0;
     return need <= (size_t)optin;
 }
 

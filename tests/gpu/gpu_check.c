@@ -34,6 +34,20 @@ void gpu_require_device(void)
            prop.totalGlobalMem / 1073741824.0);
 }
 
+int gpu_has_bf16(void)
+{
+    int dev = 0, major = 0, minor = 0;
+    TCHECK(cudaGetDevice(&dev));
+    TCHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    TCHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    if (major >= 8)
+        return 1;
+    static int said;
+    if (!said++)
+        printf("skip bf16: sm_%d%d has no bf16 arithmetic (needs sm_80)\n", major, minor);
+    return 0;
+}
+
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 float frand(void) // uniform in (-1, 1)
 {

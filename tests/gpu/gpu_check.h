@@ -43,6 +43,9 @@ extern int gpu_failures;
  * a real failure: prints a FAIL line with the error and the driver and
  * runtime versions, exits 1. Else prints device 0. */
 void gpu_require_device(void);
+/* Whether device 0 can run bf16 kernels (sm_80+); else prints one skip line
+ * (a V100 runs the fp32 and fp16 parts only). */
+int gpu_has_bf16(void);
 /* Uniform in (-1, 1) from a fixed xorshift stream (reproducible runs). */
 float frand(void);
 /* n floats offset + scale * frand(); caller frees. */

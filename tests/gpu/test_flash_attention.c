@@ -388,7 +388,7 @@ int main(void)
 
     /* what the model may route to the kernel: on a 64 KiB part the 16-bit
      * head-dim-64 tiles (71,680 bytes forward) must be refused */
-    int sup = (big_smem ? cuda_flash_attention_supported(512, 768, 12, KDT_BF16) &&
+    int sup = (big_smem ? cuda_flash_attention_supported(512, 768, 12, KDT_F16) &&
                               cuda_flash_attention_supported(128, 128, 4, KDT_F16) &&
                               cuda_flash_attention_supported(13, 1024, 8, KDT_F32)
                         : !cuda_flash_attention_supported(512, 768, 12, KDT_F16)) &&
@@ -398,6 +398,13 @@ int main(void)
               !cuda_flash_attention_supported(0, 768, 12, KDT_BF16);
     printf("%-4s %-44s\n", sup ? "ok" : "FAIL", "cuda_flash_attention_supported table");
     gpu_failures += !sup;
+    /* bf16 only from sm_80: below it the bf16 instantiation would trap and
+     * take the context with it, so the model must never be routed there */
+    int bf = cuda_flash_attention_supported(128, 768, 12, KDT_BF16);
+    int bf_ok = have_bf16 ? (big_smem ? bf : 1) : !bf;
+    printf("%-4s %-44s (sm_%d%d: %s)\n", bf_ok ? "ok" : "FAIL", "bf16 supported exactly from sm_80",
+           prop.major, prop.minor, bf ? "yes" : "no");
+    gpu_failures += !bf_ok;
 
     const shape shapes[] = {
         {3, 13, 2, 32, {13, 8, 1}, 0.1f},   // odd T, a 1-key row, unaligned Philox

@@ -409,6 +409,24 @@ static void test_loss_scaling(void)
     bert_model_destroy(cpu);
 }
 
+/* Below sm_80 gpu_model_create refuses bf16 before any kernel runs (the
+ * bf16 kernels would trap there); from sm_80 it accepts it. */
+static void test_bf16_refused_below_sm80(void)
+{
+    bert_config c = gpu_test_config(2, 0);
+    optim_config oc;
+    optim_config_default(&oc, OPTIM_ADAMW);
+    char err[256] = "";
+    gpu_model *g = NULL;
+    int rc = gpu_model_create(&g, &c, KDT_BF16, 0, 2, 16, 8, &oc, err, sizeof err);
+    int has = gpu_has_bf16();
+    int ok = has ? rc == 0 && g : rc == -ENOTSUP && !g && strstr(err, "8.0");
+    printf("%-4s %-44s (%s)\n", ok ? "ok" : "FAIL", "bf16 model refused exactly below sm_80",
+           rc == 0 ? "created" : err);
+    gpu_failures += !ok;
+    gpu_model_destroy(g);
+}
+
 static void test_memory_plan(void)
 {
     bert_config c;
@@ -418,7 +436,8 @@ static void test_memory_plan(void)
     char err[512];
     gpu_model *g = NULL;
     int want = 1000000;
-    int rc = gpu_model_create(&g, &c, KDT_BF16, 0, want, 512, want * 80, &oc, err, sizeof err);
+    kdtype dt = gpu_has_bf16() ? KDT_BF16 : KDT_F16; /* the plan of a 16-bit model */
+    int rc = gpu_model_create(&g, &c, dt, 0, want, 512, want * 80, &oc, err, sizeof err);
     const char *key = "largest per-device batch that fits is ";
     const char *at = strstr(err, key);
     int fit = at ? atoi(at + strlen(key)) : 0;
@@ -430,7 +449,7 @@ static void test_memory_plan(void)
         gpu_model_destroy(g);
     if (fit > 0) {
         g = NULL;
-        rc = gpu_model_create(&g, &c, KDT_BF16, 0, fit, 512, (int)((long long)want * 80 * fit / want),
+        rc = gpu_model_create(&g, &c, dt, 0, fit, 512, (int)((long long)want * 80 * fit / want),
                               &oc, err, sizeof err);
         printf("%-4s %-44s batch %d x 512: rc=%d %s\n", rc == 0 ? "ok" : "FAIL",
                "the advised batch fits", fit, rc, rc ? err : "");
@@ -596,6 +615,7 @@ int main(void)
     test_buckets_final_and_complete(1);
     test_bad_batches();
     test_memory_plan();
+    test_bf16_refused_below_sm80();
     printf("%d failure(s)\n", gpu_failures);
     cuda_kernels_shutdown(); /* the CPU stand-in reports device memory left behind */
     return gpu_failures ? 1 : 0;

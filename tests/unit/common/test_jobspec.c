@@ -453,6 +453,9 @@ static void test_bad_specs(void **state)
 		 "training_args.ddp_reduce_dtype"},
 		{"{\"dataset\":\"x\",\"training_args\":{\"ddp_reduce_dtype\":16}}", 422,
 		 "training_args.ddp_reduce_dtype"},
+		/* loss-scaled fp16 gradients would overflow in an fp16 all-reduce */
+		{"{\"dataset\":\"x\",\"training_args\":{\"fp16\":true,\"ddp_reduce_dtype\":\"float16\"}}", 422,
+		 "training_args.ddp_reduce_dtype"},
 		{"{\"dataset\":\"x\",\"model\":{\"preset\":\"bert-huge\"}}", 422, "model.preset"},
 		{"{\"dataset\":\"x\",\"model\":{\"preset\":\"custom\"}}", 422, "model.preset"},
 		{"{\"dataset\":\"x\",\"model\":{\"hidden_act\":\"relu\"}}", 422, "model.hidden_act"},
@@ -637,6 +640,11 @@ static void test_from_json(void **state)
 	assert_string_equal(s.device, "auto");
 	assert_int_equal(s.max_runtime_seconds, 0);
 	assert_int_equal(s.max_restarts, 3);
+	json_decref(eff);
+
+	/* fp16 training reduces in bf16 (fp32's range) or fp32 */
+	eff = normalize_ok("{\"dataset\":\"d\",\"resources\":{\"device\":\"cuda\"},"
+			   "\"training_args\":{\"fp16\":true,\"ddp_reduce_dtype\":\"bf16\"}}");
 	json_decref(eff);
 
 	eff = normalize_ok("{\"dataset\":\"d\",\"init_from\":\"/x/ckpt-5\",\"priority\":-7,"

@@ -2,9 +2,14 @@
  * unit test on machines without a GPU: the six NVML entry points the
  * sampler dlsym's, with known readings, so the test can check the
  * aggregation (mean utilization, peak memory, mean power and clock)
- * exactly; and what devices_discover reads (count, name, UUID): two GPUs,
- * the second without a UUID. Never linked into the daemon; only found
- * through the test's LD_LIBRARY_PATH. */
+ * exactly; and what devices_discover reads (count, name, UUID, compute
+ * capability): two GPUs, the second without a UUID, of the compute
+ * capability FAKE_NVML_CC names ("7.0": a V100), or none reported when it
+ * is unset. Never linked into the daemon; only found through the test's
+ * LD_LIBRARY_PATH. */
+#include <stdio.h>
+#include <stdlib.h>
+
 typedef struct { unsigned gpu, memory; } nvml_util;
 typedef struct { unsigned long long total, free, used; } nvml_memory;
 
@@ -18,6 +23,7 @@ int nvmlDeviceGetUtilizationRates(void *h, nvml_util *u);
 int nvmlDeviceGetMemoryInfo(void *h, nvml_memory *m);
 int nvmlDeviceGetPowerUsage(void *h, unsigned *mw);
 int nvmlDeviceGetClockInfo(void *h, int type, unsigned *mhz);
+int nvmlDeviceGetCudaComputeCapability(void *h, int *major, int *minor);
 
 static int calls; /* utilization reads so far: readings alternate */
 static int handles[8];
@@ -92,5 +98,14 @@ int nvmlDeviceGetClockInfo(void *h, int type, unsigned *mhz)
 {
 	(void)h;
 	*mhz = type == 1 ? 1500 : 0;
+	return 0;
+}
+
+int nvmlDeviceGetCudaComputeCapability(void *h, int *major, int *minor)
+{
+	(void)h;
+	const char *cc = getenv("FAKE_NVML_CC");
+	if (!cc || sscanf(cc, "%d.%d", major, minor) != 2)
+		return 3; /* NVML_ERROR_NOT_SUPPORTED */
 	return 0;
 }

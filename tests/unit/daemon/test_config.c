@@ -396,10 +396,19 @@ static void test_worker_env(void **state)
 	assert_env(ce->envp, "OMP_NUM_THREADS", "4");
 	free(ce);
 
-	/* pass_env "": only what bertd sets and its own switches */
+	/* the daemon's environment names no interface: NCCL's bootstrap of a
+	 * job on this machine stays on loopback (the unit allows only it) */
+	char *no_ifname[] = {"NCCL_DEBUG=WARN", "LD_LIBRARY_PATH=/usr/local/cuda/lib64", NULL};
+	assert_int_equal(childenv_pass_parse(&p, CHILDENV_DEFAULT_PASS, why, sizeof why), 0);
+	assert_int_equal(childenv_worker(&ce, &p, &gpu, 2, no_ifname), 0);
+	assert_env(ce->envp, "NCCL_SOCKET_IFNAME", "lo");
+	assert_env(ce->envp, "NCCL_DEBUG", "WARN");
+	free(ce);
+
+	/* pass_env "": only what bertd sets (loopback for NCCL) and its own switches */
 	assert_int_equal(childenv_pass_parse(&p, "", why, sizeof why), 0);
 	assert_int_equal(childenv_worker(&ce, &p, &slot, 1, daemon_env), 0);
-	assert_null(env_value(ce->envp, "NCCL_SOCKET_IFNAME"));
+	assert_env(ce->envp, "NCCL_SOCKET_IFNAME", "lo");
 	assert_null(env_value(ce->envp, "LD_LIBRARY_PATH"));
 	assert_env(ce->envp, "BERTD_GEMM", "cublas");
 	free(ce);

@@ -20,6 +20,7 @@
 #include <jansson.h>
 
 #include "common/jobspec.h"
+#include "daemon/childenv.h"
 #include "daemon/cluster.h"
 
 static json_t *normalize(const char *text, jobspec_error *err)
@@ -145,15 +146,25 @@ static void relay_and_srun(void **state)
 	assert_int_equal(strncmp(av.argv[4], "--job-name=bertd-job-0123-", 26), 0);
 	assert_null(av.argv[8]);
 
-	char *base[] = {"PATH=/usr/bin:/bin", "NCCL_DEBUG=INFO", NULL};
+	/* as the supervisor makes it: the helper environment of the daemon's */
+	char *daemon_env[] = {"HOME=/root", "NCCL_DEBUG=INFO", NULL};
+	childenv_pass pass;
+	char why[200];
+	assert_int_equal(childenv_pass_parse(&pass, CHILDENV_DEFAULT_PASS, why, sizeof why), 0);
+	childenv *henv = NULL;
+	assert_int_equal(childenv_helper(&henv, &pass, daemon_env), 0);
 	cluster_env *e = NULL;
-	assert_int_equal(cluster_srun_env(&e, base, 4, &a, "/etc/slurm/x.conf"), 0);
+	assert_int_equal(cluster_srun_env(&e, henv->envp, 4, &a, "/etc/slurm/x.conf"), 0);
+	free(henv);
 	bool relay = false, conf = false, nccl = false, omp = false;
 	for (char **p = e->envp; *p; p++) {
 		relay |= strncmp(*p, "BERTD_RELAY=127.0.0.1:", 22) == 0;
 		conf |= strcmp(*p, "SLURM_CONF=/etc/slurm/x.conf") == 0;
 		nccl |= strcmp(*p, "NCCL_DEBUG=INFO") == 0; /* pass_env's NCCL_* reach every rank */
 		omp |= strcmp(*p, "OMP_NUM_THREADS=4") == 0;
+		/* NCCL chooses the interface across nodes: never loopback */
+		if (strncmp(*p, "NCCL_SOCKET_IFNAME=", 19) == 0)
+			fail_msg("a multi-node rank got %s", *p);
 	}
 	assert_true(relay && conf && nccl && omp);
 	free(e);
