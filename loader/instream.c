@@ -1,35 +1,68 @@
 /* instream — see instream.h.
  *
- * Two libarchive readers at most: the file's (`outer`: the four filters,
- * tar, raw for a compressed file that is no archive, empty), and for a
- * member that is itself compressed an `inner` one fed from the outer
- * member's data (filters, raw, empty). The first INSTREAM_HEAD bytes of
- * each member are read ahead to tell what it is, and served first.
+ * Layers, each reading from the one below: the file (fd); its decompressor
+ * when it is compressed (`outer`); a tar reader when what that gives is an
+ * archive (members are byte ranges of it); a member's own decompressor
+ * (`inner`). The first INSTREAM_HEAD bytes of each level are read ahead to
+ * tell what it is, and served again to the layer above.
  */
 #include "loader/instream.h"
 
-#include <archive.h>
-#include <archive_entry.h>
+#include <bzlib.h>
 #include <errno.h>
+#include <lzma.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <zlib.h>
+#include <zstd.h>
 
 #define BLOCK (64u << 10)
+#define TAR_NAME_MAX (64u << 10) /* a GNU long name or pax record set, at most */
+
+typedef struct instream instream;
+typedef ssize_t (*read_fn)(instream *s, void *buf, size_t n);
+
+/* One decompressor: its input buffer is filled from `below`. */
+typedef struct dec {
+	instream_kind kind;
+	read_fn below;
+	z_stream z;
+	ZSTD_DStream *zs;
+	lzma_stream lz;
+	bz_stream bz;
+	bool live;         /* the library's state is initialized */
+	bool ended;        /* the last (concatenated) stream ended */
+	unsigned char in[BLOCK];
+	size_t in_pos, in_n;
+	bool in_eof;
+	uint64_t out;      /* bytes produced */
+} dec;
 
 struct instream {
-	struct archive *outer, *inner;
 	int fd;
-	bool raw;                          /* outer is one compressed stream, no archive */
-	char *name;                        /* the current member's path */
-	unsigned char ohead[INSTREAM_HEAD]; /* outer member's first bytes, for inner */
-	size_t ohead_n, ohead_pos;
+	uint64_t file_bytes;
+	char err[400];
+	dec *outer, *inner;
+	unsigned char pb[INSTREAM_HEAD]; /* pushed back above the file / outer layer */
+	size_t pb_n, pb_pos;
+	bool tar, single, single_done;
+	uint64_t tar_off;                /* bytes of the archive read */
+	uint64_t left, pad;              /* the current member's bytes and padding to come */
+	char *name;
+	unsigned char mh[INSTREAM_HEAD]; /* pushed back above the member */
+	size_t mh_n, mh_pos;
 	unsigned char head[INSTREAM_HEAD]; /* the content's first bytes, for instream_read */
 	size_t head_n, head_pos;
-	unsigned char block[BLOCK];         /* inner's input */
 };
+
+static const char PARQUET_HINT[] =
+	"a Parquet file, which bertd does not read; convert it to JSON lines first, e.g. "
+	"python3 -c \"import pandas; pandas.read_parquet('x.parquet').to_json('x.jsonl', "
+	"orient='records', lines=True)\"";
 
 instream_kind instream_sniff(const void *head, size_t n)
 {
@@ -78,29 +111,417 @@ static bool compressed(instream_kind k)
 	return instream_kind_streamed(k) && k != INSTREAM_TAR;
 }
 
-static int la_fail(struct archive *a, const char *what, char *msg, size_t msg_len)
+static int fail(instream *s, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(instream *s, int rc, const char *fmt, ...)
 {
-	const char *e = a ? archive_error_string(a) : NULL;
-	snprintf(msg, msg_len, "%s: %s", what, e ? e : "unreadable");
-	int no = a ? archive_errno(a) : 0;
-	return no == ENOMEM ? -ENOMEM : -EBADMSG;
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(s->err, sizeof s->err, fmt, ap);
+	va_end(ap);
+	return rc;
 }
 
-/* The four decompressors, built in: ARCHIVE_WARN means libarchive would run
- * an external program instead, which a preparation must not do. */
-static int add_filters(struct archive *a, char *msg, size_t msg_len)
+/* ---- decompressors ---- */
+
+static void dec_end(dec *d)
 {
-	int (*const add[])(struct archive *) = {archive_read_support_filter_gzip,
-						archive_read_support_filter_bzip2,
-						archive_read_support_filter_xz,
-						archive_read_support_filter_zstd};
-	static const char *const name[] = {"gzip", "bzip2", "xz", "zstd"};
-	for (size_t i = 0; i < sizeof add / sizeof add[0]; i++)
-		if (add[i](a) != ARCHIVE_OK) {
-			snprintf(msg, msg_len, "this libarchive has no built-in %s decompressor", name[i]);
-			return -ENOTSUP;
+	if (!d->live)
+		return;
+	switch (d->kind) {
+	case INSTREAM_GZIP: inflateEnd(&d->z); break;
+	case INSTREAM_ZSTD: ZSTD_freeDStream(d->zs); d->zs = NULL; break;
+	case INSTREAM_XZ: lzma_end(&d->lz); break;
+	case INSTREAM_BZIP2: BZ2_bzDecompressEnd(&d->bz); break;
+	default: break;
+	}
+	d->live = false;
+}
+
+static int dec_begin(dec *d)
+{
+	int ok = 0;
+	switch (d->kind) {
+	case INSTREAM_GZIP:
+		memset(&d->z, 0, sizeof d->z);
+		ok = inflateInit2(&d->z, 15 + 16) == Z_OK; /* gzip framing only */
+		break;
+	case INSTREAM_ZSTD:
+		ok = (d->zs = ZSTD_createDStream()) != NULL && !ZSTD_isError(ZSTD_initDStream(d->zs));
+		break;
+	case INSTREAM_XZ:
+		d->lz = (lzma_stream)LZMA_STREAM_INIT;
+		/* 1 GiB: every preset (xz -9e needs 65 MiB) and then some */
+		ok = lzma_stream_decoder(&d->lz, 1ull << 30, LZMA_CONCATENATED) == LZMA_OK;
+		break;
+	case INSTREAM_BZIP2:
+		memset(&d->bz, 0, sizeof d->bz);
+		ok = BZ2_bzDecompressInit(&d->bz, 0, 0) == BZ_OK;
+		break;
+	default:
+		break;
+	}
+	d->live = ok;
+	return ok ? 0 : -ENOMEM;
+}
+
+/* A decompressor of kind k over below, whose first n bytes (head) were
+ * already read from it. */
+static dec *dec_create(instream *s, instream_kind k, read_fn below, const void *head, size_t n)
+{
+	dec *d = calloc(1, sizeof *d);
+	if (!d) {
+		fail(s, -ENOMEM, "out of memory");
+		return NULL;
+	}
+	d->kind = k;
+	d->below = below;
+	memcpy(d->in, head, n);
+	d->in_n = n;
+	if (dec_begin(d) < 0) {
+		free(d);
+		fail(s, -ENOMEM, "out of memory starting the %s decompressor", instream_kind_name(k));
+		return NULL;
+	}
+	return d;
+}
+
+static void dec_destroy(dec *d)
+{
+	if (d) {
+		dec_end(d);
+		free(d);
+	}
+}
+
+/* Up to n decompressed bytes: how many, 0 at the end, or a negative errno
+ * (s->err says why). Concatenated streams (pigz, pbzip2, zstd frames) are
+ * read one after another. */
+static ssize_t dec_read(instream *s, dec *d, void *buf, size_t n)
+{
+	const char *kn = instream_kind_name(d->kind);
+	for (;;) {
+		if (d->in_pos == d->in_n && !d->in_eof) {
+			ssize_t k = d->below(s, d->in, sizeof d->in);
+			if (k < 0)
+				return k;
+			d->in_pos = 0;
+			d->in_n = (size_t)k;
+			d->in_eof = k == 0;
 		}
+		size_t avail = d->in_n - d->in_pos, got = 0;
+		bool end = false;
+		if (d->ended) { /* another stream after the last one's end */
+			if (avail == 0)
+				return 0;
+			if (d->kind != INSTREAM_ZSTD) {
+				dec_end(d);
+				if (dec_begin(d) < 0)
+					return fail(s, -ENOMEM, "out of memory");
+			}
+			d->ended = false;
+		}
+		const unsigned char *in = d->in + d->in_pos;
+		switch (d->kind) {
+		case INSTREAM_GZIP: {
+			d->z.next_in = (unsigned char *)in;
+			d->z.avail_in = (uInt)avail;
+			d->z.next_out = buf;
+			d->z.avail_out = (uInt)(n > (1u << 30) ? 1u << 30 : n);
+			int r = inflate(&d->z, Z_NO_FLUSH);
+			got = (size_t)((unsigned char *)d->z.next_out - (unsigned char *)buf);
+			d->in_pos += avail - d->z.avail_in;
+			if (r == Z_STREAM_END)
+				end = true;
+			else if (r != Z_OK && r != Z_BUF_ERROR)
+				return fail(s, -EBADMSG, "corrupt gzip data: %s", d->z.msg ? d->z.msg : "inflate failed");
+			break;
+		}
+		case INSTREAM_ZSTD: {
+			ZSTD_inBuffer ib = {in, avail, 0};
+			ZSTD_outBuffer ob = {buf, n, 0};
+			size_t r = ZSTD_decompressStream(d->zs, &ob, &ib);
+			if (ZSTD_isError(r))
+				return fail(s, -EBADMSG, "corrupt zstd data: %s", ZSTD_getErrorName(r));
+			got = ob.pos;
+			d->in_pos += ib.pos;
+			/* 0: a frame is complete; the next call starts the next one */
+			d->ended = r == 0;
+			break;
+		}
+		case INSTREAM_XZ: {
+			d->lz.next_in = in;
+			d->lz.avail_in = avail;
+			d->lz.next_out = buf;
+			d->lz.avail_out = n;
+			lzma_ret r = lzma_code(&d->lz, d->in_eof ? LZMA_FINISH : LZMA_RUN);
+			got = n - d->lz.avail_out;
+			d->in_pos += avail - d->lz.avail_in;
+			if (r == LZMA_STREAM_END) {
+				d->ended = true;
+				if (got == 0)
+					return 0;
+			} else if (r == LZMA_BUF_ERROR && d->in_eof && got == 0) {
+				return fail(s, -EBADMSG, "truncated xz data");
+			} else if (r != LZMA_OK && r != LZMA_BUF_ERROR) {
+				return fail(s, r == LZMA_MEM_ERROR ? -ENOMEM : -EBADMSG, "corrupt xz data (error %d)",
+					    (int)r);
+			}
+			break;
+		}
+		case INSTREAM_BZIP2: {
+			d->bz.next_in = (char *)in;
+			d->bz.avail_in = (unsigned)avail;
+			d->bz.next_out = buf;
+			d->bz.avail_out = (unsigned)(n > (1u << 30) ? 1u << 30 : n);
+			int r = BZ2_bzDecompress(&d->bz);
+			got = (size_t)(d->bz.next_out - (char *)buf);
+			d->in_pos += avail - d->bz.avail_in;
+			if (r == BZ_STREAM_END)
+				end = true;
+			else if (r != BZ_OK)
+				return fail(s, r == BZ_MEM_ERROR ? -ENOMEM : -EBADMSG, "corrupt bzip2 data (error %d)", r);
+			break;
+		}
+		default:
+			return fail(s, -EINVAL, "not compressed");
+		}
+		if (end)
+			d->ended = true;
+		d->out += got;
+		if (got > 0)
+			return (ssize_t)got;
+		if (d->in_eof && d->in_pos == d->in_n && !d->ended)
+			return fail(s, -EBADMSG, "truncated %s data", kn);
+	}
+}
+
+/* ---- the layers ---- */
+
+static ssize_t file_read(instream *s, void *buf, size_t n)
+{
+	for (;;) {
+		ssize_t k = read(s->fd, buf, n);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k < 0)
+			return fail(s, -errno, "read: %s", strerror(errno));
+		s->file_bytes += (uint64_t)k;
+		return k;
+	}
+}
+
+/* the archive or single stream: the file, decompressed when it is */
+static ssize_t body_read(instream *s, void *buf, size_t n)
+{
+	if (s->pb_pos < s->pb_n) {
+		size_t k = s->pb_n - s->pb_pos < n ? s->pb_n - s->pb_pos : n;
+		memcpy(buf, s->pb + s->pb_pos, k);
+		s->pb_pos += k;
+		return (ssize_t)k;
+	}
+	return s->outer ? dec_read(s, s->outer, buf, n) : file_read(s, buf, n);
+}
+
+/* Reads n bytes exactly (fewer only at the end). */
+static ssize_t body_full(instream *s, void *buf, size_t n)
+{
+	size_t got = 0;
+	while (got < n) {
+		ssize_t k = body_read(s, (char *)buf + got, n - got);
+		if (k < 0)
+			return k;
+		if (k == 0)
+			break;
+		got += (size_t)k;
+	}
+	s->tar_off += got;
+	return (ssize_t)got;
+}
+
+/* the current tar member's bytes */
+static ssize_t member_read(instream *s, void *buf, size_t n)
+{
+	if (s->mh_pos < s->mh_n) {
+		size_t k = s->mh_n - s->mh_pos < n ? s->mh_n - s->mh_pos : n;
+		memcpy(buf, s->mh + s->mh_pos, k);
+		s->mh_pos += k;
+		return (ssize_t)k;
+	}
+	if (s->left == 0)
+		return 0;
+	ssize_t k = body_read(s, buf, n < s->left ? n : (size_t)s->left);
+	if (k == 0)
+		return fail(s, -EBADMSG, "truncated tar archive (in %s)", s->name ? s->name : "a member");
+	if (k > 0) {
+		s->left -= (uint64_t)k;
+		s->tar_off += (uint64_t)k;
+	}
+	return k;
+}
+
+/* The rest of the current member and its padding, unread. */
+static int skip_member(instream *s)
+{
+	unsigned char junk[4096];
+	uint64_t n = s->left + s->pad;
+	s->left = s->pad = 0;
+	while (n > 0) {
+		ssize_t k = body_full(s, junk, n < sizeof junk ? (size_t)n : sizeof junk);
+		if (k < 0)
+			return (int)k;
+		if (k == 0)
+			return fail(s, -EBADMSG, "truncated tar archive");
+		n -= (uint64_t)k;
+	}
 	return 0;
+}
+
+static uint64_t tar_number(const unsigned char *f, size_t n)
+{
+	uint64_t v = 0;
+	if (f[0] & 0x80) { /* GNU base-256 */
+		for (size_t i = 1; i < n; i++)
+			v = (v << 8) | f[i];
+		return v;
+	}
+	for (size_t i = 0; i < n && (f[i] == ' ' || (f[i] >= '0' && f[i] <= '7')); i++)
+		if (f[i] != ' ')
+			v = v * 8 + (uint64_t)(f[i] - '0');
+	return v;
+}
+
+/* Reads a GNU long name or pax record set of size bytes into *out (caller
+ * frees); its padding too. */
+static int tar_blob(instream *s, uint64_t size, char **out)
+{
+	if (size > TAR_NAME_MAX)
+		return fail(s, -EBADMSG, "tar archive: an extended header of %llu bytes",
+			    (unsigned long long)size);
+	char *b = malloc((size_t)size + 1);
+	if (!b)
+		return fail(s, -ENOMEM, "out of memory");
+	ssize_t k = body_full(s, b, (size_t)size);
+	if (k >= 0 && (uint64_t)k < size)
+		k = fail(s, -EBADMSG, "truncated tar archive");
+	if (k < 0) {
+		free(b);
+		return (int)k;
+	}
+	b[size] = 0;
+	s->pad = (512 - size % 512) % 512;
+	int rc = skip_member(s);
+	if (rc < 0) {
+		free(b);
+		return rc;
+	}
+	free(*out);
+	*out = b;
+	return 0;
+}
+
+/* The path of a pax record set ("len key=value\n"...), or NULL. */
+static char *pax_path(const char *p)
+{
+	while (*p) {
+		char *end;
+		unsigned long len = strtoul(p, &end, 10);
+		if (len == 0 || *end != ' ' || strlen(p) < len)
+			return NULL;
+		const char *kv = end + 1, *stop = p + len;
+		if (stop - kv > 5 && strncmp(kv, "path=", 5) == 0 && stop[-1] == '\n')
+			return strndup(kv + 5, (size_t)(stop - kv - 6));
+		p = stop;
+	}
+	return NULL;
+}
+
+/* Moves to the next regular member: 1, 0 at the archive's end, or < 0. */
+static int tar_next(instream *s)
+{
+	char *longname = NULL, *pax = NULL;
+	int rc = skip_member(s);
+	while (rc == 0) {
+		unsigned char h[512];
+		uint64_t at = s->tar_off;
+		ssize_t k = body_full(s, h, sizeof h);
+		if (k < 0) {
+			rc = (int)k;
+			break;
+		}
+		if (k == 0)
+			break; /* the end without its zero blocks: what GNU tar reads too */
+		if (k < 512) {
+			rc = fail(s, -EBADMSG, "truncated tar archive");
+			break;
+		}
+		unsigned sum = 0, zero = 1;
+		for (int i = 0; i < 512; i++) {
+			sum += i >= 148 && i < 156 ? ' ' : h[i];
+			zero &= h[i] == 0;
+		}
+		if (zero)
+			break; /* the end */
+		if (sum != tar_number(h + 148, 8)) {
+			rc = fail(s, -EBADMSG, "tar archive: no valid header at byte %llu", (unsigned long long)at);
+			break;
+		}
+		uint64_t size = tar_number(h + 124, 12);
+		char type = (char)h[156];
+		if (type == 'L' || type == 'x') {
+			char *blob = NULL;
+			if ((rc = tar_blob(s, size, &blob)) < 0)
+				break;
+			if (type == 'L') {
+				free(longname);
+				longname = blob;
+			} else {
+				char *pp = pax_path(blob);
+				free(blob);
+				if (pp) {
+					free(pax);
+					pax = pp;
+				}
+			}
+			continue;
+		}
+		s->left = size;
+		s->pad = (512 - size % 512) % 512;
+		if (type != '0' && type != '\0' && type != '7') { /* links, directories, devices, globals */
+			free(longname);
+			free(pax);
+			longname = pax = NULL;
+			rc = skip_member(s);
+			continue;
+		}
+		free(s->name);
+		if (pax || longname) {
+			s->name = pax ? pax : longname;
+			if (pax)
+				free(longname);
+			pax = longname = NULL;
+		} else {
+			char name[101], prefix[156];
+			memcpy(name, h, 100);
+			name[100] = 0;
+			memcpy(prefix, h + 345, 155);
+			prefix[155] = 0;
+			bool ustar = memcmp(h + 257, "ustar\0", 6) == 0; /* POSIX: has a prefix */
+			if (ustar && prefix[0])
+				rc = asprintf(&s->name, "%s/%s", prefix, name) < 0 ? -ENOMEM : 0;
+			else
+				s->name = strdup(name);
+			if (rc < 0 || !s->name) {
+				s->name = NULL;
+				rc = fail(s, -ENOMEM, "out of memory");
+				break;
+			}
+		}
+		rc = 1;
+		break;
+	}
+	free(longname);
+	free(pax);
+	return rc;
 }
 
 int instream_open(int fd, instream **out, char *msg, size_t msg_len)
@@ -114,22 +535,58 @@ int instream_open(int fd, instream **out, char *msg, size_t msg_len)
 		return -ENOMEM;
 	}
 	s->fd = fd;
-	if (!(s->outer = archive_read_new())) {
-		rc = -ENOMEM;
-		snprintf(msg, msg_len, "out of memory");
-		goto out;
+	unsigned char h[INSTREAM_HEAD];
+	size_t n = 0;
+	while (n < sizeof h) {
+		ssize_t k = file_read(s, h + n, sizeof h - n);
+		if (k < 0) {
+			rc = (int)k;
+			goto out;
+		}
+		if (k == 0)
+			break;
+		n += (size_t)k;
 	}
-	if ((rc = add_filters(s->outer, msg, msg_len)) < 0)
-		goto out;
-	if (archive_read_support_format_tar(s->outer) != ARCHIVE_OK ||
-	    archive_read_support_format_raw(s->outer) != ARCHIVE_OK ||
-	    archive_read_support_format_empty(s->outer) != ARCHIVE_OK ||
-	    archive_read_open_fd(s->outer, fd, BLOCK) != ARCHIVE_OK) {
-		rc = la_fail(s->outer, "cannot read", msg, msg_len);
-		goto out;
+	instream_kind k = instream_sniff(h, n);
+	if (compressed(k)) {
+		if (!(s->outer = dec_create(s, k, file_read, h, n))) {
+			rc = -ENOMEM;
+			goto out;
+		}
+		/* what it holds: an archive, or one stream */
+		while (s->pb_n < sizeof s->pb) {
+			ssize_t r = dec_read(s, s->outer, s->pb + s->pb_n, sizeof s->pb - s->pb_n);
+			if (r < 0) {
+				rc = (int)r;
+				goto out;
+			}
+			if (r == 0)
+				break;
+			s->pb_n += (size_t)r;
+		}
+		k = instream_sniff(s->pb, s->pb_n);
+		if (compressed(k)) {
+			rc = fail(s, -ENOTSUP, "compressed twice (%s inside %s): decompress it once first",
+				  instream_kind_name(k), instream_kind_name(s->outer->kind));
+			goto out;
+		}
+		if (k == INSTREAM_PARQUET) {
+			rc = fail(s, -ENOTSUP, "%s", PARQUET_HINT);
+			goto out;
+		}
+	} else {
+		memcpy(s->pb, h, n);
+		s->pb_n = n;
 	}
+	if (k == INSTREAM_TAR)
+		s->tar = true;
+	else if (s->outer)
+		s->single = true;
+	else
+		rc = fail(s, -EINVAL, "neither compressed nor a tar archive");
 out:
 	if (rc < 0) {
+		snprintf(msg, msg_len, "%s", s->err[0] ? s->err : strerror(-rc));
 		instream_close(s);
 		return rc;
 	}
@@ -137,140 +594,80 @@ out:
 	return 0;
 }
 
-/* Fills buf (cap bytes) from a's current entry as far as it goes. */
-static ssize_t read_full(struct archive *a, unsigned char *buf, size_t cap)
-{
-	size_t n = 0;
-	while (n < cap) {
-		la_ssize_t k = archive_read_data(a, buf + n, cap - n);
-		if (k < 0)
-			return -1;
-		if (k == 0)
-			break;
-		n += (size_t)k;
-	}
-	return (ssize_t)n;
-}
-
-/* inner's input: the outer member's head, then the rest of its data */
-static la_ssize_t inner_read(struct archive *a, void *ud, const void **buf)
-{
-	instream *s = ud;
-	if (s->ohead_pos < s->ohead_n) {
-		*buf = s->ohead + s->ohead_pos;
-		la_ssize_t n = (la_ssize_t)(s->ohead_n - s->ohead_pos);
-		s->ohead_pos = s->ohead_n;
-		return n;
-	}
-	la_ssize_t k = archive_read_data(s->outer, s->block, sizeof s->block);
-	if (k < 0) {
-		const char *e = archive_error_string(s->outer);
-		archive_set_error(a, EIO, "%s", e ? e : "read error");
-		return -1;
-	}
-	*buf = s->block;
-	return k;
-}
-
-static void close_inner(instream *s)
-{
-	if (s->inner)
-		archive_read_free(s->inner);
-	s->inner = NULL;
-}
-
-/* Opens inner on the current outer member (whose head is in ohead) and
- * reads the decompressed content's head. */
-static int open_inner(instream *s, const char *what, char *msg, size_t msg_len)
-{
-	int rc = 0;
-	if (!(s->inner = archive_read_new())) {
-		snprintf(msg, msg_len, "out of memory");
-		return -ENOMEM;
-	}
-	if ((rc = add_filters(s->inner, msg, msg_len)) < 0)
-		return rc;
-	struct archive_entry *e;
-	if (archive_read_support_format_raw(s->inner) != ARCHIVE_OK ||
-	    archive_read_support_format_empty(s->inner) != ARCHIVE_OK ||
-	    archive_read_open(s->inner, s, NULL, inner_read, NULL) != ARCHIVE_OK)
-		return la_fail(s->inner, what, msg, msg_len);
-	int r = archive_read_next_header(s->inner, &e);
-	if (r == ARCHIVE_EOF) {
-		s->head_n = 0;
-		return 0;
-	}
-	if (r != ARCHIVE_OK && r != ARCHIVE_WARN)
-		return la_fail(s->inner, what, msg, msg_len);
-	ssize_t n = read_full(s->inner, s->head, sizeof s->head);
-	if (n < 0)
-		return la_fail(s->inner, what, msg, msg_len);
-	s->head_n = (size_t)n;
-	return 0;
-}
-
 int instream_next(instream *s, const char **name, char *msg, size_t msg_len)
 {
 	*name = NULL;
-	close_inner(s);
-	free(s->name);
-	s->name = NULL;
-	s->head_n = s->head_pos = 0;
-	struct archive_entry *e;
-	for (;;) {
-		int r = archive_read_next_header(s->outer, &e);
-		if (r == ARCHIVE_EOF)
-			return 0;
-		if (r != ARCHIVE_OK && r != ARCHIVE_WARN)
-			return la_fail(s->outer, "corrupt or truncated", msg, msg_len);
-		s->raw = archive_format(s->outer) == ARCHIVE_FORMAT_RAW;
-		/* a link to a member already read would read it twice */
-		if (!s->raw && (archive_entry_filetype(e) != AE_IFREG || archive_entry_hardlink(e)))
-			continue;
-		break;
-	}
-	if (!s->raw) {
-		const char *p = archive_entry_pathname(e);
-		while (p && (p[0] == '/' || (p[0] == '.' && p[1] == '/')))
-			p += p[0] == '/' ? 1 : 2;
-		if (!(s->name = strdup(p ? p : "")))
-			return -ENOMEM;
-	}
-	const char *what = s->name ? s->name : "decompressing";
-	ssize_t n = read_full(s->outer, s->ohead, sizeof s->ohead);
-	if (n < 0)
-		return la_fail(s->outer, s->name ? s->name : "corrupt or truncated", msg, msg_len);
-	s->ohead_n = (size_t)n;
-	s->ohead_pos = 0;
-	instream_kind k = instream_sniff(s->ohead, s->ohead_n);
+	dec_destroy(s->inner);
+	s->inner = NULL;
+	s->head_n = s->head_pos = s->mh_n = s->mh_pos = 0;
 	int rc = 0;
-	if (compressed(k)) {
-		if ((rc = open_inner(s, what, msg, msg_len)) < 0)
-			return rc;
-		k = instream_sniff(s->head, s->head_n);
-		if (compressed(k)) {
-			snprintf(msg, msg_len, "%s: compressed twice (%s inside %s): decompress it once first",
-				 what, instream_kind_name(k), instream_kind_name(instream_sniff(s->ohead, s->ohead_n)));
-			return -ENOTSUP;
+	if (s->single) {
+		if (s->single_done)
+			return 0;
+		s->single_done = true;
+		/* its head is in pb, served by body_read */
+		return 1;
+	}
+	if ((rc = tar_next(s)) <= 0)
+		goto out;
+	rc = 0;
+	/* a member: compressed itself? (mh is empty while it is read) */
+	unsigned char mh[INSTREAM_HEAD];
+	size_t mn = 0;
+	while (mn < sizeof mh) {
+		ssize_t k = member_read(s, mh + mn, sizeof mh - mn);
+		if (k < 0) {
+			rc = (int)k;
+			goto out;
 		}
-	} else {
-		memcpy(s->head, s->ohead, s->ohead_n);
-		s->head_n = s->ohead_n;
-		s->ohead_pos = s->ohead_n;
+		if (k == 0)
+			break;
+		mn += (size_t)k;
 	}
-	if (k == INSTREAM_PARQUET) {
-		snprintf(msg, msg_len, "%s: a Parquet file, which bertd does not read; convert it to JSON lines "
-			 "first, e.g. python3 -c \"import pandas; pandas.read_parquet('x.parquet')"
-			 ".to_json('x.jsonl', orient='records', lines=True)\"", what);
-		return -ENOTSUP;
+	memcpy(s->mh, mh, mn);
+	s->mh_n = mn;
+	s->mh_pos = 0;
+	instream_kind k = instream_sniff(s->mh, s->mh_n);
+	if (compressed(k)) {
+		if (!(s->inner = dec_create(s, k, member_read, s->mh, s->mh_n))) {
+			rc = -ENOMEM;
+			goto out;
+		}
+		s->mh_pos = s->mh_n;
+		while (s->head_n < sizeof s->head) {
+			ssize_t r = dec_read(s, s->inner, s->head + s->head_n, sizeof s->head - s->head_n);
+			if (r < 0) {
+				char why[sizeof s->err];
+				memcpy(why, s->err, sizeof why);
+				rc = fail(s, (int)r, "%s: %s", s->name, why);
+				goto out;
+			}
+			if (r == 0)
+				break;
+			s->head_n += (size_t)r;
+		}
+		instream_kind c = instream_sniff(s->head, s->head_n);
+		if (compressed(c))
+			rc = fail(s, -ENOTSUP, "%s: compressed twice (%s inside %s): decompress it once first",
+				  s->name, instream_kind_name(c), instream_kind_name(k));
+		k = c;
 	}
-	if (k == INSTREAM_TAR) {
-		snprintf(msg, msg_len, "%s: a tar archive inside an archive, which is not read: extract it first",
-			 what);
-		return -ENOTSUP;
-	}
-	*name = s->name;
-	return 1;
+	if (rc == 0 && k == INSTREAM_PARQUET)
+		rc = fail(s, -ENOTSUP, "%s: %s", s->name, PARQUET_HINT);
+	if (rc == 0 && k == INSTREAM_TAR)
+		rc = fail(s, -ENOTSUP, "%s: a tar archive inside an archive, which is not read: extract it first",
+			  s->name);
+	if (rc < 0)
+		goto out;
+	const char *p = s->name;
+	while (p[0] == '/' || (p[0] == '.' && p[1] == '/'))
+		p += p[0] == '/' ? 1 : 2;
+	*name = p;
+	rc = 1;
+out:
+	if (rc < 0)
+		snprintf(msg, msg_len, "%s", s->err[0] ? s->err : strerror(-rc));
+	return rc;
 }
 
 ssize_t instream_read(instream *s, void *buf, size_t n, char *msg, size_t msg_len)
@@ -281,26 +678,27 @@ ssize_t instream_read(instream *s, void *buf, size_t n, char *msg, size_t msg_le
 		s->head_pos += k;
 		return (ssize_t)k;
 	}
-	struct archive *a = s->inner ? s->inner : s->outer;
-	la_ssize_t k = archive_read_data(a, buf, n);
-	if (k < 0)
-		return la_fail(a, s->name ? s->name : "corrupt or truncated", msg, msg_len);
-	return (ssize_t)k;
+	ssize_t k = s->inner ? dec_read(s, s->inner, buf, n) : s->tar ? member_read(s, buf, n) : body_read(s, buf, n);
+	if (k < 0) {
+		if (s->tar && s->name)
+			snprintf(msg, msg_len, "%s: %s", s->name, s->err);
+		else
+			snprintf(msg, msg_len, "%s", s->err[0] ? s->err : strerror((int)-k));
+	}
+	return k;
 }
 
 uint64_t instream_file_bytes(instream *s)
 {
-	la_int64_t b = archive_filter_bytes(s->outer, -1);
-	return b > 0 ? (uint64_t)b : 0;
+	return s->file_bytes;
 }
 
 void instream_close(instream *s)
 {
 	if (!s)
 		return;
-	close_inner(s);
-	if (s->outer)
-		archive_read_free(s->outer);
+	dec_destroy(s->inner);
+	dec_destroy(s->outer);
 	if (s->fd >= 0)
 		close(s->fd);
 	free(s->name);

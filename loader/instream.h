@@ -1,16 +1,17 @@
 /* instream — what a corpus file is, told by its first bytes (never its
  * name), and its text as a stream: gzip, zstd, xz and bzip2 files are
- * decompressed, and tar archives (plain or compressed) give their regular
- * members one after another, each one decompressed too when it is itself
- * compressed. Built on libarchive's streaming reader with only those four
- * filters and the tar format enabled, so memory stays bounded (the
- * decompressors' windows and one 64 KiB block) whatever the sizes.
+ * decompressed (concatenated streams too: pigz, pbzip2, zstd frames), and
+ * tar archives (plain or compressed; ustar, GNU long names, pax paths) give
+ * their regular members one after another, each one decompressed too when
+ * it is itself compressed. zlib, libzstd, liblzma and libbz2 do the
+ * decompressing, each as a stream, so memory stays bounded (one 64 KiB
+ * input block a layer and the decompressors' windows: xz is capped at
+ * 1 GiB, zstd at its default 128 MiB window) whatever the sizes.
  *
  * Also the check that decompressed bytes are text (instream_text_check).
  *
- * Must never: pick a format by a file's name, run an external program
- * (libarchive may fall back to one for a filter it lacks: such a filter is
- * refused), or read a member that is not a regular file.
+ * Must never: pick a format by a file's name, seek (a stream is read once,
+ * front to back), or read a member that is not a regular file.
  */
 #ifndef BERTD_LOADER_INSTREAM_H
 #define BERTD_LOADER_INSTREAM_H
