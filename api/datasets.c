@@ -294,13 +294,19 @@ static json_t *dataset_request(api_request *req, json_t *in, enum MHD_Result *re
 					 "required: 1..64 characters of [A-Za-z0-9._-], starting with a letter or digit");
 		return NULL;
 	}
-
+	/* the corpus: paths or patterns, and which found files to read; every
+	 * failure below drops them (fail:) */
+	json_t *sources = dataset_sources(req, json_object_get(in, "source"), ret);
+	json_t *include = sources ? dataset_patterns(req, json_object_get(in, "include"), "include", ret) : NULL;
+	json_t *exclude = include ? dataset_patterns(req, json_object_get(in, "exclude"), "exclude", ret) : NULL;
+	if (!exclude)
+		goto fail;
 	const char *format = "text";
 	if ((v = json_object_get(in, "format")) && !json_is_null(v)) {
 		format = json_string_value(v);
 		if (!format || (strcmp(format, "text") && strcmp(format, "jsonl"))) {
 			*ret = api_reply_problem(req, API_P_INVALID_REQUEST, "format", "must be \"text\" or \"jsonl\"");
-			return NULL;
+			goto fail;
 		}
 	}
 	const char *text_field = "text";
@@ -309,14 +315,14 @@ static json_t *dataset_request(api_request *req, json_t *in, enum MHD_Result *re
 		if (!text_field || !*text_field || strlen(text_field) > 128) {
 			*ret = api_reply_problem(req, API_P_INVALID_REQUEST, "text_field",
 						 "must be a non-empty string (at most 128 bytes)");
-			return NULL;
+			goto fail;
 		}
 	}
 	json_t *lowercase = json_null(); /* null: inferred from the vocab (uncased when training) */
 	if ((v = json_object_get(in, "lowercase")) && !json_is_null(v)) {
 		if (!json_is_boolean(v)) {
 			*ret = api_reply_problem(req, API_P_INVALID_REQUEST, "lowercase", "must be true, false or null");
-			return NULL;
+			goto fail;
 		}
 		lowercase = json_boolean(json_is_true(v));
 	}
@@ -326,12 +332,12 @@ static json_t *dataset_request(api_request *req, json_t *in, enum MHD_Result *re
 		*ret = api_reply_problem(req, API_P_INVALID_REQUEST, "vocab",
 					 "required: {\"file\": path of a BERT vocab.txt} or "
 					 "{\"train\": {\"vocab_size\": N}}");
-		return NULL;
+		goto fail;
 	}
 	if (json_object_get(vocab, "file")) {
 		char vpath[PATH_MAX];
 		if (!resolve_field(req, json_object_get(vocab, "file"), "vocab.file", vpath, sizeof vpath, ret))
-			return NULL;
+			goto fail;
 		out_vocab = json_pack("{s:s}", "file", vpath);
 	} else if ((v = json_object_get(vocab, "train"))) {
 		json_t *size = json_object_get(v, "vocab_size");
@@ -339,7 +345,7 @@ static json_t *dataset_request(api_request *req, json_t *in, enum MHD_Result *re
 		    json_integer_value(size) > 1000000) {
 			*ret = api_reply_problem(req, API_P_INVALID_REQUEST, "vocab.train.vocab_size",
 						 "must be an integer in 128..1000000");
-			return NULL;
+			goto fail;
 		}
 		json_object_foreach(v, key, size) {
 			if (strcmp(key, "lowercase") == 0) {
@@ -347,7 +353,7 @@ static json_t *dataset_request(api_request *req, json_t *in, enum MHD_Result *re
 				if (!json_is_boolean(size) && !json_is_null(size)) {
 					*ret = api_reply_problem(req, API_P_INVALID_REQUEST, "vocab.train.lowercase",
 								 "must be true, false or null");
-					return NULL;
+					goto fail;
 				}
 				if (json_is_boolean(size) && json_is_null(lowercase))
 					lowercase = json_boolean(json_is_true(size));
@@ -355,30 +361,19 @@ static json_t *dataset_request(api_request *req, json_t *in, enum MHD_Result *re
 				char f[160];
 				snprintf(f, sizeof f, "vocab.train.%s", key);
 				*ret = api_reply_problem(req, API_P_INVALID_REQUEST, f, "unknown key");
-				return NULL;
+				goto fail;
 			}
 		}
 		out_vocab = json_pack("{s:{s:I}}", "train", "vocab_size",
 				      json_integer_value(json_object_get(v, "vocab_size")));
 	} else {
 		*ret = api_reply_problem(req, API_P_INVALID_REQUEST, "vocab", "must hold \"file\" or \"train\"");
-		return NULL;
+		goto fail;
 	}
 	json_t *limits = dataset_limits(req, json_object_get(in, "limits"), ret);
 	if (!limits) {
 		json_decref(out_vocab);
-		return NULL;
-	}
-	/* the corpus: paths or patterns, and which found files to read */
-	json_t *sources = dataset_sources(req, json_object_get(in, "source"), ret);
-	json_t *include = sources ? dataset_patterns(req, json_object_get(in, "include"), "include", ret) : NULL;
-	json_t *exclude = include ? dataset_patterns(req, json_object_get(in, "exclude"), "exclude", ret) : NULL;
-	if (!exclude) {
-		json_decref(sources);
-		json_decref(include);
-		json_decref(out_vocab);
-		json_decref(limits);
-		return NULL;
+		goto fail;
 	}
 	/* the roots bertd-prepare confines its reading to (--root): links in
 	 * the source that lead out of them are skipped */
@@ -391,6 +386,11 @@ static json_t *dataset_request(api_request *req, json_t *in, enum MHD_Result *re
 			 "include", include, "exclude", exclude,
 			 "format", format, "text_field", text_field, "lowercase", lowercase, "vocab", out_vocab,
 			 "limits", limits, "roots", roots);
+fail:
+	json_decref(sources);
+	json_decref(include);
+	json_decref(exclude);
+	return NULL;
 }
 
 enum MHD_Result datasets_create(api_request *req)
