@@ -80,7 +80,11 @@ instream_kind instream_sniff(const void *head, size_t n)
 	if (n >= 10 && h[0] == 'B' && h[1] == 'Z' && h[2] == 'h' && h[3] >= '1' && h[3] <= '9' &&
 	    (memcmp(h + 4, bz_block, 6) == 0 || memcmp(h + 4, bz_end, 6) == 0))
 		return INSTREAM_BZIP2;
-	if (n >= 4 && memcmp(h, "PAR1", 4) == 0)
+	/* a text line may start "PAR1": Parquet's first page header is binary */
+	size_t at;
+	int nul;
+	if (n >= 4 && memcmp(h, "PAR1", 4) == 0 && instream_text_check(h, n, &at, &nul) < 0 &&
+	    (nul || at + 4 <= n))
 		return INSTREAM_PARQUET;
 	if (n >= 263 && memcmp(h + 257, "ustar", 5) == 0)
 		return INSTREAM_TAR;

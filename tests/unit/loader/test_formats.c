@@ -297,6 +297,11 @@ static void test_not_text(void **state)
 	/* truncated */
 	sh("head -c 5000 latin1.gz > cut.gz");
 	expect_fail("cut.gz", PREPARE_TEXT, -EBADMSG, (const char *[]){"cut.gz", "truncated", NULL});
+	/* damaged archives: a header whose checksum fails, a member cut short */
+	sh("cp members.tar badsum.tar && printf 'Z' | dd of=badsum.tar bs=1 seek=100 conv=notrunc 2>/dev/null && "
+	   "head -c 1500 members.tar > cut.tar");
+	expect_fail("badsum.tar", PREPARE_TEXT, -EBADMSG, (const char *[]){"badsum.tar: tar archive: no valid header at byte 0", NULL});
+	expect_fail("cut.tar", PREPARE_TEXT, -EBADMSG, (const char *[]){"cut.tar: a.txt.gz: truncated", NULL});
 	/* Parquet, told by its magic: refused with the conversion */
 	put("data.bin", "PAR1\x15\x04\x15\x10\x15\x14L\x15\x02\x15\x00\x12\x00\x00PAR1", 24);
 	expect_fail("data.bin", PREPARE_JSONL, -ENOTSUP,
@@ -336,6 +341,8 @@ static void test_text_check(void **state)
 	assert_int_equal(instream_sniff("BZh91AY&SY", 10), INSTREAM_BZIP2);
 	assert_int_equal(instream_sniff("BZh9 is a line", 14), INSTREAM_PLAIN);
 	assert_int_equal(instream_sniff("\x1F\x8B\x08", 3), INSTREAM_GZIP);
+	assert_int_equal(instream_sniff("PAR1\x15\x04\x15\x00", 8), INSTREAM_PARQUET);
+	assert_int_equal(instream_sniff("PAR1 is a line of text\n", 23), INSTREAM_PLAIN);
 }
 
 int main(void)
