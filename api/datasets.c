@@ -120,8 +120,9 @@ static bool resolve_source(api_request *req, json_t *v, const char *field, char 
 			   enum MHD_Result *ret)
 {
 	const char *s = json_string_value(v);
-	if (!s || !strpbrk(s, "*?[") || strlen(s) != json_string_length(v))
-		return resolve_field(req, v, field, out, cap, ret);
+	if (!s || !strpbrk(s, "*?[") || strlen(s) != json_string_length(v) ||
+	    api_path_resolve(s, strlen(s), req->cfg->data_roots, req->cfg->n_data_roots, out, cap) == 0)
+		return resolve_field(req, v, field, out, cap, ret); /* a path, even one with "[" in a name */
 	const char *wild = strpbrk(s, "*?[");
 	const char *comp = wild; /* start of the first component with a wildcard */
 	while (comp > s && comp[-1] != '/')

@@ -355,7 +355,7 @@ static ssize_t member_read(instream *s, void *buf, size_t n)
 		return 0;
 	ssize_t k = body_read(s, buf, n < s->left ? n : (size_t)s->left);
 	if (k == 0)
-		return fail(s, -EBADMSG, "truncated tar archive (in %s)", s->name ? s->name : "a member");
+		return fail(s, -EBADMSG, "truncated tar archive");
 	if (k > 0) {
 		s->left -= (uint64_t)k;
 		s->tar_off += (uint64_t)k;

@@ -303,7 +303,8 @@ static void test_not_text(void **state)
 	expect_fail("badsum.tar", PREPARE_TEXT, -EBADMSG, (const char *[]){"badsum.tar: tar archive: no valid header at byte 0", NULL});
 	expect_fail("cut.tar", PREPARE_TEXT, -EBADMSG, (const char *[]){"cut.tar: a.txt.gz: truncated", NULL});
 	/* Parquet, told by its magic: refused with the conversion */
-	put("data.bin", "PAR1\x15\x04\x15\x10\x15\x14L\x15\x02\x15\x00\x12\x00\x00PAR1", 24);
+	static const char pq[] = "PAR1\x15\x04\x15\x10\x15\x14L\x15\x02\x15\x00\x12\x00\x00PAR1";
+	put("data.bin", pq, sizeof pq - 1);
 	expect_fail("data.bin", PREPARE_JSONL, -ENOTSUP,
 		    (const char *[]){"data.bin: a Parquet file", "pandas.read_parquet", NULL});
 	sh("mkdir -p pq && cp data.bin pq/train.parquet && tar -cf pq.tar -C pq train.parquet");
