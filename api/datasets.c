@@ -10,6 +10,7 @@
  * kills it and removes the partial output. A second DELETE removes it.
  */
 #include <errno.h>
+#include <glob.h>
 #include <jansson.h>
 #include <limits.h>
 #include <stdio.h>
@@ -106,6 +107,121 @@ static bool resolve_field(api_request *req, json_t *v, const char *field, char *
 	return false;
 }
 
+#define SOURCES_MAX 64
+#define PATTERNS_MAX 64
+#define PATTERN_BYTES 256
+
+/* One element of "source" (field names it): a path as resolve_field, or a
+ * glob pattern whose directory part (before its first wildcard component)
+ * must resolve under the data roots and which must match something now.
+ * On success out holds the canonical path or pattern; on failure replies
+ * and returns false. bertd-prepare confines each match to the roots again. */
+static bool resolve_source(api_request *req, json_t *v, const char *field, char *out, size_t cap,
+			   enum MHD_Result *ret)
+{
+	const char *s = json_string_value(v);
+	if (!s || !strpbrk(s, "*?[") || strlen(s) != json_string_length(v) ||
+	    api_path_resolve(s, strlen(s), req->cfg->data_roots, req->cfg->n_data_roots, out, cap) == 0)
+		return resolve_field(req, v, field, out, cap, ret); /* a path, even one with "[" in a name */
+	const char *wild = strpbrk(s, "*?[");
+	const char *comp = wild; /* start of the first component with a wildcard */
+	while (comp > s && comp[-1] != '/')
+		comp--;
+	for (const char *p = comp; *p;) { /* no ".." in the pattern part either */
+		size_t n = strcspn(p, "/");
+		if (n == 2 && p[0] == '.' && p[1] == '.') {
+			*ret = api_reply_problem(req, API_P_INVALID_REQUEST, field,
+						 "must be a path or glob pattern without \"..\" components");
+			return false;
+		}
+		p += n + (p[n] == '/');
+	}
+	char dir[PATH_MAX];
+	size_t dl = (size_t)(comp - s);
+	while (dl > 1 && s[dl - 1] == '/')
+		dl--;
+	if (dl == 0)
+		snprintf(dir, sizeof dir, ".");
+	else
+		snprintf(dir, sizeof dir, "%.*s", (int)dl, s);
+	json_t *dv = json_string(dir);
+	char canon[PATH_MAX];
+	bool ok = dv && resolve_field(req, dv, field, canon, sizeof canon, ret);
+	json_decref(dv);
+	if (!ok)
+		return false;
+	if ((size_t)snprintf(out, cap, "%s/%s", strcmp(canon, "/") ? canon : "", comp) >= cap) {
+		*ret = api_reply_problem(req, API_P_INVALID_REQUEST, field, "the pattern is too long");
+		return false;
+	}
+	glob_t g;
+	int gr = glob(out, 0, NULL, &g);
+	if (gr == 0)
+		globfree(&g);
+	if (gr != 0) {
+		*ret = api_reply_problem(req, API_P_INVALID_REQUEST, field, "no file matches %s", out);
+		return false;
+	}
+	return true;
+}
+
+/* "source": one path or pattern, or a list of 1..64; the effective list of
+ * canonical ones (caller owns), or NULL having replied. */
+static json_t *dataset_sources(api_request *req, json_t *in, enum MHD_Result *ret)
+{
+	if (!in) {
+		*ret = api_reply_problem(req, API_P_INVALID_REQUEST, "source",
+					 "required: a corpus file, directory or glob pattern under the data roots, "
+					 "or a list of them");
+		return NULL;
+	}
+	bool list = json_is_array(in);
+	if (list && (json_array_size(in) == 0 || json_array_size(in) > SOURCES_MAX)) {
+		*ret = api_reply_problem(req, API_P_INVALID_REQUEST, "source",
+					 "a list must hold 1..%d paths or patterns", SOURCES_MAX);
+		return NULL;
+	}
+	json_t *out = json_array();
+	for (size_t i = 0; i < (list ? json_array_size(in) : 1); i++) {
+		char field[32], path[PATH_MAX];
+		snprintf(field, sizeof field, list ? "source[%zu]" : "source", i);
+		if (!resolve_source(req, list ? json_array_get(in, i) : in, field, path, sizeof path, ret)) {
+			json_decref(out);
+			return NULL;
+		}
+		json_array_append_new(out, json_string(path));
+	}
+	return out;
+}
+
+/* "include" / "exclude" (key): null or absent, or a list of at most 64 name
+ * patterns of 1..256 bytes; the effective list (caller owns), or NULL
+ * having replied. */
+static json_t *dataset_patterns(api_request *req, json_t *in, const char *key, enum MHD_Result *ret)
+{
+	if (!in || json_is_null(in))
+		return json_array();
+	if (!json_is_array(in) || json_array_size(in) > PATTERNS_MAX) {
+		*ret = api_reply_problem(req, API_P_INVALID_REQUEST, key,
+					 "must be a list of at most %d file name patterns (fnmatch: * ? [...])",
+					 PATTERNS_MAX);
+		return NULL;
+	}
+	size_t i;
+	json_t *v;
+	json_array_foreach(in, i, v) {
+		const char *p = json_string_value(v);
+		if (!p || !p[0] || strlen(p) != json_string_length(v) || strlen(p) > PATTERN_BYTES) {
+			char field[32];
+			snprintf(field, sizeof field, "%s[%zu]", key, i);
+			*ret = api_reply_problem(req, API_P_INVALID_REQUEST, field,
+						 "must be a pattern of 1..%d bytes without NUL", PATTERN_BYTES);
+			return NULL;
+		}
+	}
+	return json_copy(in);
+}
+
 /* The walk's bounds (null or absent: every default), with every default
  * filled in (caller owns); on failure replies and returns NULL. */
 static json_t *dataset_limits(api_request *req, json_t *in, enum MHD_Result *ret)
@@ -160,7 +276,8 @@ static json_t *dataset_limits(api_request *req, json_t *in, enum MHD_Result *ret
 static json_t *dataset_request(api_request *req, json_t *in, enum MHD_Result *ret)
 {
 	static const char *const known[] = {"name",  "source",    "format",
-					    "text_field", "vocab", "lowercase", "limits"};
+					    "text_field", "vocab", "lowercase", "limits",
+					    "include", "exclude"};
 	const char *key;
 	json_t *v;
 	json_object_foreach(in, key, v) {
@@ -178,20 +295,19 @@ static json_t *dataset_request(api_request *req, json_t *in, enum MHD_Result *re
 					 "required: 1..64 characters of [A-Za-z0-9._-], starting with a letter or digit");
 		return NULL;
 	}
-	char source[PATH_MAX];
-	if (!json_object_get(in, "source")) {
-		*ret = api_reply_problem(req, API_P_INVALID_REQUEST, "source",
-					 "required: a corpus file or directory under the data roots");
-		return NULL;
-	}
-	if (!resolve_field(req, json_object_get(in, "source"), "source", source, sizeof source, ret))
-		return NULL;
+	/* the corpus: paths or patterns, and which found files to read; every
+	 * failure below drops them (fail:) */
+	json_t *sources = dataset_sources(req, json_object_get(in, "source"), ret);
+	json_t *include = sources ? dataset_patterns(req, json_object_get(in, "include"), "include", ret) : NULL;
+	json_t *exclude = include ? dataset_patterns(req, json_object_get(in, "exclude"), "exclude", ret) : NULL;
+	if (!exclude)
+		goto fail;
 	const char *format = "text";
 	if ((v = json_object_get(in, "format")) && !json_is_null(v)) {
 		format = json_string_value(v);
 		if (!format || (strcmp(format, "text") && strcmp(format, "jsonl"))) {
 			*ret = api_reply_problem(req, API_P_INVALID_REQUEST, "format", "must be \"text\" or \"jsonl\"");
-			return NULL;
+			goto fail;
 		}
 	}
 	const char *text_field = "text";
@@ -200,14 +316,14 @@ static json_t *dataset_request(api_request *req, json_t *in, enum MHD_Result *re
 		if (!text_field || !*text_field || strlen(text_field) > 128) {
 			*ret = api_reply_problem(req, API_P_INVALID_REQUEST, "text_field",
 						 "must be a non-empty string (at most 128 bytes)");
-			return NULL;
+			goto fail;
 		}
 	}
 	json_t *lowercase = json_null(); /* null: inferred from the vocab (uncased when training) */
 	if ((v = json_object_get(in, "lowercase")) && !json_is_null(v)) {
 		if (!json_is_boolean(v)) {
 			*ret = api_reply_problem(req, API_P_INVALID_REQUEST, "lowercase", "must be true, false or null");
-			return NULL;
+			goto fail;
 		}
 		lowercase = json_boolean(json_is_true(v));
 	}
@@ -217,12 +333,12 @@ static json_t *dataset_request(api_request *req, json_t *in, enum MHD_Result *re
 		*ret = api_reply_problem(req, API_P_INVALID_REQUEST, "vocab",
 					 "required: {\"file\": path of a BERT vocab.txt} or "
 					 "{\"train\": {\"vocab_size\": N}}");
-		return NULL;
+		goto fail;
 	}
 	if (json_object_get(vocab, "file")) {
 		char vpath[PATH_MAX];
 		if (!resolve_field(req, json_object_get(vocab, "file"), "vocab.file", vpath, sizeof vpath, ret))
-			return NULL;
+			goto fail;
 		out_vocab = json_pack("{s:s}", "file", vpath);
 	} else if ((v = json_object_get(vocab, "train"))) {
 		json_t *size = json_object_get(v, "vocab_size");
@@ -230,7 +346,7 @@ static json_t *dataset_request(api_request *req, json_t *in, enum MHD_Result *re
 		    json_integer_value(size) > 1000000) {
 			*ret = api_reply_problem(req, API_P_INVALID_REQUEST, "vocab.train.vocab_size",
 						 "must be an integer in 128..1000000");
-			return NULL;
+			goto fail;
 		}
 		json_object_foreach(v, key, size) {
 			if (strcmp(key, "lowercase") == 0) {
@@ -238,7 +354,7 @@ static json_t *dataset_request(api_request *req, json_t *in, enum MHD_Result *re
 				if (!json_is_boolean(size) && !json_is_null(size)) {
 					*ret = api_reply_problem(req, API_P_INVALID_REQUEST, "vocab.train.lowercase",
 								 "must be true, false or null");
-					return NULL;
+					goto fail;
 				}
 				if (json_is_boolean(size) && json_is_null(lowercase))
 					lowercase = json_boolean(json_is_true(size));
@@ -246,28 +362,36 @@ static json_t *dataset_request(api_request *req, json_t *in, enum MHD_Result *re
 				char f[160];
 				snprintf(f, sizeof f, "vocab.train.%s", key);
 				*ret = api_reply_problem(req, API_P_INVALID_REQUEST, f, "unknown key");
-				return NULL;
+				goto fail;
 			}
 		}
 		out_vocab = json_pack("{s:{s:I}}", "train", "vocab_size",
 				      json_integer_value(json_object_get(v, "vocab_size")));
 	} else {
 		*ret = api_reply_problem(req, API_P_INVALID_REQUEST, "vocab", "must hold \"file\" or \"train\"");
-		return NULL;
+		goto fail;
 	}
 	json_t *limits = dataset_limits(req, json_object_get(in, "limits"), ret);
 	if (!limits) {
 		json_decref(out_vocab);
-		return NULL;
+		goto fail;
 	}
 	/* the roots bertd-prepare confines its reading to (--root): links in
 	 * the source that lead out of them are skipped */
 	json_t *roots = json_array();
 	for (size_t i = 0; i < req->cfg->n_data_roots; i++)
 		json_array_append_new(roots, json_string(req->cfg->data_roots[i]));
-	return json_pack("{s:s, s:s, s:s, s:s, s:o, s:o, s:o, s:o}", "name", name, "source_path", source,
+	/* source_path: the first, as requests stored before lists had it */
+	return json_pack("{s:s, s:s, s:o, s:o, s:o, s:s, s:s, s:o, s:o, s:o, s:o}", "name", name,
+			 "source_path", json_string_value(json_array_get(sources, 0)), "source_paths", sources,
+			 "include", include, "exclude", exclude,
 			 "format", format, "text_field", text_field, "lowercase", lowercase, "vocab", out_vocab,
 			 "limits", limits, "roots", roots);
+fail:
+	json_decref(sources);
+	json_decref(include);
+	json_decref(exclude);
+	return NULL;
 }
 
 enum MHD_Result datasets_create(api_request *req)

@@ -1357,7 +1357,8 @@ static int start_prepare(supervisor *sv, const store_dataset *ds)
 	remove_stale_prepare_tmp(sv, dsdir, ds->name);
 	snprintf(r->dir, sizeof r->dir, "%s", outdir);
 	/* The request was validated by the API; pass it on as options. */
-	const char *argv[40 + 2 * 64];
+	/* options, 64 roots, 64 sources, 64 include and 64 exclude patterns */
+	const char *argv[40 + 2 * 64 + 64 + 4 * 64];
 	int a = 0;
 	char fd[8];
 	snprintf(fd, sizeof fd, "%d", PROC_CHILD_FD);
@@ -1419,8 +1420,27 @@ static int start_prepare(supervisor *sv, const store_dataset *ds)
 		argv[a++] = lim_opt[i];
 		argv[a++] = lim_val[i];
 	}
+	static const char *const pat_key[] = {"include", "exclude"};
+	static const char *const pat_opt[] = {"--include", "--exclude"};
+	for (int k = 0; k < 2; k++) {
+		json_t *pats = json_object_get(r->spec, pat_key[k]);
+		for (size_t i = 0; i < json_array_size(pats) && i < 64; i++) {
+			const char *pat = json_string_value(json_array_get(pats, i));
+			if (pat) {
+				argv[a++] = pat_opt[k];
+				argv[a++] = pat;
+			}
+		}
+	}
 	argv[a++] = "--";
-	argv[a++] = json_string_value(json_object_get(r->spec, "source_path"));
+	/* several sources (paths or patterns); a request stored before lists: its one */
+	json_t *srcs = json_object_get(r->spec, "source_paths");
+	size_t nsrc = 0;
+	for (size_t i = 0; i < json_array_size(srcs) && nsrc < 64; i++)
+		if ((argv[a] = json_string_value(json_array_get(srcs, i))))
+			a++, nsrc++;
+	if (nsrc == 0)
+		argv[a++] = json_string_value(json_object_get(r->spec, "source_path"));
 	argv[a] = NULL;
 	childenv *env = NULL;
 	r->next = sv->runs;

@@ -14,6 +14,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <fnmatch.h>
 #include <glob.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -27,6 +28,7 @@
 
 #include "common/fsutil.h"
 #include "common/log.h"
+#include "loader/instream.h"
 #include "loader/shard.h"
 #include "loader/vocab_train.h"
 #include "loader/wordpiece.h"
@@ -90,6 +92,7 @@ typedef struct run {
 	uint32_t max_depth;
 	uint64_t max_files, bytes;
 	size_t links_skipped;
+	size_t src_len;     /* the directory input being walked: its path's length */
 } run;
 
 static int fail(run *r, enum prepare_error e, int rc, const char *fmt, ...)
@@ -223,6 +226,27 @@ static void skip_link(run *r, const char *path, int rc)
 		log_warn("skipping %s: %s", path, strerror(-rc));
 }
 
+/* Whether the include / exclude patterns let in the file (or archive
+ * member) at path rel (below its input directory, or inside the archive). */
+static bool selected(const run *r, const char *rel)
+{
+	const prepare_opts *o = r->o;
+	while (rel[0] == '/')
+		rel++;
+	const char *base = strrchr(rel, '/');
+	base = base ? base + 1 : rel;
+	bool in = o->n_include == 0;
+	for (size_t i = 0; i < o->n_include && !in; i++)
+		in = strchr(o->include[i], '/') ? fnmatch(o->include[i], rel, FNM_PATHNAME) == 0
+						: fnmatch(o->include[i], base, 0) == 0;
+	for (size_t i = 0; i < o->n_exclude && in; i++)
+		in = !(strchr(o->exclude[i], '/') ? fnmatch(o->exclude[i], rel, FNM_PATHNAME) == 0
+						  : fnmatch(o->exclude[i], base, 0) == 0);
+	if (!in)
+		log_debug("not read: %s (include / exclude)", rel);
+	return in;
+}
+
 /* Walks the open directory dfd (caller keeps it), whose display path is
  * dir: regular files below it in name order. ri/rel as open_at_root. */
 static int walk_dir(run *r, int ri, int dfd, const char *dir, size_t rel, uint32_t depth)
@@ -303,7 +327,7 @@ static int walk_dir(run *r, int ri, int dfd, const char *dir, size_t rel, uint32
 				rc = walk_dir(r, ri, sub, p, crel, depth + 1);
 			if (sub >= 0)
 				close(sub);
-		} else if (S_ISREG(st.st_mode)) {
+		} else if (S_ISREG(st.st_mode) && selected(r, p + r->src_len)) {
 			rc = add_file(r, p, ri, crel, (uint64_t)st.st_size);
 		}
 		if (cfd >= 0)
@@ -314,8 +338,9 @@ static int walk_dir(run *r, int ri, int dfd, const char *dir, size_t rel, uint32
 	return rc;
 }
 
-/* One input path (a file or a directory; not a pattern). */
-static int add_input(run *r, const char *in)
+/* One input path (a file or a directory; not a pattern): named as it is,
+ * or found by a glob (then the include / exclude patterns choose). */
+static int add_input(run *r, const char *in, bool named)
 {
 	char *canon = NULL;
 	const char *path = in;
@@ -343,11 +368,14 @@ static int add_input(run *r, const char *in)
 		if (dfd < 0) {
 			rc = fail(r, PREPARE_ERR_INPUT, -errno, "%s: %s", in, strerror(errno));
 		} else {
+			r->src_len = strlen(path);
 			rc = walk_dir(r, ri, dfd, path, rel, 0);
 			close(dfd);
 		}
 	} else if (S_ISREG(st.st_mode)) {
-		rc = add_file(r, path, ri, rel, (uint64_t)st.st_size);
+		const char *base = strrchr(path, '/');
+		if (named || selected(r, base ? base + 1 : path))
+			rc = add_file(r, path, ri, rel, (uint64_t)st.st_size);
 	} else {
 		rc = fail(r, PREPARE_ERR_INPUT, -EINVAL, "%s: not a file or directory", in);
 	}
@@ -370,7 +398,7 @@ static int expand_inputs(run *r)
 		const char *in = o->inputs[i];
 		struct stat st;
 		if (stat(in, &st) == 0 || !strpbrk(in, "*?[")) {
-			rc = add_input(r, in);
+			rc = add_input(r, in, true);
 			continue;
 		}
 		glob_t g;
@@ -384,23 +412,28 @@ static int expand_inputs(run *r)
 				if (stat(g.gl_pathv[k], &st) != 0)
 					continue;
 				if (S_ISDIR(st.st_mode) || S_ISREG(st.st_mode))
-					rc = add_input(r, g.gl_pathv[k]);
+					rc = add_input(r, g.gl_pathv[k], false);
 			}
 		}
 		if (gr != GLOB_NOMATCH)
 			globfree(&g);
 	}
 	if (rc == 0 && r->files.n == 0)
-		rc = fail(r, PREPARE_ERR_INPUT, -ENOENT, "no input files%s",
-			  r->links_skipped ? " (symbolic links were skipped: see the log)" : "");
+		rc = fail(r, PREPARE_ERR_INPUT, -ENOENT, "no input files%s%s",
+			  r->links_skipped ? " (symbolic links were skipped: see the log)" : "",
+			  o->n_include || o->n_exclude ? " (after include / exclude)" : "");
 	return rc;
 }
 
 /* ---- chunks ---- */
 
+/* A unit of work: a byte range of a plain file, or (stream) a whole
+ * compressed file or tar archive, decompressed by the one thread that
+ * takes it into pieces the calling thread consumes in order. */
 typedef struct chunk {
 	uint32_t file;
 	uint64_t off, len;
+	bool stream;
 } chunk;
 
 typedef struct chunkvec {
@@ -422,24 +455,51 @@ static int chunk_push(chunkvec *c, chunk x)
 	return 0;
 }
 
+/* What file f is, by its first bytes: a Parquet file fails the run here,
+ * before any reading. */
+static int sniff_file(run *r, size_t f, int fd, instream_kind *kind)
+{
+	unsigned char head[INSTREAM_HEAD];
+	ssize_t n;
+	do
+		n = pread(fd, head, sizeof head, 0);
+	while (n < 0 && errno == EINTR);
+	if (n < 0)
+		return fail(r, PREPARE_ERR_INPUT, -errno, "%s: %s", r->files.v[f], strerror(errno));
+	*kind = instream_sniff(head, (size_t)n);
+	if (*kind == INSTREAM_PARQUET)
+		return fail(r, PREPARE_ERR_INPUT, -ENOTSUP,
+			    "%s: a Parquet file, which bertd does not read; convert it to JSON lines first, e.g. "
+			    "python3 -c \"import pandas; pandas.read_parquet('x.parquet').to_json('x.jsonl', "
+			    "orient='records', lines=True)\"", r->files.v[f]);
+	return 0;
+}
+
 static int plan_chunks(run *r, chunkvec *out, uint64_t *total)
 {
 	int rc = 0;
 	*total = 0;
 	for (size_t f = 0; f < r->files.n && rc == 0; f++) {
 		const char *p = r->files.v[f];
-		/* the walk's size: a directory of many small files costs one open each, later */
+		/* the walk's size */
 		uint64_t size = r->fsize[f];
 		*total += size;
-		if (size <= CHUNK_BYTES) {
-			if (size)
-				rc = chunk_push(out, (chunk){(uint32_t)f, 0, size});
+		if (size == 0)
 			continue;
-		}
 		int fd = open_input(r, f, O_RDONLY);
 		if (fd < 0) {
 			rc = fail(r, PREPARE_ERR_INPUT, fd, "%s: %s", p, strerror(-fd));
 			break;
+		}
+		instream_kind kind;
+		if ((rc = sniff_file(r, f, fd, &kind)) < 0) {
+			close(fd);
+			break;
+		}
+		if (instream_kind_streamed(kind) || size <= CHUNK_BYTES) {
+			close(fd);
+			rc = chunk_push(out, (chunk){(uint32_t)f, 0, size, instream_kind_streamed(kind)});
+			continue;
 		}
 		const char *m = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
 		close(fd);
@@ -456,7 +516,7 @@ static int plan_chunks(run *r, chunkvec *out, uint64_t *total)
 				const char *nl = memchr(m + end, '\n', size - end);
 				end = nl ? (uint64_t)(nl - m) + 1 : size;
 			}
-			rc = chunk_push(out, (chunk){(uint32_t)f, off, end - off});
+			rc = chunk_push(out, (chunk){(uint32_t)f, off, end - off, false});
 			off = end;
 		}
 		munmap((void *)m, size);
@@ -493,7 +553,30 @@ typedef struct result {
 	i64vec ev;
 	wordpiece_stats st;
 	vocab_counter *counter;
+	uint64_t bytes;         /* corpus bytes (as stored) it accounts for: progress */
+	/* a stream unit: its pieces, queued by its thread for the calling one
+	 * (rc / msg then say why the stream itself failed, after them) */
+	struct result *q;       /* (STREAM_QUEUE,) ring, or NULL */
+	size_t q_head, q_n;
 } result;
+
+/* Pieces of a stream waiting to be consumed, at most: with the window this
+ * bounds memory (each piece is ~CHUNK_BYTES of text and its tokens). */
+#define STREAM_QUEUE 4
+/* A line of a compressed file longer than this fails the run (a plain
+ * file's line is read whole, as long as the file). */
+#define STREAM_MAX_LINE (1ull << 30)
+#define STREAM_READ (64u << 10)
+
+/* Where a text being tokenized comes from, for its error messages. */
+typedef struct textsrc {
+	const char *name;  /* the file, or "archive:member" */
+	size_t file;
+	uint64_t off;      /* offset of the text in the file (or decompressed member) */
+	uint64_t line;     /* its line number; 0: count it in the file (plain files) */
+	bool start;        /* it starts the file (member): a document, maybe a BOM */
+	bool decompressed;
+} textsrc;
 
 typedef struct work {
 	run *r;
@@ -504,7 +587,7 @@ typedef struct work {
 	bool counting;         /* vocab counting pass */
 	bool lower;
 	pthread_mutex_t mu;
-	pthread_cond_t cv_work, cv_done;
+	pthread_cond_t cv_work, cv_done, cv_space; /* cv_space: a stream queue has room */
 	size_t next, consumed, window;
 	bool stop;
 } work;
@@ -567,8 +650,16 @@ static uint64_t line_number(const run *r, size_t file, uint64_t off)
 	return line;
 }
 
-static int jsonl_line(work *w, wordpiece_cache *cache, result *res, const chunk *c,
-		      const char *line, size_t n, uint64_t line_off)
+static uint64_t count_lines(const char *s, size_t n)
+{
+	uint64_t k = 0;
+	for (const char *e = s + n; (s = memchr(s, '\n', (size_t)(e - s))); s++)
+		k++;
+	return k;
+}
+
+static int jsonl_line(work *w, wordpiece_cache *cache, result *res, const textsrc *src,
+		      const char *buf, const char *line, size_t n)
 {
 	if (blank(line, n))
 		return 0;
@@ -577,9 +668,10 @@ static int jsonl_line(work *w, wordpiece_cache *cache, result *res, const chunk 
 	json_t *j = json_loadb(line, n, JSON_ALLOW_NUL, &jerr);
 	json_t *t = json_is_object(j) ? json_object_get(j, field) : NULL;
 	if (!json_is_string(t)) {
-		const char *path = w->r->files.v[c->file];
-		snprintf(res->msg, sizeof res->msg, "%s:%llu: %s", path,
-			 (unsigned long long)line_number(w->r, c->file, c->off + line_off),
+		uint64_t line_off = (uint64_t)(line - buf);
+		uint64_t no = src->line ? src->line + count_lines(buf, (size_t)line_off)
+					: line_number(w->r, src->file, src->off + line_off);
+		snprintf(res->msg, sizeof res->msg, "%s:%llu: %s", src->name, (unsigned long long)no,
 			 !j ? jerr.text : !json_is_object(j) ? "not a JSON object" :
 			 "no string field with the text");
 		json_decref(j);
@@ -625,24 +717,33 @@ static int read_chunk(const run *r, const chunk *c, char **buf)
 	return rc;
 }
 
-static void process_chunk(work *w, wordpiece_cache *cache, size_t i)
+/* Tokenizes (or counts) buf[0..len), whole lines of src, into res. Text
+ * that is not UTF-8, or holds a NUL byte, fails naming src and the offset. */
+static int process_text(work *w, wordpiece_cache *cache, result *res, const textsrc *src,
+			const char *buf, size_t len)
 {
-	const chunk *c = &w->chunks[i];
-	result *res = &w->res[i];
-	const char *path = w->r->files.v[c->file];
-	char *buf = NULL;
 	int rc = 0;
-	if (w->counting && (rc = vocab_counter_create(w->lower, &res->counter)) < 0)
-		goto out;
-	if ((rc = read_chunk(w->r, c, &buf)) < 0) {
-		snprintf(res->msg, sizeof res->msg, "%s: read: %s", path, strerror(-rc));
-		goto out;
-	}
-	size_t pos = 0, len = (size_t)c->len;
-	if (c->off == 0) {
+	size_t pos = 0;
+	if (src->start) {
 		if (len >= 3 && memcmp(buf, "\xEF\xBB\xBF", 3) == 0)
 			pos = 3; /* UTF-8 BOM */
 		rc = doc_break(w, res); /* a file starts a document */
+	}
+	size_t at;
+	int nul;
+	if (rc == 0 && instream_text_check(buf + pos, len - pos, &at, &nul) < 0) {
+		at += pos;
+		const char *where = src->decompressed ? " of the decompressed content" : "";
+		if (nul)
+			snprintf(res->msg, sizeof res->msg,
+				 "%s: binary data, not text: a NUL byte at byte offset %llu%s", src->name,
+				 (unsigned long long)(src->off + at), where);
+		else
+			snprintf(res->msg, sizeof res->msg,
+				 "%s: not UTF-8 text: byte 0x%02X at byte offset %llu%s (convert it to UTF-8, "
+				 "e.g. iconv -f latin1 -t utf-8)", src->name, (unsigned)(unsigned char)buf[at],
+				 (unsigned long long)(src->off + at), where);
+		return -EILSEQ;
 	}
 	while (pos < len && rc == 0) {
 		const char *nl = memchr(buf + pos, '\n', len - pos);
@@ -650,18 +751,183 @@ static void process_chunk(work *w, wordpiece_cache *cache, size_t i)
 		const char *line = buf + pos;
 		size_t n = e - pos;
 		if (w->r->o->format == PREPARE_JSONL)
-			rc = jsonl_line(w, cache, res, c, line, n, pos);
+			rc = jsonl_line(w, cache, res, src, buf, line, n);
 		else if (blank(line, n))
 			rc = doc_break(w, res);
 		else
 			rc = sentence(w, cache, res, line, n);
 		pos = e + 1;
 	}
+	return rc;
+}
+
+static void process_chunk(work *w, wordpiece_cache *cache, size_t i)
+{
+	const chunk *c = &w->chunks[i];
+	result *res = &w->res[i];
+	const char *path = w->r->files.v[c->file];
+	char *buf = NULL;
+	int rc = 0;
+	res->bytes = c->len;
+	if (w->counting && (rc = vocab_counter_create(w->lower, &res->counter)) < 0)
+		goto out;
+	if ((rc = read_chunk(w->r, c, &buf)) < 0) {
+		snprintf(res->msg, sizeof res->msg, "%s: read: %s", path, strerror(-rc));
+		goto out;
+	}
+	textsrc src = {.name = path, .file = c->file, .off = c->off, .start = c->off == 0};
+	rc = process_text(w, cache, res, &src, buf, (size_t)c->len);
 out:
 	if (rc < 0 && !res->msg[0])
 		snprintf(res->msg, sizeof res->msg, "%s: %s", path, strerror(-rc));
 	res->rc = rc;
 	free(buf);
+}
+
+static void result_free(result *r);
+
+/* Queues piece (moved) on stream unit u, waiting for room; -ECANCELED
+ * when the run stops meanwhile (piece freed). */
+static int push_piece(work *w, result *u, result *piece)
+{
+	pthread_mutex_lock(&w->mu);
+	while (u->q_n == STREAM_QUEUE && !w->stop)
+		pthread_cond_wait(&w->cv_space, &w->mu);
+	bool stop = w->stop;
+	if (!stop) {
+		u->q[(u->q_head + u->q_n) % STREAM_QUEUE] = *piece;
+		u->q_n++;
+		pthread_cond_broadcast(&w->cv_done);
+	}
+	pthread_mutex_unlock(&w->mu);
+	if (stop) {
+		result_free(piece);
+		return -ECANCELED;
+	}
+	return 0;
+}
+
+/* One piece of a stream: whole lines text[0..len) of src, accounting for
+ * bytes of the stored file. Its failure is queued with it. */
+static int stream_piece(work *w, wordpiece_cache *cache, result *u, const textsrc *src,
+			const char *text, size_t len, uint64_t bytes)
+{
+	result piece = {.bytes = bytes};
+	int rc = 0;
+	if (w->counting && (rc = vocab_counter_create(w->lower, &piece.counter)) < 0)
+		snprintf(piece.msg, sizeof piece.msg, "%s: %s", src->name, strerror(-rc));
+	else
+		rc = process_text(w, cache, &piece, src, text, len);
+	if (rc < 0 && !piece.msg[0])
+		snprintf(piece.msg, sizeof piece.msg, "%s: %s", src->name, strerror(-rc));
+	piece.rc = rc;
+	int prc = push_piece(w, u, &piece);
+	return rc < 0 ? rc : prc;
+}
+
+/* A compressed file or tar archive: decompressed here, in order, and cut at
+ * line ends into pieces of about CHUNK_BYTES, so the pieces (and so the
+ * output) are the same for any thread count, and the same as the plain
+ * file's. A failure of the stream itself ends up in u->rc / u->msg. */
+static void process_stream(work *w, wordpiece_cache *cache, size_t i)
+{
+	const chunk *c = &w->chunks[i];
+	result *u = &w->res[i];
+	const run *r = w->r;
+	const char *path = r->files.v[c->file];
+	bool jsonl = r->o->format == PREPARE_JSONL;
+	instream *in = NULL;
+	char *buf = NULL, *name = NULL, why[400] = "";
+	size_t cap = 0;
+	uint64_t counted = 0; /* bytes of the stored file the pieces account for */
+	int rc = 0;
+	if (!(u->q = calloc(STREAM_QUEUE, sizeof *u->q))) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	int fd = open_input(r, c->file, O_RDONLY);
+	if (fd < 0) {
+		rc = fd;
+		snprintf(why, sizeof why, "%s", strerror(-fd));
+		goto out;
+	}
+	if ((rc = instream_open(fd, &in, why, sizeof why)) < 0)
+		goto out;
+	const char *member;
+	while (rc == 0 && (rc = instream_next(in, &member, why, sizeof why)) > 0) {
+		rc = 0;
+		if (member) {
+			/* hidden members (macOS "._x" companions, say) as a walk skips them */
+			const char *base = strrchr(member, '/');
+			base = base ? base + 1 : member;
+			if (!base[0] || base[0] == '.' || !selected(r, member))
+				continue;
+		}
+		free(name);
+		if ((member ? asprintf(&name, "%s:%s", path, member) : asprintf(&name, "%s", path)) < 0) {
+			name = NULL;
+			rc = -ENOMEM;
+			break;
+		}
+		textsrc src = {.name = name, .file = c->file, .line = 1, .start = true, .decompressed = true};
+		size_t have = 0;
+		for (;;) {
+			if (cap - have < STREAM_READ) {
+				size_t nc = cap ? 2 * cap : CHUNK_BYTES + STREAM_READ;
+				char *nb = have <= STREAM_MAX_LINE ? realloc(buf, nc) : NULL;
+				if (!nb) {
+					rc = have > STREAM_MAX_LINE ? -E2BIG : -ENOMEM;
+					snprintf(why, sizeof why, "%s: %s at byte offset %llu of the decompressed content",
+						 member ? member : "decompressing",
+						 rc == -E2BIG ? "a line longer than 1 GiB" : "out of memory",
+						 (unsigned long long)src.off);
+					goto out;
+				}
+				buf = nb;
+				cap = nc;
+			}
+			ssize_t k = instream_read(in, buf + have, STREAM_READ, why, sizeof why);
+			if (k < 0) {
+				rc = (int)k;
+				goto out;
+			}
+			have += (size_t)k;
+			size_t cut = 0;
+			if (k == 0) {
+				cut = have;
+			} else if (have >= CHUNK_BYTES) {
+				const char *nl = memrchr(buf, '\n', have);
+				cut = nl ? (size_t)(nl - buf) + 1 : 0;
+			}
+			if (cut > 0) {
+				uint64_t fb = instream_file_bytes(in);
+				fb = fb > c->len ? c->len : fb < counted ? counted : fb;
+				if ((rc = stream_piece(w, cache, u, &src, buf, cut, fb - counted)) < 0)
+					goto out_queued;
+				counted = fb;
+				if (jsonl)
+					src.line += count_lines(buf, cut);
+				src.off += cut;
+				src.start = false;
+				memmove(buf, buf + cut, have - cut);
+				have -= cut;
+			}
+			if (k == 0)
+				break;
+		}
+	}
+out:
+	if (rc < 0) {
+		u->rc = rc;
+		if (why[0])
+			snprintf(u->msg, sizeof u->msg, "%s: %s", path, why);
+		else
+			snprintf(u->msg, sizeof u->msg, "%s: %s", path, strerror(-rc));
+	}
+out_queued:
+	instream_close(in);
+	free(buf);
+	free(name);
 }
 
 static void *worker(void *arg)
@@ -682,7 +948,10 @@ static void *worker(void *arg)
 		}
 		size_t i = w->next++;
 		pthread_mutex_unlock(&w->mu);
-		process_chunk(w, cache, i);
+		if (w->chunks[i].stream)
+			process_stream(w, cache, i);
+		else
+			process_chunk(w, cache, i);
 		pthread_mutex_lock(&w->mu);
 		w->res[i].ready = true;
 		pthread_cond_broadcast(&w->cv_done);
@@ -692,6 +961,11 @@ static void *worker(void *arg)
 
 static void result_free(result *r)
 {
+	for (size_t k = 0; r->q && k < r->q_n; k++)
+		result_free(&r->q[(r->q_head + k) % STREAM_QUEUE]);
+	free(r->q);
+	r->q = NULL;
+	r->q_n = 0;
 	wordpiece_ids_free(&r->ids);
 	free(r->ev.v);
 	r->ev.v = NULL;
@@ -785,6 +1059,7 @@ static int run_pass(run *r, work *w, progress *pg, const char *phase,
 	pthread_mutex_init(&w->mu, NULL);
 	pthread_cond_init(&w->cv_work, NULL);
 	pthread_cond_init(&w->cv_done, NULL);
+	pthread_cond_init(&w->cv_space, NULL);
 	w->next = w->consumed = 0;
 	w->window = 4 * (size_t)nt;
 	w->stop = false;
@@ -798,18 +1073,45 @@ static int run_pass(run *r, work *w, progress *pg, const char *phase,
 	uint64_t done = 0, tokens = 0;
 	pg->t0 = pg->last = now();
 	for (size_t i = 0; i < w->n_chunks && rc == 0; i++) {
+		result *res = &w->res[i];
+		uint64_t unit_done = 0; /* a stream's pieces account for its bytes as they come */
+		while (w->chunks[i].stream && rc == 0) {
+			result piece;
+			pthread_mutex_lock(&w->mu);
+			while (res->q_n == 0 && !res->ready)
+				pthread_cond_wait(&w->cv_done, &w->mu);
+			bool got = res->q_n > 0;
+			if (got) {
+				piece = res->q[res->q_head];
+				res->q_head = (res->q_head + 1) % STREAM_QUEUE;
+				res->q_n--;
+				pthread_cond_broadcast(&w->cv_space);
+			}
+			pthread_mutex_unlock(&w->mu);
+			if (!got)
+				break;
+			rc = piece.rc < 0 ? fail(r, piece.rc == -ENOMEM ? PREPARE_ERR_INTERNAL : PREPARE_ERR_INPUT,
+						 piece.rc, "%s", piece.msg)
+					  : consume(ctx, &piece);
+			unit_done += piece.bytes;
+			done += piece.bytes;
+			tokens += piece.ids.n;
+			result_free(&piece);
+			progress_emit(pg, phase, done, tokens, false);
+		}
+		if (rc < 0)
+			break; /* its thread may be streaming on: the stop below ends it */
 		pthread_mutex_lock(&w->mu);
-		while (!w->res[i].ready)
+		while (!res->ready)
 			pthread_cond_wait(&w->cv_done, &w->mu);
 		pthread_mutex_unlock(&w->mu);
-		result *res = &w->res[i];
 		if (res->rc < 0) {
 			enum prepare_error e = res->rc == -ENOMEM ? PREPARE_ERR_INTERNAL : PREPARE_ERR_INPUT;
 			rc = fail(r, e, res->rc, "%s", res->msg);
-		} else {
+		} else if (!w->chunks[i].stream) {
 			rc = consume(ctx, res);
 		}
-		done += w->chunks[i].len;
+		done += w->chunks[i].len - unit_done;
 		tokens += res->ids.n;
 		result_free(res);
 		pthread_mutex_lock(&w->mu);
@@ -821,6 +1123,7 @@ static int run_pass(run *r, work *w, progress *pg, const char *phase,
 	pthread_mutex_lock(&w->mu);
 	w->stop = true;
 	pthread_cond_broadcast(&w->cv_work);
+	pthread_cond_broadcast(&w->cv_space);
 	pthread_mutex_unlock(&w->mu);
 	for (int k = 0; k < started; k++)
 		pthread_join(th[k], NULL);
@@ -832,6 +1135,7 @@ static int run_pass(run *r, work *w, progress *pg, const char *phase,
 	pthread_mutex_destroy(&w->mu);
 	pthread_cond_destroy(&w->cv_work);
 	pthread_cond_destroy(&w->cv_done);
+	pthread_cond_destroy(&w->cv_space);
 	if (rc == 0)
 		progress_emit(pg, phase, done, tokens, true);
 	else if (pg->drew)

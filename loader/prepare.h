@@ -17,6 +17,17 @@
  * skipping names starting with '.'), or glob patterns; they are read in
  * sorted order so the output does not depend on the thread count. See
  * prepare_opts for the data roots and the walk's bounds.
+ *  - a file is told by its first bytes (loader/instream.h): gzip, zstd, xz
+ *    and bzip2 files are decompressed as a stream, a tar archive (plain or
+ *    compressed) gives each regular member as one file of the corpus, and
+ *    Parquet is refused with a conversion to JSON lines. The output is the
+ *    same as for the decompressed / extracted files.
+ *  - every file (member) must be UTF-8 text without NUL bytes: else the
+ *    preparation fails naming it and the byte offset (in the decompressed
+ *    content) of the first bad byte.
+ *  - include / exclude select by name among the files found below a
+ *    directory or by a glob, and among the members of a tar archive; a
+ *    file named as it is is always read.
  *
  * The dataset is built in "<out>.tmp-<pid>" next to out and renamed to out
  * only when complete, so a crash never leaves a directory that looks ready.
@@ -68,6 +79,14 @@ typedef struct prepare_opts {
 	uint32_t max_depth;
 	uint64_t max_files;
 	uint64_t max_bytes;
+	/* Name patterns (fnmatch): a found file or member is read when it
+	 * matches one of include (none given: every one) and none of exclude.
+	 * A pattern without '/' matches the base name; one with '/' the path
+	 * below the input directory (or inside the archive). */
+	const char *const *include; /* (n_include,) */
+	size_t n_include;
+	const char *const *exclude; /* (n_exclude,) */
+	size_t n_exclude;
 } prepare_opts;
 
 #define PREPARE_DEFAULT_MAX_DEPTH 32u

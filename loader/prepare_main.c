@@ -32,7 +32,9 @@ static void usage(FILE *f)
 		"usage: bertd-prepare -o DATASET_DIR (--vocab FILE | --train-vocab SIZE) [options] INPUT...\n"
 		"\n"
 		"Tokenizes a corpus once into memory-mappable token shards for bertd.\n"
-		"INPUT is a file, a directory (every file below it) or a glob pattern.\n"
+		"INPUT is a file, a directory (every file below it) or a glob pattern; gzip, zstd,\n"
+		"xz and bzip2 files are decompressed and tar archives read member by member\n"
+		"(told by their first bytes, not their names). Every file must be UTF-8 text.\n"
 		"\n"
 		"  -o, --output DIR           dataset directory to create (must not exist)\n"
 		"  -f, --format text|jsonl    text: one sentence per line, blank line = new document\n"
@@ -52,6 +54,10 @@ static void usage(FILE *f)
 		"      --max-depth N          fail below N directory levels, 1..256 (default 32)\n"
 		"      --max-files N          fail past N input files (default 1000000)\n"
 		"      --max-bytes N          fail past N input bytes (default 0 = unlimited)\n"
+		"      --include PATTERN      read only found files and archive members matching a\n"
+		"                             pattern (repeatable; fnmatch; without '/': the base name)\n"
+		"      --exclude PATTERN      do not read found files and members matching it\n"
+		"                             (repeatable); an INPUT naming a file is always read\n"
 		"  -v, --verbose              more log output\n"
 		"  -h, --help                 this text\n"
 		"\n"
@@ -100,7 +106,7 @@ static int fail_json(int code, const char *msg, int progress_fd)
 int main(int argc, char **argv)
 {
 	enum { O_TEXT_FIELD = 256, O_VOCAB, O_TRAIN, O_LOWER, O_CASED, O_SHARD, O_MAXSENT, O_PFD,
-	       O_ROOT, O_MAXDEPTH, O_MAXFILES, O_MAXBYTES };
+	       O_ROOT, O_MAXDEPTH, O_MAXFILES, O_MAXBYTES, O_INCLUDE, O_EXCLUDE };
 	static const struct option longopts[] = {
 		{"output", required_argument, NULL, 'o'},
 		{"format", required_argument, NULL, 'f'},
@@ -117,6 +123,8 @@ int main(int argc, char **argv)
 		{"max-depth", required_argument, NULL, O_MAXDEPTH},
 		{"max-files", required_argument, NULL, O_MAXFILES},
 		{"max-bytes", required_argument, NULL, O_MAXBYTES},
+		{"include", required_argument, NULL, O_INCLUDE},
+		{"exclude", required_argument, NULL, O_EXCLUDE},
 		{"verbose", no_argument, NULL, 'v'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
@@ -130,9 +138,11 @@ int main(int argc, char **argv)
 	uint64_t v;
 	char bad[256] = "";
 	/* static: reachable until exit, as the options pointing into it */
-	static const char **roots;
+	static const char **roots, **include, **exclude;
 	roots = calloc((size_t)argc, sizeof *roots); /* at most one per argument */
-	if (!roots)
+	include = calloc((size_t)argc, sizeof *include);
+	exclude = calloc((size_t)argc, sizeof *exclude);
+	if (!roots || !include || !exclude)
 		return fail_json(BERTD_EXIT_OOM, "out of memory", -1);
 	int c;
 	while ((c = getopt_long(argc, argv, "o:f:j:vh", longopts, NULL)) != -1) {
@@ -193,6 +203,16 @@ int main(int argc, char **argv)
 		case O_ROOT:
 			roots[o.n_roots++] = optarg;
 			break;
+		case O_INCLUDE:
+		case O_EXCLUDE:
+			if (!optarg[0])
+				snprintf(bad, sizeof bad, "--%s wants a non-empty pattern",
+					 c == O_INCLUDE ? "include" : "exclude");
+			else if (c == O_INCLUDE)
+				include[o.n_include++] = optarg;
+			else
+				exclude[o.n_exclude++] = optarg;
+			break;
 		case O_MAXDEPTH:
 			if (parse_u64(optarg, 256, &v) || v == 0)
 				snprintf(bad, sizeof bad, "--max-depth wants 1..256");
@@ -236,6 +256,8 @@ int main(int argc, char **argv)
 	if (o.train_vocab_size && o.lowercase < 0)
 		o.lowercase = 1;
 	o.roots = roots;
+	o.include = include;
+	o.exclude = exclude;
 	o.inputs = (const char *const *)(argv + optind);
 	o.n_inputs = (size_t)(argc - optind);
 	o.progress_tty = isatty(STDERR_FILENO);

@@ -1,7 +1,7 @@
 /* bertd-prepare (library and CLI): document and sentence rules with hand
  * computed ids, BOM/CRLF, JSONL, identical output for any thread count,
  * shard rotation at document ends, progress lines, vocab training, and bad
- * inputs (empty files, 10,000 tiny files, one huge line, binary junk,
+ * inputs (empty files, 10,000 tiny files, one huge line, binary junk refused,
  * missing or incomplete vocab, existing output) giving a clear error class
  * and leaving nothing behind. BERTD_TEST_BIG_MB sizes the huge line (50).
  * Real text: /usr/share/common-licenses (also rewritten with a BOM and
@@ -535,7 +535,8 @@ static void test_bad_inputs(void **state)
 	assert_int_equal(run_prep(&o, &err, &s), -EINVAL);
 	assert_int_equal(err, PREPARE_ERR_VOCAB);
 	o.vocab_path = path("vocab.txt");
-	/* binary junk: no crash; some ASCII words may survive */
+	/* binary junk: refused as not text, naming the file (tests/unit/loader/test_formats.c
+	 * checks the offsets) */
 	unsigned char junk[1 << 16];
 	uint32_t x = 12345;
 	for (size_t i = 0; i < sizeof junk; i++) {
@@ -545,8 +546,11 @@ static void test_bad_inputs(void **state)
 	put("junk.bin", junk, sizeof junk);
 	in[0] = path("junk.bin");
 	o.out_dir = path("dk");
-	int rc = run_prep(&o, &err, &s);
-	assert_true(rc == 0 || rc == -ENODATA);
+	char jmsg[512];
+	assert_int_equal(prepare_run(&o, &s, &err, jmsg, sizeof jmsg), -EILSEQ);
+	assert_int_equal(err, PREPARE_ERR_INPUT);
+	assert_non_null(strstr(jmsg, "junk.bin: "));
+	assert_int_equal(access(path("dk"), F_OK), -1);
 	/* 10,000 tiny files in a directory tree: one document each */
 	char dir[512];
 	snprintf(dir, sizeof dir, "%s/many", tmp);
