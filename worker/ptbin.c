@@ -675,6 +675,21 @@ static size_t dtype_size(st_dtype d)
     return d == ST_F32 ? 4 : d == ST_I64 ? 8 : 2;
 }
 
+/* How an error names the tensor of entry i: its key when that is a short
+ * printable ASCII name (as every state-dict key is), else its position, so
+ * no byte of a hostile file reaches a log or an API answer. */
+static const char *shown(const pv *k, size_t i, char *buf, size_t cap)
+{
+    bool ok = k->k == V_STR && k->slen > 0 && k->slen < 200;
+    for (size_t j = 0; ok && j < k->slen; j++)
+        ok = k->s[j] >= 0x20 && k->s[j] < 0x7f && k->s[j] != '\'' && k->s[j] != '\\';
+    if (ok)
+        snprintf(buf, cap, "tensor '%.*s'", (int)k->slen, k->s);
+    else
+        snprintf(buf, cap, "tensor number %zu", i);
+    return buf;
+}
+
 int ptbin_parse(st_file **out, const void *buf, size_t len, char *err, size_t errlen)
 {
     zip z = {.buf = buf, .len = len};
@@ -725,13 +740,15 @@ int ptbin_parse(st_file **out, const void *buf, size_t len, char *err, size_t er
     f->data_len = len;
     for (size_t i = 0; i + 1 < dict->n; i += 2) {
         pv *k = dict->items[i], *t = dict->items[i + 1];
+        char nm[256];
+        shown(k, i / 2, nm, sizeof nm);
         if (k->k != V_STR || memchr(k->s, 0, k->slen) || k->slen > 4096) {
             seterr(err, errlen, "data.pkl has a key (entry %zu) that is not a tensor name", i / 2);
             rc = -EINVAL;
             goto out;
         }
         if (t->k != V_TENSOR) {
-            seterr(err, errlen, "data.pkl entry '%.*s' is not a tensor", (int)k->slen, k->s);
+            seterr(err, errlen, "data.pkl: %s is not a tensor", nm);
             rc = -EINVAL;
             goto out;
         }
@@ -739,16 +756,15 @@ int ptbin_parse(st_file **out, const void *buf, size_t len, char *err, size_t er
         size_t esz = dtype_size((st_dtype)s->i);
         char key[64];
         if (s->slen == 0 || s->slen >= sizeof key - 6) {
-            seterr(err, errlen, "tensor '%.*s' names a storage that is not in the archive",
-                   (int)k->slen, k->s);
+            seterr(err, errlen, "%s names a storage that is not in the archive", nm);
             rc = -EINVAL;
             goto out;
         }
         snprintf(key, sizeof key, "data/%.*s", (int)s->slen, s->s);
         const zentry *e = zip_find(&z, pkl->name, plen, key, strlen(key));
         if (!e || (uint64_t)s->i2 > e->size / esz) {
-            seterr(err, errlen, "tensor '%.*s' names a storage that is not in the archive or "
-                   "is shorter than it says", (int)k->slen, k->s);
+            seterr(err, errlen, "%s names a storage that is not in the archive or is "
+                   "shorter than it says", nm);
             rc = -EINVAL;
             goto out;
         }
@@ -756,22 +772,21 @@ int ptbin_parse(st_file **out, const void *buf, size_t len, char *err, size_t er
         uint64_t numel = 1, want = 1;
         for (int d = t->ndim - 1; d >= 0; d--) {
             if (t->size[d] != 1 && t->stride[d] != (int64_t)want) {
-                seterr(err, errlen, "tensor '%.*s' is not contiguous (a view); save the state "
-                       "dict with save_pretrained", (int)k->slen, k->s);
+                seterr(err, errlen, "%s is not contiguous (a view); save the state dict "
+                       "with save_pretrained", nm);
                 rc = -EINVAL;
                 goto out;
             }
             want *= (uint64_t)t->size[d];
             numel = want;
             if (numel > ((uint64_t)1 << 50)) {
-                seterr(err, errlen, "tensor '%.*s' is too large", (int)k->slen, k->s);
+                seterr(err, errlen, "%s is too large", nm);
                 rc = -EINVAL;
                 goto out;
             }
         }
         if ((uint64_t)t->i > (uint64_t)s->i2 || numel > (uint64_t)s->i2 - (uint64_t)t->i) {
-            seterr(err, errlen, "tensor '%.*s' runs past the end of its storage", (int)k->slen,
-                   k->s);
+            seterr(err, errlen, "%s runs past the end of its storage", nm);
             rc = -EINVAL;
             goto out;
         }
