@@ -1,8 +1,11 @@
 /* hf — moves BERT weights between bertd's fused layout and HuggingFace's
  * BertForMaskedLM / BertForPreTraining safetensors naming, both ways.
  *
- * init_from reads a directory holding config.json + model.safetensors, or
- * a bertd training checkpoint (worker/checkpoint.h; weights only). Export
+ * init_from reads an HF directory (config.json with model.safetensors,
+ * sharded safetensors, or pytorch_model.bin through ptbin.c, sharded or
+ * not), or a bertd training checkpoint (worker/checkpoint.h; weights only);
+ * the job's nsp decides the heads, a missing head is initialised as
+ * transformers does. Export
  * writes config.json, model.safetensors and, with a vocab, vocab.txt,
  * tokenizer_config.json and special_tokens_map.json, so
  * transformers.BertForMaskedLM.from_pretrained and AutoTokenizer load them
