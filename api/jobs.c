@@ -688,14 +688,18 @@ static bool init_from_job(api_request *req, json_t *ref, char *out, size_t cap,
  * else pytorch_model.bin.index.json), each once, into names (n at most);
  * returns how many, 0 when there is no index or it is no JSON object (the
  * worker says what is wrong with it). Names with a '/' are skipped: the
- * worker refuses them. Owned by *idx (json_decref). */
-static size_t index_shards(const char *dir, json_t **idx, const char **names, size_t n)
+ * worker refuses them. Owned by *idx (json_decref); *which says, for a
+ * message, which index named them. */
+static size_t index_shards(const char *dir, json_t **idx, const char **which, const char **names,
+			   size_t n)
 {
 	char path[PATH_MAX + 64];
 	*idx = NULL;
 	for (size_t i = 1; i < sizeof hf_weight_files / sizeof hf_weight_files[0] && !*idx; i += 2) {
 		snprintf(path, sizeof path, "%s/%s", dir, hf_weight_files[i]);
 		*idx = json_load_file(path, 0, NULL);
+		*which = i == 1 ? "model.safetensors.index.json names a shard that"
+				: "pytorch_model.bin.index.json names a shard that";
 	}
 	size_t k = 0;
 	const char *key;
@@ -722,7 +726,8 @@ static const char *model_files_escape(const api_config *cfg, const char *dir, in
 	size_t nn = sizeof fixed / sizeof fixed[0];
 	memcpy(names, fixed, sizeof fixed);
 	json_t *idx = NULL;
-	nn += index_shards(dir, &idx, names + nn, 256);
+	const char *which = "";
+	nn += index_shards(dir, &idx, &which, names + nn, 256);
 	char root[PATH_MAX] = "";
 	for (size_t i = 0; i < cfg->n_data_roots && !root[0]; i++) {
 		char real[PATH_MAX];
@@ -749,7 +754,7 @@ static const char *model_files_escape(const api_config *cfg, const char *dir, in
 		else if (fd != -ENOENT) {
 			*rc = fd;
 			/* a static name, or the index's one (freed below) */
-			bad = i < sizeof fixed / sizeof fixed[0] ? fixed[i] : "a shard the weight index names";
+			bad = i < sizeof fixed / sizeof fixed[0] ? fixed[i] : which;
 		}
 	}
 	close(rfd);

@@ -15,7 +15,8 @@
  *     initialises them, and the step-1 loss (masked LM + NSP) equals
  *     BertForPreTraining's on that export;
  *   - refusals: a TensorFlow-only directory is 422 at submit naming the
- *     conversion; a pytorch_model.bin whose pickle calls os.system fails the
+ *     conversion; a shard of an index that is a symbolic link leading out of
+ *     the data root is 403; a pytorch_model.bin whose pickle calls os.system fails the
  *     job without a restart, naming the file and never its bytes.
  * Skips (77) without /usr/bin/python3 with torch and transformers. */
 #include <libgen.h>
@@ -154,6 +155,23 @@ static void test_refusals(void **state)
 	assert_int_equal(r.status, 422);
 	assert_string_equal(it_jstr(r.json, "field"), "init_from");
 	assert_non_null(strstr(it_jstr(r.json, "detail"), "from_tf=True"));
+	http_resp_free(&r);
+
+	/* a shard the index names that is a link leading out of the data root */
+	assert_int_equal(it_system("mkdir -p '%s/hf/linkshard' && cp '%s/hf/sharded/config.json' "
+				   "'%s/hf/sharded/model.safetensors.index.json' '%s/hf/linkshard/' && "
+				   "ln -s /etc/hostname '%s/hf/linkshard/model-00002-of-00002.safetensors' && "
+				   "cp '%s/hf/sharded/model-00001-of-00002.safetensors' '%s/hf/linkshard/'",
+				   f->data, f->data, f->data, f->data, f->data, f->data, f->data),
+			 0);
+	assert_int_equal(http_post_json(&f->d, "/v1/jobs",
+					"{\"dataset\":\"hfds\",\"init_from\":\"hf/linkshard\",\"mlm\":{\"nsp\":false}}",
+					&r),
+			 0);
+	assert_int_equal(r.status, 403);
+	assert_string_equal(it_jstr(r.json, "field"), "init_from");
+	print_message("linkshard: %s\n", it_jstr(r.json, "detail"));
+	assert_non_null(strstr(it_jstr(r.json, "detail"), "shard"));
 	http_resp_free(&r);
 
 	char *id = submit(f, "evil_bin", false, 3, "0.001");
