@@ -10,6 +10,7 @@
  *     initialised (dense N(0, 0.02), LayerNorm 1/0, biases 0), and every
  *     tensor the checkpoint has is taken as it is (compared with
  *     safetensors' own reader, st_open);
+ *   - the same rule for a bertd checkpoint as init_from;
  *   - a TensorFlow-only directory is refused naming the conversion, and a
  *     pytorch_model.bin whose pickle calls os.system is refused naming the
  *     file, without quoting it. */
@@ -24,6 +25,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "worker/checkpoint.h"
 #include "worker/hf.h"
 
 static char g_dir[256];
@@ -162,6 +164,38 @@ static void test_mlm_head_added(void **state)
     bert_model_destroy(m);
 }
 
+/* A bertd checkpoint as init_from: the job's nsp decides there too. */
+static void test_checkpoint_nsp(void **state)
+{
+    (void)state;
+    char root[512], ckpt[600], err[512];
+    bert_model *with = load("pt_st", 1), *without = load("pt_st", 0);
+    for (int saved = 0; saved <= 1; saved++) {
+        snprintf(root, sizeof root, "%s/ckpts-%d", g_dir, saved);
+        assert_int_equal(checkpoint_save(root, 5, saved ? with : without, NULL, NULL, 0, err,
+                                         sizeof err), 0);
+        snprintf(ckpt, sizeof ckpt, "%s/ckpt-5", root);
+        for (int nsp = 0; nsp <= 1; nsp++) {
+            bert_model *m = NULL;
+            if (hf_init_from(&m, ckpt, nsp, 7, err, sizeof err) < 0)
+                fail_msg("checkpoint saved with nsp %d, nsp %d: %s", saved, nsp, err);
+            assert_int_equal(m->cfg.nsp, nsp);
+            if (nsp <= saved) { /* kept or dropped: the checkpoint's */
+                assert_same(nsp ? with : without, m);
+            } else { /* added: the rest is the checkpoint's, the head new */
+                assert_memory_equal(m->params_memory, without->params_memory,
+                                    without->num_params * sizeof(float));
+                assert_normal(m->params.nsp_w, 2 * (size_t)m->cfg.hidden_size,
+                              m->cfg.initializer_range);
+                assert_const(m->params.pool_b, (size_t)m->cfg.hidden_size, 0.0f);
+            }
+            bert_model_destroy(m);
+        }
+    }
+    bert_model_destroy(with);
+    bert_model_destroy(without);
+}
+
 static void refuse(const char *sub, const char *must, const char *must_not)
 {
     char path[512], err[1024] = "";
@@ -223,6 +257,7 @@ int main(void)
         cmocka_unit_test(test_formats_agree),
         cmocka_unit_test(test_nsp_head_added),
         cmocka_unit_test(test_mlm_head_added),
+        cmocka_unit_test(test_checkpoint_nsp),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
