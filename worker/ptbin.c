@@ -226,6 +226,8 @@ typedef struct vm {
     size_t n_all, cap_all;
     pv **stack;
     size_t sp, cap_stack;
+    size_t *marks;     /* stack positions of the MARKs, innermost last (O(1) lookups) */
+    size_t n_marks, cap_marks;
     pv **memo;
     size_t n_memo;     /* slots */
     size_t memo_len;   /* distinct indexes stored (what MEMOIZE uses) */
@@ -276,6 +278,7 @@ static void vm_free(vm *m)
     }
     free(m->all);
     free(m->stack);
+    free(m->marks);
     free(m->memo);
 }
 
@@ -305,10 +308,33 @@ static pv *pop(vm *m)
 /* The index of the topmost mark, or SIZE_MAX. */
 static size_t last_mark(const vm *m)
 {
-    for (size_t i = m->sp; i > 0; i--)
-        if (m->stack[i - 1] == &mark_node)
-            return i - 1;
-    return SIZE_MAX;
+    return m->n_marks ? m->marks[m->n_marks - 1] : SIZE_MAX;
+}
+
+static int push_mark(vm *m)
+{
+    if (m->n_marks == m->cap_marks) {
+        size_t c = m->cap_marks ? m->cap_marks * 2 : 16;
+        size_t *a = realloc(m->marks, c * sizeof *a);
+        if (!a)
+            return -ENOMEM;
+        m->marks = a;
+        m->cap_marks = c;
+    }
+    m->marks[m->n_marks++] = m->sp;
+    return push(m, &mark_node);
+}
+
+/* Removes the topmost mark from the stack, the values above it moving
+ * down one; returns where they now start, or SIZE_MAX without a mark. */
+static size_t pop_mark(vm *m)
+{
+    if (!m->n_marks)
+        return SIZE_MAX;
+    size_t mk = m->marks[--m->n_marks];
+    memmove(&m->stack[mk], &m->stack[mk + 1], (m->sp - mk - 1) * sizeof *m->stack);
+    m->sp--;
+    return mk;
 }
 
 static int take(vm *m, size_t n, const uint8_t **out)
@@ -324,7 +350,7 @@ static int memo_put(vm *m, uint64_t idx, pv *v)
 {
     /* a memo index is at most the number of values made so far, and
      * those are bounded by the pickle's length */
-    if (!v || idx > m->n_all + 1 || idx > (1u << 26))
+    if (!v || v == &mark_node || idx > m->n_all + 1 || idx > (1u << 26))
         FAIL("%s stores a value under an index it never made", m->what);
     if (idx >= m->n_memo) {
         size_t c = (size_t)idx + 1 > m->n_memo * 2 ? (size_t)idx + 1 : m->n_memo * 2;
@@ -449,8 +475,6 @@ static int setitems(vm *m, size_t from)
     if (d->k != V_DICT)
         FAIL("%s sets items on something that is not a dict", m->what);
     for (size_t i = from; i < m->sp; i++) {
-        if (m->stack[i] == &mark_node)
-            FAIL("%s sets items across a mark", m->what);
         if (add_item(d, m->stack[i]) < 0)
             return -ENOMEM;
     }
@@ -464,8 +488,6 @@ static int make_tuple(vm *m, size_t from)
     if (!t)
         return -ENOMEM;
     for (size_t i = from; i < m->sp; i++) {
-        if (m->stack[i] == &mark_node)
-            FAIL("%s builds a tuple across a mark", m->what);
         if (add_item(t, m->stack[i]) < 0)
             return -ENOMEM;
     }
@@ -522,7 +544,7 @@ static int vm_run(vm *m, pv **out)
             return 0;
         }
         case '(': /* MARK */
-            rc = push(m, &mark_node);
+            rc = push_mark(m);
             break;
         case ')': /* EMPTY_TUPLE */
             rc = push(m, node(m, V_TUPLE));
@@ -531,10 +553,8 @@ static int vm_run(vm *m, pv **out)
             rc = push(m, node(m, V_DICT));
             break;
         case 't': /* TUPLE: the values above the last mark */
-            if ((mk = last_mark(m)) == SIZE_MAX)
+            if ((mk = pop_mark(m)) == SIZE_MAX)
                 FAIL("%s builds a tuple without a mark", m->what);
-            memmove(&m->stack[mk], &m->stack[mk + 1], (m->sp - mk - 1) * sizeof *m->stack);
-            m->sp--;
             rc = make_tuple(m, mk);
             break;
         case 0x85: case 0x86: case 0x87: { /* TUPLE1..3 */
@@ -646,10 +666,8 @@ static int vm_run(vm *m, pv **out)
             rc = setitems(m, m->sp - 2);
             break;
         case 'u': /* SETITEMS */
-            if ((mk = last_mark(m)) == SIZE_MAX)
+            if ((mk = pop_mark(m)) == SIZE_MAX)
                 FAIL("%s sets dict items without a mark", m->what);
-            memmove(&m->stack[mk], &m->stack[mk + 1], (m->sp - mk - 1) * sizeof *m->stack);
-            m->sp--;
             rc = setitems(m, mk);
             break;
         case 'b': { /* BUILD: an OrderedDict's attributes (state_dict's _metadata) */
