@@ -12,8 +12,9 @@ the weights as they started). BATCH_SLOT: the batch of step 1 as
 batch slot, docs/formats.md "Batch slots"). The loss is computed in float64
 with BertForMaskedLM (BertForPreTraining with --nsp: masked-LM plus
 next-sentence loss), in eval mode. Exit 0 when |loss - LOSS| <= T (default
-1e-6) and the export loads with no missing weights (as BertForPreTraining
-with --nsp, else BertForMaskedLM); 1 otherwise; 77 (skip) without torch or
+1e-6) and the export loads with no missing and no unexpected weights (as
+BertForPreTraining with --nsp, else BertForMaskedLM: an MLM-only export has
+no pooler and no NSP head); 1 otherwise; 77 (skip) without torch or
 transformers. --same-encoder: also every tensor of INIT_DIR the export has
 must be equal within 1e-9, and a pooler / NSP head INIT_DIR lacks must look
 as transformers initialises it (weights std ~ initializer_range, biases 0).
@@ -81,6 +82,9 @@ def main():
     back, info = cls.from_pretrained(export, output_loading_info=True)
     if info["missing_keys"]:
         print("export is missing", info["missing_keys"])
+        ok = False
+    if info["unexpected_keys"]:  # an MLM-only export holds no pooler, no NSP head
+        print("export has more than the model:", info["unexpected_keys"])
         ok = False
     if same:
         init = BertForMaskedLM.from_pretrained(same).state_dict()

@@ -13,6 +13,8 @@ user's Hub download would be:
                          bert-base-uncased ships
   sharded                BertForPreTraining in several safetensors shards
                          (model.safetensors.index.json)
+  sharded_bin            the same in pytorch_model.bin shards
+                         (pytorch_model.bin.index.json)
   mlm_st                 BertForMaskedLM: no pooler, no NSP head
   bare_st                BertModel: no MLM head
   tf_only                config.json + tf_model.h5 only
@@ -45,6 +47,8 @@ def main():
     pt.save_pretrained(os.path.join(out, "pt_st"))
     pt.save_pretrained(os.path.join(out, "pt_bin"), safe_serialization=False)
     pt.save_pretrained(os.path.join(out, "sharded"), max_shard_size="300KB")
+    pt.save_pretrained(os.path.join(out, "sharded_bin"), max_shard_size="300KB",
+                       safe_serialization=False)
     for d, safe in (("mlmnsp_st", True), ("mlmnsp_bin", False)):
         p = os.path.join(out, d)
         pt.save_pretrained(p, safe_serialization=safe)
@@ -74,6 +78,7 @@ def main():
         z.writestr("archive/version", "3\n")
     n_shards = len([f for f in os.listdir(os.path.join(out, "sharded")) if f.endswith(".safetensors")])
     assert n_shards >= 2, n_shards
+    assert os.path.exists(os.path.join(out, "sharded_bin", "pytorch_model.bin.index.json"))
     print("made", sorted(os.listdir(out)), "sharded into", n_shards)
 
 

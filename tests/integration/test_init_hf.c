@@ -3,7 +3,8 @@
  * the bert-base-uncased vocab of tests/data) are continued by real jobs.
  *   - MLM only (mlm.nsp false) from a BertForPreTraining and from a
  *     BertForMaskedLM carrying NSP weights, each as model.safetensors and as
- *     pytorch_model.bin, and from sharded safetensors: every job completes;
+ *     pytorch_model.bin, and from sharded safetensors and sharded
+ *     pytorch_model.bin: every job completes;
  *     the loss of step 1 (logging_steps 1) equals transformers' loss of the
  *     init_from model on the batch of step 1 (`bertd-loader --write-batch 0`)
  *     within 1e-6, and the export loads with BertForMaskedLM.from_pretrained
@@ -102,7 +103,8 @@ static void test_mlm_only_from_nsp_checkpoints(void **state)
 {
 	fx *f = *state;
 	it_wait_dataset_ready(&f->d, "hfds", DEADLINE_S);
-	static const char *const dirs[] = {"pt_st", "pt_bin", "mlmnsp_st", "mlmnsp_bin", "sharded"};
+	static const char *const dirs[] = {"pt_st", "pt_bin", "mlmnsp_st", "mlmnsp_bin", "sharded",
+					   "sharded_bin"};
 	enum { N = sizeof dirs / sizeof dirs[0] };
 	char *ids[N];
 	for (int i = 0; i < N; i++)

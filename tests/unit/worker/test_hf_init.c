@@ -2,7 +2,7 @@
  * (tests/integration/hf_init_dirs.py makes them with transformers'
  * save_pretrained; the test skips, exit 77, without torch/transformers):
  *   - pytorch_model.bin (torch's zip, read by worker/ptbin.c), sharded
- *     safetensors and a BertForMaskedLM config carrying NSP weights give
+ *     safetensors, sharded pytorch_model.bin and a BertForMaskedLM config carrying NSP weights give
  *     bit for bit the parameters model.safetensors gives;
  *   - the job's nsp decides: 0 drops a checkpoint's pooler/NSP head, 1 keeps
  *     them; 1 from a BertForMaskedLM adds them as transformers initialises
@@ -52,7 +52,8 @@ static void test_formats_agree(void **state)
     (void)state;
     for (int nsp = 0; nsp <= 1; nsp++) {
         bert_model *ref = load("pt_st", nsp);
-        static const char *const others[] = {"pt_bin", "sharded", "mlmnsp_st", "mlmnsp_bin"};
+        static const char *const others[] = {"pt_bin", "sharded", "sharded_bin", "mlmnsp_st",
+                                             "mlmnsp_bin"};
         for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
             bert_model *m = load(others[i], nsp);
             assert_same(ref, m);
