@@ -11,7 +11,8 @@
  *     tensor the checkpoint has is taken as it is (compared with
  *     safetensors' own reader, st_open);
  *   - the same rule for a bertd checkpoint as init_from;
- *   - a TensorFlow-only directory is refused naming the conversion, and a
+ *   - a TensorFlow-only or Flax-only directory is refused naming the
+ *     conversion, and a
  *     pytorch_model.bin whose pickle calls os.system is refused naming the
  *     file, without quoting it. */
 #include <errno.h>
@@ -215,6 +216,11 @@ static void test_refusals(void **state)
 {
     (void)state;
     refuse("tf_only", "from_tf=True", NULL);
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s/flax_only' && cp '%s/tf_only/config.json' '%s/flax_only/' && "
+             ": > '%s/flax_only/flax_model.msgpack'", g_dir, g_dir, g_dir, g_dir);
+    assert_int_equal(system(cmd), 0);
+    refuse("flax_only", "from_flax=True", NULL);
     refuse("evil_bin", "pytorch_model.bin: data.pkl imports a global", "system");
     char path[512];
     snprintf(path, sizeof path, "%s/tf_only", g_dir);
