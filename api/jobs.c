@@ -499,25 +499,44 @@ static bool has_file(const char *dir, const char *name)
 	return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
 }
 
-/* What worker/hf.c hf_init_from can load: an HF directory (config.json +
- * model.safetensors) or a complete bertd checkpoint (state.json,
- * params.safetensors, DONE). NULL when dir is one, else what is missing. */
+/* What worker/hf.c hf_init_from can load (its hf_init_from_missing, whose
+ * messages these are): an HF directory, config.json with model.safetensors,
+ * sharded safetensors (model.safetensors.index.json), pytorch_model.bin or
+ * its index; or a complete bertd checkpoint (state.json,
+ * params.safetensors, DONE). A TensorFlow- or Flax-only directory is
+ * refused naming the conversion. NULL when dir is one, else what is
+ * missing. */
+static const char *const hf_weight_files[] = {"model.safetensors", "model.safetensors.index.json",
+					      "pytorch_model.bin", "pytorch_model.bin.index.json"};
+
 static const char *model_dir_missing(const char *dir)
 {
 	struct stat sb;
 	if (stat(dir, &sb) < 0 || !S_ISDIR(sb.st_mode))
 		return "is not a directory";
-	if (has_file(dir, "config.json"))
-		return has_file(dir, "model.safetensors") ? NULL
-			: "has config.json but no model.safetensors (an HF model directory needs both)";
+	if (has_file(dir, "config.json")) {
+		for (size_t i = 0; i < sizeof hf_weight_files / sizeof hf_weight_files[0]; i++)
+			if (has_file(dir, hf_weight_files[i]))
+				return NULL;
+		if (has_file(dir, "tf_model.h5"))
+			return "holds only TensorFlow weights (tf_model.h5): convert them with transformers, "
+			       "BertForPreTraining.from_pretrained(dir, from_tf=True).save_pretrained(new_dir), "
+			       "and give new_dir";
+		if (has_file(dir, "flax_model.msgpack"))
+			return "holds only Flax weights (flax_model.msgpack): convert them with transformers, "
+			       "BertForPreTraining.from_pretrained(dir, from_flax=True).save_pretrained(new_dir), "
+			       "and give new_dir";
+		return "has config.json but no weights (model.safetensors, model.safetensors.index.json, "
+		       "pytorch_model.bin or pytorch_model.bin.index.json)";
+	}
 	if (has_file(dir, "state.json")) {
 		if (!has_file(dir, "params.safetensors"))
 			return "has state.json but no params.safetensors (not a usable bertd checkpoint)";
 		return has_file(dir, "DONE") ? NULL
 			: "is an incomplete bertd checkpoint (no DONE marker: it was never finished)";
 	}
-	return "holds no model: neither config.json + model.safetensors (HF model directory) "
-	       "nor state.json + params.safetensors (bertd checkpoint)";
+	return "holds no model: neither config.json + model.safetensors or pytorch_model.bin "
+	       "(HF model directory) nor state.json + params.safetensors (bertd checkpoint)";
 }
 
 /* A path (absolute, or relative to the first data root as a dataset source
@@ -666,12 +685,52 @@ static bool init_from_job(api_request *req, json_t *ref, char *out, size_t cap,
  * is allowed to be: each is opened beneath the data root holding dir (a
  * job's output: dir itself), so a link among them that leads out is
  * refused. NULL when all are fine, else the offending name (the link,
- * never what it points at) and *rc. */
+ * never what it points at) and *rc. (model_files_escape, below.) */
+/* The shard file names of dir's weight index (model.safetensors.index.json,
+ * else pytorch_model.bin.index.json), each once, into names (n at most);
+ * returns how many, 0 when there is no index or it is no JSON object (the
+ * worker says what is wrong with it). Names with a '/' are skipped: the
+ * worker refuses them. Owned by *idx (json_decref); *which says, for a
+ * message, which index named them. */
+static size_t index_shards(const char *dir, json_t **idx, const char **which, const char **names,
+			   size_t n)
+{
+	char path[PATH_MAX + 64];
+	*idx = NULL;
+	for (size_t i = 1; i < sizeof hf_weight_files / sizeof hf_weight_files[0] && !*idx; i += 2) {
+		snprintf(path, sizeof path, "%s/%s", dir, hf_weight_files[i]);
+		*idx = json_load_file(path, 0, NULL);
+		*which = i == 1 ? "model.safetensors.index.json names a shard that"
+				: "pytorch_model.bin.index.json names a shard that";
+	}
+	size_t k = 0;
+	const char *key;
+	json_t *v;
+	json_object_foreach(json_object_get(*idx, "weight_map"), key, v) {
+		const char *s = json_string_value(v);
+		bool seen = !s || !s[0] || strchr(s, '/');
+		for (size_t j = 0; j < k && !seen; j++)
+			seen = strcmp(names[j], s) == 0;
+		if (!seen && k < n)
+			names[k++] = s;
+	}
+	return k;
+}
+
 static const char *model_files_escape(const api_config *cfg, const char *dir, int *rc)
 {
-	static const char *const names[] = {"config.json", "model.safetensors", "state.json",
+	static const char *const fixed[] = {"config.json", "model.safetensors", "state.json",
 					    "params.safetensors", "optim.safetensors", "DONE",
+					    "model.safetensors.index.json", "pytorch_model.bin",
+					    "pytorch_model.bin.index.json",
 					    "vocab.txt" /* compared at submit (api/initmodel.c) */};
+	/* and every shard an index names */
+	const char *names[sizeof fixed / sizeof fixed[0] + 256];
+	size_t nn = sizeof fixed / sizeof fixed[0];
+	memcpy(names, fixed, sizeof fixed);
+	json_t *idx = NULL;
+	const char *which = "";
+	nn += index_shards(dir, &idx, &which, names + nn, 256);
 	char root[PATH_MAX] = "";
 	for (size_t i = 0; i < cfg->n_data_roots && !root[0]; i++) {
 		char real[PATH_MAX];
@@ -683,12 +742,13 @@ static const char *model_files_escape(const api_config *cfg, const char *dir, in
 	int rfd = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
 	if (rfd < 0) {
 		*rc = -errno;
+		json_decref(idx);
 		return ".";
 	}
 	size_t n = strlen(root);
 	const char *below = dir[n] == '/' ? dir + n + 1 : dir + n; /* "" when dir is the root */
 	const char *bad = NULL;
-	for (size_t i = 0; i < sizeof names / sizeof names[0] && !bad; i++) {
+	for (size_t i = 0; i < nn && !bad; i++) {
 		char rel[PATH_MAX + 64];
 		snprintf(rel, sizeof rel, "%s%s%s", below, below[0] ? "/" : "", names[i]);
 		int fd = fs_open_beneath(rfd, rel, O_PATH, 0);
@@ -696,10 +756,12 @@ static const char *model_files_escape(const api_config *cfg, const char *dir, in
 			close(fd);
 		else if (fd != -ENOENT) {
 			*rc = fd;
-			bad = names[i];
+			/* a static name, or the index's one (freed below) */
+			bad = i < sizeof fixed / sizeof fixed[0] ? fixed[i] : which;
 		}
 	}
 	close(rfd);
+	json_decref(idx);
 	return bad;
 }
 

@@ -14,6 +14,9 @@
  *   --ring NAME (--dataset DIR | --raw DIR...) [MLM options]   by hand or
  *       from a benchmark: the segment must exist; T and the batch geometry
  *       come from it.
+ *   --job job.json --write-batch N --out FILE   writes global batch N of
+ *       the job (the slot its ring would carry) to FILE and exits, without
+ *       a ring: how a test or a user sees exactly what a step trained on.
  *
  * Exit codes are common/exitcodes.h's: 0 job ended / SIGTERM / parent gone,
  * 1 internal (retryable), 2 bad configuration, 5 data error. On a non-zero
@@ -63,6 +66,37 @@ static int build(void *ctx, uint64_t global, void *slot)
 	return mlm_batch_build(b->ds, &b->p->layout, b->p->G, b->p->M, global, slot);
 }
 
+/* --write-batch: builds global batch n of the job as its ring would carry
+ * it and writes that slot to path (docs/formats.md "Batch slots"). */
+static int write_batch(const mlm_dataset *ds, const batchjob *bj, uint64_t n, const char *path)
+{
+	const ring_params *p = &bj->ring;
+	void *slot = NULL;
+	int status = BERTD_EXIT_OK;
+	if (posix_memalign(&slot, BATCH_ALIGN, p->layout.slot_bytes) != 0) {
+		log_error("out of memory for a %u-byte slot", p->layout.slot_bytes);
+		return BERTD_EXIT_FAILURE;
+	}
+	int rc = mlm_batch_build(ds, &p->layout, p->G, p->M, n, slot);
+	if (rc) {
+		log_error("cannot build batch %llu: %s", (unsigned long long)n, strerror(-rc));
+		status = rc == -EINVAL ? BERTD_EXIT_BAD_CONFIG : BERTD_EXIT_DATA;
+		goto out;
+	}
+	FILE *f = fopen(path, "wb");
+	if (!f || fwrite(slot, 1, p->layout.slot_bytes, f) != p->layout.slot_bytes || fflush(f) != 0) {
+		log_error("cannot write %s: %s", path, strerror(errno));
+		status = BERTD_EXIT_FAILURE;
+	}
+	if (f && fclose(f) != 0 && status == BERTD_EXIT_OK) {
+		log_error("cannot write %s: %s", path, strerror(errno));
+		status = BERTD_EXIT_FAILURE;
+	}
+out:
+	free(slot);
+	return status;
+}
+
 /* Tells the daemon why we fail, when fd 3 is its socket. */
 static void report_error(const char *code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void report_error(const char *code, const char *fmt, ...)
@@ -96,11 +130,15 @@ static void usage(FILE *to)
 		"  --random-replace-prob F (0.1)  --short-seq-prob F (0.1)  --nsp\n"
 		"  --whole-word-mask       needs --vocab with --raw (## pieces continue a word)\n"
 		"  --vocab FILE            vocab.txt for --raw\n"
-		"  --log-level L           error|warn|info|debug\n");
+		"  --log-level L           error|warn|info|debug\n"
+		"       bertd-loader --job FILE --write-batch N --out PATH\n"
+		"  --write-batch N         write global batch N (step s, micro k, rank r of G:\n"
+		"                          N = (s*M + k)*G + r) as one batch slot to PATH, then exit\n");
 }
 
 typedef struct opts {
-	const char *job, *ring, *dataset, *vocab;
+	const char *job, *ring, *dataset, *vocab, *out;
+	long long write_batch; /* -1: run as a producer */
 	const char *raw[MAX_RAW];
 	int n_raw, have_pred;
 	mlm_config cfg;
@@ -117,9 +155,11 @@ static int parse(int argc, char **argv, opts *o)
 		{"random-replace-prob", required_argument, 0, 3}, {"short-seq-prob", required_argument, 0, 4},
 		{"nsp", no_argument, 0, 5},              {"whole-word-mask", no_argument, 0, 6},
 		{"vocab", required_argument, 0, 7},      {"log-level", required_argument, 0, 8},
+		{"write-batch", required_argument, 0, 9}, {"out", required_argument, 0, 10},
 		{"help", no_argument, 0, 'h'},           {0, 0, 0, 0},
 	};
 	mlm_config_defaults(&o->cfg, 128);
+	o->write_batch = -1;
 	int c;
 	while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
 		char *end = NULL;
@@ -153,6 +193,12 @@ static int parse(int argc, char **argv, opts *o)
 			log_set_level(lvl);
 			break;
 		}
+		case 9:
+			o->write_batch = strtoll(optarg, &end, 10);
+			if (o->write_batch < 0)
+				end = optarg; /* refused below as a bad number */
+			break;
+		case 10: o->out = optarg; break;
 		case 'h': usage(stdout); exit(0);
 		default: return -1;
 		}
@@ -162,7 +208,8 @@ static int parse(int argc, char **argv, opts *o)
 		}
 	}
 	int manual = o->ring && ((o->dataset != NULL) != (o->n_raw > 0));
-	if (optind != argc || (o->job != NULL) == (o->ring != NULL) || (o->ring && !manual)) {
+	int dump_ok = (o->write_batch >= 0) == (o->out != NULL) && (o->write_batch < 0 || o->job);
+	if (optind != argc || (o->job != NULL) == (o->ring != NULL) || (o->ring && !manual) || !dump_ok) {
 		usage(stderr);
 		return -1;
 	}
@@ -217,6 +264,10 @@ int main(int argc, char **argv)
 			goto out;
 		}
 		ds = data.ds;
+		if (o.write_batch >= 0) {
+			status = write_batch(ds, &bj, (uint64_t)o.write_batch, o.out);
+			goto out;
+		}
 		rc = ring_open(&r, bj.shm_name, &bj.ring);
 		if (rc) {
 			report_error(rc == -ESTALE ? "bad_config" : "internal", "cannot open ring %s: %s",

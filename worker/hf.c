@@ -1,6 +1,7 @@
 /* hf — see hf.h. */
 #include "worker/hf.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include "worker/checkpoint.h"
+#include "worker/ptbin.h"
 
 static void add(hf_tensor *out, int cap, int *n, const char *name, size_t offset, int ndim,
                 int64_t d0, int64_t d1)
@@ -83,30 +85,65 @@ int hf_tensor_table(const bert_model *m, hf_tensor *out, int cap)
     return n;
 }
 
-/* Finds name with or without the "bert." prefix, and under the old TF-port
- * LayerNorm names gamma/beta. */
-static const st_tensor *find_alias(const st_file *f, const char *name)
+/* The tensors of an HF model directory: one file, or the shards of an
+ * index (model.safetensors.index.json, pytorch_model.bin.index.json), each
+ * an st_file (safetensors, or a torch zip read by ptbin.c). */
+typedef struct hf_source {
+    st_file **files;
+    int n;
+    char what[64]; /* the file (or index) the tensors come from, for messages */
+} hf_source;
+
+static const st_tensor *find_in(const hf_source *src, const char *name, const st_file **in)
 {
-    const st_tensor *t = st_find(f, name);
+    for (int i = 0; i < src->n; i++) {
+        const st_tensor *t = st_find(src->files[i], name);
+        if (t) {
+            *in = src->files[i];
+            return t;
+        }
+    }
+    return NULL;
+}
+
+/* Finds name with or without the "bert." prefix (BertModel checkpoints
+ * have none), and under the old TF-port LayerNorm names gamma/beta. */
+static const st_tensor *find_alias(const hf_source *src, const char *name, const st_file **in)
+{
+    const st_tensor *t = find_in(src, name, in);
     if (t)
         return t;
     char alt[128];
-    if (strncmp(name, "bert.", 5) == 0 && (t = st_find(f, name + 5)))
+    if (strncmp(name, "bert.", 5) == 0 && (t = find_in(src, name + 5, in)))
         return t;
     const char *ln = strstr(name, "LayerNorm.");
     if (ln) {
         const char *what = ln + strlen("LayerNorm.");
         const char *repl = strcmp(what, "weight") == 0 ? "gamma" : "beta";
         snprintf(alt, sizeof alt, "%.*sLayerNorm.%s", (int)(ln - name), name, repl);
-        if ((t = st_find(f, alt)))
+        if ((t = find_in(src, alt, in)))
+            return t;
+        if (strncmp(alt, "bert.", 5) == 0 && (t = find_in(src, alt + 5, in)))
             return t;
     }
     if (strcmp(name, "cls.predictions.bias") == 0)
-        return st_find(f, "cls.predictions.decoder.bias");
+        return find_in(src, "cls.predictions.decoder.bias", in);
     return NULL;
 }
 
-int hf_load_weights(bert_model *m, const st_file *f, char *err, size_t errlen)
+/* The heads: a checkpoint without them gets them initialised as
+ * transformers does (a BertModel has no MLM head, a BertForMaskedLM no
+ * pooler or NSP head); every other tensor must be there. */
+static bool is_head(const char *name)
+{
+    return strncmp(name, "cls.", 4) == 0 || strncmp(name, "bert.pooler.", 12) == 0;
+}
+
+/* Copies every parameter of m from src. A missing head tensor keeps what m
+ * holds (the caller initialised it) when heads_optional, and *missing_heads
+ * counts them; anything else missing or mis-shaped is -EINVAL. */
+static int load_weights(bert_model *m, const hf_source *src, bool heads_optional,
+                        int *missing_heads, char *err, size_t errlen)
 {
     int n = hf_tensor_table(m, NULL, 0);
     hf_tensor *tab = calloc((size_t)n, sizeof *tab);
@@ -115,9 +152,15 @@ int hf_load_weights(bert_model *m, const st_file *f, char *err, size_t errlen)
     hf_tensor_table(m, tab, n);
     int rc = 0;
     for (int i = 0; i < n; i++) {
-        const st_tensor *t = find_alias(f, tab[i].name);
+        const st_file *f = NULL;
+        const st_tensor *t = find_alias(src, tab[i].name, &f);
+        if (!t && heads_optional && is_head(tab[i].name)) {
+            if (missing_heads)
+                (*missing_heads)++;
+            continue;
+        }
         if (!t) {
-            snprintf(err, errlen, "model.safetensors has no tensor '%s'", tab[i].name);
+            snprintf(err, errlen, "%s has no tensor '%s'", src->what, tab[i].name);
             rc = -EINVAL;
             goto out;
         }
@@ -140,6 +183,14 @@ int hf_load_weights(bert_model *m, const st_file *f, char *err, size_t errlen)
 out:
     free(tab);
     return rc;
+}
+
+int hf_load_weights(bert_model *m, const st_file *f, char *err, size_t errlen)
+{
+    st_file *one = (st_file *)f;
+    hf_source src = {.files = &one, .n = 1};
+    snprintf(src.what, sizeof src.what, "model.safetensors");
+    return load_weights(m, &src, false, NULL, err, errlen);
 }
 
 int hf_read_config(const char *dir, bert_config *cfg, char *err, size_t errlen)
@@ -175,9 +226,37 @@ int hf_read_config(const char *dir, bert_config *cfg, char *err, size_t errlen)
     return rc;
 }
 
+/* The NSP tensors (pooler, seq_relationship) come last in the parameter
+ * span (model.h's enum), so a model with them is the model without them plus
+ * a tail. Makes *m a model with nsp, keeping every other parameter: the tail
+ * is dropped, or added initialised as transformers does (weights
+ * N(0, initializer_range) drawn from seed, biases 0). */
+static int set_nsp(bert_model **m, int nsp, uint64_t seed, char *err, size_t errlen)
+{
+    bert_config cfg = (*m)->cfg;
+    if (cfg.nsp == nsp)
+        return 0;
+    cfg.nsp = nsp;
+    bert_model *n = NULL;
+    int rc = bert_model_create(&n, &cfg);
+    if (rc < 0) {
+        snprintf(err, errlen, "cannot allocate the model: %s", strerror(-rc));
+        return rc;
+    }
+    const bert_model *with = nsp ? n : *m, *without = nsp ? *m : n;
+    assert((size_t)(with->params.pool_w - with->params_memory) == without->num_params);
+    if (nsp)
+        bert_model_init_weights(n, seed);
+    memcpy(n->params_memory, (*m)->params_memory, without->num_params * sizeof(float));
+    bert_model_destroy(*m);
+    *m = n;
+    return 0;
+}
+
 /* A bertd checkpoint: its config and parameters; the optimizer moments and
  * the step stay behind (a new job starts its own schedule from step 0). */
-static int init_from_checkpoint(bert_model **out, const char *dir, char *err, size_t errlen)
+static int init_from_checkpoint(bert_model **out, const char *dir, int nsp, uint64_t seed,
+                                char *err, size_t errlen)
 {
     bert_config cfg;
     bert_model *m = NULL;
@@ -191,6 +270,8 @@ static int init_from_checkpoint(bert_model **out, const char *dir, char *err, si
     }
     rc = checkpoint_load(dir, m, NULL, NULL, err, errlen);
     if (rc < 0)
+        goto out;
+    if (nsp >= 0 && (rc = set_nsp(&m, nsp, seed, err, errlen)) < 0)
         goto out;
     *out = m;
     m = NULL;
@@ -206,7 +287,140 @@ static bool has_file(const char *dir, const char *name)
     return access(path, F_OK) == 0;
 }
 
-int hf_init_from(bert_model **out, const char *dir, char *err, size_t errlen)
+static void source_close(hf_source *src)
+{
+    for (int i = 0; i < src->n; i++)
+        st_close(src->files[i]);
+    free(src->files);
+    src->files = NULL;
+    src->n = 0;
+}
+
+static int open_weights(st_file **f, const char *path, bool torch, char *err, size_t errlen)
+{
+    return torch ? ptbin_open(f, path, err, errlen) : st_open(f, path, err, errlen);
+}
+
+/* Opens every shard an index names (its "weight_map" values: file names in
+ * dir, each opened once). */
+static int open_index(hf_source *src, const char *dir, const char *index, bool torch,
+                      char *err, size_t errlen)
+{
+    char path[4300];
+    snprintf(path, sizeof path, "%s/%s", dir, index);
+    json_error_t jerr;
+    json_t *o = json_load_file(path, 0, &jerr), *map = json_object_get(o, "weight_map");
+    const char *key;
+    json_t *v;
+    int rc = -EINVAL;
+    if (!o) {
+        if (access(path, R_OK) < 0)
+            snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        else
+            snprintf(err, errlen, "%s: not valid JSON (line %d, column %d)", path, jerr.line,
+                     jerr.column);
+        goto out;
+    }
+    if (!json_is_object(map) || json_object_size(map) == 0) {
+        snprintf(err, errlen, "%s: no \"weight_map\" object naming the shards", path);
+        goto out;
+    }
+    /* at most one shard per tensor */
+    src->files = calloc(json_object_size(map), sizeof *src->files);
+    const char **names = calloc(json_object_size(map), sizeof *names);
+    if (!src->files || !names) {
+        free(names);
+        rc = -ENOMEM;
+        goto out;
+    }
+    json_object_foreach(map, key, v) {
+        const char *shard = json_string_value(v);
+        if (!shard || !shard[0] || strchr(shard, '/') || strcmp(shard, ".") == 0 ||
+            strcmp(shard, "..") == 0) {
+            snprintf(err, errlen, "%s: weight_map entry of tensor '%s' is not a file name in "
+                     "the directory", path, key);
+            free(names);
+            goto out;
+        }
+        bool seen = false;
+        for (int i = 0; i < src->n && !seen; i++)
+            seen = strcmp(names[i], shard) == 0;
+        if (seen)
+            continue;
+        snprintf(path, sizeof path, "%s/%s", dir, shard);
+        if ((rc = open_weights(&src->files[src->n], path, torch, err, errlen)) < 0) {
+            free(names);
+            goto out;
+        }
+        names[src->n++] = shard;
+    }
+    free(names);
+    rc = 0;
+out:
+    json_decref(o);
+    return rc;
+}
+
+/* The weights of an HF directory, in transformers' order of preference. */
+static int open_source(hf_source *src, const char *dir, char *err, size_t errlen)
+{
+    static const struct { const char *file; bool torch, index; } layouts[] = {
+        {"model.safetensors", false, false},
+        {"model.safetensors.index.json", false, true},
+        {"pytorch_model.bin", true, false},
+        {"pytorch_model.bin.index.json", true, true},
+    };
+    char path[4300];
+    for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++) {
+        if (!has_file(dir, layouts[i].file))
+            continue;
+        snprintf(src->what, sizeof src->what, "%s", layouts[i].file);
+        if (layouts[i].index)
+            return open_index(src, dir, layouts[i].file, layouts[i].torch, err, errlen);
+        src->files = calloc(1, sizeof *src->files);
+        if (!src->files)
+            return -ENOMEM;
+        snprintf(path, sizeof path, "%s/%s", dir, layouts[i].file);
+        int rc = open_weights(&src->files[0], path, layouts[i].torch, err, errlen);
+        if (rc == 0)
+            src->n = 1;
+        return rc < 0 ? rc : 0;
+    }
+    const char *why = hf_init_from_missing(dir);
+    snprintf(err, errlen, "%s %s", dir, why ? why : "holds no weights");
+    return -EINVAL;
+}
+
+const char *hf_init_from_missing(const char *dir)
+{
+    static const char *const weights[] = {"model.safetensors", "model.safetensors.index.json",
+                                          "pytorch_model.bin", "pytorch_model.bin.index.json"};
+    struct stat sb;
+    if (stat(dir, &sb) < 0 || !S_ISDIR(sb.st_mode))
+        return "is not a directory";
+    if (!has_file(dir, "config.json")) {
+        if (has_file(dir, "state.json"))
+            return NULL;
+        return "holds no model: neither config.json with model.safetensors or "
+               "pytorch_model.bin (an HF model directory) nor state.json (a bertd checkpoint)";
+    }
+    for (size_t i = 0; i < sizeof weights / sizeof weights[0]; i++)
+        if (has_file(dir, weights[i]))
+            return NULL;
+    if (has_file(dir, "tf_model.h5"))
+        return "holds only TensorFlow weights (tf_model.h5): convert them with transformers, "
+               "BertForPreTraining.from_pretrained(dir, from_tf=True).save_pretrained(new_dir), "
+               "and give new_dir";
+    if (has_file(dir, "flax_model.msgpack"))
+        return "holds only Flax weights (flax_model.msgpack): convert them with transformers, "
+               "BertForPreTraining.from_pretrained(dir, from_flax=True).save_pretrained(new_dir), "
+               "and give new_dir";
+    return "has config.json but no weights (model.safetensors, model.safetensors.index.json, "
+           "pytorch_model.bin or pytorch_model.bin.index.json)";
+}
+
+int hf_init_from(bert_model **out, const char *dir, int nsp, uint64_t seed, char *err,
+                 size_t errlen)
 {
     struct stat sb;
     if (stat(dir, &sb) < 0) {
@@ -219,38 +433,43 @@ int hf_init_from(bert_model **out, const char *dir, char *err, size_t errlen)
     }
     if (!has_file(dir, "config.json")) {
         if (has_file(dir, "state.json"))
-            return init_from_checkpoint(out, dir, err, errlen);
+            return init_from_checkpoint(out, dir, nsp, seed, err, errlen);
         snprintf(err, errlen, "%s: neither an HF model directory (no config.json) nor a bertd "
                  "checkpoint (no state.json)", dir);
         return -EINVAL;
     }
     bert_config cfg;
-    st_file *f = NULL;
+    hf_source src = {0};
     bert_model *m = NULL;
-    char path[4096];
     int rc = hf_read_config(dir, &cfg, err, errlen);
     if (rc < 0)
         goto out;
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    rc = st_open(&f, path, err, errlen);
-    if (rc < 0)
+    if ((rc = open_source(&src, dir, err, errlen)) < 0)
         goto out;
-    /* An NSP checkpoint named BertForMaskedLM still brings its pooler. */
-    if (st_find(f, "cls.seq_relationship.weight"))
-        cfg.nsp = 1;
+    const st_file *f;
+    if (nsp >= 0) /* the job decides */
+        cfg.nsp = nsp;
+    else if (find_in(&src, "cls.seq_relationship.weight", &f))
+        cfg.nsp = 1; /* an NSP checkpoint named BertForMaskedLM still brings its pooler */
     rc = bert_model_create(&m, &cfg);
     if (rc < 0) {
         snprintf(err, errlen, "cannot allocate the model: %s", strerror(-rc));
         goto out;
     }
-    rc = hf_load_weights(m, f, err, errlen);
-    if (rc < 0)
+    /* a head the checkpoint lacks starts as transformers initialises it */
+    int missing = 0;
+    if ((rc = load_weights(m, &src, true, &missing, err, errlen)) < 0)
         goto out;
+    if (missing) {
+        bert_model_init_weights(m, seed);
+        if ((rc = load_weights(m, &src, true, NULL, err, errlen)) < 0)
+            goto out;
+    }
     *out = m;
     m = NULL;
 out:
     bert_model_destroy(m);
-    st_close(f);
+    source_close(&src);
     return rc;
 }
 

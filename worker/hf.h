@@ -1,8 +1,11 @@
 /* hf — moves BERT weights between bertd's fused layout and HuggingFace's
  * BertForMaskedLM / BertForPreTraining safetensors naming, both ways.
  *
- * init_from reads a directory holding config.json + model.safetensors, or
- * a bertd training checkpoint (worker/checkpoint.h; weights only). Export
+ * init_from reads an HF directory (config.json with model.safetensors,
+ * sharded safetensors, or pytorch_model.bin through ptbin.c, sharded or
+ * not), or a bertd training checkpoint (worker/checkpoint.h; weights only);
+ * the job's nsp decides the heads, a missing head is initialised as
+ * transformers does. Export
  * writes config.json, model.safetensors and, with a vocab, vocab.txt,
  * tokenizer_config.json and special_tokens_map.json, so
  * transformers.BertForMaskedLM.from_pretrained and AutoTokenizer load them
@@ -16,6 +19,7 @@
 #define BERTD_WORKER_HF_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "worker/model.h"
 #include "worker/safetensors.h"
@@ -25,11 +29,28 @@ int hf_read_config(const char *dir, bert_config *cfg, char *err, size_t errlen);
 /* Copies every parameter of m from f (HF names, optional "bert." prefix).
  * -EINVAL naming the first missing or mis-shaped tensor. */
 int hf_load_weights(bert_model *m, const st_file *f, char *err, size_t errlen);
-/* Creates a model from dir: an HF BERT directory (config.json present) or a
- * complete bertd checkpoint (state.json present), whose parameters only are
- * taken. Caller owns *out. -EINVAL with err naming dir and what is missing
- * or wrong; err never quotes the files' contents. */
-int hf_init_from(bert_model **out, const char *dir, char *err, size_t errlen);
+/* Creates a model from dir: an HF BERT directory (config.json with
+ * model.safetensors, sharded safetensors (model.safetensors.index.json),
+ * pytorch_model.bin (torch's zip format, read by ptbin.c without running
+ * it) or its index, tried in that order, as transformers does), or a
+ * complete bertd checkpoint (state.json present), whose parameters only
+ * are taken. nsp 0 or 1 is the job's mlm.nsp and decides the model's heads,
+ * never the checkpoint: a checkpoint's pooler and NSP head are dropped
+ * without nsp; with nsp a checkpoint lacking them, and any checkpoint
+ * lacking the MLM head (BertModel), gets them initialised as transformers'
+ * _init_weights does (weights N(0, initializer_range) drawn from seed,
+ * biases 0, LayerNorm 1/0). nsp -1: as the checkpoint (BertForPreTraining
+ * or cls.seq_relationship.* present). Caller owns *out. -EINVAL with err
+ * naming dir or the file and what is missing or wrong; err never quotes
+ * the files' contents. */
+int hf_init_from(bert_model **out, const char *dir, int nsp, uint64_t seed, char *err,
+                 size_t errlen);
+/* NULL when dir is a directory hf_init_from can read by its files (config
+ * and weights present: not whether they parse), else what is missing or why
+ * it is refused (a TensorFlow- or Flax-only directory: the conversion to
+ * run). A static string. The API checks init_from at submit with the same
+ * rules (api/jobs.c). */
+const char *hf_init_from_missing(const char *dir);
 /* Writes dir/model.safetensors, dir/config.json and, if vocab_path is not
  * NULL, dir/vocab.txt plus the tokenizer files AutoTokenizer reads
  * (tokenizer_config.json: BertTokenizer, do_lower_case = lowercase,

@@ -88,7 +88,7 @@ int trainer_create(trainer **out, const train_config *cfg, char *err, size_t err
         goto out;
     bert_set_threads(cfg->threads > 0 ? cfg->threads : 1);
     if (cfg->init_from) {
-        if ((rc = hf_init_from(&t->model, cfg->init_from, err, errlen)) < 0)
+        if ((rc = hf_init_from(&t->model, cfg->init_from, cfg->model.nsp, cfg->seed, err, errlen)) < 0)
             goto out;
         /* dropout comes from the job, not from the pretrained config */
         t->model->cfg.hidden_dropout_prob = cfg->model.hidden_dropout_prob;

@@ -320,7 +320,7 @@ static void test_init_from_checkpoint(void **state)
     assert_int_equal(checkpoint_save(f->dir, 30, f->m, f->o, NULL, 0, err, sizeof err), 0);
     assert_int_equal(checkpoint_latest(f->dir, &step, path, sizeof path), 0);
     bert_model *back = NULL;
-    if (hf_init_from(&back, path, err, sizeof err) < 0)
+    if (hf_init_from(&back, path, -1, 0, err, sizeof err) < 0)
         fail_msg("hf_init_from(%s): %s", path, err);
     assert_int_equal(back->cfg.hidden_size, 16);
     assert_int_equal(back->cfg.vocab_size, 64);
@@ -334,7 +334,7 @@ static void test_init_from_checkpoint(void **state)
     snprintf(done, sizeof done, "%s/DONE", path);
     assert_int_equal(unlink(done), 0);
     back = NULL;
-    assert_int_equal(hf_init_from(&back, path, err, sizeof err), -EINVAL);
+    assert_int_equal(hf_init_from(&back, path, -1, 0, err, sizeof err), -EINVAL);
     assert_null(back);
     print_message("  incomplete checkpoint: %s\n", err);
     assert_non_null(strstr(err, path));
@@ -343,13 +343,13 @@ static void test_init_from_checkpoint(void **state)
     /* a state.json that is not JSON: where, never what */
     write_file(path, "DONE", "");
     write_file(path, "state.json", "SECRET-LINE-1 of some file\n");
-    assert_int_equal(hf_init_from(&back, path, err, sizeof err), -EINVAL);
+    assert_int_equal(hf_init_from(&back, path, -1, 0, err, sizeof err), -EINVAL);
     print_message("  garbage state.json: %s\n", err);
     assert_non_null(strstr(err, "state.json"));
     assert_null(strstr(err, "SECRET"));
     /* the same for an HF config.json (which is looked at first) */
     write_file(path, "config.json", "SECRET-LINE-1 of some file\n");
-    assert_int_equal(hf_init_from(&back, path, err, sizeof err), -EINVAL);
+    assert_int_equal(hf_init_from(&back, path, -1, 0, err, sizeof err), -EINVAL);
     print_message("  garbage config.json: %s\n", err);
     assert_non_null(strstr(err, "config.json"));
     assert_null(strstr(err, "SECRET"));
@@ -358,13 +358,13 @@ static void test_init_from_checkpoint(void **state)
     char empty[300];
     snprintf(empty, sizeof empty, "%s/empty", f->dir);
     assert_int_equal(mkdir(empty, 0700), 0);
-    assert_int_equal(hf_init_from(&back, empty, err, sizeof err), -EINVAL);
+    assert_int_equal(hf_init_from(&back, empty, -1, 0, err, sizeof err), -EINVAL);
     print_message("  empty directory: %s\n", err);
     assert_non_null(strstr(err, empty));
     assert_non_null(strstr(err, "config.json"));
     assert_non_null(strstr(err, "state.json"));
     /* not a directory */
-    assert_int_equal(hf_init_from(&back, done, err, sizeof err), -EINVAL);
+    assert_int_equal(hf_init_from(&back, done, -1, 0, err, sizeof err), -EINVAL);
     assert_non_null(strstr(err, "not a directory"));
     assert_null(back);
 }

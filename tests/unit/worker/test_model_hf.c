@@ -26,7 +26,7 @@ static bert_model *load_hf(const ref_fixture *f)
 {
     bert_model *m = NULL;
     char err[512];
-    int rc = hf_init_from(&m, f->hf_dir, err, sizeof err);
+    int rc = hf_init_from(&m, f->hf_dir, -1, 0, err, sizeof err);
     if (rc < 0)
         fail_msg("hf_init_from: %s", err);
     return m;
@@ -106,7 +106,7 @@ static void test_nsp_matches_hf(void **state)
     bert_model *m = NULL;
     char dir[4300], err[512];
     snprintf(dir, sizeof dir, "%s/hf_tiny_nsp", f.dir);
-    if (hf_init_from(&m, dir, err, sizeof err) < 0)
+    if (hf_init_from(&m, dir, -1, 0, err, sizeof err) < 0)
         fail_msg("hf_init_from: %s", err);
     assert_int_equal(m->cfg.nsp, 1);
     const st_tensor *t = st_find(f.ref, "nsp.batch.nsp_labels");

@@ -192,7 +192,7 @@ static void test_hf_export_import_lossless(void **state)
     int rc = hf_export(m, dir, vocab, true, err, sizeof err);
     if (rc < 0)
         fail_msg("export: %s", err);
-    rc = hf_init_from(&back, dir, err, sizeof err);
+    rc = hf_init_from(&back, dir, -1, 0, err, sizeof err);
     if (rc < 0)
         fail_msg("init_from: %s", err);
     assert_int_equal(back->cfg.nsp, 1);
@@ -220,7 +220,7 @@ static void test_hf_export_import_lossless(void **state)
                 " \"max_position_embeddings\": 16}");
     fclose(cf);
     bert_model *bad = NULL;
-    assert_int_equal(hf_init_from(&bad, dir, err, sizeof err), -EINVAL);
+    assert_int_equal(hf_init_from(&bad, dir, -1, 0, err, sizeof err), -EINVAL);
     print_message("  mismatched config: %s\n", err);
     assert_non_null(strstr(err, "word_embeddings"));
     /* broken or unsupported config.json: clear errors */
@@ -231,7 +231,7 @@ static void test_hf_export_import_lossless(void **state)
         cf = fopen(path, "w");
         fputs(bad_cfgs[i], cf);
         fclose(cf);
-        assert_int_equal(hf_init_from(&bad, dir, err, sizeof err), -EINVAL);
+        assert_int_equal(hf_init_from(&bad, dir, -1, 0, err, sizeof err), -EINVAL);
         assert_null(bad);
         print_message("  bad config.json: %s\n", err);
     }
