@@ -7,8 +7,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "common/jobspec.h"
-#include "daemon/store.h"
 
 #define WHY "init_from_restore \"all\" continues job %s's run"
 
@@ -44,21 +42,21 @@ static const char *model_differs(const json_t *spec, const json_t *ck)
 	return NULL;
 }
 
-/* The data position is step x batch x accumulation x world sequences into
- * the dataset, at max_seq_length: the source job's layout must be this
- * one's. The first key that differs (its section into *sec), or NULL. */
-static const char *layout_differs(const json_t *spec, const json_t *src, const char **sec)
+/* The moments are exponential averages of the gradient (m) and of its
+ * square (v) with the checkpoint's betas, bias-corrected by its update
+ * count: a job that goes on with them must average with the same betas.
+ * Nothing else enters them: batch, accumulation, max_seq_length, world size,
+ * learning rate, schedule, epsilon, weight decay, clipping and AdamW vs LAMB
+ * may differ (two-phase BERT changes the first three). The first beta that
+ * differs from the checkpoint's optimizer (state.json "optimizer"), or NULL;
+ * compared as the float the optimizer keeps. */
+static const char *moments_differ(const json_t *spec, const json_t *opt)
 {
-	static const char *const keys[][2] = {
-		{"training_args", "per_device_train_batch_size"}, {"training_args", "gradient_accumulation_steps"},
-		{"training_args", "max_seq_length"}, {"resources", "gpus"}, {"resources", "nodes"},
-	};
-	for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
-		if (!json_equal(at(spec, keys[i][0], keys[i][1]), at(src, keys[i][0], keys[i][1]))) {
-			*sec = keys[i][0];
-			return keys[i][1];
-		}
-	}
+	static const char *const keys[] = {"adam_beta1", "adam_beta2"};
+	for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
+		if ((float)json_number_value(at(spec, "training_args", keys[i])) !=
+		    (float)json_number_value(json_object_get(opt, keys[i])))
+			return keys[i];
 	return NULL;
 }
 
@@ -78,8 +76,7 @@ bool api_restore_check(api_request *req, const json_t *spec, const json_t *ref, 
 	char path[PATH_MAX + 32], field[96];
 	struct stat sb;
 	bool ok = false;
-	store_job src = {0};
-	json_t *state = NULL, *src_spec = NULL;
+	json_t *state = NULL;
 	snprintf(path, sizeof path, "%s/state.json", dir);
 	if (!(state = json_load_file(path, 0, NULL))) {
 		*ret = api_reply_problem(req, API_P_INVALID_SPEC, "init_from_restore",
@@ -111,35 +108,16 @@ bool api_restore_check(api_request *req, const json_t *spec, const json_t *ref, 
 					 dir, id);
 		goto out;
 	}
-	int rc = store_job_get(req->st, id, &src);
-	if (rc < 0) {
-		*ret = api_reply_store_error(req, rc, "loading job %s failed", id);
-		goto out;
-	}
-	/* normalized again, as the supervisor reads it: keys added since are filled */
-	json_t *stored = json_loads(src.spec_json, 0, NULL);
-	jobspec_error jerr;
-	if (!stored || jobspec_normalize(stored, &src_spec, &jerr) < 0) {
-		json_decref(stored);
-		*ret = api_reply_problem(req, API_P_INTERNAL, "init_from.job", "job %s's stored spec is unreadable",
-					 id);
-		goto out;
-	}
-	json_decref(stored);
-	const char *sec;
-	if ((key = layout_differs(spec, src_spec, &sec))) {
-		snprintf(field, sizeof field, "%s.%s", sec, key);
+	if ((key = moments_differ(spec, json_object_get(state, "optimizer")))) {
+		snprintf(field, sizeof field, "training_args.%s", key);
 		*ret = api_reply_problem(req, API_P_INVALID_SPEC, field,
-					 "differs from job %s's: " WHY " and its data position, which needs the same "
-					 "per_device_train_batch_size, gradient_accumulation_steps, max_seq_length and "
-					 "resources (world size)",
-					 id, id);
+					 "differs from the checkpoint's (%s/state.json optimizer): " WHY
+					 " with its Adam moments, which are averages at that job's betas",
+					 dir, id);
 		goto out;
 	}
 	ok = true;
 out:
 	json_decref(state);
-	json_decref(src_spec);
-	store_job_free(&src);
 	return ok;
 }

@@ -3,8 +3,8 @@
  * what the worker's own resume restores (weights, optimizer moments,
  * scheduler position, loss scaler, data position). Checked at submit, so a
  * job that cannot continue that run is a 422 naming the key, never a worker
- * that fails later. Reads the checkpoint's state.json and the source job's
- * stored spec; never writes anything.
+ * that fails later. Reads the checkpoint's state.json; never writes
+ * anything.
  */
 #ifndef BERTD_API_RESTORE_H
 #define BERTD_API_RESTORE_H
@@ -18,10 +18,11 @@
  * must be the {"job", "checkpoint"} object init_from was submitted as (NULL:
  * it was a path, refused) and dir that checkpoint, resolved. dir must be a
  * bertd checkpoint with optimizer state, of the model spec describes, at a
- * step below spec's max_steps, and the source job must have trained with
- * the same per-device batch, accumulation, max_seq_length and world size
- * (the data position is the step times these). Returns true, or replies
- * 422 (invalid-spec, the offending key as field) and sets *ret. */
+ * step below spec's max_steps, whose optimizer averaged with spec's
+ * adam_beta1 and adam_beta2. Batch, accumulation, max_seq_length and world
+ * size may differ from the source job's (two-phase BERT: seq 128, then 512):
+ * the moments do not depend on them. Returns true, or replies 422
+ * (invalid-spec, the offending key as field) and sets *ret. */
 bool api_restore_check(api_request *req, const json_t *spec, const json_t *ref, const char *dir,
 		       enum MHD_Result *ret);
 

@@ -128,7 +128,9 @@ static const struct field model_fields[] = {
 
 static const struct choice sched_choices[] = {
 	{"linear", "linear"}, {"cosine", "cosine"}, {"constant", "constant"},
-	{"constant_with_warmup", "constant_with_warmup"}, {NULL, NULL},
+	{"constant_with_warmup", "constant_with_warmup"}, {"polynomial", "polynomial"},
+	{"cosine_with_min_lr", "cosine_with_min_lr"}, {"warmup_stable_decay", "warmup_stable_decay"},
+	{NULL, NULL},
 };
 static const struct choice reduce_choices[] = {
 	{"fp32", "fp32"}, {"float32", "fp32"}, {"bf16", "bf16"}, {"bfloat16", "bf16"},
@@ -163,6 +165,8 @@ static const struct field training_fields[] = {
 	INT("gradient_accumulation_steps", 1, 65536, 1, 0, T_INT, training.gradient_accumulation_steps),
 	NUM("learning_rate", 0, 1, 5e-5, LO_OPEN, training.learning_rate),
 	ENUM("lr_scheduler_type", sched_choices, "linear", training.lr_scheduler_type),
+	/* checked and filled per schedule by check_sched_kwargs() */
+	{.key = "lr_scheduler_kwargs", .kind = K_OBJECT, .preset_dim = -1, .t = T_NONE},
 	INT("warmup_steps", 0, STEPS_MAX, 0, 0, T_I64, training.warmup_steps),
 	NUM("warmup_ratio", 0, 1, 0.0, 0, training.warmup_ratio),
 	NUM("weight_decay", 0, 1, 0.0, 0, training.weight_decay),
@@ -699,6 +703,122 @@ static int check_nodes(json_t *o, jobspec_error *err)
 	return 0;
 }
 
+/* lr_scheduler_kwargs: the keyword arguments transformers' get_scheduler
+ * (4.44) passes to the schedule lr_scheduler_type names, with their defaults
+ * and the bounds beyond which HF raises or the schedule makes no sense. A
+ * schedule takes only its own; the effective spec holds them all, in this
+ * order. */
+#define KW_STEPS     0x100u /* an integer step count in [lo, hi], else a number */
+#define KW_REQUIRED  0x200u
+#define KW_NO_DEF    0x400u /* absent stays absent (min_lr / min_lr_rate: one of them) */
+#define KW_BELOW_LR  0x800u /* also below training_args.learning_rate */
+#define KW_UPTO_LR  0x1000u /* also at most training_args.learning_rate */
+
+static const struct sched_kwarg {
+	const char *sched, *key;
+	unsigned flags;    /* KW_* and LO_OPEN / HI_OPEN */
+	double lo, hi, def;
+} sched_kwargs[] = {
+	{"cosine", "num_cycles", LO_OPEN, 0, 1000, 0.5},
+	{"polynomial", "lr_end", KW_BELOW_LR, 0, 1, 1e-7},
+	{"polynomial", "power", LO_OPEN, 0, 100, 1.0},
+	{"cosine_with_min_lr", "num_cycles", LO_OPEN, 0, 1000, 0.5},
+	{"cosine_with_min_lr", "min_lr", KW_NO_DEF | KW_UPTO_LR, 0, 1, 0},
+	{"cosine_with_min_lr", "min_lr_rate", KW_NO_DEF, 0, 1, 0},
+	{"warmup_stable_decay", "num_stable_steps", KW_STEPS | KW_REQUIRED, 0, (double)STEPS_MAX, 0},
+	{"warmup_stable_decay", "num_decay_steps", KW_STEPS | KW_REQUIRED, 0, (double)STEPS_MAX, 0},
+	{"warmup_stable_decay", "min_lr_ratio", 0, 0, 1, 0.0},
+	{"warmup_stable_decay", "num_cycles", LO_OPEN, 0, 1000, 0.5},
+};
+#define N_SCHED_KWARGS (sizeof sched_kwargs / sizeof sched_kwargs[0])
+
+static const struct sched_kwarg *kwarg_find(const char *sched, const char *key, size_t n)
+{
+	for (size_t i = 0; i < N_SCHED_KWARGS; i++)
+		if (strcmp(sched_kwargs[i].sched, sched) == 0 && strlen(sched_kwargs[i].key) == n &&
+		    memcmp(sched_kwargs[i].key, key, n) == 0)
+			return &sched_kwargs[i];
+	return NULL;
+}
+
+/* One kwarg's effective value into out (absent: its default, or nothing). */
+static int kwarg_normalize(const struct sched_kwarg *k, json_t *v, double lr, const char *sched,
+			   json_t *out, jobspec_error *err)
+{
+	static const char *const P = "training_args.lr_scheduler_kwargs";
+	if (v && json_is_null(v))
+		v = NULL;
+	if (!v) {
+		if (k->flags & KW_REQUIRED)
+			return fail(err, 422, P, k->key, "is required by lr_scheduler_type \"%s\"", sched);
+		if (k->flags & KW_NO_DEF)
+			return 0;
+		return json_object_set_new(out, k->key, json_real(k->def)) < 0 ? fail_oom(err) : 0;
+	}
+	if (k->flags & KW_STEPS) {
+		if (!json_is_integer(v) || json_integer_value(v) < (json_int_t)k->lo ||
+		    json_integer_value(v) > (json_int_t)k->hi)
+			return fail(err, 422, P, k->key, "must be an integer between %.0f and %.0f", k->lo, k->hi);
+		return json_object_set_new(out, k->key, json_integer(json_integer_value(v))) < 0 ? fail_oom(err) : 0;
+	}
+	double x = json_is_number(v) ? json_number_value(v) : NAN;
+	bool lo = k->flags & LO_OPEN ? x > k->lo : x >= k->lo;
+	bool hi = k->flags & HI_OPEN ? x < k->hi : x <= k->hi;
+	if (!isfinite(x) || !lo || !hi)
+		return fail(err, 422, P, k->key, "must be a number %s %.10g and %s %.10g",
+			    k->flags & LO_OPEN ? ">" : ">=", k->lo, k->flags & HI_OPEN ? "<" : "<=", k->hi);
+	if ((k->flags & KW_BELOW_LR) && !(x < lr))
+		return fail(err, 422, P, k->key, "must be below training_args.learning_rate (%.10g)", lr);
+	if ((k->flags & KW_UPTO_LR) && !(x <= lr))
+		return fail(err, 422, P, k->key, "must be at most training_args.learning_rate (%.10g)", lr);
+	return json_object_set_new(out, k->key, json_real(x)) < 0 ? fail_oom(err) : 0;
+}
+
+static int check_sched_kwargs(json_t *o, jobspec_error *err)
+{
+	static const char *const P = "training_args.lr_scheduler_kwargs";
+	json_t *ta = json_object_get(o, "training_args");
+	const char *sched = json_string_value(json_object_get(ta, "lr_scheduler_type"));
+	json_t *kw = json_object_get(ta, "lr_scheduler_kwargs");
+	double lr = json_real_value(json_object_get(ta, "learning_rate"));
+	char takes[160];
+	size_t n = 0;
+	takes[0] = '\0';
+	for (size_t i = 0; i < N_SCHED_KWARGS && n < sizeof takes; i++)
+		if (strcmp(sched_kwargs[i].sched, sched) == 0)
+			n += (size_t)snprintf(takes + n, sizeof takes - n, "%s%s", n ? ", " : "", sched_kwargs[i].key);
+	const char *key;
+	size_t len;
+	json_t *v;
+	json_object_keylen_foreach(kw, key, len, v) {
+		if (!kwarg_find(sched, key, len))
+			return fail(err, 422, P, key, "is not a keyword argument of lr_scheduler_type \"%s\" (%s%s)",
+				    sched, n ? "it takes: " : "it takes none", takes);
+	}
+	json_t *out = json_object();
+	if (!out)
+		return fail_oom(err);
+	int rc = 0;
+	for (size_t i = 0; i < N_SCHED_KWARGS && rc == 0; i++)
+		if (strcmp(sched_kwargs[i].sched, sched) == 0)
+			rc = kwarg_normalize(&sched_kwargs[i], json_object_get(kw, sched_kwargs[i].key), lr, sched,
+					     out, err);
+	/* get_cosine_with_min_lr_schedule_with_warmup: exactly one floor */
+	if (rc == 0 && strcmp(sched, "cosine_with_min_lr") == 0) {
+		bool a = json_object_get(out, "min_lr") != NULL, b = json_object_get(out, "min_lr_rate") != NULL;
+		if (a && b)
+			rc = fail(err, 422, P, "min_lr", "give min_lr or min_lr_rate, not both");
+		else if (!a && !b)
+			rc = fail(err, 422, P, "min_lr_rate",
+				  "is required by lr_scheduler_type \"cosine_with_min_lr\" (or min_lr)");
+	}
+	if (rc == 0 && json_object_set_new(ta, "lr_scheduler_kwargs", out) < 0)
+		return fail_oom(err);
+	if (rc < 0)
+		json_decref(out);
+	return rc;
+}
+
 static int cross_check(json_t *o, jobspec_error *err)
 {
 	if (json_is_null(json_object_get(o, "name"))) {
@@ -742,6 +862,9 @@ static int cross_check(json_t *o, jobspec_error *err)
 		if (json_object_set_new(ta, "num_train_epochs", json_real(3.0)) < 0)
 			return fail_oom(err);
 	}
+	int krc = check_sched_kwargs(o, err);
+	if (krc < 0)
+		return krc;
 	long long steps = ival(o, "training_args", "max_steps");
 	if (steps > 0 && warm > steps)
 		return fail(err, 422, "training_args", "warmup_steps",
@@ -1114,6 +1237,34 @@ static void section_fill(json_t *spec, const struct section *s, jobspec *out)
 	}
 }
 
+/* The typed lr_scheduler_kwargs: HF's defaults, then the schedule's own. */
+static void sched_kwargs_fill(json_t *kw, jobspec_training *t)
+{
+	json_t *v;
+	t->lr_end = 1e-7;
+	t->power = 1.0;
+	t->num_cycles = 0.5;
+	t->min_lr_rate = 0.0;
+	t->min_lr_ratio = 0.0;
+	t->num_stable_steps = t->num_decay_steps = 0;
+	if ((v = json_object_get(kw, "lr_end")))
+		t->lr_end = json_number_value(v);
+	if ((v = json_object_get(kw, "power")))
+		t->power = json_number_value(v);
+	if ((v = json_object_get(kw, "num_cycles")))
+		t->num_cycles = json_number_value(v);
+	if ((v = json_object_get(kw, "min_lr_rate")))
+		t->min_lr_rate = json_number_value(v);
+	if ((v = json_object_get(kw, "min_lr")))
+		t->min_lr_rate = json_number_value(v) / t->learning_rate;
+	if ((v = json_object_get(kw, "min_lr_ratio")))
+		t->min_lr_ratio = json_number_value(v);
+	if ((v = json_object_get(kw, "num_stable_steps")))
+		t->num_stable_steps = json_integer_value(v);
+	if ((v = json_object_get(kw, "num_decay_steps")))
+		t->num_decay_steps = json_integer_value(v);
+}
+
 int jobspec_from_json(const json_t *spec, jobspec *out, jobspec_error *err)
 {
 	json_t *norm = NULL;
@@ -1138,6 +1289,7 @@ int jobspec_from_json(const json_t *spec, jobspec *out, jobspec_error *err)
 	}
 	memset(out, 0, sizeof *out);
 	section_fill(norm, &top_sec, out);
+	sched_kwargs_fill(at(norm, "training_args", "lr_scheduler_kwargs"), &out->training);
 out:
 	json_decref(norm);
 	return rc;

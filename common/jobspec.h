@@ -58,7 +58,8 @@ typedef struct jobspec_model {
 typedef struct jobspec_training {
 	int per_device_train_batch_size, gradient_accumulation_steps;
 	double learning_rate;
-	char lr_scheduler_type[24];    /* linear | cosine | constant | constant_with_warmup */
+	char lr_scheduler_type[24];    /* linear | cosine | constant | constant_with_warmup |
+	                                * polynomial | cosine_with_min_lr | warmup_stable_decay */
 	int64_t warmup_steps;
 	double warmup_ratio;
 	double weight_decay, adam_beta1, adam_beta2, adam_epsilon;
@@ -79,6 +80,12 @@ typedef struct jobspec_training {
 	int64_t eval_steps;            /* resolved: logging_steps when not given */
 	int per_device_eval_batch_size;
 	int max_eval_batches;          /* bertd: cap on the eval set, in eval batches */
+	/* lr_scheduler_kwargs, resolved: the schedule's own as given or HF's
+	 * defaults; the rest at HF's defaults (lr_end 1e-7, power 1, num_cycles
+	 * 0.5, floors 0, no stable or decay steps). min_lr arrives as its
+	 * min_lr_rate (min_lr / learning_rate, as get_scheduler computes it). */
+	double lr_end, power, num_cycles, min_lr_rate, min_lr_ratio;
+	int64_t num_stable_steps, num_decay_steps;
 } jobspec_training;
 
 typedef struct jobspec_mlm {

@@ -135,13 +135,12 @@ static void prune(const char *root, int keep_last)
 static json_t *optim_json(const optim *o)
 {
     static const char *kinds[] = {"adamw", "lamb"};
-    static const char *scheds[] = {"linear", "cosine", "constant", "constant_with_warmup"};
     const optim_config *c = &o->cfg;
     return json_pack("{s:s, s:f, s:f, s:f, s:f, s:f, s:f, s:s, s:I, s:I, s:I}", "optim",
                      kinds[c->kind], "learning_rate", (double)c->lr, "adam_beta1",
                      (double)c->beta1, "adam_beta2", (double)c->beta2, "adam_epsilon",
                      (double)c->eps, "weight_decay", (double)c->weight_decay, "max_grad_norm",
-                     (double)c->max_grad_norm, "lr_scheduler_type", scheds[c->sched],
+                     (double)c->max_grad_norm, "lr_scheduler_type", sched_kind_name(c->sched),
                      "warmup_steps", (json_int_t)c->warmup_steps, "max_steps",
                      (json_int_t)c->total_steps, "updates", (json_int_t)o->t);
 }

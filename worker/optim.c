@@ -15,7 +15,7 @@ void optim_config_default(optim_config *c, optim_kind kind)
     *c = (optim_config){.kind = kind, .lr = 5e-5f, .beta1 = 0.9f, .beta2 = 0.999f,
                         .eps = kind == OPTIM_LAMB ? 1e-6f : 1e-8f, .weight_decay = 0.0f,
                         .max_grad_norm = 1.0f, .sched = SCHED_LINEAR, .warmup_steps = 0,
-                        .total_steps = 1};
+                        .total_steps = 1, .lr_end = 1e-7, .power = 1.0, .num_cycles = 0.5};
 }
 
 int optim_config_validate(const optim_config *c, char *err, size_t errlen)
@@ -29,8 +29,21 @@ int optim_config_validate(const optim_config *c, char *err, size_t errlen)
     if (!(c->weight_decay >= 0)) BAD("weight_decay must be >= 0");
     if (c->warmup_steps < 0) BAD("warmup_steps must be >= 0");
     if (c->total_steps < 1) BAD("max_steps must be >= 1");
-    if (c->sched < SCHED_LINEAR || c->sched > SCHED_CONSTANT_WITH_WARMUP)
+    if (c->sched < SCHED_LINEAR || c->sched >= SCHED_COUNT)
         BAD("lr_scheduler_type: unknown schedule");
+    /* the bounds common/jobspec.c puts on lr_scheduler_kwargs */
+    if (c->sched == SCHED_POLYNOMIAL && !(c->lr_end >= 0)) // below lr: common/jobspec.c
+        BAD("lr_scheduler_kwargs.lr_end must be >= 0");
+    if (c->sched == SCHED_POLYNOMIAL && !(c->power > 0 && c->power <= 100))
+        BAD("lr_scheduler_kwargs.power must be in (0, 100]");
+    if (!(c->num_cycles > 0 && c->num_cycles <= 1000))
+        BAD("lr_scheduler_kwargs.num_cycles must be in (0, 1000]");
+    if (!(c->min_lr_rate >= 0 && c->min_lr_rate <= 1))
+        BAD("lr_scheduler_kwargs.min_lr_rate must be in [0, 1]");
+    if (!(c->min_lr_ratio >= 0 && c->min_lr_ratio <= 1))
+        BAD("lr_scheduler_kwargs.min_lr_ratio must be in [0, 1]");
+    if (c->num_stable_steps < 0 || c->num_decay_steps < 0)
+        BAD("lr_scheduler_kwargs: num_stable_steps and num_decay_steps must be >= 0");
     return 0;
 #undef BAD
 }
@@ -46,15 +59,23 @@ int optim_kind_parse(const char *s, optim_kind *out)
     return 0;
 }
 
+static const char *const sched_names[SCHED_COUNT] = {
+    "linear", "cosine", "constant", "constant_with_warmup", "polynomial", "cosine_with_min_lr",
+    "warmup_stable_decay"};
+
 int sched_kind_parse(const char *s, sched_kind *out)
 {
-    static const char *names[] = {"linear", "cosine", "constant", "constant_with_warmup"};
-    for (int i = 0; i < 4; i++)
-        if (strcmp(s, names[i]) == 0) {
+    for (int i = 0; i < SCHED_COUNT; i++)
+        if (strcmp(s, sched_names[i]) == 0) {
             *out = (sched_kind)i;
             return 0;
         }
     return -EINVAL;
+}
+
+const char *sched_kind_name(sched_kind k)
+{
+    return k >= 0 && k < SCHED_COUNT ? sched_names[k] : "unknown";
 }
 
 int optim_create(optim **out, const optim_config *c, const size_t *sizes, const int *decays,
@@ -88,6 +109,9 @@ void optim_destroy(optim *o)
     free(o);
 }
 
+/* Each case is the lr_lambda of transformers 4.44 optimization.py for that
+ * SchedulerType, in double as Python computes it; the warmup all but
+ * constant share comes first. */
 double optim_lr_at(const optim_config *c, long step)
 {
     double w = (double)c->warmup_steps, tot = (double)c->total_steps, s = (double)step, f;
@@ -100,10 +124,36 @@ double optim_lr_at(const optim_config *c, long step)
         f = f > 0 ? f : 0;
         break;
     }
-    case SCHED_COSINE: {
+    case SCHED_COSINE:
+    case SCHED_COSINE_WITH_MIN_LR: {
         double den = tot - w > 1 ? tot - w : 1, progress = (s - w) / den;
-        f = 0.5 * (1.0 + cos(M_PI * 0.5 * 2.0 * progress));
+        double rate = c->sched == SCHED_COSINE_WITH_MIN_LR ? c->min_lr_rate : 0.0;
+        f = 0.5 * (1.0 + cos(M_PI * c->num_cycles * 2.0 * progress));
+        f = f * (1 - rate) + rate;
         f = f > 0 ? f : 0;
+        break;
+    }
+    case SCHED_POLYNOMIAL: {
+        /* lr_end itself past the end; get_polynomial_decay_schedule_with_warmup
+         * divides by zero at the last step when warmup is all of it: lr_end */
+        double lr_init = c->lr, decay_steps = tot - w;
+        if (s > tot || decay_steps <= 0)
+            return c->lr_end;
+        double pct_remaining = 1 - (s - w) / decay_steps;
+        return (lr_init - c->lr_end) * pow(pct_remaining, c->power) + c->lr_end;
+    }
+    case SCHED_WARMUP_STABLE_DECAY: {
+        double stable = (double)c->num_stable_steps, decay = (double)c->num_decay_steps;
+        if (s < w + stable) {
+            f = 1.0;
+        } else if (s < w + stable + decay) {
+            double progress = (s - w - stable) / (decay > 1 ? decay : 1);
+            double value = 0.5 * (1.0 + cos(M_PI * c->num_cycles * 2.0 * progress));
+            value = value > 0 ? value : 0;
+            f = (1.0 - c->min_lr_ratio) * value + c->min_lr_ratio;
+        } else {
+            f = c->min_lr_ratio;
+        }
         break;
     }
     default:

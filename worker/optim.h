@@ -12,7 +12,8 @@
 
 typedef enum optim_kind { OPTIM_ADAMW = 0, OPTIM_LAMB = 1 } optim_kind;
 typedef enum sched_kind { SCHED_LINEAR = 0, SCHED_COSINE, SCHED_CONSTANT,
-                          SCHED_CONSTANT_WITH_WARMUP } sched_kind;
+                          SCHED_CONSTANT_WITH_WARMUP, SCHED_POLYNOMIAL, SCHED_COSINE_WITH_MIN_LR,
+                          SCHED_WARMUP_STABLE_DECAY, SCHED_COUNT } sched_kind;
 
 typedef struct optim_config {
     optim_kind kind;
@@ -23,6 +24,15 @@ typedef struct optim_config {
     sched_kind sched;
     long warmup_steps;
     long total_steps;    // schedule length (max_steps)
+    /* lr_scheduler_kwargs (transformers 4.44 names), used by the schedules
+     * that take them; optim_config_default sets HF's defaults */
+    double lr_end;          // polynomial: the learning rate after the decay (< lr)
+    double power;           // polynomial: exponent of the decay, > 0
+    double num_cycles;      // cosine, cosine_with_min_lr, warmup_stable_decay: 0.5 = half a wave
+    double min_lr_rate;     // cosine_with_min_lr: the floor as a fraction of lr
+    long num_stable_steps;  // warmup_stable_decay: steps at lr after the warmup
+    long num_decay_steps;   // warmup_stable_decay: steps of the cosine decay after those
+    double min_lr_ratio;    // warmup_stable_decay: the floor as a fraction of lr
 } optim_config;
 
 typedef struct optim {
@@ -37,13 +47,18 @@ typedef struct optim {
 } optim;
 
 /* HF defaults for kind: AdamW lr 5e-5, betas 0.9/0.999, eps 1e-8, wd 0,
- * clip 1.0, linear schedule; LAMB the same with eps 1e-6. */
+ * clip 1.0, linear schedule; LAMB the same with eps 1e-6. The schedule
+ * kwargs get get_scheduler's defaults (lr_end 1e-7, power 1, num_cycles
+ * 0.5, floors 0, no stable or decay steps). */
 void optim_config_default(optim_config *c, optim_kind kind);
 /* Returns -EINVAL with a message for impossible values. */
 int optim_config_validate(const optim_config *c, char *err, size_t errlen);
-/* Parses "adamw"|"lamb" and "linear"|"cosine"|"constant"|"constant_with_warmup". */
+/* Parses "adamw"|"lamb" and the schedule names of sched_kind_name. */
 int optim_kind_parse(const char *s, optim_kind *out);
 int sched_kind_parse(const char *s, sched_kind *out);
+/* transformers' SchedulerType value of k ("linear", "polynomial",
+ * "warmup_stable_decay", ...); a static string. */
+const char *sched_kind_name(sched_kind k);
 
 /* sizes and decays are borrowed and must outlive the optimizer. Caller owns. */
 int optim_create(optim **out, const optim_config *c, const size_t *sizes, const int *decays,

@@ -54,6 +54,17 @@ int train_config_from_jobspec(train_config *cfg, const jobspec *spec, int thread
     o->weight_decay = (float)jt->weight_decay;
     o->max_grad_norm = (float)jt->max_grad_norm;
     o->total_steps = jt->max_steps;
+    o->lr_end = jt->lr_end;
+    /* 0 is no valid power or cycle count: a typed view filled by hand
+     * rather than by jobspec_from_json leaves them at HF's defaults */
+    if (jt->power > 0)
+        o->power = jt->power;
+    if (jt->num_cycles > 0)
+        o->num_cycles = jt->num_cycles;
+    o->min_lr_rate = jt->min_lr_rate;
+    o->min_lr_ratio = jt->min_lr_ratio;
+    o->num_stable_steps = (long)jt->num_stable_steps;
+    o->num_decay_steps = (long)jt->num_decay_steps;
     /* transformers TrainingArguments.get_warmup_steps */
     o->warmup_steps = jt->warmup_steps > 0 ? jt->warmup_steps
                                            : (long)ceil((double)jt->max_steps * jt->warmup_ratio);

@@ -35,8 +35,9 @@ typedef struct trainer {
 /* Fills cfg from an effective job spec (common/jobspec.h): BertConfig from
  * spec->model (vocab_size 0 must have been resolved by the caller), optimizer
  * and schedule from spec->training, nsp from spec->mlm. HF semantics:
- * warmup_ratio applies when warmup_steps is 0. init_from is borrowed from
- * the spec. -EINVAL with a message. */
+ * warmup_ratio applies when warmup_steps is 0; the lr_scheduler_kwargs come
+ * from spec->training (power and num_cycles 0: HF's defaults, 1 and 0.5).
+ * init_from is borrowed from the spec. -EINVAL with a message. */
 int train_config_from_jobspec(train_config *cfg, const jobspec *spec, int threads, uint32_t rank,
                               char *err, size_t errlen);
 /* Creates model (init_from or seeded init) and optimizer. Caller owns. */

@@ -187,7 +187,8 @@ static void test_minimal_gets_every_default(void **state)
 		"type_vocab_size", "initializer_range", "layer_norm_eps"};
 	expect_keys(json_object_get(o, "model"), model, sizeof model / sizeof model[0]);
 	static const char *const ta[] = {"per_device_train_batch_size",
-		"gradient_accumulation_steps", "learning_rate", "lr_scheduler_type", "warmup_steps",
+		"gradient_accumulation_steps", "learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs",
+		"warmup_steps",
 		"warmup_ratio", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon",
 		"max_grad_norm", "num_train_epochs", "max_steps", "max_seq_length", "optim", "bf16", "fp16", "seed",
 		"logging_steps", "save_steps", "save_total_limit", "dataloader_num_workers",
@@ -444,7 +445,7 @@ static void test_bad_specs(void **state)
 		 "training_args.dataloader_num_workers"},
 		{"{\"dataset\":\"x\",\"training_args\":{\"dataloader_num_workers\":-1}}", 422,
 		 "training_args.dataloader_num_workers"},
-		{"{\"dataset\":\"x\",\"training_args\":{\"lr_scheduler_type\":\"polynomial\"}}", 422,
+		{"{\"dataset\":\"x\",\"training_args\":{\"lr_scheduler_type\":\"inverse_sqrt\"}}", 422,
 		 "training_args.lr_scheduler_type"},
 		{"{\"dataset\":\"x\",\"training_args\":{\"optim\":\"sgd\"}}", 422, "training_args.optim"},
 		{"{\"dataset\":\"x\",\"training_args\":{\"optim\":\"adamw\\u0000\"}}", 422, "training_args.optim"},
@@ -808,8 +809,10 @@ static size_t collect_keys(json_t *o, const char *prefix, char keys[][96], size_
 	json_object_foreach(o, key, v) {
 		char path[96];
 		snprintf(path, sizeof path, "%s%s%s", prefix, *prefix ? "." : "", key);
-		/* profiler.rules is a pass-through object, documented as one key */
-		if (json_is_object(v) && strcmp(path, "profiler.rules") != 0) {
+		/* profiler.rules is a pass-through object, lr_scheduler_kwargs one
+		 * whose keys depend on the schedule: each documented as one key */
+		if (json_is_object(v) && strcmp(path, "profiler.rules") != 0 &&
+		    strcmp(path, "training_args.lr_scheduler_kwargs") != 0) {
 			n = collect_keys(v, path, keys, n, cap);
 		} else {
 			assert_true(n < cap);
@@ -1187,6 +1190,85 @@ static void test_preset_dims(void **state)
 	assert_null(jobspec_preset_of(odd));
 }
 
+/* lr_scheduler_kwargs: each schedule's own keyword arguments with HF's
+ * defaults filled in, read back typed; the rest are 422s naming the kwarg. */
+static void test_sched_kwargs(void **state)
+{
+	(void)state;
+	jobspec s;
+	jobspec_error err;
+	json_t *o = normalize_ok("{\"dataset\":\"x\"}");
+	json_t *kw = json_object_get(json_object_get(o, "training_args"), "lr_scheduler_kwargs");
+	assert_true(json_is_object(kw) && json_object_size(kw) == 0);
+	json_decref(o);
+
+	o = normalize_ok("{\"dataset\":\"x\",\"training_args\":{\"learning_rate\":0.006,"
+			 "\"lr_scheduler_type\":\"polynomial\",\"lr_scheduler_kwargs\":{\"power\":0.5}}}");
+	kw = json_object_get(json_object_get(o, "training_args"), "lr_scheduler_kwargs");
+	assert_int_equal(json_object_size(kw), 2);
+	assert_true(json_real_value(json_object_get(kw, "lr_end")) == 1e-7); /* HF's default */
+	assert_true(json_real_value(json_object_get(kw, "power")) == 0.5);
+	assert_int_equal(jobspec_from_json(o, &s, &err), 0);
+	assert_true(s.training.power == 0.5 && s.training.lr_end == 1e-7);
+	json_t *again = NULL;
+	assert_int_equal(jobspec_normalize(o, &again, &err), 0);
+	assert_true(json_equal(o, again)); /* the filled form is effective */
+	json_decref(again);
+	json_decref(o);
+
+	o = normalize_ok("{\"dataset\":\"x\",\"training_args\":{\"learning_rate\":0.001,"
+			 "\"lr_scheduler_type\":\"cosine_with_min_lr\",\"lr_scheduler_kwargs\":{\"min_lr\":1e-5}}}");
+	assert_int_equal(jobspec_from_json(o, &s, &err), 0);
+	assert_true(fabs(s.training.min_lr_rate - 0.01) < 1e-15 && s.training.num_cycles == 0.5);
+	json_decref(o);
+
+	o = normalize_ok("{\"dataset\":\"x\",\"training_args\":{\"lr_scheduler_type\":\"warmup_stable_decay\","
+			 "\"lr_scheduler_kwargs\":{\"num_stable_steps\":600,\"num_decay_steps\":300,"
+			 "\"min_lr_ratio\":0.1}}}");
+	assert_int_equal(jobspec_from_json(o, &s, &err), 0);
+	assert_int_equal(s.training.num_stable_steps, 600);
+	assert_int_equal(s.training.num_decay_steps, 300);
+	assert_true(s.training.min_lr_ratio == 0.1 && s.training.num_cycles == 0.5);
+	json_decref(o);
+
+	static const char *const P = "training_args.lr_scheduler_kwargs.";
+	static const struct {
+		const char *ta, *field;
+	} bad[] = {
+		{"\"lr_scheduler_kwargs\":{\"power\":2}", "power"}, /* linear takes none */
+		{"\"lr_scheduler_type\":\"polynomial\",\"lr_scheduler_kwargs\":{\"min_lr\":0}", "min_lr"},
+		{"\"lr_scheduler_type\":\"polynomial\",\"lr_scheduler_kwargs\":{\"power\":0}", "power"},
+		{"\"lr_scheduler_type\":\"polynomial\",\"lr_scheduler_kwargs\":{\"power\":\"1\"}", "power"},
+		{"\"lr_scheduler_type\":\"polynomial\",\"lr_scheduler_kwargs\":{\"lr_end\":5e-5}", "lr_end"},
+		{"\"lr_scheduler_type\":\"polynomial\",\"lr_scheduler_kwargs\":{\"lr_end\":-1}", "lr_end"},
+		{"\"lr_scheduler_type\":\"cosine_with_min_lr\"", "min_lr_rate"},
+		{"\"lr_scheduler_type\":\"cosine_with_min_lr\",\"lr_scheduler_kwargs\":{\"min_lr\":1e-6,"
+		 "\"min_lr_rate\":0.1}", "min_lr"},
+		{"\"lr_scheduler_type\":\"cosine_with_min_lr\",\"lr_scheduler_kwargs\":{\"min_lr\":1}", "min_lr"},
+		{"\"lr_scheduler_type\":\"cosine_with_min_lr\",\"lr_scheduler_kwargs\":{\"min_lr_rate\":1.5}",
+		 "min_lr_rate"},
+		{"\"lr_scheduler_type\":\"cosine\",\"lr_scheduler_kwargs\":{\"num_cycles\":0}", "num_cycles"},
+		{"\"lr_scheduler_type\":\"warmup_stable_decay\",\"lr_scheduler_kwargs\":{\"num_decay_steps\":3}",
+		 "num_stable_steps"},
+		{"\"lr_scheduler_type\":\"warmup_stable_decay\",\"lr_scheduler_kwargs\":{\"num_stable_steps\":3}",
+		 "num_decay_steps"},
+		{"\"lr_scheduler_type\":\"warmup_stable_decay\",\"lr_scheduler_kwargs\":{\"num_stable_steps\":3,"
+		 "\"num_decay_steps\":2.5}", "num_decay_steps"},
+		{"\"lr_scheduler_type\":\"warmup_stable_decay\",\"lr_scheduler_kwargs\":{\"num_stable_steps\":-1,"
+		 "\"num_decay_steps\":2}", "num_stable_steps"},
+		{"\"lr_scheduler_type\":\"warmup_stable_decay\",\"lr_scheduler_kwargs\":{\"num_stable_steps\":1,"
+		 "\"num_decay_steps\":2,\"min_lr_ratio\":2}", "min_lr_ratio"},
+	};
+	char text[512], field[128];
+	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+		snprintf(text, sizeof text, "{\"dataset\":\"x\",\"training_args\":{%s}}", bad[i].ta);
+		snprintf(field, sizeof field, "%s%s", P, bad[i].field);
+		expect_bad(text, 422, field);
+	}
+	expect_bad("{\"dataset\":\"x\",\"training_args\":{\"lr_scheduler_kwargs\":[1]}}", 422,
+		   "training_args.lr_scheduler_kwargs");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1208,6 +1290,7 @@ int main(void)
 		cmocka_unit_test(test_openapi_matches_table),
 		cmocka_unit_test(test_eval_keys),
 		cmocka_unit_test(test_preset_dims),
+		cmocka_unit_test(test_sched_kwargs),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
