@@ -9,7 +9,9 @@
  *     uninterrupted run built by the worker itself (dataloader_num_workers
  *     0), so the loaders and the worker build the same mixture batches and
  *     a resume continues the interleave exactly;
- *   - a different mixture of the same datasets trains to another export.
+ *   - a different mixture of the same datasets trains to another export;
+ *   - held-out evaluation takes batches of every component, capped by the
+ *     proportions, and its loss is transformers' on those batches.
  * Waiting is polling the API with a deadline; no timing is asserted. */
 #include <errno.h>
 #include <setjmp.h>
@@ -169,11 +171,64 @@ static void test_mixture_resumes_identically(void **state)
 	free(c);
 }
 
+static json_t *row_at(json_t *rows, long step)
+{
+	size_t i;
+	json_t *r;
+	json_array_foreach(rows, i, r)
+		if (json_integer_value(json_object_get(r, "step")) == step)
+			return r;
+	return NULL;
+}
+
+/* Held-out evaluation of a mixture: every component holds out documents,
+ * its eval batches are capped at its proportion of max_eval_batches (here
+ * floor(6 * 0.7) = 4 and floor(6 * 0.3) = 1 of at most 4 and 1 a
+ * component has), and the pooled eval_loss is what transformers computes
+ * on the eval batches the job wrote (check_eval.py; 77 = not installed). */
+static void test_mixture_eval(void **state)
+{
+	fx *f = *state;
+	char *id = it_submit(&f->d, "{\"name\":\"mix-eval\",\"dataset\":" MIX_WB "," IT_TINY_MODEL("1")
+				     ",\"training_args\":{\"per_device_train_batch_size\":4,\"max_seq_length\":32,"
+				     "\"max_steps\":10,\"logging_steps\":5,\"save_steps\":100,\"learning_rate\":0.01,"
+				     "\"dataloader_num_workers\":1,\"seed\":11,\"eval_strategy\":\"steps\","
+				     "\"eval_steps\":5,\"per_device_eval_batch_size\":2,\"max_eval_batches\":6},"
+				     "\"mlm\":{\"validation_split_percentage\":10},\"resources\":{\"gpus\":1}}");
+	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
+	it_assert_completed(&f->d, job);
+	json_t *rows = it_metrics_of(&f->d, id);
+	json_t *r = row_at(rows, 10);
+	assert_non_null(r);
+	double loss = json_number_value(json_object_get(r, "eval_loss"));
+	double acc = json_number_value(json_object_get(r, "eval_accuracy"));
+	double nb = json_number_value(json_object_get(r, "eval_batches"));
+	fprintf(stderr, "mixture eval: loss %.6f accuracy %.4f over %g batches\n", loss, acc, nb);
+	assert_true(loss > 0);
+	/* one dataset would give all 6; the mixture gives 4 of wiki and 1 of books */
+	assert_true(nb == 5);
+	char batches[512];
+	snprintf(batches, sizeof batches, "%s/jobs/%s/eval_batches.bin", f->d.state_dir, id);
+	const char *src = getenv("BERTD_SOURCE_ROOT");
+	if (src && access("/usr/bin/python3", X_OK) == 0) {
+		int rc = it_system("/usr/bin/python3 '%s/tests/integration/check_eval.py' '%s' '%s' %.17g %.17g", src,
+				   it_jstr(job, "model_dir"), batches, loss, acc);
+		if (rc == 77)
+			fprintf(stderr, "transformers check skipped: not installed\n");
+		else
+			assert_int_equal(rc, 0);
+	}
+	json_decref(rows);
+	json_decref(job);
+	free(id);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_mixture_refusals),
 		cmocka_unit_test(test_mixture_resumes_identically),
+		cmocka_unit_test(test_mixture_eval),
 	};
 	return IT_RUN(tests, setup, teardown);
 }
