@@ -49,6 +49,8 @@ static void check_proportions(const double *prop, uint32_t K, uint64_t n_ref)
 	}
 	for (uint32_t k = 0; k < K; k++) {
 		double got = (double)count[k] / (double)E;
+		print_message("K=%u epoch %llu: component %u asked %.6f realised %.6f (%+.4f%% relative)\n", K,
+			      (unsigned long long)E, k, prop[k], got, 100.0 * (got - prop[k]) / prop[k]);
 		if (!(got >= prop[k] * 0.99 && got <= prop[k] * 1.01))
 			fail_msg("component %u: realised %.6f, asked %.6f over %llu", k, got, prop[k],
 				 (unsigned long long)E);
