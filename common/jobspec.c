@@ -510,8 +510,7 @@ static int dataset_mix_normalize(const json_t *v, const struct field *f, jobspec
 	if (fabs(sum - 1.0) > JOBSPEC_PROPORTION_TOLERANCE) {
 		json_decref(out);
 		return fail(err, 422, NULL, "dataset",
-			    "proportions must sum to 1 (within %g); they sum to %.9g",
-			    JOBSPEC_PROPORTION_TOLERANCE, sum);
+			    "proportions must sum to 1 (within %g)", JOBSPEC_PROPORTION_TOLERANCE);
 	}
 	if (n == 1) {
 		*res = json_incref(json_object_get(json_array_get(out, 0), "name"));
