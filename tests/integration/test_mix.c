@@ -11,7 +11,9 @@
  *     a resume continues the interleave exactly;
  *   - a different mixture of the same datasets trains to another export;
  *   - held-out evaluation takes batches of every component, capped by the
- *     proportions, and its loss is transformers' on those batches.
+ *     proportions, and its loss is transformers' on those batches;
+ *   - num_train_epochs counts mixture epochs (the largest-proportion
+ *     dataset's epoch over its proportion).
  * Waiting is polling the API with a deadline; no timing is asserted. */
 #include <errno.h>
 #include <setjmp.h>
@@ -171,6 +173,46 @@ static void test_mixture_resumes_identically(void **state)
 	free(c);
 }
 
+/* max_steps the API resolves from num_train_epochs for dataset value ds
+ * (a name or a mixture); the job is canceled. */
+static long epochs_to_steps(fx *f, const char *ds, const char *epochs)
+{
+	char s[1024];
+	snprintf(s, sizeof s,
+		 "{\"name\":\"ep\",\"dataset\":%s," IT_TINY_MODEL("1")
+		 ",\"training_args\":{\"per_device_train_batch_size\":4,\"max_seq_length\":32,"
+		 "\"num_train_epochs\":%s,\"logging_steps\":5,\"save_steps\":1000,\"seed\":7},"
+		 "\"resources\":{\"gpus\":1}}",
+		 ds, epochs);
+	char *id = it_submit(&f->d, s);
+	char path[64];
+	snprintf(path, sizeof path, "/v1/jobs/%s", id);
+	json_t *j = it_get_json(&f->d, path);
+	long steps = (long)json_integer_value(
+		json_object_get(json_object_get(json_object_get(j, "spec"), "training_args"), "max_steps"));
+	json_decref(j);
+	it_cancel_job(&f->d, id, DEADLINE_S);
+	free(id);
+	return steps;
+}
+
+/* Training a mixture by epochs: an epoch is the largest-proportion
+ * dataset's epoch over its proportion, so 1 epoch of [wiki 0.25, books
+ * 0.75] is as many steps as 1/0.75 epochs of books alone (within the one
+ * sequence the estimate rounds), not one epoch of either. */
+static void test_mixture_epochs(void **state)
+{
+	fx *f = *state;
+	long mix = epochs_to_steps(f, "[{\"name\":\"wiki\",\"proportion\":0.25},"
+				      "{\"name\":\"books\",\"proportion\":0.75}]", "1");
+	long books = epochs_to_steps(f, "\"books\"", "1.3333333333333333");
+	long books1 = epochs_to_steps(f, "\"books\"", "1");
+	fprintf(stderr, "max_steps: mixture 1 epoch %ld, books 4/3 epochs %ld, books 1 epoch %ld\n", mix, books,
+		books1);
+	assert_true(labs(mix - books) <= 1);
+	assert_true(mix > books1 + 1);
+}
+
 static json_t *row_at(json_t *rows, long step)
 {
 	size_t i;
@@ -229,6 +271,7 @@ int main(void)
 		cmocka_unit_test(test_mixture_refusals),
 		cmocka_unit_test(test_mixture_resumes_identically),
 		cmocka_unit_test(test_mixture_eval),
+		cmocka_unit_test(test_mixture_epochs),
 	};
 	return IT_RUN(tests, setup, teardown);
 }
