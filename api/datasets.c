@@ -510,11 +510,18 @@ static int dataset_in_use(store *st, const char *name, char *job, size_t cap)
 			return rc;
 		for (size_t i = 0; i < n && !found; i++) {
 			json_t *spec = jobs[i].spec_json ? json_loads(jobs[i].spec_json, 0, NULL) : NULL;
-			const char *ds = json_string_value(json_object_get(spec, "dataset"));
-			if (ds && strcmp(ds, name) == 0) {
-				snprintf(job, cap, "%s", jobs[i].id);
+			json_t *dv = json_object_get(spec, "dataset");
+			const char *ds = json_string_value(dv);
+			size_t k;
+			json_t *e;
+			if (ds && strcmp(ds, name) == 0)
 				found = 1;
-			}
+			json_array_foreach(dv, k, e) /* a mixture: any of its components */
+				if (!found && json_string_value(json_object_get(e, "name")) &&
+				    strcmp(json_string_value(json_object_get(e, "name")), name) == 0)
+					found = 1;
+			if (found)
+				snprintf(job, cap, "%s", jobs[i].id);
 			json_decref(spec);
 		}
 		store_jobs_free(jobs, n);

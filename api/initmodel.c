@@ -133,6 +133,17 @@ static int dataset_vocab(api_request *req, const char *name, char *out, size_t c
 	return rc;
 }
 
+/* The dataset a spec trains on, for its vocab: the name, or a mixture's
+ * first component's (a mixture's datasets share one vocab: api/jobs.c
+ * refuses another at submit, the loaders when one was still preparing). */
+static const char *spec_dataset_name(const json_t *spec)
+{
+	const json_t *d = json_object_get(spec, "dataset");
+	if (json_is_array(d))
+		d = json_object_get(json_array_get(d, 0), "name");
+	return json_string_value(d);
+}
+
 /* A bertd checkpoint keeps no vocab of its own: a vocab.txt beside it
  * (put there by hand) first; for a job's checkpoint
  * (<state_dir>/jobs/<id>/checkpoints/...), that job's export's vocab.txt
@@ -166,7 +177,7 @@ static void checkpoint_vocab(api_request *req, const char *dir, model_info *mi)
 	if (store_job_get(req->st, id, &j) < 0)
 		return;
 	json_t *spec = j.spec_json ? json_loads(j.spec_json, 0, NULL) : NULL;
-	const char *ds = json_string_value(json_object_get(spec, "dataset"));
+	const char *ds = spec_dataset_name(spec);
 	if (ds && dataset_vocab(req, ds, path, sizeof path) == 1)
 		snprintf(mi->vocab, sizeof mi->vocab, "%s", path);
 	json_decref(spec);
@@ -389,7 +400,7 @@ static int vocab_compare(const char *a, const char *b, vocab_cmp *c)
 static bool vocab_check(api_request *req, const json_t *spec, const model_info *mi, char **note,
 			enum MHD_Result *ret)
 {
-	const char *name = json_string_value(json_object_get(spec, "dataset"));
+	const char *name = spec_dataset_name(spec);
 	const char *dir = json_string_value(json_object_get(spec, "init_from"));
 	char dv[PATH_MAX + 64], text[PATH_MAX * 2 + 256];
 	int rc = name ? dataset_vocab(req, name, dv, sizeof dv) : -ENOENT;

@@ -5,6 +5,7 @@
  * <state_dir>/jobs/<id>/logs, never from a path the client names. */
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,7 +63,21 @@ bool jobs_resolve_epochs(api_request *req, json_t *spec, enum MHD_Result *ret)
 		return true;
 	jobspec_epoch_source src = {0};
 	store_dataset ds;
-	const char *name = json_string_value(json_object_get(spec, "dataset"));
+	/* a mixture's epoch is the largest-proportion component's epoch over
+	 * its proportion (docs/jobspec.md#mixtures): count that component's
+	 * totals scaled up by 1/proportion */
+	json_t *mix = json_object_get(spec, "dataset");
+	const char *name = json_string_value(mix);
+	double scale = 1.0;
+	size_t i;
+	json_t *e;
+	json_array_foreach(mix, i, e) {
+		double p = json_real_value(json_object_get(e, "proportion"));
+		if (i == 0 || p > 1.0 / scale) {
+			scale = 1.0 / p;
+			name = json_string_value(json_object_get(e, "name"));
+		}
+	}
 	int rc = name ? store_dataset_get_by_name(req->st, name, &ds) : -ENOENT;
 	if (rc < 0 && rc != -ENOENT) {
 		*ret = api_reply_store_error(req, rc, "looking up the dataset failed");
@@ -78,6 +93,8 @@ bool jobs_resolve_epochs(api_request *req, json_t *spec, enum MHD_Result *ret)
 			src.sentences = (uint64_t)json_integer_value(sen);
 		json_decref(stats);
 		store_dataset_free(&ds);
+		src.tokens = (uint64_t)llround((double)src.tokens * scale);
+		src.sentences = (uint64_t)llround((double)src.sentences * scale);
 	}
 	jobspec_error err = {0};
 	if (jobspec_resolve_epochs(spec, &src, &err) < 0) {

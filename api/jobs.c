@@ -895,6 +895,66 @@ static bool precision_fits(api_request *req, const json_t *spec, enum MHD_Result
 	return false;
 }
 
+/* The vocab sha256 in the manifest of ready dataset `name` (under the first
+ * data root, where bertd-prepare writes) into hex; "" when unreadable. */
+static void dataset_vocab_sha(api_request *req, const char *name, char hex[65])
+{
+	char path[PATH_MAX + 128];
+	snprintf(path, sizeof path, "%s/datasets/%s/manifest.json",
+		 req->cfg->n_data_roots ? req->cfg->data_roots[0] : ".", name);
+	json_t *m = json_load_file(path, 0, NULL);
+	const char *sha = json_string_value(json_object_get(json_object_get(m, "vocab"), "sha256"));
+	snprintf(hex, 65, "%s", sha ? sha : "");
+	json_decref(m);
+}
+
+/* A mixture's components (jobspec checked names, proportions and
+ * duplicates): each must exist, and the ready ones must share one vocab,
+ * since a token id must mean the same word in every batch (one still
+ * preparing is checked when the job starts: its loaders refuse another
+ * vocab). Returns true, or replies 422 naming dataset[i].name. */
+static bool mixture_exists(api_request *req, json_t *mix, enum MHD_Result *ret)
+{
+	char first_sha[65] = "", field[48];
+	size_t first = 0, i;
+	json_t *e;
+	json_array_foreach(mix, i, e) {
+		const char *name = json_string_value(json_object_get(e, "name"));
+		store_dataset ds;
+		int rc = store_dataset_get_by_name(req->st, name, &ds);
+		snprintf(field, sizeof field, "dataset[%zu].name", i);
+		if (rc == -ENOENT) {
+			*ret = api_reply_problem(req, API_P_INVALID_SPEC, field,
+						 "no dataset \"%s\" (create one with POST /v1/datasets; "
+						 "GET /v1/datasets lists them)", name);
+			return false;
+		}
+		if (rc < 0) {
+			*ret = api_reply_store_error(req, rc, "looking up the dataset failed");
+			return false;
+		}
+		bool ready = ds.state == DATASET_READY;
+		store_dataset_free(&ds);
+		if (!ready)
+			continue;
+		char sha[65];
+		dataset_vocab_sha(req, name, sha);
+		if (!sha[0])
+			continue;
+		if (!first_sha[0]) {
+			memcpy(first_sha, sha, sizeof sha);
+			first = i;
+		} else if (strcmp(sha, first_sha) != 0) {
+			*ret = api_reply_problem(req, API_P_INVALID_SPEC, field,
+						 "dataset \"%s\" has another vocab than dataset[%zu] (vocab sha256 "
+						 "%.12s vs %.12s): the datasets of a mixture must share one vocab",
+						 name, first, sha, first_sha);
+			return false;
+		}
+	}
+	return true;
+}
+
 /* What the job needs must exist, or it would be answered 201 and fail a
  * moment later: the dataset must be known (one still preparing is fine, the
  * job waits for it) and resources.gpus must fit the machine. Returns true,
@@ -913,11 +973,15 @@ static bool needs_exist(api_request *req, const json_t *spec, enum MHD_Result *r
 					 (long long)want, have, what, have == 1 ? "" : "s");
 		return false;
 	}
-	const char *name = json_string_value(json_object_get(spec, "dataset"));
+	json_t *mix = json_object_get(spec, "dataset");
+	if (json_is_array(mix) && !mixture_exists(req, mix, ret))
+		return false;
+	const char *name = json_is_array(mix) ? NULL : json_string_value(mix);
 	store_dataset ds;
-	int rc = name ? store_dataset_get_by_name(req->st, name, &ds) : -ENOENT;
+	int rc = json_is_array(mix) ? 0 : name ? store_dataset_get_by_name(req->st, name, &ds) : -ENOENT;
 	if (rc == 0) {
-		store_dataset_free(&ds);
+		if (!json_is_array(mix))
+			store_dataset_free(&ds);
 		return json_is_integer(nodes) && json_integer_value(nodes) > 1
 			       ? nodes_up(req, (int)json_integer_value(nodes), ret)
 			       : true;

@@ -29,6 +29,7 @@ enum kind {
 	K_INIT,     /* init_from: a K_PATH, or {"job": job id[, "checkpoint": step | "latest"]} */
 	K_OBJECT,   /* any object, copied through unchanged */
 	K_SECTION,  /* nested object described by sub */
+	K_DATASET,  /* dataset: a K_NAME, or a mixture [{"name", "proportion"}, ...] */
 };
 
 enum target { T_NONE, T_INT, T_I64, T_U64, T_DBL, T_BOOL, T_TRI, T_STR };
@@ -251,7 +252,7 @@ static const struct section profiler_sec = SEC(profiler_fields);
 static const struct field top_fields[] = {
 	{.key = "name", .kind = K_NAME, .flags = DERIVED, .imin = 1, .imax = 128,
 	 .preset_dim = -1, .t = T_STR, OFF(name)},
-	{.key = "dataset", .kind = K_NAME, .flags = REQUIRED, .imin = 1, .imax = 64,
+	{.key = "dataset", .kind = K_DATASET, .flags = REQUIRED, .imin = 1, .imax = 64,
 	 .preset_dim = -1, .t = T_STR, OFF(dataset)},
 	SECTION("model", model_sec),
 	{.key = "init_from", .kind = K_INIT, .flags = NULLABLE, .imin = 1, .imax = 1023,
@@ -452,6 +453,78 @@ static int init_job_normalize(const json_t *v, const char *path, jobspec_error *
 	return *res ? 0 : fail_oom(err);
 }
 
+/* dataset as a mixture: 1..JOBSPEC_MAX_DATASETS objects {"name": a dataset
+ * name, "proportion": > 0}, names distinct, proportions summing to 1 within
+ * JOBSPEC_PROPORTION_TOLERANCE. One entry is the plain name (the same job as
+ * "dataset": name); more are kept as [{"name", "proportion"}, ...] in the
+ * submitted order, proportions as reals. */
+static int dataset_mix_normalize(const json_t *v, const struct field *f, jobspec_error *err,
+				 json_t **res)
+{
+	size_t n = json_array_size(v);
+	char sub[32];
+	if (n < 1 || n > JOBSPEC_MAX_DATASETS)
+		return fail(err, 422, NULL, "dataset",
+			    "as a mixture must list 1 to %d datasets", JOBSPEC_MAX_DATASETS);
+	double sum = 0;
+	json_t *out = json_array();
+	if (!out)
+		return fail_oom(err);
+	for (size_t i = 0; i < n; i++) {
+		json_t *e = json_array_get(v, i), *x;
+		const char *key;
+		size_t len;
+		snprintf(sub, sizeof sub, "dataset[%zu]", i);
+		if (!json_is_object(e)) {
+			json_decref(out);
+			return fail(err, 422, NULL, sub, "must be an object {\"name\", \"proportion\"}");
+		}
+		json_object_keylen_foreach(e, key, len, x) {
+			if (!((len == 4 && memcmp(key, "name", 4) == 0) ||
+			      (len == 10 && memcmp(key, "proportion", 10) == 0))) {
+				json_decref(out);
+				return fail(err, 422, sub, key, "unknown key (a mixture entry takes name and proportion)");
+			}
+		}
+		json_t *name = json_object_get(e, "name"), *prop = json_object_get(e, "proportion");
+		if (!json_is_string(name) || !name_ok(json_string_value(name), json_string_length(name), f)) {
+			json_decref(out);
+			return fail(err, 422, sub, "name",
+				    "must be a dataset name: %lld to %lld characters of A-Z a-z 0-9 . _ -, "
+				    "starting with a letter or digit", f->imin, f->imax);
+		}
+		for (size_t j = 0; j < i; j++)
+			if (strcmp(json_string_value(json_object_get(json_array_get(out, j), "name")),
+				   json_string_value(name)) == 0) {
+				json_decref(out);
+				return fail(err, 422, sub, "name", "lists the same dataset as dataset[%zu]", j);
+			}
+		double p = json_is_number(prop) ? json_number_value(prop) : NAN;
+		if (!isfinite(p) || p <= 0 || p > 1) {
+			json_decref(out);
+			return fail(err, 422, sub, "proportion", "must be a number > 0 and <= 1");
+		}
+		sum += p;
+		if (json_array_append_new(out, json_pack("{s:s, s:f}", "name", json_string_value(name),
+							 "proportion", p)) < 0) {
+			json_decref(out);
+			return fail_oom(err);
+		}
+	}
+	if (fabs(sum - 1.0) > JOBSPEC_PROPORTION_TOLERANCE) {
+		json_decref(out);
+		return fail(err, 422, NULL, "dataset",
+			    "proportions must sum to 1 (within %g)", JOBSPEC_PROPORTION_TOLERANCE);
+	}
+	if (n == 1) {
+		*res = json_incref(json_object_get(json_array_get(out, 0), "name"));
+		json_decref(out);
+		return 0;
+	}
+	*res = out;
+	return 0;
+}
+
 /* Validates v (NULL when absent) against f and returns the effective value in
  * *res (new reference); *res = NULL means "leave for cross_check()". */
 static int field_normalize(const json_t *v, const struct field *f, const char *path,
@@ -544,6 +617,14 @@ static int field_normalize(const json_t *v, const struct field *f, const char *p
 		*res = json_string(s);
 		break;
 	}
+	case K_DATASET:
+		if (v && json_is_array(v))
+			return dataset_mix_normalize(v, f, err, res);
+		if (v && !json_is_string(v))
+			return fail(err, 422, path, f->key,
+				    "must be a dataset name or a mixture [{\"name\", \"proportion\"}, ...]");
+		/* one dataset by name: */
+		/* fall through */
 	case K_NAME:
 		if (!v) {
 			if (f->flags & DERIVED)
@@ -819,11 +900,33 @@ static int check_sched_kwargs(json_t *o, jobspec_error *err)
 	return rc;
 }
 
+/* The default name of a mixture job: its dataset names joined by "_", cut
+ * at 128 bytes (names are ASCII). Returns buf. */
+static const char *mix_name(json_t *mix, char buf[129])
+{
+	size_t n = 0;
+	buf[0] = '\0';
+	for (size_t i = 0; i < json_array_size(mix) && n < 128; i++)
+		n += (size_t)snprintf(buf + n, 129 - n, "%s%s", i ? "_" : "",
+				      json_string_value(json_object_get(json_array_get(mix, i), "name")));
+	if (n > 128)
+		n = 128;
+	while (n > 1 && (buf[n - 1] == '_')) /* not end on a separator */
+		n--;
+	buf[n] = '\0';
+	return buf;
+}
+
 static int cross_check(json_t *o, jobspec_error *err)
 {
 	if (json_is_null(json_object_get(o, "name"))) {
 		json_t *ds = json_object_get(o, "dataset");
-		if (json_object_set(o, "name", ds) < 0)
+		char buf[129];
+		if (json_is_array(ds)) /* a mixture: its names joined by "_", at most 128 bytes */
+			ds = json_string(mix_name(ds, buf));
+		else
+			json_incref(ds);
+		if (json_object_set_new(o, "name", ds) < 0)
 			return fail_oom(err);
 	}
 
@@ -1020,6 +1123,18 @@ static json_t *field_schema(const struct field *f)
 		o = json_pack("{s:o, s:I, s:I, s:s}", "type", type_of("string", f), "minLength",
 			      (json_int_t)f->imin, "maxLength", (json_int_t)f->imax, "pattern", name_pattern);
 		break;
+	case K_DATASET: {
+		json_t *one = json_pack("{s:s, s:I, s:I, s:s}", "type", "string", "minLength",
+					(json_int_t)f->imin, "maxLength", (json_int_t)f->imax, "pattern", name_pattern);
+		json_t *mix = json_pack(
+			"{s:s, s:i, s:i, s:{s:s, s:[s, s], s:b, s:{s:O, s:{s:s, s:i, s:i}}}, s:s}", "type",
+			"array", "minItems", 1, "maxItems", JOBSPEC_MAX_DATASETS, "items", "type", "object",
+			"required", "name", "proportion", "additionalProperties", 0, "properties", "name", one,
+			"proportion", "type", "number", "exclusiveMinimum", 0, "maximum", 1, "description",
+			"a mixture: names distinct, proportions summing to 1 (docs/jobspec.md#mixtures)");
+		o = json_pack("{s:[o, o]}", "oneOf", one, mix);
+		break;
+	}
 	case K_PATH:
 	case K_INIT: {
 		json_t *path = json_pack("{s:s, s:I, s:I, s:s}", "type", "string", "minLength",
@@ -1265,6 +1380,26 @@ static void sched_kwargs_fill(json_t *kw, jobspec_training *t)
 		t->num_decay_steps = json_integer_value(v);
 }
 
+/* The components of a job's data: one (dataset = its name, proportion 1)
+ * or a mixture (dataset = "", the entries in order). */
+static void dataset_fill(json_t *ds, jobspec *out)
+{
+	if (json_is_string(ds)) {
+		out->n_datasets = 1;
+		snprintf(out->datasets[0].name, sizeof out->datasets[0].name, "%s", json_string_value(ds));
+		out->datasets[0].proportion = 1.0;
+		return;
+	}
+	out->dataset[0] = '\0';
+	out->n_datasets = (int)json_array_size(ds);
+	for (int i = 0; i < out->n_datasets; i++) {
+		json_t *e = json_array_get(ds, (size_t)i);
+		snprintf(out->datasets[i].name, sizeof out->datasets[i].name, "%s",
+			 json_string_value(json_object_get(e, "name")));
+		out->datasets[i].proportion = json_real_value(json_object_get(e, "proportion"));
+	}
+}
+
 int jobspec_from_json(const json_t *spec, jobspec *out, jobspec_error *err)
 {
 	json_t *norm = NULL;
@@ -1290,6 +1425,7 @@ int jobspec_from_json(const json_t *spec, jobspec *out, jobspec_error *err)
 	memset(out, 0, sizeof *out);
 	section_fill(norm, &top_sec, out);
 	sched_kwargs_fill(at(norm, "training_args", "lr_scheduler_kwargs"), &out->training);
+	dataset_fill(json_object_get(norm, "dataset"), out);
 out:
 	json_decref(norm);
 	return rc;

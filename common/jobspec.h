@@ -97,9 +97,21 @@ typedef struct jobspec_mlm {
 	                                  * 5 with eval_strategy "steps", else 0 */
 } jobspec_mlm;
 
+/* A mixture has at most this many datasets; its proportions sum to 1
+ * within the tolerance (docs/jobspec.md#mixtures). */
+#define JOBSPEC_MAX_DATASETS 16
+#define JOBSPEC_PROPORTION_TOLERANCE 1e-6
+
+typedef struct jobspec_dataset {
+	char name[65];                 /* 1..64 of [A-Za-z0-9._-] */
+	double proportion;             /* (0, 1]; 1 for a job on one dataset */
+} jobspec_dataset;
+
 typedef struct jobspec {
 	char name[129];                /* 1..128 of [A-Za-z0-9._-] */
-	char dataset[65];              /* 1..64 of [A-Za-z0-9._-] */
+	char dataset[65];              /* one dataset's name; "" for a mixture (see datasets) */
+	int n_datasets;                /* 1 (dataset), or 2..JOBSPEC_MAX_DATASETS (a mixture) */
+	jobspec_dataset datasets[JOBSPEC_MAX_DATASETS]; /* (n_datasets,): every component, in order */
 	char init_from[1024];          /* absolute path, "" when training from scratch (the
 	                                * {"job", "checkpoint"} form is resolved at submit) */
 	char init_from_restore[8];     /* "weights" | "all": also the optimizer, scheduler,

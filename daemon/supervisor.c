@@ -634,6 +634,30 @@ static void relay_lost(supervisor *sv, run *r, child *c)
 	run_kill_all(r, SIGTERM);
 }
 
+/* A job's data as one string for messages: the dataset's name, or a
+ * mixture's names joined by "+". Returns buf. */
+static const char *data_label(json_t *spec, char *buf, size_t cap)
+{
+	json_t *ds = json_object_get(spec, "dataset");
+	size_t n = 0, i;
+	json_t *e;
+	buf[0] = '\0';
+	if (!json_is_array(ds)) {
+		snprintf(buf, cap, "%s", json_string_value(ds) ? json_string_value(ds) : "");
+		return buf;
+	}
+	json_array_foreach(ds, i, e) {
+		if (n >= cap)
+			break;
+		int w = snprintf(buf + n, cap - n, "%s%s", i ? "+" : "",
+				 json_string_value(json_object_get(e, "name")));
+		if (w < 0)
+			break;
+		n += (size_t)w;
+	}
+	return buf;
+}
+
 /* Every rank has joined: the same dataset everywhere, or the job fails
  * (not retried: a restart would find the same copies). Then "go". */
 static void relay_all_joined(supervisor *sv, run *r)
@@ -643,7 +667,8 @@ static void relay_all_joined(supervisor *sv, run *r)
 	for (int i = 0; i < r->world && len > 0 && (size_t)len < sizeof where; i++)
 		len += snprintf(where + len, sizeof where - (size_t)len, " %d@%s", i, r->rank_node[i]);
 	store_job_note(sv->st, r->id, where);
-	const char *dataset = json_string_value(json_object_get(r->spec, "dataset"));
+	char label[JOBSPEC_MAX_DATASETS * 66];
+	const char *dataset = data_label(r->spec, label, sizeof label);
 	if (cluster_dataset_verdict((const char(*)[64])r->rank_node,
 				    (const char(*)[CLUSTER_TOKEN_HEX + 1])r->rank_sha, r->world,
 				    dataset ? dataset : "", why, sizeof why) < 0) {
@@ -898,6 +923,19 @@ static int write_job_file(supervisor *sv, run *r, const char *dataset_dir, const
 				"dataset_dir", dataset_dir, "checkpoint_dir", ck, "export_dir", ex, "shm_name", shm,
 				"devices", devs, "world_size", r->world);
 	json_object_set_new(job, "resume_from", resume && *resume ? json_string(resume) : json_null());
+	json_t *mix = json_object_get(r->spec, "dataset");
+	if (json_is_array(mix)) { /* a mixture: one directory per component, in the spec's order */
+		json_t *dirs = json_array();
+		size_t i;
+		json_t *e;
+		json_array_foreach(mix, i, e) {
+			char d[1200];
+			snprintf(d, sizeof d, "%s/datasets/%s", sv->dataset_root,
+				 json_string_value(json_object_get(e, "name")));
+			json_array_append_new(dirs, json_string(d));
+		}
+		json_object_set_new(job, "dataset_dirs", dirs);
+	}
 	char *text = json_dumps(job, JSON_INDENT(2) | JSON_SORT_KEYS);
 	json_decref(job);
 	if (!text)
@@ -1037,23 +1075,28 @@ static int start_job(supervisor *sv, const store_job *j, const int *dev, int nde
 		run_free(r);
 		return 0;
 	}
-	store_dataset ds;
-	if (store_dataset_get_by_name(sv->st, spec.dataset, &ds) < 0) {
-		snprintf(reason, sizeof reason, "dataset \"%s\" does not exist (POST /v1/datasets first)", spec.dataset);
-		fail_job_now(sv, j->id, from, reason);
-		run_free(r);
-		return 0;
+	/* every dataset of the job (a mixture's components) exists and is ready */
+	for (int k = 0; k < spec.n_datasets; k++) {
+		store_dataset ds;
+		const char *dn = spec.datasets[k].name;
+		if (store_dataset_get_by_name(sv->st, dn, &ds) < 0) {
+			snprintf(reason, sizeof reason, "dataset \"%s\" does not exist (POST /v1/datasets first)", dn);
+			fail_job_now(sv, j->id, from, reason);
+			run_free(r);
+			return 0;
+		}
+		bool ready = ds.state == DATASET_READY;
+		store_dataset_free(&ds);
+		if (!ready) {
+			snprintf(reason, sizeof reason, "dataset \"%s\" is not ready", dn);
+			fail_job_now(sv, j->id, from, reason);
+			run_free(r);
+			return 0;
+		}
 	}
-	bool ready = ds.state == DATASET_READY;
-	store_dataset_free(&ds);
-	if (!ready) {
-		snprintf(reason, sizeof reason, "dataset \"%s\" is not ready", spec.dataset);
-		fail_job_now(sv, j->id, from, reason);
-		run_free(r);
-		return 0;
-	}
+	/* the first component's; write_job_file adds a mixture's "dataset_dirs" */
 	char dataset_dir[1200];
-	snprintf(dataset_dir, sizeof dataset_dir, "%s/datasets/%s", sv->dataset_root, spec.dataset);
+	snprintf(dataset_dir, sizeof dataset_dir, "%s/datasets/%s", sv->dataset_root, spec.datasets[0].name);
 
 	char logs[1100], ckdir[1100];
 	snprintf(logs, sizeof logs, "%s/logs", r->dir);
@@ -1661,6 +1704,20 @@ static bool dataset_preparing(supervisor *sv, const char *name, dataset_memo *me
 	return preparing;
 }
 
+/* A job's "dataset": one name, or a mixture's entries; true while any of
+ * them is preparing. */
+static bool job_data_preparing(supervisor *sv, json_t *ds, dataset_memo *memo)
+{
+	if (!json_is_array(ds))
+		return dataset_preparing(sv, json_string_value(ds), memo);
+	size_t i;
+	json_t *e;
+	json_array_foreach(ds, i, e)
+		if (dataset_preparing(sv, json_string_value(json_object_get(e, "name")), memo))
+			return true;
+	return false;
+}
+
 static void tick_schedule(supervisor *sv)
 {
 	for (;;) {
@@ -1686,7 +1743,7 @@ static void tick_schedule(supervisor *sv)
 			int want = json_is_integer(g) && json_integer_value(g) >= 1 && json_integer_value(g) <= 64
 					   ? (int)json_integer_value(g) : 1;
 			/* a job waits for its dataset while it is queued or preparing */
-			bool waits = dataset_preparing(sv, json_string_value(json_object_get(js, "dataset")), &memo);
+			bool waits = job_data_preparing(sv, json_object_get(js, "dataset"), &memo);
 			json_t *nodes = json_object_get(json_object_get(js, "resources"), "nodes");
 			bool multinode = json_is_integer(nodes) && json_integer_value(nodes) > 1;
 			json_decref(js);

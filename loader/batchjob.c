@@ -49,6 +49,38 @@ static int copy_str(char *dst, size_t cap, const json_t *job, const char *key)
 	return 0;
 }
 
+/* The components: spec.datasets' proportions, and their directories from
+ * "dataset_dirs" (a mixture) or "dataset_dir" (one dataset). */
+static int dataset_dirs_from_json(const json_t *job, batchjob *out)
+{
+	const jobspec *sp = &out->spec;
+	double prop[MIX_MAX];
+	json_t *dirs = json_object_get(job, "dataset_dirs");
+	out->n_datasets = (uint32_t)sp->n_datasets;
+	if (out->n_datasets < 1 || out->n_datasets > MIX_MAX) {
+		log_error("job file: spec has %d datasets", sp->n_datasets);
+		return -EINVAL;
+	}
+	if (out->n_datasets > 1 && json_array_size(dirs) != out->n_datasets) {
+		log_error("job file: \"dataset_dirs\" must list the spec's %u datasets", out->n_datasets);
+		return -EINVAL;
+	}
+	for (uint32_t k = 0; k < out->n_datasets; k++) {
+		prop[k] = sp->datasets[k].proportion;
+		const char *d = out->n_datasets > 1 ? json_string_value(json_array_get(dirs, k)) : out->dataset_dir;
+		if (!d || strlen(d) >= sizeof(out->dataset_dirs[k])) {
+			log_error("job file: dataset_dirs[%u] missing, not a string or too long", k);
+			return -EINVAL;
+		}
+		memcpy(out->dataset_dirs[k], d, strlen(d) + 1);
+	}
+	if (mix_schedule_init(&out->mix, prop, out->n_datasets) < 0) {
+		log_error("job file: the datasets' proportions are not all > 0");
+		return -EINVAL;
+	}
+	return 0;
+}
+
 int batchjob_from_json(const json_t *job, batchjob *out)
 {
 	memset(out, 0, sizeof(*out));
@@ -65,6 +97,8 @@ int batchjob_from_json(const json_t *job, batchjob *out)
 	if ((rc = copy_str(out->job_id, sizeof(out->job_id), job, "job_id")) ||
 	    (rc = copy_str(out->dataset_dir, sizeof(out->dataset_dir), job, "dataset_dir")) ||
 	    (rc = copy_str(out->shm_name, sizeof(out->shm_name), job, "shm_name")))
+		return rc;
+	if ((rc = dataset_dirs_from_json(job, out)))
 		return rc;
 	json_t *ws = json_object_get(job, "world_size");
 	if (!json_is_integer(ws) || json_integer_value(ws) < 1 || json_integer_value(ws) > 4096) {
@@ -115,8 +149,16 @@ int batchjob_from_json(const json_t *job, batchjob *out)
 	p->end_batch = (uint64_t)tr->max_steps * per_step;
 	if (p->end_batch < p->start_batch)
 		p->end_batch = p->start_batch; /* resumed at or past the end: nothing to build */
-	p->job_tag = mlm_config_digest(c);
+	p->job_tag = mlm_config_digest(c) ^ mix_digest(&out->mix);
 	return 0;
+}
+
+mlm_config batchjob_component_config(const batchjob *bj, uint32_t k, int split)
+{
+	mlm_config c = bj->mlm;
+	c.seed = mix_component_seed(bj->mlm.seed, k, bj->n_datasets);
+	c.split = split;
+	return c;
 }
 
 int batchjob_load(const char *path, batchjob *out)
@@ -167,14 +209,29 @@ uint8_t *batchjob_continuation_bitmap(const char *vocab_path, uint32_t vocab_siz
 int batchjob_data_open(batchjob *bj, batchjob_data *out)
 {
 	memset(out, 0, sizeof(*out));
-	int rc = shard_dataset_open(bj->dataset_dir, &out->shards);
-	if (rc)
-		goto out;
-	if (out->shards->n_shards == 0 || out->shards->n_shards > UINT32_MAX) {
-		log_error("dataset %s has no shards", bj->dataset_dir);
-		rc = -ENODATA;
-		goto out;
+	out->mix = &bj->mix;
+	int rc = 0;
+	for (uint32_t k = 0; k < bj->n_datasets; k++) {
+		const char *dir = bj->dataset_dirs[k];
+		shard_dataset *sd = NULL;
+		if ((rc = shard_dataset_open(dir, &sd)))
+			goto out;
+		out->part_shards[out->n++] = sd;
+		if (sd->n_shards == 0 || sd->n_shards > UINT32_MAX) {
+			log_error("dataset %s has no shards", dir);
+			rc = -ENODATA;
+			goto out;
+		}
+		/* one vocab for all: a token id must mean the same word in every batch */
+		if (k > 0 && (strcmp(sd->vocab.sha256, out->part_shards[0]->vocab.sha256) != 0 ||
+			      sd->vocab.vocab_size != out->part_shards[0]->vocab.vocab_size)) {
+			log_error("dataset %s has another vocab than %s: a mixture needs one vocab", dir,
+				  bj->dataset_dirs[0]);
+			rc = -EINVAL;
+			goto out;
+		}
 	}
+	out->shards = out->part_shards[0];
 	if (bj->mlm.whole_word_mask) {
 		out->continuation =
 			batchjob_continuation_bitmap(out->shards->vocab_path, out->shards->views[0].vocab_size);
@@ -184,18 +241,27 @@ int batchjob_data_open(batchjob *bj, batchjob_data *out)
 		}
 		bj->mlm.is_continuation = out->continuation;
 	}
-	rc = mlm_dataset_create(&out->ds, out->shards->views, (uint32_t)out->shards->n_shards, &bj->mlm);
-	if (rc)
-		goto out;
-	mlm_stats st;
-	mlm_dataset_stats(out->ds, &st);
-	if (st.n_samples < bj->ring.layout.B) {
-		log_error("dataset %s makes %llu sequences of %u tokens, fewer than one batch of %u",
-			  bj->dataset_dir, (unsigned long long)st.n_samples, bj->mlm.max_seq_len,
-			  bj->ring.layout.B);
-		rc = -ENODATA;
-		goto out;
+	for (uint32_t k = 0; k < out->n; k++) {
+		mlm_config cfg = batchjob_component_config(bj, k, MLM_SPLIT_TRAIN);
+		shard_dataset *sd = out->part_shards[k];
+		if ((rc = mlm_dataset_create(&out->part_ds[k], sd->views, (uint32_t)sd->n_shards, &cfg)))
+			goto out;
+		mlm_stats st;
+		mlm_dataset_stats(out->part_ds[k], &st);
+		/* a mixture's component may be smaller than a batch: others fill it */
+		if (st.n_samples < (out->n > 1 ? 1 : bj->ring.layout.B)) {
+			log_error("dataset %s makes %llu sequences of %u tokens, fewer than one batch of %u",
+				  bj->dataset_dirs[k], (unsigned long long)st.n_samples, bj->mlm.max_seq_len,
+				  bj->ring.layout.B);
+			rc = -ENODATA;
+			goto out;
+		}
+		if (out->n > 1)
+			log_info("mixture component %u (%s): proportion %.6f, %llu sequences per epoch", k,
+				 bj->dataset_dirs[k], bj->spec.datasets[k].proportion,
+				 (unsigned long long)st.n_samples);
 	}
+	out->ds = out->part_ds[0];
 	return 0;
 out:
 	batchjob_data_close(out);
@@ -204,11 +270,21 @@ out:
 
 void batchjob_data_close(batchjob_data *d)
 {
-	mlm_dataset_destroy(d->ds);
+	for (uint32_t k = 0; k < d->n; k++) {
+		mlm_dataset_destroy(d->part_ds[k]);
+		if (d->part_shards[k])
+			shard_dataset_close(d->part_shards[k]);
+	}
 	free(d->continuation);
-	if (d->shards)
-		shard_dataset_close(d->shards);
 	memset(d, 0, sizeof(*d));
+}
+
+int batchjob_batch_build(const batchjob_data *d, const batch_layout *l, uint32_t G, uint32_t M,
+			 uint64_t global, void *slot)
+{
+	if (d->n <= 1)
+		return mlm_batch_build(d->ds, l, G, M, global, slot);
+	return mix_batch_build((const mlm_dataset *const *)d->part_ds, d->mix, l, G, M, global, slot);
 }
 
 void batchjob_simulated_delay(const batchjob *bj)

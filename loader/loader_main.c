@@ -56,6 +56,7 @@ typedef struct build_ctx {
 	const mlm_dataset *ds;
 	const ring_params *p;
 	const batchjob *bj; /* NULL in --raw mode */
+	const batchjob_data *data; /* the job's datasets (a mixture's too); NULL in --raw mode */
 } build_ctx;
 
 static int build(void *ctx, uint64_t global, void *slot)
@@ -63,6 +64,8 @@ static int build(void *ctx, uint64_t global, void *slot)
 	build_ctx *b = ctx;
 	if (b->bj)
 		batchjob_simulated_delay(b->bj);
+	if (b->data)
+		return batchjob_batch_build(b->data, &b->p->layout, b->p->G, b->p->M, global, slot);
 	return mlm_batch_build(b->ds, &b->p->layout, b->p->G, b->p->M, global, slot);
 }
 
@@ -354,7 +357,8 @@ int main(int argc, char **argv)
 	log_info("%llu sequences/epoch, pad fraction %.3f, %llu empty documents skipped, index %.1f MiB",
 		 (unsigned long long)st.n_samples, st.pad_fraction, (unsigned long long)st.n_empty_docs,
 		 (double)st.index_bytes / 1048576.0);
-	build_ctx bc = {.ds = ds, .p = ring_get_params(r), .bj = o.job ? &bj : NULL};
+	build_ctx bc = {.ds = ds, .p = ring_get_params(r), .bj = o.job ? &bj : NULL,
+			.data = o.job ? &data : NULL};
 	rc = ring_produce(r, build, &bc, &g_stop);
 	if (rc == -EINTR) {
 		log_info("stopping on signal");

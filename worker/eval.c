@@ -82,45 +82,63 @@ int eval_set_create(eval_set **out, const batchjob *bj, int rank, int world, cha
 		return set_err(err, errlen, -EINVAL, "mlm.validation_split_percentage is 0: nothing is held out");
 	if (world < 1 || rank < 0 || rank >= world)
 		return set_err(err, errlen, -EINVAL, "rank %d of %d", rank, world);
-	shard_dataset *sd = NULL;
+	/* (K,) per component of a mixture; K = 1 for one dataset */
+	const uint32_t K = bj->n_datasets;
+	shard_dataset *sd[MIX_MAX] = {0};
+	mlm_dataset *ds[MIX_MAX] = {0};
+	uint64_t nb_k[MIX_MAX] = {0}, nseq_k[MIX_MAX] = {0};
 	uint8_t *cont = NULL;
-	mlm_dataset *ds = NULL;
 	eval_set *es = NULL;
-	mlm_config cfg = bj->mlm;
-	cfg.split = MLM_SPLIT_EVAL;
-	int rc = shard_dataset_open(bj->dataset_dir, &sd);
-	if (rc) {
-		set_err(err, errlen, rc, "cannot open dataset %s: %s", bj->dataset_dir, strerror(-rc));
-		goto out;
-	}
-	if (sd->n_shards == 0) {
-		rc = set_err(err, errlen, -ENODATA, "dataset %s has no shards", bj->dataset_dir);
-		goto out;
-	}
-	if (cfg.whole_word_mask) {
-		cont = batchjob_continuation_bitmap(sd->vocab_path, sd->views[0].vocab_size);
-		if (!cont) {
-			rc = set_err(err, errlen, -EBADMSG, "cannot read the vocab of %s", bj->dataset_dir);
+	int rc = 0;
+	const int B = tr->per_device_eval_batch_size, T = (int)bj->mlm.max_seq_len, P = (int)bj->mlm.max_pred;
+	uint64_t nb = 0, n_seq = 0;
+	for (uint32_t k = 0; k < K; k++) {
+		const char *dir = bj->dataset_dirs[k];
+		mlm_config cfg = batchjob_component_config(bj, k, MLM_SPLIT_EVAL);
+		rc = shard_dataset_open(dir, &sd[k]);
+		if (rc) {
+			set_err(err, errlen, rc, "cannot open dataset %s: %s", dir, strerror(-rc));
 			goto out;
 		}
-		cfg.is_continuation = cont;
+		if (sd[k]->n_shards == 0) {
+			rc = set_err(err, errlen, -ENODATA, "dataset %s has no shards", dir);
+			goto out;
+		}
+		if (cfg.whole_word_mask) {
+			if (!cont)
+				cont = batchjob_continuation_bitmap(sd[k]->vocab_path, sd[k]->views[0].vocab_size);
+			if (!cont) {
+				rc = set_err(err, errlen, -EBADMSG, "cannot read the vocab of %s", dir);
+				goto out;
+			}
+			cfg.is_continuation = cont;
+		}
+		rc = mlm_dataset_create(&ds[k], sd[k]->views, (uint32_t)sd[k]->n_shards, &cfg);
+		if (rc) {
+			set_err(err, errlen, rc, "indexing the held-out documents of %s: %s", dir, strerror(-rc));
+			goto out;
+		}
+		mlm_stats st;
+		mlm_dataset_stats(ds[k], &st);
+		/* each component's share of max_eval_batches follows its proportion
+		 * (at least one batch), so the pooled metrics weigh them as training does */
+		uint64_t cap = (uint64_t)tr->max_eval_batches;
+		if (K > 1) {
+			cap = (uint64_t)floor((double)tr->max_eval_batches * bj->spec.datasets[k].proportion);
+			if (cap < 1)
+				cap = 1;
+		}
+		nb_k[k] = (st.n_samples + (uint64_t)B - 1) / (uint64_t)B;
+		if (nb_k[k] > cap)
+			nb_k[k] = cap;
+		nseq_k[k] = nb_k[k] * (uint64_t)B < st.n_samples ? nb_k[k] * (uint64_t)B : st.n_samples;
+		nb += nb_k[k];
+		n_seq += nseq_k[k];
 	}
-	rc = mlm_dataset_create(&ds, sd->views, (uint32_t)sd->n_shards, &cfg);
-	if (rc) {
-		set_err(err, errlen, rc, "indexing the held-out documents: %s", strerror(-rc));
-		goto out;
-	}
-	mlm_stats st;
-	mlm_dataset_stats(ds, &st);
-	const int B = tr->per_device_eval_batch_size, T = (int)cfg.max_seq_len, P = (int)cfg.max_pred;
-	uint64_t nb = (st.n_samples + (uint64_t)B - 1) / (uint64_t)B;
-	if (nb > (uint64_t)tr->max_eval_batches)
-		nb = (uint64_t)tr->max_eval_batches;
 	if (nb == 0) {
 		rc = set_err(err, errlen, -ENODATA, "the held-out documents make no sequence");
 		goto out;
 	}
-	uint64_t n_seq = nb * (uint64_t)B < st.n_samples ? nb * (uint64_t)B : st.n_samples;
 	es = calloc(1, sizeof(*es));
 	size_t per_seq = 2 * (size_t)T + 2 * (size_t)P + 2;
 	if (es) {
@@ -134,7 +152,7 @@ int eval_set_create(eval_set **out, const batchjob *bj, int rank, int world, cha
 	}
 	es->T = T;
 	es->P = P;
-	es->nsp = cfg.nsp;
+	es->nsp = bj->mlm.nsp;
 	es->n_batches = (int)nb;
 	es->rank = rank;
 	es->world = world;
@@ -142,24 +160,29 @@ int eval_set_create(eval_set **out, const batchjob *bj, int rank, int world, cha
 	if ((uint64_t)rank >= nb)
 		es->mine = 0;
 	int32_t *cur = es->mem;
-	for (uint64_t k = 0; k < nb; k++) {
-		uint64_t s0 = k * (uint64_t)B;
-		int n = (int)(n_seq - s0 < (uint64_t)B ? n_seq - s0 : (uint64_t)B);
-		rc = build_batch(ds, s0, n, T, P, cfg.nsp, &es->batches[k], &cur);
-		if (rc) {
-			set_err(err, errlen, rc, "building eval batch %llu: %s", (unsigned long long)k,
-				strerror(-rc));
-			goto out;
+	uint64_t b = 0;
+	for (uint32_t k = 0; k < K; k++) {
+		for (uint64_t i = 0; i < nb_k[k]; i++, b++) {
+			uint64_t s0 = i * (uint64_t)B;
+			int n = (int)(nseq_k[k] - s0 < (uint64_t)B ? nseq_k[k] - s0 : (uint64_t)B);
+			rc = build_batch(ds[k], s0, n, T, P, bj->mlm.nsp, &es->batches[b], &cur);
+			if (rc) {
+				set_err(err, errlen, rc, "building eval batch %llu: %s", (unsigned long long)b,
+					strerror(-rc));
+				goto out;
+			}
 		}
 	}
 	*out = es;
 	es = NULL;
 out:
 	eval_set_destroy(es);
-	mlm_dataset_destroy(ds);
+	for (uint32_t k = 0; k < K; k++) {
+		mlm_dataset_destroy(ds[k]);
+		if (sd[k])
+			shard_dataset_close(sd[k]);
+	}
 	free(cont);
-	if (sd)
-		shard_dataset_close(sd);
 	return rc;
 }
 

@@ -9,6 +9,10 @@
  * (the last may be shorter), at most max_eval_batches. Rank r of G evaluates
  * batches r, r+G, ...; the loss sum, masked-token count and correct count
  * are added over the ranks, so every rank returns the same result.
+ * A mixture holds out documents of every component (each with its own
+ * seed): the eval set is component 0's batches, then component 1's, ...,
+ * each capped at its proportion of max_eval_batches (at least one), and the
+ * metrics are pooled over all of them.
  *
  * Never talks to the daemon and never decides to exit; the only file it
  * writes is the eval-batches file asked for (docs/formats.md).
@@ -39,7 +43,7 @@ typedef struct eval_result {
 	int batches;          /* eval batches over all ranks */
 } eval_result;
 
-/* Builds the eval set of bj for rank of world: opens bj->dataset_dir on
+/* Builds the eval set of bj for rank of world: opens bj->dataset_dirs on
  * its own (loaders or not), indexes the held-out documents, builds every
  * batch into memory it owns and closes the dataset. Returns 0 and *out
  * (caller owns, eval_set_destroy); -EINVAL when bj holds nothing out,

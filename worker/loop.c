@@ -82,7 +82,7 @@ static int next_batch(worker *w, int k, bert_batch *b, bool *from_ring)
 				  (uint64_t)w->rank;
 		slot = (char *)w->local_slot + (size_t)k * l->slot_bytes;
 		batchjob_simulated_delay(&w->bj);
-		if ((rc = mlm_batch_build(w->data.ds, l, (uint32_t)w->world, (uint32_t)M, global, slot)) < 0)
+		if ((rc = batchjob_batch_build(&w->data, l, (uint32_t)w->world, (uint32_t)M, global, slot)) < 0)
 			return worker_fail(w, BERTD_EXIT_DATA, "building batch %llu: %s", (unsigned long long)global,
 					   strerror(-rc));
 	}

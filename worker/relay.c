@@ -76,6 +76,28 @@ static void dataset_digest(const char *dir, char hex[65])
 	sha256_to_hex(d, hex);
 }
 
+/* A mixture's digest: the sha256 of its components' digests, one a line
+ * in the job's order; "" when any component has none (a missing copy). */
+static void mixture_digest(json_t *dirs, char hex[65])
+{
+	sha256_ctx c;
+	sha256_init(&c);
+	hex[0] = 0;
+	size_t i;
+	json_t *d;
+	json_array_foreach(dirs, i, d) {
+		char one[65];
+		dataset_digest(json_string_value(d) ? json_string_value(d) : "", one);
+		if (!one[0])
+			return;
+		sha256_update(&c, one, strlen(one));
+		sha256_update(&c, "\n", 1);
+	}
+	uint8_t out[32];
+	sha256_final(&c, out);
+	sha256_to_hex(out, hex);
+}
+
 /* "host:port" or "[v6]:port" into host and port. */
 static int split_addr(const char *addr, char *host, size_t cap, char *port, size_t pcap)
 {
@@ -112,7 +134,10 @@ int relay_connect(const char *job_path, int rank, char *err, size_t cap)
 		snprintf(node, sizeof node, "?");
 	json_t *job = json_load_file(job_path, 0, NULL);
 	const char *ds = json_string_value(json_object_get(job, "dataset_dir"));
-	if (ds)
+	json_t *dirs = json_object_get(job, "dataset_dirs");
+	if (json_array_size(dirs) > 1)
+		mixture_digest(dirs, sha);
+	else if (ds)
 		dataset_digest(ds, sha);
 	json_decref(job);
 

@@ -19,7 +19,9 @@
  *     refused (409) naming n2; resumed, the same submit is accepted and runs;
  *   - n2 sees a different dataset at the same path (root: its slurmd in a
  *     mount namespace): the job fails, not retried, naming n1 and n2; no
- *     dataset there: it fails naming n2.
+ *     dataset there: it fails naming n2;
+ *   - a mixture of two datasets trains on 2 nodes what it trains on one;
+ *     another copy of its second dataset on n2 fails the job the same way.
  * Skips (77) without Slurm/munge (root is not needed). Waiting is polling with
  * deadlines; the assertions are on states, events and bytes. */
 #include <arpa/inet.h>
@@ -546,6 +548,70 @@ static void dataset_differs_on_a_node(void **state)
 	wait_node(f, "n2", "idle");
 }
 
+/* The mixture form of SPEC: shakes 0.6 and shakes2 0.4 (one vocab). */
+#define MIXSPEC(name, res)                                                                                  \
+	"{\"name\":\"" name "\",\"dataset\":[{\"name\":\"shakes\",\"proportion\":0.6},"                      \
+	"{\"name\":\"shakes2\",\"proportion\":0.4}],"                                                         \
+	"\"model\":{\"preset\":\"bert-tiny\",\"hidden_size\":32,\"num_hidden_layers\":1,"                 \
+	"\"num_attention_heads\":2,\"intermediate_size\":64,\"max_position_embeddings\":64},"            \
+	"\"training_args\":{\"per_device_train_batch_size\":8,\"max_seq_length\":32,\"max_steps\":8,"        \
+	"\"logging_steps\":2,\"save_steps\":4,\"learning_rate\":0.01,\"warmup_steps\":2,"                     \
+	"\"dataloader_num_workers\":0,\"seed\":7},\"resources\":" res "}"
+
+/* A mixture on 2 nodes x 1 rank trains what it trains on 1 node x 2 ranks;
+ * n2 with another copy of the second dataset (root: a mount namespace):
+ * the job fails, not retried, naming the mixture and both nodes. */
+static void mixture_on_two_nodes(void **state)
+{
+	fx *f = *state;
+	char cmd[1200];
+	snprintf(cmd, sizeof cmd, "tail -n 1500 '%s/shakes.txt' > '%s/shakes2.txt'", f->data, f->data);
+	assert_int_equal(system(cmd), 0);
+	snprintf(cmd, sizeof cmd,
+		 "{\"name\":\"shakes2\",\"source\":\"shakes2.txt\",\"vocab\":{\"file\":\"%s/datasets/shakes/vocab.txt\"}}",
+		 f->data);
+	assert_int_equal(it_add_dataset(&f->d, cmd), 0);
+	it_wait_dataset_ready(&f->d, "shakes2", DEADLINE_S);
+	char one[65], two[65], plain[65];
+	run_to_end(f, MIXSPEC("mix-1x2", ONE_NODE), one, NULL);
+	run_to_end(f, MIXSPEC("mix-2x1", TWO_NODES), two, NULL);
+	assert_string_equal(one, two);
+	run_to_end(f, SPEC("plain-1x2", "8", "4", "2", ONE_NODE, ""), plain, NULL);
+	assert_string_not_equal(one, plain); /* the mixture is trained on, not shakes alone */
+	if (getuid() != 0)
+		return;
+	char ds[300], alt[300];
+	snprintf(ds, sizeof ds, "%s/datasets/shakes2", f->data);
+	snprintf(alt, sizeof alt, "%s/alt-shakes2", f->d.root);
+	snprintf(cmd, sizeof cmd, "cp -a '%s' '%s' && b=$(ls '%s'/*.bin | head -n 1) && printf x >>\"$b\"", ds, alt,
+		 alt);
+	assert_int_equal(system(cmd), 0);
+	snprintf(cmd, sizeof cmd, "%s node-stop %s n2 && %s node-start-bind %s n2 '%s' '%s'", script(), f->slurm,
+		 script(), f->slurm, alt, ds);
+	int st = system(cmd);
+	if (WIFEXITED(st) && WEXITSTATUS(st) == 77) {
+		snprintf(cmd, sizeof cmd, "%s node-start %s n2", script(), f->slurm);
+		assert_int_equal(system(cmd), 0);
+		wait_node(f, "n2", "idle");
+		return;
+	}
+	assert_int_equal(st, 0);
+	wait_node(f, "n2", "idle");
+	char *id = it_submit(&f->d, MIXSPEC("mix-differs-2x1", TWO_NODES));
+	json_t *j = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
+	const char *why = json_string_value(json_object_get(j, "failure_reason"));
+	if (!why || !strstr(why, "dataset \"shakes+shakes2\" differs between nodes: n1 has content digest"))
+		fail_msg("a mixture component that differs on n2: %s %s", it_jstr(j, "state"), why ? why : "(no reason)");
+	assert_string_equal(it_jstr(j, "state"), "failed");
+	assert_int_equal(json_integer_value(json_object_get(j, "restart_count")), 0);
+	json_decref(j);
+	free(id);
+	snprintf(cmd, sizeof cmd, "%s node-stop %s n2 && %s node-start %s n2", script(), f->slurm, script(),
+		 f->slurm);
+	assert_int_equal(system(cmd), 0);
+	wait_node(f, "n2", "idle");
+}
+
 int main(void)
 {
 	char cmd[600];
@@ -560,6 +626,7 @@ int main(void)
 		cmocka_unit_test(node_lost_fails_attempt_and_resumes),
 		cmocka_unit_test(cancel_keeps_stop_checkpoint),
 		cmocka_unit_test(dataset_differs_on_a_node),
+		cmocka_unit_test(mixture_on_two_nodes),
 	};
 	return IT_RUN(tests, setup, teardown);
 }

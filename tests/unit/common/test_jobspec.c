@@ -1269,6 +1269,64 @@ static void test_sched_kwargs(void **state)
 		   "training_args.lr_scheduler_kwargs");
 }
 
+/* A mixture: "dataset" as [{"name", "proportion"}]; the 422s name the
+ * entry and key; one entry is the plain name; the typed view lists them. */
+static void test_mixture(void **state)
+{
+	(void)state;
+	expect_bad("{\"dataset\": [{\"name\": \"a\", \"proportion\": 0.7}, {\"name\": \"b\", "
+		   "\"proportion\": 0.2}]}", 422, "dataset");
+	expect_bad("{\"dataset\": [{\"name\": \"a\", \"proportion\": 0.7}, {\"name\": \"b\", "
+		   "\"proportion\": 0}]}", 422, "dataset[1].proportion");
+	expect_bad("{\"dataset\": [{\"name\": \"a\", \"proportion\": 1.3}, {\"name\": \"b\", "
+		   "\"proportion\": -0.3}]}", 422, "dataset[0].proportion");
+	expect_bad("{\"dataset\": [{\"name\": \"a\", \"proportion\": 0.5}, {\"name\": \"a\", "
+		   "\"proportion\": 0.5}]}", 422, "dataset[1].name");
+	expect_bad("{\"dataset\": [{\"name\": \"a\", \"proportion\": 0.5}, {\"name\": \"../b\", "
+		   "\"proportion\": 0.5}]}", 422, "dataset[1].name");
+	expect_bad("{\"dataset\": [{\"name\": \"a\", \"proportion\": 0.5}, {\"name\": \"b\", "
+		   "\"weight\": 0.5}]}", 422, "dataset[1].weight");
+	expect_bad("{\"dataset\": [{\"name\": \"a\", \"proportion\": 0.5}, \"b\"]}", 422, "dataset[1]");
+	expect_bad("{\"dataset\": [{\"name\": \"a\", \"proportion\": \"0.5\"}, {\"name\": \"b\", "
+		   "\"proportion\": 0.5}]}", 422, "dataset[0].proportion");
+	expect_bad("{\"dataset\": []}", 422, "dataset");
+	expect_bad("{\"dataset\": 7}", 422, "dataset");
+
+	json_t *in = parse("{\"dataset\": [{\"proportion\": 0.7, \"name\": \"wiki\"}, "
+			   "{\"name\": \"books\", \"proportion\": 0.3}], \"training_args\": {\"max_steps\": 10}}");
+	json_t *out = NULL;
+	jobspec_error err;
+	assert_int_equal(jobspec_normalize(in, &out, &err), 0);
+	json_t *ds = json_object_get(out, "dataset");
+	assert_int_equal(json_array_size(ds), 2);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(ds, 1), "name")), "books");
+	assert_string_equal(json_string_value(json_object_get(out, "name")), "wiki_books");
+	jobspec js;
+	assert_int_equal(jobspec_from_json(out, &js, &err), 0);
+	assert_int_equal(js.n_datasets, 2);
+	assert_string_equal(js.dataset, "");
+	assert_string_equal(js.datasets[0].name, "wiki");
+	assert_true(js.datasets[0].proportion == 0.7 && js.datasets[1].proportion == 0.3);
+	/* normalizing an effective mixture spec gives it back */
+	json_t *again = NULL;
+	assert_int_equal(jobspec_normalize(out, &again, &err), 0);
+	assert_true(json_equal(out, again));
+	json_decref(again);
+	json_decref(out);
+	json_decref(in);
+
+	/* one entry is the plain name; the typed view has one component */
+	in = parse("{\"dataset\": [{\"name\": \"wiki\", \"proportion\": 1}], \"training_args\": {\"max_steps\": 10}}");
+	assert_int_equal(jobspec_normalize(in, &out, &err), 0);
+	assert_string_equal(json_string_value(json_object_get(out, "dataset")), "wiki");
+	assert_int_equal(jobspec_from_json(out, &js, &err), 0);
+	assert_int_equal(js.n_datasets, 1);
+	assert_string_equal(js.dataset, "wiki");
+	assert_string_equal(js.datasets[0].name, "wiki");
+	json_decref(out);
+	json_decref(in);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1291,6 +1349,7 @@ int main(void)
 		cmocka_unit_test(test_eval_keys),
 		cmocka_unit_test(test_preset_dims),
 		cmocka_unit_test(test_sched_kwargs),
+		cmocka_unit_test(test_mixture),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

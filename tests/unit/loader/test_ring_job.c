@@ -31,6 +31,7 @@
 #define NEXT_TIMEOUT_MS 60000 /* hang guard only */
 
 static char dir[256], dsdir[300];
+static char ds2dir[300], ds3dir[300]; /* ds's vocab, other text; another vocab */
 static int counter;
 
 static void path_in(char *buf, size_t n, const char *a, const char *b)
@@ -39,7 +40,7 @@ static void path_in(char *buf, size_t n, const char *a, const char *b)
 }
 
 /* vocab.txt: the five specials, then words, every third one a "##" piece. */
-static int write_vocab(char sha[65])
+static int write_vocab(char sha[65], const char *word)
 {
 	char p[512];
 	path_in(p, sizeof(p), dsdir, "vocab.txt");
@@ -48,7 +49,10 @@ static int write_vocab(char sha[65])
 		return -1;
 	fputs("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n", f);
 	for (int v = 5; v < VOCAB; v++)
-		fprintf(f, v % 3 == 0 ? "##p%d\n" : "w%d\n", v);
+		if (v % 3 == 0)
+			fprintf(f, "##p%d\n", v);
+		else
+			fprintf(f, "%s%d\n", word, v);
 	fclose(f);
 	f = fopen(p, "rb");
 	sha256_ctx c;
@@ -120,21 +124,19 @@ static int write_job(const char *file, const char *dataset, const char *resume, 
 	return rc;
 }
 
-static int setup(void **state)
+/* A dataset dir/sub of two synthetic shards (seeds seed, seed + 1) with
+ * the vocab of write_vocab(word); dsdir is left pointing at it. */
+static int make_dataset(const char *sub, unsigned seed, const char *word)
 {
-	(void)state;
-	snprintf(dir, sizeof(dir), "/tmp/bertd-test-job-XXXXXX");
-	if (!mkdtemp(dir))
-		return -1;
-	path_in(dsdir, sizeof(dsdir), dir, "ds");
+	path_in(dsdir, sizeof(dsdir), dir, sub);
 	if (mkdir(dsdir, 0700))
 		return -1;
 	shard_vocab_info vi = {.vocab_size = VOCAB, .lowercase = true,
 			       .special = {.pad = 0, .unk = 1, .cls = 2, .sep = 3, .mask = 4}};
-	if (write_vocab(vi.sha256))
+	if (write_vocab(vi.sha256, word))
 		return -1;
 	json_t *shards = json_array();
-	if (write_shard("s0", &vi, 1, shards) || write_shard("s1", &vi, 2, shards))
+	if (write_shard("s0", &vi, seed, shards) || write_shard("s1", &vi, seed + 1, shards))
 		return -1;
 	json_t *man = json_pack("{s:s, s:i, s:{s:s, s:s, s:b, s:i}, s:o}", "format", SHARD_MANIFEST_FORMAT,
 				"version", SHARD_MANIFEST_VERSION, "vocab", "file", "vocab.txt", "sha256", vi.sha256,
@@ -144,6 +146,21 @@ static int setup(void **state)
 	int rc = json_dump_file(man, p, 0);
 	json_decref(man);
 	return rc;
+}
+
+static int setup(void **state)
+{
+	(void)state;
+	snprintf(dir, sizeof(dir), "/tmp/bertd-test-job-XXXXXX");
+	if (!mkdtemp(dir))
+		return -1;
+	if (make_dataset("ds2", 7, "w"))
+		return -1;
+	memcpy(ds2dir, dsdir, sizeof(ds2dir));
+	if (make_dataset("ds3", 9, "x"))
+		return -1;
+	memcpy(ds3dir, dsdir, sizeof(ds3dir));
+	return make_dataset("ds", 1, "w");
 }
 
 static int teardown(void **state)
@@ -281,12 +298,119 @@ static void test_job_errors_reported(void **state)
 	assert_int_equal(batchjob_load(file, &bj), -EINVAL);
 }
 
+/* A mixture job file: "dataset" wiki 0.7 / books 0.3, dirs a and b. */
+static int write_mix_job(const char *file, const char *a, const char *b)
+{
+	const char *text =
+		"{\"name\": \"t\", \"dataset\": [{\"name\": \"wiki\", \"proportion\": 0.7},"
+		" {\"name\": \"books\", \"proportion\": 0.3}], \"resources\": {\"gpus\": 2},"
+		" \"training_args\": {\"per_device_train_batch_size\": 4, \"max_seq_length\": 64,"
+		" \"max_steps\": 30, \"gradient_accumulation_steps\": 2, \"dataloader_num_workers\": 2,"
+		" \"seed\": 5}, \"mlm\": {\"whole_word_mask\": true}}";
+	json_t *in = json_loads(text, 0, NULL), *spec = NULL;
+	jobspec_error err;
+	if (!in || jobspec_normalize(in, &spec, &err)) {
+		fprintf(stderr, "spec refused: %s %s\n", err.field, err.detail);
+		return -1;
+	}
+	char shm[64];
+	snprintf(shm, sizeof(shm), "/bertd-test-job-%d-%d", (int)getpid(), counter++);
+	json_t *job = json_pack("{s:s, s:o, s:s, s:[s, s], s:s, s:i, s:n}", "job_id", "job-test", "spec", spec,
+				"dataset_dir", a, "dataset_dirs", a, b, "shm_name", shm, "world_size", 2,
+				"resume_from");
+	int rc = json_dump_file(job, file, JSON_INDENT(2));
+	json_decref(job);
+	json_decref(in);
+	return rc;
+}
+
+/* Two loaders on a mixture job: every slot equals the worker's serial
+ * build (batchjob_batch_build) and mix_batch_build over components made
+ * here on their own; the batches are not the first dataset's alone. A
+ * component with another vocab is refused by the loader and the worker. */
+static void test_job_mixture(void **state)
+{
+	(void)state;
+	char file[512];
+	path_in(file, sizeof(file), dir, "mix.json");
+	assert_int_equal(write_mix_job(file, dsdir, ds2dir), 0);
+	pid_t a = spawn_job_loader(file, -1);
+	batchjob bj;
+	assert_int_equal(batchjob_load(file, &bj), 0);
+	assert_int_equal(bj.n_datasets, 2);
+	assert_string_equal(bj.dataset_dirs[1], ds2dir);
+	batchjob_data data;
+	assert_int_equal(batchjob_data_open(&bj, &data), 0);
+	assert_int_equal(data.n, 2);
+	/* the components on their own: shards, bitmap, config by hand */
+	shard_dataset *sd[2];
+	mlm_dataset *md[2];
+	const char *dirs[2] = {dsdir, ds2dir};
+	for (int k = 0; k < 2; k++) {
+		assert_int_equal(shard_dataset_open(dirs[k], &sd[k]), 0);
+		mlm_config c = bj.mlm;
+		c.is_continuation = data.continuation;
+		c.seed = mix_component_seed(5, (uint32_t)k, 2);
+		assert_int_equal(mlm_dataset_create(&md[k], sd[k]->views, (uint32_t)sd[k]->n_shards, &c), 0);
+	}
+	mix_schedule m;
+	const double prop[2] = {0.7, 0.3};
+	assert_int_equal(mix_schedule_init(&m, prop, 2), 0);
+	ring *r;
+	assert_int_equal(ring_open(&r, bj.shm_name, &bj.ring), 0);
+	pid_t b = spawn_job_loader(file, -1);
+	size_t sz = bj.ring.layout.slot_bytes;
+	uint8_t *ref = aligned_alloc(BATCH_ALIGN, sz), *ref2 = aligned_alloc(BATCH_ALIGN, sz);
+	int differs_from_single = 0;
+	for (uint64_t n = 0; n < bj.ring.end_batch; n++) {
+		uint32_t rank = (uint32_t)(n % 2);
+		void *slot;
+		assert_int_equal(ring_next(r, rank, NEXT_TIMEOUT_MS, &slot), 0);
+		assert_int_equal(batchjob_batch_build(&data, &bj.ring.layout, 2, 2, n, ref), 0);
+		assert_memory_equal(slot, ref, sz);
+		assert_int_equal(mix_batch_build((const mlm_dataset *const *)md, &m, &bj.ring.layout, 2, 2, n, ref2), 0);
+		assert_memory_equal(slot, ref2, sz);
+		assert_int_equal(mlm_batch_build(data.ds, &bj.ring.layout, 2, 2, n, ref2), 0);
+		differs_from_single |= memcmp(slot, ref2, sz) != 0;
+		ring_release(r, rank);
+	}
+	assert_true(differs_from_single);
+	void *slot;
+	assert_int_equal(ring_next(r, 0, 0, &slot), RING_END);
+	ring_shutdown(r);
+	assert_int_equal(exit_code(a), 0);
+	assert_int_equal(exit_code(b), 0);
+	ring_detach(r);
+	ring_unlink(bj.shm_name);
+	for (int k = 0; k < 2; k++) {
+		mlm_dataset_destroy(md[k]);
+		shard_dataset_close(sd[k]);
+	}
+	batchjob_data_close(&data);
+	free(ref);
+	free(ref2);
+
+	/* another vocab: refused (-EINVAL, the loader exits with bad_config) */
+	assert_int_equal(write_mix_job(file, dsdir, ds3dir), 0);
+	assert_int_equal(batchjob_load(file, &bj), 0);
+	assert_int_equal(batchjob_data_open(&bj, &data), -EINVAL);
+	assert_int_equal(exit_code(spawn_job_loader(file, -1)), 2); /* BERTD_EXIT_BAD_CONFIG */
+	/* a mixture job file without its dirs */
+	FILE *f = fopen(file, "r+");
+	json_t *j = json_loadf(f, 0, NULL);
+	fclose(f);
+	json_object_del(j, "dataset_dirs");
+	assert_int_equal(batchjob_from_json(j, &bj), -EINVAL);
+	json_decref(j);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_job_two_loaders),
 		cmocka_unit_test(test_job_resume),
 		cmocka_unit_test(test_job_errors_reported),
+		cmocka_unit_test(test_job_mixture),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }
