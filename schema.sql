@@ -101,3 +101,12 @@ ALTER TABLE datasets ADD COLUMN fraction REAL NOT NULL DEFAULT 0;
 -- {"rank", "since_ms", "limit_s", "stopped"}, NULL when none), for the
 -- diagnosis
 ALTER TABLE jobs ADD COLUMN stall_json TEXT;
+
+-- migration 5: what a job trains on, as its worker rank 0 counted it when it
+-- indexed the dataset (JSON object: sequences and tokens per epoch, tokens
+-- dropped and why; docs/api.md, the job's "data"), replaced at each start
+CREATE TABLE job_data (
+	job_id    TEXT    PRIMARY KEY REFERENCES jobs (id) ON DELETE CASCADE,
+	data_json TEXT    NOT NULL,
+	time_ms   INTEGER NOT NULL
+) WITHOUT ROWID;

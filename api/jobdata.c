@@ -91,6 +91,9 @@ bool jobs_resolve_epochs(api_request *req, json_t *spec, enum MHD_Result *ret)
 			src.tokens = (uint64_t)json_integer_value(tok);
 		if (json_is_integer(sen) && json_integer_value(sen) > 0)
 			src.sentences = (uint64_t)json_integer_value(sen);
+		json_t *docs = json_object_get(stats, "documents");
+		if (json_is_integer(docs) && json_integer_value(docs) > 0)
+			src.documents = (uint64_t)json_integer_value(docs);
 		json_decref(stats);
 		store_dataset_free(&ds);
 		src.tokens = (uint64_t)llround((double)src.tokens * scale);

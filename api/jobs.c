@@ -389,6 +389,32 @@ static int add_eval_summary(store *st, const char *id, char **text, size_t *len)
 	return 0;
 }
 
+/* Adds "data" (docs/api.md: what the job trains on, as worker rank 0
+ * counted it, or null before its first start) to the compact job text
+ * *text (len bytes; replaced), as add_eval_summary does. */
+static int add_data_summary(store *st, const char *id, char **text, size_t *len)
+{
+	char *dj = NULL;
+	int rc = store_job_data_get(st, id, &dj);
+	if (rc < 0)
+		return rc;
+	json_t *o = json_loads(*text, 0, NULL);
+	json_t *d = dj ? json_loads(dj, 0, NULL) : json_null();
+	free(dj);
+	char *t = NULL;
+	if (o && d && json_object_set_new(o, "data", d) == 0)
+		t = api_json_dumps(o, false);
+	else
+		json_decref(d);
+	json_decref(o);
+	if (!t)
+		return -ENOMEM;
+	free(*text);
+	*text = t;
+	*len = strlen(t);
+	return 0;
+}
+
 /* Replies with the job's current representation. */
 static enum MHD_Result reply_job(api_request *req, unsigned status, const char *id)
 {
@@ -409,7 +435,8 @@ static enum MHD_Result reply_job(api_request *req, unsigned status, const char *
 			memcpy(text, t->text, len + 1);
 		rtext_put(t);
 	}
-	if (rc == 0 && (rc = add_eval_summary(req->st, id, &text, &len)) < 0) {
+	if (rc == 0 && ((rc = add_eval_summary(req->st, id, &text, &len)) < 0 ||
+			(rc = add_data_summary(req->st, id, &text, &len)) < 0)) {
 		free(text);
 		text = NULL;
 	}

@@ -205,6 +205,8 @@ static const struct field mlm_fields[] = {
 	INT("max_predictions_per_seq", 1, 65536, 0, DERIVED, T_INT, mlm.max_predictions_per_seq),
 	NUM("short_seq_prob", 0, 1, 0.1, 0, mlm.short_seq_prob),
 	INT("validation_split_percentage", 0, 99, 0, DERIVED, T_INT, mlm.validation_split_percentage),
+	/* bertd's own: the packing that cuts long sentences and drops the rest */
+	BOOL("drop_long_sentences", 0, 0, T_BOOL, mlm.drop_long_sentences),
 };
 
 /* ---- resources, stopping_condition, retry_policy, profiler ---- */
@@ -1226,7 +1228,7 @@ json_t *jobspec_schema(void)
 /* ---- num_train_epochs ---- */
 
 double jobspec_estimate_sequences(const jobspec_epoch_source *src, int max_seq_length, bool nsp,
-				  double short_seq_prob)
+				  double short_seq_prob, bool drop_long_sentences)
 {
 	if (src->tokens == 0)
 		return 0;
@@ -1235,13 +1237,20 @@ double jobspec_estimate_sequences(const jobspec_epoch_source *src, int max_seq_l
 	 * [2, cap] instead (loader/mlm.c draw_target). */
 	double cap = (double)max_seq_length - (nsp ? 3 : 2);
 	double target = (1.0 - short_seq_prob) * cap + short_seq_prob * (2.0 + cap) / 2.0;
+	/* Concatenated, then cut: every sample holds its target, counting one
+	 * [SEP] between two documents. */
+	if (!nsp && !drop_long_sentences)
+		return ceil(((double)src->tokens + (double)src->documents) / target);
 	double sent = src->sentences ? (double)src->tokens / (double)src->sentences : 0.0;
 	/* Whole sentences are packed: a sentence that does not fit starts the
 	 * next sample, leaving on average half a sentence unused; but a sample
-	 * holds at least one sentence (cut at the target), and every sample
-	 * starts at a sentence, so there are never more samples than sentences. */
+	 * holds at least one sentence (cut at the target), and with
+	 * drop_long_sentences every sample starts at a sentence, so there are
+	 * never more samples than sentences (without it, a long sentence's
+	 * pieces make samples of their own). */
 	double fill = fmax(target - sent / 2.0, fmin(sent, target));
-	return fmin((double)src->sentences, ceil((double)src->tokens / fill));
+	double n = ceil((double)src->tokens / fill);
+	return drop_long_sentences ? fmin((double)src->sentences, n) : n;
 }
 
 int jobspec_resolve_epochs(json_t *spec, const jobspec_epoch_source *src, jobspec_error *err)
@@ -1257,7 +1266,8 @@ int jobspec_resolve_epochs(json_t *spec, const jobspec_epoch_source *src, jobspe
 	double n = jobspec_estimate_sequences(
 		src, (int)ival(spec, "training_args", "max_seq_length"),
 		json_is_true(json_object_get(mlm, "nsp")),
-		json_real_value(json_object_get(mlm, "short_seq_prob")));
+		json_real_value(json_object_get(mlm, "short_seq_prob")),
+		json_is_true(json_object_get(mlm, "drop_long_sentences")));
 	/* the documents held out for evaluation are not trained on: an epoch is
 	 * the rest (their share of the tokens taken as their share of documents) */
 	n *= (100.0 - (double)ival(spec, "mlm", "validation_split_percentage")) / 100.0;

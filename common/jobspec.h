@@ -95,6 +95,8 @@ typedef struct jobspec_mlm {
 	double short_seq_prob;
 	int validation_split_percentage; /* held-out share of the documents; resolved:
 	                                  * 5 with eval_strategy "steps", else 0 */
+	bool drop_long_sentences;      /* whole-sentence packing that drops what a sample cannot
+	                                * hold (docs/formats.md); false: nothing is dropped */
 } jobspec_mlm;
 
 /* A mixture has at most this many datasets; its proportions sum to 1
@@ -137,9 +139,10 @@ typedef struct jobspec {
 int jobspec_from_json(const json_t *spec, jobspec *out, jobspec_error *err);
 
 /* What jobspec_resolve_epochs knows of a dataset: the totals of its
- * prepare stats ("tokens", "sentences"); tokens 0 = not known yet. */
+ * prepare stats ("tokens", "sentences", "documents"); tokens 0 = not known
+ * yet. */
 typedef struct jobspec_epoch_source {
-	uint64_t tokens, sentences;
+	uint64_t tokens, sentences, documents;
 } jobspec_epoch_source;
 
 /* Training by epochs (training_args.max_steps -1, as in HF): replaces
@@ -152,10 +155,12 @@ typedef struct jobspec_epoch_source {
 int jobspec_resolve_epochs(json_t *spec, const jobspec_epoch_source *src, jobspec_error *err);
 
 /* Sequences per epoch the loader is expected to pack from src at this
- * max_seq_length: an estimate from the totals (whole sentences per sample,
- * short_seq_prob's shorter targets); the loader logs the exact count. */
+ * max_seq_length: an estimate from the totals (the corpus cut into samples
+ * of the target, or whole sentences per sample with NSP or
+ * drop_long_sentences; short_seq_prob's shorter targets); the loader logs
+ * the exact count. */
 double jobspec_estimate_sequences(const jobspec_epoch_source *src, int max_seq_length, bool nsp,
-				  double short_seq_prob);
+				  double short_seq_prob, bool drop_long_sentences);
 
 /* The JSON Schema (draft 2020-12, as OpenAPI 3.1 uses) of a submitted job
  * spec, generated from the same table jobspec_normalize validates with:

@@ -1809,6 +1809,60 @@ int store_job_set_stall(store *s, const char *id, const char *stall_json)
 			       ARGS(ARG_TEXT(id), ARG_TEXT(stall_json))), -ENOENT);
 }
 
+/* ---- what a job trains on (job_data) ---- */
+
+static int data_row(sqlite3_stmt *st, void *out)
+{
+	return dup_col(st, 0, out);
+}
+
+typedef struct data_put {
+	const char *id, *json;
+	bool changed;
+} data_put;
+
+static int job_data_set_txn(store *s, void *ctx)
+{
+	data_put *d = ctx;
+	char *old = NULL;
+	int rc = sql_exec(s, "SELECT data_json FROM job_data WHERE job_id = ?1", ARGS(ARG_TEXT(d->id)),
+			  data_row, &old);
+	if (rc < 0)
+		goto out;
+	d->changed = !old || strcmp(old, d->json) != 0;
+	/* from jobs: no row for a job that is not there (-ENOENT) */
+	rc = found(sql_exec(s, "INSERT INTO job_data (job_id, data_json, time_ms) "
+			       "SELECT id, ?2, ?3 FROM jobs WHERE id = ?1 "
+			       "ON CONFLICT (job_id) DO UPDATE SET data_json = excluded.data_json, "
+			       "time_ms = excluded.time_ms",
+			    ARGS(ARG_TEXT(d->id), ARG_TEXT(d->json), ARG_I64(now_ms())), NULL, NULL),
+		   -ENOENT);
+	if (rc == 0)
+		job_touch(s, d->id);
+out:
+	free(old);
+	return rc;
+}
+
+int store_job_data_set(store *s, const char *id, const char *data_json, bool *changed)
+{
+	if (!id || !data_json)
+		return -EINVAL;
+	data_put d = {.id = id, .json = data_json};
+	int rc = in_txn(s, TXN_WRITE, job_data_set_txn, &d);
+	if (changed)
+		*changed = rc == 0 && d.changed;
+	return rc;
+}
+
+int store_job_data_get(store *s, const char *id, char **data_json)
+{
+	*data_json = NULL;
+	int rc = locked_exec(s, TXN_NONE, "SELECT data_json FROM job_data WHERE job_id = ?1",
+			     ARGS(ARG_TEXT(id)), data_row, data_json);
+	return rc < 0 ? rc : 0;
+}
+
 typedef struct job_restarts {
 	const char *id;
 	int64_t t;

@@ -209,6 +209,15 @@ int store_job_set_devices(store *s, const char *id, const char *devices_json);
  * see store_job.stall_json; NULL clears). -ENOENT no job. */
 int store_job_set_stall(store *s, const char *id, const char *stall_json);
 
+/* Records what a job trains on (a JSON object's text: worker rank 0's
+ * "data" message, docs/api.md), replacing an earlier record; *changed (if
+ * non-NULL) is true when there was none or it said something else.
+ * -ENOENT no job, -EINVAL NULL arguments. */
+int store_job_data_set(store *s, const char *id, const char *data_json, bool *changed);
+/* The record of store_job_data_set: 0 with *data_json (caller frees), or
+ * with NULL when there is none yet (or no such job); a store error. */
+int store_job_data_get(store *s, const char *id, char **data_json);
+
 /* Adds 1 to restart_count; returns the new count in *count (if non-NULL).
  * -ENOENT no job. */
 int store_job_bump_restarts(store *s, const char *id, int *count);

@@ -272,6 +272,48 @@ static void metric_row_merge(supervisor *sv, run *r, int64_t step, int64_t time_
 	json_decref(row);
 }
 
+/* Worker rank 0's account of what the job trains on ({"type":"data"},
+ * docs/formats.md), sent once it indexed the dataset: kept for the job's
+ * representation. When more than 1% of the training documents' tokens are
+ * never trained on, a warning event names the causes (once per account,
+ * not again at each restart that reports the same). */
+static void job_data_report(supervisor *sv, run *r, json_t *m)
+{
+	json_t *vals = json_deep_copy(m);
+	char *text = NULL;
+	bool changed = false;
+	if (!vals)
+		return;
+	json_object_del(vals, "type");
+	text = json_dumps(vals, JSON_COMPACT | JSON_SORT_KEYS);
+	if (!text || store_job_data_set(sv->st, r->id, text, &changed) < 0 || !changed)
+		goto out;
+	json_int_t corpus = json_integer_value(json_object_get(vals, "corpus_tokens"));
+	json_int_t dropped = json_integer_value(json_object_get(vals, "tokens_dropped"));
+	if (corpus <= 0 || dropped * 100 <= corpus)
+		goto out;
+	char why[256] = "";
+	size_t n = 0;
+	const char *key;
+	json_t *v;
+	json_object_foreach(json_object_get(vals, "dropped"), key, v) {
+		if (json_integer_value(v) > 0 && n < sizeof why)
+			n += (size_t)snprintf(why + n, sizeof why - n, "%s%s %lld", n ? ", " : "", key,
+					      (long long)json_integer_value(v));
+	}
+	char note[512];
+	snprintf(note, sizeof note,
+		 "warning: %lld of the %lld tokens the job trains on (%.1f%%) are dropped in every epoch (%s); "
+		 "mlm.drop_long_sentences false keeps them",
+		 (long long)dropped, (long long)corpus, 100.0 * (double)dropped / (double)corpus,
+		 why[0] ? why : "see data.dropped");
+	log_warn("job %s: %s", r->id, note + strlen("warning: "));
+	store_job_note(sv->st, r->id, note);
+out:
+	free(text);
+	json_decref(vals);
+}
+
 static void handle_job_message(supervisor *sv, run *r, child *c, json_t *m)
 {
 	const char *type = json_string_value(json_object_get(m, "type"));
@@ -376,6 +418,8 @@ static void handle_job_message(supervisor *sv, run *r, child *c, json_t *m)
 				    "rank %d on node %s ended with exit %d", c->index, r->rank_node[c->index], code);
 			run_kill_all(r, SIGTERM);
 		}
+	} else if (strcmp(type, "data") == 0 && c->role == ROLE_WORKER && c->index == 0) {
+		job_data_report(sv, r, m);
 	} else if (strcmp(type, "nccl_id") == 0 && c->role == ROLE_WORKER && c->index == 0) {
 		/* rank 0 made the communicator id; every other rank needs it */
 		for (int i = 0; i < r->nkids; i++) {

@@ -130,6 +130,7 @@ int batchjob_from_json(const json_t *job, batchjob *out)
 	c->short_seq_prob = (float)m->short_seq_prob;
 	c->nsp = m->nsp;
 	c->whole_word_mask = m->whole_word_mask;
+	c->drop_long_sentences = m->drop_long_sentences;
 	/* training batches come from the documents not held out for evaluation */
 	c->holdout_pct = (uint32_t)m->validation_split_percentage;
 	c->split = MLM_SPLIT_TRAIN;

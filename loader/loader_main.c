@@ -354,9 +354,12 @@ int main(int argc, char **argv)
 	}
 	mlm_stats st;
 	mlm_dataset_stats(ds, &st);
-	log_info("%llu sequences/epoch, pad fraction %.3f, %llu empty documents skipped, index %.1f MiB",
+	log_info("%llu sequences/epoch, pad fraction %.3f, %llu empty documents skipped, index %.1f MiB, "
+		 "%llu of %llu tokens dropped in each epoch%s",
 		 (unsigned long long)st.n_samples, st.pad_fraction, (unsigned long long)st.n_empty_docs,
-		 (double)st.index_bytes / 1048576.0);
+		 (double)st.index_bytes / 1048576.0, (unsigned long long)st.n_tokens_truncated,
+		 (unsigned long long)st.n_tokens_corpus,
+		 st.n_tokens_truncated ? " (mlm.drop_long_sentences)" : "");
 	build_ctx bc = {.ds = ds, .p = ring_get_params(r), .bj = o.job ? &bj : NULL,
 			.data = o.job ? &data : NULL};
 	rc = ring_produce(r, build, &bc, &g_stop);

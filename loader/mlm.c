@@ -28,13 +28,14 @@ enum {
 	PURPOSE_SPLIT = 6,  /* held-out document permutation round keys */
 };
 
-/* One NSP sample: segment A = sentences [a_sent, a_sent + a_n) of shard a_shard,
- * segment B likewise (b_n = 0 without NSP). Empty sentences inside a range
- * contribute nothing. */
+/* One NSP sample: segment A = tokens [a_tok, a_tok + a_len) of shard a_shard,
+ * segment B likewise (b_len = 0 without NSP); each lies inside one document.
+ * Lengths are before truncate_seq_pair, which only has work to do with
+ * drop_long_sentences (otherwise A + B always fits). */
 typedef struct sample_ref {
-	uint64_t a_sent, b_sent;
+	uint64_t a_tok, b_tok;
 	uint32_t a_shard, b_shard;
-	uint32_t a_n, b_n;
+	uint32_t a_len, b_len;
 	uint32_t random_next;
 	uint32_t reserved;
 } sample_ref;
@@ -43,16 +44,18 @@ struct mlm_dataset {
 	mlm_config cfg;
 	const corpus_view *shards; /* (n_shards,) borrowed */
 	uint32_t n_shards;
-	/* Full-sentences samples are consecutive runs of sentences, so sample i
-	 * is global sentences [starts[i], starts[i+1]) cut at its shard's end:
-	 * 8 bytes per sample. NSP samples need both segments: refs. */
+	/* Full-sentences samples are consecutive runs of tokens, so sample i is
+	 * global tokens [starts[i], starts[i+1]) cut at its shard's end and at
+	 * T-2 content tokens (with drop_long_sentences a sample starts at a
+	 * sentence and the cut drops the rest of a long one): 8 bytes per
+	 * sample. NSP samples need both segments: refs. */
 	uint64_t *starts;          /* (n_samples + 1,) full-sentences only */
-	/* (n_samples,) one past each sample's last global sentence: only when
+	/* (n_samples,) one past each sample's last global token: only when
 	 * documents are held out, where the next sample may start after a
 	 * skipped document; NULL otherwise (a sample ends where the next starts) */
 	uint64_t *ends;
 	sample_ref *refs;          /* (n_samples,) NSP only */
-	uint64_t *shard_sent0;     /* (n_shards + 1,) global index of each shard's first sentence */
+	uint64_t *shard_tok0;      /* (n_shards + 1,) global index of each shard's first token */
 	uint64_t n_samples, cap;
 	mlm_stats stats;
 	uint32_t perm_half_bits;   /* Feistel half width for n_samples */
@@ -120,10 +123,10 @@ void mlm_config_defaults(mlm_config *c, uint32_t max_seq_len)
 uint64_t mlm_config_digest(const mlm_config *c)
 {
 	char buf[256];
-	int n = snprintf(buf, sizeof(buf), "mlm-v1 seed=%llu T=%u P=%u mlm=%a mask=%a rand=%a short=%a nsp=%d wwm=%d",
+	int n = snprintf(buf, sizeof(buf), "mlm-v2 seed=%llu T=%u P=%u mlm=%a mask=%a rand=%a short=%a nsp=%d wwm=%d drop=%d",
 			 (unsigned long long)c->seed, c->max_seq_len, c->max_pred, (double)c->mlm_probability,
 			 (double)c->mask_replace_prob, (double)c->random_replace_prob,
-			 (double)c->short_seq_prob, c->nsp, c->whole_word_mask);
+			 (double)c->short_seq_prob, c->nsp, c->whole_word_mask, c->drop_long_sentences);
 	/* appended only when on, so a job without a held-out share keeps its tag */
 	if (c->holdout_pct && n > 0 && (size_t)n < sizeof(buf))
 		n += snprintf(buf + n, sizeof(buf) - (size_t)n, " holdout=%u split=%d", c->holdout_pct, c->split);
@@ -264,11 +267,95 @@ static inline int doc_in_split(const mlm_dataset *ds, uint32_t k, uint64_t d)
 	return ds->in_split[g >> 3] >> (g & 7) & 1;
 }
 
-/* RoBERTa FULL-SENTENCES: whole sentences, in order, packed up to the target;
- * a sample may run on into the next document of the same shard, with one
- * [SEP] between documents. A sentence longer than the space alone is cut.
- * Documents of the other split are skipped and end the open sample, so a
- * sample never reaches across one. */
+typedef struct doc_ref {
+	uint32_t shard;
+	uint64_t doc;
+} doc_ref;
+
+static uint64_t range_tokens(const corpus_view *c, uint64_t s0, uint64_t s1)
+{
+	return c->sent_off[s1] - c->sent_off[s0];
+}
+
+/* Token offsets of document d of c: [doc_tok0(c, d), doc_tok0(c, d + 1)). */
+static inline uint64_t doc_tok0(const corpus_view *c, uint64_t d)
+{
+	return c->sent_off[c->doc_off[d]];
+}
+
+/* Closes the open full-sentences sample of shard k after `used` content
+ * tokens, its last token being local token end - 1. */
+static void close_sample(mlm_dataset *ds, uint32_t k, uint64_t used, uint64_t end)
+{
+	ds->stats.n_tokens_packed += used + 2;
+	if (ds->ends)
+		ds->ends[ds->n_samples - 1] = ds->shard_tok0[k] + end;
+}
+
+/* Full sentences, nothing dropped (HF run_mlm's group_texts: concatenate,
+ * then cut): the documents of a shard back to back, one [SEP] between two
+ * documents, cut into samples of exactly the target; a sentence longer
+ * than what is left of a sample continues in the next. A sample ends early
+ * only at its shard's end, before a document of the other split, or where
+ * the next document's [SEP] and first token do not both fit. */
+static int index_concat(mlm_dataset *ds)
+{
+	const uint64_t cap = ds->cfg.max_seq_len - 2;
+	for (uint32_t k = 0; k < ds->n_shards; k++) {
+		const corpus_view *c = &ds->shards[k];
+		uint64_t used = 0, end = 0, target = draw_target(ds, cap);
+		int open = 0;
+		for (uint64_t d = 0; d < c->n_docs; d++) {
+			uint64_t t = doc_tok0(c, d), te = doc_tok0(c, d + 1);
+			if (t == te)
+				continue;
+			if (!doc_in_split(ds, k, d)) {
+				if (open) {
+					close_sample(ds, k, used, end);
+					open = 0;
+					target = draw_target(ds, cap);
+				}
+				continue;
+			}
+			if (open && used + 2 > target) { /* no room for [SEP] and a token */
+				close_sample(ds, k, used, end);
+				open = 0;
+				target = draw_target(ds, cap);
+			}
+			uint64_t sep = open ? 1 : 0;
+			while (t < te) {
+				if (!open) {
+					int rc = starts_push(ds, ds->shard_tok0[k] + t, 0);
+					if (rc)
+						return rc;
+					open = 1;
+					used = 0;
+					sep = 0;
+				}
+				uint64_t take = te - t < target - used - sep ? te - t : target - used - sep;
+				used += sep + take;
+				t += take;
+				end = t;
+				sep = 0;
+				if (used >= target) {
+					close_sample(ds, k, used, end);
+					open = 0;
+					target = draw_target(ds, cap);
+				}
+			}
+		}
+		if (open)
+			close_sample(ds, k, used, end);
+	}
+	return starts_push(ds, ds->shard_tok0[ds->n_shards], 1);
+}
+
+/* drop_long_sentences: RoBERTa FULL-SENTENCES with whole sentences, in
+ * order, packed up to the target; a sample may run on into the next
+ * document of the same shard, with one [SEP] between documents. A sentence
+ * longer than the space alone is cut and the rest dropped. Documents of the
+ * other split are skipped and end the open sample, so a sample never
+ * reaches across one. */
 static int index_full_sentences(mlm_dataset *ds)
 {
 	const uint64_t cap = ds->cfg.max_seq_len - 2;
@@ -285,8 +372,7 @@ static int index_full_sentences(mlm_dataset *ds)
 				continue;
 			if (!doc_in_split(ds, k, d)) {
 				if (open) {
-					ds->stats.n_tokens_packed += used + 2;
-					ds->ends[ds->n_samples - 1] = ds->shard_sent0[k] + last_end;
+					close_sample(ds, k, used, c->sent_off[last_end]);
 					open = 0;
 					used = 0;
 					target = draw_target(ds, cap);
@@ -295,16 +381,14 @@ static int index_full_sentences(mlm_dataset *ds)
 			}
 			uint64_t sep = (open && d != last_doc) ? 1 : 0;
 			if (open && used + sep + len > target) {
-				ds->stats.n_tokens_packed += used + 2;
-				if (ds->ends)
-					ds->ends[ds->n_samples - 1] = ds->shard_sent0[k] + last_end;
+				close_sample(ds, k, used, c->sent_off[last_end]);
 				open = 0;
 				used = 0;
 				sep = 0;
 				target = draw_target(ds, cap);
 			}
 			if (!open) {
-				int rc = starts_push(ds, ds->shard_sent0[k] + s, 0);
+				int rc = starts_push(ds, ds->shard_tok0[k] + c->sent_off[s], 0);
 				if (rc)
 					return rc;
 				open = 1;
@@ -318,28 +402,39 @@ static int index_full_sentences(mlm_dataset *ds)
 			used += sep + take;
 			last_doc = d;
 		}
-		if (open) {
-			ds->stats.n_tokens_packed += used + 2;
-			if (ds->ends)
-				ds->ends[ds->n_samples - 1] = ds->shard_sent0[k] + last_end;
-		}
+		if (open)
+			close_sample(ds, k, used, c->sent_off[last_end]);
 	}
-	return starts_push(ds, ds->shard_sent0[ds->n_shards], 1);
+	return starts_push(ds, ds->shard_tok0[ds->n_shards], 1);
 }
 
-typedef struct doc_ref {
-	uint32_t shard;
-	uint64_t doc;
-} doc_ref;
-
-static uint64_t range_tokens(const corpus_view *c, uint64_t s0, uint64_t s1)
+/* Segment B from a random document other than di (up to 10 draws): whole
+ * sentences from a uniform random start until target_b tokens (at least
+ * one sentence), as BERT does. */
+static void random_b(const mlm_dataset *ds, const doc_ref *docs, uint64_t n_docs, uint64_t di,
+		     uint64_t target_b, draw_stream *st, sample_ref *r)
 {
-	return c->sent_off[s1] - c->sent_off[s0];
+	uint64_t rd = di;
+	for (int tries = 0; tries < 10 && (rd == di); tries++)
+		rd = philox_below(stream_next(st), (uint32_t)n_docs);
+	const corpus_view *rc_view = &ds->shards[docs[rd].shard];
+	uint64_t r0 = rc_view->doc_off[docs[rd].doc], r1 = rc_view->doc_off[docs[rd].doc + 1];
+	uint64_t start = r0 + philox_below(stream_next(st), (uint32_t)(r1 - r0));
+	if (range_tokens(rc_view, start, r1) == 0)
+		start = r0; /* only empty sentences after the draw */
+	uint64_t e = start, b_len = 0;
+	while (e < r1 && b_len < target_b)
+		b_len += sent_len(rc_view, e++);
+	r->random_next = 1;
+	r->b_shard = docs[rd].shard;
+	r->b_tok = rc_view->sent_off[start];
+	r->b_len = (uint32_t)b_len;
 }
 
-/* BERT's create_instances_from_document, with every random choice drawn from
- * philox keyed by the number of the sample being made. */
-static int index_pairs(mlm_dataset *ds, const doc_ref *docs, uint64_t n_docs)
+/* drop_long_sentences with NSP: BERT's create_instances_from_document, with
+ * every random choice drawn from philox keyed by the number of the sample
+ * being made; truncate_seq_pair (at pack time) drops what does not fit. */
+static int index_pairs_truncating(mlm_dataset *ds, const doc_ref *docs, uint64_t n_docs)
 {
 	const uint64_t max_tokens = ds->cfg.max_seq_len - 3;
 	uint64_t *chunk = malloc(sizeof(uint64_t) * (max_tokens + 1));
@@ -369,40 +464,30 @@ static int index_pairs(mlm_dataset *ds, const doc_ref *docs, uint64_t n_docs)
 			if (n_chunk >= 2)
 				a_end = 1 + philox_below(stream_next(&st), (uint32_t)(n_chunk - 1));
 			uint32_t u_next = stream_next(&st);
-			sample_ref r = {.a_shard = docs[di].shard, .a_sent = chunk[0]};
-			r.a_n = (uint32_t)(chunk[a_end - 1] - chunk[0] + 1);
+			sample_ref r = {.a_shard = docs[di].shard, .a_tok = c->sent_off[chunk[0]]};
 			uint64_t a_len = range_tokens(c, chunk[0], chunk[a_end - 1] + 1);
+			r.a_len = (uint32_t)a_len;
 			if (n_chunk == 1 || philox_unit(u_next) < 0.5f) {
-				r.random_next = 1;
-				uint64_t target_b = target > a_len ? target - a_len : 1;
-				uint64_t rd = di;
-				for (int tries = 0; tries < 10 && (rd == di); tries++)
-					rd = philox_below(stream_next(&st), (uint32_t)n_docs);
-				const corpus_view *rc_view = &ds->shards[docs[rd].shard];
-				uint64_t r0 = rc_view->doc_off[docs[rd].doc], r1 = rc_view->doc_off[docs[rd].doc + 1];
-				uint64_t start = r0 + philox_below(stream_next(&st), (uint32_t)(r1 - r0));
-				if (range_tokens(rc_view, start, r1) == 0)
-					start = r0; /* only empty sentences after the draw */
-				uint64_t e = start, b_len = 0;
-				while (e < r1 && b_len < target_b)
-					b_len += sent_len(rc_view, e++);
-				r.b_shard = docs[rd].shard;
-				r.b_sent = start;
-				r.b_n = (uint32_t)(e - start);
+				random_b(ds, docs, n_docs, di, target > a_len ? target - a_len : 1, &st, &r);
 				/* BERT puts the unused segments of the chunk back. */
 				if (a_end < n_chunk)
 					s = chunk[a_end] - 1;
 			} else {
 				r.b_shard = docs[di].shard;
-				r.b_sent = chunk[a_end];
-				r.b_n = (uint32_t)(chunk[n_chunk - 1] - chunk[a_end] + 1);
+				r.b_tok = c->sent_off[chunk[a_end]];
+				r.b_len = (uint32_t)range_tokens(c, chunk[a_end], chunk[n_chunk - 1] + 1);
 			}
-			uint64_t total = a_len + range_tokens(&ds->shards[r.b_shard], r.b_sent, r.b_sent + r.b_n);
-			if (total > max_tokens) {
-				ds->stats.n_tokens_truncated += total - max_tokens;
-				total = max_tokens;
+			/* what truncate_seq_pair will cut: the longer side, a token
+			 * at a time; corpus tokens lost are A's and a chunk B's */
+			uint64_t la = r.a_len, lb = r.b_len;
+			while (la + lb > max_tokens) {
+				if (la > lb)
+					la--;
+				else
+					lb--;
 			}
-			ds->stats.n_tokens_packed += total + 3;
+			ds->stats.n_tokens_truncated += (r.a_len - la) + (r.random_next ? 0 : r.b_len - lb);
+			ds->stats.n_tokens_packed += la + lb + 3;
 			rc = refs_push(ds, &r);
 			if (rc)
 				goto out;
@@ -413,6 +498,98 @@ static int index_pairs(mlm_dataset *ds, const doc_ref *docs, uint64_t n_docs)
 	}
 out:
 	free(chunk);
+	return rc;
+}
+
+/* One segment of a chunk: local tokens [t0, t1) inside sentence `sent`. */
+typedef struct seg {
+	uint64_t t0, t1, sent;
+	int piece; /* cut from a longer sentence */
+} seg;
+
+/* NSP, nothing dropped: BERT's create_instances_from_document over a
+ * stream of segments. Per document, segments accumulate into a chunk up to
+ * the target: a sentence that does not fit what is left starts the next
+ * chunk when it fits a fresh one, and is otherwise split, its first piece
+ * filling the chunk and the rest continuing. A chunk of a single piece (or
+ * of one sentence of the whole room) is split in two halves so that it
+ * makes a pair. A is the first a_end segments; B is the rest of the chunk,
+ * or with probability 0.5 (always for a single segment) whole sentences of
+ * a random document cut to the room A leaves, the unused segments then
+ * being put back. A + B never exceeds T-3, so truncate_seq_pair never cuts. */
+static int index_pairs(mlm_dataset *ds, const doc_ref *docs, uint64_t n_docs)
+{
+	const uint64_t max_tokens = ds->cfg.max_seq_len - 3;
+	seg *segs = malloc(sizeof(seg) * (max_tokens + 2));
+	if (!segs)
+		return -ENOMEM;
+	int rc = 0;
+	for (uint64_t di = 0; di < n_docs; di++) {
+		const corpus_view *c = &ds->shards[docs[di].shard];
+		uint64_t s = c->doc_off[docs[di].doc];
+		uint64_t t = c->sent_off[s], doc_end = doc_tok0(c, docs[di].doc + 1);
+		uint64_t target = draw_target(ds, max_tokens);
+		uint64_t n_seg = 0, cur = 0;
+		while (t < doc_end) {
+			while (c->sent_off[s + 1] <= t) /* the sentence holding token t */
+				s++;
+			uint64_t len = c->sent_off[s + 1] - t;
+			int emit;
+			if (len <= target - cur) {
+				segs[n_seg++] = (seg){t, t + len, s, t > c->sent_off[s]};
+				cur += len;
+				t += len;
+				emit = cur >= target || t == doc_end;
+			} else if (n_seg > 0 && len <= target) {
+				emit = 1; /* the sentence starts the next chunk, whole */
+			} else {
+				uint64_t take = target - cur;
+				segs[n_seg++] = (seg){t, t + take, s, 1};
+				cur = target;
+				t += take;
+				emit = 1;
+			}
+			if (!emit)
+				continue;
+			if (n_seg == 1 && segs[0].t1 - segs[0].t0 >= 2 &&
+			    (segs[0].piece || segs[0].t1 - segs[0].t0 >= max_tokens)) {
+				uint64_t mid = segs[0].t0 + (segs[0].t1 - segs[0].t0) / 2;
+				segs[1] = (seg){mid, segs[0].t1, segs[0].sent, 1};
+				segs[0].t1 = mid;
+				n_seg = 2;
+			}
+			draw_stream st;
+			stream_init(&st, ds->cfg.seed, PURPOSE_PAIR, ds->n_samples, 0);
+			uint64_t a_end = 1;
+			if (n_seg >= 2)
+				a_end = 1 + philox_below(stream_next(&st), (uint32_t)(n_seg - 1));
+			uint32_t u_next = stream_next(&st);
+			uint64_t a_len = segs[a_end - 1].t1 - segs[0].t0;
+			sample_ref r = {.a_shard = docs[di].shard, .a_tok = segs[0].t0, .a_len = (uint32_t)a_len};
+			if (n_seg == 1 || philox_unit(u_next) < 0.5f) {
+				random_b(ds, docs, n_docs, di, target > a_len ? target - a_len : 1, &st, &r);
+				if (r.b_len > max_tokens - a_len) /* a copy from elsewhere: cut, never A */
+					r.b_len = (uint32_t)(max_tokens - a_len);
+				if (a_end < n_seg) { /* put the unused segments back */
+					t = segs[a_end].t0;
+					s = segs[a_end].sent;
+				}
+			} else {
+				r.b_shard = docs[di].shard;
+				r.b_tok = segs[a_end].t0;
+				r.b_len = (uint32_t)(segs[n_seg - 1].t1 - segs[a_end].t0);
+			}
+			ds->stats.n_tokens_packed += (uint64_t)r.a_len + r.b_len + 3;
+			rc = refs_push(ds, &r);
+			if (rc)
+				goto out;
+			n_seg = 0;
+			cur = 0;
+			target = draw_target(ds, max_tokens);
+		}
+	}
+out:
+	free(segs);
 	return rc;
 }
 
@@ -505,14 +682,14 @@ int mlm_dataset_create(mlm_dataset **out, const corpus_view *shards, uint32_t n_
 	ds->cfg = *cfg;
 	ds->shards = shards;
 	ds->n_shards = n_shards;
-	ds->shard_sent0 = malloc(sizeof(uint64_t) * (n_shards + 1));
-	if (!ds->shard_sent0) {
+	ds->shard_tok0 = malloc(sizeof(uint64_t) * (n_shards + 1));
+	if (!ds->shard_tok0) {
 		rc = -ENOMEM;
 		goto out;
 	}
-	ds->shard_sent0[0] = 0;
+	ds->shard_tok0[0] = 0;
 	for (uint32_t k = 0; k < n_shards; k++)
-		ds->shard_sent0[k + 1] = ds->shard_sent0[k] + shards[k].n_sents;
+		ds->shard_tok0[k + 1] = ds->shard_tok0[k] + shards[k].n_tokens;
 	docs = malloc(sizeof(*docs) * (n_docs ? n_docs : 1));
 	if (!docs) {
 		rc = -ENOMEM;
@@ -545,7 +722,20 @@ int mlm_dataset_create(mlm_dataset **out, const corpus_view *shards, uint32_t n_
 		rc = -ENODATA;
 		goto out;
 	}
-	rc = cfg->nsp ? index_pairs(ds, docs, nd) : index_full_sentences(ds);
+	/* what an epoch should hold: the tokens of this split's documents */
+	for (uint64_t i = 0; i < nd; i++) {
+		const corpus_view *c = &shards[docs[i].shard];
+		uint64_t d = docs[i].doc;
+		ds->stats.n_tokens_corpus += doc_tok0(c, d + 1) - doc_tok0(c, d);
+		for (uint64_t s = c->doc_off[d]; s < c->doc_off[d + 1]; s++)
+			if (sent_len(c, s) > ds->stats.longest_sentence)
+				ds->stats.longest_sentence = sent_len(c, s);
+	}
+	ds->stats.n_tokens_other = total_tokens - ds->stats.n_tokens_corpus;
+	if (cfg->nsp)
+		rc = cfg->drop_long_sentences ? index_pairs_truncating(ds, docs, nd) : index_pairs(ds, docs, nd);
+	else
+		rc = cfg->drop_long_sentences ? index_full_sentences(ds) : index_concat(ds);
 	if (rc)
 		goto out;
 	free(ds->in_split); /* only the index needed it */
@@ -576,7 +766,7 @@ void mlm_dataset_destroy(mlm_dataset *ds)
 	free(ds->ends);
 	free(ds->in_split);
 	free(ds->shard_doc0);
-	free(ds->shard_sent0);
+	free(ds->shard_tok0);
 	free(ds->special_bits);
 	free(ds);
 }
@@ -680,27 +870,24 @@ static int copy_tokens(const corpus_view *c, uint64_t a, uint64_t b, int32_t *id
 	return 0;
 }
 
-/* Copies the tokens of sentences [s0, s0+n) of c, minus skip_front, at most
- * `room`, to ids + *pos; with doc_sep, one [SEP] between the parts that come
- * from different documents (the same rule index_full_sentences counts). */
-static int copy_range(const corpus_view *c, uint64_t s0, uint64_t n, int doc_sep, uint64_t skip_front,
-		      uint64_t room, int32_t *ids, uint32_t *pos, uint32_t V)
+/* Copies local tokens [t0, t1) of c, at most `room` of them, to ids + *pos,
+ * with one [SEP] between the parts that come from different documents (the
+ * separator counts against room, as the index counts it). */
+static int copy_span(const corpus_view *c, uint64_t t0, uint64_t t1, uint64_t room, int32_t *ids,
+		     uint32_t *pos, uint32_t V)
 {
-	uint64_t t0 = c->sent_off[s0] + skip_front, t1 = c->sent_off[s0 + n];
-	if (!doc_sep)
-		return copy_tokens(c, t0, t1 - t0 > room ? t0 + room : t1, ids, pos, V);
-	/* first document whose sentence range ends after s0 */
+	/* first document whose tokens end after t0 */
 	uint64_t lo = 0, hi = c->n_docs;
 	while (lo < hi) {
 		uint64_t mid = (lo + hi) / 2;
-		if (c->doc_off[mid + 1] <= s0)
+		if (doc_tok0(c, mid + 1) <= t0)
 			lo = mid + 1;
 		else
 			hi = mid;
 	}
 	int any = 0;
 	for (uint64_t d = lo; t0 < t1 && room > 0; d++) {
-		uint64_t e = d < c->n_docs ? c->sent_off[c->doc_off[d + 1]] : t1;
+		uint64_t e = d < c->n_docs ? doc_tok0(c, d + 1) : t1;
 		if (e > t1)
 			e = t1;
 		if (e <= t0)
@@ -732,19 +919,20 @@ int mlm_sample_pack(const mlm_dataset *ds, uint64_t s, int32_t *ids, int32_t *to
 	ids[pos++] = (int32_t)sp->cls;
 	if (!ds->cfg.nsp) {
 		uint64_t g0 = ds->starts[s], g1 = ds->ends ? ds->ends[s] : ds->starts[s + 1];
-		/* the shard holding g0: shard_sent0[k] <= g0 < shard_sent0[k+1] */
+		/* the shard holding g0: shard_tok0[k] <= g0 < shard_tok0[k+1] */
 		uint32_t lo = 0, hi = ds->n_shards - 1;
 		while (lo < hi) {
 			uint32_t mid = (lo + hi + 1) / 2;
-			if (ds->shard_sent0[mid] <= g0)
+			if (ds->shard_tok0[mid] <= g0)
 				lo = mid;
 			else
 				hi = mid - 1;
 		}
-		while (ds->shard_sent0[lo + 1] <= g0) /* skip shards without sentences */
+		while (ds->shard_tok0[lo + 1] <= g0) /* skip shards without tokens */
 			lo++;
-		uint64_t end = g1 < ds->shard_sent0[lo + 1] ? g1 : ds->shard_sent0[lo + 1];
-		rc = copy_range(&ds->shards[lo], g0 - ds->shard_sent0[lo], end - g0, 1, 0, T - 2, ids, &pos, V);
+		uint64_t end = g1 < ds->shard_tok0[lo + 1] ? g1 : ds->shard_tok0[lo + 1];
+		rc = copy_span(&ds->shards[lo], g0 - ds->shard_tok0[lo], end - ds->shard_tok0[lo], T - 2, ids,
+			       &pos, V);
 		if (rc)
 			return rc;
 		ids[pos++] = (int32_t)sp->sep;
@@ -755,8 +943,7 @@ int mlm_sample_pack(const mlm_dataset *ds, uint64_t s, int32_t *ids, int32_t *to
 		const sample_ref *r = &ds->refs[s];
 		const corpus_view *ca = &ds->shards[r->a_shard];
 		const corpus_view *cb = &ds->shards[r->b_shard];
-		uint64_t la = range_tokens(ca, r->a_sent, r->a_sent + r->a_n);
-		uint64_t lb = range_tokens(cb, r->b_sent, r->b_sent + r->b_n);
+		uint64_t la = r->a_len, lb = r->b_len;
 		uint64_t fa = 0, fb = 0; /* tokens cut from the front */
 		draw_stream st;
 		stream_init(&st, ds->cfg.seed, PURPOSE_TRUNC, s, 0);
@@ -780,12 +967,12 @@ int mlm_sample_pack(const mlm_dataset *ds, uint64_t s, int32_t *ids, int32_t *to
 				fb += front;
 			}
 		}
-		rc = copy_range(ca, r->a_sent, r->a_n, 0, fa, la, ids, &pos, V);
+		rc = copy_tokens(ca, r->a_tok + fa, r->a_tok + fa + la, ids, &pos, V);
 		if (rc)
 			return rc;
 		ids[pos++] = (int32_t)sp->sep;
 		uint32_t b0 = pos;
-		rc = copy_range(cb, r->b_sent, r->b_n, 0, fb, lb, ids, &pos, V);
+		rc = copy_tokens(cb, r->b_tok + fb, r->b_tok + fb + lb, ids, &pos, V);
 		if (rc)
 			return rc;
 		ids[pos++] = (int32_t)sp->sep;

@@ -32,6 +32,13 @@ typedef struct mlm_config {
 	float short_seq_prob;        /* share of samples with a shorter random target (0.1) */
 	int nsp;                     /* 1: BERT sentence pairs + NSP labels; 0: full-sentences packing */
 	int whole_word_mask;         /* 1: mask whole words (needs is_continuation) */
+	/* 0 (default): no corpus token is left out: a sentence longer than
+	 * what is left of a sample continues in the next one (full sentences),
+	 * or is split into pieces that become segments (NSP). 1: the packing
+	 * of whole sentences, where a sentence longer than a sample is cut and
+	 * its remainder dropped (full sentences), and sentence pairs are cut
+	 * by BERT's truncate_seq_pair (NSP). docs/formats.md has both. */
+	int drop_long_sentences;
 	/* Bit v (byte v/8, bit v%8) set when vocab id v continues the previous
 	 * token's word (WordPiece "##" pieces). Borrowed; NULL without WWM. */
 	const uint8_t *is_continuation;
@@ -65,7 +72,11 @@ typedef struct mlm_stats {
 	uint64_t n_docs_other;       /* non-empty documents of the other split (held out or trained on) */
 	uint64_t n_empty_docs;       /* documents skipped for having no tokens */
 	uint64_t n_tokens_packed;    /* tokens placed in samples, incl. [CLS]/[SEP] */
-	uint64_t n_tokens_truncated; /* corpus tokens dropped by truncation */
+	uint64_t n_tokens_corpus;    /* tokens of this split's documents: what an epoch should hold */
+	uint64_t n_tokens_other;     /* tokens of the other split's documents (held out or trained on) */
+	uint64_t n_tokens_truncated; /* of n_tokens_corpus, tokens no sample of an epoch holds
+				      * (only with drop_long_sentences) */
+	uint64_t longest_sentence;   /* tokens of this split's longest sentence */
 	double pad_fraction;         /* 1 - n_tokens_packed / (n_samples * T) */
 	uint64_t index_bytes;        /* sample index each process holds (8 B/sample, 40 with NSP) */
 } mlm_stats;

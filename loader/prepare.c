@@ -545,6 +545,20 @@ static int ev_push(i64vec *e, int64_t x)
 	return 0;
 }
 
+/* Sentence lengths users should know of (a line longer than a 128- or
+ * 512-token sequence holds): counted on the input sentences, uncut. */
+typedef struct sentence_lengths {
+	uint64_t longest, over_126, over_510;
+} sentence_lengths;
+
+static void lengths_add(sentence_lengths *l, uint64_t n)
+{
+	if (n > l->longest)
+		l->longest = n;
+	l->over_126 += n > 126;
+	l->over_510 += n > 510;
+}
+
 typedef struct result {
 	bool ready;
 	int rc;
@@ -552,6 +566,7 @@ typedef struct result {
 	wordpiece_ids ids;
 	i64vec ev;
 	wordpiece_stats st;
+	sentence_lengths lens; /* of the input sentences, before the max_sentence_tokens cut */
 	vocab_counter *counter;
 	uint64_t bytes;         /* corpus bytes (as stored) it accounts for: progress */
 	/* a stream unit: its pieces, queued by its thread for the calling one
@@ -610,6 +625,7 @@ static int sentence(work *w, wordpiece_cache *cache, result *res, const char *s,
 	if (rc < 0)
 		return rc;
 	uint64_t got = res->ids.n - before;
+	lengths_add(&res->lens, got);
 	uint64_t max = w->r->o->max_sentence_tokens ? w->r->o->max_sentence_tokens : UINT64_MAX;
 	while (got > 0 && rc == 0) {
 		uint64_t take = got < max ? got : max;
@@ -1203,6 +1219,10 @@ static int consume_tokens(void *ctx, result *res)
 	int rc = 0;
 	size_t pos = 0;
 	wr->s->unk += res->st.unk;
+	if (res->lens.longest > wr->s->longest_sentence)
+		wr->s->longest_sentence = res->lens.longest;
+	wr->s->sentences_over_126 += res->lens.over_126;
+	wr->s->sentences_over_510 += res->lens.over_510;
 	for (size_t i = 0; i < res->ev.n && rc == 0; i++) {
 		int64_t e = res->ev.v[i];
 		if (!wr->cur && (rc = writer_open_shard(wr)) < 0)
@@ -1480,7 +1500,7 @@ int prepare_run(const prepare_opts *o, prepare_summary *s, enum prepare_error *e
 	strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&tnow, &tm));
 	json_t *m = json_pack(
 		"{s:s, s:i, s:{s:s, s:s, s:I, s:b, s:b}, s:{s:I, s:I, s:I, s:I, s:I},"
-		" s:s, s:I, s:o, s:{s:I, s:I, s:I, s:I, s:I, s:I},"
+		" s:s, s:I, s:o, s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I},"
 		" s:{s:o, s:s, s:s, s:I, s:s, s:s}}",
 		"format", SHARD_MANIFEST_FORMAT, "version", SHARD_MANIFEST_VERSION,
 		"vocab", "file", "vocab.txt", "sha256", s->vocab_sha256, "size", (json_int_t)s->vocab_size,
@@ -1493,6 +1513,9 @@ int prepare_run(const prepare_opts *o, prepare_summary *s, enum prepare_error *e
 		"totals", "files", (json_int_t)s->files, "bytes", (json_int_t)s->bytes,
 		"documents", (json_int_t)s->documents, "sentences", (json_int_t)s->sentences,
 		"tokens", (json_int_t)s->tokens, "unk", (json_int_t)s->unk,
+		"longest_sentence", (json_int_t)s->longest_sentence,
+		"sentences_over_126", (json_int_t)s->sentences_over_126,
+		"sentences_over_510", (json_int_t)s->sentences_over_510,
 		"source", "inputs", inputs, "format", o->format == PREPARE_JSONL ? "jsonl" : "text",
 		"text_field", o->text_field ? o->text_field : "text",
 		"shard_tokens", (json_int_t)wr.shard_tokens, "created", when,
@@ -1561,7 +1584,7 @@ json_t *prepare_summary_json(const prepare_summary *s, const char *out_dir)
 {
 	double mbps = s->tokenize_seconds > 0 ? (double)s->bytes / 1e6 / s->tokenize_seconds : 0.0;
 	json_t *requested = s->vocab_trained ? json_integer(s->vocab_size_requested) : json_null();
-	return json_pack("{s:b, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:i, s:o, s:b, s:b, s:s,"
+	json_t *j = json_pack("{s:b, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:i, s:o, s:b, s:b, s:s,"
 			 " s:f, s:f, s:f}",
 			 "ok", 1, "dataset", out_dir, "files", (json_int_t)s->files,
 			 "bytes", (json_int_t)s->bytes, "documents", (json_int_t)s->documents,
@@ -1573,4 +1596,15 @@ json_t *prepare_summary_json(const prepare_summary *s, const char *out_dir)
 			 "vocab_trained", s->vocab_trained,
 			 "vocab_sha256", s->vocab_sha256, "seconds", s->seconds,
 			 "tokenize_seconds", s->tokenize_seconds, "mb_per_s", mbps);
+	/* the input sentences' lengths (uncut): what a 128- or 512-token
+	 * sequence cannot hold whole (docs/formats.md) */
+	json_t *lens = json_pack("{s:I, s:I, s:I}", "longest_sentence", (json_int_t)s->longest_sentence,
+				 "sentences_over_126", (json_int_t)s->sentences_over_126,
+				 "sentences_over_510", (json_int_t)s->sentences_over_510);
+	if (j && (!lens || json_object_update(j, lens) < 0)) {
+		json_decref(j);
+		j = NULL;
+	}
+	json_decref(lens);
+	return j;
 }

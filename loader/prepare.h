@@ -94,6 +94,10 @@ typedef struct prepare_opts {
 
 typedef struct prepare_summary {
 	uint64_t files, bytes, documents, sentences, tokens, unk, shards;
+	/* input sentences (lines) before the max_sentence_tokens cut: the
+	 * longest one's tokens, and how many are longer than 126 and 510
+	 * tokens (what a sequence of 128 / 512 holds with [CLS] and [SEP]) */
+	uint64_t longest_sentence, sentences_over_126, sentences_over_510;
 	uint32_t vocab_size;           /* entries of the vocab used */
 	uint32_t vocab_size_requested; /* trained: the size asked for (vocab_size may be
 					* less: the corpus ran out of pairs); else 0 */

@@ -201,6 +201,27 @@ static int open_batches(worker *w)
 	return 0;
 }
 
+/* Rank 0 tells the daemon what the job trains on ({"type":"data"},
+ * docs/formats.md): the index every rank just built, counted once. */
+static void report_data(worker *w)
+{
+	if (w->rank != 0)
+		return;
+	mlm_stats st;
+	mlm_dataset_stats(w->data.ds, &st);
+	worker_send(w, json_pack("{s:s, s:I, s:I, s:I, s:I, s:{s:I}, s:I, s:I, s:I, s:f, s:I}", "type", "data",
+				 "sequences_per_epoch", (json_int_t)st.n_samples,
+				 "corpus_tokens", (json_int_t)st.n_tokens_corpus,
+				 "tokens_per_epoch", (json_int_t)(st.n_tokens_corpus - st.n_tokens_truncated),
+				 "tokens_dropped", (json_int_t)st.n_tokens_truncated,
+				 "dropped", "long_sentences", (json_int_t)st.n_tokens_truncated,
+				 "documents", (json_int_t)st.n_docs,
+				 "held_out_documents", (json_int_t)st.n_docs_other,
+				 "held_out_tokens", (json_int_t)st.n_tokens_other,
+				 "pad_fraction", st.pad_fraction,
+				 "longest_sentence", (json_int_t)st.longest_sentence));
+}
+
 /* The host trainer: made from the spec (train.c) with what only this process
  * knows (the dataset's vocab, the threads), or resumed from a checkpoint,
  * whose step must be the job's. */
@@ -340,6 +361,8 @@ int main(int argc, char **argv)
 		code = open_job(&w, job_path, &kind, &on_gpu);
 	if (code == 0)
 		code = open_batches(&w);
+	if (code == 0)
+		report_data(&w);
 	if (code == 0)
 		code = make_trainer(&w, on_gpu, &tc);
 	/* the host trainer made (or loaded) the weights; a GPU takes them */

@@ -197,8 +197,9 @@ static void test_minimal_gets_every_default(void **state)
 	expect_keys(json_object_get(o, "training_args"), ta, sizeof ta / sizeof ta[0]);
 	static const char *const mlm[] = {"mlm_probability", "mask_replace_prob",
 		"random_replace_prob", "whole_word_mask", "nsp", "max_predictions_per_seq",
-		"short_seq_prob", "validation_split_percentage"};
+		"short_seq_prob", "validation_split_percentage", "drop_long_sentences"};
 	expect_keys(json_object_get(o, "mlm"), mlm, sizeof mlm / sizeof mlm[0]);
+	assert_true(json_is_false(get(o, "mlm", "drop_long_sentences"))); /* nothing dropped */
 
 	assert_string_equal(gets_(o, NULL, "name"), "wiki.en-2"); /* from the dataset */
 	assert_true(json_is_null(get(o, NULL, "init_from")));
@@ -876,11 +877,15 @@ static void test_docs_document_every_key(void **state)
 static void test_train_by_epochs(void **state)
 {
 	(void)state;
-	/* 1e6 tokens in 50000 sentences (20 each), T 128, short_seq_prob 0.1:
-	 * room 126, mean target 0.9*126 + 0.1*(2+126)/2 = 119.8, minus half a
-	 * sentence = 109.8 tokens a sample: ceil(1e6/109.8) = 9108 sequences. */
-	jobspec_epoch_source src = {.tokens = 1000000, .sentences = 50000};
-	assert_true(jobspec_estimate_sequences(&src, 128, false, 0.1) == 9108.0);
+	/* 1e6 tokens in 50000 sentences (20 each) of 2000 documents, T 128,
+	 * short_seq_prob 0.1: room 126, mean target 0.9*126 + 0.1*(2+126)/2 =
+	 * 119.8; concatenated and cut, with a [SEP] between documents:
+	 * ceil(1002000/119.8) = 8364 sequences. With drop_long_sentences
+	 * (whole sentences) half a sentence is left unused: 109.8 tokens a
+	 * sample, ceil(1e6/109.8) = 9108. */
+	jobspec_epoch_source src = {.tokens = 1000000, .sentences = 50000, .documents = 2000};
+	assert_true(jobspec_estimate_sequences(&src, 128, false, 0.1, false) == 8364.0);
+	assert_true(jobspec_estimate_sequences(&src, 128, false, 0.1, true) == 9108.0);
 	jobspec_error err;
 
 	json_t *o = normalize_ok("{\"dataset\":\"d\",\"training_args\":{\"num_train_epochs\":2}}");
@@ -890,9 +895,9 @@ static void test_train_by_epochs(void **state)
 	assert_int_equal(jobspec_from_json(o, &s, &err), -EINVAL); /* a worker never sees -1 */
 	assert_string_equal(err.field, "training_args.max_steps");
 	assert_int_equal(jobspec_resolve_epochs(o, &src, &err), 0);
-	assert_int_equal(geti(o, "training_args", "max_steps"), 2277); /* ceil(2*9108/8) */
+	assert_int_equal(geti(o, "training_args", "max_steps"), 2091); /* ceil(2*8364/8) */
 	assert_int_equal(jobspec_from_json(o, &s, &err), 0); /* resolved = effective */
-	assert_int_equal(s.training.max_steps, 2277);
+	assert_int_equal(s.training.max_steps, 2091);
 	assert_true(s.training.num_train_epochs == 2.0);
 	json_decref(o);
 
@@ -901,7 +906,7 @@ static void test_train_by_epochs(void **state)
 			 "\"gradient_accumulation_steps\":4},\"resources\":{\"gpus\":2}}");
 	assert_true(getd(o, "training_args", "num_train_epochs") == 3.0);
 	assert_int_equal(jobspec_resolve_epochs(o, &src, &err), 0);
-	assert_int_equal(geti(o, "training_args", "max_steps"), 427); /* ceil(3*9108/64) */
+	assert_int_equal(geti(o, "training_args", "max_steps"), 393); /* ceil(3*8364/64) */
 	json_decref(o);
 
 	/* max_steps > 0 overrides, as in HF; resolving changes nothing */
@@ -929,13 +934,15 @@ static void test_train_by_epochs(void **state)
 	assert_int_equal(geti(o, "training_args", "max_steps"), -1);
 	json_decref(o);
 
-	/* sentences longer than a sample: one sample each */
-	jobspec_epoch_source longs = {.tokens = 1000, .sentences = 5};
-	assert_true(jobspec_estimate_sequences(&longs, 128, false, 0.0) == 5.0);
+	/* sentences longer than a sample: one sample each when the rest is
+	 * dropped, else they continue: ceil(1000/126) = 8 */
+	jobspec_epoch_source longs = {.tokens = 1000, .sentences = 5, .documents = 0};
+	assert_true(jobspec_estimate_sequences(&longs, 128, false, 0.0, true) == 5.0);
+	assert_true(jobspec_estimate_sequences(&longs, 128, false, 0.0, false) == 8.0);
 	/* NSP keeps one more [SEP]: room 125, no short targets, 1 token sentences:
 	 * ceil(1000 / (125 - 0.5)) = 9 */
 	jobspec_epoch_source ones = {.tokens = 1000, .sentences = 1000};
-	assert_true(jobspec_estimate_sequences(&ones, 128, true, 0.0) == 9.0);
+	assert_true(jobspec_estimate_sequences(&ones, 128, true, 0.0, false) == 9.0);
 
 	check_idempotent("{\"dataset\":\"x\",\"training_args\":{\"num_train_epochs\":0.5}}");
 	check_idempotent("{\"dataset\":\"x\",\"training_args\":{\"max_steps\":-1}}");
