@@ -18,10 +18,19 @@
  * sorted order so the output does not depend on the thread count. See
  * prepare_opts for the data roots and the walk's bounds.
  *
- * The dataset is built in "<out>.tmp-<pid>" next to out and renamed to out
- * only when complete, so a crash never leaves a directory that looks ready.
- * Must never: tokenize anything twice for the same output, or leave out
- * behind on failure.
+ * The dataset is built in the work directory "<parent>/.<name>.partial"
+ * beside out (fs_partial_dir; a name no dataset can have) and renamed to out only when
+ * complete, so a crash never leaves a directory that looks ready. Each
+ * finished shard is fsync'ed and recorded in the work directory's
+ * resume.json (with the trained vocab, the resume point and a fingerprint
+ * of the options and the inputs' sizes and mtimes): a run killed by a
+ * signal, started again with the same options on unchanged inputs, checks
+ * and keeps the shards and the vocab it finds there and continues from the
+ * next one, and its output is byte-identical to a run never interrupted.
+ * A work directory whose fingerprint differs is started over. A run that
+ * fails cleanly removes it. One run at a time holds it (flock).
+ * Must never: tokenize anything twice for the same output, retrain a
+ * vocab it has, or leave out behind on failure.
  */
 #ifndef BERTD_LOADER_PREPARE_H
 #define BERTD_LOADER_PREPARE_H
@@ -68,6 +77,9 @@ typedef struct prepare_opts {
 	uint32_t max_depth;
 	uint64_t max_files;
 	uint64_t max_bytes;
+	bool fresh;                 /* discard an interrupted run's work instead of resuming */
+	int64_t created;            /* the manifest's "created", Unix seconds; 0 = when the
+				     * preparation first started (kept across a resume) */
 } prepare_opts;
 
 #define PREPARE_DEFAULT_MAX_DEPTH 32u
@@ -82,6 +94,8 @@ typedef struct prepare_summary {
 	char vocab_sha256[65];
 	double seconds;             /* wall time of the whole run */
 	double tokenize_seconds;    /* the tokenizing pass alone */
+	uint64_t resumed_shards;    /* shards kept from an interrupted run */
+	bool resumed_vocab;         /* its trained vocab, reused */
 } prepare_summary;
 
 /* Error classes, so a CLI can map them to exit codes. */
