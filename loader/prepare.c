@@ -1529,7 +1529,7 @@ json_t *prepare_summary_json(const prepare_summary *s, const char *out_dir)
 	double mbps = s->tokenize_seconds > 0 ? (double)s->bytes / 1e6 / s->tokenize_seconds : 0.0;
 	json_t *requested = s->vocab_trained ? json_integer(s->vocab_size_requested) : json_null();
 	return json_pack("{s:b, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:i, s:o, s:b, s:b, s:s,"
-			 " s:f, s:f, s:f, s:I}",
+			 " s:f, s:f, s:f, s:I, s:b}",
 			 "ok", 1, "dataset", out_dir, "files", (json_int_t)s->files,
 			 "bytes", (json_int_t)s->bytes, "documents", (json_int_t)s->documents,
 			 "sentences", (json_int_t)s->sentences, "tokens", (json_int_t)s->tokens,
@@ -1540,5 +1540,5 @@ json_t *prepare_summary_json(const prepare_summary *s, const char *out_dir)
 			 "vocab_trained", s->vocab_trained,
 			 "vocab_sha256", s->vocab_sha256, "seconds", s->seconds,
 			 "tokenize_seconds", s->tokenize_seconds, "mb_per_s", mbps,
-			 "resumed_shards", (json_int_t)s->resumed_shards);
+			 "resumed_shards", (json_int_t)s->resumed_shards, "resumed_vocab", s->resumed_vocab);
 }
