@@ -385,6 +385,12 @@ static enum MHD_Result datasets_register(api_request *req, json_t *in)
 					 strerror(errno));
 	snprintf(home, sizeof home, "%s/datasets/%s", root, name);
 	bool in_place = strcmp(home, dir) == 0;
+	store_dataset other;
+	if (store_dataset_get_by_name(req->st, name, &other) == 0) {
+		store_dataset_free(&other);
+		return api_reply_problem(req, API_P_DATASET_EXISTS, "name",
+					 "dataset \"%s\" exists; pick another name or delete it", name);
+	}
 	if (!in_place && lstat(home, &sb) == 0)
 		return api_reply_problem(req, API_P_DATASET_EXISTS, "name",
 					 "%s is in the way; pick another name or remove it", home);
