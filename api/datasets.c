@@ -657,6 +657,11 @@ enum MHD_Result datasets_delete(api_request *req)
 		if ((rc = fs_remove_tree(dir)) < 0)
 			log_warn("dataset %s (%s) deleted, but removing %s failed: %s", d.id, d.name, dir,
 				 strerror(-rc));
+		/* the work of a preparation interrupted and never resumed */
+		char work[PATH_MAX + 80];
+		if (fs_partial_dir(dir, work, sizeof work) == 0 && (rc = fs_remove_tree(work)) < 0)
+			log_warn("dataset %s (%s) deleted, but removing %s failed: %s", d.id, d.name, work,
+				 strerror(-rc));
 	}
 	log_info("dataset %s (%s) deleted", d.id, d.name);
 	ret = api_reply_empty(req, MHD_HTTP_NO_CONTENT);

@@ -100,6 +100,7 @@ typedef struct run {
 	int nkids, alive;
 	bool stop_sent, killing, shutdown;
 	bool canceled;         /* dataset: its row left preparing (DELETE): killed, output removed */
+	bool prep_signaled;    /* dataset: its bertd-prepare died of a signal the daemon did not send */
 	int64_t start_ms, stop_deadline_ms;
 	int64_t max_runtime_ms;
 	bool saw_running;
@@ -523,6 +524,8 @@ static void on_child_exit(loop *l, int fd, uint32_t events, void *arg)
 	if (!ok && !stopped && !r->killing) {
 		int code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 		bool retry = !WIFEXITED(st) || code == BERTD_EXIT_FAILURE || code == BERTD_EXIT_PEER_LOST;
+		if (c->role == ROLE_PREPARE && !WIFEXITED(st))
+			r->prep_signaled = true;
 		set_failure(r, retry, "%s %d ended with %s", who, c->index, desc);
 		log_warn("%s %s: %s %d ended with %s", r->is_dataset ? "dataset" : "job", r->id, who, c->index, desc);
 		run_kill_all(r, SIGTERM);
@@ -1244,7 +1247,7 @@ static void run_maybe_finish(supervisor *sv, run *r)
 	if (r->is_dataset) {
 		/* killed by a signal not ours (OOM killer, kill -9): prepared
 		 * again, continuing from its finished shards, a few times */
-		if (r->failed && r->retryable && !r->canceled && !r->shutdown) {
+		if (r->failed && r->prep_signaled && !r->canceled && !r->shutdown) {
 			int kills = prepare_killed(sv, r->id);
 			if (kills <= PREPARE_MAX_KILLS &&
 			    store_dataset_phase(sv->st, r->id, "queued", 0.0) == 0) {
