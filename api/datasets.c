@@ -385,6 +385,12 @@ static enum MHD_Result datasets_register(api_request *req, json_t *in)
 					 strerror(errno));
 	snprintf(home, sizeof home, "%s/datasets/%s", root, name);
 	bool in_place = strcmp(home, dir) == 0;
+	size_t rl = strlen(root);
+	if (!in_place && strncmp(dir, root, rl) == 0 && strncmp(dir + rl, "/datasets/", 10) == 0)
+		/* deleting that dataset would leave this one a dangling link */
+		return api_reply_problem(req, API_P_INVALID_REQUEST, "prepared",
+					 "%s is where bertd keeps another dataset; register a copy of it, "
+					 "or a directory at %s", dir, home);
 	store_dataset other;
 	if (store_dataset_get_by_name(req->st, name, &other) == 0) {
 		store_dataset_free(&other);
