@@ -10,8 +10,9 @@
  *     through pass_env so "created" is the same);
  *   - a dataset prepared elsewhere is registered ({"prepared": dir}), is
  *     ready at once and a job trains on it; a tampered copy is a 422 naming
- *     the file; other keys beside "prepared" are 422s; DELETE removes the
- *     registration, never the directory.
+ *     the file; other keys beside "prepared" are 422s; a copy at
+ *     datasets/<name> registers in place, and is refused under another
+ *     name; DELETE removes the registration, never the directory.
  * bertd-prepare is throttled (SIGSTOP / SIGCONT) while the test waits for
  * its shards, so where the kill lands does not depend on machine speed.
  * Waiting is polling with a deadline, never timing. */
@@ -280,6 +281,18 @@ static void test_register(void **state)
 	json_decref(ds);
 	post_expect(f, "{\"name\":\"reg\",\"prepared\":\"elsewhere\"}", 409, "name", NULL);
 
+	/* a copy where bertd keeps datasets: registered in place under its own
+	 * name, refused under another (it would dangle once that one goes) */
+	assert_int_equal(it_system("mkdir -p '%s/datasets' && cp -r '%s' '%s/datasets/inplace'", f->data, dir, f->data),
+			 0);
+	post_expect(f, "{\"name\":\"alias\",\"prepared\":\"datasets/inplace\"}", 422, "prepared",
+		    "another dataset");
+	post_expect(f, "{\"name\":\"inplace\",\"prepared\":\"datasets/inplace\"}", 201, NULL, NULL);
+	http_resp r;
+	assert_int_equal(http_do(&f->d, "DELETE", "/v1/datasets/inplace", NULL, 0, NULL, 1, &r), 0);
+	assert_int_equal(r.status, 204);
+	http_resp_free(&r);
+
 	/* a job trains on it */
 	char *id = it_submit(&f->d, IT_TINY_SPEC("on-reg", "reg", "1", "4", "6", "3", "6", "1", IT_LR_WARMUP, ""));
 	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
@@ -288,7 +301,6 @@ static void test_register(void **state)
 	free(id);
 
 	/* DELETE: the registration goes, the directory stays */
-	http_resp r;
 	assert_int_equal(http_do(&f->d, "DELETE", "/v1/datasets/reg", NULL, 0, NULL, 1, &r), 0);
 	assert_int_equal(r.status, 204);
 	http_resp_free(&r);
