@@ -1,5 +1,8 @@
 /* datasets — the /v1/datasets resource: ask for a corpus to be prepared
- * into token shards, and watch it (state, progress, counts, errors).
+ * into token shards, and watch it (state, progress, counts, errors); or
+ * register a dataset bertd-prepare made elsewhere ({"prepared": dir}),
+ * checked (manifest, structure, every file's digest) and ready at once,
+ * never tokenized again.
  *
  * A POST validates the request, confines every path to the data roots and
  * stores the dataset as `preparing`; the supervisor (daemon loop) runs
@@ -25,6 +28,10 @@
 #include "common/log.h"
 #include "daemon/store.h"
 #include "loader/prepare.h"
+#include "loader/shard.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
 
 static json_t *time_json(int64_t ms)
 {
@@ -271,13 +278,44 @@ static json_t *dataset_limits(api_request *req, json_t *in, enum MHD_Result *ret
 	return out;
 }
 
+/* The preparation options (absent or null: the default), each validated
+ * and set in eff; on failure replies and returns false. threads defaults
+ * to 1 so that prepare_concurrency preparations take a CPU each. */
+static bool dataset_options(api_request *req, json_t *in, json_t *eff, enum MHD_Result *ret)
+{
+	static const struct {
+		const char *key;
+		json_int_t min, max, def;
+	} opt[] = {
+		{"threads", 1, 256, 1},
+		{"max_sentence_tokens", 0, 1000000, 510},
+		{"shard_tokens", 1000, (json_int_t)1 << 40, (json_int_t)64 << 20},
+	};
+	for (size_t i = 0; i < sizeof opt / sizeof opt[0]; i++) {
+		json_t *v = json_object_get(in, opt[i].key);
+		json_int_t x = opt[i].def;
+		if (v && !json_is_null(v)) {
+			if (!json_is_integer(v) || json_integer_value(v) < opt[i].min ||
+			    json_integer_value(v) > opt[i].max) {
+				*ret = api_reply_problem(req, API_P_INVALID_REQUEST, opt[i].key,
+							 "must be an integer in %lld..%lld", (long long)opt[i].min,
+							 (long long)opt[i].max);
+				return false;
+			}
+			x = json_integer_value(v);
+		}
+		json_object_set_new(eff, opt[i].key, json_integer(x));
+	}
+	return true;
+}
+
 /* Validates a dataset request; on success returns the effective request
  * (caller owns) with canonical paths and every default. */
 static json_t *dataset_request(api_request *req, json_t *in, enum MHD_Result *ret)
 {
 	static const char *const known[] = {"name",  "source",    "format",
 					    "text_field", "vocab", "lowercase", "limits",
-					    "include", "exclude"};
+					    "include", "exclude", "threads", "max_sentence_tokens", "shard_tokens"};
 	const char *key;
 	json_t *v;
 	json_object_foreach(in, key, v) {
@@ -376,22 +414,173 @@ static json_t *dataset_request(api_request *req, json_t *in, enum MHD_Result *re
 		json_decref(out_vocab);
 		goto fail;
 	}
+	json_t *opts = json_object();
+	if (!dataset_options(req, in, opts, ret)) {
+		json_decref(opts);
+		json_decref(limits);
+		json_decref(out_vocab);
+		goto fail;
+	}
 	/* the roots bertd-prepare confines its reading to (--root): links in
 	 * the source that lead out of them are skipped */
 	json_t *roots = json_array();
 	for (size_t i = 0; i < req->cfg->n_data_roots; i++)
 		json_array_append_new(roots, json_string(req->cfg->data_roots[i]));
 	/* source_path: the first, as requests stored before lists had it */
-	return json_pack("{s:s, s:s, s:o, s:o, s:o, s:s, s:s, s:o, s:o, s:o, s:o}", "name", name,
-			 "source_path", json_string_value(json_array_get(sources, 0)), "source_paths", sources,
-			 "include", include, "exclude", exclude,
-			 "format", format, "text_field", text_field, "lowercase", lowercase, "vocab", out_vocab,
-			 "limits", limits, "roots", roots);
+	json_t *eff = json_pack("{s:s, s:s, s:o, s:o, s:o, s:s, s:s, s:o, s:o, s:o, s:o}", "name", name,
+				"source_path", json_string_value(json_array_get(sources, 0)), "source_paths", sources,
+				"include", include, "exclude", exclude,
+				"format", format, "text_field", text_field, "lowercase", lowercase, "vocab", out_vocab,
+				"limits", limits, "roots", roots);
+	json_object_update(eff, opts);
+	json_decref(opts);
+	return eff;
 fail:
 	json_decref(sources);
 	json_decref(include);
 	json_decref(exclude);
 	return NULL;
+}
+
+/* The stats of a registered dataset, from its (verified) manifest: the
+ * counts a preparation here reports (caller owns). */
+static json_t *registered_stats(const char *dir, bool had_sums)
+{
+	char p[PATH_MAX + 32];
+	snprintf(p, sizeof p, "%s/%s", dir, SHARD_MANIFEST_NAME);
+	json_t *m = json_load_file(p, 0, NULL);
+	json_t *t = json_object_get(m, "totals"), *v = json_object_get(m, "vocab");
+	json_int_t tokens = json_integer_value(json_object_get(t, "tokens"));
+	json_int_t unk = json_integer_value(json_object_get(t, "unk"));
+	json_t *st = json_pack("{s:b, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:I, s:b, s:b, s:s,"
+			       " s:b, s:b}",
+			       "ok", 1, "dataset", dir,
+			       "files", json_integer_value(json_object_get(t, "files")),
+			       "bytes", json_integer_value(json_object_get(t, "bytes")),
+			       "documents", json_integer_value(json_object_get(t, "documents")),
+			       "sentences", json_integer_value(json_object_get(t, "sentences")),
+			       "tokens", tokens, "unk", unk,
+			       "unk_rate", tokens ? (double)unk / (double)tokens : 0.0,
+			       "shards", (json_int_t)json_array_size(json_object_get(m, "shards")),
+			       "vocab_size", json_integer_value(json_object_get(v, "size")),
+			       "lowercase", json_is_true(json_object_get(v, "lowercase")),
+			       "vocab_trained", json_is_true(json_object_get(v, "trained")),
+			       "vocab_sha256", json_string_value(json_object_get(v, "sha256")) ?
+			       json_string_value(json_object_get(v, "sha256")) : "",
+			       "registered", 1, "digests_checked", had_sums);
+	json_decref(m);
+	return st;
+}
+
+/* POST /v1/datasets {"name", "prepared"}: a dataset directory made by
+ * bertd-prepare, under the data roots, checked and registered as ready.
+ * Jobs find every dataset at <first root>/datasets/<name>: a prepared
+ * directory elsewhere is linked there (DELETE removes the link and the row,
+ * never the directory). Reads every shard byte once, on this thread. */
+static enum MHD_Result datasets_register(api_request *req, json_t *in)
+{
+	enum MHD_Result ret = MHD_NO;
+	const char *key;
+	json_t *v;
+	char *text = NULL, *stats = NULL;
+	json_t *eff = NULL, *st = NULL;
+	json_object_foreach(in, key, v) {
+		if (strcmp(key, "name") && strcmp(key, "prepared"))
+			return api_reply_problem(req, API_P_INVALID_REQUEST, key,
+						 "not allowed with \"prepared\": that dataset is prepared already");
+	}
+	const char *name = json_string_value(json_object_get(in, "name"));
+	if (!name || !name_ok(name))
+		return api_reply_problem(req, API_P_INVALID_REQUEST, "name",
+					 "required: 1..64 characters of [A-Za-z0-9._-], starting with a letter or digit");
+	char dir[PATH_MAX];
+	if (!resolve_field(req, json_object_get(in, "prepared"), "prepared", dir, sizeof dir, &ret))
+		return ret;
+	struct stat sb;
+	if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+		return api_reply_problem(req, API_P_INVALID_REQUEST, "prepared",
+					 "%s is not a directory (a dataset made by bertd-prepare)", dir);
+	if (!req->cfg->n_data_roots)
+		return api_reply_problem(req, API_P_INTERNAL, NULL, "no data root to register it in");
+	char home[PATH_MAX + 64], root[PATH_MAX];
+	if (!realpath(req->cfg->data_roots[0], root))
+		return api_reply_problem(req, API_P_INTERNAL, NULL, "data root %s: %s", req->cfg->data_roots[0],
+					 strerror(errno));
+	snprintf(home, sizeof home, "%s/datasets/%s", root, name);
+	bool in_place = strcmp(home, dir) == 0;
+	size_t rl = strlen(root);
+	if (!in_place && strncmp(dir, root, rl) == 0 && strncmp(dir + rl, "/datasets/", 10) == 0)
+		/* deleting that dataset would leave this one a dangling link */
+		return api_reply_problem(req, API_P_INVALID_REQUEST, "prepared",
+					 "%s is where bertd keeps another dataset; register a copy of it, "
+					 "or a directory at %s", dir, home);
+	store_dataset other;
+	if (store_dataset_get_by_name(req->st, name, &other) == 0) {
+		store_dataset_free(&other);
+		return api_reply_problem(req, API_P_DATASET_EXISTS, "name",
+					 "dataset \"%s\" exists; pick another name or delete it", name);
+	}
+	if (!in_place && lstat(home, &sb) == 0)
+		return api_reply_problem(req, API_P_DATASET_EXISTS, "name",
+					 "%s is in the way; pick another name or remove it", home);
+	char file[320], why[512];
+	bool sums = false;
+	int rc = shard_dataset_verify(dir, file, sizeof file, why, sizeof why, &sums);
+	if (rc < 0) {
+		log_info("dataset %s: refused %s: %s: %s", name, dir, file, why);
+		return api_reply_problem(req, API_P_INVALID_REQUEST, "prepared", "%s/%s: %s", dir, file, why);
+	}
+	eff = json_pack("{s:s, s:s}", "name", name, "prepared", dir);
+	st = registered_stats(dir, sums);
+	text = eff ? json_dumps(eff, JSON_COMPACT) : NULL;
+	stats = st ? json_dumps(st, JSON_COMPACT) : NULL;
+	unsigned char r[8];
+	char id[20];
+	if (!text || !stats || getrandom(r, sizeof r, 0) != (ssize_t)sizeof r) {
+		ret = api_reply_problem(req, API_P_INTERNAL, NULL, "out of memory or entropy");
+		goto out;
+	}
+	memcpy(id, "ds-", 3);
+	for (int i = 0; i < 8; i++)
+		snprintf(id + 3 + 2 * i, 3, "%02x", r[i]);
+	store_dataset ds = {.id = id, .name = (char *)name, .spec_json = text,
+			    .bytes_total = json_integer_value(json_object_get(st, "bytes"))};
+	rc = store_dataset_insert_ready(req->st, &ds, stats);
+	if (rc == -EEXIST) {
+		ret = api_reply_problem(req, API_P_DATASET_EXISTS, "name",
+					"dataset \"%s\" exists; pick another name or delete it", name);
+		goto out;
+	}
+	if (rc < 0) {
+		ret = api_reply_store_error(req, rc, "storing the dataset failed");
+		goto out;
+	}
+	char parent[PATH_MAX + 16];
+	snprintf(parent, sizeof parent, "%s/datasets", root);
+	if (!in_place && ((rc = fs_mkdir_p(parent, 0750)) < 0 || (rc = symlink(dir, home) != 0 ? -errno : 0) < 0)) {
+		store_dataset_delete(req->st, id);
+		ret = api_reply_problem(req, API_P_INTERNAL, NULL, "linking %s to %s: %s", home, dir, strerror(-rc));
+		goto out;
+	}
+	log_info("dataset %s (%s) registered from %s (%s)", id, name, dir,
+		 sums ? "every file's digest checked" : "no digests in its manifest: structure checked");
+	char loc[64];
+	snprintf(loc, sizeof loc, "/v1/datasets/%s", id);
+	if (api_add_header(req, MHD_HTTP_HEADER_LOCATION, loc))
+		goto out;
+	store_dataset got;
+	if (store_dataset_get(req->st, id, &got) < 0) {
+		ret = api_reply_problem(req, API_P_INTERNAL, NULL, "reading the dataset back failed");
+		goto out;
+	}
+	ret = api_reply_json(req, MHD_HTTP_CREATED, dataset_json(req, &got));
+	store_dataset_free(&got);
+out:
+	free(text);
+	free(stats);
+	json_decref(eff);
+	json_decref(st);
+	return ret;
 }
 
 enum MHD_Result datasets_create(api_request *req)
@@ -406,6 +595,10 @@ enum MHD_Result datasets_create(api_request *req)
 					 "%s", detail);
 	if (!json_is_object(in)) {
 		ret = api_reply_problem(req, API_P_BAD_REQUEST, NULL, "the body must be a JSON object");
+		goto out;
+	}
+	if (json_object_get(in, "prepared")) {
+		ret = datasets_register(req, in);
 		goto out;
 	}
 	if (!(eff = dataset_request(req, in, &ret)))
@@ -599,6 +792,11 @@ enum MHD_Result datasets_delete(api_request *req)
 		/* The row is gone, so the dataset is; leftover files are only logged. */
 		if ((rc = fs_remove_tree(dir)) < 0)
 			log_warn("dataset %s (%s) deleted, but removing %s failed: %s", d.id, d.name, dir,
+				 strerror(-rc));
+		/* the work of a preparation interrupted and never resumed */
+		char work[PATH_MAX + 80];
+		if (fs_partial_dir(dir, work, sizeof work) == 0 && (rc = fs_remove_tree(work)) < 0)
+			log_warn("dataset %s (%s) deleted, but removing %s failed: %s", d.id, d.name, work,
 				 strerror(-rc));
 	}
 	log_info("dataset %s (%s) deleted", d.id, d.name);

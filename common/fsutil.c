@@ -321,3 +321,18 @@ int64_t fs_dir_bytes(const char *dir)
 	closedir(d);
 	return total;
 }
+
+int fs_partial_dir(const char *dir, char *buf, size_t cap)
+{
+	size_t n = strlen(dir);
+	while (n > 1 && dir[n - 1] == '/')
+		n--;
+	const char *slash = memrchr(dir, '/', n);
+	int k;
+	if (!slash)
+		k = snprintf(buf, cap, ".%.*s.partial", (int)n, dir);
+	else
+		k = snprintf(buf, cap, "%.*s/.%.*s.partial", (int)(slash - dir), dir,
+			     (int)(n - (size_t)(slash + 1 - dir)), slash + 1);
+	return k < 0 || (size_t)k >= cap ? -ENAMETOOLONG : 0;
+}

@@ -25,6 +25,11 @@ int fs_fsync_parent(const char *path);
  * or negative errno. */
 int fs_remove_tree(const char *path);
 
+/* The work directory a directory dir is built in before it is renamed to
+ * dir: "<parent>/.<name>.partial" (a dot name: never a dataset's), into
+ * buf. Trailing slashes of dir are ignored. 0, or -ENAMETOOLONG. */
+int fs_partial_dir(const char *dir, char *buf, size_t cap);
+
 /* Bytes of the plain files directly in dir (not below it; dot files left
  * out); 0 when it cannot be read. */
 int64_t fs_dir_bytes(const char *dir);

@@ -2050,6 +2050,21 @@ int store_dataset_insert(store *s, const store_dataset *ds)
 	return rc < 0 ? rc : 0;
 }
 
+int store_dataset_insert_ready(store *s, const store_dataset *ds, const char *stats_json)
+{
+	if (!ds || !ds->id || !ds->name || !ds->spec_json || !stats_json || ds->bytes_total < 0)
+		return -EINVAL;
+	/* ready from the start: the supervisor never sees it preparing */
+	int rc = locked_exec(s, TXN_WRITE, "INSERT INTO datasets (id, name, spec_json, state, "
+					   "bytes_done, bytes_total, stats_json, created_ms, updated_ms, "
+					   "phase, fraction) "
+					   "VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6, ?7, ?7, 'done', 1.0)",
+			     ARGS(ARG_TEXT(ds->id), ARG_TEXT(ds->name), ARG_TEXT(ds->spec_json),
+				  ARG_TEXT(dataset_state_name(DATASET_READY)), ARG_I64(ds->bytes_total),
+				  ARG_TEXT(stats_json), ARG_I64(now_ms())), NULL, NULL);
+	return rc < 0 ? rc : 0;
+}
+
 static int dataset_get_where(store *s, const char *sql, const char *key, store_dataset *out)
 {
 	memset(out, 0, sizeof *out);

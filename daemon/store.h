@@ -272,6 +272,9 @@ typedef struct store_dataset {
  * bytes_total are used, times are set here. -EEXIST if the id or the name is
  * taken (nothing written). */
 int store_dataset_insert(store *s, const store_dataset *ds);
+/* Inserts a dataset prepared elsewhere, ready at once, with its stats
+ * (ds->bytes_total is the corpus size it records). -EEXIST as above. */
+int store_dataset_insert_ready(store *s, const store_dataset *ds, const char *stats_json);
 /* Loads one dataset by id / by name into *out (free with store_dataset_free);
  * -ENOENT if none. */
 int store_dataset_get(store *s, const char *id, store_dataset *out);

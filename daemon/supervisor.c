@@ -100,6 +100,7 @@ typedef struct run {
 	int nkids, alive;
 	bool stop_sent, killing, shutdown;
 	bool canceled;         /* dataset: its row left preparing (DELETE): killed, output removed */
+	bool prep_signaled;    /* dataset: its bertd-prepare died of a signal the daemon did not send */
 	int64_t start_ms, stop_deadline_ms;
 	int64_t max_runtime_ms;
 	bool saw_running;
@@ -141,6 +142,14 @@ struct supervisor {
 	const char **dev_job;  /* (ndev,) job id on each device or NULL */
 	run *runs;
 	int prepare_limit;     /* bertd-prepare processes at once (cfg.prepare_concurrency resolved) */
+	/* datasets whose bertd-prepare a signal killed that the daemon did not
+	 * send (OOM killer, kill -9): started again, resuming, at most
+	 * PREPARE_MAX_KILLS times (a few; replaced oldest first) */
+	struct prepare_kills {
+		char id[40];
+		int n;
+	} prep_kills[16];
+	int prep_kills_next;
 	int sample_fd;         /* timerfd: telemetry samples every TELEMETRY_SAMPLE_MS; -1 if none */
 };
 
@@ -559,6 +568,8 @@ static void on_child_exit(loop *l, int fd, uint32_t events, void *arg)
 	if (!ok && !stopped && !r->killing) {
 		int code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 		bool retry = !WIFEXITED(st) || code == BERTD_EXIT_FAILURE || code == BERTD_EXIT_PEER_LOST;
+		if (c->role == ROLE_PREPARE && !WIFEXITED(st))
+			r->prep_signaled = true;
 		set_failure(r, retry, "%s %d ended with %s", who, c->index, desc);
 		log_warn("%s %s: %s %d ended with %s", r->is_dataset ? "dataset" : "job", r->id, who, c->index, desc);
 		run_kill_all(r, SIGTERM);
@@ -1275,10 +1286,25 @@ static void free_dev_ids(supervisor *sv, run *r)
 	r->ndev = 0;
 }
 
-/* A canceled preparation's output: its temp directory (bertd-prepare's
- * "<out>.tmp-<pid>", left by the kill) and <out> itself if it was renamed
- * into place just before, unless another preparation of the same name runs
- * now (deleted and submitted again). */
+#define PREPARE_MAX_KILLS 3
+
+/* How often dataset id's bertd-prepare was killed from outside, counting
+ * this time. */
+static int prepare_killed(supervisor *sv, const char *id)
+{
+	for (size_t i = 0; i < sizeof sv->prep_kills / sizeof sv->prep_kills[0]; i++)
+		if (strcmp(sv->prep_kills[i].id, id) == 0)
+			return ++sv->prep_kills[i].n;
+	struct prepare_kills *k = &sv->prep_kills[sv->prep_kills_next];
+	sv->prep_kills_next = (sv->prep_kills_next + 1) % (int)(sizeof sv->prep_kills / sizeof sv->prep_kills[0]);
+	snprintf(k->id, sizeof k->id, "%s", id);
+	return k->n = 1;
+}
+
+/* A canceled preparation's output: its work directory (bertd-prepare's
+ * ".<name>.partial", and "<out>.tmp-<pid>" of older ones) and <out> itself
+ * if it was renamed into place just before, unless another preparation of
+ * the same name runs now (deleted and submitted again). */
 static void remove_prepare_output(supervisor *sv, run *r)
 {
 	const char *name = json_string_value(json_object_get(r->spec, "name"));
@@ -1295,6 +1321,8 @@ static void remove_prepare_output(supervisor *sv, run *r)
 	}
 	if (r->dir[0] && (rc = fs_remove_tree(r->dir)) < 0)
 		log_warn("dataset %s: cannot remove %s: %s", r->id, r->dir, strerror(-rc));
+	if (r->dir[0] && fs_partial_dir(r->dir, tmp, sizeof tmp) == 0 && (rc = fs_remove_tree(tmp)) < 0)
+		log_warn("dataset %s: cannot remove %s: %s", r->id, tmp, strerror(-rc));
 }
 
 /* All children gone: decide the job's (or dataset's) next state. */
@@ -1304,6 +1332,18 @@ static void run_maybe_finish(supervisor *sv, run *r)
 		return;
 	unlink_run(sv, r);
 	if (r->is_dataset) {
+		/* killed by a signal not ours (OOM killer, kill -9): prepared
+		 * again, continuing from its finished shards, a few times */
+		if (r->failed && r->prep_signaled && !r->canceled && !r->shutdown) {
+			int kills = prepare_killed(sv, r->id);
+			if (kills <= PREPARE_MAX_KILLS &&
+			    store_dataset_phase(sv->st, r->id, "queued", 0.0) == 0) {
+				log_warn("dataset %s: %s; preparing it again from its finished shards "
+					 "(%d of %d)", r->id, r->reason, kills, PREPARE_MAX_KILLS);
+				run_free(r);
+				return;
+			}
+		}
 		/* canceled, or failed (a kill skips bertd-prepare's own cleanup) */
 		if (r->canceled || r->failed)
 			remove_prepare_output(sv, r);
@@ -1438,7 +1478,8 @@ static int start_prepare(supervisor *sv, const store_dataset *ds)
 		return 0;
 	}
 	/* Not ready in the store, so anything at outdir is a previous attempt's
-	 * (a daemon that died after bertd-prepare renamed it into place). */
+	 * (a daemon that died after bertd-prepare renamed it into place). The
+	 * work directory beside it stays: bertd-prepare continues from it. */
 	if ((rc = fs_remove_tree(outdir)) < 0)
 		log_warn("dataset %s: cannot remove stale %s: %s", ds->name, outdir, strerror(-rc));
 	remove_stale_prepare_tmp(sv, dsdir, ds->name);
@@ -1494,6 +1535,21 @@ static int start_prepare(supervisor *sv, const store_dataset *ds)
 	if (nroots == 0) {
 		argv[a++] = "--root";
 		argv[a++] = sv->dataset_root;
+	}
+	/* threads (default 1: prepare_concurrency preparations take one CPU
+	 * each, also for requests stored before it existed), and
+	 * max_sentence_tokens, shard_tokens (absent in those: bertd-prepare's
+	 * defaults, the same) */
+	static const char *const opt_key[] = {"threads", "max_sentence_tokens", "shard_tokens"};
+	static const char *const opt_opt[] = {"--jobs", "--max-sentence-tokens", "--shard-tokens"};
+	char opt_val[3][24];
+	for (int i = 0; i < 3; i++) {
+		json_t *v = json_object_get(r->spec, opt_key[i]);
+		if (!json_is_integer(v) && i > 0)
+			continue;
+		snprintf(opt_val[i], sizeof opt_val[i], "%lld", json_is_integer(v) ? (long long)json_integer_value(v) : 1);
+		argv[a++] = opt_opt[i];
+		argv[a++] = opt_val[i];
 	}
 	static const char *const lim_key[] = {"max_depth", "max_files", "max_bytes"};
 	static const char *const lim_opt[] = {"--max-depth", "--max-files", "--max-bytes"};
@@ -1880,8 +1936,9 @@ void supervisor_tick(supervisor *sv)
 
 /* ---- lifecycle ---- */
 
-/* Datasets left preparing by an earlier daemon are prepared again from
- * scratch, each when its turn in the queue comes: queued until then. */
+/* Datasets left preparing by an earlier daemon are prepared again, each
+ * when its turn in the queue comes (queued until then); bertd-prepare
+ * continues from the shards the killed one finished. */
 static void recover_datasets(supervisor *sv)
 {
 	store_dataset *ds = NULL;

@@ -8,6 +8,12 @@
  * byte-identical for any thread count. At most `window` chunks are in
  * flight, which bounds memory. Only the calling thread writes files or
  * progress.
+ *
+ * Resume: a shard closes at a document end, i.e. at (chunk c, event k) of
+ * the event stream; resume.json records that point with the shards done,
+ * and a resumed run tokenizes from chunk c again, dropping its first k
+ * events (the unk count is kept per whole chunk, so it is recorded as of
+ * chunk c's start).
  */
 #include "loader/prepare.h"
 
@@ -21,13 +27,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <sys/file.h>
+
 #include "common/fsutil.h"
 #include "common/log.h"
+#include "common/sha256.h"
 #include "loader/instream.h"
 #include "loader/shard.h"
 #include "loader/vocab_train.h"
@@ -36,6 +44,9 @@
 #define CHUNK_BYTES (1u << 20)
 #define DEFAULT_SHARD_TOKENS (64ull << 20)
 #define EV_DOC (-1) /* event: document break; a positive event is a sentence length */
+#define RESUME_NAME "resume.json"
+#define RESUME_FORMAT "bertd-prepare-resume"
+#define RESUME_VERSION 1
 
 typedef struct strvec {
 	char **v;
@@ -501,25 +512,33 @@ static int plan_chunks(run *r, chunkvec *out, uint64_t *total)
 			rc = chunk_push(out, (chunk){(uint32_t)f, 0, size, instream_kind_streamed(kind)});
 			continue;
 		}
-		const char *m = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-		close(fd);
-		if (m == MAP_FAILED) {
-			rc = fail(r, PREPARE_ERR_INPUT, -errno, "%s: mmap: %s", p, strerror(errno));
-			break;
-		}
+		/* the line end after each 1 MiB step, read with pread: mapping
+		 * the file whole kept hundreds of MB of it resident (peak RSS) */
+		char buf[1 << 16];
 		uint64_t off = 0;
 		while (off < size && rc == 0) {
 			uint64_t end = off + CHUNK_BYTES;
-			if (end >= size) {
-				end = size;
-			} else {
-				const char *nl = memchr(m + end, '\n', size - end);
-				end = nl ? (uint64_t)(nl - m) + 1 : size;
+			while (end < size) {
+				ssize_t k = pread(fd, buf, sizeof buf, (off_t)end);
+				if (k < 0 && errno == EINTR)
+					continue;
+				if (k <= 0) {
+					end = size; /* shrank meanwhile: read_chunk says so */
+					break;
+				}
+				const char *nl = memchr(buf, '\n', (size_t)k);
+				if (nl) {
+					end += (uint64_t)(nl - buf) + 1;
+					break;
+				}
+				end += (uint64_t)k;
 			}
+			if (end > size)
+				end = size;
 			rc = chunk_push(out, (chunk){(uint32_t)f, off, end - off, false});
 			off = end;
 		}
-		munmap((void *)m, size);
+		close(fd);
 	}
 	return rc;
 }
@@ -561,6 +580,7 @@ static void lengths_add(sentence_lengths *l, uint64_t n)
 
 typedef struct result {
 	bool ready;
+	size_t chunk;          /* its index */
 	int rc;
 	char msg[512];
 	wordpiece_ids ids;
@@ -604,6 +624,7 @@ typedef struct work {
 	pthread_mutex_t mu;
 	pthread_cond_t cv_work, cv_done, cv_space; /* cv_space: a stream queue has room */
 	size_t next, consumed, window;
+	size_t first;          /* the chunk a resumed pass starts at */
 	bool stop;
 } work;
 
@@ -785,6 +806,7 @@ static void process_chunk(work *w, wordpiece_cache *cache, size_t i)
 	char *buf = NULL;
 	int rc = 0;
 	res->bytes = c->len;
+	res->chunk = i;
 	if (w->counting && (rc = vocab_counter_create(w->lower, &res->counter)) < 0)
 		goto out;
 	if ((rc = read_chunk(w->r, c, &buf)) < 0) {
@@ -828,7 +850,7 @@ static int push_piece(work *w, result *u, result *piece)
 static int stream_piece(work *w, wordpiece_cache *cache, result *u, const textsrc *src,
 			const char *text, size_t len, uint64_t bytes)
 {
-	result piece = {.bytes = bytes};
+	result piece = {.bytes = bytes, .chunk = (size_t)(u - w->res)};
 	int rc = 0;
 	if (w->counting && (rc = vocab_counter_create(w->lower, &piece.counter)) < 0)
 		snprintf(piece.msg, sizeof piece.msg, "%s: %s", src->name, strerror(-rc));
@@ -1076,7 +1098,7 @@ static int run_pass(run *r, work *w, progress *pg, const char *phase,
 	pthread_cond_init(&w->cv_work, NULL);
 	pthread_cond_init(&w->cv_done, NULL);
 	pthread_cond_init(&w->cv_space, NULL);
-	w->next = w->consumed = 0;
+	w->next = w->consumed = w->first;
 	w->window = 4 * (size_t)nt;
 	w->stop = false;
 	int started = 0;
@@ -1087,8 +1109,10 @@ static int run_pass(run *r, work *w, progress *pg, const char *phase,
 		}
 	}
 	uint64_t done = 0, tokens = 0;
+	for (size_t i = 0; i < w->first && i < w->n_chunks; i++)
+		done += w->chunks[i].len;
 	pg->t0 = pg->last = now();
-	for (size_t i = 0; i < w->n_chunks && rc == 0; i++) {
+	for (size_t i = w->first; i < w->n_chunks && rc == 0; i++) {
 		result *res = &w->res[i];
 		uint64_t unit_done = 0; /* a stream's pieces account for its bytes as they come */
 		while (w->chunks[i].stream && rc == 0) {
@@ -1172,16 +1196,73 @@ typedef struct writer {
 	shard_writer *cur;
 	json_t *shards;   /* manifest entries */
 	prepare_summary *s;
+	/* resume */
+	const char *fingerprint;
+	int64_t created;
+	uint64_t unk_before; /* unk of the chunks before the one being consumed */
+	/* and their sentence lengths (longest, over 126, over 510): a resumed
+	 * run tokenizes none of those chunks again */
+	uint64_t lens_before[3];
+	size_t ev_chunk;     /* the chunk being consumed (SIZE_MAX: none yet) */
+	size_t ev_base;      /* its events consumed before this result (streams: earlier pieces) */
+	size_t skip_chunk;   /* a resumed run drops the first skip_events events */
+	size_t skip_events;  /* of chunk skip_chunk: the shards done hold them */
 } writer;
 
-static int writer_close_shard(writer *wr)
+static int write_file_sync(const char *path, const void *data, size_t n);
+
+static void fsync_dir(const char *dir)
+{
+	int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd >= 0) {
+		fsync(dfd);
+		close(dfd);
+	}
+}
+
+/* Records in resume.json (tmp + fsync + rename) what a restarted run may
+ * keep: the vocab, the shards finished so far and where the next one
+ * starts. Written after the files it names are durable. */
+static int journal_write(writer *wr, size_t next_chunk, size_t next_event)
+{
+	json_t *j = json_pack("{s:s, s:i, s:s, s:I, s:{s:s, s:b, s:I}, s:O, s:{s:I, s:I}, s:I, s:[I, I, I]}",
+			      "format", RESUME_FORMAT, "version", RESUME_VERSION,
+			      "fingerprint", wr->fingerprint, "created", (json_int_t)wr->created,
+			      "vocab", "sha256", wr->vocab.sha256, "trained", wr->s->vocab_trained,
+			      "size", (json_int_t)wr->vocab.vocab_size,
+			      "shards", wr->shards, "next", "chunk", (json_int_t)next_chunk, "event",
+			      (json_int_t)next_event, "unk", (json_int_t)wr->unk_before, "lens",
+			      (json_int_t)wr->lens_before[0], (json_int_t)wr->lens_before[1],
+			      (json_int_t)wr->lens_before[2]);
+	char *js = j ? json_dumps(j, JSON_COMPACT) : NULL;
+	json_decref(j);
+	if (!js)
+		return fail(wr->r, PREPARE_ERR_INTERNAL, -ENOMEM, "cannot build %s", RESUME_NAME);
+	char tmp[4352], path[4352];
+	snprintf(tmp, sizeof tmp, "%s/%s.tmp", wr->dir, RESUME_NAME);
+	snprintf(path, sizeof path, "%s/%s", wr->dir, RESUME_NAME);
+	unlink(tmp);
+	int rc = write_file_sync(tmp, js, strlen(js));
+	free(js);
+	if (rc == 0 && rename(tmp, path) != 0)
+		rc = -errno;
+	if (rc < 0)
+		return fail(wr->r, PREPARE_ERR_OUTPUT, rc, "%s: %s", path, strerror(-rc));
+	fsync_dir(wr->dir);
+	return 0;
+}
+
+/* Closes the open shard; unless final, records the resume point (the
+ * event of chunk next_chunk the next shard starts at). */
+static int writer_close_shard(writer *wr, bool final, size_t next_chunk, size_t next_event)
 {
 	if (!wr->cur)
 		return 0;
 	char name[32];
 	snprintf(name, sizeof name, "shard-%05zu", json_array_size(wr->shards));
 	shard_counts c;
-	int rc = shard_writer_finish(wr->cur, &c);
+	shard_sums sums;
+	int rc = shard_writer_finish_sums(wr->cur, &c, &sums);
 	wr->cur = NULL;
 	if (rc < 0)
 		return fail(wr->r, PREPARE_ERR_OUTPUT, rc, "%s/%s: %s", wr->dir, name, strerror(-rc));
@@ -1193,14 +1274,15 @@ static int writer_close_shard(writer *wr)
 		unlink(p);
 		return 0;
 	}
-	json_array_append_new(wr->shards, json_pack("{s:s, s:I, s:I, s:I}", "name", name,
+	json_array_append_new(wr->shards, json_pack("{s:s, s:I, s:I, s:I, s:s, s:s}", "name", name,
 						     "tokens", (json_int_t)c.tokens, "sentences",
-						     (json_int_t)c.sents, "documents", (json_int_t)c.docs));
+						     (json_int_t)c.sents, "documents", (json_int_t)c.docs,
+						     "bin_sha256", sums.bin, "idx_sha256", sums.idx));
 	wr->s->tokens += c.tokens;
 	wr->s->sentences += c.sents;
 	wr->s->documents += c.docs;
 	wr->s->shards++;
-	return 0;
+	return final ? 0 : journal_write(wr, next_chunk, next_event);
 }
 
 static int writer_open_shard(writer *wr)
@@ -1217,20 +1299,41 @@ static int consume_tokens(void *ctx, result *res)
 {
 	writer *wr = ctx;
 	int rc = 0;
-	size_t pos = 0;
+	size_t pos = 0, start = 0;
+	/* A unit's events are counted from its start: a compressed file's
+	 * pieces come one after another with the same chunk, and a resume
+	 * point (chunk, event) counts through all of them. */
+	if (res->chunk != wr->ev_chunk) {
+		wr->ev_chunk = res->chunk;
+		wr->ev_base = 0;
+		wr->unk_before = wr->s->unk;
+		wr->lens_before[0] = wr->s->longest_sentence;
+		wr->lens_before[1] = wr->s->sentences_over_126;
+		wr->lens_before[2] = wr->s->sentences_over_510;
+	}
+	size_t base = wr->ev_base;
+	wr->ev_base += res->ev.n;
+	if (res->chunk == wr->skip_chunk && wr->skip_events) {
+		/* resumed: these events are in the shards kept (for a stream,
+		 * perhaps this whole piece and more of the next) */
+		start = wr->skip_events < res->ev.n ? wr->skip_events : res->ev.n;
+		for (size_t i = 0; i < start; i++)
+			pos += res->ev.v[i] > 0 ? (size_t)res->ev.v[i] : 0;
+		wr->skip_events -= start;
+	}
 	wr->s->unk += res->st.unk;
 	if (res->lens.longest > wr->s->longest_sentence)
 		wr->s->longest_sentence = res->lens.longest;
 	wr->s->sentences_over_126 += res->lens.over_126;
 	wr->s->sentences_over_510 += res->lens.over_510;
-	for (size_t i = 0; i < res->ev.n && rc == 0; i++) {
+	for (size_t i = start; i < res->ev.n && rc == 0; i++) {
 		int64_t e = res->ev.v[i];
 		if (!wr->cur && (rc = writer_open_shard(wr)) < 0)
 			break;
 		if (e == EV_DOC) {
 			rc = shard_writer_end_document(wr->cur);
 			if (rc == 0 && shard_writer_counts(wr->cur).tokens >= wr->shard_tokens)
-				rc = writer_close_shard(wr);
+				rc = writer_close_shard(wr, false, res->chunk, base + i + 1);
 			continue;
 		}
 		rc = shard_writer_add_sentence(wr->cur, res->ids.v + pos, (size_t)e);
@@ -1349,18 +1452,172 @@ static bool infer_lowercase(const char *v, size_t n)
 	return true;
 }
 
+/* What a resumed run must share with the interrupted one for its output to
+ * be the same: this build, every option that changes the shards, the
+ * inputs as given, each file's size and mtime, and the chunk plan. */
+static void fingerprint(const run *r, const chunkvec *c, const char *vocab_sha, uint64_t shard_tokens,
+			char hex[65])
+{
+	const prepare_opts *o = r->o;
+	sha256_ctx h;
+	sha256_init(&h);
+	char line[256];
+	int n = snprintf(line, sizeof line, "bertd-prepare %s\nformat %d\nlower %d\nvocab %s\ntrain %u\n"
+			 "shard_tokens %llu\nmax_sentence_tokens %u\nfield ", BERTD_VERSION, (int)o->format,
+			 o->lowercase, vocab_sha ? vocab_sha : "-", o->train_vocab_size,
+			 (unsigned long long)shard_tokens, o->max_sentence_tokens);
+	sha256_update(&h, line, (size_t)n);
+	const char *tf = o->text_field ? o->text_field : "text";
+	sha256_update(&h, tf, strlen(tf) + 1);
+	for (size_t i = 0; i < o->n_inputs; i++)
+		sha256_update(&h, o->inputs[i], strlen(o->inputs[i]) + 1);
+	for (size_t f = 0; f < r->files.n; f++) {
+		struct stat st;
+		if (stat(r->files.v[f], &st) != 0)
+			memset(&st, 0, sizeof st);
+		sha256_update(&h, r->files.v[f], strlen(r->files.v[f]) + 1);
+		n = snprintf(line, sizeof line, "%lld %lld.%09ld\n", (long long)st.st_size,
+			     (long long)st.st_mtim.tv_sec, (long)st.st_mtim.tv_nsec);
+		sha256_update(&h, line, (size_t)n);
+	}
+	for (size_t i = 0; i < c->n; i++) {
+		n = snprintf(line, sizeof line, "%u %llu %llu\n", c->v[i].file,
+			     (unsigned long long)c->v[i].off, (unsigned long long)c->v[i].len);
+		sha256_update(&h, line, (size_t)n);
+	}
+	uint8_t d[32];
+	sha256_final(&h, d);
+	sha256_to_hex(d, hex);
+}
+
+/* Whether file name of dir has sha256 want. */
+static bool file_matches(const char *dir, const char *name, const char *want)
+{
+	char p[4352], hex[65];
+	snprintf(p, sizeof p, "%s/%s", dir, name);
+	return want && shard_file_sha256(p, hex) == 0 && strcmp(hex, want) == 0;
+}
+
+/* Why the journal j of work cannot be resumed from (NULL: it can). */
+static const char *journal_unusable(const run *r, const char *work, json_t *j, const char *fp,
+				    char *buf, size_t cap)
+{
+	json_t *fmt = json_object_get(j, "format"), *sh = json_object_get(j, "shards"), *e;
+	if (!json_is_string(fmt) || strcmp(json_string_value(fmt), RESUME_FORMAT) != 0 ||
+	    json_integer_value(json_object_get(j, "version")) != RESUME_VERSION || !json_is_array(sh) ||
+	    !json_is_integer(json_object_get(json_object_get(j, "next"), "chunk")) ||
+	    !json_is_integer(json_object_get(json_object_get(j, "next"), "event")))
+		return "its resume.json is not one this bertd-prepare writes";
+	if (r->o->fresh)
+		return "asked to start fresh";
+	if (!json_is_string(json_object_get(j, "fingerprint")) ||
+	    strcmp(json_string_value(json_object_get(j, "fingerprint")), fp) != 0)
+		return "the options or the inputs changed since";
+	if (!file_matches(work, "vocab.txt",
+			  json_string_value(json_object_get(json_object_get(j, "vocab"), "sha256"))))
+		return "its vocab.txt does not match resume.json";
+	size_t i;
+	json_array_foreach(sh, i, e) {
+		const char *nm = json_string_value(json_object_get(e, "name"));
+		char f[64];
+		for (int k = 0; k < 2; k++) {
+			snprintf(f, sizeof f, "%s.%s", nm ? nm : "?", k ? "bin" : "idx");
+			if (!nm || strlen(nm) > 40 ||
+			    !file_matches(work, f, json_string_value(json_object_get(e, k ? "bin_sha256"
+											    : "idx_sha256")))) {
+				snprintf(buf, cap, "%s does not match resume.json", f);
+				return buf;
+			}
+		}
+	}
+	return NULL;
+}
+
+/* Whether name is one of the files a kept journal j names. */
+static bool kept(json_t *j, const char *name)
+{
+	if (!j)
+		return false;
+	if (!strcmp(name, RESUME_NAME) || !strcmp(name, "vocab.txt"))
+		return true;
+	size_t i;
+	json_t *e;
+	json_array_foreach(json_object_get(j, "shards"), i, e) {
+		const char *nm = json_string_value(json_object_get(e, "name"));
+		size_t n = nm ? strlen(nm) : 0;
+		if (n && !strncmp(name, nm, n) && (!strcmp(name + n, ".bin") || !strcmp(name + n, ".idx")))
+			return true;
+	}
+	return false;
+}
+
+/* Creates or opens the work directory and locks it (*lockfd, caller
+ * closes). *journal: the interrupted run's resume.json when it can be
+ * resumed from (caller owns), else NULL; everything in work it does not
+ * name is removed. */
+static int work_open(run *r, const char *work, const char *fp, json_t **journal, int *lockfd)
+{
+	*journal = NULL;
+	*lockfd = -1;
+	if (mkdir(work, 0755) != 0 && errno != EEXIST)
+		return fail(r, PREPARE_ERR_OUTPUT, -errno, "%s: %s", work, strerror(errno));
+	int fd = open(work, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return fail(r, PREPARE_ERR_OUTPUT, -errno, "%s: %s", work, strerror(errno));
+	if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+		int e = errno;
+		close(fd);
+		return fail(r, PREPARE_ERR_OUTPUT, e == EWOULDBLOCK ? -EBUSY : -e, "%s: %s", work,
+			    e == EWOULDBLOCK ? "another bertd-prepare is writing this dataset" : strerror(e));
+	}
+	*lockfd = fd;
+	char p[4352], why[128];
+	snprintf(p, sizeof p, "%s/%s", work, RESUME_NAME);
+	json_t *j = json_load_file(p, 0, NULL);
+	const char *no = j ? journal_unusable(r, work, j, fp, why, sizeof why) : NULL;
+	if (no) {
+		log_info("%s: not resuming (%s): starting over", work, no);
+		json_decref(j);
+		j = NULL;
+	}
+	DIR *d = fdopendir(dup(fd));
+	if (!d) {
+		json_decref(j);
+		return fail(r, PREPARE_ERR_OUTPUT, -errno, "%s: %s", work, strerror(errno));
+	}
+	struct dirent *e;
+	while ((e = readdir(d)))
+		if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && !kept(j, e->d_name))
+			unlinkat(fd, e->d_name, 0); /* a shard being written when killed, a temp */
+	closedir(d);
+	*journal = j;
+	return 0;
+}
+
+/* Reads work's vocab.txt (a resumed run's trained vocab). */
+static int read_work_vocab(const char *work, char **buf, size_t *n)
+{
+	char p[4352];
+	snprintf(p, sizeof p, "%s/vocab.txt", work);
+	run plain = {.o = &(prepare_opts){0}};
+	return read_whole(&plain, p, buf, n);
+}
+
 int prepare_run(const prepare_opts *o, prepare_summary *s, enum prepare_error *err,
 		char *msg, size_t msg_len)
 {
 	int rc = 0;
 	run r = {.o = o, .err = err, .msg = msg, .msg_len = msg_len};
 	chunkvec chunks = {0};
-	char *tmp = NULL, *vtxt = NULL, *out_dir = NULL;
+	char *vtxt = NULL, *out_dir = NULL;
+	char tmp[4352];
 	size_t vlen = 0;
 	wordpiece *wp = NULL;
 	vocab_counter *counter = NULL;
 	writer wr = {0};
-	bool made_tmp = false;
+	json_t *journal = NULL;
+	int lockfd = -1;
+	bool own_work = false;
 	double t0 = now();
 	*err = PREPARE_ERR_NONE;
 	if (msg && msg_len)
@@ -1375,9 +1632,13 @@ int prepare_run(const prepare_opts *o, prepare_summary *s, enum prepare_error *e
 	}
 	size_t ol = strlen(o->out_dir);
 	while (ol > 1 && o->out_dir[ol - 1] == '/')
-		ol--; /* "ds/" names ds, and its temp sibling must not go inside it */
+		ol--; /* "ds/" names ds, and its work sibling must not go inside it */
 	if (!(out_dir = strndup(o->out_dir, ol))) {
 		rc = -ENOMEM;
+		goto out;
+	}
+	if (fs_partial_dir(out_dir, tmp, sizeof tmp) < 0) {
+		rc = fail(&r, PREPARE_ERR_USAGE, -ENAMETOOLONG, "%s: name too long", out_dir);
 		goto out;
 	}
 	struct stat st;
@@ -1397,10 +1658,11 @@ int prepare_run(const prepare_opts *o, prepare_summary *s, enum prepare_error *e
 	s->files = r.files.n;
 	s->bytes = total;
 
-	/* vocab: load, or count words and train */
+	/* a given vocab first: the fingerprint names it */
 	bool lower = o->lowercase != 0;
 	progress pg = {.o = o, .total = total, .f0 = 0.0, .fw = o->vocab_path ? 1.0 : 0.5};
 	work w = {.r = &r, .chunks = chunks.v, .n_chunks = chunks.n};
+	char vsha[65] = "";
 	if (o->vocab_path) {
 		if ((rc = read_whole(&r, o->vocab_path, &vtxt, &vlen)) < 0) {
 			rc = fail(&r, PREPARE_ERR_VOCAB, rc, "vocab %s: %s", o->vocab_path,
@@ -1408,12 +1670,33 @@ int prepare_run(const prepare_opts *o, prepare_summary *s, enum prepare_error *e
 				  ? "a link on its path leads outside the data root" : strerror(-rc));
 			goto out;
 		}
+		sha256_hex(vtxt, vlen, vsha);
 		if (o->lowercase < 0) {
 			lower = infer_lowercase(vtxt, vlen);
 			log_info("vocab %s looks %s (use --lowercase or --cased to say so)",
 				 o->vocab_path, lower ? "uncased" : "cased");
 		}
-	} else {
+	}
+
+	/* the work directory: what an interrupted run left, or a new one */
+	uint64_t shard_tokens = o->shard_tokens ? o->shard_tokens : DEFAULT_SHARD_TOKENS;
+	char fp[65];
+	fingerprint(&r, &chunks, o->vocab_path ? vsha : NULL, shard_tokens, fp);
+	if ((rc = work_open(&r, tmp, fp, &journal, &lockfd)) < 0)
+		goto out;
+	own_work = true;
+
+	if (!o->vocab_path && journal) {
+		/* the interrupted run's trained vocab, checked by work_open */
+		if ((rc = read_work_vocab(tmp, &vtxt, &vlen)) < 0) {
+			rc = fail(&r, PREPARE_ERR_OUTPUT, rc, "%s/vocab.txt: %s", tmp, strerror(-rc));
+			goto out;
+		}
+		s->vocab_trained = true;
+		s->resumed_vocab = true;
+		s->vocab_size_requested = o->train_vocab_size;
+		log_info("resuming: reusing the vocab trained before (%s/vocab.txt)", tmp);
+	} else if (!o->vocab_path) {
 		if ((rc = vocab_counter_create(lower, &counter)) < 0)
 			goto out;
 		w.counting = true;
@@ -1454,27 +1737,48 @@ int prepare_run(const prepare_opts *o, prepare_summary *s, enum prepare_error *e
 	s->lowercase = lower;
 	snprintf(s->vocab_sha256, sizeof s->vocab_sha256, "%s", wordpiece_vocab_sha256(wp));
 
-	/* the temp dir, then tokenize into it */
-	if (asprintf(&tmp, "%s.tmp-%ld", out_dir, (long)getpid()) < 0) {
-		tmp = NULL;
-		rc = -ENOMEM;
-		goto out;
-	}
-	if (mkdir(tmp, 0755) != 0) {
-		rc = fail(&r, PREPARE_ERR_OUTPUT, -errno, "%s: %s", tmp, strerror(errno));
-		goto out;
-	}
-	made_tmp = true;
 	char path[4352];
-	snprintf(path, sizeof path, "%s/vocab.txt", tmp);
-	if ((rc = write_file_sync(path, vtxt, vlen)) < 0) {
-		rc = fail(&r, PREPARE_ERR_OUTPUT, rc, "%s: %s", path, strerror(-rc));
-		goto out;
-	}
-	wr = (writer){.r = &r, .dir = tmp, .shard_tokens = o->shard_tokens ? o->shard_tokens : DEFAULT_SHARD_TOKENS,
-		      .shards = json_array(), .s = s};
+	wr = (writer){.r = &r, .dir = tmp, .shard_tokens = shard_tokens, .s = s, .fingerprint = fp,
+		      .created = o->created ? o->created : (int64_t)time(NULL), .ev_chunk = SIZE_MAX};
 	wr.vocab = (shard_vocab_info){.vocab_size = s->vocab_size, .lowercase = lower, .special = sp};
 	memcpy(wr.vocab.sha256, s->vocab_sha256, 65);
+	if (journal) {
+		/* keep the shards done; the next starts where resume.json says */
+		json_t *next = json_object_get(journal, "next"), *e;
+		size_t i;
+		wr.shards = json_deep_copy(json_object_get(journal, "shards"));
+		json_array_foreach(wr.shards, i, e) {
+			s->tokens += (uint64_t)json_integer_value(json_object_get(e, "tokens"));
+			s->sentences += (uint64_t)json_integer_value(json_object_get(e, "sentences"));
+			s->documents += (uint64_t)json_integer_value(json_object_get(e, "documents"));
+			s->shards++;
+		}
+		s->resumed_shards = s->shards;
+		s->unk = wr.unk_before = (uint64_t)json_integer_value(json_object_get(journal, "unk"));
+		json_t *lens = json_object_get(journal, "lens");
+		s->longest_sentence = (uint64_t)json_integer_value(json_array_get(lens, 0));
+		s->sentences_over_126 = (uint64_t)json_integer_value(json_array_get(lens, 1));
+		s->sentences_over_510 = (uint64_t)json_integer_value(json_array_get(lens, 2));
+		w.first = (size_t)json_integer_value(json_object_get(next, "chunk"));
+		wr.skip_chunk = w.first;
+		wr.skip_events = (size_t)json_integer_value(json_object_get(next, "event"));
+		if (!o->created && json_is_integer(json_object_get(journal, "created")))
+			wr.created = json_integer_value(json_object_get(journal, "created"));
+		if (w.first > chunks.n)
+			w.first = chunks.n;
+		log_info("resuming %s: %llu shard(s) kept, continuing at chunk %zu of %zu", tmp,
+			 (unsigned long long)s->shards, w.first, chunks.n);
+	} else {
+		snprintf(path, sizeof path, "%s/vocab.txt", tmp);
+		if ((rc = write_file_sync(path, vtxt, vlen)) < 0) {
+			rc = fail(&r, PREPARE_ERR_OUTPUT, rc, "%s: %s", path, strerror(-rc));
+			goto out;
+		}
+		wr.shards = json_array();
+		/* from here a kill keeps the vocab */
+		if ((rc = journal_write(&wr, 0, 0)) < 0)
+			goto out;
+	}
 	w.counting = false;
 	pg.f0 = o->vocab_path ? 0.0 : 0.5;
 	w.wp = wp;
@@ -1482,7 +1786,7 @@ int prepare_run(const prepare_opts *o, prepare_summary *s, enum prepare_error *e
 	double tt = now();
 	if ((rc = run_pass(&r, &w, &pg, "tokenize", consume_tokens, &wr)) < 0)
 		goto out;
-	if ((rc = writer_close_shard(&wr)) < 0)
+	if ((rc = writer_close_shard(&wr, true, 0, 0)) < 0)
 		goto out;
 	s->tokenize_seconds = now() - tt;
 	if (s->tokens == 0) {
@@ -1494,10 +1798,10 @@ int prepare_run(const prepare_opts *o, prepare_summary *s, enum prepare_error *e
 	json_t *inputs = json_array();
 	for (size_t i = 0; i < o->n_inputs; i++)
 		json_array_append_new(inputs, json_string(o->inputs[i]));
-	time_t tnow = time(NULL);
+	time_t tc = (time_t)wr.created;
 	struct tm tm;
 	char when[32];
-	strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&tnow, &tm));
+	strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&tc, &tm));
 	json_t *m = json_pack(
 		"{s:s, s:i, s:{s:s, s:s, s:I, s:b, s:b}, s:{s:I, s:I, s:I, s:I, s:I},"
 		" s:s, s:I, s:o, s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I},"
@@ -1529,43 +1833,41 @@ int prepare_run(const prepare_opts *o, prepare_summary *s, enum prepare_error *e
 	snprintf(path, sizeof path, "%s/%s", tmp, SHARD_MANIFEST_NAME);
 	size_t jl = strlen(js);
 	js[jl] = '\n';
+	unlink(path); /* a manifest written just before an earlier kill */
 	rc = write_file_sync(path, js, jl + 1);
 	free(js);
 	if (rc < 0) {
 		rc = fail(&r, PREPARE_ERR_OUTPUT, rc, "%s: %s", path, strerror(-rc));
 		goto out;
 	}
-	int dfd = open(tmp, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (dfd >= 0) {
-		fsync(dfd);
-		close(dfd);
-	}
+	/* the dataset holds no trace of how it was made */
+	snprintf(path, sizeof path, "%s/%s", tmp, RESUME_NAME);
+	unlink(path);
+	fsync_dir(tmp);
 	if (rename(tmp, out_dir) != 0) {
 		rc = fail(&r, PREPARE_ERR_OUTPUT, -errno, "rename %s -> %s: %s", tmp, out_dir,
 			  strerror(errno));
 		goto out;
 	}
-	made_tmp = false;
+	own_work = false;
 	/* make the rename itself durable */
 	char *slash = strrchr(out_dir, '/');
 	char parent[4096];
 	snprintf(parent, sizeof parent, "%.*s", slash ? (int)(slash - out_dir) : 1,
 		 slash ? (slash == out_dir ? "/" : out_dir) : ".");
-	dfd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (dfd >= 0) {
-		fsync(dfd);
-		close(dfd);
-	}
+	fsync_dir(parent);
 out:
 	if (wr.cur)
 		shard_writer_abort(wr.cur);
 	json_decref(wr.shards);
-	if (made_tmp)
-		rm_tree(tmp);
+	json_decref(journal);
+	if (own_work)
+		rm_tree(tmp); /* a clean failure: nothing here can be resumed into success */
+	if (lockfd >= 0)
+		close(lockfd);
 	if (rc < 0 && *err == PREPARE_ERR_NONE)
 		fail(&r, rc == -ENOMEM ? PREPARE_ERR_INTERNAL : PREPARE_ERR_INPUT, rc, "%s", strerror(-rc));
 	s->seconds = now() - t0;
-	free(tmp);
 	free(out_dir);
 	free(vtxt);
 	wordpiece_destroy(wp);
@@ -1585,7 +1887,7 @@ json_t *prepare_summary_json(const prepare_summary *s, const char *out_dir)
 	double mbps = s->tokenize_seconds > 0 ? (double)s->bytes / 1e6 / s->tokenize_seconds : 0.0;
 	json_t *requested = s->vocab_trained ? json_integer(s->vocab_size_requested) : json_null();
 	json_t *j = json_pack("{s:b, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:i, s:o, s:b, s:b, s:s,"
-			 " s:f, s:f, s:f}",
+			 " s:f, s:f, s:f, s:I, s:b}",
 			 "ok", 1, "dataset", out_dir, "files", (json_int_t)s->files,
 			 "bytes", (json_int_t)s->bytes, "documents", (json_int_t)s->documents,
 			 "sentences", (json_int_t)s->sentences, "tokens", (json_int_t)s->tokens,
@@ -1595,7 +1897,8 @@ json_t *prepare_summary_json(const prepare_summary *s, const char *out_dir)
 			 "vocab_size_requested", requested, "lowercase", s->lowercase,
 			 "vocab_trained", s->vocab_trained,
 			 "vocab_sha256", s->vocab_sha256, "seconds", s->seconds,
-			 "tokenize_seconds", s->tokenize_seconds, "mb_per_s", mbps);
+			 "tokenize_seconds", s->tokenize_seconds, "mb_per_s", mbps,
+			 "resumed_shards", (json_int_t)s->resumed_shards, "resumed_vocab", s->resumed_vocab);
 	/* the input sentences' lengths (uncut): what a 128- or 512-token
 	 * sequence cannot hold whole (docs/formats.md) */
 	json_t *lens = json_pack("{s:I, s:I, s:I}", "longest_sentence", (json_int_t)s->longest_sentence,

@@ -29,10 +29,19 @@
  *    directory or by a glob, and among the members of a tar archive; a
  *    file named as it is is always read.
  *
- * The dataset is built in "<out>.tmp-<pid>" next to out and renamed to out
- * only when complete, so a crash never leaves a directory that looks ready.
- * Must never: tokenize anything twice for the same output, or leave out
- * behind on failure.
+ * The dataset is built in the work directory "<parent>/.<name>.partial"
+ * beside out (fs_partial_dir; a name no dataset can have) and renamed to out only when
+ * complete, so a crash never leaves a directory that looks ready. Each
+ * finished shard is fsync'ed and recorded in the work directory's
+ * resume.json (with the trained vocab, the resume point and a fingerprint
+ * of the options and the inputs' sizes and mtimes): a run killed by a
+ * signal, started again with the same options on unchanged inputs, checks
+ * and keeps the shards and the vocab it finds there and continues from the
+ * next one, and its output is byte-identical to a run never interrupted.
+ * A work directory whose fingerprint differs is started over. A run that
+ * fails cleanly removes it. One run at a time holds it (flock).
+ * Must never: tokenize anything twice for the same output, retrain a
+ * vocab it has, or leave out behind on failure.
  */
 #ifndef BERTD_LOADER_PREPARE_H
 #define BERTD_LOADER_PREPARE_H
@@ -87,6 +96,9 @@ typedef struct prepare_opts {
 	size_t n_include;
 	const char *const *exclude; /* (n_exclude,) */
 	size_t n_exclude;
+	bool fresh;                 /* discard an interrupted run's work instead of resuming */
+	int64_t created;            /* the manifest's "created", Unix seconds; 0 = when the
+				     * preparation first started (kept across a resume) */
 } prepare_opts;
 
 #define PREPARE_DEFAULT_MAX_DEPTH 32u
@@ -105,6 +117,8 @@ typedef struct prepare_summary {
 	char vocab_sha256[65];
 	double seconds;             /* wall time of the whole run */
 	double tokenize_seconds;    /* the tokenizing pass alone */
+	uint64_t resumed_shards;    /* shards kept from an interrupted run */
+	bool resumed_vocab;         /* its trained vocab, reused */
 } prepare_summary;
 
 /* Error classes, so a CLI can map them to exit codes. */

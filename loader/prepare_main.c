@@ -4,6 +4,12 @@
  * JSON line on stdout). This file only parses options and reports; it must
  * never hold preparation logic.
  *
+ * A run killed before it finished leaves its work directory (prepare.h);
+ * the same command again continues from its finished shards (--fresh
+ * starts over). SOURCE_DATE_EPOCH, when set, is the manifest's "created"
+ * (reproducible-builds.org), so two preparations of the same corpus can
+ * be compared byte for byte.
+ *
  * Exit codes are bertd's common ones (common/exitcodes.h): 0 done;
  * 1 internal error; 2 usage (bad options, or the output exists already);
  * 3 out of memory; 5 data error (no inputs, unreadable or malformed input,
@@ -36,7 +42,10 @@ static void usage(FILE *f)
 		"xz and bzip2 files are decompressed and tar archives read member by member\n"
 		"(told by their first bytes, not their names). Every file must be UTF-8 text.\n"
 		"\n"
-		"  -o, --output DIR           dataset directory to create (must not exist)\n"
+		"  -o, --output DIR           dataset directory to create (must not exist); built in\n"
+		"                             .DIR.partial beside it, which a run killed midway leaves\n"
+		"                             and the same command resumes from\n"
+		"      --fresh                discard such an interrupted run's work instead\n"
 		"  -f, --format text|jsonl    text: one sentence per line, blank line = new document\n"
 		"                             jsonl: one object per line, its text = one document\n"
 		"      --text-field NAME      jsonl field holding the text (default \"text\")\n"
@@ -106,7 +115,7 @@ static int fail_json(int code, const char *msg, int progress_fd)
 int main(int argc, char **argv)
 {
 	enum { O_TEXT_FIELD = 256, O_VOCAB, O_TRAIN, O_LOWER, O_CASED, O_SHARD, O_MAXSENT, O_PFD,
-	       O_ROOT, O_MAXDEPTH, O_MAXFILES, O_MAXBYTES, O_INCLUDE, O_EXCLUDE };
+	       O_ROOT, O_MAXDEPTH, O_MAXFILES, O_MAXBYTES, O_INCLUDE, O_EXCLUDE, O_FRESH };
 	static const struct option longopts[] = {
 		{"output", required_argument, NULL, 'o'},
 		{"format", required_argument, NULL, 'f'},
@@ -125,6 +134,7 @@ int main(int argc, char **argv)
 		{"max-bytes", required_argument, NULL, O_MAXBYTES},
 		{"include", required_argument, NULL, O_INCLUDE},
 		{"exclude", required_argument, NULL, O_EXCLUDE},
+		{"fresh", no_argument, NULL, O_FRESH},
 		{"verbose", no_argument, NULL, 'v'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
@@ -231,6 +241,9 @@ int main(int argc, char **argv)
 			else
 				o.max_bytes = v;
 			break;
+		case O_FRESH:
+			o.fresh = true;
+			break;
 		case 'v':
 			log_set_level(LOG_LVL_DEBUG);
 			break;
@@ -255,6 +268,15 @@ int main(int argc, char **argv)
 	}
 	if (o.train_vocab_size && o.lowercase < 0)
 		o.lowercase = 1;
+	const char *sde = getenv("SOURCE_DATE_EPOCH");
+	if (!bad[0] && sde && *sde) {
+		if (parse_u64(sde, INT64_MAX, &v) || v == 0) {
+			log_error("SOURCE_DATE_EPOCH must be a positive integer (seconds)");
+			return fail_json(BERTD_EXIT_BAD_CONFIG, "SOURCE_DATE_EPOCH must be a positive integer",
+					 o.progress_fd);
+		}
+		o.created = (int64_t)v;
+	}
 	o.roots = roots;
 	o.include = include;
 	o.exclude = exclude;
@@ -291,6 +313,9 @@ int main(int argc, char **argv)
 		asked,
 		s.lowercase ? "uncased" : "cased", s.vocab_trained ? ", trained" : "",
 		s.tokens ? 100.0 * (double)s.unk / (double)s.tokens : 0.0, mbps, o.threads, s.seconds);
+	if (s.resumed_shards || s.resumed_vocab)
+		fprintf(stderr, "  resumed an interrupted run: %llu shard(s)%s kept\n",
+			(unsigned long long)s.resumed_shards, s.resumed_vocab ? " and the trained vocab" : "");
 	json_t *j = prepare_summary_json(&s, o.out_dir);
 	char *js = j ? json_dumps(j, JSON_COMPACT) : NULL;
 	if (js)

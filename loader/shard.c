@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,6 +102,7 @@ struct shard_writer {
 	uint64_t n_tokens;
 	u64vec sent_off; /* (n_sents + 1,) */
 	u64vec doc_off;  /* (n_docs + 1,) */
+	sha256_ctx bin_sha; /* over every byte written to the .bin, in order */
 	uint8_t buf[1 << 16];
 };
 
@@ -127,6 +129,7 @@ int shard_writer_create(const char *dir, const char *name, const shard_vocab_inf
 	snprintf(w->idx_path, sizeof w->idx_path, "%s/%s.idx", dir, name);
 	if ((rc = u64vec_push(&w->sent_off, 0)) < 0 || (rc = u64vec_push(&w->doc_off, 0)) < 0)
 		goto out;
+	sha256_init(&w->bin_sha);
 	w->bin = fopen(w->bin_path, "wxe");
 	if (!w->bin) {
 		rc = -errno;
@@ -168,6 +171,7 @@ int shard_writer_add_sentence(shard_writer *w, const uint32_t *ids, size_t n)
 			log_error("shard %s: write failed: %s", w->bin_path, strerror(errno));
 			return errno ? -errno : -EIO;
 		}
+		sha256_update(&w->bin_sha, w->buf, k * (size_t)w->token_bytes);
 	}
 	w->n_tokens += n;
 	return u64vec_push(&w->sent_off, w->n_tokens);
@@ -214,6 +218,11 @@ static void writer_free(shard_writer *w)
 
 int shard_writer_finish(shard_writer *w, shard_counts *counts)
 {
+	return shard_writer_finish_sums(w, counts, NULL);
+}
+
+int shard_writer_finish_sums(shard_writer *w, shard_counts *counts, shard_sums *sums)
+{
 	int rc = shard_writer_end_document(w);
 	int fd = -1;
 	if (rc < 0)
@@ -252,6 +261,19 @@ int shard_writer_finish(shard_writer *w, shard_counts *counts)
 		rc = -errno;
 	if (counts)
 		*counts = (shard_counts){h.n_tokens, h.n_sents, h.n_docs};
+	if (sums && rc == 0) {
+		/* the .idx is exactly what was just written, from memory */
+		uint8_t d[32];
+		sha256_ctx c;
+		sha256_final(&w->bin_sha, d);
+		sha256_to_hex(d, sums->bin);
+		sha256_init(&c);
+		sha256_update(&c, &h, sizeof h);
+		sha256_update(&c, w->sent_off.v, w->sent_off.n * sizeof(uint64_t));
+		sha256_update(&c, w->doc_off.v, w->doc_off.n * sizeof(uint64_t));
+		sha256_final(&c, d);
+		sha256_to_hex(d, sums->idx);
+	}
 out:
 	if (rc < 0)
 		log_error("shard %s: not written: %s", w->idx_path, strerror(-rc));
@@ -441,7 +463,7 @@ void shard_close(shard *s)
 
 /* ---- dataset manifest ---- */
 
-static int file_sha256(const char *path, char hex[65])
+int shard_file_sha256(const char *path, char hex[65])
 {
 	int rc = 0;
 	FILE *f = fopen(path, "rbe");
@@ -528,7 +550,7 @@ int shard_dataset_open(const char *dir, shard_dataset **out)
 	}
 	snprintf(d->vocab_path, sizeof d->vocab_path, "%s/%s", dir, json_string_value(vfile));
 	char sha[65];
-	if ((rc = file_sha256(d->vocab_path, sha)) < 0)
+	if ((rc = shard_file_sha256(d->vocab_path, sha)) < 0)
 		goto out;
 	if (strcmp(sha, json_string_value(vsha)) != 0) {
 		log_error("dataset %s: %s does not match the manifest's sha256", dir, d->vocab_path);
@@ -591,4 +613,150 @@ void shard_dataset_close(shard_dataset *d)
 	free(d->shards);
 	free(d->views);
 	free(d);
+}
+
+/* ---- a dataset made elsewhere ---- */
+
+static int vfail(char *file, size_t fcap, char *why, size_t wcap, int rc, const char *name,
+		 const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+
+static int vfail(char *file, size_t fcap, char *why, size_t wcap, int rc, const char *name,
+		 const char *fmt, ...)
+{
+	snprintf(file, fcap, "%s", name);
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(why, wcap, fmt, ap);
+	va_end(ap);
+	return rc;
+}
+
+/* A plain file of dir (never a link: what is checked is what is used). */
+static int regular_in(const char *dir, const char *name)
+{
+	char p[4352];
+	struct stat st;
+	snprintf(p, sizeof p, "%s/%s", dir, name);
+	if (lstat(p, &st) != 0)
+		return -errno;
+	return S_ISREG(st.st_mode) ? 0 : -EBADMSG;
+}
+
+int shard_dataset_verify(const char *dir, char *file, size_t fcap, char *why, size_t wcap,
+			 bool *had_sums)
+{
+	int rc = 0;
+	json_t *m = NULL;
+	shard_dataset *d = NULL;
+	char path[4352], sha[65];
+	bool sums = false;
+	file[0] = why[0] = 0;
+	if ((rc = regular_in(dir, SHARD_MANIFEST_NAME)) < 0) {
+		rc = vfail(file, fcap, why, wcap, rc, SHARD_MANIFEST_NAME, "%s",
+			   rc == -ENOENT ? "missing: not a dataset made by bertd-prepare" : rc == -EBADMSG
+			   ? "not a regular file" : strerror(-rc));
+		goto out;
+	}
+	snprintf(path, sizeof path, "%s/%s", dir, SHARD_MANIFEST_NAME);
+	json_error_t jerr;
+	if (!(m = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr))) {
+		rc = vfail(file, fcap, why, wcap, -EBADMSG, SHARD_MANIFEST_NAME, "not JSON: %s", jerr.text);
+		goto out;
+	}
+	json_t *fmt = json_object_get(m, "format"), *voc = json_object_get(m, "vocab");
+	if (!json_is_string(fmt) || strcmp(json_string_value(fmt), SHARD_MANIFEST_FORMAT) != 0 ||
+	    !json_is_integer(json_object_get(m, "version"))) {
+		rc = vfail(file, fcap, why, wcap, -EBADMSG, SHARD_MANIFEST_NAME, "not a bertd dataset manifest");
+		goto out;
+	}
+	if (json_integer_value(json_object_get(m, "version")) != SHARD_MANIFEST_VERSION) {
+		rc = vfail(file, fcap, why, wcap, -ENOTSUP, SHARD_MANIFEST_NAME,
+			   "manifest version %lld; this bertd reads %d",
+			   (long long)json_integer_value(json_object_get(m, "version")), SHARD_MANIFEST_VERSION);
+		goto out;
+	}
+	const char *vname = json_string_value(json_object_get(voc, "file"));
+	const char *vsha = json_string_value(json_object_get(voc, "sha256"));
+	if (!vname || !vsha || strchr(vname, '/') || vname[0] == '.') {
+		rc = vfail(file, fcap, why, wcap, -EBADMSG, SHARD_MANIFEST_NAME, "bad \"vocab\" object");
+		goto out;
+	}
+	snprintf(path, sizeof path, "%s/%s", dir, vname);
+	if ((rc = regular_in(dir, vname)) < 0 || (rc = shard_file_sha256(path, sha)) < 0) {
+		rc = vfail(file, fcap, why, wcap, rc, vname, "%s",
+			   rc == -EBADMSG ? "not a regular file" : strerror(-rc));
+		goto out;
+	}
+	if (strcmp(sha, vsha) != 0) {
+		rc = vfail(file, fcap, why, wcap, -ESTALE, vname,
+			   "sha256 %.12s... differs from the manifest's %.12s...", sha, vsha);
+		goto out;
+	}
+	json_t *shards = json_object_get(m, "shards"), *e;
+	size_t i;
+	json_array_foreach(shards, i, e) {
+		const char *nm = json_string_value(json_object_get(e, "name"));
+		if (!nm || !name_ok(nm)) {
+			rc = vfail(file, fcap, why, wcap, -EBADMSG, SHARD_MANIFEST_NAME, "shard %zu: bad name", i);
+			goto out;
+		}
+		static const char *const ext[2] = {"idx", "bin"};
+		for (int k = 0; k < 2; k++) {
+			char fname[300];
+			const char *want = json_string_value(json_object_get(e, k ? "bin_sha256" : "idx_sha256"));
+			snprintf(fname, sizeof fname, "%s.%s", nm, ext[k]);
+			snprintf(path, sizeof path, "%s/%s", dir, fname);
+			if ((rc = regular_in(dir, fname)) < 0) {
+				rc = vfail(file, fcap, why, wcap, rc, fname, "%s",
+					   rc == -EBADMSG ? "not a regular file" : strerror(-rc));
+				goto out;
+			}
+			if (!want)
+				continue;
+			sums = true;
+			if ((rc = shard_file_sha256(path, sha)) < 0) {
+				rc = vfail(file, fcap, why, wcap, rc, fname, "%s", strerror(-rc));
+				goto out;
+			}
+			if (strcmp(sha, want) != 0) {
+				rc = vfail(file, fcap, why, wcap, -EBADMSG, fname,
+					   "sha256 %.12s... differs from the manifest's %.12s... (changed or damaged)",
+					   sha, want);
+				goto out;
+			}
+		}
+	}
+	/* the digests match (or there are none): the structure and counts */
+	if ((rc = shard_dataset_open(dir, &d)) < 0) {
+		const char *nm = NULL;
+		json_array_foreach(shards, i, e) {
+			shard *one = NULL;
+			const char *x = json_string_value(json_object_get(e, "name"));
+			if (shard_open(dir, x, NULL, &one) < 0) {
+				nm = x;
+				break;
+			}
+			shard_close(one);
+		}
+		char fname[300];
+		snprintf(fname, sizeof fname, "%s.idx", nm ? nm : "");
+		rc = vfail(file, fcap, why, wcap, rc, nm ? fname : SHARD_MANIFEST_NAME, "%s",
+			   nm ? "not a valid shard index, or its .bin does not match it"
+			      : "the manifest disagrees with the shards (counts, vocab)");
+		goto out;
+	}
+	json_t *tot = json_object_get(m, "totals");
+	uint64_t tt = 0;
+	if (!get_u64(tot, "tokens", &tt) || tt != d->totals.tokens) {
+		rc = vfail(file, fcap, why, wcap, -EBADMSG, SHARD_MANIFEST_NAME,
+			   "totals.tokens disagrees with the shards' %llu tokens",
+			   (unsigned long long)d->totals.tokens);
+		goto out;
+	}
+out:
+	shard_dataset_close(d);
+	json_decref(m);
+	if (had_sums)
+		*had_sums = sums;
+	return rc;
 }

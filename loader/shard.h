@@ -58,6 +58,15 @@ shard_counts shard_writer_counts(const shard_writer *w); /* whole documents + op
 /* Ends the open document, writes the .idx, fsyncs both files and frees w.
  * Returns 0 (counts filled if not NULL) or -errno; w is freed either way. */
 int shard_writer_finish(shard_writer *w, shard_counts *counts);
+/* sha256 (hex) of a finished shard's two files, as the manifest records
+ * them ("bin_sha256", "idx_sha256"). */
+typedef struct shard_sums {
+	char bin[65], idx[65];
+} shard_sums;
+/* shard_writer_finish, and the sha256 of both files as written (sums, if
+ * not NULL; filled only on success), hashed on the way out, so a dataset's
+ * digests cost no second read. */
+int shard_writer_finish_sums(shard_writer *w, shard_counts *counts, shard_sums *sums);
 /* Frees w and unlinks what it wrote. */
 void shard_writer_abort(shard_writer *w);
 
@@ -96,5 +105,19 @@ typedef struct shard_dataset {
  * shards (each logged). */
 int shard_dataset_open(const char *dir, shard_dataset **out);
 void shard_dataset_close(shard_dataset *d);
+
+/* sha256 (hex) of a whole file's bytes. 0 or -errno (logged). */
+int shard_file_sha256(const char *path, char hex[65]);
+
+/* Checks a dataset directory made elsewhere before it is used as is: the
+ * manifest, the vocab's and every shard's structure (shard_dataset_open),
+ * then every shard file's sha256 against the manifest's "bin_sha256" /
+ * "idx_sha256" (reading every byte once). Returns 0, or -errno / -EBADMSG
+ * / -ESTALE / -ENOTSUP with the offending file's name below dir in file
+ * (e.g. "shard-00002.bin", "manifest.json") and a one-line reason in why.
+ * *had_sums (if not NULL) says whether the manifest carried the digests:
+ * one written before they existed is checked structurally only. */
+int shard_dataset_verify(const char *dir, char *file, size_t file_cap, char *why, size_t why_cap,
+			 bool *had_sums);
 
 #endif

@@ -12,7 +12,7 @@
  *     daemon and at the end, and nothing of its jobs is left in /dev/shm;
  *   - a dataset whose bertd-prepare (or daemon) was killed ends ready or
  *     failed with a reason, never stuck preparing, and leaves no working
- *     directory of bertd-prepare ("<name>.tmp-<pid>") in the data root.
+ *     directory of bertd-prepare (".<name>.partial") in the data root.
  * A seeded PRNG picks the disturbances, their order and the moments (steps)
  * they land at; the seed is printed, and BERTD_CHAOS_SEED replays a run.
  * The test is bounded by counts (rounds, submissions), never by time:
@@ -662,21 +662,20 @@ static void make_big_corpus(fx *f, const char *name)
 }
 
 /* Waits until dataset name's bertd-prepare runs and, with written, has
- * made its working directory "<name>.tmp-<pid>" (it tokenizes into it;
- * without written, any moment: mostly the vocab pass, before). Returns
- * its pid; 0 when the preparation ended first. */
+ * written its trained vocab into its working directory ".<name>.partial"
+ * (it tokenizes into it next; without written, any moment: mostly the
+ * vocab pass, before). Returns its pid; 0 when the preparation ended
+ * first. */
 static pid_t find_prepare(fx *f, const char *name, bool written)
 {
 	char dir[400], path[200], tmp[480];
+	snprintf(tmp, sizeof tmp, "%s/datasets/.%s.partial/resume.json", f->data, name);
 	snprintf(dir, sizeof dir, "%s/datasets/%s", f->data, name);
 	snprintf(path, sizeof path, "/v1/datasets/%s", name);
 	for (int i = 0; i < DEADLINE_S * 200; i++) {
 		pid_t pid;
-		if (it_find_pids("bertd-prepare", dir, &pid, 1) == 1) {
-			snprintf(tmp, sizeof tmp, "%s.tmp-%d", dir, (int)pid);
-			if (!written || access(tmp, F_OK) == 0)
-				return pid;
-		}
+		if (it_find_pids("bertd-prepare", dir, &pid, 1) == 1 && (!written || access(tmp, F_OK) == 0))
+			return pid;
 		json_t *ds = it_get_json(&f->d, path);
 		const char *st = it_jstr(ds, "state");
 		bool over = strcmp(st, "preparing") != 0 && strcmp(st, "queued") != 0;
@@ -707,18 +706,20 @@ static const char *dataset_outcome(fx *f, const char *name, char *buf, size_t ca
 	return buf;
 }
 
-/* No "<name>.tmp-<pid>" working directory of a bertd-prepare is left
- * beside the dataset in the data root (a partial copy of the shards). */
+/* No working directory of a bertd-prepare (".<name>.partial", or an older
+ * one's "<name>.tmp-<pid>") is left beside the dataset in the data root (a
+ * partial copy of the shards) once it is ready or failed. */
 static void assert_no_prepare_tmp(fx *f, const char *name)
 {
-	char dir[300], prefix[100];
+	char dir[300], prefix[100], work[100];
 	snprintf(dir, sizeof dir, "%s/datasets", f->data);
 	snprintf(prefix, sizeof prefix, "%s.tmp-", name);
+	snprintf(work, sizeof work, ".%s.partial", name);
 	DIR *d = opendir(dir);
 	assert_non_null(d);
 	struct dirent *e;
 	while ((e = readdir(d)))
-		if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) {
+		if (strncmp(e->d_name, prefix, strlen(prefix)) == 0 || strcmp(e->d_name, work) == 0) {
 			closedir(d);
 			fail_msg("%s/%s is left of a killed bertd-prepare", dir, e->d_name);
 		}
@@ -764,7 +765,7 @@ static void test_chaos_prepare(void **state)
 		} else {
 			fprintf(stderr, "chaos: kill -9 of the daemon while %s prepares, %s\n", name, phase);
 			kill_daemon_and_restart(f);
-			/* a restart prepares it again from scratch: ready */
+			/* a restart continues it from its finished shards: ready */
 			assert_string_equal(dataset_outcome(f, name, st, sizeof st), "ready");
 		}
 		assert_no_prepare_tmp(f, name);

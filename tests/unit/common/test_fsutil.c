@@ -156,9 +156,27 @@ static void test_open_beneath_walk(void **state)
 	check_rules(fs_open_beneath_walk);
 }
 
+/* the work directory a dataset is built in: a dot name beside it */
+static void test_partial_dir(void **state)
+{
+	(void)state;
+	char b[64];
+	assert_int_equal(fs_partial_dir("ds", b, sizeof b), 0);
+	assert_string_equal(b, ".ds.partial");
+	assert_int_equal(fs_partial_dir("/data/datasets/pubmed//", b, sizeof b), 0);
+	assert_string_equal(b, "/data/datasets/.pubmed.partial");
+	assert_int_equal(fs_partial_dir("/ds", b, sizeof b), 0);
+	assert_string_equal(b, "/.ds.partial");
+	assert_int_equal(fs_partial_dir("a/b.c", b, sizeof b), 0);
+	assert_string_equal(b, "a/.b.c.partial");
+	assert_int_equal(fs_partial_dir("/data/datasets/a-name-long-enough-to-overflow-the-buffer", b, sizeof b),
+			 -ENAMETOOLONG);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_partial_dir),
 		cmocka_unit_test_setup_teardown(test_open_beneath, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_open_beneath_walk, setup, teardown),
 	};

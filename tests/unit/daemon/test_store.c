@@ -1013,6 +1013,25 @@ static void test_datasets(void **state)
 	dup.spec_json = NULL;
 	assert_int_equal(store_dataset_insert(f->s, &dup), -EINVAL);
 
+	/* registered (prepared elsewhere): ready at once, with its stats */
+	store_dataset reg = {.id = (char *)"ds-00000000000000r1", .name = (char *)"registered",
+			     .spec_json = (char *)"{\"prepared\":\"/data/x\"}", .bytes_total = 77};
+	assert_int_equal(store_dataset_insert_ready(f->s, &reg, "{\"tokens\":5}"), 0);
+	assert_int_equal(store_dataset_insert_ready(f->s, &reg, "{\"tokens\":5}"), -EEXIST);
+	assert_int_equal(store_dataset_insert_ready(f->s, &reg, NULL), -EINVAL);
+	store_dataset rg;
+	assert_int_equal(store_dataset_get_by_name(f->s, "registered", &rg), 0);
+	assert_int_equal(rg.state, DATASET_READY);
+	assert_string_equal(rg.stats_json, "{\"tokens\":5}");
+	assert_string_equal(rg.phase, "done");
+	assert_true(rg.fraction == 1.0);
+	assert_int_equal(rg.bytes_done, 77);
+	assert_int_equal(rg.bytes_total, 77);
+	store_dataset_free(&rg);
+	/* never preparing: a progress report for it is refused */
+	assert_int_equal(store_dataset_phase(f->s, "ds-00000000000000r1", "tokenize", 0.5), -EBUSY);
+	assert_int_equal(store_dataset_delete(f->s, "ds-00000000000000r1"), 0);
+
 	store_dataset g;
 	assert_int_equal(store_dataset_get(f->s, "ds-0000000000000001", &g), 0);
 	assert_string_equal(g.name, "pubmed");

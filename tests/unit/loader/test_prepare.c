@@ -155,11 +155,11 @@ static void test_text_rules(void **state)
 	assert_int_equal(s.documents, 4);
 	assert_int_equal(s.tokens, 10);
 	shard_dataset_close(d);
-	/* no temp dir left next to it */
+	/* no work dir left next to it */
 	DIR *dd = opendir(tmp);
 	struct dirent *e;
 	while ((e = readdir(dd)))
-		assert_null(strstr(e->d_name, ".tmp-"));
+		assert_null(strstr(e->d_name, ".partial"));
 	closedir(dd);
 	/* the output exists now */
 	assert_int_equal(run_prep(&o, &err, &s), -EEXIST);

@@ -1,0 +1,332 @@
+/* Dataset preparation through the daemon (docs/api.md#datasets):
+ *   - options: threads (default 1: bertd-prepare runs with --jobs 1),
+ *     max_sentence_tokens and shard_tokens reach the manifest; bad values
+ *     are 422s naming the field;
+ *   - kill -9 of the daemon while bertd-prepare is midway, and separately
+ *     kill -9 of bertd-prepare alone: after the restart (of the daemon; of
+ *     bertd-prepare by the daemon) it continues from the shards finished
+ *     (stats.resumed_shards) and every file of the dataset equals, byte for
+ *     byte, an uninterrupted bertd-prepare run's (SOURCE_DATE_EPOCH passes
+ *     through pass_env so "created" is the same);
+ *   - a dataset prepared elsewhere is registered ({"prepared": dir}), is
+ *     ready at once and a job trains on it; a tampered copy is a 422 naming
+ *     the file; other keys beside "prepared" are 422s; a copy at
+ *     datasets/<name> registers in place, and is refused under another
+ *     name; DELETE removes the registration, never the directory.
+ * bertd-prepare is throttled (SIGSTOP / SIGCONT) while the test waits for
+ * its shards, so where the kill lands does not depend on machine speed.
+ * Waiting is polling with a deadline, never timing. */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "harness.h"
+#include "it_util.h"
+
+#define DEADLINE_S 240
+#define SHARD_TOKENS "40000"
+
+typedef it_fx fx;
+
+static const char *const extra[] = {"--pass-env", "SOURCE_DATE_EPOCH", "--prepare-concurrency", "1", NULL};
+
+static int setup(void **state)
+{
+	setenv("SOURCE_DATE_EPOCH", "1700000000", 1);
+	it_daemon_opts o = {.cpu_slots = "1", .extra = extra};
+	return (*state = it_daemon_start(&o, 0)) ? 0 : -1;
+}
+
+static int teardown(void **state) { return it_daemon_stop(*state); }
+
+/* data/corpus.txt: real text (it_make_corpus) repeated to ~3 MB (several
+ * 1 MiB chunks, some tens of shards of SHARD_TOKENS), and data/vocab.txt,
+ * bert-base-uncased's ($BERTD_TEST_DATA). */
+static void make_inputs(fx *f)
+{
+	it_make_corpus(f->data, "one.txt", 5000);
+	assert_int_equal(it_system("cd '%s' && for i in $(seq 64); do cat one.txt; done | head -c 3145728 > corpus.txt"
+				   " && rm one.txt", f->data), 0);
+	const char *td = getenv("BERTD_TEST_DATA");
+	assert_non_null(td);
+	assert_int_equal(it_system("cp '%s/bert-base-uncased-vocab.txt' '%s/vocab.txt'", td, f->data), 0);
+}
+
+static void post_expect(fx *f, const char *body, long status, const char *field, const char *detail_has)
+{
+	http_resp r;
+	assert_int_equal(http_post_json(&f->d, "/v1/datasets", body, &r), 0);
+	if (r.status != status)
+		fail_msg("%s -> %ld (expected %ld): %s", body, r.status, status, r.body);
+	if (field) {
+		assert_string_equal(it_jstr(r.json, "field"), field);
+		const char *detail = it_jstr(r.json, "detail");
+		fprintf(stderr, "%ld %s: %s\n", status, field, detail);
+		if (detail_has && !strstr(detail, detail_has))
+			fail_msg("detail lacks \"%s\": %s", detail_has, detail);
+	}
+	http_resp_free(&r);
+}
+
+/* The one bertd-prepare writing dataset name (waits for it). */
+static pid_t prepare_pid(fx *f, const char *name)
+{
+	char dir[400];
+	snprintf(dir, sizeof dir, "%s/datasets/%s", f->data, name);
+	pid_t pid;
+	for (int i = 0; i < DEADLINE_S * 100; i++) {
+		if (it_find_pids("bertd-prepare", dir, &pid, 1) == 1)
+			return pid;
+		it_pause_ms(10);
+	}
+	fail_msg("no bertd-prepare for %s within %d s", name, DEADLINE_S);
+	return 0;
+}
+
+static int journaled(fx *f, const char *name)
+{
+	char p[400];
+	snprintf(p, sizeof p, "%s/datasets/.%s.partial/resume.json", f->data, name);
+	json_t *j = json_load_file(p, 0, NULL);
+	int n = j ? (int)json_array_size(json_object_get(j, "shards")) : -1;
+	json_decref(j);
+	return n;
+}
+
+/* pid's state letter in /proc/pid/stat ('R', 'S', 'T', 'Z', ...), or 0
+ * once it is gone. */
+static char proc_state(pid_t pid)
+{
+	char p[64], buf[512];
+	snprintf(p, sizeof p, "/proc/%d/stat", (int)pid);
+	FILE *fp = fopen(p, "r");
+	if (!fp)
+		return 0;
+	size_t n = fread(buf, 1, sizeof buf - 1, fp);
+	fclose(fp);
+	buf[n] = 0;
+	char *rp = strrchr(buf, ')');
+	return rp && rp[1] == ' ' ? rp[2] : 0;
+}
+
+/* Whether pid is stopped (state T or t); false once gone. */
+static bool is_stopped(pid_t pid)
+{
+	char st = proc_state(pid);
+	return st == 'T' || st == 't';
+}
+
+/* Lets bertd-prepare (not our child) run a few ms at a time until its
+ * resume.json lists want shards; leaves it stopped. */
+static int throttle(fx *f, pid_t pid, const char *name, int want)
+{
+	for (;;) {
+		assert_int_equal(kill(pid, SIGSTOP), 0);
+		for (int i = 0; i < 5000 && !is_stopped(pid); i++)
+			usleep(1000);
+		assert_true(is_stopped(pid));
+		int n = journaled(f, name);
+		if (n >= want)
+			return n;
+		assert_int_equal(kill(pid, SIGCONT), 0);
+		usleep(5000);
+	}
+}
+
+/* What bertd-prepare alone makes of the same request, into tmp dir ref. */
+static void reference(fx *f, const char *ref)
+{
+	char exe[600], src[600], voc[600], cdata[500];
+	snprintf(exe, sizeof exe, "%s", getenv("BERTD_BIN"));
+	*strrchr(exe, '/') = 0;
+	assert_non_null(realpath(f->data, cdata));
+	snprintf(src, sizeof src, "%s/corpus.txt", cdata);
+	snprintf(voc, sizeof voc, "%s/vocab.txt", cdata);
+	assert_int_equal(it_system("'%s/bertd-prepare' -o '%s' --vocab '%s' --shard-tokens " SHARD_TOKENS
+				   " -j 2 -- '%s' >/dev/null 2>&1", exe, ref, voc, src), 0);
+}
+
+static json_t *wait_ready(fx *f, const char *name)
+{
+	char path[200];
+	snprintf(path, sizeof path, "/v1/datasets/%s", name);
+	json_t *ds = it_wait_state(&f->d, path, "ready|failed", DEADLINE_S);
+	if (strcmp(it_jstr(ds, "state"), "ready") != 0) {
+		bertd_print_log(&f->d);
+		fail_msg("dataset %s: %s", name, json_dumps(ds, JSON_COMPACT));
+	}
+	return ds;
+}
+
+static void test_options(void **state)
+{
+	fx *f = *state;
+	make_inputs(f);
+	post_expect(f, "{\"name\":\"o1\",\"source\":\"corpus.txt\",\"vocab\":{\"file\":\"vocab.txt\"},\"threads\":0}",
+		    422, "threads", "1..256");
+	post_expect(f, "{\"name\":\"o1\",\"source\":\"corpus.txt\",\"vocab\":{\"file\":\"vocab.txt\"},\"threads\":\"2\"}",
+		    422, "threads", NULL);
+	post_expect(f, "{\"name\":\"o1\",\"source\":\"corpus.txt\",\"vocab\":{\"file\":\"vocab.txt\"},"
+		       "\"max_sentence_tokens\":-1}", 422, "max_sentence_tokens", NULL);
+	post_expect(f, "{\"name\":\"o1\",\"source\":\"corpus.txt\",\"vocab\":{\"file\":\"vocab.txt\"},"
+		       "\"shard_tokens\":10}", 422, "shard_tokens", "1000..");
+	/* the default: one thread */
+	post_expect(f, "{\"name\":\"o1\",\"source\":\"corpus.txt\",\"vocab\":{\"file\":\"vocab.txt\"}}", 201, NULL,
+		    NULL);
+	pid_t pid = prepare_pid(f, "o1");
+	char p[64];
+	snprintf(p, sizeof p, "/proc/%d/cmdline", (int)pid);
+	FILE *fp = fopen(p, "r");
+	char cmd[4096] = "";
+	size_t n = fp ? fread(cmd, 1, sizeof cmd - 1, fp) : 0;
+	if (fp)
+		fclose(fp);
+	bool one = false;
+	for (size_t i = 0; i + 9 < n; i++)
+		one |= memcmp(cmd + i, "--jobs\0" "1\0", 9) == 0;
+	assert_true(one);
+	json_t *ds = wait_ready(f, "o1");
+	assert_int_equal(json_integer_value(json_object_get(json_object_get(ds, "request"), "threads")), 1);
+	json_decref(ds);
+	/* given: into the manifest */
+	post_expect(f, "{\"name\":\"o2\",\"source\":\"corpus.txt\",\"vocab\":{\"file\":\"vocab.txt\"},\"threads\":2,"
+		       "\"max_sentence_tokens\":16,\"shard_tokens\":100000}", 201, NULL, NULL);
+	ds = wait_ready(f, "o2");
+	assert_true(json_integer_value(json_object_get(json_object_get(ds, "stats"), "shards")) > 2);
+	json_decref(ds);
+	snprintf(cmd, sizeof cmd, "%s/datasets/o2/manifest.json", f->data);
+	json_t *m = json_load_file(cmd, 0, NULL);
+	assert_non_null(m);
+	assert_int_equal(json_integer_value(json_object_get(m, "max_sentence_tokens")), 16);
+	assert_int_equal(json_integer_value(json_object_get(json_object_get(m, "source"), "shard_tokens")), 100000);
+	json_decref(m);
+}
+
+/* kill -9 of the daemon (its bertd-prepare dies with it), restart, ready:
+ * the same bytes as bertd-prepare alone; then kill -9 of bertd-prepare
+ * alone: the daemon starts it again, the same bytes. */
+static void test_kill_resume(void **state)
+{
+	fx *f = *state;
+	make_inputs(f);
+	char ref[500];
+	snprintf(ref, sizeof ref, "%s/../ref", f->data);
+	reference(f, ref);
+	static const char *const victims[2] = {"daemon", "prepare"};
+	for (int v = 0; v < 2; v++) {
+		char name[32], body[400];
+		snprintf(name, sizeof name, "kill-%s", victims[v]);
+		snprintf(body, sizeof body,
+			 "{\"name\":\"%s\",\"source\":\"corpus.txt\",\"vocab\":{\"file\":\"vocab.txt\"},"
+			 "\"shard_tokens\":" SHARD_TOKENS "}", name);
+		post_expect(f, body, 201, NULL, NULL);
+		pid_t pid = prepare_pid(f, name);
+		int kept = throttle(f, pid, name, 4);
+		fprintf(stderr, "kill -9 of the %s with %d shards done\n", victims[v], kept);
+		if (v == 0) {
+			bertd_kill9(&f->d);
+			/* PR_SET_PDEATHSIG: gone, or a zombie nobody has reaped yet */
+			for (int i = 0; i < 3000 && proc_state(pid) && proc_state(pid) != 'Z'; i++)
+				it_pause_ms(10);
+			char ps = proc_state(pid);
+			assert_true(ps == 0 || ps == 'Z');
+			assert_true(journaled(f, name) >= kept); /* the work outlived them */
+			it_daemon_opts o = {.cpu_slots = "1", .extra = extra};
+			assert_int_equal(it_daemon_run(&f->d, f->data, &o), 0);
+		} else {
+			assert_int_equal(kill(pid, SIGKILL), 0);
+		}
+		json_t *ds = wait_ready(f, name);
+		json_t *st = json_object_get(ds, "stats");
+		if (json_integer_value(json_object_get(st, "resumed_shards")) < kept)
+			fail_msg("%s: resumed_shards %lld < %d", name,
+				 (long long)json_integer_value(json_object_get(st, "resumed_shards")), kept);
+		json_decref(ds);
+		assert_int_equal(it_system("diff -r '%s' '%s/datasets/%s'", ref, f->data, name), 0);
+		char p[500];
+		snprintf(p, sizeof p, "%s/datasets/.%s.partial", f->data, name);
+		assert_int_equal(access(p, F_OK), -1);
+	}
+	it_system("rm -rf '%s'", ref);
+}
+
+static void test_register(void **state)
+{
+	fx *f = *state;
+	make_inputs(f);
+	char dir[500];
+	snprintf(dir, sizeof dir, "%s/elsewhere", f->data);
+	reference(f, dir);
+	post_expect(f, "{\"name\":\"reg\",\"prepared\":\"elsewhere\",\"vocab\":{\"file\":\"vocab.txt\"}}", 422, "vocab",
+		    "prepared");
+	post_expect(f, "{\"name\":\"reg\",\"prepared\":\"/etc\"}", 403, "prepared", NULL);
+	post_expect(f, "{\"name\":\"reg\",\"prepared\":\"corpus.txt\"}", 422, "prepared", "not a directory");
+	/* tampered: one byte of one shard */
+	assert_int_equal(it_system("cp -r '%s' '%s/tampered' && printf 'X' | dd of='%s/tampered/shard-00001.bin' "
+				   "bs=1 seek=100 conv=notrunc 2>/dev/null", dir, f->data, f->data), 0);
+	post_expect(f, "{\"name\":\"bad\",\"prepared\":\"tampered\"}", 422, "prepared", "shard-00001.bin");
+	assert_int_equal(it_system("rm '%s/tampered/vocab.txt'", f->data), 0);
+	post_expect(f, "{\"name\":\"bad\",\"prepared\":\"tampered\"}", 422, "prepared", "vocab.txt");
+
+	post_expect(f, "{\"name\":\"reg\",\"prepared\":\"elsewhere\"}", 201, NULL, NULL);
+	json_t *ds = it_get_json(&f->d, "/v1/datasets/reg");
+	assert_string_equal(it_jstr(ds, "state"), "ready");
+	char mp[600];
+	snprintf(mp, sizeof mp, "%s/manifest.json", dir);
+	json_t *m = json_load_file(mp, 0, NULL);
+	json_t *st = json_object_get(ds, "stats");
+	assert_int_equal(json_integer_value(json_object_get(st, "tokens")),
+			 json_integer_value(json_object_get(json_object_get(m, "totals"), "tokens")));
+	assert_true(json_is_true(json_object_get(st, "digests_checked")));
+	json_decref(m);
+	json_decref(ds);
+	post_expect(f, "{\"name\":\"reg\",\"prepared\":\"elsewhere\"}", 409, "name", NULL);
+
+	/* a copy where bertd keeps datasets: registered in place under its own
+	 * name, refused under another (it would dangle once that one goes) */
+	assert_int_equal(it_system("mkdir -p '%s/datasets' && cp -r '%s' '%s/datasets/inplace'", f->data, dir, f->data),
+			 0);
+	post_expect(f, "{\"name\":\"alias\",\"prepared\":\"datasets/inplace\"}", 422, "prepared",
+		    "another dataset");
+	post_expect(f, "{\"name\":\"inplace\",\"prepared\":\"datasets/inplace\"}", 201, NULL, NULL);
+	http_resp r;
+	assert_int_equal(http_do(&f->d, "DELETE", "/v1/datasets/inplace", NULL, 0, NULL, 1, &r), 0);
+	assert_int_equal(r.status, 204);
+	http_resp_free(&r);
+
+	/* a job trains on it */
+	char *id = it_submit(&f->d, IT_TINY_SPEC("on-reg", "reg", "1", "4", "6", "3", "6", "1", IT_LR_WARMUP, ""));
+	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
+	it_assert_completed(&f->d, job);
+	json_decref(job);
+	free(id);
+
+	/* DELETE: the registration goes, the directory stays */
+	assert_int_equal(http_do(&f->d, "DELETE", "/v1/datasets/reg", NULL, 0, NULL, 1, &r), 0);
+	assert_int_equal(r.status, 204);
+	http_resp_free(&r);
+	assert_int_equal(access(mp, F_OK), 0);
+	char link[500];
+	snprintf(link, sizeof link, "%s/datasets/reg", f->data);
+	struct stat sb;
+	assert_int_equal(lstat(link, &sb), -1);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_options, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_kill_resume, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_register, setup, teardown),
+	};
+	return IT_RUN(tests, NULL, NULL);
+}
