@@ -65,13 +65,29 @@ static double tol_gelu(kdtype dt)
     return dt == KDT_F32 ? 2e-3 : tol_for(dt);
 }
 
-/* A path cuBLASLt declined: a failure where it must run (bert-base shapes,
- * 256-byte aligned buffers, the bias epilogues), a note elsewhere. */
-static void declined(const char *what, kdtype dt, int required)
+/* A shape cuBLASLt declined: a note, never a failure. The model falls
+ * back to the cuBLAS path per shape (gpu_model), so a decline costs speed,
+ * not correctness; only wrong results or faults fail this test, and only
+ * they make device-check switch the whole run to BERTD_GEMM=cublas. Where
+ * the fast path was expected (bert-base shapes, 256-byte aligned buffers,
+ * the bias epilogues) the note says so: that is a speed finding. */
+static int declines;
+static void declined(const char *what, kdtype dt, int expected)
 {
-    printf("%-4s %-44s %-4s cuBLASLt declined (-ENOTSUP)%s\n", required ? "FAIL" : "note", what,
-           kdtype_name(dt), required ? "" : ": the cuBLAS path covers it");
-    gpu_failures += required;
+#ifdef BERTD_CUDASIM
+    /* The stand-in's cuBLASLt has every algorithm and declines only shapes
+     * that do not fit together: there an expected path declined is a bug
+     * (how a swapped transpose shows, above). */
+    if (expected) {
+        printf("FAIL %-44s %-4s cuBLASLt declined (-ENOTSUP)\n", what, kdtype_name(dt));
+        gpu_failures++;
+        return;
+    }
+#endif
+    printf("note %-44s %-4s cuBLASLt declined (-ENOTSUP): %s\n", what, kdtype_name(dt),
+           expected ? "expected to run here; the model takes the cuBLAS path for this shape"
+                    : "the cuBLAS path covers it");
+    declines++;
 }
 
 static int all_nan(const void *d, size_t n, kdtype dt)
@@ -422,7 +438,7 @@ int main(void)
     if (gpu_has_bf16())
         test_model_switch(KDT_BF16);
     TCHECK(cudaDeviceSynchronize());
-    printf("%d failure(s)\n", gpu_failures);
+    printf("%d failure(s), %d shape(s) declined by cuBLASLt\n", gpu_failures, declines);
     cuda_kernels_shutdown(); /* the CPU stand-in reports device memory left behind */
     return gpu_failures ? 1 : 0;
 }
