@@ -101,3 +101,11 @@ ALTER TABLE datasets ADD COLUMN fraction REAL NOT NULL DEFAULT 0;
 -- {"rank", "since_ms", "limit_s", "stopped"}, NULL when none), for the
 -- diagnosis
 ALTER TABLE jobs ADD COLUMN stall_json TEXT;
+
+-- migration 5: what a job's end left behind and how long it has run: the
+-- model its export holds and its best checkpoint (JSON object {"export":
+-- {"step", "source"}, "best_model": {"step", "metric", "value"}}, NULL
+-- before either), and the wall time of its attempts so far (ms), which
+-- stopping_condition.max_runtime_seconds counts
+ALTER TABLE jobs ADD COLUMN outcome_json TEXT;
+ALTER TABLE jobs ADD COLUMN runtime_ms INTEGER NOT NULL DEFAULT 0 CHECK (runtime_ms >= 0);

@@ -79,6 +79,10 @@ typedef struct jobspec_training {
 	int64_t eval_steps;            /* resolved: logging_steps when not given */
 	int per_device_eval_batch_size;
 	int max_eval_batches;          /* bertd: cap on the eval set, in eval batches */
+	char metric_for_best_model[16]; /* eval_loss | perplexity | eval_accuracy ("loss",
+	                                 * "accuracy" accepted, as HF prefixes "eval_") */
+	int greater_is_better;         /* 1 or 0: resolved from the metric when null */
+	bool load_best_model_at_end;   /* the export is the best checkpoint's model */
 } jobspec_training;
 
 typedef struct jobspec_mlm {
