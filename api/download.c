@@ -6,10 +6,14 @@
  * converted on request by a bertd-worker child: daemon/hfexport.h). The
  * archive (tarstream.h) is sized up front (Content-Length), tagged with a
  * strong ETag (If-None-Match answers 304) and read from the files while MHD
- * sends it, so a large model is never loaded into memory. Reads only
- * <state_dir>/jobs/<id>/ (and writes there only a conversion's temporary
- * directory, removed before the reply is sent), with the id as the store
- * has it; never a path the client names. */
+ * sends it, so a large model is never loaded into memory. A canceled job
+ * that stopped without an export (canceled while queued or restarting,
+ * with checkpoints from an earlier attempt) gets one on its first GET
+ * /export: its newest checkpoint converted into export/. Reads only
+ * <state_dir>/jobs/<id>/ and writes there only a conversion's temporary
+ * directory (removed before the reply is sent) and that export/, with the
+ * id as the store has it; never a path the client names. */
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -146,6 +150,68 @@ static bool load_job(api_request *req, store_job *j, enum MHD_Result *ret)
 	return false;
 }
 
+/* The newest complete checkpoint (DONE present) of the job directory
+ * jobdir, or -1 when none. */
+static long long newest_checkpoint(const char *jobdir)
+{
+	char dir[1500], done[1600];
+	snprintf(dir, sizeof dir, "%s/checkpoints", jobdir);
+	DIR *d = opendir(dir);
+	long long best = -1;
+	struct dirent *e;
+	while (d && (e = readdir(d))) {
+		long long s;
+		char tail;
+		struct stat sb;
+		if (sscanf(e->d_name, "ckpt-%lld%c", &s, &tail) != 1 || s <= best)
+			continue;
+		snprintf(done, sizeof done, "%s/%s/DONE", dir, e->d_name);
+		if (lstat(done, &sb) == 0 && S_ISREG(sb.st_mode))
+			best = s;
+	}
+	if (d)
+		closedir(d);
+	return best;
+}
+
+/* A canceled job without an export: its newest checkpoint converted into
+ * <jobdir>/export (hfexport.h), recorded as the job's export. 0, -ENOENT
+ * no checkpoint, or the conversion's error (why says it). Two requests at
+ * once both convert; the first rename wins and the other is discarded. */
+static int export_canceled(api_request *req, const store_job *j, const char *jobdir, const char *exdir, char *why,
+			   size_t cap)
+{
+	long long step = newest_checkpoint(jobdir);
+	if (step < 0) {
+		snprintf(why, cap, "it has no checkpoint");
+		return -ENOENT;
+	}
+	char ckpt[1500], tmp[1500], out[1520], patch[128];
+	snprintf(ckpt, sizeof ckpt, "%s/checkpoints/ckpt-%lld", jobdir, step);
+	snprintf(tmp, sizeof tmp, "%s/.export-XXXXXX", jobdir);
+	if (!mkdtemp(tmp)) {
+		int e = errno;
+		snprintf(why, cap, "cannot make a directory for the conversion: %s", strerror(e));
+		return -e;
+	}
+	snprintf(out, sizeof out, "%s/model", tmp);
+	int rc = hfexport_checkpoint(req->cfg->bin_dir, ckpt, out, HFEXPORT_TIMEOUT_MS, why, cap);
+	if (rc == 0 && rename(out, exdir) < 0 && errno != EEXIST && errno != ENOTEMPTY) {
+		int e = errno;
+		rc = -e;
+		snprintf(why, cap, "rename %s -> %s: %s", out, exdir, strerror(e));
+	}
+	fs_remove_tree(tmp);
+	if (rc == 0) {
+		snprintf(patch, sizeof patch, "{\"export\":{\"step\":%lld,\"source\":\"stopped\"}}", step);
+		int src = store_job_merge_outcome(req->st, j->id, patch);
+		if (src < 0)
+			log_warn("job %s: cannot record its export: %s", j->id, strerror(-src));
+		log_info("job %s: exported its newest checkpoint (step %lld) on request", j->id, step);
+	}
+	return rc;
+}
+
 enum MHD_Result jobs_export(api_request *req)
 {
 	enum MHD_Result ret;
@@ -159,8 +225,22 @@ enum MHD_Result jobs_export(api_request *req)
 	snprintf(top, sizeof top, "%s-export", base);
 	struct stat sb;
 	/* canceled (by a user or max_runtime_seconds): the stop checkpoint's
-	 * export, when the job got as far as a step */
+	 * export, when the job got as far as a step; else, made now, its newest
+	 * checkpoint's */
 	bool has = stat(dir, &sb) == 0 && S_ISDIR(sb.st_mode);
+	if (j.state == JOB_CANCELED && !has) {
+		char jobdir[1400], why[1400];
+		snprintf(jobdir, sizeof jobdir, "%s/jobs/%s", req->cfg->state_dir, j.id);
+		int rc = export_canceled(req, &j, jobdir, dir, why, sizeof why);
+		if (rc < 0 && rc != -ENOENT) {
+			ret = api_reply_problem(req, rc == -EBUSY ? API_P_EXPORT_BUSY
+						: rc == -ETIMEDOUT ? API_P_EXPORT_TIMEOUT : API_P_EXPORT_FAILED,
+						NULL, "job %s is canceled; exporting its newest checkpoint: %s", j.id, why);
+			store_job_free(&j);
+			return ret;
+		}
+		has = rc == 0;
+	}
 	if (j.state != JOB_COMPLETED && !(j.state == JOB_CANCELED && has))
 		ret = api_reply_problem(req, API_P_NOT_FOUND, NULL,
 					"job %s is %s: it has no export (the model is exported when the job completes, "

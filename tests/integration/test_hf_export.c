@@ -11,7 +11,9 @@
  *     checkpoint 404, no number 400;
  *   - a canceled job has an export of its stop checkpoint, the job says
  *     which step ({"step", "source": "stopped"}), and it is that
- *     checkpoint's model;
+ *     checkpoint's model; a job canceled while queued after a daemon
+ *     restart (no worker to stop) gets its newest checkpoint's export on
+ *     its first GET /export, and then shows it;
  *   - save_total_limit 1 with evaluation keeps the best checkpoint when the
  *     later ones are worse (a learning rate warmed up to 0.5: the first
  *     eval is the best, deterministically); the job's best_model is the
@@ -248,6 +250,55 @@ static void test_cancel_exports_last_checkpoint(void **state)
 	free(id);
 }
 
+static void test_canceled_while_queued_exports_on_request(void **state)
+{
+	fx *f = *state;
+	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
+	char *id = it_submit(&f->d, JOB("queued-x", "1000000", "5", "", ""));
+	it_wait_step(&f->d, id, 10, DEADLINE_S);
+	/* a shutdown puts it back in the queue (no export: it will resume) */
+	assert_int_equal(bertd_stop(&f->d), 0);
+	const char *extra[] = {"--stop-timeout-s", "60", NULL};
+	it_daemon_opts o = {.cpu_slots = "1", .schedule = "false", .extra = extra};
+	assert_int_equal(it_daemon_run(&f->d, f->data, &o), 0);
+	char path[200];
+	snprintf(path, sizeof path, "/v1/jobs/%s", id);
+	json_t *job = it_get_json(&f->d, path);
+	assert_string_equal(it_jstr(job, "state"), "queued");
+	assert_true(json_is_null(json_object_get(job, "export")));
+	json_decref(job);
+	it_cancel_job(&f->d, id, DEADLINE_S);
+	job = it_get_json(&f->d, path);
+	assert_true(json_is_null(json_object_get(job, "export")));
+	json_decref(job);
+	long steps[16];
+	size_t n = checkpoint_steps(f, id, steps, 16);
+	assert_true(n > 0);
+	long last = steps[n - 1];
+
+	/* GET /export converts the newest checkpoint, once */
+	char tar[300], out[300], got[400], conv[400], ck[400];
+	snprintf(path, sizeof path, "/v1/jobs/%s/export", id);
+	snprintf(tar, sizeof tar, "%s/queued-export.tar", f->d.root);
+	snprintf(out, sizeof out, "%s/queued-export", f->d.root);
+	get_tar(&f->d, path, tar);
+	mkdir(out, 0700);
+	assert_int_equal(it_system("tar -xf '%s' -C '%s'", tar, out), 0);
+	snprintf(got, sizeof got, "%s/queued-x-export", out);
+	get_ckpt_export(f, id, "queued-x", last, conv, sizeof conv);
+	assert_true(same_files(got, conv));
+	ckpt_dir(f, id, last, ck, sizeof ck);
+	check_weights(got, ck);
+	snprintf(path, sizeof path, "/v1/jobs/%s", id);
+	job = it_get_json(&f->d, path);
+	json_t *ex = json_object_get(job, "export");
+	assert_int_equal(json_integer_value(json_object_get(ex, "step")), last);
+	assert_string_equal(it_jstr(ex, "source"), "stopped");
+	assert_true(same_files(it_jstr(job, "model_dir"), got));
+	json_decref(job);
+	free(id);
+}
+
 /* The eval_loss of each metrics row with one, by step. */
 static size_t eval_rows(const fx *f, const char *id, long *step, double *loss, size_t cap)
 {
@@ -415,6 +466,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_checkpoint_export, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_cancel_exports_last_checkpoint, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_canceled_while_queued_exports_on_request, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_best_checkpoint_kept_and_exported, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_max_runtime_across_restart, setup, teardown),
 	};
