@@ -110,3 +110,11 @@ CREATE TABLE job_data (
 	data_json TEXT    NOT NULL,
 	time_ms   INTEGER NOT NULL
 ) WITHOUT ROWID;
+
+-- migration 6: what a job's end left behind and how long it has run: the
+-- model its export holds and its best checkpoint (JSON object {"export":
+-- {"step", "source"}, "best_model": {"step", "metric", "value"}}, NULL
+-- before either), and the wall time of its attempts so far (ms), which
+-- stopping_condition.max_runtime_seconds counts
+ALTER TABLE jobs ADD COLUMN outcome_json TEXT;
+ALTER TABLE jobs ADD COLUMN runtime_ms INTEGER NOT NULL DEFAULT 0 CHECK (runtime_ms >= 0);

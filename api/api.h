@@ -36,6 +36,7 @@ typedef struct api_config {
 	size_t n_devices;
 	const char *slurm_srun;       /* "" or NULL: no submit-time node check (docs/multinode.md) */
 	const char *slurm_conf;       /* SLURM_CONF for that check's sinfo; "" = Slurm's default */
+	const char *bin_dir;          /* where bertd-worker is (checkpoint exports: daemon/hfexport.h) */
 } api_config;
 
 typedef struct api_server api_server;

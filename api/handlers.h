@@ -34,6 +34,7 @@ enum MHD_Result jobs_logs(api_request *req);
 /* download.c: a job's export / one complete checkpoint as a tar stream */
 enum MHD_Result jobs_export(api_request *req);
 enum MHD_Result jobs_checkpoint_download(api_request *req);
+enum MHD_Result jobs_checkpoint_export(api_request *req);
 
 /* diagnosis.c */
 enum MHD_Result jobs_diagnosis(api_request *req);

@@ -99,6 +99,28 @@ static void add_progress(json_t *o, const store_job *j, const json_t *spec,
 	json_object_set_new(o, "last_checkpoint", last);
 }
 
+/* What the job's end left and how long it ran: "export" ({"step",
+ * "source"}: the checkpoint whose model GET /v1/jobs/{id}/export holds, and
+ * why: "final", "best" (load_best_model_at_end), "stopped" (canceled or out
+ * of max_runtime_seconds); null before), "best_model" ({"step", "metric",
+ * "value"}: the best checkpoint by metric_for_best_model; null without
+ * evaluation) and "runtime_seconds" (its attempts' wall time so far). A
+ * canceled job with an export gets its model_dir too. */
+static void add_outcome(json_t *o, const store_job *j, const api_config *cfg)
+{
+	json_t *out = j->outcome_json ? json_loads(j->outcome_json, 0, NULL) : NULL;
+	json_t *ex = json_object_get(out, "export"), *best = json_object_get(out, "best_model");
+	json_object_set(o, "export", json_is_object(ex) && j->state != JOB_FAILED ? ex : json_null());
+	json_object_set(o, "best_model", json_is_object(best) ? best : json_null());
+	json_object_set_new(o, "runtime_seconds", json_real((double)j->runtime_ms / 1000.0));
+	if (j->state == JOB_CANCELED && json_is_object(ex)) {
+		char path[1400];
+		snprintf(path, sizeof path, "%s/jobs/%s/export", cfg->state_dir, j->id);
+		json_object_set_new(o, "model_dir", json_string(path));
+	}
+	json_decref(out);
+}
+
 /* The job representation every endpoint answers with, from its row and
  * what store_job_extras_get read for it (window DIAG_WINDOW). The stored
  * spec is parsed once here for progress, diagnosis and the "spec" member.
@@ -130,6 +152,7 @@ static json_t *job_json(const store_job *j, const store_job_extras *x, const api
 		snprintf(path, sizeof path, "%s/jobs/%s/export", cfg->state_dir, j->id);
 		json_object_set_new(o, "model_dir", json_string(path));
 	}
+	add_outcome(o, j, cfg);
 	diag_report rep;
 	if (api_diagnose_rows(j, spec, x->tail, x->n_tail, x->first, x->n_first, now, &rep) == 0)
 		json_object_set_new(o, "diagnosis", json_string(rep.summary));

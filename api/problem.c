@@ -49,6 +49,11 @@ static const struct {
 				      "Too many follow streams open; retry later", 5},
 	[API_P_NODES_UNAVAILABLE]  = {"nodes-unavailable", 409,
 				      "Fewer cluster nodes are up than the job asks for"},
+	[API_P_EXPORT_FAILED]      = {"export-failed", 500, "Converting the checkpoint failed"},
+	[API_P_EXPORT_TIMEOUT]     = {"export-timeout", 504,
+				      "Converting the checkpoint did not finish in time"},
+	[API_P_EXPORT_BUSY]        = {"export-busy", 503,
+				      "Other checkpoint conversions are running; retry", 2},
 };
 
 static enum api_problem checked(enum api_problem p)

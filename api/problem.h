@@ -40,6 +40,9 @@ enum api_problem {
 	API_P_DB_DAMAGED,          /* 500 the job database file is damaged */
 	API_P_TOO_MANY_FOLLOWERS,  /* 429 follow streams at their limit (Retry-After) */
 	API_P_NODES_UNAVAILABLE,   /* 409 fewer Slurm nodes up than a multi-node job asks for */
+	API_P_EXPORT_FAILED,       /* 500 converting a checkpoint into an HF model failed */
+	API_P_EXPORT_TIMEOUT,      /* 504 converting a checkpoint ran past its deadline */
+	API_P_EXPORT_BUSY,         /* 503 conversions at their limit (Retry-After) */
 	API_P_COUNT
 };
 

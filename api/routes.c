@@ -24,6 +24,7 @@ static const api_route routes[] = {
 	{"GET",    "/v1/jobs/{id}/metrics", jobs_metrics,   0},
 	{"GET",    "/v1/jobs/{id}/checkpoints", jobs_checkpoints, 0},
 	{"GET",    "/v1/jobs/{id}/checkpoints/{step}", jobs_checkpoint_download, 0},
+	{"GET",    "/v1/jobs/{id}/checkpoints/{step}/export", jobs_checkpoint_export, 0},
 	{"GET",    "/v1/jobs/{id}/export",  jobs_export,    0},
 	{"GET",    "/v1/jobs/{id}/logs",    jobs_logs,      0},
 	{"GET",    "/v1/jobs/{id}/diagnosis", jobs_diagnosis, 0},

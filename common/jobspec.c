@@ -138,6 +138,15 @@ static const struct choice reduce_choices[] = {
 	{"fp16", "fp16"}, {"float16", "fp16"}, {NULL, NULL},
 };
 
+/* The held-out metrics a checkpoint can be ranked by (worker/eval.c); HF
+ * prefixes "eval_" to a name without it, so "loss" and "accuracy" are the
+ * same keys. */
+static const struct choice best_metric_choices[] = {
+	{"eval_loss", "eval_loss"}, {"loss", "eval_loss"}, {"perplexity", "perplexity"},
+	{"eval_perplexity", "perplexity"}, {"eval_accuracy", "eval_accuracy"},
+	{"accuracy", "eval_accuracy"}, {NULL, NULL},
+};
+
 /* HF's IntervalStrategy; "epoch" is not implemented (bertd steps only). */
 static const struct choice eval_choices[] = {{"no", "no"}, {"steps", "steps"}, {NULL, NULL}};
 
@@ -192,6 +201,9 @@ static const struct field training_fields[] = {
 	INT("eval_steps", 1, STEPS_MAX, 0, DERIVED, T_I64, training.eval_steps),
 	INT("per_device_eval_batch_size", 1, 65536, 8, 0, T_INT, training.per_device_eval_batch_size),
 	INT("max_eval_batches", 1, 1000000, 100, 0, T_INT, training.max_eval_batches),
+	ENUM("metric_for_best_model", best_metric_choices, "eval_loss", training.metric_for_best_model),
+	BOOL("greater_is_better", 0, NULLABLE | DERIVED, T_TRI, training.greater_is_better),
+	BOOL("load_best_model_at_end", 0, 0, T_BOOL, training.load_best_model_at_end),
 };
 
 /* ---- mlm (DataCollatorForLanguageModeling + BERT's data recipe) ---- */
@@ -919,6 +931,33 @@ static const char *mix_name(json_t *mix, char buf[129])
 	return buf;
 }
 
+/* Best-model keys (HF TrainingArguments): greater_is_better null becomes
+ * true for eval_accuracy, false for the losses (HF: "not ending in loss";
+ * perplexity, like a loss, is better lower). load_best_model_at_end needs
+ * an evaluation at every checkpoint: eval_strategy "steps" and save_steps a
+ * round multiple of eval_steps (HF's rule for matching strategies). */
+static int check_best_model(json_t *ta, bool eval_on, jobspec_error *err)
+{
+	const char *metric = json_string_value(json_object_get(ta, "metric_for_best_model"));
+	json_t *gib = json_object_get(ta, "greater_is_better");
+	if (json_is_null(gib) &&
+	    json_object_set_new(ta, "greater_is_better", json_boolean(strcmp(metric, "eval_accuracy") == 0)) < 0)
+		return fail_oom(err);
+	if (!json_is_true(json_object_get(ta, "load_best_model_at_end")))
+		return 0;
+	if (!eval_on)
+		return fail(err, 422, "training_args", "load_best_model_at_end",
+			    "needs training_args.eval_strategy \"steps\": the best checkpoint is chosen by "
+			    "its held-out %s", metric);
+	long long save = json_integer_value(json_object_get(ta, "save_steps"));
+	long long every = json_integer_value(json_object_get(ta, "eval_steps"));
+	if (save % every != 0)
+		return fail(err, 422, "training_args", "save_steps",
+			    "must be a round multiple of eval_steps (%lld) with load_best_model_at_end, so "
+			    "every checkpoint is evaluated", every);
+	return 0;
+}
+
 static int cross_check(json_t *o, jobspec_error *err)
 {
 	if (json_is_null(json_object_get(o, "name"))) {
@@ -1031,6 +1070,9 @@ static int cross_check(json_t *o, jobspec_error *err)
 			    "must be at least 1 when training_args.eval_strategy is \"steps\" "
 			    "(the eval set is held out of the dataset)");
 	}
+	rc = check_best_model(ta, eval_on, err);
+	if (rc < 0)
+		return rc;
 	long long ebatch = ival(o, "training_args", "per_device_eval_batch_size");
 	if (ebatch * seq > (1LL << 24))
 		return fail(err, 422, "training_args", "per_device_eval_batch_size",

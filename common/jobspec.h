@@ -86,6 +86,10 @@ typedef struct jobspec_training {
 	 * min_lr_rate (min_lr / learning_rate, as get_scheduler computes it). */
 	double lr_end, power, num_cycles, min_lr_rate, min_lr_ratio;
 	int64_t num_stable_steps, num_decay_steps;
+	char metric_for_best_model[16]; /* eval_loss | perplexity | eval_accuracy ("loss",
+	                                 * "accuracy" accepted, as HF prefixes "eval_") */
+	int greater_is_better;         /* 1 or 0: resolved from the metric when null */
+	bool load_best_model_at_end;   /* the export is the best checkpoint's model */
 } jobspec_training;
 
 typedef struct jobspec_mlm {

@@ -8,7 +8,8 @@
  * 4 the job database is damaged (quick_check at start).
  *
  * `bertd backup FILE [options]` copies the job database of the state dir
- * the options name (a running daemon's too) into FILE and exits.
+ * the options name (a running daemon's too) into FILE and exits. `bertd
+ * export CHECKPOINT_DIR OUT_DIR` runs bertd-worker's export mode.
  */
 #include <errno.h>
 #include <signal.h>
@@ -198,12 +199,41 @@ static int backup_main(int argc, char **argv)
 	return BERTD_DAEMON_EXIT_OK;
 }
 
+/* bertd export CHECKPOINT_DIR OUT_DIR [--dataset DIR]: the HuggingFace
+ * model of a checkpoint on disk, made by the bertd-worker beside this
+ * binary in its export mode (worker/convert.h), as the daemon's
+ * GET /v1/jobs/{id}/checkpoints/{step}/export does; bertd runs no model
+ * code itself. */
+static int export_main(int argc, char **argv)
+{
+	if (!(argc == 4 || (argc == 6 && strcmp(argv[4], "--dataset") == 0)) || argv[2][0] == '-') {
+		fprintf(stderr, "usage: %s export CHECKPOINT_DIR OUT_DIR [--dataset DATASET_DIR]\n"
+				"writes the HuggingFace model of a bertd checkpoint (config.json, model.safetensors,\n"
+				"vocab.txt, tokenizer files) into the new directory OUT_DIR; the vocab is the job's\n"
+				"dataset's (found from <job>/job.json, or --dataset)\n",
+			argv[0]);
+		return BERTD_DAEMON_EXIT_CONFIG;
+	}
+	char bin[1100];
+	ssize_t n = readlink("/proc/self/exe", bin, sizeof bin - 32);
+	bin[n > 0 ? n : 0] = 0;
+	char *slash = strrchr(bin, '/');
+	snprintf(slash ? slash + 1 : bin, 32, "bertd-worker");
+	char *wargv[] = {bin, "--export", argv[2], argv[3], argc == 6 ? argv[4] : NULL, argc == 6 ? argv[5] : NULL,
+			 NULL};
+	execv(bin, wargv);
+	log_error("cannot run %s: %s", bin, strerror(errno));
+	return BERTD_DAEMON_EXIT_STARTUP;
+}
+
 int main(int argc, char **argv)
 {
 	daemon_ctx d = {.sigfd = -1, .timerfd = -1, .lockfd = -1};
 	log_init("bertd", LOG_LVL_INFO);
 	if (argc > 1 && strcmp(argv[1], "backup") == 0)
 		return backup_main(argc, argv);
+	if (argc > 1 && strcmp(argv[1], "export") == 0)
+		return export_main(argc, argv);
 	int rc = config_load(&d.cfg, argc, argv, environ, stdout, stderr);
 	if (rc == 1)
 		return BERTD_DAEMON_EXIT_OK;
@@ -357,6 +387,7 @@ int main(int argc, char **argv)
 
 	ac.devices = d.devs;
 	ac.n_devices = d.ndev;
+	ac.bin_dir = bin_dir;
 	ac.slurm_srun = d.cfg.slurm_srun;
 	ac.slurm_conf = d.cfg.slurm_conf;
 	if ((rc = api_server_start(&d.api, &ac, d.api_st)) < 0) {

@@ -1242,7 +1242,8 @@ int store_schema_version(store *s)
 /* ---- jobs ---- */
 
 #define JOB_COLS "seq, id, name, spec_json, state, priority, restart_count, failure_reason, " \
-		 "created_ms, updated_ms, started_ms, finished_ms, devices_json, stall_json"
+		 "created_ms, updated_ms, started_ms, finished_ms, devices_json, stall_json, outcome_json, " \
+		 "runtime_ms"
 
 /* One JOB_COLS row into a store_job (a row_fn). */
 static int job_read(sqlite3_stmt *st, void *dst)
@@ -1254,8 +1255,9 @@ static int job_read(sqlite3_stmt *st, void *dst)
 	if ((rc = dup_col(st, 1, &j->id)) < 0 || (rc = dup_col(st, 2, &j->name)) < 0 ||
 	    (rc = dup_col(st, 3, &j->spec_json)) < 0 || (rc = col_job_state(st, 4, &j->state)) < 0 ||
 	    (rc = dup_col(st, 7, &j->failure_reason)) < 0 || (rc = dup_col(st, 12, &j->devices_json)) < 0 ||
-	    (rc = dup_col(st, 13, &j->stall_json)) < 0)
+	    (rc = dup_col(st, 13, &j->stall_json)) < 0 || (rc = dup_col(st, 14, &j->outcome_json)) < 0)
 		goto out;
+	j->runtime_ms = sqlite3_column_int64(st, 15);
 	j->priority = sqlite3_column_int(st, 5);
 	j->restart_count = sqlite3_column_int(st, 6);
 	j->created_ms = sqlite3_column_int64(st, 8);
@@ -1278,6 +1280,7 @@ void store_job_free(store_job *j)
 	free(j->failure_reason);
 	free(j->devices_json);
 	free(j->stall_json);
+	free(j->outcome_json);
 	memset(j, 0, sizeof *j);
 }
 
@@ -1861,6 +1864,24 @@ int store_job_data_get(store *s, const char *id, char **data_json)
 	int rc = locked_exec(s, TXN_NONE, "SELECT data_json FROM job_data WHERE job_id = ?1",
 			     ARGS(ARG_TEXT(id)), data_row, data_json);
 	return rc < 0 ? rc : 0;
+}
+
+int store_job_merge_outcome(store *s, const char *id, const char *patch_json)
+{
+	if (!id || !patch_json)
+		return -EINVAL;
+	/* RFC 7396 merge in SQL: one statement, so two patches never lose each other */
+	return found(job_write(s, id, "UPDATE jobs SET outcome_json = json_patch(COALESCE(outcome_json, '{}'), ?2) "
+				      "WHERE id = ?1",
+			       ARGS(ARG_TEXT(id), ARG_TEXT(patch_json))), -ENOENT);
+}
+
+int store_job_set_runtime(store *s, const char *id, int64_t runtime_ms)
+{
+	if (!id || runtime_ms < 0)
+		return -EINVAL;
+	return found(job_write(s, id, "UPDATE jobs SET runtime_ms = ?2 WHERE id = ?1",
+			       ARGS(ARG_TEXT(id), ARG_I64(runtime_ms))), -ENOENT);
 }
 
 typedef struct job_restarts {

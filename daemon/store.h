@@ -74,6 +74,9 @@ typedef struct store_job {
 	char *devices_json;   /* devices of the current/last run, JSON array; NULL before */
 	char *stall_json;     /* the rank the stall watch suspects, {"rank", "since_ms" (epoch ms of
 			       * its last message), "limit_s", "stopped"}; NULL when none */
+	char *outcome_json;   /* {"export": {"step", "source"}, "best_model": {"step", "metric",
+			       * "value"}} as far as known; NULL before either */
+	int64_t runtime_ms;   /* wall time of the job's attempts so far (max_runtime_seconds) */
 	uint64_t version;     /* set by store_job_get/list: two equal non-zero values mean
 			       * nothing of this job (row, metrics, checkpoints) was written
 			       * in between (a cache key; a write to another job may change
@@ -217,6 +220,14 @@ int store_job_data_set(store *s, const char *id, const char *data_json, bool *ch
 /* The record of store_job_data_set: 0 with *data_json (caller frees), or
  * with NULL when there is none yet (or no such job); a store error. */
 int store_job_data_get(store *s, const char *id, char **data_json);
+/* Merges the JSON object patch_json into the job's outcome_json (RFC 7396:
+ * its members replace the stored ones, null removes one). -ENOENT no job,
+ * -EINVAL not an object. */
+int store_job_merge_outcome(store *s, const char *id, const char *patch_json);
+
+/* Records the wall time the job's attempts have taken so far (ms, >= 0).
+ * -ENOENT no job. */
+int store_job_set_runtime(store *s, const char *id, int64_t runtime_ms);
 
 /* Adds 1 to restart_count; returns the new count in *count (if non-NULL).
  * -ENOENT no job. */

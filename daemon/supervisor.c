@@ -102,7 +102,8 @@ typedef struct run {
 	bool canceled;         /* dataset: its row left preparing (DELETE): killed, output removed */
 	bool prep_signaled;    /* dataset: its bertd-prepare died of a signal the daemon did not send */
 	int64_t start_ms, stop_deadline_ms;
-	int64_t max_runtime_ms;
+	int64_t max_runtime_ms;  /* this attempt's share: what the earlier ones left */
+	int64_t runtime_base_ms; /* wall time of the job's earlier attempts */
 	bool saw_running;
 	int hellos;
 	/* verdict, decided when the first child fails */
@@ -323,6 +324,39 @@ out:
 	json_decref(vals);
 }
 
+/* Records v (an object; anything else is ignored) as the job's outcome
+ * member key (store_job.outcome_json). */
+static void note_outcome(supervisor *sv, run *r, const char *key, json_t *v)
+{
+	if (!json_is_object(v))
+		return;
+	json_t *patch = json_pack("{s:O}", key, v);
+	char *text = patch ? json_dumps(patch, JSON_COMPACT) : NULL;
+	if (text && store_job_merge_outcome(sv->st, r->id, text) < 0)
+		log_warn("job %s: cannot record its %s", r->id, key);
+	free(text);
+	json_decref(patch);
+}
+
+/* Records the job's wall time so far: its earlier attempts and this one
+ * up to now (stopping_condition.max_runtime_seconds counts it). */
+static void note_runtime(supervisor *sv, run *r)
+{
+	if (!r->is_dataset && r->start_ms > 0)
+		store_job_set_runtime(sv->st, r->id, r->runtime_base_ms + (now_ms() - r->start_ms));
+}
+
+/* This attempt's share of max_runtime_seconds: what the earlier attempts
+ * (runtime_ms) left, at least 1 ms, so a job out of time stops at once
+ * (with its checkpoint and export); 0 without a limit. */
+static int64_t runtime_left_ms(const jobspec *spec, int64_t used_ms)
+{
+	if (spec->max_runtime_seconds <= 0)
+		return 0;
+	int64_t left = spec->max_runtime_seconds * 1000 - used_ms;
+	return left > 0 ? left : 1;
+}
+
 static void handle_job_message(supervisor *sv, run *r, child *c, json_t *m)
 {
 	const char *type = json_string_value(json_object_get(m, "type"));
@@ -389,6 +423,8 @@ static void handle_job_message(supervisor *sv, run *r, child *c, json_t *m)
 		};
 		if (ck.path)
 			store_checkpoint_insert(sv->st, r->id, &ck);
+		note_outcome(sv, r, "best_model", json_object_get(m, "best_model"));
+		note_runtime(sv, r);
 		/* keep-last-N pruning happened in the worker: forget the rest */
 		json_t *present = json_object_get(m, "present_steps");
 		store_checkpoint *cks = NULL;
@@ -405,6 +441,12 @@ static void handle_job_message(supervisor *sv, run *r, child *c, json_t *m)
 			}
 		}
 		store_checkpoints_free(cks, n);
+	} else if (strcmp(type, "exported") == 0 && c->role == ROLE_WORKER && c->index == 0) {
+		/* {"type":"exported","path":..,"step":N,"source":"final"|"best"|"stopped"} */
+		json_t *ex = json_pack("{s:O?, s:O?}", "step", json_object_get(m, "step"), "source",
+				       json_object_get(m, "source"));
+		note_outcome(sv, r, "export", ex);
+		json_decref(ex);
 	} else if (strcmp(type, "error") == 0) {
 		const char *code = json_string_value(json_object_get(m, "code"));
 		const char *msg = json_string_value(json_object_get(m, "message"));
@@ -1061,7 +1103,8 @@ static int start_multinode(supervisor *sv, run *r, const store_job *j, const job
 	store_job_set_stall(sv->st, r->id, NULL);
 	r->start_ms = r->last_msg_ms = now_ms();
 	r->stall_noted = -1;
-	r->max_runtime_ms = spec->max_runtime_seconds > 0 ? spec->max_runtime_seconds * 1000 : 0;
+	r->runtime_base_ms = j->runtime_ms;
+	r->max_runtime_ms = runtime_left_ms(spec, j->runtime_ms);
 	r->next = sv->runs;
 	sv->runs = r;
 
@@ -1191,6 +1234,12 @@ static int start_job(supervisor *sv, const store_job *j, const int *dev, int nde
 	else
 		snprintf(reason, sizeof reason, "starting on %d %s device(s)", ndev,
 			 device_kind_name(sv->devs[dev[0]].kind));
+	if (spec.max_runtime_seconds > 0 && j->runtime_ms > 0) {
+		size_t used = strlen(reason);
+		snprintf(reason + used, sizeof reason - used, "; %.1f s of stopping_condition.max_runtime_seconds left "
+			 "(%.1f s used)", (double)runtime_left_ms(&spec, j->runtime_ms) / 1000.0,
+			 (double)j->runtime_ms / 1000.0);
+	}
 	if (store_job_transition(sv->st, j->id, from, JOB_STARTING, reason, NULL) < 0) {
 		run_free(r); /* someone canceled it meanwhile */
 		return 0;
@@ -1216,7 +1265,8 @@ static int start_job(supervisor *sv, const store_job *j, const int *dev, int nde
 		r->ts = NULL; /* telemetry is optional; training is not */
 	r->start_ms = r->last_msg_ms = now_ms();
 	r->stall_noted = -1;
-	r->max_runtime_ms = spec.max_runtime_seconds > 0 ? spec.max_runtime_seconds * 1000 : 0;
+	r->runtime_base_ms = j->runtime_ms;
+	r->max_runtime_ms = runtime_left_ms(&spec, j->runtime_ms);
 	r->next = sv->runs;
 	sv->runs = r;
 
@@ -1370,6 +1420,7 @@ static void run_maybe_finish(supervisor *sv, run *r)
 		cluster_scancel(&r->ca, sv->cfg.slurm_srun, sv->cfg.slurm_conf);
 	}
 	note_stall(sv, r, NULL, 0, 0, false); /* the attempt is over: nothing is silent now */
+	note_runtime(sv, r);
 
 	store_job cur;
 	if (store_job_get(sv->st, r->id, &cur) < 0) {

@@ -1,5 +1,6 @@
 /* checkpoint — see checkpoint.h. */
 #include "worker/checkpoint.h"
+#include "worker/best.h"
 #include "worker/safetensors.h"
 
 #include <dirent.h>
@@ -91,7 +92,7 @@ static int cmp_long(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static void prune(const char *root, int keep_last)
+static void prune(const char *root, int keep_last, long protect)
 {
     DIR *d = opendir(root);
     if (!d)
@@ -123,11 +124,18 @@ static void prune(const char *root, int keep_last)
         steps[n++] = s;
     }
     closedir(d);
-    qsort(steps, n, sizeof *steps, cmp_long);
-    for (size_t i = 0; i + (size_t)keep_last < n; i++) {
-        snprintf(path, sizeof path, "%s/ckpt-%ld", root, steps[i]);
-        remove_tree(path);
+    bool *keep = n ? calloc(n, sizeof *keep) : NULL;
+    if (n && keep) {
+        qsort(steps, n, sizeof *steps, cmp_long);
+        best_retention(steps, n, keep_last, protect, keep);
+        for (size_t i = 0; i < n; i++) {
+            if (keep[i])
+                continue;
+            snprintf(path, sizeof path, "%s/ckpt-%ld", root, steps[i]);
+            remove_tree(path);
+        }
     }
+    free(keep);
     free(steps);
     st_fsync_dir(root);
 }
@@ -251,13 +259,19 @@ int checkpoint_save_scaled(const char *root, long step, const bert_model *m, con
         goto out;
     }
     if (keep_last > 0)
-        prune(root, keep_last);
+        prune(root, keep_last, -1);
 out:
     if (rc < 0)
         remove_tree(tmpdir);
     free(text);
     json_decref(state);
     return rc;
+}
+
+void checkpoint_prune(const char *root, int keep_last, long protect)
+{
+    if (keep_last > 0)
+        prune(root, keep_last, protect);
 }
 
 int checkpoint_latest(const char *root, long *step, char *path, size_t pathlen)
@@ -375,6 +389,17 @@ int checkpoint_read_scaler(const char *dir, checkpoint_scaler *out, char *err, s
     int rc = parse_scaler(s, dir, out, err, errlen);
     json_decref(s);
     return rc;
+}
+
+json_t *checkpoint_read_training_args(const char *dir)
+{
+    char err[512];
+    json_t *s = load_state(dir, err, sizeof err);
+    json_t *ta = json_object_get(s, "training_args");
+    if (ta)
+        json_incref(ta);
+    json_decref(s);
+    return ta;
 }
 
 int checkpoint_read_config(const char *dir, bert_config *cfg, char *err, size_t errlen)

@@ -46,6 +46,11 @@ int checkpoint_save(const char *root, long step, const bert_model *m, const opti
 int checkpoint_save_scaled(const char *root, long step, const bert_model *m, const optim *o,
                            const checkpoint_scaler *ls, const json_t *extra, int keep_last,
                            char *err, size_t errlen);
+/* Keeps the keep_last newest complete checkpoints under root and the one
+ * of step protect (the best checkpoint, never pruned; -1: none), removes
+ * the others and any ckpt-*.tmp left by a crashed save. keep_last <= 0
+ * removes nothing. */
+void checkpoint_prune(const char *root, int keep_last, long protect);
 /* Reads the loss scaler of the complete checkpoint in dir: 0 with *out set;
  * 1 when the checkpoint predates it (format 1 as first written: *out is
  * checkpoint_scaler_disabled(), and a caller that scales keeps its own
@@ -55,6 +60,10 @@ int checkpoint_read_scaler(const char *dir, checkpoint_scaler *out, char *err, s
 /* Finds the complete checkpoint (DONE present) with the highest step:
  * 0 and *step/path set, -ENOENT if none. */
 int checkpoint_latest(const char *root, long *step, char *path, size_t pathlen);
+/* The "training_args" object a complete checkpoint in dir was saved with
+ * (checkpoint_save's extra): caller owns it (json_decref); NULL when the
+ * checkpoint is unreadable or has none. */
+json_t *checkpoint_read_training_args(const char *dir);
 /* Reads the model config stored in a checkpoint directory. */
 int checkpoint_read_config(const char *dir, bert_config *cfg, char *err, size_t errlen);
 /* Loads params (and optimizer state if o is not NULL) into an already created

@@ -137,13 +137,34 @@ static int check_replicas(worker *w, const loop_device *dev, long step)
 
 /* ---- checkpoints ---- */
 
+/* The metric_for_best_model of an evaluation. */
+static double best_metric_of(const worker *w, const eval_result *r)
+{
+	const char *m = w->bj.spec.training.metric_for_best_model;
+	return strcmp(m, "perplexity") == 0 ? r->perplexity : strcmp(m, "eval_accuracy") == 0 ? r->accuracy : r->loss;
+}
+
+/* The best checkpoint so far as JSON ({"step", "metric", "value"}), or
+ * NULL when none was evaluated yet. */
+static json_t *best_json(const worker *w)
+{
+	if (w->best.step < 0)
+		return NULL;
+	return json_pack("{s:I, s:s, s:f}", "step", (json_int_t)w->best.step, "metric",
+			 w->bj.spec.training.metric_for_best_model, "value", w->best.value);
+}
+
 /* Rank 0: copies the device's state into the host trainer, saves
- * ckpt-<step> (pruning to save_total_limit) and tells the daemon which
+ * ckpt-<step>, offers it as the best when this step was evaluated, prunes
+ * to save_total_limit (never the best) and tells the daemon which
  * checkpoints now exist. Returns 0 or the exit code (already reported). */
 static int save_checkpoint(worker *w, const loop_device *dev, const char *what)
 {
 	char err[512];
 	trainer *t = w->tr;
+	const jobspec_training *ta = &w->bj.spec.training;
+	if (w->eval && w->last_eval_step == t->step)
+		best_offer(&w->best, t->step, best_metric_of(w, &w->last_eval), ta->greater_is_better == 1);
 	checkpoint_scaler ls = checkpoint_scaler_disabled();
 	int rc = dev->to_host ? dev->to_host(dev->ctx, true, &ls) : 0;
 	if (rc == -EPIPE)
@@ -152,11 +173,16 @@ static int save_checkpoint(worker *w, const loop_device *dev, const char *what)
 		return worker_fail(w, BERTD_EXIT_FAILURE, "copying the model from the device: %s",
 				   strerror(-rc));
 	json_t *extra = json_pack("{s:I, s:i}", "epoch", (json_int_t)w->epoch, "world_size", w->world);
-	rc = checkpoint_save_scaled(w->checkpoint_dir, t->step, t->model, t->opt, &ls, extra,
-				    w->bj.spec.training.save_total_limit, err, sizeof err);
+	json_t *best = best_json(w);
+	if (best)
+		json_object_set(extra, "best_model", best);
+	rc = checkpoint_save_scaled(w->checkpoint_dir, t->step, t->model, t->opt, &ls, extra, 0, err, sizeof err);
 	json_decref(extra);
-	if (rc < 0)
+	if (rc < 0) {
+		json_decref(best);
 		return worker_fail(w, BERTD_EXIT_IO, "writing %s: %s", what, err);
+	}
+	checkpoint_prune(w->checkpoint_dir, ta->save_total_limit, w->best.step);
 	char path[PATH_MAX];
 	snprintf(path, sizeof path, "%s/ckpt-%ld", w->checkpoint_dir, t->step);
 	json_t *present = json_array();
@@ -170,8 +196,12 @@ static int save_checkpoint(worker *w, const loop_device *dev, const char *what)
 	}
 	if (d)
 		closedir(d);
-	worker_send(w, json_pack("{s:s, s:I, s:s, s:I, s:o}", "type", "checkpoint", "step", (json_int_t)t->step,
-				 "path", path, "bytes", (json_int_t)fs_dir_bytes(path), "present_steps", present));
+	json_t *m = json_pack("{s:s, s:I, s:s, s:I, s:o}", "type", "checkpoint", "step", (json_int_t)t->step,
+			      "path", path, "bytes", (json_int_t)fs_dir_bytes(path), "present_steps", present);
+	if (m && best)
+		json_object_set(m, "best_model", best);
+	json_decref(best);
+	worker_send(w, m);
 	log_info("checkpoint %s", path);
 	return 0;
 }
@@ -325,6 +355,8 @@ static int maybe_eval(worker *w, const loop_device *dev, long step)
 		return device_failed(w, rc, "held-out evaluation", 0, "");
 	double s = worker_now_s() - t0;
 	w->win.eval_s += s;
+	w->last_eval_step = step;
+	w->last_eval = r;
 	if (w->rank == 0) {
 		worker_send(w, json_pack("{s:s, s:I, s:o, s:o, s:f, s:I, s:i, s:f}", "type", "eval", "step",
 					 (json_int_t)step, "eval_loss", finite_or_null(r.loss), "perplexity",
@@ -339,27 +371,70 @@ static int maybe_eval(worker *w, const loop_device *dev, long step)
 
 /* ---- the end of a run ---- */
 
+/* Rank 0: writes the HuggingFace export of the host model into export_dir
+ * (built as export_dir.tmp, then renamed, so a reader never sees half an
+ * export) and tells the daemon which checkpoint's model it holds (step) and
+ * why (source: "final", "best" or "stopped"). Returns 0 or the exit code. */
+static int write_export(worker *w, long step, const char *source)
+{
+	char err[512], tmp[PATH_MAX];
+	const shard_dataset *sh = w->data.shards;
+	snprintf(tmp, sizeof tmp, "%s.tmp", w->export_dir);
+	fs_remove_tree(tmp);
+	if (hf_export(w->tr->model, tmp, sh ? sh->vocab_path : NULL, sh ? sh->vocab.lowercase : true, err,
+		      sizeof err) < 0)
+		return worker_fail(w, BERTD_EXIT_IO, "exporting the model: %s", err);
+	int rc = fs_remove_tree(w->export_dir);
+	if ((rc < 0 && rc != -ENOENT) || rename(tmp, w->export_dir) < 0)
+		return worker_fail(w, BERTD_EXIT_IO, "putting the export in place at %s: %s", w->export_dir,
+				   strerror(rc < 0 && rc != -ENOENT ? -rc : errno));
+	worker_send(w, json_pack("{s:s, s:s, s:I, s:s}", "type", "exported", "path", w->export_dir, "step",
+				 (json_int_t)step, "source", source));
+	log_info("exported the model of step %ld (%s) to %s", step, source, w->export_dir);
+	return 0;
+}
+
+/* load_best_model_at_end: the best checkpoint's parameters into the host
+ * model (the last step's are saved already). Returns 0 or the exit code. */
+static int load_best(worker *w)
+{
+	char err[512], dir[PATH_MAX];
+	snprintf(dir, sizeof dir, "%s/ckpt-%ld", w->checkpoint_dir, w->best.step);
+	if (checkpoint_load(dir, w->tr->model, NULL, NULL, err, sizeof err) < 0)
+		return worker_fail(w, BERTD_EXIT_IO, "load_best_model_at_end: loading the best checkpoint: %s", err);
+	log_info("load_best_model_at_end: step %ld has the best %s (%g)", w->best.step,
+		 w->bj.spec.training.metric_for_best_model, w->best.value);
+	return 0;
+}
+
 /* The end of a run (max_steps reached, or stopped on request): rank 0
- * checkpoints what it has; when done, it also writes the HuggingFace export
- * from the host model, and all ranks meet once more. */
+ * checkpoints what it has and writes the HuggingFace export from the host
+ * model: when done, the last step's or (load_best_model_at_end) the best
+ * checkpoint's; when stopped by a cancel, the stop checkpoint's, so a
+ * canceled job or one out of max_runtime_seconds has a model too (a
+ * shutdown's stop exports nothing: the job resumes). When done, all ranks
+ * meet once more. */
 static int end_run(worker *w, const loop_device *dev, bool stopped)
 {
-	char err[512];
 	int code;
-	if (w->rank == 0 && (!stopped || w->tr->step > 0) &&
+	const long step = w->tr->step;
+	if (w->rank == 0 && (!stopped || step > 0) &&
 	    (code = save_checkpoint(w, dev, stopped ? "the stop checkpoint" : "the final checkpoint")) != 0)
 		return code;
 	if (stopped) {
-		log_info("stopped at step %ld", w->tr->step);
+		log_info("stopped at step %ld", step);
+		if (w->rank == 0)
+			worker_poll(w); /* another rank's stop may have come first: was it a cancel? */
+		if (w->rank == 0 && step > 0 && w->stop_ends_job && (code = write_export(w, step, "stopped")) != 0)
+			return code;
 		return BERTD_EXIT_STOPPED;
 	}
 	if (w->rank == 0) {
-		const shard_dataset *sh = w->data.shards;
-		if (hf_export(w->tr->model, w->export_dir, sh ? sh->vocab_path : NULL, sh ? sh->vocab.lowercase : true,
-			      err, sizeof err) < 0)
-			return worker_fail(w, BERTD_EXIT_IO, "exporting the model: %s", err);
-		worker_send(w, json_pack("{s:s, s:s}", "type", "exported", "path", w->export_dir));
-		log_info("exported the model to %s", w->export_dir);
+		bool best = w->bj.spec.training.load_best_model_at_end && w->best.step >= 0;
+		if (best && w->best.step != step && (code = load_best(w)) != 0)
+			return code;
+		if ((code = write_export(w, best ? w->best.step : step, best ? "best" : "final")) != 0)
+			return code;
 	}
 	if (w->cm && comm_barrier(w->cm) < 0)
 		return worker_fail(w, BERTD_EXIT_PEER_LOST, "a peer was lost at the end of training");

@@ -23,6 +23,7 @@
 #include "common/msg.h"
 #include "loader/batchjob.h"
 #include "loader/ring.h"
+#include "worker/best.h"
 #include "worker/checkpoint.h"
 #include "worker/comm.h"
 #include "worker/eval.h"
@@ -44,6 +45,7 @@ typedef struct worker {
 	int daemon_fd;             /* -1 when run by hand without a daemon */
 	msg_reader rd;
 	bool stop_requested;
+	bool stop_ends_job;        /* the stop was a cancel: export the stop checkpoint's model */
 	/* batches */
 	batchjob_data data;        /* serial path (no loaders) */
 	ring *rg;                  /* loader path */
@@ -70,6 +72,9 @@ typedef struct worker {
 	ring_counters ring_prev;     /* loader counters at the window's start */
 	eval_set *eval;              /* held-out eval set (eval_strategy "steps"), or NULL */
 	double eval_tick_s;          /* last progress message sent during an evaluation */
+	long last_eval_step;         /* step of last_eval; -1 before the first evaluation */
+	eval_result last_eval;
+	best_state best;             /* rank 0: the best checkpoint by metric_for_best_model */
 } worker;
 
 /* What a device reports of one update. */

@@ -10,8 +10,9 @@
  * metrics, checkpoints, errors), signals, the exit code (common/exitcodes.h).
  * Stopping: a {"type":"stop"} from the daemon (cancel, shutdown), or the
  * daemon gone, sets stop_requested; the loop agrees on it across ranks,
- * rank 0 checkpoints and every rank exits 6. Never touches SQLite; never
- * exits from anywhere but main.
+ * rank 0 checkpoints and every rank exits 6. `bertd-worker --export` is
+ * the other mode: a checkpoint into an HF model directory (convert.h).
+ * Never touches SQLite; never exits from anywhere but main.
  */
 #include <assert.h>
 #include <errno.h>
@@ -34,6 +35,7 @@
 #include "loader/ring.h"
 #include "worker/checkpoint.h"
 #include "worker/comm.h"
+#include "worker/convert.h"
 #include "worker/loop.h"
 #include "worker/relay.h"
 #include "worker/train.h"
@@ -81,8 +83,13 @@ static bool take_stop(worker *w, json_t *m)
 	const char *type = json_string_value(json_object_get(m, "type"));
 	if (!type || strcmp(type, "stop") != 0)
 		return false;
-	log_info("stop requested (%s)", json_string_value(json_object_get(m, "reason")));
+	const char *why = json_string_value(json_object_get(m, "reason"));
+	log_info("stop requested (%s)", why);
 	w->stop_requested = true;
+	/* a cancel ends the job (a user's, or max_runtime_seconds): its model is
+	 * exported; a shutdown's job resumes later and exports then */
+	if (why && strcmp(why, "cancel") == 0)
+		w->stop_ends_job = true;
 	return true;
 }
 
@@ -222,6 +229,24 @@ static void report_data(worker *w)
 				 "longest_sentence", (json_int_t)st.longest_sentence));
 }
 
+/* The best checkpoint as the checkpoint resumed from knew it, when that is
+ * one of this job's own (init_from_restore "all" resumes from another
+ * job's, whose steps name checkpoints that are not here). */
+static void resume_best(worker *w)
+{
+	size_t n = strlen(w->checkpoint_dir);
+	if (strncmp(w->resume_from, w->checkpoint_dir, n) != 0 || w->resume_from[n] != '/')
+		return;
+	json_t *ta = checkpoint_read_training_args(w->resume_from);
+	json_t *b = json_object_get(ta, "best_model"), *st = json_object_get(b, "step"), *v = json_object_get(b, "value");
+	const char *metric = json_string_value(json_object_get(b, "metric"));
+	/* a best by another metric (the spec cannot change, but be sure) is no best */
+	if (json_is_integer(st) && json_is_number(v) && metric &&
+	    strcmp(metric, w->bj.spec.training.metric_for_best_model) == 0)
+		w->best = (best_state){.step = (long)json_integer_value(st), .value = json_number_value(v)};
+	json_decref(ta);
+}
+
 /* The host trainer: made from the spec (train.c) with what only this process
  * knows (the dataset's vocab, the threads), or resumed from a checkpoint,
  * whose step must be the job's. */
@@ -252,6 +277,7 @@ static int make_trainer(worker *w, bool on_gpu, train_config *tc)
 		if (rc < 0)
 			return worker_fail(w, BERTD_EXIT_DATA, "resuming from %s: %s", w->resume_from, err);
 		w->have_ckpt_scaler = rc == 0;
+		resume_best(w);
 		if (!on_gpu && w->have_ckpt_scaler && w->ckpt_scaler.enabled)
 			log_info("the checkpoint's fp16 loss scale (%g) is not used: the CPU backend trains in fp32",
 				 (double)w->ckpt_scaler.scale);
@@ -334,9 +360,11 @@ int main(int argc, char **argv)
 {
 	char name[32] = "bertd-worker";
 	log_init(name, LOG_LVL_INFO);
-	worker w = {.daemon_fd = -1};
+	worker w = {.daemon_fd = -1, .last_eval_step = -1, .best = best_none()};
 	loop_device dev = {0};
 	const char *job_path;
+	if (argc > 1 && strcmp(argv[1], "--export") == 0) /* a checkpoint into an HF model (convert.h) */
+		return convert_main(argc, argv);
 	int rc = parse_args(argc, argv, &job_path, &w.rank);
 	if (rc == 1)
 		return 0;

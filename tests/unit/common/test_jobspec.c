@@ -193,7 +193,8 @@ static void test_minimal_gets_every_default(void **state)
 		"max_grad_norm", "num_train_epochs", "max_steps", "max_seq_length", "optim", "bf16", "fp16", "seed",
 		"logging_steps", "save_steps", "save_total_limit", "dataloader_num_workers",
 		"dataloader_pin_memory", "ddp_reduce_dtype", "eval_strategy", "eval_steps",
-		"per_device_eval_batch_size", "max_eval_batches"};
+		"per_device_eval_batch_size", "max_eval_batches", "metric_for_best_model", "greater_is_better",
+		"load_best_model_at_end"};
 	expect_keys(json_object_get(o, "training_args"), ta, sizeof ta / sizeof ta[0]);
 	static const char *const mlm[] = {"mlm_probability", "mask_replace_prob",
 		"random_replace_prob", "whole_word_mask", "nsp", "max_predictions_per_seq",
@@ -1334,6 +1335,60 @@ static void test_mixture(void **state)
 	json_decref(in);
 }
 
+/* Best-model keys (HF names): metric_for_best_model eval_loss by default,
+ * "loss"/"accuracy" spelled as HF's eval_ prefix makes them;
+ * greater_is_better resolved from the metric (true only for accuracy);
+ * load_best_model_at_end needs eval_strategy "steps" and save_steps a round
+ * multiple of eval_steps (422 naming the key). */
+static void test_best_model_keys(void **state)
+{
+	(void)state;
+	json_t *o = normalize_ok("{\"dataset\":\"x\"}");
+	assert_string_equal(gets_(o, "training_args", "metric_for_best_model"), "eval_loss");
+	assert_true(json_is_false(json_object_get(json_object_get(o, "training_args"), "greater_is_better")));
+	assert_true(json_is_false(json_object_get(json_object_get(o, "training_args"), "load_best_model_at_end")));
+	jobspec s;
+	jobspec_error err;
+	assert_int_equal(jobspec_from_json(o, &s, &err), 0);
+	assert_string_equal(s.training.metric_for_best_model, "eval_loss");
+	assert_int_equal(s.training.greater_is_better, 0);
+	assert_false(s.training.load_best_model_at_end);
+	json_decref(o);
+
+	o = normalize_ok("{\"dataset\":\"x\",\"training_args\":{\"metric_for_best_model\":\"accuracy\"}}");
+	assert_string_equal(gets_(o, "training_args", "metric_for_best_model"), "eval_accuracy");
+	assert_true(json_is_true(json_object_get(json_object_get(o, "training_args"), "greater_is_better")));
+	json_decref(o);
+	o = normalize_ok("{\"dataset\":\"x\",\"training_args\":{\"metric_for_best_model\":\"perplexity\","
+			 "\"greater_is_better\":null}}");
+	assert_true(json_is_false(json_object_get(json_object_get(o, "training_args"), "greater_is_better")));
+	json_decref(o);
+	/* given explicitly, it stays (HF lets a user rank a loss upside down) */
+	o = normalize_ok("{\"dataset\":\"x\",\"training_args\":{\"metric_for_best_model\":\"loss\","
+			 "\"greater_is_better\":true}}");
+	assert_string_equal(gets_(o, "training_args", "metric_for_best_model"), "eval_loss");
+	assert_true(json_is_true(json_object_get(json_object_get(o, "training_args"), "greater_is_better")));
+	json_decref(o);
+
+	o = normalize_ok("{\"dataset\":\"x\",\"training_args\":{\"load_best_model_at_end\":true,"
+			 "\"eval_strategy\":\"steps\",\"eval_steps\":5,\"save_steps\":10}}");
+	assert_int_equal(jobspec_from_json(o, &s, &err), 0);
+	assert_true(s.training.load_best_model_at_end);
+	json_decref(o);
+
+	expect_bad("{\"dataset\":\"x\",\"training_args\":{\"load_best_model_at_end\":true}}", 422,
+		   "training_args.load_best_model_at_end");
+	expect_bad("{\"dataset\":\"x\",\"training_args\":{\"load_best_model_at_end\":true,"
+		   "\"eval_strategy\":\"steps\",\"eval_steps\":3,\"save_steps\":10}}", 422,
+		   "training_args.save_steps");
+	expect_bad("{\"dataset\":\"x\",\"training_args\":{\"metric_for_best_model\":\"bleu\"}}", 422,
+		   "training_args.metric_for_best_model");
+	expect_bad("{\"dataset\":\"x\",\"training_args\":{\"greater_is_better\":1}}", 422,
+		   "training_args.greater_is_better");
+	expect_bad("{\"dataset\":\"x\",\"training_args\":{\"load_best_model_at_end\":\"yes\"}}", 422,
+		   "training_args.load_best_model_at_end");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1357,6 +1412,7 @@ int main(void)
 		cmocka_unit_test(test_preset_dims),
 		cmocka_unit_test(test_sched_kwargs),
 		cmocka_unit_test(test_mixture),
+		cmocka_unit_test(test_best_model_keys),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
