@@ -3,7 +3,7 @@
  * Usage: api_seed DB_PATH N [SCHEMA_SQL]
  *   SCHEMA_SQL: migrations to create the file with instead of the built-in
  *   schema.sql (an older tree's, so an older bertd can open the copy)
- * Every job has the normalized DESIGN.md example spec. Of each 4 jobs, 2
+ * Every job has the normalized example spec of the job-spec tests. Of each 4 jobs, 2
  * end completed (devices, METRICS logged steps, one checkpoint), 1 failed
  * after 2 steps, 1 is canceled while queued; so a list page mixes rows with and
  * without progress, as a long-lived daemon's would. The spec's dataset

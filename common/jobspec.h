@@ -7,7 +7,7 @@
  *
  * Names follow HuggingFace: TrainingArguments (training_args), BertConfig
  * (model), DataCollatorForLanguageModeling (mlm). docs/jobspec.md lists every
- * key, its type, default and bounds; DESIGN.md section 6 has the example.
+ * key, its type, default and bounds; docs/jobspec.md has examples.
  */
 #ifndef BERTD_COMMON_JOBSPEC_H
 #define BERTD_COMMON_JOBSPEC_H

@@ -1,4 +1,4 @@
-/* diagnosis — bottleneck rules over a job's telemetry (DESIGN.md section 8).
+/* diagnosis — bottleneck rules over a job's telemetry (docs/diagnosis.md).
  *
  * Pure functions: a window of samples (one per logging window, as the worker
  * reports them and the store keeps them) plus the job's knobs go in; a

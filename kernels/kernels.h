@@ -34,7 +34,7 @@ typedef float kreal;
 extern "C" {
 #endif
 
-/* ---- counter-based RNG (Philox4x32-10), DESIGN.md section 5 ----
+/* ---- counter-based RNG (Philox4x32-10), exact resume, docs/formats.md ----
  * A dropout mask is a pure function of (seed, rank, step, micro, layer, site,
  * element index), so a resumed job redraws exactly the masks it would have
  * drawn, and backward regenerates the mask instead of storing it. */

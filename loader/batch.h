@@ -1,5 +1,5 @@
 /* batch — the fixed-size batch slot a loader writes into a ring and a worker
- * copies to its device (DESIGN.md section 4, docs/formats.md).
+ * copies to its device (docs/formats.md).
  *
  * A slot is a batch_header followed by six arrays, each starting on a 64-byte
  * boundary; the whole slot is a multiple of 4 KiB so every slot of a ring can

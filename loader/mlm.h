@@ -4,7 +4,7 @@
  * Everything here is a pure function of (config, corpus, counters): the same
  * global batch number gives byte-identical slots in any process, in any order,
  * which is what lets L loader processes race freely and a resumed job continue
- * from nothing but its step (DESIGN.md section 5). The packing and masking
+ * from nothing but its step (docs/formats.md). The packing and masking
  * rules are written down in docs/formats.md.
  *
  * Dimension letters as in batch.h: B sequences, T max_seq_length,

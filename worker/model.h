@@ -146,7 +146,7 @@ typedef struct bert_batch {
     const int32_t *nsp_labels;     // (B) or NULL
 } bert_batch;
 
-/* Which dropout masks a forward pass draws (DESIGN.md section 5). */
+/* Which dropout masks a forward pass draws (docs/formats.md: dropout and exact resume). */
 typedef struct bert_dropout {
     int train;        // 0: no dropout at all (eval)
     uint64_t seed;

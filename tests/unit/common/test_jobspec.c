@@ -1,4 +1,4 @@
-/* jobspec: the DESIGN.md example, defaults, presets, every class of refusal
+/* jobspec: the first plan's example, defaults, presets, every class of refusal
  * (status and field), idempotence, the typed view, hostile input, and that
  * docs/jobspec.md documents exactly the keys the code produces. Expected
  * values come from the brief and HF (BertConfig, TrainingArguments,
@@ -67,7 +67,7 @@ static const char *gets_(json_t *o, const char *sec, const char *key)
 	return json_string_value(v);
 }
 
-/* The exact example of DESIGN.md section 6, minus its "...": "BertConfig
+/* The exact example job spec of the project's first plan, minus its "...": "BertConfig
  * names" placeholder (which test_design_example checks is refused). */
 static const char *design_example =
 	"{ \"name\": \"pubmed-base\",\n"
@@ -154,7 +154,7 @@ static void test_design_example(void **state)
 	assert_int_equal(geti(o, "retry_policy", "max_restarts"), 3);
 	json_decref(o);
 
-	/* The placeholder key in DESIGN.md is not a BertConfig name. */
+	/* The first plan's placeholder key is not a BertConfig name. */
 	json_t *in = parse(design_example);
 	json_object_set_new(json_object_get(in, "model"), "...", json_string("BertConfig names"));
 	expect_bad_json(in, 422, "model....");

@@ -27,7 +27,7 @@
  * how far the weights move over the run (> 1e-3, asserted; ~1e-2 measured),
  * so a wrong mean (a sum, a rank's gradient dropped, a stale gradient) fails.
  *
- * Dropout is off: masks are drawn per rank (DESIGN.md section 5), so with
+ * Dropout is off: masks are drawn per rank (docs/formats.md), so with
  * dropout the runs are different (equally valid) samples, not equal.
  */
 #include <errno.h>
