@@ -11,10 +11,14 @@
  *
  * Under the CPU stand-in (suite cudasim) every launch runs its blocks, and
  * the threads of each block, in another shuffled order, so two runs differ
- * in every order a GPU could vary; float atomics would show as different
- * bits (shown: with the old bias kernel, one atomicAdd per block and column,
- * put back in kernels/cuda/matmul.cu, "bias_backward twice" fails). On a GPU
- * the hardware's own scheduling varies.
+ * in every order a GPU could vary; float atomics show as different bits.
+ * Shown (each edit made, run under the stand-in, undone): the old
+ * kernels/cuda/matmul.cu (one atomicAdd per block and column) fails both
+ * "bias_backward twice" lines; in kernels/cuda/layernorm.cuh, an atomicAdd
+ * per row in the word-embedding kernel fails both embedding lines, and the
+ * LayerNorm chunk sums atomically added instead of stored fail both
+ * LayerNorm lines, in fp32 and fp16. On a GPU the hardware's own
+ * scheduling varies.
  *
  * Shapes are small (the stand-in runs on a CPU) but give every old atomic
  * path several blocks: N = 2048 rows for the bias (8 row blocks before),
