@@ -166,7 +166,7 @@ void cuda_embeddings_backward_dt(float *dwte, float *dwpe, float *dwtt, const vo
     }
     int U = cuda_embeddings_order(hord, hord + N, h, (int)N, V);
     if (U < 0) {
-        fprintf(stderr, "cuda_embeddings_backward: a negative token id\n");
+        fprintf(stderr, "cuda_embeddings_backward: cannot order the token ids: %d\n", U);
         abort();
     }
     int32_t *dord = nullptr;

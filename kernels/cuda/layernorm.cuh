@@ -210,7 +210,7 @@ static int emb_order(int32_t *order, int32_t *seg, const int32_t *ids, int N, in
  * EMB_COLS channels; thread (x, y) sums the run's rows y, y + EMB_PHASES, ...
  * in order, col_phase_sum the phases in a fixed tree, one += per element of
  * the token's row. seg (U+1): where each run starts in order. */
-constexpr int EMB_PHASES = 8, EMB_COLS = 256;
+constexpr int EMB_PHASES = 8, EMB_COLS = 64;
 
 template <typename T>
 __global__ void __launch_bounds__(32 * EMB_PHASES)
