@@ -210,7 +210,9 @@ void cuda_residual_forward_dt(void *out, const void *a, const void *b, size_t N,
 void cuda_gather_rows_forward_dt(void *out, const void *inp, const int32_t *rows, int M, int C,
                                  kdtype dt, cudaStream_t stream);
 /* For 16-bit dt the rows must be distinct (no atomics on 16-bit types before
- * sm_80); MLM positions are. fp32 accumulates repeated rows correctly. */
+ * sm_80); MLM positions are. fp32 accumulates repeated rows correctly, with
+ * float atomics: deterministic while no row repeats more than twice (the
+ * trainer's rows are distinct; kernels/cuda/mlm_head.cuh). */
 void cuda_gather_rows_backward_dt(void *dinp, const void *dout, const int32_t *rows, int M,
                                   int C, kdtype dt, cudaStream_t stream);
 
