@@ -63,9 +63,12 @@ static size_t align256(size_t x)
     return (x + 255) & ~(size_t)255;
 }
 
+/* ... and after them the batch positions ordered by token id with their
+ * runs (cuda_embeddings_order: order (N), seg (N+1)), for the deterministic
+ * word-embedding backward */
 static size_t slot_ints(int B, int T, int M)
 {
-    return 2 * (size_t)B * T + 3 * (size_t)B + 2 * (size_t)(M > 0 ? M : 1);
+    return 4 * (size_t)B * T + 1 + 3 * (size_t)B + 2 * (size_t)(M > 0 ? M : 1);
 }
 
 /* Flash attention (kernels/cuda/flash_attention.cu) when it supports the
@@ -613,9 +616,18 @@ static int upload_batch(gpu_model *g, const bert_batch *b, int inplace, char *er
         s = 1 - s;
     }
     size_t N = (size_t)b->B * b->T, head = 2 * N + (size_t)b->B; // ids, types, lens
+    size_t used = slot_used(b->B, b->T, b->M);
     /* the pinned slot may still be feeding its previous copy */
     GPU_TRY(cudaEventSynchronize(g->slot_ready[s]));
     int32_t *h = g->host_slot[s];
+    /* the word-embedding gradient sums each token's positions in this
+     * order (no float atomics: the same bits on every run) */
+    int U = cuda_embeddings_order(h + used, h + used + N, b->input_ids, (int)N,
+                                  g->cfg.vocab_size);
+    if (U < 0) {
+        snprintf(err, errlen, "cannot order the batch's token ids: %s", strerror(-U));
+        return U;
+    }
     if (!inplace) {
         memcpy(h, b->input_ids, N * 4);
         memcpy(h + N, b->token_type_ids, N * 4);
@@ -633,7 +645,7 @@ static int upload_batch(gpu_model *g, const bert_batch *b, int inplace, char *er
     /* the device slot may still be read by the step that used it last */
     GPU_TRY(cudaStreamWaitEvent(g->copy, g->slot_free[s], 0));
     int32_t *d = g->acts->slot[s];
-    size_t used = slot_used(b->B, b->T, b->M);
+    size_t sent = used + N + (size_t)U + 1; // the order and its runs too
     if (inplace) {
         /* one DMA per contiguous run of the caller's ids | types | lens (a
          * ring slot has them back to back when B*T is a multiple of 16) */
@@ -647,15 +659,16 @@ static int upload_batch(gpu_model *g, const bert_batch *b, int inplace, char *er
             GPU_TRY(cudaMemcpyAsync(d + off, p, n * 4, cudaMemcpyHostToDevice, g->copy));
             off += n;
         }
-        GPU_TRY(cudaMemcpyAsync(d + head, h + head, (used - head) * 4, cudaMemcpyHostToDevice,
+        GPU_TRY(cudaMemcpyAsync(d + head, h + head, (sent - head) * 4, cudaMemcpyHostToDevice,
                                 g->copy));
     } else {
-        GPU_TRY(cudaMemcpyAsync(d, h, used * 4, cudaMemcpyHostToDevice, g->copy));
+        GPU_TRY(cudaMemcpyAsync(d, h, sent * 4, cudaMemcpyHostToDevice, g->copy));
     }
     GPU_TRY(cudaEventRecord(g->slot_ready[s], g->copy));
     /* only the shapes are kept: after gpu_model_upload the caller's arrays
      * may go away; after gpu_model_upload_inplace, once upload_wait returns */
     g->batch[s] = (bert_batch){.B = b->B, .T = b->T, .M = b->M};
+    g->emb_runs[s] = U;
     g->staged = s;
     rc = 0;
 out:
@@ -1126,7 +1139,10 @@ int gpu_model_backward(gpu_model *g)
     cuda_dropout_forward_dt(a->d_c, a->d_a, r, ph, NC, dt, st); // backward = same mask
     cuda_layernorm_backward_dt(a->d_b, gr->emb_lnw, gr->emb_lnb, a->d_c, a->emb, p->emb_lnw,
                                a->emb_mean, a->emb_rstd, (int)N, C, dt, st);
-    cuda_embeddings_backward_dt(gr->wte, gr->wpe, gr->wtt, a->d_b, ids, tt, B, T, C, dt, st);
+    const int32_t *order = ids + slot_used(B, T, M); // upload_batch put it there
+    cuda_embeddings_backward_ordered_dt(gr->wte, gr->wpe, gr->wtt, a->d_b, ids, tt, order,
+                                        order + N, g->emb_runs[s], B, T, C, c->type_vocab_size,
+                                        dt, st);
     if (g->bucket_armed) { /* the rest (embeddings, biases, LayerNorms, heads) */
         if ((rc = reduce_bucket(g, L)) < 0)
             goto out;

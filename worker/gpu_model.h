@@ -118,6 +118,7 @@ typedef struct gpu_model {
     int32_t *host_slot[2];         // pinned staging, each laid out as a device slot
     int staged, cur;               // slot of the last upload / of the last forward (-1 none)
     bert_batch batch[2];           // shapes of each slot (B, T, M only)
+    int emb_runs[2];               // distinct token ids of each slot's batch (its order's runs)
     float *loss_host;              // pinned (2): sums of the MLM and NSP losses of the last forward
     double *norm_host;             // pinned (1)
     int *flag_host;                // pinned (1)

@@ -1,7 +1,8 @@
 /* common.cuh — private helpers of the CUDA ops: error checks that report
  * file:line, element-type traits (fp32 / bf16 / fp16 with fp32 math), the
  * device Philox, warp/block reductions and the dtype dispatch. Included only
- * by the .cu files of kernels/cuda/. Declares inline device code only; defines no globals.
+ * by the .cu files of kernels/cuda/. Declares inline device code and one
+ * file-local kernel (colsum_finish_kernel); defines no globals.
  */
 #ifndef BERTD_KERNELS_CUDA_COMMON_CUH
 #define BERTD_KERNELS_CUDA_COMMON_CUH
@@ -174,6 +175,63 @@ __device__ __forceinline__ double block_sum_d(double v, double *shared)
     v = lane < nw ? shared[lane] : 0.0;
     return warp_sum_d(v);
 }
+
+/* ---- deterministic column sums (bias, LayerNorm weight/bias gradients):
+ * no float atomics, so the bits never depend on scheduling ----
+ * Two passes. Pass 1 (the op's own kernel): grid (ceil(C/32), COLSUM_CHUNKS),
+ * block (32, COLSUM_PHASES); block (tile, r) owns 32 columns of the fixed
+ * row chunk r = [colsum_row(N, r), colsum_row(N, r + 1)); thread (x, y) sums
+ * the chunk's rows y, y + COLSUM_PHASES, ... in order, col_phase_sum adds the
+ * phases in a fixed tree, and the chunk's sum goes to partial (outs, CHUNKS,
+ * C). Pass 2 (colsum_finish_kernel): one thread per column adds the chunks
+ * in order onto the gradient. The chunks depend on N only, not on the
+ * device, and give the first pass enough blocks to fill a GPU. */
+constexpr int COLSUM_CHUNKS = 32, COLSUM_PHASES = 8;
+
+__device__ __forceinline__ int colsum_row(int N, int r)
+{
+    return (int)((long long)N * r / COLSUM_CHUNKS);
+}
+
+/* A block of (32, blockDim.y) threads, blockDim.y a power of two <= 32,
+ * thread (x, y) holding its partial sum of column x over row phase y. Sums
+ * the phases in a fixed tree; every thread gets column x's total. shared
+ * holds blockDim.y * 33 floats; every thread of the block must call it. */
+__device__ __forceinline__ float col_phase_sum(float v, float *shared)
+{
+    int x = threadIdx.x, y = threadIdx.y;
+    __syncthreads(); // shared may still be read by a previous call
+    shared[y * 33 + x] = v;
+    __syncthreads();
+    for (int s = (int)blockDim.y >> 1; s > 0; s >>= 1) {
+        if (y < s)
+            shared[y * 33 + x] += shared[(y + s) * 33 + x];
+        __syncthreads();
+    }
+    return shared[x];
+}
+
+namespace {
+/* Pass 2: out0 (C) += sum over chunks of partial[0], out1 (C, may be NULL)
+ * += the same of partial[1]; partial (2 or 1, COLSUM_CHUNKS, C). */
+__global__ void colsum_finish_kernel(float *out0, float *out1, const float *partial, int C)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C)
+        return;
+    float s = 0.0f;
+    for (int r = 0; r < COLSUM_CHUNKS; r++)
+        s += partial[(size_t)r * C + c];
+    out0[c] += s;
+    if (out1) {
+        const float *p1 = partial + (size_t)COLSUM_CHUNKS * C;
+        float t = 0.0f;
+        for (int r = 0; r < COLSUM_CHUNKS; r++)
+            t += p1[(size_t)r * C + c];
+        out1[c] += t;
+    }
+}
+} // namespace
 
 static inline unsigned grid_for(size_t n, unsigned block)
 {

@@ -16,9 +16,16 @@
  * would not see (a launch failure) abort through CUDA_CHECK with file:line,
  * as llm.c does: they are programming errors, not bad input. This module
  * allocates device memory only in cuda_kernels_init (the cuBLAS handle and
- * its workspace) and cuda_lt_init (the cuBLASLt workspace), never
- * synchronizes the device, and never validates user data: callers
- * (worker/gpu_model.c) check shapes and ids first.
+ * its workspace), cuda_lt_init (the cuBLASLt workspace) and, stream-ordered
+ * (cudaMallocAsync/cudaFreeAsync on the op's stream), the chunk partials of
+ * the bias and LayerNorm parameter gradients (2 x 32 x C floats), never
+ * synchronizes the device (one exception: cuda_embeddings_backward[_dt], for
+ * tests; the trainer calls cuda_embeddings_backward_ordered_dt), and never
+ * validates user data: callers (worker/gpu_model.c) check shapes and ids
+ * first.
+ * Every reduction into a parameter gradient has a fixed summation order (no
+ * float atomics): the gradients' bits do not depend on scheduling, so a job
+ * resumed from a checkpoint ends bit-identical to an uninterrupted one.
  *
  * Dims as in kernels.h: B, T, C, NH, I, V, N = B*T, M masked rows.
  */
@@ -94,8 +101,9 @@ void cuda_philox_u32(uint32_t *out, const philox_stream *s, size_t n, cudaStream
 void cuda_embeddings_forward(float *out, const int32_t *inp, const int32_t *tok_type,
                              const float *wte, const float *wpe, const float *wtt,
                              int B, int T, int C, cudaStream_t stream);
-/* Accumulates with float atomics: the summation order, not the result up to
- * rounding, depends on scheduling. */
+/* Deterministic (fixed summation order). Copies the ids to the host to order
+ * them and synchronizes `stream`: for tests; the trainer uploads the order
+ * with its batch and calls cuda_embeddings_backward_ordered_dt. */
 void cuda_embeddings_backward(float *dwte, float *dwpe, float *dwtt, const float *dout,
                               const int32_t *inp, const int32_t *tok_type, int B, int T, int C,
                               cudaStream_t stream);
@@ -154,6 +162,20 @@ void cuda_embeddings_forward_dt(void *out, const int32_t *inp, const int32_t *to
 void cuda_embeddings_backward_dt(float *dwte, float *dwpe, float *dwtt, const void *dout,
                                  const int32_t *inp, const int32_t *tok_type, int B, int T,
                                  int C, kdtype dt, cudaStream_t stream);
+/* Host code: the batch positions (N = B*T) in a stable order by token id,
+ * order (N) the positions, seg (U+1) where each id's run starts in order
+ * (seg[U] = N). Returns U (the distinct ids), -EINVAL for an id outside
+ * [0, V), -ENOMEM. worker/gpu_model.c runs it on each batch's ids before
+ * upload. */
+int cuda_embeddings_order(int32_t *order, int32_t *seg, const int32_t *ids, int N, int V);
+/* dwte (V,C), dwpe (T..,C), dwtt (TV,C) += the embedding gradients of dout
+ * (B,T,C), summed in a fixed order: dwte one block per run of equal ids in
+ * order/seg (device copies of cuda_embeddings_order's output for inp, U
+ * runs), position and type rows owned by one block each. Deterministic. */
+void cuda_embeddings_backward_ordered_dt(float *dwte, float *dwpe, float *dwtt, const void *dout,
+                                         const int32_t *inp, const int32_t *tok_type,
+                                         const int32_t *order, const int32_t *seg, int U, int B,
+                                         int T, int C, int TV, kdtype dt, cudaStream_t stream);
 void cuda_layernorm_forward_dt(void *out, float *mean, float *rstd, const void *inp,
                                const float *weight, const float *bias, int N, int C, float eps,
                                kdtype dt, cudaStream_t stream);
@@ -188,7 +210,9 @@ void cuda_residual_forward_dt(void *out, const void *a, const void *b, size_t N,
 void cuda_gather_rows_forward_dt(void *out, const void *inp, const int32_t *rows, int M, int C,
                                  kdtype dt, cudaStream_t stream);
 /* For 16-bit dt the rows must be distinct (no atomics on 16-bit types before
- * sm_80); MLM positions are. fp32 accumulates repeated rows correctly. */
+ * sm_80); MLM positions are. fp32 accumulates repeated rows correctly, with
+ * float atomics: deterministic while no row repeats more than twice (the
+ * trainer's rows are distinct; kernels/cuda/mlm_head.cuh). */
 void cuda_gather_rows_backward_dt(void *dinp, const void *dout, const int32_t *rows, int M,
                                   int C, kdtype dt, cudaStream_t stream);
 

@@ -1,9 +1,10 @@
 /* layernorm — LayerNorm forward/backward on the GPU, one warp per row, fp32
  * statistics; plus the fused residual + dropout + LayerNorm of every
  * post-LN BERT sublayer (forward and backward), and the embedding sum.
- * Parameter gradients reduce per block in shared memory, then one float
- * atomicAdd per block and channel (the order of those few adds may vary from
- * run to run; the value only by rounding).
+ * Parameter gradients (LayerNorm weight/bias, embeddings) are summed in a
+ * fixed order, never with float atomics, so their bits do not depend on
+ * scheduling: a job resumed from a checkpoint ends bit-identical to an
+ * uninterrupted one (docs/cuda.md, "Deterministic gradients").
  * The kernels live in layernorm.cuh (run on the CPU by
  * tests/unit/kernels/test_layernorm_emu); this file is the host launchers.
  */
@@ -11,7 +12,7 @@
 
 namespace {
 
-/* Backward grids are capped so that the per-block atomics stay few. */
+/* Backward grids are capped: a block strides over rows. */
 static int backward_blocks(void)
 {
     int dev = 0, sms = 80;
@@ -26,14 +27,19 @@ void ln_backward_launch(void *dinp, void *dy, float *dweight, float *dbias, cons
                         const float *mean, const float *rstd, drop_args d, int N, int C,
                         cudaStream_t stream)
 {
-    size_t shmem = 2 * (size_t)C * sizeof(float);
-    if (shmem > 48 * 1024)
-        CUDA_CHECK(cudaFuncSetAttribute(layernorm_backward_kernel<T, FUSED>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shmem));
-    KLAUNCH(ln_grid(N, backward_blocks()), LN_BLOCK, shmem, stream, layernorm_backward_kernel<T, FUSED>)(
-        (T *)dinp, (T *)dy, dweight, dbias, (const T *)dout, (const T *)dout2, (const T *)inp,
-        weight, mean, rstd, d, N, C);
+    KLAUNCH(ln_grid(N, backward_blocks()), LN_BLOCK, 0, stream, layernorm_backward_kernel<T, FUSED>)(
+        (T *)dinp, (T *)dy, (const T *)dout, (const T *)dout2, (const T *)inp, weight, mean, rstd,
+        d, N, C);
     LAUNCH_CHECK();
+    float *partial = nullptr; // (2, COLSUM_CHUNKS, C), stream-ordered
+    CUDA_CHECK(cudaMallocAsync((void **)&partial, 2 * (size_t)COLSUM_CHUNKS * C * 4, stream));
+    KLAUNCH(dim3((C + 31) / 32, COLSUM_CHUNKS), dim3(32, COLSUM_PHASES), 0, stream,
+            layernorm_param_backward_kernel<T>)(partial, (const T *)dout, (const T *)dout2,
+                                                (const T *)inp, mean, rstd, N, C);
+    LAUNCH_CHECK();
+    KLAUNCH((C + 255) / 256, 256, 0, stream, colsum_finish_kernel)(dweight, dbias, partial, C);
+    LAUNCH_CHECK();
+    CUDA_CHECK(cudaFreeAsync(partial, stream));
 }
 
 } // namespace
@@ -106,16 +112,72 @@ void cuda_embeddings_forward_dt(void *out, const int32_t *inp, const int32_t *to
     LAUNCH_CHECK();
 }
 
+int cuda_embeddings_order(int32_t *order, int32_t *seg, const int32_t *ids, int N, int V)
+{
+    return emb_order(order, seg, ids, N, V);
+}
+
+void cuda_embeddings_backward_ordered_dt(float *dwte, float *dwpe, float *dwtt, const void *dout,
+                                         const int32_t *inp, const int32_t *tok_type,
+                                         const int32_t *order, const int32_t *seg, int U, int B,
+                                         int T_, int C, int TV, kdtype dt, cudaStream_t stream)
+{
+    if (B <= 0 || T_ <= 0 || C <= 0)
+        return;
+    unsigned ctiles = (unsigned)(C + 31) / 32;
+    if (U > 0) {
+        dim3 grid((unsigned)U, (unsigned)(C + EMB_COLS - 1) / EMB_COLS);
+        DT_DISPATCH(dt, KLAUNCH(grid, dim3(32, EMB_PHASES), 0, stream, embeddings_wte_backward_kernel<T>)(
+                            dwte, (const T *)dout, inp, order, seg, C));
+        LAUNCH_CHECK();
+    }
+    DT_DISPATCH(dt, KLAUNCH(dim3((unsigned)T_, ctiles), dim3(32, EMB_PHASES), 0, stream,
+                            embeddings_wpe_backward_kernel<T>)(dwpe, (const T *)dout, B, T_, C));
+    LAUNCH_CHECK();
+    if (TV > 0) {
+        DT_DISPATCH(dt, KLAUNCH(dim3((unsigned)TV, ctiles), dim3(32, TT_PHASES), 0, stream,
+                                embeddings_wtt_backward_kernel<T>)(dwtt, (const T *)dout, tok_type,
+                                                                   B * T_, C));
+        LAUNCH_CHECK();
+    }
+}
+
 void cuda_embeddings_backward_dt(float *dwte, float *dwpe, float *dwtt, const void *dout,
                                  const int32_t *inp, const int32_t *tok_type, int B, int T_,
                                  int C, kdtype dt, cudaStream_t stream)
 {
-    size_t n = (size_t)B * T_ * C;
-    if (!n)
+    size_t N = (size_t)B * T_;
+    if (!N || C <= 0)
         return;
-    DT_DISPATCH(dt, KLAUNCH(grid_for(n, 256), 256, 0, stream, embeddings_backward_kernel<T>)(
-                        dwte, dwpe, dwtt, (const T *)dout, inp, tok_type, B * T_, T_, C));
-    LAUNCH_CHECK();
+    /* the order the trainer uploads with its batch, made here from a copy
+     * of the ids: synchronous, for tests and one-off callers */
+    int32_t *h = (int32_t *)malloc(N * 2 * sizeof *h), *hord = (int32_t *)malloc((2 * N + 1) * 4);
+    if (!h || !hord) {
+        fprintf(stderr, "cuda_embeddings_backward: out of host memory\n");
+        abort();
+    }
+    CUDA_CHECK(cudaMemcpyAsync(h, inp, N * 4, cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaMemcpyAsync(h + N, tok_type, N * 4, cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    int V = 1, TV = 1;
+    for (size_t i = 0; i < N; i++) {
+        V = h[i] >= V ? h[i] + 1 : V;
+        TV = h[N + i] >= TV ? h[N + i] + 1 : TV;
+    }
+    int U = cuda_embeddings_order(hord, hord + N, h, (int)N, V);
+    if (U < 0) {
+        fprintf(stderr, "cuda_embeddings_backward: cannot order the token ids: %d\n", U);
+        abort();
+    }
+    int32_t *dord = nullptr;
+    CUDA_CHECK(cudaMalloc((void **)&dord, (2 * N + 1) * 4));
+    CUDA_CHECK(cudaMemcpyAsync(dord, hord, (N + (size_t)U + 1) * 4, cudaMemcpyHostToDevice, stream));
+    cuda_embeddings_backward_ordered_dt(dwte, dwpe, dwtt, dout, inp, tok_type, dord, dord + N, U,
+                                        B, T_, C, TV, dt, stream);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    CUDA_CHECK(cudaFree(dord));
+    free(h);
+    free(hord);
 }
 
 /* ---- fp32 twins ---- */

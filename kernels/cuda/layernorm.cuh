@@ -10,6 +10,8 @@
 
 #include "kernels/cuda/common.cuh"
 
+#include <errno.h>
+
 /* the block's dynamic shared memory (the emulator supplies its own) */
 #ifndef KERNEL_DYN_SMEM
 #define KERNEL_DYN_SMEM(T, name) extern __shared__ T name[]
@@ -87,17 +89,13 @@ layernorm_forward_kernel(T *out, T *res, float *mean, float *rstd, const T *x, c
 }
 
 /* g = dout (+ dout2); dinp = LN backward of g; FUSED: dy = dinp * mask.
- * shared: 2*C floats for the dweight/dbias partials of this block. */
+ * The weight/bias gradients are layernorm_param_backward_kernel's. */
 template <typename T, bool FUSED>
 __global__ void __launch_bounds__(LN_BLOCK)
-layernorm_backward_kernel(T *dinp, T *dy, float *dweight, float *dbias, const T *dout,
-                          const T *dout2, const T *inp, const float *weight, const float *mean,
-                          const float *rstd, drop_args d, int N, int C)
+layernorm_backward_kernel(T *dinp, T *dy, const T *dout, const T *dout2, const T *inp,
+                          const float *weight, const float *mean, const float *rstd, drop_args d,
+                          int N, int C)
 {
-    KERNEL_DYN_SMEM(float, sh); // (2,C)
-    for (int c = threadIdx.x; c < 2 * C; c += blockDim.x)
-        sh[c] = 0.0f;
-    __syncthreads();
     int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     for (int row = blockIdx.x * warps + (threadIdx.x >> 5); row < N; row += gridDim.x * warps) {
         size_t base = (size_t)row * C;
@@ -109,8 +107,6 @@ layernorm_backward_kernel(T *dinp, T *dy, float *dweight, float *dbias, const T 
             float dn = weight[c] * g;
             a += dn;
             b += dn * xhat;
-            atomicAdd(&sh[c], xhat * g);
-            atomicAdd(&sh[C + c], g);
         }
         a = warp_sum(a) / C;
         b = warp_sum(b) / C;
@@ -123,10 +119,35 @@ layernorm_backward_kernel(T *dinp, T *dy, float *dweight, float *dbias, const T 
                 dy[base + c] = from_f<T>(di * drop_mul(d, base + c));
         }
     }
-    __syncthreads();
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        atomicAdd(&dweight[c], sh[c]);
-        atomicAdd(&dbias[c], sh[C + c]);
+}
+
+/* Pass 1 of dweight (C) += sum_n xhat*g, dbias (C) += sum_n g, g = dout
+ * (+ dout2), deterministic: a pass of its own that reads g and inp once more
+ * (docs/cuda.md counts the bytes), chunk r's sums into partial (2,
+ * COLSUM_CHUNKS, C), colsum_finish_kernel adds them in order; common.cuh
+ * "deterministic column sums". */
+template <typename T>
+__global__ void __launch_bounds__(32 * COLSUM_PHASES)
+layernorm_param_backward_kernel(float *partial, const T *dout, const T *dout2, const T *inp,
+                                const float *mean, const float *rstd, int N, int C)
+{
+    __shared__ float sh[COLSUM_PHASES * 33];
+    int c = blockIdx.x * 32 + threadIdx.x, r = blockIdx.y;
+    int hi = colsum_row(N, r + 1);
+    float sw = 0.0f, sb = 0.0f;
+    if (c < C)
+        for (int n = colsum_row(N, r) + threadIdx.y; n < hi; n += blockDim.y) {
+            size_t i = (size_t)n * C + c;
+            float g = to_f(dout[i]) + (dout2 ? to_f(dout2[i]) : 0.0f);
+            float xhat = (to_f(inp[i]) - mean[n]) * rstd[n];
+            sw += xhat * g;
+            sb += g;
+        }
+    sw = col_phase_sum(sw, sh);
+    sb = col_phase_sum(sb, sh);
+    if (threadIdx.y == 0 && c < C) {
+        partial[(size_t)r * C + c] = sw;
+        partial[((size_t)COLSUM_CHUNKS + r) * C + c] = sb;
     }
 }
 
@@ -152,21 +173,103 @@ __global__ void embeddings_forward_kernel(T *out, const int32_t *inp, const int3
     }
 }
 
-template <typename T>
-__global__ void embeddings_backward_kernel(float *dwte, float *dwpe, float *dwtt, const T *dout,
-                                           const int32_t *inp, const int32_t *tok_type, int BT,
-                                           int T_, int C)
+/* cuda_embeddings_order (kernels_cuda.h): host code, here so that the
+ * emulator test orders its batches with these very lines. */
+static int emb_order(int32_t *order, int32_t *seg, const int32_t *ids, int N, int V)
 {
-    size_t n = (size_t)BT * C;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        size_t bt = i / C;
-        int c = (int)(i % C), t = (int)(bt % T_);
-        float d = to_f(dout[i]);
-        atomicAdd(&dwte[(size_t)inp[bt] * C + c], d);
-        atomicAdd(&dwpe[(size_t)t * C + c], d);
-        atomicAdd(&dwtt[(size_t)tok_type[bt] * C + c], d);
+    if (N < 0 || V <= 0)
+        return -EINVAL;
+    /* a stable counting sort: count[v + 1] = how many ids are v, then the
+     * running sum is where v's run starts */
+    int32_t *count = (int32_t *)calloc((size_t)V + 1, sizeof *count);
+    if (!count)
+        return -ENOMEM;
+    for (int i = 0; i < N; i++) {
+        if (ids[i] < 0 || ids[i] >= V) {
+            free(count);
+            return -EINVAL;
+        }
+        count[ids[i] + 1]++;
     }
+    for (int v = 0; v < V; v++)
+        count[v + 1] += count[v];
+    for (int i = 0; i < N; i++)
+        order[count[ids[i]]++] = i;
+    free(count);
+    int U = 0;
+    for (int k = 0; k < N; k++)
+        if (k == 0 || ids[order[k]] != ids[order[k - 1]])
+            seg[U++] = k;
+    seg[U] = N;
+    return U;
+}
+
+/* The embedding gradients, deterministic (no atomics). dwte: one block of
+ * (32, EMB_PHASES) threads per run of equal token ids in `order` (the batch
+ * positions sorted by token id, stable: cuda_embeddings_order) and per
+ * EMB_COLS channels; thread (x, y) sums the run's rows y, y + EMB_PHASES, ...
+ * in order, col_phase_sum the phases in a fixed tree, one += per element of
+ * the token's row. seg (U+1): where each run starts in order. */
+constexpr int EMB_PHASES = 8, EMB_COLS = 64;
+
+template <typename T>
+__global__ void __launch_bounds__(32 * EMB_PHASES)
+embeddings_wte_backward_kernel(float *dwte, const T *dout, const int32_t *inp,
+                               const int32_t *order, const int32_t *seg, int C)
+{
+    __shared__ float sh[EMB_PHASES * 33];
+    int lo = seg[blockIdx.x], hi = seg[blockIdx.x + 1];
+    size_t tok = (size_t)inp[order[lo]];
+    int c_end = (int)(blockIdx.y + 1) * EMB_COLS < C ? (int)(blockIdx.y + 1) * EMB_COLS : C;
+    for (int c0 = blockIdx.y * EMB_COLS; c0 < c_end; c0 += 32) { // uniform over the block
+        int c = c0 + threadIdx.x;
+        float s = 0.0f;
+        if (c < c_end)
+            for (int i = lo + threadIdx.y; i < hi; i += blockDim.y)
+                s += to_f(dout[(size_t)order[i] * C + c]);
+        s = col_phase_sum(s, sh);
+        if (threadIdx.y == 0 && c < c_end)
+            dwte[tok * C + c] += s;
+    }
+}
+
+/* dwpe (T,C) += sum over b of dout[b,t]: block (t, 32 channels), thread
+ * (x, y) sums b = y, y + EMB_PHASES, ... in order. */
+template <typename T>
+__global__ void __launch_bounds__(32 * EMB_PHASES)
+embeddings_wpe_backward_kernel(float *dwpe, const T *dout, int B, int T_, int C)
+{
+    __shared__ float sh[EMB_PHASES * 33];
+    int t = blockIdx.x, c = blockIdx.y * 32 + threadIdx.x;
+    float s = 0.0f;
+    if (c < C)
+        for (int b = threadIdx.y; b < B; b += blockDim.y)
+            s += to_f(dout[((size_t)b * T_ + t) * C + c]);
+    s = col_phase_sum(s, sh);
+    if (threadIdx.y == 0 && c < C)
+        dwpe[(size_t)t * C + c] += s;
+}
+
+/* dwtt (TV,C) += sum over rows of type v: block (v, 32 channels), thread
+ * (x, y) sums the rows n = y, y + TT_PHASES, ... of type v in order: one
+ * launch per step, over TV (2) x C/32 blocks, so no chunks. */
+constexpr int TT_PHASES = 32;
+
+template <typename T>
+__global__ void __launch_bounds__(32 * TT_PHASES)
+embeddings_wtt_backward_kernel(float *dwtt, const T *dout, const int32_t *tok_type, int BT,
+                               int C)
+{
+    __shared__ float sh[TT_PHASES * 33];
+    int v = blockIdx.x, c = blockIdx.y * 32 + threadIdx.x;
+    float s = 0.0f;
+    if (c < C)
+        for (int n = threadIdx.y; n < BT; n += blockDim.y)
+            if (tok_type[n] == v)
+                s += to_f(dout[(size_t)n * C + c]);
+    s = col_phase_sum(s, sh);
+    if (threadIdx.y == 0 && c < C)
+        dwtt[(size_t)v * C + c] += s;
 }
 
 } // namespace

@@ -25,25 +25,24 @@ thread_local cublas_state tls;
 
 constexpr size_t CUBLAS_WORKSPACE = 32u << 20; // Hopper kernels want 32 MiB
 
-/* dbias (OC) += column sums of dout (N,OC). Block (32,8): x a column, y a row
- * phase; blocks along y split rows; one atomic per block and column. */
+/* Pass 1 of dbias (OC) += column sums of dout (N,OC), deterministic (no
+ * atomics: the bits never depend on which block runs first, so a resumed
+ * job ends bit-identical to an uninterrupted one): chunk r's column sums
+ * into partial (COLSUM_CHUNKS, OC); common.cuh "deterministic column sums". */
 template <typename T>
-__global__ void bias_backward_kernel(float *dbias, const T *dout, int N, int OC)
+__global__ void __launch_bounds__(32 * COLSUM_PHASES)
+bias_backward_kernel(float *partial, const T *dout, int N, int OC)
 {
-    __shared__ float sh[8][33];
-    int c = blockIdx.x * 32 + threadIdx.x;
+    __shared__ float sh[COLSUM_PHASES * 33];
+    int c = blockIdx.x * 32 + threadIdx.x, r = blockIdx.y;
+    int hi = colsum_row(N, r + 1);
     float s = 0.0f;
     if (c < OC)
-        for (int n = blockIdx.y * 8 + threadIdx.y; n < N; n += gridDim.y * 8)
+        for (int n = colsum_row(N, r) + threadIdx.y; n < hi; n += blockDim.y)
             s += to_f(dout[(size_t)n * OC + c]);
-    sh[threadIdx.y][threadIdx.x] = s;
-    __syncthreads();
-    if (threadIdx.y == 0 && c < OC) {
-        float t = 0.0f;
-        for (int k = 0; k < 8; k++)
-            t += sh[k][threadIdx.x];
-        atomicAdd(&dbias[c], t);
-    }
+    s = col_phase_sum(s, sh);
+    if (threadIdx.y == 0 && c < OC)
+        partial[(size_t)r * OC + c] = s;
 }
 
 } // namespace
@@ -157,12 +156,15 @@ void cuda_matmul_backward_dt(void *dinp, float *dweight, float *dbias, const voi
     gemm_rm(true, false, OC, C, N, 1.0f, dout, t, OC, 0, inp, t, C, 0, 1.0f, dweight, CUDA_R_32F,
             C, 0, 1, stream);
     if (dbias && N > 0) {
-        dim3 block(32, 8);
-        int gy = (N + 255) / 256;
-        dim3 grid((OC + 31) / 32, gy < 64 ? gy : 64);
-        DT_DISPATCH(dt, KLAUNCH(grid, block, 0, stream, bias_backward_kernel<T>)(dbias, (const T *)dout,
-                                                                            N, OC));
+        float *partial = nullptr; // (COLSUM_CHUNKS, OC), stream-ordered
+        CUDA_CHECK(cudaMallocAsync((void **)&partial, (size_t)COLSUM_CHUNKS * OC * 4, stream));
+        dim3 grid((OC + 31) / 32, COLSUM_CHUNKS), block(32, COLSUM_PHASES);
+        DT_DISPATCH(dt, KLAUNCH(grid, block, 0, stream, bias_backward_kernel<T>)(
+                            partial, (const T *)dout, N, OC));
         LAUNCH_CHECK();
+        KLAUNCH((OC + 255) / 256, 256, 0, stream, colsum_finish_kernel)(dbias, nullptr, partial, OC);
+        LAUNCH_CHECK();
+        CUDA_CHECK(cudaFreeAsync(partial, stream));
     }
 }
 

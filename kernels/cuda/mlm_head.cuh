@@ -27,6 +27,13 @@ __global__ void gather_rows_kernel(T *out, const T *inp, const int32_t *rows, in
     }
 }
 
+/* fp32 dinp[rows[m]] += dout[m]. Deterministic in the trainer although it
+ * uses float atomics: the MLM positions it scatters are distinct (the loader
+ * picks them from a bitmap, worker/loop.c keeps each once), so every element
+ * gets exactly one add, and the CLS rows are another launch, in stream
+ * order. Even a row given twice onto zeros would not vary (0 + a + b and
+ * 0 + b + a are both exactly the one rounding of a + b); a row given three
+ * times or more would sum in an order that scheduling decides. */
 __global__ void scatter_rows_atomic_kernel(float *dinp, const float *dout, const int32_t *rows,
                                            int M, int C)
 {

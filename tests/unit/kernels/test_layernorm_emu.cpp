@@ -15,10 +15,13 @@
  * 16-bit 1e-2 (normwise relative); the fp32 parameter gradients 1e-5 in
  * every type (sums of the same rounded values). NaN never passes.
  *
+ * The parameter gradients are run twice (the emulator shuffles block and
+ * thread order on every launch) and must come out bit-identical.
+ *
  * Shown to fail: with `base + c` replaced by `base + c + 1` in the dropout
  * index of layernorm_forward_kernel, and with the dweight partial
- * `atomicAdd(&sh[c], ...)` moved to `sh[C + c]`, this test fails (checked
- * by hand; both restored).
+ * `sw += xhat * g` changed to `sw += g`, this test fails (checked by hand;
+ * both restored).
  */
 #include "tests/unit/kernels/cuda_emu.h"
 
@@ -72,9 +75,33 @@ void ln_backward(T *dinp, T *dy, float *dw, float *db, const T *dout, const T *d
                  const philox_stream *rng, float p, int N, int C)
 {
     drop_args d = FUSED ? make_drop(rng, p) : drop_args{};
-    size_t shmem = 2 * (size_t)C * sizeof(float);
-    emu::launch(ln_grid(N, BWD_MAX_BLOCKS), LN_BLOCK, shmem, layernorm_backward_kernel<T, FUSED>,
-                dinp, dy, dw, db, dout, dout2, inp, w, mean, rstd, d, N, C);
+    emu::launch(ln_grid(N, BWD_MAX_BLOCKS), LN_BLOCK, 0, layernorm_backward_kernel<T, FUSED>,
+                dinp, dy, dout, dout2, inp, w, mean, rstd, d, N, C);
+    std::vector<float> partial(2 * (size_t)COLSUM_CHUNKS * C);
+    emu::launch(dim3((C + 31) / 32, COLSUM_CHUNKS), dim3(32, COLSUM_PHASES), 0,
+                layernorm_param_backward_kernel<T>, partial.data(), dout, dout2, inp, mean, rstd,
+                N, C);
+    emu::launch((C + 255) / 256, 256, 0, colsum_finish_kernel, dw, db,
+                (const float *)partial.data(), C);
+}
+
+/* The embedding backward as cuda_embeddings_backward_ordered_dt launches it */
+template <typename T>
+void emb_backward(float *dwte, float *dwpe, float *dwtt, const T *dout, const int32_t *inp,
+                  const int32_t *tt, int B, int T_, int C, int V, int TV)
+{
+    int BT = B * T_;
+    std::vector<int32_t> order((size_t)BT), seg((size_t)BT + 1);
+    int U = emb_order(order.data(), seg.data(), inp, BT, V);
+    if (U <= 0)
+        emu::fail("emb_order");
+    emu::launch(dim3((unsigned)U, (unsigned)(C + EMB_COLS - 1) / EMB_COLS), dim3(32, EMB_PHASES),
+                0, embeddings_wte_backward_kernel<T>, dwte, dout, inp,
+                (const int32_t *)order.data(), (const int32_t *)seg.data(), C);
+    emu::launch(dim3((unsigned)T_, (unsigned)(C + 31) / 32), dim3(32, EMB_PHASES), 0,
+                embeddings_wpe_backward_kernel<T>, dwpe, dout, B, T_, C);
+    emu::launch(dim3((unsigned)TV, (unsigned)(C + 31) / 32), dim3(32, TT_PHASES), 0,
+                embeddings_wtt_backward_kernel<T>, dwtt, dout, tt, BT, C);
 }
 
 template <typename T> void layernorm_case(int N, int C)
@@ -110,6 +137,16 @@ template <typename T> void layernorm_case(int N, int C)
     check("layernorm_backward dinp", dinp, rdinp, n, tol<T>());
     check("layernorm_backward dweight (+=)", dw, rdw, C, 1e-5);
     check("layernorm_backward dbias (+=)", db, rdb, C, 1e-5);
+    /* a second run (other block and thread orders) gives the same bits */
+    auto dw2 = poisoned<float>(C), db2 = poisoned<float>(C);
+    std::copy(dw0.begin(), dw0.end(), dw2.begin());
+    std::copy(db0.begin(), db0.end(), db2.begin());
+    ln_backward<T, false>(dinp.data(), nullptr, dw2.data(), db2.data(), dout.data(), nullptr,
+                          x.data(), w.data(), rmean.data(), rrstd.data(), nullptr, 0.0f, N, C);
+    bool same = !memcmp(dw.data(), dw2.data(), C * 4) && !memcmp(db.data(), db2.data(), C * 4);
+    printf("%s layernorm_backward dweight/dbias twice: %s\n", same ? "ok  " : "FAIL",
+           same ? "bit-identical" : "the bits differ");
+    emu::failures += !same;
 }
 
 template <typename T> void fused_case(int N, int C, float p, bool two_grads)
@@ -179,7 +216,7 @@ template <typename T> void embeddings_case(int B, int T_, int C, int V)
     size_t n = (size_t)BT * C;
     std::vector<int32_t> inp(BT), tt(BT);
     for (int i = 0; i < BT; i++) {
-        inp[i] = (int32_t)(emu::urand() % (uint64_t)V); // repeats: colliding atomics
+        inp[i] = (int32_t)(emu::urand() % (uint64_t)V); // repeats: runs of several rows
         tt[i] = (int32_t)(emu::urand() % 2);
     }
     std::vector<float> wte = rand_f((size_t)V * C, -1, 1), wpe = rand_f((size_t)T_ * C, -1, 1),
@@ -202,10 +239,17 @@ template <typename T> void embeddings_case(int B, int T_, int C, int V)
     auto gg = poisoned<float>(g0.size());
     std::copy(g0.begin(), g0.end(), gg.begin());
     float *gwte = gg.data(), *gwpe = gwte + (size_t)V * C, *gwtt = gwpe + (size_t)T_ * C;
-    emu::launch(grid_for(n, 256), 256, 0, embeddings_backward_kernel<T>, gwte, gwpe, gwtt,
-                (const T *)dout.data(), (const int32_t *)inp.data(), (const int32_t *)tt.data(),
-                BT, T_, C);
+    emb_backward<T>(gwte, gwpe, gwtt, dout.data(), inp.data(), tt.data(), B, T_, C, V, 2);
     check("embeddings_backward dwte|dwpe|dwtt (+=)", gg, rg, g0.size(), 1e-5);
+    /* a second run (other block and thread orders) gives the same bits */
+    auto g2 = poisoned<float>(g0.size());
+    std::copy(g0.begin(), g0.end(), g2.begin());
+    float *hwte = g2.data(), *hwpe = hwte + (size_t)V * C, *hwtt = hwpe + (size_t)T_ * C;
+    emb_backward<T>(hwte, hwpe, hwtt, dout.data(), inp.data(), tt.data(), B, T_, C, V, 2);
+    bool same = memcmp(gg.data(), g2.data(), g0.size() * sizeof(float)) == 0;
+    printf("%s embeddings_backward twice: %s\n", same ? "ok  " : "FAIL",
+           same ? "bit-identical" : "the bits differ");
+    emu::failures += !same;
 }
 
 template <typename T> void run_type()
