@@ -37,6 +37,7 @@
 #define SHARD_TOKENS "40000"
 
 static char tmp[256], corpus[320], vocab[320];
+static const char *input = corpus; /* what bertd-prepare reads: the corpus, or its .gz */
 
 static void rm_rf(const char *p)
 {
@@ -109,7 +110,7 @@ static void make_argv(const char **argv, const char *out, const char *const *ext
 	argv[a++] = SHARD_TOKENS;
 	for (int i = 0; extra[i]; i++)
 		argv[a++] = extra[i];
-	argv[a++] = corpus;
+	argv[a++] = input;
 	argv[a] = NULL;
 }
 
@@ -327,6 +328,36 @@ static void test_kill_twice(void **state)
 	assert_same_tree("ref-v", "out-v");
 }
 
+/* A gzip'd corpus is decompressed as one stream cut into pieces of about
+ * 1 MiB, all of one unit of work: a resume point inside the second or
+ * third piece counts its events from the stream's start. Killed at a third
+ * and at two thirds, the output is the uninterrupted run's. */
+static void test_kill_compressed(void **state)
+{
+	(void)state;
+	if (!getenv("BERTD_PREPARE_EXE"))
+		skip();
+	char gz[400], cmd[1000];
+	snprintf(gz, sizeof gz, "%s.gz", corpus);
+	snprintf(cmd, sizeof cmd, "gzip -c -n '%s' > '%s'", corpus, gz);
+	if (system(cmd) != 0) {
+		print_message("skipped: no gzip command to make the compressed corpus\n");
+		skip();
+	}
+	input = gz;
+	const char *const opts[] = {"--vocab", vocab, "-j", "2", NULL};
+	int total = reference("ref-z", opts);
+	int k1 = throttle(spawn("out-z", opts), "out-z", total / 3, false);
+	int k2 = throttle(spawn("out-z", opts), "out-z", 2 * total / 3, false);
+	assert_true(k2 > k1);
+	json_t *s;
+	assert_int_equal(run("out-z", opts, &s), 0);
+	assert_true(jint(s, "resumed_shards") >= k2);
+	json_decref(s);
+	input = corpus;
+	assert_same_tree("ref-z", "out-z");
+}
+
 /* What may not be resumed is started over: the corpus touched (another
  * mtime), a kept shard damaged, --fresh. The output is still the
  * reference's. */
@@ -480,6 +511,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_kill_trained),
 		cmocka_unit_test(test_kill_twice),
+		cmocka_unit_test(test_kill_compressed),
 		cmocka_unit_test(test_not_resumed),
 		cmocka_unit_test(test_second_run_refused),
 		cmocka_unit_test(test_verify),
