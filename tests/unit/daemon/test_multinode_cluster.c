@@ -155,7 +155,6 @@ static void relay_and_srun(void **state)
 	assert_int_equal(childenv_helper(&henv, &pass, daemon_env), 0);
 	cluster_env *e = NULL;
 	assert_int_equal(cluster_srun_env(&e, henv->envp, 4, &a, "/etc/slurm/x.conf"), 0);
-	free(henv);
 	bool relay = false, conf = false, nccl = false, omp = false;
 	for (char **p = e->envp; *p; p++) {
 		relay |= strncmp(*p, "BERTD_RELAY=127.0.0.1:", 22) == 0;
@@ -168,6 +167,7 @@ static void relay_and_srun(void **state)
 	}
 	assert_true(relay && conf && nccl && omp);
 	free(e);
+	free(henv); /* e's entries point into it (its PATH) */
 	cluster_attempt_close(&a);
 	assert_int_equal(a.listen_fd, -1);
 }
