@@ -67,6 +67,17 @@ typedef struct batch_layout {
  * zero or P > T, or -EOVERFLOW when the slot would exceed 1 GiB. */
 int batch_layout_init(batch_layout *l, uint32_t B, uint32_t T, uint32_t P);
 
+/* Starts a slot's header for global batch number global of a job with G
+ * consumer ranks and M micro-batches per step: zeroed, then magic, version,
+ * the position (seq, rank, micro, step), the dimensions and offsets of l and
+ * the NSP flag. The builder fills the epoch and counts. */
+void batch_header_init(batch_header *h, const batch_layout *l, uint64_t global, uint32_t G,
+		       uint32_t M, int nsp);
+
+/* Zeroes a built slot's alignment gaps and tail, so equal batches are equal
+ * bytes. */
+void batch_zero_gaps(void *slot, const batch_layout *l);
+
 /* Checks that a slot's header is well formed and agrees with l: magic,
  * version, dimensions and offsets. Returns 0 or -EPROTO. */
 int batch_header_check(const batch_header *h, const batch_layout *l);

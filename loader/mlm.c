@@ -1092,26 +1092,7 @@ int mlm_batch_build(const mlm_dataset *ds, const batch_layout *l, uint32_t G, ui
 	}
 	uint8_t *base = slot;
 	batch_header *h = slot;
-	memset(h, 0, sizeof(*h));
-	h->magic = BATCH_MAGIC;
-	h->version = BATCH_VERSION;
-	h->global = global;
-	h->seq = global / G;
-	h->rank = (uint32_t)(global % G);
-	h->micro = (uint32_t)((global / G) % M);
-	h->step = global / ((uint64_t)G * M);
-	h->n_seq = l->B;
-	h->max_seq_len = l->T;
-	h->max_pred = l->P;
-	h->flags = cfg->nsp ? BATCH_FLAG_NSP : 0;
-	h->off_input_ids = l->off_input_ids;
-	h->off_token_type_ids = l->off_token_type_ids;
-	h->off_seq_lens = l->off_seq_lens;
-	h->off_mlm_positions = l->off_mlm_positions;
-	h->off_mlm_labels = l->off_mlm_labels;
-	h->off_nsp_labels = l->off_nsp_labels;
-	h->off_n_pred = l->off_n_pred;
-	h->slot_bytes = l->slot_bytes;
+	batch_header_init(h, l, global, G, M, cfg->nsp);
 	int32_t *ids = (int32_t *)(base + l->off_input_ids);       /* (B, T) */
 	int32_t *tt = (int32_t *)(base + l->off_token_type_ids);   /* (B, T) */
 	int32_t *lens = (int32_t *)(base + l->off_seq_lens);       /* (B,) */
@@ -1137,19 +1118,6 @@ int mlm_batch_build(const mlm_dataset *ds, const batch_layout *l, uint32_t G, ui
 	}
 	h->n_tokens = (uint32_t)n_tokens;
 	h->n_pred = (uint32_t)n_pred_total;
-	/* Zero the alignment gaps so equal batches are equal bytes. */
-	const uint32_t ends[7][2] = {
-		{sizeof(batch_header), l->off_input_ids},
-		{l->off_input_ids + l->B * l->T * 4, l->off_token_type_ids},
-		{l->off_token_type_ids + l->B * l->T * 4, l->off_seq_lens},
-		{l->off_seq_lens + l->B * 4, l->off_mlm_positions},
-		{l->off_mlm_positions + l->B * l->P * 4, l->off_mlm_labels},
-		{l->off_mlm_labels + l->B * l->P * 4, l->off_nsp_labels},
-		{l->off_nsp_labels + l->B * 4, l->off_n_pred},
-	};
-	for (int i = 0; i < 7; i++)
-		memset(base + ends[i][0], 0, ends[i][1] - ends[i][0]);
-	uint32_t tail = l->off_n_pred + l->B * 4;
-	memset(base + tail, 0, l->slot_bytes - tail);
+	batch_zero_gaps(slot, l);
 	return 0;
 }
