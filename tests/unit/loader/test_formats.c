@@ -19,35 +19,13 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "common/fsutil.h"
 #include "loader/instream.h"
 #include "loader/prepare.h"
 #include "tests/testdata.h"
 
 static char tmp[256];
 static char vocab[1024];
-
-static void rm_rf(const char *p)
-{
-	struct stat st;
-	if (lstat(p, &st) != 0)
-		return;
-	if (S_ISDIR(st.st_mode)) {
-		DIR *d = opendir(p);
-		struct dirent *e;
-		while (d && (e = readdir(d))) {
-			if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-				continue;
-			char c[1024];
-			snprintf(c, sizeof c, "%s/%s", p, e->d_name);
-			rm_rf(c);
-		}
-		if (d)
-			closedir(d);
-		rmdir(p);
-	} else {
-		unlink(p);
-	}
-}
 
 static const char *path(const char *name)
 {
@@ -122,7 +100,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
 	(void)state;
-	rm_rf(tmp);
+	fs_remove_tree(tmp);
 	return 0;
 }
 

@@ -28,6 +28,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "common/fsutil.h"
 #include "loader/batch.h"
 #include "loader/mlm.h"
 #include "loader/prepare.h"
@@ -38,29 +39,6 @@
 static char tmp[256];
 static shard_dataset *g_ds;
 static prepare_summary g_sum;
-
-static void rm_rf(const char *p)
-{
-	struct stat st;
-	if (lstat(p, &st) != 0)
-		return;
-	if (S_ISDIR(st.st_mode)) {
-		DIR *d = opendir(p);
-		struct dirent *e;
-		while (d && (e = readdir(d))) {
-			if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-				continue;
-			char c[1024];
-			snprintf(c, sizeof c, "%s/%s", p, e->d_name);
-			rm_rf(c);
-		}
-		if (d)
-			closedir(d);
-		rmdir(p);
-	} else {
-		unlink(p);
-	}
-}
 
 /* Rewrites one license file as lines of at least 1500 bytes: its
  * paragraphs (blank-line separated) joined with spaces, several to a line. */
@@ -148,7 +126,7 @@ static int teardown(void **state)
 	(void)state;
 	if (g_ds)
 		shard_dataset_close(g_ds);
-	rm_rf(tmp);
+	fs_remove_tree(tmp);
 	return 0;
 }
 

@@ -23,34 +23,12 @@
 
 #include <jansson.h>
 
+#include "common/fsutil.h"
 #include "loader/prepare.h"
 #include "loader/shard.h"
 #include "tests/testdata.h"
 
 static char tmp[256];
-
-static void rm_rf(const char *p)
-{
-	struct stat st;
-	if (lstat(p, &st) != 0)
-		return;
-	if (S_ISDIR(st.st_mode)) {
-		DIR *d = opendir(p);
-		struct dirent *e;
-		while (d && (e = readdir(d))) {
-			if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-				continue;
-			char c[1024];
-			snprintf(c, sizeof c, "%s/%s", p, e->d_name);
-			rm_rf(c);
-		}
-		if (d)
-			closedir(d);
-		rmdir(p);
-	} else {
-		unlink(p);
-	}
-}
 
 static int setup(void **state)
 {
@@ -63,7 +41,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
 	(void)state;
-	rm_rf(tmp);
+	fs_remove_tree(tmp);
 	return 0;
 }
 

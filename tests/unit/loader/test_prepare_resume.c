@@ -31,6 +31,7 @@
 
 #include <jansson.h>
 
+#include "common/fsutil.h"
 #include "loader/shard.h"
 #include "tests/testdata.h"
 
@@ -38,29 +39,6 @@
 
 static char tmp[256], corpus[320], vocab[320];
 static const char *input = corpus; /* what bertd-prepare reads: the corpus, or its .gz */
-
-static void rm_rf(const char *p)
-{
-	struct stat st;
-	if (lstat(p, &st) != 0)
-		return;
-	if (S_ISDIR(st.st_mode)) {
-		DIR *d = opendir(p);
-		struct dirent *e;
-		while (d && (e = readdir(d))) {
-			if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-				continue;
-			char c[1024];
-			snprintf(c, sizeof c, "%s/%s", p, e->d_name);
-			rm_rf(c);
-		}
-		if (d)
-			closedir(d);
-		rmdir(p);
-	} else {
-		unlink(p);
-	}
-}
 
 static int setup(void **state)
 {
@@ -92,7 +70,7 @@ static int teardown(void **state)
 {
 	(void)state;
 	if (tmp[0])
-		rm_rf(tmp);
+		fs_remove_tree(tmp);
 	return 0;
 }
 
@@ -395,7 +373,7 @@ static void test_not_resumed(void **state)
 		json_decref(s);
 		assert_same_tree("ref-n", "out-n");
 		snprintf(p, sizeof p, "%s/out-n", tmp);
-		rm_rf(p);
+		fs_remove_tree(p);
 	}
 }
 
@@ -429,7 +407,7 @@ static void copy_tree(const char *from, const char *to)
 	char a[400], b[400];
 	snprintf(a, sizeof a, "%s/%s", tmp, from);
 	snprintf(b, sizeof b, "%s/%s", tmp, to);
-	rm_rf(b);
+	fs_remove_tree(b);
 	assert_int_equal(mkdir(b, 0755), 0);
 	char **n;
 	size_t c = names_of(a, &n);
