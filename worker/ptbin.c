@@ -831,38 +831,5 @@ out:
 
 int ptbin_open(st_file **out, const char *path, char *err, size_t errlen)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        int e = errno;
-        seterr(err, errlen, "%s: %s", path, strerror(e));
-        return -e;
-    }
-    struct stat sb;
-    if (fstat(fd, &sb) < 0) {
-        int e = errno;
-        close(fd);
-        seterr(err, errlen, "%s: %s", path, strerror(e));
-        return -e;
-    }
-    size_t len = (size_t)sb.st_size;
-    void *map = len ? mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
-    close(fd);
-    if (len && map == MAP_FAILED) {
-        int e = errno;
-        seterr(err, errlen, "%s: mmap: %s", path, strerror(e));
-        return -e;
-    }
-    char perr[400];
-    st_file *f = NULL;
-    int rc = ptbin_parse(&f, len ? map : "", len, perr, sizeof perr);
-    if (rc < 0) {
-        seterr(err, errlen, "%s: %s", path, rc == -ENOMEM ? strerror(ENOMEM) : perr);
-        if (len)
-            munmap(map, len);
-        return rc;
-    }
-    f->map = len ? map : NULL;
-    f->map_len = len;
-    *out = f;
-    return 0;
+    return st_open_parsed(out, path, ptbin_parse, err, errlen);
 }

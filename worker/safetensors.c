@@ -172,7 +172,7 @@ out:
     return rc;
 }
 
-int st_open(st_file **out, const char *path, char *err, size_t errlen)
+int st_open_parsed(st_file **out, const char *path, st_parse_fn parse, char *err, size_t errlen)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
@@ -195,11 +195,11 @@ int st_open(st_file **out, const char *path, char *err, size_t errlen)
         snprintf(err, errlen, "%s: mmap: %s", path, strerror(e));
         return -e;
     }
-    char perr[256];
+    char perr[400] = "";
     st_file *f = NULL;
-    int rc = st_parse(&f, len ? map : "", len, perr, sizeof perr);
+    int rc = parse(&f, len ? map : "", len, perr, sizeof perr);
     if (rc < 0) {
-        snprintf(err, errlen, "%s: %s", path, perr);
+        snprintf(err, errlen, "%s: %s", path, rc == -ENOMEM ? strerror(ENOMEM) : perr);
         if (len)
             munmap(map, len);
         return rc;
@@ -208,6 +208,11 @@ int st_open(st_file **out, const char *path, char *err, size_t errlen)
     f->map_len = len;
     *out = f;
     return 0;
+}
+
+int st_open(st_file **out, const char *path, char *err, size_t errlen)
+{
+    return st_open_parsed(out, path, st_parse, err, errlen);
 }
 
 const st_tensor *st_find(const st_file *f, const char *name)

@@ -43,6 +43,11 @@ typedef struct st_file {
 int st_parse(st_file **out, const void *buf, size_t len, char *err, size_t errlen);
 /* mmaps and parses path. -errno for I/O, -EINVAL for a malformed file. */
 int st_open(st_file **out, const char *path, char *err, size_t errlen);
+/* A parser of an in-memory image into an st_file (st_parse, ptbin_parse). */
+typedef int (*st_parse_fn)(st_file **out, const void *buf, size_t len, char *err, size_t errlen);
+/* st_open with another parser: mmaps path, parses the mapping with parse,
+ * and the st_file keeps the mapping (st_close unmaps it). Errors name path. */
+int st_open_parsed(st_file **out, const char *path, st_parse_fn parse, char *err, size_t errlen);
 void st_close(st_file *f);
 const st_tensor *st_find(const st_file *f, const char *name);
 size_t st_numel(const st_tensor *t);
