@@ -472,6 +472,33 @@ static json_t *registered_stats(const char *dir, bool had_sums)
 	return st;
 }
 
+/* A new dataset id: "ds-" and 16 random hex digits. 0, or -1 without entropy. */
+static int new_dataset_id(char id[20])
+{
+	unsigned char r[8];
+	if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r)
+		return -1;
+	memcpy(id, "ds-", 3);
+	for (int i = 0; i < 8; i++)
+		snprintf(id + 3 + 2 * i, 3, "%02x", r[i]);
+	return 0;
+}
+
+/* 201 with the stored dataset id, read back, and its Location. */
+static enum MHD_Result reply_created(api_request *req, const char *id)
+{
+	char loc[64];
+	snprintf(loc, sizeof loc, "/v1/datasets/%s", id);
+	if (api_add_header(req, MHD_HTTP_HEADER_LOCATION, loc))
+		return MHD_NO;
+	store_dataset got;
+	if (store_dataset_get(req->st, id, &got) < 0)
+		return api_reply_problem(req, API_P_INTERNAL, NULL, "reading the dataset back failed");
+	enum MHD_Result ret = api_reply_json(req, MHD_HTTP_CREATED, dataset_json(req, &got));
+	store_dataset_free(&got);
+	return ret;
+}
+
 /* POST /v1/datasets {"name", "prepared"}: a dataset directory made by
  * bertd-prepare, under the data roots, checked and registered as ready.
  * Jobs find every dataset at <first root>/datasets/<name>: a prepared
@@ -534,15 +561,11 @@ static enum MHD_Result datasets_register(api_request *req, json_t *in)
 	st = registered_stats(dir, sums);
 	text = eff ? json_dumps(eff, JSON_COMPACT) : NULL;
 	stats = st ? json_dumps(st, JSON_COMPACT) : NULL;
-	unsigned char r[8];
 	char id[20];
-	if (!text || !stats || getrandom(r, sizeof r, 0) != (ssize_t)sizeof r) {
+	if (!text || !stats || new_dataset_id(id) < 0) {
 		ret = api_reply_problem(req, API_P_INTERNAL, NULL, "out of memory or entropy");
 		goto out;
 	}
-	memcpy(id, "ds-", 3);
-	for (int i = 0; i < 8; i++)
-		snprintf(id + 3 + 2 * i, 3, "%02x", r[i]);
 	store_dataset ds = {.id = id, .name = (char *)name, .spec_json = text,
 			    .bytes_total = json_integer_value(json_object_get(st, "bytes"))};
 	rc = store_dataset_insert_ready(req->st, &ds, stats);
@@ -564,17 +587,7 @@ static enum MHD_Result datasets_register(api_request *req, json_t *in)
 	}
 	log_info("dataset %s (%s) registered from %s (%s)", id, name, dir,
 		 sums ? "every file's digest checked" : "no digests in its manifest: structure checked");
-	char loc[64];
-	snprintf(loc, sizeof loc, "/v1/datasets/%s", id);
-	if (api_add_header(req, MHD_HTTP_HEADER_LOCATION, loc))
-		goto out;
-	store_dataset got;
-	if (store_dataset_get(req->st, id, &got) < 0) {
-		ret = api_reply_problem(req, API_P_INTERNAL, NULL, "reading the dataset back failed");
-		goto out;
-	}
-	ret = api_reply_json(req, MHD_HTTP_CREATED, dataset_json(req, &got));
-	store_dataset_free(&got);
+	ret = reply_created(req, id);
 out:
 	free(text);
 	free(stats);
@@ -604,15 +617,11 @@ enum MHD_Result datasets_create(api_request *req)
 	if (!(eff = dataset_request(req, in, &ret)))
 		goto out;
 	text = json_dumps(eff, JSON_COMPACT);
-	unsigned char r[8];
 	char id[20];
-	if (!text || getrandom(r, sizeof r, 0) != (ssize_t)sizeof r) {
+	if (!text || new_dataset_id(id) < 0) {
 		ret = api_reply_problem(req, API_P_INTERNAL, NULL, "out of memory or entropy");
 		goto out;
 	}
-	memcpy(id, "ds-", 3);
-	for (int i = 0; i < 8; i++)
-		snprintf(id + 3 + 2 * i, 3, "%02x", r[i]);
 	const char *name = json_string_value(json_object_get(eff, "name"));
 	store_dataset ds = {.id = id, .name = (char *)name, .spec_json = text};
 	rc = store_dataset_insert(req->st, &ds);
@@ -626,17 +635,7 @@ enum MHD_Result datasets_create(api_request *req)
 		goto out;
 	}
 	log_info("dataset %s (%s) submitted for preparation", id, name);
-	char loc[64];
-	snprintf(loc, sizeof loc, "/v1/datasets/%s", id);
-	if (api_add_header(req, MHD_HTTP_HEADER_LOCATION, loc))
-		goto out;
-	store_dataset got;
-	if (store_dataset_get(req->st, id, &got) < 0) {
-		ret = api_reply_problem(req, API_P_INTERNAL, NULL, "reading the dataset back failed");
-		goto out;
-	}
-	ret = api_reply_json(req, MHD_HTTP_CREATED, dataset_json(req, &got));
-	store_dataset_free(&got);
+	ret = reply_created(req, id);
 out:
 	free(text);
 	json_decref(eff);
