@@ -1,0 +1,184 @@
+/* Multi-node CPU jobs on the network comm backend (worker/comm_net.cc,
+ * docs/multinode.md "The data plane between hosts"), for real through
+ * Slurm on one host: the private cluster of multinode_slurm.sh with three
+ * slurmd's (n1..n3), bertd with multinode_comm=net, so the ranks rendezvous
+ * through the relay's kv_set / kv_get (daemon/relaykv.c) and all-reduce
+ * over TCP on loopback instead of sharing memory.
+ *   - 2 nodes x 1 rank over the network ends with the export (sha256 of
+ *     model.safetensors) of 1 node x 2 ranks on shm, and the ranks say
+ *     they joined over the network;
+ *   - the same for 3 nodes x 1 rank against 1 node x 3 ranks (where a
+ *     different summation order would show).
+ * Skips (77) without Slurm/munge, or when bertd-worker was built without
+ * libgloo-dev. The assertions are on states, log lines and bytes. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "harness.h"
+#include "it_util.h"
+
+#define DEADLINE_S 300
+
+typedef struct fx {
+	bertd d;
+	char data[160];
+	char slurm[160];
+	char conf[200];
+} fx;
+
+static const char *script(void)
+{
+	const char *s = getenv("BERTD_MULTINODE_SLURM");
+	return s ? s : "tests/integration/multinode_slurm.sh";
+}
+
+static int free_port(void)
+{
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t len = sizeof a;
+	int port = -1;
+	if (fd >= 0 && bind(fd, (struct sockaddr *)&a, len) == 0 &&
+	    getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+		port = ntohs(a.sin_port);
+	if (fd >= 0)
+		close(fd);
+	return port;
+}
+
+static int setup(void **state)
+{
+	fx *f = calloc(1, sizeof *f);
+	if (!f || bertd_init(&f->d))
+		return -1;
+	*state = f;
+	snprintf(f->data, sizeof f->data, "%s/data", f->d.root);
+	snprintf(f->slurm, sizeof f->slurm, "%s/slurm", f->d.root);
+	snprintf(f->conf, sizeof f->conf, "%s/slurm.conf", f->slurm);
+	mkdir(f->data, 0700);
+	mkdir(f->slurm, 0700);
+	char cmd[700];
+	snprintf(cmd, sizeof cmd, "%s start %s %d %d %d %d >/dev/null", script(), f->slurm, free_port(), free_port(),
+		 free_port(), free_port());
+	if (system(cmd) != 0) {
+		fprintf(stderr, "the private Slurm cluster did not start (%s)\n", cmd);
+		return -1;
+	}
+	const char *extra[] = {"--data-roots", f->data, "--devices", "cpu", "--cpu-slots", "3",
+			       "--schedule", "true", "--stop-timeout-s", "60", "--slurm-srun", "/usr/bin/srun",
+			       "--slurm-conf", f->conf, "--relay-host", "127.0.0.1",
+			       "--slurm-immediate-s", "30", "--multinode-comm", "net", NULL};
+	if (bertd_start(&f->d, extra))
+		return -1;
+	it_make_corpus(f->data, "shakes.txt", 3000);
+	if (it_add_dataset(&f->d,
+			   "{\"name\":\"shakes\",\"source\":\"shakes.txt\",\"vocab\":{\"train\":{\"vocab_size\":400}}}"))
+		return -1;
+	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	fx *f = *state;
+	char cmd[600];
+	snprintf(cmd, sizeof cmd, "%s stop %s", script(), f->slurm);
+	if (system(cmd) != 0)
+		fprintf(stderr, "stopping the private Slurm cluster failed\n");
+	int rc = it_daemon_finish(&f->d);
+	free(f);
+	return rc;
+}
+
+/* bert-tiny-sized, 20 steps; res is the resources object. */
+#define SPEC(name, res)                                                                                   \
+	"{\"name\":\"" name "\",\"dataset\":\"shakes\","                                                  \
+	"\"model\":{\"preset\":\"bert-tiny\",\"hidden_size\":32,\"num_hidden_layers\":1,"                 \
+	"\"num_attention_heads\":2,\"intermediate_size\":64,\"max_position_embeddings\":64},"            \
+	"\"training_args\":{\"per_device_train_batch_size\":8,\"max_seq_length\":32,\"max_steps\":20,"    \
+	"\"logging_steps\":5,\"save_steps\":10,\"learning_rate\":0.01,\"warmup_steps\":2,"               \
+	"\"dataloader_num_workers\":0,\"seed\":7},"                                                        \
+	"\"resources\":" res "}"
+
+static void run_to_end(fx *f, const char *spec, char sha[65], char **id_out)
+{
+	char *id = it_submit(&f->d, spec);
+	json_t *j = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
+	it_assert_completed(&f->d, j);
+	it_sha_of_export(j, sha);
+	json_decref(j);
+	*id_out = id;
+}
+
+/* How many of the job's ranks logged that they joined over the network
+ * (srun's output: every rank's stderr). */
+static int ranks_on_net(fx *f, const char *id)
+{
+	char path[400], line[1024];
+	snprintf(path, sizeof path, "%s/jobs/%s/logs/srun.log", f->d.state_dir, id);
+	FILE *fp = fopen(path, "r");
+	int n = 0;
+	while (fp && fgets(line, sizeof line, fp))
+		n += strstr(line, "comm over the network from 127.0.0.1") != NULL;
+	if (fp)
+		fclose(fp);
+	return n;
+}
+
+static void check_nodes_equal_one_node(fx *f, int n)
+{
+	char one[65], net[65], *id1, *idn, spec1[1200], specn[1200], name[32], res[128];
+	snprintf(name, sizeof name, "net-1x%d", n);
+	snprintf(res, sizeof res, "{\"gpus\":%d}", n);
+	snprintf(spec1, sizeof spec1, SPEC("%s", "%s"), name, res);
+	snprintf(name, sizeof name, "net-%dx1", n);
+	snprintf(res, sizeof res, "{\"nodes\":%d,\"gpus_per_node\":1,\"device\":\"cpu\"}", n);
+	snprintf(specn, sizeof specn, SPEC("%s", "%s"), name, res);
+	run_to_end(f, spec1, one, &id1);
+	run_to_end(f, specn, net, &idn);
+	assert_int_equal(ranks_on_net(f, idn), n);
+	assert_string_equal(one, net);
+	free(id1);
+	free(idn);
+}
+
+static void two_nodes_over_net_equal_one_node(void **state)
+{
+	check_nodes_equal_one_node(*state, 2);
+}
+
+static void three_nodes_over_net_equal_one_node(void **state)
+{
+	check_nodes_equal_one_node(*state, 3);
+}
+
+int main(void)
+{
+	char cmd[600];
+	snprintf(cmd, sizeof cmd, "%s check /nonexistent", script());
+	int st = system(cmd);
+	if (!WIFEXITED(st) || WEXITSTATUS(st) == 77)
+		return 77;
+	if (getenv("BERTD_HAVE_GLOO") && strcmp(getenv("BERTD_HAVE_GLOO"), "1") != 0) {
+		fprintf(stderr, "skip: bertd-worker was built without libgloo-dev (no network comm backend)\n");
+		return 77;
+	}
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(two_nodes_over_net_equal_one_node),
+		cmocka_unit_test(three_nodes_over_net_equal_one_node),
+	};
+	return IT_RUN(tests, setup, teardown);
+}
