@@ -8,14 +8,19 @@
  *     model.safetensors) of 1 node x 2 ranks on shm, and the ranks say
  *     they joined over the network;
  *   - the same for 3 nodes x 1 rank against 1 node x 3 ranks (where a
- *     different summation order would show).
+ *     different summation order would show);
+ *   - kill -9 of n2's rank mid-job: rank 0 on n1 ends too (its collective
+ *     fails, or the daemon stops it), the job restarts from its checkpoint
+ *     with a fresh rendezvous and ends with the uninterrupted run's export.
  * Skips (77) without Slurm/munge, or when bertd-worker was built without
  * libgloo-dev. The assertions are on states, log lines and bytes. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -103,15 +108,17 @@ static int teardown(void **state)
 	return rc;
 }
 
-/* bert-tiny-sized, 20 steps; res is the resources object. */
-#define SPEC(name, res)                                                                                   \
+/* bert-tiny-sized; res is the resources object, top more top-level keys
+ * (leading comma) or "". */
+#define SPEC_N(name, steps, res, top)                                                                     \
 	"{\"name\":\"" name "\",\"dataset\":\"shakes\","                                                  \
 	"\"model\":{\"preset\":\"bert-tiny\",\"hidden_size\":32,\"num_hidden_layers\":1,"                 \
 	"\"num_attention_heads\":2,\"intermediate_size\":64,\"max_position_embeddings\":64},"            \
-	"\"training_args\":{\"per_device_train_batch_size\":8,\"max_seq_length\":32,\"max_steps\":20,"    \
-	"\"logging_steps\":5,\"save_steps\":10,\"learning_rate\":0.01,\"warmup_steps\":2,"               \
+	"\"training_args\":{\"per_device_train_batch_size\":8,\"max_seq_length\":32,\"max_steps\":" steps \
+	",\"logging_steps\":5,\"save_steps\":10,\"learning_rate\":0.01,\"warmup_steps\":2,"              \
 	"\"dataloader_num_workers\":0,\"seed\":7},"                                                        \
-	"\"resources\":" res "}"
+	"\"resources\":" res top "}"
+#define SPEC(name, res) SPEC_N(name, "20", res, "")
 
 static void run_to_end(fx *f, const char *spec, char sha[65], char **id_out)
 {
@@ -165,6 +172,106 @@ static void three_nodes_over_net_equal_one_node(void **state)
 	check_nodes_equal_one_node(*state, 3);
 }
 
+/* The value of NAME in /proc/pid/environ into out; 0 or -1. */
+static int env_of(pid_t pid, const char *name, char *out, size_t cap)
+{
+	char path[64], buf[65536];
+	snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
+	FILE *fp = fopen(path, "r");
+	if (!fp)
+		return -1;
+	size_t n = fread(buf, 1, sizeof buf - 1, fp);
+	fclose(fp);
+	buf[n] = 0;
+	size_t nl = strlen(name);
+	for (size_t i = 0; i < n; i += strlen(buf + i) + 1) {
+		if (strncmp(buf + i, name, nl) == 0 && buf[i + nl] == '=') {
+			snprintf(out, cap, "%s", buf + i + nl + 1);
+			return 0;
+		}
+	}
+	return -1;
+}
+
+static bool alive(pid_t pid)
+{
+	char path[64], buf[512];
+	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+	FILE *fp = fopen(path, "r");
+	if (!fp)
+		return false;
+	size_t n = fread(buf, 1, sizeof buf - 1, fp);
+	fclose(fp);
+	buf[n] = 0;
+	char *rp = strrchr(buf, ')');
+	return rp && rp[1] == ' ' && rp[2] != 'Z' && rp[2] != 'X';
+}
+
+/* The job's rank on node (SLURMD_NODENAME), or -1. */
+static pid_t rank_on(const char *id, const char *node)
+{
+	pid_t p[16];
+	int n = it_find_pids("bertd-worker", id, p, 16);
+	for (int i = 0; i < n; i++) {
+		char v[64];
+		if (env_of(p[i], "SLURMD_NODENAME", v, sizeof v) == 0 && strcmp(v, node) == 0)
+			return p[i];
+	}
+	return -1;
+}
+
+static long restarts_of(fx *f, const char *id)
+{
+	char path[128];
+	snprintf(path, sizeof path, "/v1/jobs/%s", id);
+	json_t *j = it_get_json(&f->d, path);
+	long n = (long)json_integer_value(json_object_get(j, "restart_count"));
+	json_decref(j);
+	return n;
+}
+
+/* kill -9 of n2's rank (its slurmstepd left alone): the attempt ends on
+ * both nodes, the job resumes from its checkpoint over a fresh rendezvous
+ * and ends as the uninterrupted run. 100 ms more per batch (a slow source,
+ * no effect on the numbers) keeps the job running past step 15. */
+static void rank_lost_resumes_over_net(void **state)
+{
+	fx *f = *state;
+#define LOST(name, res) \
+	SPEC_N(name, "60", res, ",\"retry_policy\":{\"max_restarts\":3},\"profiler\":{\"simulate_data_delay_ms\":100}")
+	char ref[65], sha[65], *rid;
+	run_to_end(f, LOST("net-lost-ref", "{\"gpus\":2}"), ref, &rid);
+	free(rid);
+	char *id = it_submit(&f->d, LOST("net-lost-2x1", "{\"nodes\":2,\"gpus_per_node\":1,\"device\":\"cpu\"}"));
+	it_wait_step(&f->d, id, 15, DEADLINE_S); /* past the checkpoint at step 10 */
+	pid_t r0 = rank_on(id, "n1"), r1 = rank_on(id, "n2");
+	if (r0 <= 0 || r1 <= 0) {
+		bertd_print_log(&f->d);
+		fail_msg("the job's ranks on n1 and n2 were not found (%d, %d)", (int)r0, (int)r1);
+	}
+	assert_int_equal(restarts_of(f, id), 0);
+	assert_int_equal(kill(r1, SIGKILL), 0);
+	for (int i = 0; i < DEADLINE_S * 10 && (restarts_of(f, id) < 1 || alive(r0)); i++)
+		it_pause_ms(100);
+	assert_true(restarts_of(f, id) >= 1);
+	assert_false(alive(r0));
+	json_t *j = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
+	it_assert_completed(&f->d, j);
+	it_sha_of_export(j, sha);
+	json_decref(j);
+	json_t *ev = it_events_of(&f->d, id);
+	const char *resumed = it_event_with(ev, "resuming from checkpoint at step ");
+	if (!resumed) {
+		fprintf(stderr, "%s\n", json_dumps(ev, JSON_INDENT(1)));
+		fail_msg("no restart from a checkpoint in the events");
+	}
+	json_decref(ev);
+	/* both attempts' ranks joined over the network */
+	assert_true(ranks_on_net(f, id) >= 2);
+	assert_string_equal(ref, sha);
+	free(id);
+}
+
 int main(void)
 {
 	char cmd[600];
@@ -179,6 +286,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(two_nodes_over_net_equal_one_node),
 		cmocka_unit_test(three_nodes_over_net_equal_one_node),
+		cmocka_unit_test(rank_lost_resumes_over_net),
 	};
 	return IT_RUN(tests, setup, teardown);
 }
