@@ -11,12 +11,17 @@
  *     different summation order would show);
  *   - kill -9 of n2's rank mid-job: rank 0 on n1 ends too (its collective
  *     fails, or the daemon stops it), the job restarts from its checkpoint
- *     with a fresh rendezvous and ends with the uninterrupted run's export.
+ *     with a fresh rendezvous and ends with the uninterrupted run's export;
+ *   - multinode_comm=auto (the default; bertd restarted with it): n1 and n2
+ *     sharing /dev/shm train over shared memory; n2 with a /dev/shm of its
+ *     own (its slurmd in a mount namespace, root only) makes the ranks pick
+ *     the network backend by themselves — the export is the same either way.
  * Skips (77) without Slurm/munge, or when bertd-worker was built without
  * libgloo-dev. The assertions are on states, log lines and bytes. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -272,6 +277,69 @@ static void rank_lost_resumes_over_net(void **state)
 	free(id);
 }
 
+/* sinfo's state of node (compact, "%t"), polled until it is want. */
+static void wait_node(fx *f, const char *node, const char *want)
+{
+	char cmd[600], got[64] = "";
+	snprintf(cmd, sizeof cmd, "SLURM_CONF=%s sinfo -h -n %s -o %%t", f->conf, node);
+	for (int i = 0; i < DEADLINE_S * 10; i++) {
+		FILE *p = popen(cmd, "r");
+		assert_non_null(p);
+		if (!fgets(got, sizeof got, p))
+			got[0] = '\0';
+		pclose(p);
+		got[strcspn(got, "\n")] = '\0';
+		if (strcmp(got, want) == 0)
+			return;
+		poll(NULL, 0, 100);
+	}
+	fail_msg("node %s stayed \"%s\", not \"%s\"", node, got, want);
+}
+
+static void auto_picks_by_shared_memory(void **state)
+{
+	fx *f = *state;
+	if (getuid() != 0)
+		skip(); /* a mount namespace per slurmd needs root */
+	char ref[65], sha[65], *id, cmd[1200], shm[300];
+	run_to_end(f, SPEC("auto-1x2", "{\"gpus\":2}"), ref, &id);
+	free(id);
+	/* the same daemon state, now with the default multinode_comm=auto */
+	assert_int_equal(bertd_stop(&f->d), 0);
+	const char *extra[] = {"--data-roots", f->data, "--devices", "cpu", "--cpu-slots", "3",
+			       "--schedule", "true", "--stop-timeout-s", "60", "--slurm-srun", "/usr/bin/srun",
+			       "--slurm-conf", f->conf, "--relay-host", "127.0.0.1",
+			       "--slurm-immediate-s", "30", NULL};
+	assert_int_equal(bertd_start(&f->d, extra), 0);
+#define TWO "{\"nodes\":2,\"gpus_per_node\":1,\"device\":\"cpu\"}"
+	/* one /dev/shm for both nodes: shared memory */
+	run_to_end(f, SPEC("auto-2x1-shm", TWO), sha, &id);
+	assert_int_equal(ranks_on_net(f, id), 0);
+	assert_string_equal(ref, sha);
+	free(id);
+	/* n2 gets a /dev/shm of its own: shared memory cannot reach it */
+	snprintf(shm, sizeof shm, "%s/n2-shm", f->d.root);
+	assert_int_equal(mkdir(shm, 01777), 0);
+	snprintf(cmd, sizeof cmd, "%s node-stop %s n2 && %s node-start-bind %s n2 '%s' /dev/shm", script(), f->slurm,
+		 script(), f->slurm, shm);
+	int st = system(cmd);
+	if (WIFEXITED(st) && WEXITSTATUS(st) == 77) {
+		snprintf(cmd, sizeof cmd, "%s node-start %s n2", script(), f->slurm);
+		assert_int_equal(system(cmd), 0);
+		wait_node(f, "n2", "idle");
+		skip();
+	}
+	assert_int_equal(st, 0);
+	wait_node(f, "n2", "idle");
+	run_to_end(f, SPEC("auto-2x1-net", TWO), sha, &id);
+	assert_int_equal(ranks_on_net(f, id), 2);
+	assert_string_equal(ref, sha);
+	free(id);
+	snprintf(cmd, sizeof cmd, "%s node-stop %s n2 && %s node-start %s n2", script(), f->slurm, script(), f->slurm);
+	assert_int_equal(system(cmd), 0);
+	wait_node(f, "n2", "idle");
+}
+
 int main(void)
 {
 	char cmd[600];
@@ -287,6 +355,7 @@ int main(void)
 		cmocka_unit_test(two_nodes_over_net_equal_one_node),
 		cmocka_unit_test(three_nodes_over_net_equal_one_node),
 		cmocka_unit_test(rank_lost_resumes_over_net),
+		cmocka_unit_test(auto_picks_by_shared_memory), /* last: restarts bertd with auto */
 	};
 	return IT_RUN(tests, setup, teardown);
 }
