@@ -14,11 +14,11 @@
  * the other mode: a checkpoint into an HF model directory (convert.h).
  * Never touches SQLite; never exits from anywhere but main.
  */
+#include <arpa/inet.h>
 #include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
-#include <arpa/inet.h>
 #include <jansson.h>
 #include <netdb.h>
 #include <signal.h>
