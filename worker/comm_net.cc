@@ -225,11 +225,12 @@ int net_allreduce_mean(comm *c, float *buf, size_t n)
             size_t nc = n - off < s->max_floats ? n - off : s->max_floats;
             float *chunk = buf + off;
             size_t lo = seg_lo(nc, me, G), mylen = seg_lo(nc, me + 1, G) - lo;
-            if (s->scratch.size() < (size_t)G * mylen)
-                s->scratch.resize((size_t)G * mylen);
+            size_t need = mylen ? (size_t)G * mylen : 1; /* never a null buffer */
+            if (s->scratch.size() < need)
+                s->scratch.resize(need);
             float *pieces = s->scratch.data();
             auto sb = s->ctx->createUnboundBuffer(chunk, nc * sizeof(float));
-            auto rb = s->ctx->createUnboundBuffer(pieces, (mylen ? (size_t)G * mylen : 1) * sizeof(float));
+            auto rb = s->ctx->createUnboundBuffer(pieces, need * sizeof(float));
             /* reduce-scatter: rank g's segment of every rank goes to rank g */
             uint64_t slot = s->slot++;
             int nsend = 0, nrecv = 0;
