@@ -7,7 +7,8 @@
  *   sv_child.c     a run's child processes on the loop: spawn, read, exit
  *   sv_report.c    what a job's workers report, into the store
  *   sv_stall.c     the stall watch
- *   sv_launch.c    starting an attempt: resume point, job.json, local ranks
+ *   sv_launch.c    starting an attempt: resume point, local ranks
+ *   sv_jobfile.c   the job.json a job's processes read
  *   sv_slurm.c     a multi-node attempt: srun and its end
  *   sv_relay.c     a multi-node attempt's relay: the ranks' connections
  *   sv_prepare.c   dataset preparations (bertd-prepare)

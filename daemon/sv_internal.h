@@ -173,10 +173,16 @@ void sv_stall_note(supervisor *sv, run *r, const child *c, int64_t silent_ms, in
 /* The check of one tick for a running attempt, at now (sv_now_ms). */
 void sv_stall_check(supervisor *sv, run *r, int64_t now);
 
+/* ---- sv_jobfile.c: job.json ---- */
+
+/* resources.device of r's multi-node job, "auto" resolved to this machine's. */
+const char *sv_jobfile_multinode_kind(supervisor *sv, const run *r);
+/* Writes <r->dir>/job.json for r's workers and loaders (resume: the
+ * checkpoint directory, "" for none). 0 or negative errno. */
+int sv_jobfile_write(supervisor *sv, run *r, const char *dataset_dir, const char *resume);
+
 /* ---- sv_launch.c: starting an attempt ---- */
 
-/* Writes <r->dir>/job.json for r's workers and loaders. 0 or negative errno. */
-int sv_launch_write_job_file(supervisor *sv, run *r, const char *dataset_dir, const char *resume);
 /* Starts an attempt of j on devices dev (ndev of them; none for a
  * multi-node job), from queued or (resumed) restarting. A job that cannot
  * start is failed in the store; 0 then too. -ENOMEM only before anything
@@ -185,10 +191,9 @@ int sv_launch_start_job(supervisor *sv, const store_job *j, const int *dev, int 
 
 /* ---- sv_slurm.c: a multi-node attempt ---- */
 
-/* resources.device of r's multi-node job, "auto" resolved to this machine's. */
-const char *sv_slurm_multinode_kind(supervisor *sv, const run *r);
 /* Starts r (set up by sv_launch_start_job, spec checked, nodes > 1) through
- * srun. Takes r: on any failure the job is failed and r freed. Returns 0. */
+ * srun. Takes r: freed at once, or linked into sv->runs until its attempt
+ * ends. Returns 0; a job that cannot start is failed in the store. */
 int sv_slurm_start_multinode(supervisor *sv, run *r, const store_job *j, const jobspec *spec,
 			     const char *dataset_dir, const char *resume, int64_t resume_step, unsigned from);
 /* r's srun ended with status (desc: its words for it). */

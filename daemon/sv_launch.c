@@ -107,49 +107,6 @@ static void pick_resume(supervisor *sv, const char *id, const char *ckdir, char 
 	store_checkpoints_free(cks, nrow);
 }
 
-int sv_launch_write_job_file(supervisor *sv, run *r, const char *dataset_dir, const char *resume)
-{
-	char path[1200];
-	json_t *devs = json_array();
-	for (int i = 0; i < r->ndev; i++) {
-		const device *d = &sv->devs[r->dev[i]];
-		json_array_append_new(devs, json_pack("{s:s, s:i}", "kind", device_kind_name(d->kind),
-						      "index", d->index));
-	}
-	for (int i = 0; r->multinode && i < r->world; i++) /* rank i: local device i % per_node there */
-		json_array_append_new(devs, json_pack("{s:s, s:i}", "kind", sv_slurm_multinode_kind(sv, r), "index",
-						      i % r->per_node));
-	char ck[1100], ex[1100], shm[80];
-	snprintf(ck, sizeof ck, "%s/checkpoints", r->dir);
-	snprintf(ex, sizeof ex, "%s/export", r->dir);
-	sv_shm_name_for(r->id, shm, sizeof shm);
-	json_t *job = json_pack("{s:s, s:O, s:s, s:s, s:s, s:s, s:o, s:i}", "job_id", r->id, "spec", r->spec,
-				"dataset_dir", dataset_dir, "checkpoint_dir", ck, "export_dir", ex, "shm_name", shm,
-				"devices", devs, "world_size", r->world);
-	json_object_set_new(job, "resume_from", resume && *resume ? json_string(resume) : json_null());
-	json_t *mix = json_object_get(r->spec, "dataset");
-	if (json_is_array(mix)) { /* a mixture: one directory per component, in the spec's order */
-		json_t *dirs = json_array();
-		size_t i;
-		json_t *e;
-		json_array_foreach(mix, i, e) {
-			char d[1200];
-			snprintf(d, sizeof d, "%s/datasets/%s", sv->dataset_root,
-				 json_string_value(json_object_get(e, "name")));
-			json_array_append_new(dirs, json_string(d));
-		}
-		json_object_set_new(job, "dataset_dirs", dirs);
-	}
-	char *text = json_dumps(job, JSON_INDENT(2) | JSON_SORT_KEYS);
-	json_decref(job);
-	if (!text)
-		return -ENOMEM;
-	snprintf(path, sizeof path, "%s/job.json", r->dir);
-	int rc = fs_write_atomic(path, text, strlen(text), 0640);
-	free(text);
-	return rc;
-}
-
 /* A stored spec, normalized again: a job queued by an older bertd lacks
  * keys added since, and normalizing an effective spec only fills those
  * defaults (docs/jobspec.md). NULL when it is not JSON or not a valid spec. */
@@ -219,7 +176,7 @@ int sv_launch_start_job(supervisor *sv, const store_job *j, const int *dev, int 
 			return 0;
 		}
 	}
-	/* the first component's; sv_launch_write_job_file adds a mixture's "dataset_dirs" */
+	/* the first component's; sv_jobfile_write adds a mixture's "dataset_dirs" */
 	char dataset_dir[1200];
 	snprintf(dataset_dir, sizeof dataset_dir, "%s/datasets/%s", sv->dataset_root, spec.datasets[0].name);
 
@@ -249,7 +206,7 @@ int sv_launch_start_job(supervisor *sv, const store_job *j, const int *dev, int 
 	r->world = ndev;
 	r->ndev = ndev;
 	memcpy(r->dev, dev, sizeof(int) * (size_t)ndev);
-	if ((rc = sv_launch_write_job_file(sv, r, dataset_dir, resume)) < 0) {
+	if ((rc = sv_jobfile_write(sv, r, dataset_dir, resume)) < 0) {
 		snprintf(reason, sizeof reason, "cannot write job.json: %s", strerror(-rc));
 		sv_fail_job_now(sv, j->id, from, reason);
 		sv_run_free(r);

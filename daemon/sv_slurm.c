@@ -63,16 +63,6 @@ void sv_slurm_launcher_exited(supervisor *sv, run *r, int status, const char *de
 	sv_set_failure(r, true, "srun ended with %s%s%s", desc, last[0] ? ": " : "", last);
 }
 
-/* resources.device of a multi-node job: "auto" is what this machine has
- * (a cluster's nodes are taken to be alike). */
-const char *sv_slurm_multinode_kind(supervisor *sv, const run *r)
-{
-	const char *d = json_string_value(json_object_get(json_object_get(r->spec, "resources"), "device"));
-	if (d && strcmp(d, "auto") != 0)
-		return d;
-	return sv->ndev && sv->devs[0].kind == DEVICE_CUDA ? "cuda" : "cpu";
-}
-
 /* A multi-node job (resources.nodes > 1): srun starts its world ranks on
  * Slurm's nodes; they join through the relay. No device of this machine is
  * taken (Slurm places the ranks). r is sv_launch_start_job's, spec checked. */
@@ -99,7 +89,7 @@ int sv_slurm_start_multinode(supervisor *sv, run *r, const store_job *j, const j
 	rc = r->rank_node && r->rank_sha ? cluster_attempt_open(&r->ca, sv->cfg.relay_host, r->id) : -ENOMEM;
 	if (rc == 0 && (rc = loop_add(sv->lp, r->ca.listen_fd, EPOLLIN, sv_relay_on_accept, r)) < 0)
 		cluster_attempt_close(&r->ca);
-	if (rc == 0 && (rc = sv_launch_write_job_file(sv, r, dataset_dir, resume)) < 0)
+	if (rc == 0 && (rc = sv_jobfile_write(sv, r, dataset_dir, resume)) < 0)
 		sv_relay_close_all(sv, r);
 	if (rc < 0) {
 		snprintf(reason, sizeof reason, "cannot set up the multi-node attempt: %s", strerror(-rc));
@@ -109,10 +99,10 @@ int sv_slurm_start_multinode(supervisor *sv, run *r, const store_job *j, const j
 	}
 	if (resume[0])
 		snprintf(reason, sizeof reason, "resuming from checkpoint at step %lld on %d nodes x %d %s (Slurm)",
-			 (long long)resume_step, r->nodes, r->per_node, sv_slurm_multinode_kind(sv, r));
+			 (long long)resume_step, r->nodes, r->per_node, sv_jobfile_multinode_kind(sv, r));
 	else
 		snprintf(reason, sizeof reason, "starting on %d nodes x %d %s (Slurm)", r->nodes, r->per_node,
-			 sv_slurm_multinode_kind(sv, r));
+			 sv_jobfile_multinode_kind(sv, r));
 	if (store_job_transition(sv->st, j->id, from, JOB_STARTING, reason, NULL) < 0) {
 		sv_run_free(r); /* someone canceled it meanwhile */
 		return 0;
@@ -136,7 +126,7 @@ int sv_slurm_start_multinode(supervisor *sv, run *r, const store_job *j, const j
 	cluster_env *env = NULL;
 	/* a rank there gets the threads a rank here would (nodes are alike) */
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-	int threads = strcmp(sv_slurm_multinode_kind(sv, r), "cpu") == 0 && ncpu > 0 && sv->ndev
+	int threads = strcmp(sv_jobfile_multinode_kind(sv, r), "cpu") == 0 && ncpu > 0 && sv->ndev
 			      ? (int)(ncpu / (long)sv->ndev) : 1;
 	if ((rc = childenv_helper(&henv, &sv->pass_env, environ)) == 0 &&
 	    (rc = cluster_srun_env(&env, henv->envp, threads > 0 ? threads : 1, &r->ca, sv->cfg.slurm_conf)) == 0)
