@@ -1,0 +1,228 @@
+/* sv_internal — what the supervisor's files share: a run (one job attempt
+ * or one dataset preparation) and its children, the supervisor object, and
+ * the functions one of them calls in another. Included only by
+ * daemon/supervisor.c and daemon/sv_*.c; the rest of the daemon sees
+ * daemon/supervisor.h. Everything here lives on the event loop thread.
+ *
+ * Declares, never defines; a function is listed under the file that
+ * defines it.
+ */
+#ifndef BERTD_DAEMON_SV_INTERNAL_H
+#define BERTD_DAEMON_SV_INTERNAL_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/jobspec.h"
+#include "common/msg.h"
+#include "daemon/childenv.h"
+#include "daemon/cluster.h"
+#include "daemon/proc.h"
+#include "daemon/relaykv.h"
+#include "daemon/supervisor.h"
+#include "daemon/telemetry_sampler.h"
+
+#define MAX_CHILDREN 130 /* 64 workers + 64 loaders + slack */
+
+/* ROLE_LAUNCHER: srun of a multi-node job; its ranks are ROLE_WORKER
+ * children without a process here ("relayed": only their connection). */
+enum child_role { ROLE_WORKER, ROLE_LOADER, ROLE_PREPARE, ROLE_LAUNCHER };
+
+typedef struct child {
+	enum child_role role;
+	int index;             /* rank, loader index */
+	proc p;
+	msg_reader rd;
+	bool watched;          /* registered with the loop */
+	bool exited;
+	bool sock_eof;         /* its end of the socket is closed */
+	int64_t last_msg_ms;   /* monotonic: its last message (or its start) */
+	bool heartbeat;        /* it sends "progress" messages: held to its own silence */
+	bool relayed;          /* a multi-node rank: p.sock is its relay connection, no process */
+	bool said_bye;         /* relayed: it said it is exiting (EOF is then no loss) */
+	struct run *owner;
+} child;
+
+/* A relay connection that has not said who it is yet (multi-node). */
+typedef struct relay_pending {
+	int fd;
+	msg_reader rd;
+	struct run *owner;
+	struct relay_pending *next;
+} relay_pending;
+
+typedef struct run {
+	bool is_dataset;
+	char id[40];
+	char dir[1024];
+	json_t *spec;          /* effective job spec (jobs) or request (datasets) */
+	int ndev;
+	int dev[64];           /* device table indices */
+	child *kids[MAX_CHILDREN];
+	int nkids, alive;
+	bool stop_sent, killing, shutdown;
+	bool canceled;         /* dataset: its row left preparing (DELETE): killed, output removed */
+	bool prep_signaled;    /* dataset: its bertd-prepare died of a signal the daemon did not send */
+	int64_t start_ms, stop_deadline_ms;
+	int64_t max_runtime_ms;  /* this attempt's share: what the earlier ones left */
+	int64_t runtime_base_ms; /* wall time of the job's earlier attempts */
+	bool saw_running;
+	int hellos;
+	/* verdict, decided when the first child fails */
+	bool failed, retryable;
+	char reason[512];
+	int64_t last_step;
+	/* stall watch (see sv_stall.c); monotonic ms */
+	int64_t last_msg_ms;   /* any worker's last message */
+	int64_t last_step_ms;  /* the last step report (metrics, progress, checkpoint) */
+	int64_t max_gap_ms;    /* longest gap between step reports */
+	bool stepping;         /* a step was reported */
+	int stall_noted;       /* rank recorded as suspect in the store; -1 none */
+	tsampler *ts;          /* device/host samples between metrics rows; NULL if none */
+	const char *stop_why;   /* reason recorded when a stop ends the job */
+	/* multi-node (docs/multinode.md): world ranks started by srun */
+	bool multinode;
+	int world;              /* ranks: ndev, or nodes * gpus_per_node */
+	int nodes, per_node;
+	cluster_attempt ca;     /* relay listener and token; listen_fd -1 when none */
+	relay_pending *pending;
+	int relays;             /* ranks connected with the token */
+	char (*rank_node)[64];  /* (world,) node of each rank, from its relay hello */
+	char (*rank_sha)[CLUSTER_TOKEN_HEX + 1]; /* (world,) its dataset manifest's sha256 */
+	char launch_log[1200];  /* srun's output, for the reason when it fails */
+	relaykv *kv;            /* the ranks' rendezvous map (daemon/relaykv.h); NULL until used */
+	struct supervisor *sv;
+	struct run *next;
+} run;
+
+struct supervisor {
+	supervisor_config cfg;
+	char state_dir[1024], bin_dir[1024], dataset_root[1024];
+	childenv_pass pass_env;  /* what children inherit of environ */
+	loop *lp;
+	store *st;
+	device *devs;
+	size_t ndev;
+	const char **dev_job;  /* (ndev,) job id on each device or NULL */
+	run *runs;
+	int prepare_limit;     /* bertd-prepare processes at once (cfg.prepare_concurrency resolved) */
+	/* datasets whose bertd-prepare a signal killed that the daemon did not
+	 * send (OOM killer, kill -9): started again, resuming, at most
+	 * PREPARE_MAX_KILLS times (sv_prepare.c; a few; replaced oldest first) */
+	struct prepare_kills {
+		char id[40];
+		int n;
+	} prep_kills[16];
+	int prep_kills_next;
+	int sample_fd;         /* timerfd: telemetry samples every TELEMETRY_SAMPLE_MS (supervisor.c); -1 if none */
+};
+
+/* ---- supervisor.c: runs and the end of an attempt ---- */
+
+/* Monotonic clock, ms. */
+int64_t sv_now_ms(void);
+/* Frees r (its relay, relayed ranks' connections, children's memory); r is
+ * off sv->runs and its processes are gone. */
+void sv_run_free(run *r);
+/* The POSIX shm name of job_id's shared memory (job.json's shm_name). */
+void sv_shm_name_for(const char *job_id, char *buf, size_t cap);
+/* Sets r's verdict: failed, retryable or not, with the reason; the first
+ * cause wins (later calls are no-ops). */
+void sv_set_failure(run *r, bool retryable, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Signals every child with a process (relayed ranks have none); the first
+ * call marks r killing, with 10 s before the tick sends SIGKILL. */
+void sv_run_kill_all(run *r, int sig);
+/* Records the job's wall time so far in the store (a job's run only). */
+void sv_note_runtime(supervisor *sv, run *r);
+/* This attempt's share of stopping_condition.max_runtime_seconds after
+ * used_ms of earlier attempts: >= 1 ms, or 0 without a limit. */
+int64_t sv_runtime_left_ms(const jobspec *spec, int64_t used_ms);
+/* Moves job id from a state in from to failed with reason (no attempt runs). */
+void sv_fail_job_now(supervisor *sv, const char *id, unsigned from, const char *reason);
+/* Takes r off sv->runs (r is not freed). */
+void sv_unlink_run(supervisor *sv, run *r);
+/* With no child of r left alive: unlinks r, decides the job's (or, through
+ * sv_prepare_finished, the dataset's) next state and frees r. Otherwise
+ * does nothing. */
+void sv_run_maybe_finish(supervisor *sv, run *r);
+/* The run of job or dataset id, or NULL. */
+run *sv_find_run(supervisor *sv, const char *id);
+
+/* ---- sv_child.c: child processes on the loop ---- */
+
+/* Spawns argv as r's child (role, index), stdout/stderr to log_path,
+ * watched by the loop. Negative errno when it could not start (a process
+ * that started but cannot be watched is killed, and counts as alive). */
+int sv_child_spawn(supervisor *sv, run *r, enum child_role role, int index, char *const argv[],
+		   char *const envp[], const char *log_path);
+/* Reads and handles everything c has sent that is there now. */
+void sv_child_drain(supervisor *sv, run *r, child *c);
+/* The loop's callback for a child's socket (arg: the child). */
+void sv_child_on_sock(loop *l, int fd, uint32_t events, void *arg);
+
+/* ---- sv_report.c: a job's messages ---- */
+
+/* Handles one worker-protocol message m from c (m stays the caller's). */
+void sv_report_handle_job_message(supervisor *sv, run *r, child *c, json_t *m);
+
+/* ---- sv_stall.c: the stall watch ---- */
+
+/* Stall bookkeeping for a message of this type from c (workers only). */
+void sv_stall_note_progress(run *r, child *c, const char *type);
+/* Records c as the suspect rank in the store, or clears it (c NULL). */
+void sv_stall_note(supervisor *sv, run *r, const child *c, int64_t silent_ms, int64_t limit_ms, bool stopped);
+/* The check of one tick for a running attempt, at now (sv_now_ms). */
+void sv_stall_check(supervisor *sv, run *r, int64_t now);
+
+/* ---- sv_jobfile.c: job.json ---- */
+
+/* resources.device of r's multi-node job, "auto" resolved to this machine's. */
+const char *sv_jobfile_multinode_kind(supervisor *sv, const run *r);
+/* Writes <r->dir>/job.json for r's workers and loaders (resume: the
+ * checkpoint directory, "" for none). 0 or negative errno. */
+int sv_jobfile_write(supervisor *sv, run *r, const char *dataset_dir, const char *resume);
+
+/* ---- sv_launch.c: starting an attempt ---- */
+
+/* Starts an attempt of j on devices dev (ndev of them; none for a
+ * multi-node job), from queued or (resumed) restarting. A job that cannot
+ * start is failed in the store; 0 then too. -ENOMEM only before anything
+ * was done. */
+int sv_launch_start_job(supervisor *sv, const store_job *j, const int *dev, int ndev, bool resumed);
+
+/* ---- sv_slurm.c: a multi-node attempt ---- */
+
+/* Starts r (set up by sv_launch_start_job, spec checked, nodes > 1) through
+ * srun. Takes r: freed at once, or linked into sv->runs until its attempt
+ * ends. Returns 0; a job that cannot start is failed in the store. */
+int sv_slurm_start_multinode(supervisor *sv, run *r, const store_job *j, const jobspec *spec,
+			     const char *dataset_dir, const char *resume, int64_t resume_step, unsigned from);
+/* r's srun ended with status (desc: its words for it). */
+void sv_slurm_launcher_exited(supervisor *sv, run *r, int status, const char *desc);
+
+/* ---- sv_relay.c: a multi-node attempt's relay ---- */
+
+/* The loop's callback for r's relay listener (arg: the run). */
+void sv_relay_on_accept(loop *l, int fd, uint32_t events, void *arg);
+/* Closes a relayed rank's connection; it counts as exited. */
+void sv_relay_drop(supervisor *sv, child *c);
+/* A relayed rank's connection closed: its exit after its "bye", else a
+ * lost rank (the attempt fails, retryable). */
+void sv_relay_lost(supervisor *sv, run *r, child *c);
+/* Closes r's listener, unidentified connections and ranks (multi-node only). */
+void sv_relay_close_all(supervisor *sv, run *r);
+
+/* ---- sv_prepare.c: dataset preparations ---- */
+
+/* Handles the whole lines bertd-prepare c has sent (in c->rd). */
+void sv_prepare_drain_lines(supervisor *sv, run *r, child *c);
+/* r, a dataset's, unlinked and with no child left: its dataset's next
+ * state (ready, failed, or queued again after an outside kill). Frees r. */
+void sv_prepare_finished(supervisor *sv, run *r);
+/* The tick's part for datasets: start what may start, stop canceled ones. */
+void sv_prepare_tick(supervisor *sv);
+/* At start: datasets an earlier daemon left preparing are queued again. */
+void sv_prepare_recover(supervisor *sv);
+
+#endif
