@@ -1,23 +1,32 @@
 /* gpu_bench — bertd's GPU training step (worker/gpu_model.c, bf16 by
- * default) against HuggingFace BertForMaskedLM + torch (bf16 autocast, fused
- * AdamW; bench/gpu_hf.py) on the same model shape, batch and sequence
- * length, in the same run.
+ * default) on bert-base at max_seq_length 128 and 512: the bertd rows of
+ * scripts/device-check's benchmark table. The reference, HuggingFace
+ * BertForMaskedLM + torch (bf16 autocast, fused AdamW; bench/gpu_hf.py) on
+ * the same shape, batch, masked positions and FLOP count, is run beside it
+ * by scripts/device-check, one process per row, so that a fault in either
+ * costs one row, never the table; this program never starts Python.
  *
- * For bert-base at max_seq_length 128 and 512 it times full training steps
+ * For each sequence length (--seq picks one) it times full training steps
  * (upload, zero_grad, forward, backward, AdamW) with CUDA events per phase,
- * and prints tokens/s, the step-time breakdown, achieved TFLOP/s and MFU
- * against the chip's dense bf16 peak (--peak-tflops, default 989 = H100/H200
- * SXM datasheet), then one line starting "BENCH " for scripts.
+ * and prints its row as soon as that row is done: tokens/s, the step-time
+ * breakdown, achieved TFLOP/s and MFU against the chip's dense bf16 peak
+ * (--peak-tflops, default 989 = H100/H200 SXM datasheet), then one line
+ * starting "BENCH gpu_train seq=" for scripts. A later row that crashes or
+ * hangs cannot take back a row already printed. --preset runs another model
+ * size (bert-tiny: a quick check of this program on the CPU stand-in);
+ * device-check's table and its reference are bert-base.
  *
- * FLOPs per step are counted the same way for both implementations (the
- * model's useful work: encoder GEMMs and attention on all tokens, MLM head on
- * the masked 15%, x3 for forward + backward), so MFU compares like with like
- * even though HF's head computes logits for every token.
+ * FLOPs per step (step_flops) are the model's useful work: encoder GEMMs and
+ * attention on all tokens, MLM head on the masked 15%, x3 for forward +
+ * backward; scripts/device-check counts the reference's the same way, so
+ * MFU compares like with like even though HF's head computes logits for
+ * every token.
  *
- * Every call is checked: a failure prints what failed and the run exits 1
- * (its row says "failed"); a CUDA error exits 1 at once. Exit 77 only when
- * there is no CUDA device at all; a driver the runtime cannot use (too old,
- * mismatched) is a failure that prints both versions.
+ * Every call is checked: a failed row prints "failed" and its reason, and
+ * the run exits 1 after the remaining rows; a CUDA error exits 1 at once
+ * (the rows before it are out already). Exit 77 only when there is no CUDA
+ * device at all; a driver the runtime cannot use (too old, mismatched) is a
+ * failure that prints both versions.
  */
 #include <errno.h>
 #include <math.h>
@@ -29,10 +38,6 @@
 
 #include "worker/gpu_model.h"
 #include "worker/model.h"
-
-#ifndef BENCH_HF_SCRIPT
-#define BENCH_HF_SCRIPT "bench/gpu_hf.py"
-#endif
 
 #define BCHECK(call)                                                                      \
     do {                                                                                  \
@@ -195,7 +200,7 @@ static result bench_bertd(const bert_config *c, const float *params, kdtype dt, 
     r.tflops = step_flops(c, B, T, M) / (wall / steps) / 1e12;
     r.mfu = r.tflops / peak;
     r.ok = isfinite(loss);
-    printf("  bertd %s B=%d T=%d: last loss %.4f\n", kdtype_name(dt), B, T, loss);
+    fprintf(stderr, "gpu_bench: bertd %s B=%d T=%d: last loss %.4f\n", kdtype_name(dt), B, T, loss);
     if (!r.ok)
         fprintf(stderr, "gpu_bench: bertd %s B=%d T=%d: loss is not finite\n", kdtype_name(dt), B, T);
 out:
@@ -205,48 +210,6 @@ out:
     gpu_model_destroy(g);
     free_batch(&bb[0]);
     free_batch(&bb[1]);
-    return r;
-}
-
-static result bench_hf(const char *python, const char *script, const bert_config *c, int B, int T,
-                       int warmup, int steps, double peak)
-{
-    result r = {0};
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd,
-             "%s %s --batch %d --seq %d --warmup %d --steps %d --vocab %d --layers %d "
-             "--hidden %d --heads %d --intermediate %d 2>&1",
-             python, script, B, T, warmup, steps, c->vocab_size, c->num_hidden_layers,
-             c->hidden_size, c->num_attention_heads, c->intermediate_size);
-    FILE *f = popen(cmd, "r");
-    if (!f) {
-        fprintf(stderr, "gpu_bench: cannot run %s\n", cmd);
-        return r;
-    }
-    char line[1024];
-    while (fgets(line, sizeof line, f)) {
-        double step, fw, bw, op;
-        if (sscanf(line, "HF_RESULT step_ms=%lf fwd_ms=%lf bwd_ms=%lf opt_ms=%lf", &step, &fw, &bw,
-                   &op) == 4) {
-            r.step_ms = step;
-            r.fwd_ms = fw;
-            r.bwd_ms = bw;
-            r.opt_ms = op;
-            r.ok = 1;
-        } else {
-            printf("  hf: %s", line); // torch's own messages, kept for diagnosis
-        }
-    }
-    int st = pclose(f);
-    if (st != 0 || !r.ok) {
-        fprintf(stderr, "gpu_bench: HF reference failed (status %d)\n", st);
-        r.ok = 0;
-        return r;
-    }
-    int M = (int)(0.15 * (double)B * T);
-    r.tok_s = (double)B * T / (r.step_ms / 1e3);
-    r.tflops = step_flops(c, B, T, M) / (r.step_ms / 1e3) / 1e12;
-    r.mfu = r.tflops / peak;
     return r;
 }
 
@@ -274,43 +237,55 @@ static void quick_init(bert_model *m)
     }
 }
 
-static void row(int T, int B, const char *name, const result *r, const result *ref)
+/* Prints one finished row, for a person and for scripts, and flushes it:
+ * whatever happens to the rows after it, this one is out. */
+static void row(int T, int B, const char *preset, kdtype dt, const char *device, double peak,
+                const result *r)
 {
-    if (!r->ok) {
-        printf("%5d %5d %-22s %12s\n", T, B, name, "failed");
-        return;
-    }
-    printf("%5d %5d %-22s %12.0f %9.2f %8.2f %8.2f %8.2f %8.1f %6.1f%%", T, B, name, r->tok_s,
-           r->step_ms, r->fwd_ms, r->bwd_ms, r->opt_ms, r->tflops, 100.0 * r->mfu);
-    if (ref && ref->ok)
-        printf(" %7.2fx", r->tok_s / ref->tok_s);
+    char name[40];
+    snprintf(name, sizeof name, "bertd %s", kdtype_name(dt));
+    if (r->ok)
+        printf("%5d %5d %-16s %12.0f %9.2f %8.2f %8.2f %8.2f %8.1f %6.1f%%\n", T, B, name, r->tok_s,
+               r->step_ms, r->fwd_ms, r->bwd_ms, r->opt_ms, r->tflops, 100.0 * r->mfu);
+    else
+        printf("%5d %5d %-16s %12s\n", T, B, name, "failed");
+    printf("BENCH gpu_train seq=%d batch=%d impl=bertd preset=%s precision=%s device=\"%s\" "
+           "peak_tflops=%.0f status=%s",
+           T, B, preset, kdtype_name(dt), device, peak, r->ok ? "ok" : "failed");
+    if (r->ok)
+        printf(" tok_s=%.0f step_ms=%.3f fwd_ms=%.3f bwd_ms=%.3f opt_ms=%.3f tflops=%.2f mfu=%.4f",
+               r->tok_s, r->step_ms, r->fwd_ms, r->bwd_ms, r->opt_ms, r->tflops, r->mfu);
     printf("\n");
+    fflush(stdout);
 }
 
 int main(int argc, char **argv)
 {
-    const char *script = BENCH_HF_SCRIPT, *python = "python3", *prec = "auto";
+    const char *prec = "auto", *preset = "bert-base";
     double peak = 989.0;
-    int b128 = 128, b512 = 32, steps = 20, warmup = 5, hf = 1;
+    int b128 = 128, b512 = 32, steps = 20, warmup = 5, only = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--hf-script") && i + 1 < argc) script = argv[++i];
-        else if (!strcmp(argv[i], "--python") && i + 1 < argc) python = argv[++i];
-        else if (!strcmp(argv[i], "--precision") && i + 1 < argc) prec = argv[++i];
+        if (!strcmp(argv[i], "--precision") && i + 1 < argc) prec = argv[++i];
         else if (!strcmp(argv[i], "--peak-tflops") && i + 1 < argc) peak = atof(argv[++i]);
         else if (!strcmp(argv[i], "--batch128") && i + 1 < argc) b128 = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--batch512") && i + 1 < argc) b512 = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--no-hf")) hf = 0;
+        else if (!strcmp(argv[i], "--seq") && i + 1 < argc) only = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--precision auto|bf16|fp16|fp32] [--batch128 N] "
-                    "[--batch512 N] [--steps N] [--warmup N] [--peak-tflops X] "
-                    "[--python P] [--hf-script S] [--no-hf]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--seq 128|512] [--precision auto|bf16|fp16|fp32] "
+                    "[--batch128 N] [--batch512 N] [--steps N] [--warmup N] [--peak-tflops X] "
+                    "[--preset NAME]\n", argv[0]);
             return 2;
         }
     }
     if (steps < 1 || warmup < 0 || b128 < 1 || b512 < 1 || !(peak > 0)) {
         fprintf(stderr, "gpu_bench: steps, batches and peak must be positive\n");
+        return 2;
+    }
+    if (only != 0 && only != 128 && only != 512) {
+        fprintf(stderr, "gpu_bench: --seq %d: the rows are 128 and 512\n", only);
         return 2;
     }
     int n = 0;
@@ -341,7 +316,10 @@ int main(int argc, char **argv)
         return 2;
     }
     bert_config c;
-    bert_config_preset(&c, "bert-base");
+    if (bert_config_preset(&c, preset) != 0) {
+        fprintf(stderr, "gpu_bench: --preset %s: not a model preset (bert-base, bert-tiny, ...)\n", preset);
+        return 2;
+    }
     bert_model *host = NULL;
     int rc = bert_model_create(&host, &c);
     if (rc != 0) {
@@ -349,45 +327,27 @@ int main(int argc, char **argv)
         return 1;
     }
     quick_init(host);
-    printf("gpu_bench: bert-base (%zu params), %s on %s (sm_%d%d), peak %.0f TFLOP/s dense bf16\n",
-           host->num_params, kdtype_name(dt), prop.name, prop.major, prop.minor, peak);
+    printf("gpu_bench: %s (%zu params), %s on %s (sm_%d%d), peak %.0f TFLOP/s dense bf16\n"
+           "(reference: bench/gpu_hf.py on the same shapes, run beside this program by "
+           "scripts/device-check)\n",
+           preset, host->num_params, kdtype_name(dt), prop.name, prop.major, prop.minor, peak);
+    printf("\n%5s %5s %-16s %12s %9s %8s %8s %8s %8s %7s\n", "seq", "batch", "implementation",
+           "tokens/s", "step ms", "fwd ms", "bwd ms", "opt ms", "TFLOP/s", "MFU");
+    fflush(stdout);
 
-    int Ts[2] = {128, 512}, Bs[2] = {b128, b512};
-    result ours[2], ref[2];
+    int Ts[2] = {128, 512}, Bs[2] = {b128, b512}, failed = 0;
     for (int k = 0; k < 2; k++) {
-        ours[k] = bench_bertd(&c, host->params_memory, dt, Bs[k], Ts[k], warmup, steps, peak);
-        ref[k] = hf ? bench_hf(python, script, &c, Bs[k], Ts[k], warmup, steps, peak)
-                    : (result){0};
-    }
-    printf("\n%5s %5s %-22s %12s %9s %8s %8s %8s %8s %7s %8s\n", "seq", "batch", "implementation",
-           "tokens/s", "step ms", "fwd ms", "bwd ms", "opt ms", "TFLOP/s", "MFU", "vs HF");
-    for (int k = 0; k < 2; k++) {
-        char name[40];
-        snprintf(name, sizeof name, "bertd %s", kdtype_name(dt));
-        row(Ts[k], Bs[k], name, &ours[k], &ref[k]);
-        row(Ts[k], Bs[k], "HF torch bf16 autocast", &ref[k], NULL);
-    }
-    printf("(MFU = model FLOPs / step time / %.0f TFLOP/s; HF fwd/bwd/opt from torch events)\n",
-           peak);
-    printf("BENCH gpu_train device=\"%s\" precision=%s peak_tflops=%.0f", prop.name,
-           kdtype_name(dt), peak);
-    for (int k = 0; k < 2; k++)
-        printf(" T%d_B=%d T%d_bertd_tok_s=%.0f T%d_hf_tok_s=%.0f T%d_ratio=%.3f T%d_bertd_mfu=%.4f "
-               "T%d_hf_mfu=%.4f",
-               Ts[k], Bs[k], Ts[k], ours[k].ok ? ours[k].tok_s : -1.0, Ts[k],
-               ref[k].ok ? ref[k].tok_s : -1.0, Ts[k],
-               ours[k].ok && ref[k].ok ? ours[k].tok_s / ref[k].tok_s : -1.0, Ts[k],
-               ours[k].ok ? ours[k].mfu : -1.0, Ts[k], ref[k].ok ? ref[k].mfu : -1.0);
-    printf("\n");
-    bert_model_destroy(host);
-    /* a failed row is a failed run: ours always, the reference when asked for */
-    int failed = 0;
-    for (int k = 0; k < 2; k++) {
-        if (!ours[k].ok || (hf && !ref[k].ok)) {
-            fprintf(stderr, "gpu_bench: FAILED at seq %d:%s%s\n", Ts[k], ours[k].ok ? "" : " bertd",
-                    hf && !ref[k].ok ? " HF reference" : "");
+        if (only && Ts[k] != only)
+            continue;
+        result r = bench_bertd(&c, host->params_memory, dt, Bs[k], Ts[k], warmup, steps, peak);
+        row(Ts[k], Bs[k], preset, dt, prop.name, peak, &r);
+        if (!r.ok) {
+            fprintf(stderr, "gpu_bench: FAILED at seq %d\n", Ts[k]);
             failed = 1;
         }
     }
+    printf("(MFU = model FLOPs / step time / %.0f TFLOP/s)\n", peak);
+    bert_model_destroy(host);
+    cuda_kernels_shutdown(); /* this thread's cuBLAS(Lt) workspaces: nothing left on the device */
     return failed;
 }
