@@ -122,6 +122,13 @@ int nccl_lib_probe(char *version, size_t vlen, char *path, size_t pathlen, char 
 	if (rc < 0 && why && whylen)
 		snprintf(why, whylen, "%s: %s", file,
 			 rc == -ENOSYS ? "has no ncclGetVersion (not NCCL?)" : "ncclGetVersion failed");
+	int major = 0, minor = 0;
+	if (rc == 0 && sscanf(version, "%d.%d", &major, &minor) == 2 && major * 100 + minor < 214) {
+		/* the worker refuses it too (comm_nccl_load): non-blocking communicators */
+		if (why && whylen)
+			snprintf(why, whylen, "%s is NCCL %s; bertd needs 2.14 or newer", file, version);
+		rc = -ENOSYS;
+	}
 	if (rc == 0)
 		put(path, pathlen, file);
 	dlclose(h);

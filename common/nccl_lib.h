@@ -39,7 +39,8 @@ int nccl_lib_version(void *handle, char *out, size_t outlen);
 
 /* nccl_lib_open + nccl_lib_version + dlclose: what the daemon asks once at
  * start. 0 with version (and path, may be NULL) set, or a negative errno
- * with why naming what is missing. */
+ * with why naming what is missing (-ENOSYS also for an NCCL older than
+ * 2.14, which bertd cannot use). */
 int nccl_lib_probe(char *version, size_t vlen, char *path, size_t pathlen, char *why, size_t whylen);
 
 #endif

@@ -10,7 +10,7 @@
  * says "nccl": null and a 2-GPU job is 422 naming resources.gpus and what
  * to install, a 1-GPU job 201; at tests/cudasim/fakenccl (a libnccl.so.2
  * whose ncclGetVersion says 2.21.7) "nccl" is "2.21.7" and the 2-GPU job is
- * 201.
+ * 201; the same file saying 2.12.5 (older than bertd needs) is no NCCL.
  * Env (meson.build): BERTD_BIN, IT_CUDASIM_BIN_DIR (the daemon's --bin-dir,
  * with bertd-prepare), LD_LIBRARY_PATH (the stand-in NVML), IT_FAKE_NCCL_DIR
  * (the fake libnccl.so.2's directory, given as --nccl-path). */
@@ -128,8 +128,21 @@ static void test_multi_gpu_needs_nccl(void **state)
 		http_resp_free(&r);
 		assert_int_equal(it_daemon_stop(f), 0);
 	}
+	/* an NCCL older than 2.14 is no NCCL to bertd */
+	setenv("FAKE_NCCL_VERSION", "21205", 1);
 	it_fx *f = start_nccl("9.0", fake);
 	char *v = nccl_of(f);
+	if (v)
+		fail_msg("NCCL 2.12.5: \"nccl\" is \"%s\", expected null", v);
+	submit(f, JOB("\"bf16\":true"), 422, &r);
+	if (!strstr(r.body, "2.12.5") || !strstr(r.body, "2.14"))
+		fail_msg("the answer does not name the old version and the one needed: %s", r.body);
+	http_resp_free(&r);
+	assert_int_equal(it_daemon_stop(f), 0);
+	unsetenv("FAKE_NCCL_VERSION");
+
+	f = start_nccl("9.0", fake);
+	v = nccl_of(f);
 	if (!v || strcmp(v, "2.21.7") != 0)
 		fail_msg("nccl_path %s: \"nccl\" is %s, expected \"2.21.7\"", fake, v ? v : "null");
 	free(v);
