@@ -37,6 +37,8 @@ typedef struct api_config {
 	const char *slurm_srun;       /* "" or NULL: no submit-time node check (docs/multinode.md) */
 	const char *slurm_conf;       /* SLURM_CONF for that check's sinfo; "" = Slurm's default */
 	const char *bin_dir;          /* where bertd-worker is (checkpoint exports: daemon/hfexport.h) */
+	const char *nccl_version;     /* "2.21.5", or NULL: NCCL cannot be loaded (common/nccl_lib.h) */
+	const char *nccl_problem;     /* why not, when nccl_version is NULL */
 } api_config;
 
 typedef struct api_server api_server;

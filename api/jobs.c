@@ -945,6 +945,36 @@ static bool precision_fits(api_request *req, const json_t *spec, enum MHD_Result
 	return false;
 }
 
+/* A job on more than one of this machine's GPUs reduces its gradients with
+ * NCCL; where the daemon found none it can load at start (common/nccl_lib.h),
+ * such a job would be answered 201 and then fail at its workers' start, so
+ * it is 422 here naming what to install. Multi-node jobs run on Slurm's
+ * nodes, whose libraries this machine does not see. Returns true, or replies
+ * 422 and sets *ret. */
+static bool nccl_fits(api_request *req, const json_t *spec, enum MHD_Result *ret)
+{
+	const json_t *res = json_object_get(spec, "resources");
+	json_t *nodes = json_object_get(res, "nodes");
+	json_t *g = json_object_get(res, "gpus");
+	const char *kind = json_string_value(json_object_get(res, "device"));
+	json_int_t want = json_is_integer(g) ? json_integer_value(g) : 1;
+	if (req->cfg->nccl_version || want < 2 || (json_is_integer(nodes) && json_integer_value(nodes) > 1) ||
+	    (kind && strcmp(kind, "cpu") == 0))
+		return true;
+	bool gpus = false;
+	for (size_t i = 0; i < req->cfg->n_devices; i++)
+		gpus |= req->cfg->devices[i].kind == DEVICE_CUDA;
+	if (!gpus) /* CPU workers reduce over shared memory */
+		return true;
+	*ret = api_reply_problem(req, API_P_INVALID_SPEC, "resources.gpus",
+				 "a %lld-GPU job reduces its gradients with NCCL, which this host cannot load "
+				 "(%s): install NCCL 2.14 or newer (pip install nvidia-nccl-cu12, or NVIDIA's "
+				 "libnccl2 package) and restart bertd, or set bertd's nccl_path to its "
+				 "libnccl.so.2; or ask for 1 GPU",
+				 (long long)want, req->cfg->nccl_problem ? req->cfg->nccl_problem : "not found");
+	return false;
+}
+
 /* The vocab sha256 in the manifest of ready dataset `name` (under the first
  * data root, where bertd-prepare writes) into hex; "" when unreadable. */
 static void dataset_vocab_sha(api_request *req, const char *name, char hex[65])
@@ -1221,7 +1251,7 @@ enum MHD_Result jobs_create(api_request *req)
 	    !needs_exist(req, spec, &ret) ||
 	    !jobs_resolve_epochs(req, spec, &ret))
 		goto out;
-	if (!precision_fits(req, spec, &ret))
+	if (!precision_fits(req, spec, &ret) || !nccl_fits(req, spec, &ret))
 		goto out;
 	/* profiler.rules: the thresholds belong to the rules (docs/diagnosis.md) */
 	diag_config dcfg;

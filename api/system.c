@@ -35,9 +35,10 @@ enum MHD_Result system_healthz(api_request *req)
 
 enum MHD_Result system_version(api_request *req)
 {
+	/* nccl: what the daemon found at start (null: none it can load) */
 	return api_reply_json(req, MHD_HTTP_OK,
-			      json_pack("{s:s, s:s, s:b}", "version", BERTD_VERSION, "api", "v1",
-					"cuda", built_with_cuda));
+			      json_pack("{s:s, s:s, s:b, s:s?}", "version", BERTD_VERSION, "api", "v1",
+					"cuda", built_with_cuda, "nccl", req->cfg->nccl_version));
 }
 
 /* Each data root as it is now (the same check the daemon logs at start):

@@ -36,7 +36,8 @@ static const char *const reserved[] = {"PATH", "CUDA_VISIBLE_DEVICES", "CUDA_DEV
 #define BERTD_PREFIX "BERTD_"
 
 /* bertd's switches of the CUDA path, passed to workers by name (docs/cuda.md). */
-static const char *const worker_switches[] = {"BERTD_GEMM", "BERTD_ATTENTION", "BERTD_DDP_OVERLAP"};
+static const char *const worker_switches[] = {"BERTD_GEMM", "BERTD_ATTENTION", "BERTD_DDP_OVERLAP",
+					      "BERTD_NCCL_PATH"};
 #define N_SWITCHES (sizeof worker_switches / sizeof worker_switches[0])
 
 static size_t name_len(const char *var)
@@ -80,7 +81,8 @@ static int check_entry(const char *e, char *err, size_t errlen)
 	}
 	if (strncmp(e, BERTD_PREFIX, strlen(BERTD_PREFIX)) == 0) {
 		snprintf(err, errlen, "\"%s\": BERTD_ variables are bertd's own settings and never "
-			 "pass (BERTD_GEMM, BERTD_ATTENTION, BERTD_DDP_OVERLAP reach workers without this)", e);
+			 "pass (BERTD_GEMM, BERTD_ATTENTION, BERTD_DDP_OVERLAP, BERTD_NCCL_PATH reach workers without "
+			 "this)", e);
 		return -EINVAL;
 	}
 	if (is_reserved(e, strlen(e))) {

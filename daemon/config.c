@@ -103,6 +103,8 @@ static const config_key keys[] = {
 	     "on one host, else the network backend; \"net\" = the network backend always"),
 	INT(slurm_immediate_s, "60", 1, 86400,
 	    "seconds srun waits for a multi-node job's nodes before the attempt fails"),
+	STR(nccl_path, "", "libnccl.so.2, or a directory holding it: the only place NCCL is looked for, "
+	    "by the daemon and its workers (\"\" = the usual places: docs/cuda.md)"),
 };
 #define N_KEYS (sizeof keys / sizeof keys[0])
 

@@ -48,6 +48,7 @@ typedef struct config {
 	char relay_host[256];    /* address workers on other nodes reach this daemon at; "" = hostname */
 	char multinode_comm[8];  /* multi-node ranks' data plane: "auto" or "net" (docs/multinode.md) */
 	int slurm_immediate_s;   /* srun --immediate: how long to wait for the nodes */
+	char nccl_path[1024];    /* libnccl.so.2 or its directory, the only place looked; "" = search */
 	char config_file[1024];  /* where the file settings came from ("" none) */
 
 	/* Derived by config_finish: */

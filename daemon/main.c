@@ -28,6 +28,7 @@
 #include "common/exitcodes.h"
 #include "common/fsutil.h"
 #include "common/log.h"
+#include "common/nccl_lib.h"
 #include "daemon/config.h"
 #include "daemon/devices.h"
 #include "daemon/loop.h"
@@ -242,6 +243,12 @@ int main(int argc, char **argv)
 	enum log_level lvl = LOG_LVL_INFO;
 	log_level_parse(d.cfg.log_level, &lvl);
 	log_set_level(lvl);
+	/* the key nccl_path, wherever it was set, as the variable the NCCL
+	 * search and the workers read (before any thread starts) */
+	if (d.cfg.nccl_path[0])
+		setenv(NCCL_LIB_ENV, d.cfg.nccl_path, 1);
+	else
+		unsetenv(NCCL_LIB_ENV);
 
 	int exit_code = BERTD_DAEMON_EXIT_STARTUP;
 	char token[257];
@@ -386,6 +393,18 @@ int main(int argc, char **argv)
 		goto out;
 	}
 
+	/* NCCL, which multi-GPU jobs need: asked once (no CUDA context). The
+	 * key reaches the workers as BERTD_NCCL_PATH (childenv's switches), so
+	 * they load the library this answer is about. */
+	static char nccl_version[32], nccl_path[4096], nccl_problem[1024];
+	if (nccl_lib_probe(nccl_version, sizeof nccl_version, nccl_path, sizeof nccl_path, nccl_problem,
+			   sizeof nccl_problem) == 0) {
+		log_info("NCCL %s (%s)", nccl_version, nccl_path);
+		ac.nccl_version = nccl_version;
+	} else {
+		log_info("no NCCL: %s; multi-GPU jobs are refused", nccl_problem);
+		ac.nccl_problem = nccl_problem;
+	}
 	ac.devices = d.devs;
 	ac.n_devices = d.ndev;
 	ac.bin_dir = bin_dir;

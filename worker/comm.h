@@ -154,14 +154,20 @@ typedef enum comm_dtype { COMM_FP32 = 0, COMM_BF16 = 1, COMM_FP16 = 2 } comm_dty
 typedef int (*comm_id_send_fn)(void *ctx, const void *id, size_t len);
 typedef int (*comm_id_recv_fn)(void *ctx, void *id, size_t len);
 
+/* Opens NCCL (libnccl.so.2, found as common/nccl_lib.h says) and resolves
+ * the entry points bertd uses, once per process. 0 with msg "NCCL 2.21.5
+ * from <path>"; -ENOENT (not found) or -ENOSYS (too old, a symbol missing)
+ * with msg naming what is missing. msg may be NULL. */
+int comm_nccl_load(char *msg, size_t n);
+
 /* Selects device, bootstraps the NCCL communicator (rank 0: ncclGetUniqueId
  * then send; others: recv) and creates the communication stream and events.
  * reduce_dtype says in which precision fp32 gradients travel (fp32, or
  * converted to bf16/fp16 on the comm stream and back). timeout_ms bounds
  * ncclCommInitRank and every wait (<= 0: COMM_DEFAULT_TIMEOUT_MS).
  * Returns 0 with *out owned by the caller; -ENODEV without the device,
- * -ETIMEDOUT, -EPIPE (NCCL error, comm aborted), -ENOMEM, or the callback's
- * error. Must be called in the process that uses it (never across fork). */
+ * -ETIMEDOUT, -EPIPE (NCCL error, comm aborted), -ENOMEM, -ENOENT / -ENOSYS
+ * (NCCL cannot be loaded: comm_nccl_load), or the callback's error. Must be called in the process that uses it (never across fork). */
 int comm_create_nccl(comm **out, int rank, int world, int device, comm_dtype reduce_dtype,
                      comm_id_send_fn send, comm_id_recv_fn recv, void *ctx, int timeout_ms);
 
@@ -170,6 +176,19 @@ int comm_create_nccl(comm **out, int rank, int world, int device, comm_dtype red
  * compute_stream (a cudaStream_t; NULL = legacy default stream) and runs on
  * the comm stream, overlapping later compute. Returns 0 or -EPIPE. */
 int comm_nccl_bucket_start(comm *c, float *dev_buf, size_t n, void *compute_stream);
+
+/* The same for one bucket made of k ranges: one ncclGroupStart/End around
+ * their all-reduces, so NCCL launches the bucket as one operation. */
+int comm_nccl_bucket_start_ranges(comm *c, float *const *dev_bufs, const size_t *n, int k,
+                                  void *compute_stream);
+
+/* The mean-allreduce of n fp32 device floats in place, ordered after the
+ * work already queued on stream (a cudaStream_t: the one that wrote
+ * dev_buf), and stream waits for the result; returns (bounded) when it is
+ * done. comm_allreduce_mean on an NCCL comm is this with the legacy
+ * default stream, which a non-blocking stream does not order against.
+ * 0, -EPIPE, -EINVAL (another backend). */
+int comm_nccl_allreduce_mean(comm *c, float *dev_buf, size_t n, void *stream);
 
 /* Makes compute_stream wait (on the device, no host sync) for every bucket
  * started so far, then checks NCCL for asynchronous errors. 0 or -EPIPE. */

@@ -1,6 +1,12 @@
 /* comm_nccl — the NCCL backend of comm.h for CUDA workers (one process per
  * GPU, as in nccl-tests and llm.c's multi-GPU trainer).
  *
+ * NCCL is not linked: libnccl.so.2 is opened at the first comm_nccl_load
+ * (common/nccl_lib.h says where it looks) and the few entry points bertd
+ * calls are resolved into a table (worker/nccl_abi.h), so one CUDA build
+ * runs with or without NCCL installed and a box that has it uses it. Under
+ * the CPU stand-in the table comes from tests/cudasim/nccl.cpp.
+ *
  * Bootstrap without MPI: rank 0 makes the ncclUniqueId and hands its bytes to
  * the caller's send callback (the worker relays it through the daemon); the
  * other ranks get them from recv. The communicator is created non-blocking
@@ -10,18 +16,20 @@
  * timeout_ms, never a hang.
  *
  * Gradients are reduced in buckets on a dedicated comm stream, ordered with
- * events (never device-wide syncs): record on the compute stream after the
- * backward has produced a bucket, cudaStreamWaitEvent on the comm stream,
- * (convert to bf16/fp16), ncclAllReduce(ncclAvg), (convert back), and one
- * event the compute stream waits on before the optimizer.
+ * events (never device-wide syncs): record on the caller's compute stream
+ * after the backward has produced a bucket, cudaStreamWaitEvent on the comm
+ * stream, (convert to bf16/fp16), one ncclGroupStart/End around the
+ * bucket's ncclAllReduce(ncclAvg) calls (one launch for its ranges), (convert
+ * back), and one event the compute stream waits on before the optimizer.
  *
  * This file must never block the host without a deadline, and never touch
  * the compute stream except through events.
  */
 #include <cuda_runtime.h>
-#include <nccl.h>
+#include <dlfcn.h>
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,14 +38,73 @@
 
 extern "C" {
 #include "common/log.h"
+#include "common/nccl_lib.h"
 #include "kernels/cuda/kernels_cuda.h"
 }
 #include "worker/comm.h"
 #include "worker/comm_backend.h"
+#include "worker/nccl_abi.h"
+
+/* The resolved library (loaded once per process: load_once). */
+static nccl_api N;
+static int api_rc = -ENOENT;
+static char api_msg[640];
+static pthread_once_t api_once = PTHREAD_ONCE_INIT;
+
+static void load_once(void)
+{
+    static const char *const names[] = {NCCL_API_NAMES};
+    void **slot = (void **)&N;
+    char path[4096] = "";
+    static_assert(sizeof(N) == sizeof(names) / sizeof(names[0]) * sizeof(void *), "nccl_api and its names");
+#ifdef BERTD_CUDASIM
+    void *lib = NULL;
+    snprintf(path, sizeof(path), "the CUDA stand-in's NCCL");
+    if (!cudasim_nccl_sym("ncclGetVersion")) {
+        snprintf(api_msg, sizeof(api_msg), "libnccl.so.2 not found (CUDASIM_NCCL=absent)");
+        return;
+    }
+#else
+    void *lib = nccl_lib_open(path, sizeof(path), api_msg, sizeof(api_msg));
+    if (!lib)
+        return;
+#endif
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+#ifdef BERTD_CUDASIM
+        slot[i] = cudasim_nccl_sym(names[i]);
+#else
+        slot[i] = dlsym(lib, names[i]);
+#endif
+        if (!slot[i]) {
+            snprintf(api_msg, sizeof(api_msg), "%s has no %s: NCCL 2.14 or newer is needed", path, names[i]);
+            memset(&N, 0, sizeof(N));
+            if (lib)
+                dlclose(lib);
+            api_rc = -ENOSYS;
+            return;
+        }
+    }
+    int v = 0;
+    if (N.ncclGetVersion(&v) != NCCL_OK || v < 21400) {
+        snprintf(api_msg, sizeof(api_msg), "%s is NCCL version code %d: NCCL 2.14 or newer is needed", path, v);
+        api_rc = -ENOSYS;
+        return; /* the handle stays open: N's pointers are not used */
+    }
+    snprintf(api_msg, sizeof(api_msg), "NCCL %d.%d.%d from %s", v / 10000, v / 100 % 100, v % 100, path);
+    api_rc = 0;
+}
+
+extern "C" int comm_nccl_load(char *msg, size_t n)
+{
+    pthread_once(&api_once, load_once);
+    if (msg && n)
+        snprintf(msg, n, "%s", api_msg);
+    return api_rc;
+}
 
 typedef struct comm_nccl {
     comm base;
-    ncclComm_t nc;
+    nccl_comm_t nc;
     int device;
     comm_dtype dtype;
     int timeout_ms;
@@ -79,14 +146,14 @@ static const comm_ops nccl_ops = {
 
 #define NCCL_CHECK(s, call)                                                                      \
     do {                                                                                         \
-        ncclResult_t r_ = (call);                                                                \
-        if (r_ != ncclSuccess && r_ != ncclInProgress) {                                         \
-            log_error("%s:%d: %s: %s (%s)", __FILE__, __LINE__, #call, ncclGetErrorString(r_),   \
-                      ncclGetLastError((s)->nc));                                                \
+        nccl_result r_ = (call);                                                                \
+        if (r_ != NCCL_OK && r_ != NCCL_IN_PROGRESS) {                                         \
+            log_error("%s:%d: %s: %s (%s)", __FILE__, __LINE__, #call, N.ncclGetErrorString(r_),   \
+                      N.ncclGetLastError((s)->nc));                                                \
             rc = -EPIPE;                                                                         \
             goto out;                                                                            \
         }                                                                                        \
-        if (r_ == ncclInProgress && (rc = settle(s, #call)) != 0)                                \
+        if (r_ == NCCL_IN_PROGRESS && (rc = settle(s, #call)) != 0)                                \
             goto out;                                                                            \
     } while (0)
 
@@ -110,23 +177,23 @@ static void kill_comm(comm_nccl *s, const char *why)
     log_error("comm nccl: rank %d: %s; aborting the communicator", s->base.rank, why);
     s->dead = 1;
     if (s->nc)
-        ncclCommAbort(s->nc);
+        N.ncclCommAbort(s->nc);
     s->nc = NULL;
 }
 
 /* Waits (bounded) until the non-blocking communicator has finished the
- * call that returned ncclInProgress. 0, or -EPIPE after aborting it. */
+ * call that returned NCCL_IN_PROGRESS. 0, or -EPIPE after aborting it. */
 static int settle(comm_nccl *s, const char *what)
 {
     uint64_t deadline = now_ms() + (uint64_t)s->timeout_ms;
     for (;;) {
-        ncclResult_t st = ncclInProgress;
-        ncclResult_t r = ncclCommGetAsyncError(s->nc, &st);
-        if (r == ncclSuccess && st == ncclSuccess)
+        nccl_result st = NCCL_IN_PROGRESS;
+        nccl_result r = N.ncclCommGetAsyncError(s->nc, &st);
+        if (r == NCCL_OK && st == NCCL_OK)
             return 0;
-        if (r != ncclSuccess || st != ncclInProgress) {
-            log_error("comm nccl: %s: %s (%s)", what, ncclGetErrorString(r != ncclSuccess ? r : st),
-                      ncclGetLastError(s->nc));
+        if (r != NCCL_OK || st != NCCL_IN_PROGRESS) {
+            log_error("comm nccl: %s: %s (%s)", what, N.ncclGetErrorString(r != NCCL_OK ? r : st),
+                      N.ncclGetLastError(s->nc));
             kill_comm(s, "NCCL error");
             return -EPIPE;
         }
@@ -148,11 +215,11 @@ static int wait_stream(comm_nccl *s)
         if (e == cudaSuccess) {
             /* a drained stream is not a successful collective: after an
              * error NCCL promises nothing about what was enqueued */
-            ncclResult_t st = ncclSuccess;
-            if (ncclCommGetAsyncError(s->nc, &st) != ncclSuccess ||
-                (st != ncclSuccess && st != ncclInProgress)) {
-                log_error("comm nccl: async error: %s (%s)", ncclGetErrorString(st),
-                          ncclGetLastError(s->nc));
+            nccl_result st = NCCL_OK;
+            if (N.ncclCommGetAsyncError(s->nc, &st) != NCCL_OK ||
+                (st != NCCL_OK && st != NCCL_IN_PROGRESS)) {
+                log_error("comm nccl: async error: %s (%s)", N.ncclGetErrorString(st),
+                          N.ncclGetLastError(s->nc));
                 kill_comm(s, "NCCL reported an asynchronous error");
                 return -EPIPE;
             }
@@ -163,9 +230,9 @@ static int wait_stream(comm_nccl *s)
             kill_comm(s, "CUDA error on the comm stream");
             return -EPIPE;
         }
-        ncclResult_t st = ncclSuccess;
-        if (ncclCommGetAsyncError(s->nc, &st) != ncclSuccess || (st != ncclSuccess && st != ncclInProgress)) {
-            log_error("comm nccl: async error: %s (%s)", ncclGetErrorString(st), ncclGetLastError(s->nc));
+        nccl_result st = NCCL_OK;
+        if (N.ncclCommGetAsyncError(s->nc, &st) != NCCL_OK || (st != NCCL_OK && st != NCCL_IN_PROGRESS)) {
+            log_error("comm nccl: async error: %s (%s)", N.ncclGetErrorString(st), N.ncclGetLastError(s->nc));
             kill_comm(s, "NCCL reported an asynchronous error");
             return -EPIPE;
         }
@@ -199,48 +266,75 @@ out:
     return rc;
 }
 
-static int bucket_enqueue(comm_nccl *s, float *dev_buf, size_t n)
+/* A call inside ncclGroupStart/End: queued, launched at ncclGroupEnd, so an
+ * ncclInProgress here is settled after the group (NCCL_CHECK does it for
+ * ncclGroupEnd), never inside it. */
+#define NCCL_GROUPED(s, call)                                                                    \
+    do {                                                                                         \
+        nccl_result r_ = (call);                                                                 \
+        if (r_ != NCCL_OK && r_ != NCCL_IN_PROGRESS) {                                           \
+            log_error("%s:%d: %s: %s (%s)", __FILE__, __LINE__, #call, N.ncclGetErrorString(r_), \
+                      N.ncclGetLastError((s)->nc));                                              \
+            rc = -EPIPE;                                                                         \
+            goto out;                                                                            \
+        }                                                                                        \
+    } while (0)
+
+/* One bucket on the comm stream: its k ranges (device fp32) in one NCCL
+ * group, so NCCL launches them together; bf16/fp16 reductions go through
+ * one staging buffer holding every range back to back. */
+static int bucket_enqueue(comm_nccl *s, float *const *bufs, const size_t *ns, int k)
 {
-    int rc = 0;
-    if (s->dtype == COMM_FP32) {
-        NCCL_CHECK(s, ncclAllReduce(dev_buf, dev_buf, n, ncclFloat32, ncclAvg, s->nc, s->stream));
-        goto out;
-    }
-    if (n > s->lowp_cap) {
+    int rc = 0, grouped = 0;
+    size_t total = 0;
+    for (int i = 0; i < k; i++)
+        total += ns[i];
+    kdtype lt = s->dtype == COMM_BF16 ? KDT_BF16 : KDT_F16;
+    nccl_dtype nt = s->dtype == COMM_FP32 ? NCCL_FLOAT32 : s->dtype == COMM_BF16 ? NCCL_BFLOAT16 : NCCL_FLOAT16;
+    if (s->dtype != COMM_FP32 && total > s->lowp_cap) {
         if (s->lowp)
             CUDA_CHECK(cudaFreeAsync(s->lowp, s->stream));
         s->lowp = NULL;
         s->lowp_cap = 0;
-        CUDA_CHECK(cudaMallocAsync(&s->lowp, n * 2, s->stream));
-        s->lowp_cap = n;
+        CUDA_CHECK(cudaMallocAsync(&s->lowp, total * 2, s->stream));
+        s->lowp_cap = total;
     }
-    {
-        /* kernels/cuda's cast (the same one the model uses): fp32 -> 16 bits,
-         * reduce, back */
-        kdtype lt = s->dtype == COMM_BF16 ? KDT_BF16 : KDT_F16;
-        ncclDataType_t nt = s->dtype == COMM_BF16 ? ncclBfloat16 : ncclFloat16;
-        cuda_cast(s->lowp, lt, dev_buf, KDT_F32, n, s->stream);
-        NCCL_CHECK(s, ncclAllReduce(s->lowp, s->lowp, n, nt, ncclAvg, s->nc, s->stream));
-        cuda_cast(dev_buf, KDT_F32, s->lowp, lt, n, s->stream);
+    /* kernels/cuda's cast (the same one the model uses): fp32 -> 16 bits,
+     * reduce, back */
+    for (size_t i = 0, at = 0; s->dtype != COMM_FP32 && i < (size_t)k; at += ns[i], i++)
+        cuda_cast((char *)s->lowp + at * 2, lt, bufs[i], KDT_F32, ns[i], s->stream);
+    NCCL_GROUPED(s, N.ncclGroupStart());
+    grouped = 1;
+    for (size_t i = 0, at = 0; i < (size_t)k; at += ns[i], i++) {
+        void *p = s->dtype == COMM_FP32 ? (void *)bufs[i] : (void *)((char *)s->lowp + at * 2);
+        if (ns[i])
+            NCCL_GROUPED(s, N.ncclAllReduce(p, p, ns[i], nt, NCCL_AVG, s->nc, s->stream));
     }
+    grouped = 0;
+    NCCL_CHECK(s, N.ncclGroupEnd());
+    for (size_t i = 0, at = 0; s->dtype != COMM_FP32 && i < (size_t)k; at += ns[i], i++)
+        cuda_cast(bufs[i], KDT_F32, (char *)s->lowp + at * 2, lt, ns[i], s->stream);
 out:
+    if (grouped) /* balance the group even on the error path; nothing it held is used */
+        (void)N.ncclGroupEnd();
     if (rc == -EIO)
         kill_comm(s, "CUDA error while enqueueing a bucket");
     return rc == 0 ? 0 : -EPIPE;
 }
 
-extern "C" int comm_nccl_bucket_start(comm *c, float *dev_buf, size_t n, void *compute_stream)
+extern "C" int comm_nccl_bucket_start_ranges(comm *c, float *const *dev_bufs, const size_t *n, int k,
+                                             void *compute_stream)
 {
     comm_nccl *s = (comm_nccl *)c;
     int rc = 0;
-    if (c->ops != &nccl_ops)
+    if (c->ops != &nccl_ops || k < 0 || (k > 0 && (!dev_bufs || !n)))
         return -EINVAL;
     if (s->dead)
         return -EPIPE;
     CUDA_CHECK(cudaSetDevice(s->device));
     CUDA_CHECK(cudaEventRecord(s->ready, (cudaStream_t)compute_stream));
     CUDA_CHECK(cudaStreamWaitEvent(s->stream, s->ready, 0));
-    rc = bucket_enqueue(s, dev_buf, n);
+    rc = bucket_enqueue(s, dev_bufs, n, k);
     if (rc != 0) {
         kill_comm(s, "enqueueing a bucket failed"); /* NCCL: abort after an error */
         return rc;
@@ -250,6 +344,11 @@ out:
     if (rc != 0 && !s->dead)
         kill_comm(s, "CUDA error");
     return rc == 0 ? 0 : -EPIPE;
+}
+
+extern "C" int comm_nccl_bucket_start(comm *c, float *dev_buf, size_t n, void *compute_stream)
+{
+    return comm_nccl_bucket_start_ranges(c, &dev_buf, &n, 1, compute_stream);
 }
 
 extern "C" int comm_nccl_drain(comm *c)
@@ -279,9 +378,9 @@ extern "C" int comm_nccl_buckets_wait(comm *c, void *compute_stream)
      * covers all of them (one stream) */
     CUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)compute_stream, s->done, 0));
     {
-        ncclResult_t st = ncclSuccess;
-        if (ncclCommGetAsyncError(s->nc, &st) != ncclSuccess || (st != ncclSuccess && st != ncclInProgress)) {
-            log_error("comm nccl: async error: %s (%s)", ncclGetErrorString(st), ncclGetLastError(s->nc));
+        nccl_result st = NCCL_OK;
+        if (N.ncclCommGetAsyncError(s->nc, &st) != NCCL_OK || (st != NCCL_OK && st != NCCL_IN_PROGRESS)) {
+            log_error("comm nccl: async error: %s (%s)", N.ncclGetErrorString(st), N.ncclGetLastError(s->nc));
             kill_comm(s, "NCCL reported an asynchronous error");
             return -EPIPE;
         }
@@ -292,15 +391,27 @@ out:
     return rc == 0 ? 0 : -EPIPE;
 }
 
-static int nccl_allreduce_mean(comm *c, float *buf, size_t n)
+extern "C" int comm_nccl_allreduce_mean(comm *c, float *dev_buf, size_t n, void *stream)
 {
     comm_nccl *s = (comm_nccl *)c;
+    if (c->ops != &nccl_ops)
+        return -EINVAL;
     if (s->dead)
         return -EPIPE;
     if (n == 0)
         return 0;
-    int rc = comm_nccl_bucket_start(c, buf, n, NULL);
+    int rc = comm_nccl_bucket_start(c, dev_buf, n, stream);
+    if (rc == 0)
+        rc = comm_nccl_buckets_wait(c, stream);
     return rc ? rc : wait_stream(s);
+}
+
+/* comm_allreduce_mean has no stream: ordered after the legacy default
+ * stream (comm.h); device code on streams of its own calls
+ * comm_nccl_allreduce_mean with the stream that wrote buf. */
+static int nccl_allreduce_mean(comm *c, float *buf, size_t n)
+{
+    return comm_nccl_allreduce_mean(c, buf, n, NULL);
 }
 
 static int nccl_allreduce_sum_f64(comm *c, double *vals, int n)
@@ -318,7 +429,7 @@ static int nccl_allreduce_sum_f64(comm *c, double *vals, int n)
         goto out;
     memcpy(s->host, vals, bytes);
     CUDA_CHECK(cudaMemcpyAsync(s->scratch, s->host, bytes, cudaMemcpyHostToDevice, s->stream));
-    NCCL_CHECK(s, ncclAllReduce(s->scratch, s->scratch, (size_t)n, ncclFloat64, ncclSum, s->nc, s->stream));
+    NCCL_CHECK(s, N.ncclAllReduce(s->scratch, s->scratch, (size_t)n, NCCL_FLOAT64, NCCL_SUM, s->nc, s->stream));
     CUDA_CHECK(cudaMemcpyAsync(s->host, s->scratch, bytes, cudaMemcpyDeviceToHost, s->stream));
     rc = wait_stream(s);
     if (rc == 0)
@@ -345,7 +456,7 @@ static int nccl_broadcast(comm *c, void *buf, size_t bytes, int root)
         memcpy(s->host, buf, bytes);
         CUDA_CHECK(cudaMemcpyAsync(s->scratch, s->host, bytes, cudaMemcpyHostToDevice, s->stream));
     }
-    NCCL_CHECK(s, ncclBroadcast(s->scratch, s->scratch, bytes, ncclUint8, root, s->nc, s->stream));
+    NCCL_CHECK(s, N.ncclBroadcast(s->scratch, s->scratch, bytes, NCCL_UINT8, root, s->nc, s->stream));
     if (c->rank != root)
         CUDA_CHECK(cudaMemcpyAsync(s->host, s->scratch, bytes, cudaMemcpyDeviceToHost, s->stream));
     rc = wait_stream(s);
@@ -369,7 +480,7 @@ static int nccl_barrier(comm *c)
     rc = ensure_scratch(s, sizeof(float));
     if (rc != 0)
         goto out;
-    NCCL_CHECK(s, ncclAllReduce(s->scratch, s->scratch, 1, ncclFloat32, ncclSum, s->nc, s->stream));
+    NCCL_CHECK(s, N.ncclAllReduce(s->scratch, s->scratch, 1, NCCL_FLOAT32, NCCL_SUM, s->nc, s->stream));
     rc = wait_stream(s);
 out:
     if (rc != 0 && !s->dead)
@@ -391,14 +502,14 @@ static void nccl_destroy(comm *c)
     cudaSetDevice(s->device);
     if (s->nc && !s->dead) {
         /* finalize flushes outstanding work; bounded like everything else */
-        ncclResult_t r = ncclCommFinalize(s->nc);
+        nccl_result r = N.ncclCommFinalize(s->nc);
         int rc = 0;
-        if (r == ncclInProgress)
+        if (r == NCCL_IN_PROGRESS)
             rc = settle(s, "ncclCommFinalize");
-        else if (r != ncclSuccess)
+        else if (r != NCCL_OK)
             rc = -EPIPE;
         if (rc == 0 && s->nc)
-            ncclCommDestroy(s->nc);
+            N.ncclCommDestroy(s->nc);
         else if (s->nc)
             kill_comm(s, "finalize failed");
         s->nc = NULL;
@@ -426,12 +537,19 @@ extern "C" int comm_create_nccl(comm **out, int rank, int world, int device, com
                                 comm_id_send_fn send, comm_id_recv_fn recv, void *ctx, int timeout_ms)
 {
     int rc = 0, ndev = 0;
-    ncclUniqueId id;
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    nccl_unique_id id;
+    nccl_config config = NCCL_ABI_CONFIG_INITIALIZER;
     comm_nccl *s = NULL;
     if (world < 1 || rank < 0 || rank >= world || device < 0 || !send || !recv ||
         (reduce_dtype != COMM_FP32 && reduce_dtype != COMM_BF16 && reduce_dtype != COMM_FP16))
         return -EINVAL;
+    {
+        char why[640];
+        if ((rc = comm_nccl_load(why, sizeof(why))) < 0) {
+            log_error("comm nccl: rank %d: %s", rank, why);
+            return rc;
+        }
+    }
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || device >= ndev) {
         log_error("comm nccl: rank %d: no CUDA device %d (%d found)", rank, device, ndev);
         return -ENODEV;
@@ -452,9 +570,9 @@ extern "C" int comm_create_nccl(comm **out, int rank, int world, int device, com
 
     memset(&id, 0, sizeof(id));
     if (rank == 0) {
-        ncclResult_t r = ncclGetUniqueId(&id);
-        if (r != ncclSuccess) {
-            log_error("%s:%d: ncclGetUniqueId: %s", __FILE__, __LINE__, ncclGetErrorString(r));
+        nccl_result r = N.ncclGetUniqueId(&id);
+        if (r != NCCL_OK) {
+            log_error("%s:%d: ncclGetUniqueId: %s", __FILE__, __LINE__, N.ncclGetErrorString(r));
             rc = -EIO;
             goto out;
         }
@@ -467,7 +585,7 @@ extern "C" int comm_create_nccl(comm **out, int rank, int world, int device, com
         goto out;
     }
     config.blocking = 0;
-    NCCL_CHECK(s, ncclCommInitRankConfig(&s->nc, world, id, rank, &config));
+    NCCL_CHECK(s, N.ncclCommInitRankConfig(&s->nc, world, id, rank, &config));
     /* non-blocking init may report success before the comm is usable */
     rc = settle(s, "ncclCommInitRankConfig");
     if (rc != 0)

@@ -178,14 +178,15 @@ static int nccl_id_recv(void *ctx, void *id, size_t len)
 	return rc;
 }
 
-/* The overlapped path: gpu_model enqueues each gradient bucket as backward
- * finishes it, then, in gpu_model_step, finish makes the compute stream wait
+/* The overlapped path: gpu_model enqueues each gradient bucket (its ranges
+ * in one NCCL group) as backward finishes it, ordered after the compute
+ * stream s; then, in gpu_model_step, finish makes the compute stream wait
  * for them all. gpu_model_step then syncs the host once (the norm): finish
  * drains first, so a lost peer is a bounded -EPIPE here, not a hang there. */
-static int nccl_bucket(void *ctx, float *grads, size_t n, cudaStream_t s)
+static int nccl_bucket(void *ctx, float *const *grads, const size_t *n, int k, cudaStream_t s)
 {
 	gpu_device *g = ctx;
-	return comm_nccl_bucket_start(g->nccl, grads, n, s);
+	return comm_nccl_bucket_start_ranges(g->nccl, grads, n, k, s);
 }
 
 static int nccl_bucket_finish(void *ctx, cudaStream_t s)
@@ -199,11 +200,16 @@ static int nccl_bucket_finish(void *ctx, cudaStream_t s)
 	return rc;
 }
 
-/* gpu_model's all-reduce hook (docs/formats.md, NCCL backend): one bucket. */
+/* gpu_model's all-reduce hook (docs/formats.md, NCCL backend): the whole
+ * gradient after backward (BERTD_DDP_OVERLAP=0), ordered after the stream
+ * gpu_model hands it (its compute stream, see join_nccl). */
 static int nccl_hook(void *ctx, float *grads, size_t n, cudaStream_t s)
 {
-	int rc = nccl_bucket(ctx, grads, n, s);
-	return rc < 0 ? rc : nccl_bucket_finish(ctx, s);
+	gpu_device *g = ctx;
+	g->t_sync0 = worker_now_s();
+	int rc = comm_nccl_allreduce_mean(g->nccl, grads, n, s);
+	g->t_sync1 = worker_now_s();
+	return rc;
 }
 #endif
 
@@ -287,6 +293,13 @@ static int join_nccl(gpu_device *g)
 	comm_dtype reduce = !strcmp(rd, "bf16") ? COMM_BF16 : !strcmp(rd, "fp16") ? COMM_FP16 : COMM_FP32;
 	int rc = comm_create_nccl(&g->nccl, w->rank, w->world, GPU_DEVICE, reduce, nccl_id_send, nccl_id_recv, g,
 				  LOOP_COMM_TIMEOUT_MS);
+	if (rc == -ENOENT || rc == -ENOSYS) { /* the daemon refuses such jobs at submit; a backstop */
+		char why[640];
+		comm_nccl_load(why, sizeof why);
+		return worker_fail(w, BERTD_EXIT_BAD_CONFIG,
+				   "a %d-GPU job needs NCCL: %s (install NCCL 2.14 or newer, e.g. pip install "
+				   "nvidia-nccl-cu12, or set bertd's nccl_path)", w->world, why);
+	}
 	if (rc == -ECANCELED) {
 		log_info("stopped while waiting for the NCCL id");
 		return BERTD_EXIT_STOPPED;
@@ -297,7 +310,9 @@ static int join_nccl(gpu_device *g)
 	if (rc < 0)
 		return worker_fail(w, BERTD_EXIT_PEER_LOST, "joining the %d-GPU NCCL group failed: %s",
 				   w->world, strerror(-rc));
-	if ((rc = gpu_model_set_allreduce(g->gm, nccl_hook, g, NULL)) < 0)
+	/* the hook runs on the compute stream itself: comm_nccl orders its own
+	 * comm stream after it with an event */
+	if ((rc = gpu_model_set_allreduce(g->gm, nccl_hook, g, g->gm->compute)) < 0)
 		return worker_fail(w, BERTD_EXIT_FAILURE, "setting the all-reduce hook: %s", strerror(-rc));
 	/* BERTD_DDP_OVERLAP=0: one all-reduce after backward (the hook above),
 	 * e.g. to rule the overlap out when debugging a GPU run */

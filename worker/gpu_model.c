@@ -1033,17 +1033,20 @@ void gpu_model_zero_grad(gpu_model *g)
         fprintf(stderr, "gpu_model: zero_grad: %s\n", cudaGetErrorString(e));
 }
 
-/* Enqueues bucket b's ranges (bert_grad_bucket) through the bucket hook. */
-static int reduce_bucket(gpu_model *g, int b)
+/* Enqueues ranges [first, last) of bucket b (bert_grad_bucket) through the
+ * bucket hook, as one bucket (last -1: to the end). */
+static int reduce_bucket(gpu_model *g, int b, int first, int last)
 {
     size_t off[BERT_BUCKET_MAX_RANGES], n[BERT_BUCKET_MAX_RANGES];
+    float *p[BERT_BUCKET_MAX_RANGES];
     int k = bert_grad_bucket(&g->cfg, b, off, n);
-    for (int i = 0; i < k; i++) {
-        int rc = g->bucket(g->bucket_ctx, g->grads_memory + off[i], n[i], g->compute);
-        if (rc < 0)
-            return rc;
-    }
-    return k < 0 ? k : 0;
+    if (k < 0)
+        return k;
+    if (last < 0 || last > k)
+        last = k;
+    for (int i = first; i < last; i++)
+        p[i] = g->grads_memory + off[i];
+    return first < last ? g->bucket(g->bucket_ctx, p + first, n + first, last - first, g->compute) : 0;
 }
 
 int gpu_model_backward(gpu_model *g)
@@ -1130,9 +1133,14 @@ int gpu_model_backward(gpu_model *g)
         d_extra = a->d_b;
         /* layer l's weight matrices are final: reduce them while the
          * layers below run backward */
-        if (g->bucket_armed && (rc = reduce_bucket(g, l)) < 0)
+        if (g->bucket_armed && (rc = reduce_bucket(g, l, 0, -1)) < 0)
             goto out;
     }
+    /* Bucket L but its first range: every layer's biases and LayerNorms and
+     * the heads are final now; their reduction overlaps the embedding
+     * backward below, so the embeddings are all that is left after it. */
+    if (g->bucket_armed && (rc = reduce_bucket(g, L, 1, -1)) < 0)
+        goto out;
     /* x0 = dropout(LN(emb)): d x0 = d_res + d_b */
     cuda_residual_forward_dt(a->d_a, a->d_res, a->d_b, NC, dt, st);
     r = site_rng(&rs, d, ph, L, DROPOUT_SITE_EMB);
@@ -1143,8 +1151,13 @@ int gpu_model_backward(gpu_model *g)
     cuda_embeddings_backward_ordered_dt(gr->wte, gr->wpe, gr->wtt, a->d_b, ids, tt, order,
                                         order + N, g->emb_runs[s], B, T, C, c->type_vocab_size,
                                         dt, st);
-    if (g->bucket_armed) { /* the rest (embeddings, biases, LayerNorms, heads) */
-        if ((rc = reduce_bucket(g, L)) < 0)
+    /* Bucket L's first range (the word embeddings tied to the decoder, the
+     * position and type embeddings, the embedding LayerNorm): final only
+     * now, since the decoder's share came first in backward and the
+     * embeddings' share needs d x0, the end of the chain. Started as the
+     * last kernel that writes it is queued. */
+    if (g->bucket_armed) {
+        if ((rc = reduce_bucket(g, L, 0, 1)) < 0)
             goto out;
         g->bucket_armed = 0;
         g->buckets_started = 1;

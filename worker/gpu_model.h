@@ -78,10 +78,11 @@ typedef struct gpu_loss_scaler {
 typedef int (*gpu_allreduce_fn)(void *ctx, float *grads, size_t num, cudaStream_t stream);
 
 /* Gradient buckets, reduced while backward still runs (bert_grad_bucket):
- * bucket enqueues the reduction of grads[0..num) after the work already on
- * the compute stream, without blocking it; finish makes the compute stream
- * wait (on the device) for every bucket enqueued. 0 or a negative errno. */
-typedef int (*gpu_bucket_fn)(void *ctx, float *grads, size_t num, cudaStream_t compute);
+ * bucket enqueues the reduction of one bucket, its k ranges grads[i][0..
+ * num[i]) (one NCCL group), after the work already on the compute stream,
+ * without blocking it; finish makes the compute stream wait (on the
+ * device) for every bucket enqueued. 0 or a negative errno. */
+typedef int (*gpu_bucket_fn)(void *ctx, float *const *grads, const size_t *num, int k, cudaStream_t compute);
 typedef int (*gpu_bucket_finish_fn)(void *ctx, cudaStream_t compute);
 
 typedef struct gpu_model {
@@ -224,8 +225,11 @@ int gpu_model_set_buckets(gpu_model *g, gpu_bucket_fn bucket, gpu_bucket_finish_
 /* Arms the bucket hooks for the next gpu_model_backward only: call it before
  * the backward of a step's last micro-batch (earlier micro-batches still add
  * to the gradients, so their buckets would not be final). As that backward
- * finishes layer l (L-1 first) it enqueues bucket l; after the embeddings,
- * bucket L. gpu_model_step then only waits for them. */
+ * finishes layer l (L-1 first) it enqueues bucket l; after layer 0, bucket
+ * L but its first range (biases, LayerNorms, heads: final by then); right
+ * after the embedding backward, that first range (the tied word embeddings,
+ * position and type embeddings, embedding LayerNorm), the last bucket.
+ * gpu_model_step then only waits for them. */
 void gpu_model_reduce_in_next_backward(gpu_model *g);
 /* Milliseconds the compute stream waited for gradient communication in the
  * last gpu_model_step (the exposed all-reduce, measured with CUDA events on

@@ -54,15 +54,29 @@
  * gives ncclSuccess when nothing is queued, else ncclInProgress until the
  * queue drains.
  *
+ * Groups: as in NCCL, a collective called between ncclGroupStart and
+ * ncclGroupEnd is only recorded; the outermost ncclGroupEnd queues the
+ * group's operations, in call order, on their streams. Misuse is a fault
+ * (abort, naming it): ncclGroupEnd without a start, a group still open when
+ * the communicator is polled, finalized, destroyed or aborted (its
+ * operations would never run), one group spanning several streams (bertd
+ * launches a bucket on one stream). cudasim_nccl_groups() counts the groups
+ * that queued work, so a test can check that a bucket was one group.
+ *
+ * Loading: bertd-worker resolves NCCL by name (worker/nccl_abi.h); under the
+ * stand-in cudasim_nccl_sym hands it these functions, or nothing at all
+ * with CUDASIM_NCCL=absent (a host without libnccl.so.2).
+ *
  * Not simulated: transports, topology, protocols, performance, NCCL's
  * reduction order (ring/tree: the last bits may differ from real NCCL,
  * never between ranks), more than kMaxRanks ranks, integer and fp8
- * reductions, user ops, point to point, split, registration. Groups only
- * count nesting: one thread driving several ranks in a group would hang.
+ * reductions, user ops, point to point, split, registration. One thread
+ * driving several ranks in a group would hang.
  */
 #include <nccl.h>
 
 #include "tests/cudasim/cudasim.h"
+#include "worker/nccl_abi.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -77,8 +91,24 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <vector>
+
+/* worker/nccl_abi.h declares NCCL's ABI by hand: it must be nccl.h's */
+static_assert((int)NCCL_OK == (int)ncclSuccess && (int)NCCL_IN_PROGRESS == (int)ncclInProgress &&
+                  (int)NCCL_REMOTE_ERROR == (int)ncclRemoteError && (int)NCCL_INVALID_USAGE == (int)ncclInvalidUsage,
+              "nccl_abi.h result codes");
+static_assert((int)NCCL_UINT8 == (int)ncclUint8 && (int)NCCL_FLOAT16 == (int)ncclFloat16 && (int)NCCL_FLOAT32 == (int)ncclFloat32 &&
+                  (int)NCCL_FLOAT64 == (int)ncclFloat64 && (int)NCCL_BFLOAT16 == (int)ncclBfloat16,
+              "nccl_abi.h data types");
+static_assert((int)NCCL_SUM == (int)ncclSum && (int)NCCL_AVG == (int)ncclAvg, "nccl_abi.h reduction ops");
+static_assert(sizeof(nccl_unique_id) == sizeof(ncclUniqueId), "nccl_abi.h unique id");
+static_assert(offsetof(nccl_config, blocking) == offsetof(ncclConfig_t, blocking) &&
+                  offsetof(nccl_config, netName) == offsetof(ncclConfig_t, netName) &&
+                  sizeof(nccl_config) <= sizeof(ncclConfig_t),
+              "nccl_abi.h config: a prefix of nccl.h's");
 
 namespace ncclsim {
 
@@ -132,6 +162,25 @@ struct ncclComm {
 };
 
 namespace {
+
+/* The calling thread's open group (see the header). */
+struct grouped_op {
+    ncclComm *c;
+    cudaStream_t stream;
+    const char *what;
+    std::function<bool()> poll;
+};
+thread_local int group_depth;
+thread_local std::vector<grouped_op> group_ops;
+long groups_launched; /* atomic */
+
+void group_closed_or_fault(const char *what)
+{
+    if (group_depth > 0)
+        cudasim::fault("nccl: %s inside an open ncclGroupStart (%d deep, %zu operations never launched): "
+                       "ncclGroupEnd is missing",
+                       what, group_depth, group_ops.size());
+}
 
 template <typename T> T ld_acq(const T *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 template <typename T> void st_rel(T *p, T v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
@@ -536,6 +585,10 @@ ncclResult_t launch(const char *what, bool bcast, const void *send, void *recv, 
     o->seq0 = c->next_seq;
     o->nchunks = (bytes + kChunk - 1) / kChunk;
     c->next_seq += o->nchunks;
+    if (group_depth > 0) { /* queued at the outermost ncclGroupEnd */
+        group_ops.push_back({c, stream, what, [o]() { return op_poll(o.get()); }});
+        return ncclSuccess;
+    }
     cudaError_t e = cudasim::enqueue(stream, what, [o]() { return op_poll(o.get()); });
     if (e != cudaSuccess) {
         c->next_seq = o->seq0; /* never ran: its chunk numbers are free again */
@@ -545,7 +598,6 @@ ncclResult_t launch(const char *what, bool bcast, const void *send, void *recv, 
     return (ncclResult_t)ld_acq(&c->state);
 }
 
-thread_local int group_depth;
 
 } // namespace
 
@@ -648,6 +700,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId,
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError)
 {
+    group_closed_or_fault("ncclCommGetAsyncError");
     if (!comm || !asyncError)
         return fail(ncclInvalidArgument, "ncclCommGetAsyncError: NULL argument");
     if (ld_acq(&comm->state) == ncclInProgress)
@@ -661,6 +714,7 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError)
 
 ncclResult_t ncclCommFinalize(ncclComm_t comm)
 {
+    group_closed_or_fault("ncclCommFinalize");
     if (!comm)
         return fail(ncclInvalidArgument, "ncclCommFinalize: comm is NULL");
     ncclResult_t r = ready(comm, "ncclCommFinalize");
@@ -676,6 +730,7 @@ ncclResult_t ncclCommFinalize(ncclComm_t comm)
  * implicit finalize NCCL does when the caller did not. */
 ncclResult_t ncclCommDestroy(ncclComm_t comm)
 {
+    group_closed_or_fault("ncclCommDestroy");
     if (!comm)
         return ncclSuccess;
     drain(comm);
@@ -687,6 +742,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm)
 /* Queued operations complete at their next poll, output undefined. */
 ncclResult_t ncclCommAbort(ncclComm_t comm)
 {
+    group_closed_or_fault("ncclCommAbort");
     if (!comm)
         return ncclSuccess;
     teardown(comm, 1);
@@ -722,19 +778,81 @@ ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, n
     return launch("ncclBroadcast", true, sendbuff, recvbuff, count, datatype, ncclSum, root, comm, stream);
 }
 
-/* Grouping is not simulated (see the header): only nesting is checked. */
+ncclResult_t ncclGetVersion(int *version)
+{
+    if (!version)
+        return fail(ncclInvalidArgument, "ncclGetVersion: version is NULL");
+    *version = NCCL_VERSION_CODE; /* the toolkit header's: the stand-in speaks its API */
+    return ncclSuccess;
+}
+
 ncclResult_t ncclGroupStart()
 {
     group_depth++;
     return ncclSuccess;
 }
 
+/* The outermost end queues the group's operations (see the header). */
 ncclResult_t ncclGroupEnd()
 {
     if (group_depth == 0)
-        return fail(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
-    group_depth--;
-    return ncclSuccess;
+        cudasim::fault("nccl: ncclGroupEnd without ncclGroupStart");
+    if (--group_depth > 0)
+        return ncclSuccess;
+    std::vector<grouped_op> ops;
+    ops.swap(group_ops);
+    for (const grouped_op &g : ops)
+        if (g.stream != ops[0].stream)
+            cudasim::fault("nccl: one group on two streams (%p, then %p for %s)", (void *)ops[0].stream,
+                           (void *)g.stream, g.what);
+    ncclResult_t r = ncclSuccess;
+    for (const grouped_op &g : ops) {
+        cudaError_t e = cudasim::enqueue(g.stream, g.what, g.poll);
+        if (e != cudaSuccess)
+            return fail(ncclUnhandledCudaError, "ncclGroupEnd: %s: %s", g.what, cudaGetErrorString(e));
+        if (r == ncclSuccess) /* sync streams ran it already: an error it met is the group's */
+            r = (ncclResult_t)ld_acq(&g.c->state);
+    }
+    if (!ops.empty())
+        __atomic_add_fetch(&groups_launched, 1, __ATOMIC_RELAXED);
+    return r;
+}
+
+long cudasim_nccl_groups(void)
+{
+    return __atomic_load_n(&groups_launched, __ATOMIC_RELAXED);
+}
+
+void *cudasim_nccl_sym(const char *name)
+{
+    static const bool absent = [] {
+        const char *e = getenv("CUDASIM_NCCL");
+        return e && strcmp(e, "absent") == 0;
+    }();
+    static const struct {
+        const char *name;
+        void *fn;
+    } table[] = {
+        {"ncclGetVersion", (void *)ncclGetVersion},
+        {"ncclGetUniqueId", (void *)ncclGetUniqueId},
+        {"ncclCommInitRankConfig", (void *)ncclCommInitRankConfig},
+        {"ncclCommGetAsyncError", (void *)ncclCommGetAsyncError},
+        {"ncclCommFinalize", (void *)ncclCommFinalize},
+        {"ncclCommDestroy", (void *)ncclCommDestroy},
+        {"ncclCommAbort", (void *)ncclCommAbort},
+        {"ncclGetErrorString", (void *)ncclGetErrorString},
+        {"ncclGetLastError", (void *)ncclGetLastError},
+        {"ncclAllReduce", (void *)ncclAllReduce},
+        {"ncclBroadcast", (void *)ncclBroadcast},
+        {"ncclGroupStart", (void *)ncclGroupStart},
+        {"ncclGroupEnd", (void *)ncclGroupEnd},
+    };
+    if (absent || !name)
+        return NULL;
+    for (const auto &e : table)
+        if (strcmp(e.name, name) == 0)
+            return e.fn;
+    return NULL;
 }
 
 } // extern "C"

@@ -89,14 +89,16 @@ typedef struct fx {
 
 static int start(side *s)
 {
-	const char *bin = getenv("IT_CUDASIM_BIN_DIR");
-	if (s->gpu && !bin) {
-		fprintf(stderr, "IT_CUDASIM_BIN_DIR is not set\n");
+	const char *bin = getenv("IT_CUDASIM_BIN_DIR"), *nccl = getenv("IT_FAKE_NCCL_DIR");
+	if (s->gpu && (!bin || !nccl)) {
+		fprintf(stderr, "IT_CUDASIM_BIN_DIR or IT_FAKE_NCCL_DIR is not set\n");
 		return -1;
 	}
+	/* nccl_path: the daemon's probe finds a libnccl.so.2 whatever this
+	 * machine has (its workers use the stand-in's NCCL) */
 	const char *gpu[] = {"--data-roots", s->data, "--devices", "cuda", "--bin-dir", bin,
 			     "--pass-env", "CUDASIM_*:LD_LIBRARY_PATH", "--schedule", "true",
-			     "--stop-timeout-s", "60", NULL};
+			     "--stop-timeout-s", "60", "--nccl-path", nccl, NULL};
 	const char *cpu[] = {"--data-roots", s->data, "--devices", "cpu", "--cpu-slots", "2",
 			     "--schedule", "true", "--stop-timeout-s", "60", NULL};
 	return bertd_start(&s->d, s->gpu ? gpu : cpu);

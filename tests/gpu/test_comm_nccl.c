@@ -23,6 +23,9 @@
 
 #include "tests/gpu/gpu_check.h"
 #include "worker/comm.h"
+#ifdef BERTD_CUDASIM
+#include "worker/nccl_abi.h" /* cudasim_nccl_groups */
+#endif
 
 #define N 100003 /* odd, several buckets */
 #define MAXW 4
@@ -75,10 +78,11 @@ static int rank_main(gpu_ranks *p, int rank, int world, float *out, int lose_pee
     comm_dtype dts[3] = {COMM_FP32, COMM_BF16, COMM_FP16};
     float *host = malloc(N * sizeof(float));
     float *dev = NULL;
-    cudaStream_t compute = NULL;
+    cudaStream_t compute = NULL, nonblocking = NULL;
     int code = 0;
     if (!host || cudaSetDevice(rank) != cudaSuccess || cudaMalloc((void **)&dev, N * sizeof(float)) != cudaSuccess ||
-        cudaStreamCreate(&compute) != cudaSuccess)
+        cudaStreamCreate(&compute) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&nonblocking, cudaStreamNonBlocking) != cudaSuccess)
         return 10;
     for (int d = 0; d < 3 && code == 0; d++) {
         comm *c = NULL;
@@ -98,26 +102,43 @@ static int rank_main(gpu_ranks *p, int rank, int world, float *out, int lose_pee
         }
         for (size_t i = 0; i < N; i++)
             host[i] = value(rank, i);
+#ifdef BERTD_CUDASIM
+        long groups0 = cudasim_nccl_groups();
+#endif
         if (d == 0) {
-            /* the generic synchronous call */
-            cudaMemcpy(dev, host, N * sizeof(float), cudaMemcpyHostToDevice);
-            if (comm_allreduce_mean(c, dev, N) != 0)
+            /* the synchronous call with its stream: the values are written
+             * on a non-blocking stream, which the legacy default stream
+             * does not order against, so the reduction must order after
+             * the stream it is given (and the stream after it) */
+            cudaMemset(dev, 0, N * sizeof(float));
+            cudaMemcpyAsync(dev, host, N * sizeof(float), cudaMemcpyHostToDevice, nonblocking);
+            if (comm_nccl_allreduce_mean(c, dev, N, nonblocking) != 0)
                 code = 13;
+            cudaMemcpyAsync(host, dev, N * sizeof(float), cudaMemcpyDeviceToHost, nonblocking);
+            cudaStreamSynchronize(nonblocking);
         } else {
             /* buckets through a compute stream: the copy is queued on
              * compute, the buckets must wait for it, and the copy back must
-             * wait for the buckets */
+             * wait for the buckets; fp16 as one bucket of two ranges */
             cudaMemcpyAsync(dev, host, N * sizeof(float), cudaMemcpyHostToDevice, compute);
-            size_t half = N / 2;
-            if (comm_nccl_bucket_start(c, dev, half, compute) != 0 ||
-                comm_nccl_bucket_start(c, dev + half, N - half, compute) != 0 ||
+            size_t half = N / 2, ns[2] = {half, N - half};
+            float *bufs[2] = {dev, dev + half};
+            if ((d == 1 ? comm_nccl_bucket_start(c, dev, half, compute) != 0 ||
+                              comm_nccl_bucket_start(c, dev + half, N - half, compute) != 0
+                        : comm_nccl_bucket_start_ranges(c, bufs, ns, 2, compute) != 0) ||
                 comm_nccl_buckets_wait(c, compute) != 0 || comm_nccl_drain(c) != 0)
                 code = 14;
             cudaMemcpyAsync(host, dev, N * sizeof(float), cudaMemcpyDeviceToHost, compute);
             cudaStreamSynchronize(compute);
         }
-        if (d == 0)
-            cudaMemcpy(host, dev, N * sizeof(float), cudaMemcpyDeviceToHost);
+#ifdef BERTD_CUDASIM
+        /* each bucket is one NCCL group, however many ranges it has */
+        long groups = cudasim_nccl_groups() - groups0, want = d == 1 ? 2 : 1;
+        if (code == 0 && groups != want) {
+            fprintf(stderr, "rank %d dtype %d: %ld NCCL groups, want %ld\n", rank, d, groups, want);
+            code = 20;
+        }
+#endif
         memcpy(out + (size_t)d * N, host, N * sizeof(float));
         double v[2] = {rank + 1.0, 1e15};
         if (code == 0 && comm_allreduce_sum_f64(c, v, 2) != 0)
@@ -138,6 +159,7 @@ static int rank_main(gpu_ranks *p, int rank, int world, float *out, int lose_pee
     }
     cudaFree(dev);
     cudaStreamDestroy(compute);
+    cudaStreamDestroy(nonblocking);
     free(host);
     return code;
 }
@@ -220,6 +242,7 @@ int main(void)
         EXPECT(comm_nccl_bucket_start(shm, NULL, 1, NULL) == -EINVAL, "bucket_start on shm");
         EXPECT(comm_nccl_buckets_wait(shm, NULL) == -EINVAL, "buckets_wait on shm");
         EXPECT(comm_nccl_drain(shm) == -EINVAL, "drain on shm");
+        EXPECT(comm_nccl_allreduce_mean(shm, NULL, 1, NULL) == -EINVAL, "allreduce_mean with a stream on shm");
         comm_destroy(shm);
     }
     if (failures)
@@ -233,6 +256,26 @@ int main(void)
         printf("no CUDA device: skipped\n");
         return 77;
     }
+    /* NCCL is opened at run time: no libnccl.so.2, no communicator (and a
+     * message naming it), never a crash */
+    char msg[640] = "";
+    int lrc = comm_nccl_load(msg, sizeof(msg));
+    const char *absent = getenv("CUDASIM_NCCL");
+    if (absent && strcmp(absent, "absent") == 0) {
+        comm *c = NULL;
+        EXPECT(lrc == -ENOENT && strstr(msg, "libnccl.so.2"), "load without NCCL: %d %s", lrc, msg);
+        gpu_ranks p = {.world = 1};
+        EXPECT(comm_create_nccl(&c, 0, 1, 0, COMM_FP32, gpu_ranks_id_send, gpu_ranks_id_recv, &p, 1000) == -ENOENT &&
+                   !c,
+               "comm_create_nccl without NCCL");
+        printf("without NCCL: %s\n", msg);
+        return failures ? 1 : 0;
+    }
+    if (lrc != 0) {
+        printf("NCCL cannot be loaded (%s): skipped\n", msg);
+        return 77;
+    }
+    printf("%s\n", msg);
     check_world(1, 0);
     int w = ndev < MAXW ? ndev : MAXW;
     if (w >= 2) {

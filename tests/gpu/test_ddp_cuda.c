@@ -37,14 +37,17 @@
 #include "tests/gpu/gpu_check.h"
 #include "worker/comm.h"
 #include "worker/gpu_model.h"
+#ifdef BERTD_CUDASIM
+#include "worker/nccl_abi.h" /* cudasim_nccl_groups */
+#endif
 #include "worker/model.h"
 #include "worker/optim.h"
 
 enum { MAXW = 3, B = 6, T = 24, MPR = 4, STEPS = 2 };
 
-static int bucket(void *ctx, float *grads, size_t n, cudaStream_t s)
+static int bucket(void *ctx, float *const *grads, const size_t *n, int k, cudaStream_t s)
 {
-    return comm_nccl_bucket_start(ctx, grads, n, s);
+    return comm_nccl_bucket_start_ranges(ctx, grads, n, k, s);
 }
 
 static int bucket_finish(void *ctx, cudaStream_t s)
@@ -53,12 +56,10 @@ static int bucket_finish(void *ctx, cudaStream_t s)
     return rc ? rc : comm_nccl_drain(ctx);
 }
 
+/* given the compute stream, as bertd-worker does */
 static int whole(void *ctx, float *grads, size_t n, cudaStream_t s)
 {
-    int rc = comm_nccl_bucket_start(ctx, grads, n, s);
-    if (rc == 0)
-        rc = comm_nccl_buckets_wait(ctx, s);
-    return rc ? rc : comm_nccl_drain(ctx);
+    return comm_nccl_allreduce_mean(ctx, grads, n, s);
 }
 
 /* The whole batch, deterministic. */
@@ -122,7 +123,7 @@ static int rank_main(gpu_ranks *p, int rank, int world, comm_dtype rd, int overl
     if (world > 1) {
         if (comm_create_nccl(&cm, rank, world, rank, rd, gpu_ranks_id_send, gpu_ranks_id_recv, p, 60000) != 0)
             return 13;
-        if (gpu_model_set_allreduce(g, whole, cm, NULL) != 0)
+        if (gpu_model_set_allreduce(g, whole, cm, g->compute) != 0)
             return 14;
         if (overlap && gpu_model_set_buckets(g, bucket, bucket_finish, cm) != 0)
             return 15;
@@ -132,9 +133,14 @@ static int rank_main(gpu_ranks *p, int rank, int world, comm_dtype rd, int overl
     make_data(&d, &c);
     bert_batch b = slice(&d, pos, rank * nb, nb);
     int code = 0;
+#ifdef BERTD_CUDASIM
+    long groups0 = cudasim_nccl_groups();
+#endif
     for (int s = 0; s < STEPS && code == 0; s++) {
         int skipped = 0;
         gpu_model_zero_grad(g);
+        if (overlap && world > 1)
+            gpu_model_reduce_in_next_backward(g); /* as bertd-worker arms its last micro-batch */
         if (gpu_model_upload(g, &b, err, sizeof err) != 0)
             code = 16;
         else if (gpu_model_forward(g, NULL, 1.0f) != 0 || gpu_model_backward(g) != 0)
@@ -145,6 +151,16 @@ static int rank_main(gpu_ranks *p, int rank, int world, comm_dtype rd, int overl
                  gpu_model_get_params(g, out + ((size_t)s * 2 + 1) * cpu->num_params) != 0)
             code = 19;
     }
+#ifdef BERTD_CUDASIM
+    /* one NCCL group per bucket (L layers, the rest, the embeddings), or
+     * one per step for the single all-reduce */
+    long groups = cudasim_nccl_groups() - groups0,
+         want = world == 1 ? 0 : overlap ? (long)STEPS * (c.num_hidden_layers + 2) : STEPS;
+    if (code == 0 && groups != want) {
+        fprintf(stderr, "rank %d: %ld NCCL groups in %d steps, want %ld\n", rank, groups, STEPS, want);
+        code = 20;
+    }
+#endif
     comm_destroy(cm);
     gpu_model_destroy(g);
     bert_model_destroy(cpu);

@@ -500,15 +500,21 @@ typedef struct shadow {
     unsigned char *seen; /* (n) host coverage count */
     const float *base;   /* g->grads_memory */
     int finished, calls;
+    int last_k;          /* ranges of the last bucket enqueued */
+    size_t last_off0;    /* its first range's offset */
 } shadow;
 
-static int shadow_bucket(void *ctx, float *grads, size_t n, cudaStream_t s)
+static int shadow_bucket(void *ctx, float *const *grads, const size_t *n, int k, cudaStream_t s)
 {
     shadow *sh = ctx;
-    size_t off = (size_t)(grads - sh->base);
-    TCHECK(cudaMemcpyAsync(sh->dev + off, grads, n * sizeof(float), cudaMemcpyDeviceToDevice, s));
-    for (size_t i = 0; i < n; i++)
-        sh->seen[off + i]++;
+    sh->last_k = k;
+    sh->last_off0 = k > 0 ? (size_t)(grads[0] - sh->base) : (size_t)-1;
+    for (int r = 0; r < k; r++) {
+        size_t off = (size_t)(grads[r] - sh->base);
+        TCHECK(cudaMemcpyAsync(sh->dev + off, grads[r], n[r] * sizeof(float), cudaMemcpyDeviceToDevice, s));
+        for (size_t i = 0; i < n[r]; i++)
+            sh->seen[off + i]++;
+    }
     sh->calls++;
     return 0;
 }
@@ -563,6 +569,17 @@ static void test_buckets_final_and_complete(int nsp)
     }
     report(bad_cover == 0, "bucket coverage: params not bucketed exactly once", KDT_F32, (double)bad_cover, 0);
     report(bad_value == 0, "bucket snapshots differing from final grads", KDT_F32, (double)bad_value, 0);
+    /* the embeddings (the tied word embeddings first, at offset 0) are the
+     * last bucket, alone: the rest of the non-layer parameters went before
+     * the embedding backward (L layer buckets + 2) */
+    if (sh.calls != c.num_hidden_layers + 2 || sh.last_k != 1 || sh.last_off0 != 0) {
+        printf("FAIL bucket order: %d buckets (want %d), the last with %d ranges from offset %zu "
+               "(want the embeddings alone, from 0)\n", sh.calls, c.num_hidden_layers + 2, sh.last_k,
+               sh.last_off0);
+        gpu_failures++;
+    } else {
+        printf("ok   %d buckets, the embeddings last and alone\n", sh.calls);
+    }
     int skipped = 0;
     if (gpu_model_step(g, NULL, NULL, &skipped) != 0 || sh.finished != 1) {
         printf("FAIL step through the bucket path (finish called %d times)\n", sh.finished);

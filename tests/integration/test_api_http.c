@@ -237,6 +237,8 @@ static void test_healthz_and_version(void **state)
 	assert_string_equal(it_jstr(r.json, "api"), "v1");
 	assert_true(matches(it_jstr(r.json, "version"), "^[0-9]+\\.[0-9]+\\.[0-9]+"));
 	assert_true(json_is_boolean(json_object_get(r.json, "cuda")));
+	json_t *nccl = json_object_get(r.json, "nccl"); /* the NCCL the daemon loaded, or null */
+	assert_true(nccl && (json_is_null(nccl) || matches(json_string_value(nccl), "^[0-9]+\\.[0-9]+\\.[0-9]+$")));
 	assert_non_null(http_header(&r, "Cache-Control", v, sizeof v));
 	assert_string_equal(v, "no-store");
 	http_resp_free(&r);
