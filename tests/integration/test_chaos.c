@@ -78,34 +78,15 @@ typedef struct counts {
 	long long bytes_compared;
 } counts;
 
-typedef struct fx {
-	bertd d;
-	char data[160];
-	counts n;
-} fx;
-
-static int start(fx *f)
-{
-	const char *extra[] = {"--stop-timeout-s", "60", "--stall-timeout-s", "20", NULL};
-	it_daemon_opts o = {.cpu_slots = "2", .extra = extra};
-	return it_daemon_run(&f->d, f->data, &o);
-}
+typedef it_fx fx;
+static counts tally; /* what the test did, for its summary (setup zeroes it) */
 
 static int setup(void **state)
 {
-	fx *f = calloc(1, sizeof *f);
-	if (!f || it_daemon_init(&f->d, f->data, sizeof f->data) || start(f))
-		return -1;
-	*state = f;
-	return 0;
-}
-
-static int teardown(void **state)
-{
-	fx *f = *state;
-	int rc = it_daemon_finish(&f->d);
-	free(f);
-	return rc;
+	static const char *const extra[] = {"--stop-timeout-s", "60", "--stall-timeout-s", "20", NULL};
+	it_daemon_opts o = {.cpu_slots = "2", .extra = extra};
+	memset(&tally, 0, sizeof tally);
+	return it_setup(state, &o, 0);
 }
 
 /* A model small enough to train in seconds on two cores (as in
@@ -222,8 +203,8 @@ static void kill_daemon_and_restart(fx *f)
 {
 	bertd_kill9(&f->d);
 	assert_no_processes(f, "after kill -9 of the daemon", 30);
-	assert_int_equal(start(f), 0);
-	f->n.daemon_kills++;
+	assert_int_equal(it_daemon_run(f, NULL), 0);
+	tally.daemon_kills++;
 }
 
 /* One live process of the job matching what ("bertd-worker",
@@ -351,9 +332,9 @@ static void run_burst(fx *f, burst *b)
 	pthread_cond_broadcast(&b->cv);
 	pthread_mutex_unlock(&b->mu);
 	pthread_join(th, NULL);
-	f->n.acked += b->acked;
-	f->n.unacked += b->unacked;
-	f->n.cancels_acked += b->cancels;
+	tally.acked += b->acked;
+	tally.unacked += b->unacked;
+	tally.cancels_acked += b->cancels;
 	fprintf(stderr, "chaos: burst acknowledged %d, not acknowledged %d, cancels acknowledged %d\n", b->acked,
 		b->unacked, b->cancels);
 	assert_int_equal(b->acked, BURST);
@@ -378,7 +359,7 @@ static size_t slurp(const char *path, unsigned char **buf)
 }
 
 /* a/name and b/name are byte for byte the same; counts the bytes. */
-static void assert_same_file(fx *f, const char *a, const char *b, const char *name)
+static void assert_same_file(const char *a, const char *b, const char *name)
 {
 	char pa[1400], pb[1400];
 	snprintf(pa, sizeof pa, "%s/%s", a, name);
@@ -392,7 +373,7 @@ static void assert_same_file(fx *f, const char *a, const char *b, const char *na
 		fail_msg("%s differs from the undisturbed run's (%zu vs %zu bytes, first difference at byte %zu)", pb,
 			 ny, nx, at);
 	}
-	f->n.bytes_compared += (long long)nx;
+	tally.bytes_compared += (long long)nx;
 	free(x);
 	free(y);
 }
@@ -520,9 +501,9 @@ static void disturb(fx *f, const char *id, int kind, long step, int before, bool
 			json_decref(j);
 		}
 		if (kind == KILL_WORKER)
-			f->n.worker_kills++;
+			tally.worker_kills++;
 		else
-			f->n.loader_kills++;
+			tally.loader_kills++;
 		break;
 	}
 	case KILL_DAEMON:
@@ -537,7 +518,7 @@ static void disturb(fx *f, const char *id, int kind, long step, int before, bool
 		json_t *j = wait_live_at(f, id, "running", step + 10, false);
 		assert_int_equal(job_restarts(j), before);
 		json_decref(j);
-		f->n.stops++;
+		tally.stops++;
 		break;
 	}
 	}
@@ -591,9 +572,9 @@ static void test_chaos_job_and_burst(void **state)
 	fprintf(stderr, "chaos: job completed after %d restart(s)\n", job_restarts(cj));
 	char ck[1100];
 	ckpt_dir(f, id, ck, sizeof ck);
-	assert_same_file(f, ref_export, it_jstr(cj, "model_dir"), "model.safetensors");
-	assert_same_file(f, ref_ckpt, ck, "params.safetensors");
-	assert_same_file(f, ref_ckpt, ck, "optim.safetensors");
+	assert_same_file(ref_export, it_jstr(cj, "model_dir"), "model.safetensors");
+	assert_same_file(ref_ckpt, ck, "params.safetensors");
+	assert_same_file(ref_ckpt, ck, "optim.safetensors");
 	json_decref(cj);
 
 	/* every acknowledged submission exists; every job ends terminal:
@@ -619,7 +600,7 @@ static void test_chaos_job_and_burst(void **state)
 		}
 		json_decref(j);
 	}
-	f->n.jobs_checked = nall;
+	tally.jobs_checked = nall;
 	assert_true(nall >= 2 + b.acked); /* the reference, the chaos job, the burst's */
 
 	/* stopped: nothing left running, nothing left in /dev/shm */
@@ -630,9 +611,9 @@ static void test_chaos_job_and_burst(void **state)
 	fprintf(stderr,
 		"CHAOS jobs kills_survived=%d worker_kills=%d loader_kills=%d daemon_kills=%d stops=%d "
 		"acked=%d unacked=%d cancels_acked=%d jobs_checked=%d bytes_compared=%lld\n",
-		f->n.worker_kills + f->n.loader_kills + f->n.daemon_kills, f->n.worker_kills, f->n.loader_kills,
-		f->n.daemon_kills, f->n.stops, f->n.acked, f->n.unacked, f->n.cancels_acked, f->n.jobs_checked,
-		f->n.bytes_compared);
+		tally.worker_kills + tally.loader_kills + tally.daemon_kills, tally.worker_kills, tally.loader_kills,
+		tally.daemon_kills, tally.stops, tally.acked, tally.unacked, tally.cancels_acked, tally.jobs_checked,
+		tally.bytes_compared);
 	for (int i = 0; i < nall; i++)
 		free(all[i]);
 	free(all);
@@ -760,7 +741,7 @@ static void test_chaos_prepare(void **state)
 			fprintf(stderr, "chaos: kill -9 of bertd-prepare (pid %d) of %s, %s\n", (int)pid,
 				name, phase);
 			assert_int_equal(kill(pid, SIGKILL), 0);
-			f->n.prepare_kills++;
+			tally.prepare_kills++;
 			dataset_outcome(f, name, st, sizeof st);
 		} else {
 			fprintf(stderr, "chaos: kill -9 of the daemon while %s prepares, %s\n", name, phase);
@@ -772,14 +753,14 @@ static void test_chaos_prepare(void **state)
 	}
 	assert_int_equal(bertd_stop(&f->d), 0);
 	assert_no_processes(f, "after the daemon stopped", 30);
-	fprintf(stderr, "CHAOS prepare prepare_kills=%d daemon_kills=%d\n", f->n.prepare_kills, f->n.daemon_kills);
+	fprintf(stderr, "CHAOS prepare prepare_kills=%d daemon_kills=%d\n", tally.prepare_kills, tally.daemon_kills);
 }
 
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_chaos_job_and_burst, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_chaos_prepare, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_chaos_job_and_burst, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_chaos_prepare, setup, it_teardown),
 	};
 	return IT_RUN(tests, NULL, NULL);
 }

@@ -23,17 +23,7 @@ typedef it_fx fx; /* data: the data root */
 static int setup(void **state)
 {
 	it_daemon_opts o = {.cpu_slots = "1", .schedule = "false"};
-	return (*state = it_daemon_start(&o, 0)) ? 0 : -1;
-}
-
-static int teardown(void **state) { return it_daemon_stop(*state); }
-
-static void write_file(const char *path, const char *text)
-{
-	FILE *fp = fopen(path, "w");
-	assert_non_null(fp);
-	fputs(text, fp);
-	fclose(fp);
+	return it_setup(state, &o, 0);
 }
 
 /* n JSON lines of real text: non-blank lines of it_make_corpus's after the
@@ -97,20 +87,6 @@ static void expect_ready(const fx *f, const char *name)
 	json_decref(ds);
 }
 
-static char *slurp(const char *p, size_t *n)
-{
-	FILE *fp = fopen(p, "rb");
-	if (!fp)
-		return NULL;
-	fseek(fp, 0, SEEK_END);
-	*n = (size_t)ftell(fp);
-	fseek(fp, 0, SEEK_SET);
-	char *b = malloc(*n + 1);
-	assert_int_equal(fread(b, 1, *n, fp), *n);
-	fclose(fp);
-	return b;
-}
-
 /* The shards of datasets a and b: the same bytes, and as many. */
 static void same_shards(const fx *f, const char *a, const char *b)
 {
@@ -120,7 +96,7 @@ static void same_shards(const fx *f, const char *a, const char *b)
 		snprintf(pa, sizeof pa, "%s/datasets/%s/shard-%05d.bin", f->data, a, k);
 		snprintf(pb, sizeof pb, "%s/datasets/%s/shard-%05d.bin", f->data, b, k);
 		size_t na = 0, nb = 0;
-		char *x = slurp(pa, &na), *y = slurp(pb, &nb);
+		char *x = it_slurp(pa, &na), *y = it_slurp(pb, &nb);
 		assert_true(!x == !y);
 		if (!x)
 			break;
@@ -157,7 +133,7 @@ static void test_gz_dir_with_readme(void **state)
 	assert_int_equal(it_system("cd '%s' && for x in part-0 part-1; do gzip -c plain/$x.jsonl > gz/$x.jsonl.gz; done",
 				   f->data), 0);
 	snprintf(p, sizeof p, "%s/gz/README.md", f->data);
-	write_file(p, "# The corpus\n\nTwo parts of JSON lines, gzip'd.\n");
+	it_write_file(p, "# The corpus\n\nTwo parts of JSON lines, gzip'd.\n");
 
 	post(f, "{\"name\":\"plain\",\"source\":\"plain/\",\"format\":\"jsonl\","
 		"\"vocab\":{\"train\":{\"vocab_size\":300}}}");
@@ -204,7 +180,7 @@ static void test_binary_named(void **state)
 	snprintf(p, sizeof p, "%s/bin", f->data);
 	assert_int_equal(mkdir(p, 0755), 0);
 	snprintf(p, sizeof p, "%s/bin/a.txt", f->data);
-	write_file(p, "hello world\nfine text\n");
+	it_write_file(p, "hello world\nfine text\n");
 	/* a NUL byte at decompressed offset 5 of the second file */
 	assert_int_equal(it_system("cd '%s/bin' && printf 'hello\\000world\\n' | gzip > b.txt.gz", f->data), 0);
 	post(f, "{\"name\":\"bin\",\"source\":\"bin\",\"vocab\":{\"train\":{\"vocab_size\":128}}}");
@@ -233,7 +209,7 @@ static void test_422(void **state)
 	fx *f = *state;
 	char p[512];
 	snprintf(p, sizeof p, "%s/c.txt", f->data);
-	write_file(p, "hello\n");
+	it_write_file(p, "hello\n");
 #define V ",\"vocab\":{\"train\":{\"vocab_size\":128}}}"
 	expect_422(f, "{\"name\":\"e1\",\"source\":[]" V, "source", "1..64");
 	expect_422(f, "{\"name\":\"e2\",\"source\":[\"c.txt\",7]" V, "source[1]", "string");
@@ -254,9 +230,9 @@ static void test_422(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_gz_dir_with_readme, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_binary_named, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_422, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_gz_dir_with_readme, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_binary_named, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_422, setup, it_teardown),
 	};
 	return IT_RUN(tests, NULL, NULL);
 }

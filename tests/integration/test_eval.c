@@ -43,10 +43,8 @@ static int setup(void **state)
 	const char *extra[] = {"--stop-timeout-s", "60", NULL};
 	it_daemon_opts o = {.cpu_slots = "2", .extra = extra, .dataset = "evalds", .corpus = "corpus.txt",
 			    .corpus_lines = 2000, .vocab_size = 400};
-	return (*state = it_daemon_start(&o, DEADLINE_S)) ? 0 : -1;
+	return it_setup(state, &o, DEADLINE_S);
 }
-
-static int teardown(void **state) { return it_daemon_stop(*state); }
 
 #define MODEL IT_TINY_MODEL("2")
 
@@ -273,5 +271,5 @@ int main(void)
 		cmocka_unit_test(test_no_eval_by_default),
 		cmocka_unit_test(test_eval_gauges_while_running),
 	};
-	return IT_RUN(tests, setup, teardown);
+	return IT_RUN(tests, setup, it_teardown);
 }

@@ -47,17 +47,14 @@ static int setup(void **state)
 	fx *f = it_daemon_start(&o, DEADLINE_S);
 	if (!f)
 		return -1;
-	*state = f;
 	it_make_corpus(f->data, "corpus.txt", 400);
-	if (it_system("cp '%s/tests/data/bert-base-uncased-vocab.txt' '%s/vocab.txt'", g_src, f->data) != 0 ||
-	    it_system("/usr/bin/python3 '%s/tests/integration/hf_init_dirs.py' '%s/hf' '%s/vocab.txt' >/dev/null",
-		      g_src, f->data, f->data) != 0 ||
-	    it_add_dataset(&f->d, "{\"name\":\"hfds\",\"source\":\"corpus.txt\",\"vocab\":{\"file\":\"vocab.txt\"}}"))
-		return -1;
-	return 0;
+	return it_setup_end(
+		state, f,
+		it_system("cp '%s/tests/data/bert-base-uncased-vocab.txt' '%s/vocab.txt'", g_src, f->data) == 0 &&
+			it_system("/usr/bin/python3 '%s/tests/integration/hf_init_dirs.py' '%s/hf' '%s/vocab.txt' >/dev/null",
+				  g_src, f->data, f->data) == 0 &&
+			!it_add_dataset(&f->d, "{\"name\":\"hfds\",\"source\":\"corpus.txt\",\"vocab\":{\"file\":\"vocab.txt\"}}"));
 }
-
-static int teardown(void **state) { return it_daemon_stop(*state); }
 
 /* The job spec of these tests: dropout 0 (the checkpoints' own), B 4, T 32,
  * one rank, the worker building its batches. */
@@ -202,5 +199,5 @@ int main(void)
 		cmocka_unit_test(test_nsp_from_mlm_checkpoint),
 		cmocka_unit_test(test_refusals),
 	};
-	return IT_RUN(tests, setup, teardown);
+	return IT_RUN(tests, setup, it_teardown);
 }

@@ -32,10 +32,8 @@ static int setup(void **state)
 {
 	it_daemon_opts o = {.cpu_slots = "1", .dataset = "shakes", .corpus = "shakes.txt", .corpus_lines = 3000,
 			    .vocab_size = 400};
-	return (*state = it_daemon_start(&o, DEADLINE_S)) ? 0 : -1;
+	return it_setup(state, &o, DEADLINE_S);
 }
-
-static int teardown(void **state) { return it_daemon_stop(*state); }
 
 /* A tiny model on one CPU slot, a loader, checkpoints every 10 steps.
  * model / train: JSON fragments that vary; init: the init_from keys. */
@@ -61,21 +59,6 @@ static void ckpt_dir(const json_t *job, int step, char *out, size_t cap)
 	size_t n = strlen(ex);
 	assert_true(n > 7 && strcmp(ex + n - 7, "/export") == 0);
 	snprintf(out, cap, "%.*s/checkpoints/ckpt-%d", (int)(n - 7), ex, step);
-}
-
-/* Submits s expecting 422 with field; prints the detail. */
-static void refused(const bertd *d, const char *s, const char *field, const char *detail_has)
-{
-	http_resp r;
-	assert_int_equal(http_post_json(d, "/v1/jobs", s, &r), 0);
-	if (r.status != 422)
-		fail_msg("expected 422 for %s, got %ld: %s", field, r.status, r.body);
-	assert_string_equal(it_jstr(r.json, "field"), field);
-	const char *detail = it_jstr(r.json, "detail");
-	fprintf(stderr, "422 %s: %s\n", field, detail);
-	if (!strstr(detail, detail_has))
-		fail_msg("detail of %s lacks \"%s\": %s", field, detail_has, detail);
-	http_resp_free(&r);
 }
 
 static void test_continue_restores_everything(void **state)
@@ -116,31 +99,31 @@ static void test_continue_restores_everything(void **state)
 
 	/* the 422s: each names the key and what would be accepted */
 	spec(s, sizeof s, "x", "32", "20", BATCH, ",\"init_from_restore\":\"all\"");
-	refused(&f->d, s, "init_from_restore", "needs init_from naming a job's checkpoint");
+	it_submit_refused(&f->d, s, "init_from_restore", "needs init_from naming a job's checkpoint");
 	snprintf(init, sizeof init, ",\"init_from\":{\"job\":\"%s\"},\"init_from_restore\":\"all\"", a);
 	spec(s, sizeof s, "x", "32", "20", BATCH, init);
-	refused(&f->d, s, "init_from_restore", "needs init_from naming a job's checkpoint");
+	it_submit_refused(&f->d, s, "init_from_restore", "needs init_from naming a job's checkpoint");
 	char path[1200];
 	ckpt_dir(ja, 10, path, sizeof path);
 	snprintf(init, sizeof init, ",\"init_from\":\"%s\",\"init_from_restore\":\"all\"", path);
 	spec(s, sizeof s, "x", "32", "20", BATCH, init);
-	refused(&f->d, s, "init_from_restore", "not a path");
+	it_submit_refused(&f->d, s, "init_from_restore", "not a path");
 	snprintf(init, sizeof init, RESTORE_ALL(10), a);
 	spec(s, sizeof s, "x", "32", "10", BATCH, init);
-	refused(&f->d, s, "training_args.max_steps", "must exceed the checkpoint's step (10)");
+	it_submit_refused(&f->d, s, "training_args.max_steps", "must exceed the checkpoint's step (10)");
 	spec(s, sizeof s, "x", "64", "20", BATCH, init);
-	refused(&f->d, s, "model.hidden_size", "differs from the model of the checkpoint");
+	it_submit_refused(&f->d, s, "model.hidden_size", "differs from the model of the checkpoint");
 	/* another batch or accumulation is a new phase (test_recipes), another
 	 * beta would change what the moments mean */
 	spec(s, sizeof s, "x", "32", "20", BATCH ",\"adam_beta1\":0.8", init);
-	refused(&f->d, s, "training_args.adam_beta1", "betas");
+	it_submit_refused(&f->d, s, "training_args.adam_beta1", "betas");
 	/* a checkpoint whose optimizer state is gone */
 	ckpt_dir(ja, 20, path, sizeof path);
 	strcat(path, "/optim.safetensors");
 	assert_int_equal(unlink(path), 0);
 	snprintf(init, sizeof init, RESTORE_ALL(20), a);
 	spec(s, sizeof s, "x", "32", "30", BATCH, init);
-	refused(&f->d, s, "init_from_restore", "optimizer state");
+	it_submit_refused(&f->d, s, "init_from_restore", "optimizer state");
 	json_decref(ja);
 	json_decref(jb);
 	free(a);
@@ -197,8 +180,8 @@ static void test_restart_after_source_is_gone(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_continue_restores_everything, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_restart_after_source_is_gone, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_continue_restores_everything, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_restart_after_source_is_gone, setup, it_teardown),
 	};
 	return IT_RUN(tests, NULL, NULL);
 }

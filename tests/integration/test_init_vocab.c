@@ -115,33 +115,24 @@ static int setup(void **state)
 	const char *src = getenv("BERTD_SOURCE_ROOT");
 	if (!src)
 		return -1;
-	fx *f = calloc(1, sizeof *f);
+	it_fx *f = it_daemon_start(&run_opts, 0);
 	char from[512], to[512];
-	if (!f || it_daemon_init(&f->d, f->data, sizeof f->data) || it_daemon_run(&f->d, f->data, &run_opts))
-		goto fail;
+	if (!f)
+		return -1;
 	static const char *const vocabs[] = {"bert-base-uncased-vocab.txt", "bert-base-cased-vocab.txt"};
 	for (int i = 0; i < 2; i++) {
 		snprintf(from, sizeof from, "%s/tests/data/%s", src, vocabs[i]);
 		snprintf(to, sizeof to, "%s/%s", f->data, vocabs[i]);
 		if (copy_vocab(from, to, 0, NULL))
-			goto fail;
+			return it_setup_end(state, f, false);
 	}
 	it_make_corpus(f->data, "corpus.txt", 300);
-	if (it_add_dataset(&f->d, "{\"name\":\"uncased\",\"source\":\"corpus.txt\","
-				  "\"vocab\":{\"file\":\"bert-base-uncased-vocab.txt\"}}") ||
-	    it_add_dataset(&f->d, "{\"name\":\"cased\",\"source\":\"corpus.txt\","
-				  "\"vocab\":{\"file\":\"bert-base-cased-vocab.txt\"}}"))
-		goto fail;
-	*state = f;
-	return 0;
-fail:
-	if (f)
-		bertd_destroy(&f->d);
-	free(f);
-	return -1;
+	return it_setup_end(state, f,
+			    !it_add_dataset(&f->d, "{\"name\":\"uncased\",\"source\":\"corpus.txt\","
+						   "\"vocab\":{\"file\":\"bert-base-uncased-vocab.txt\"}}") &&
+				    !it_add_dataset(&f->d, "{\"name\":\"cased\",\"source\":\"corpus.txt\","
+							   "\"vocab\":{\"file\":\"bert-base-cased-vocab.txt\"}}"));
 }
-
-static int teardown(void **state) { return it_daemon_stop(*state); }
 
 /* POST spec; returns the answer (caller frees). */
 static http_resp submit(const bertd *d, const char *fmt, ...)
@@ -237,7 +228,7 @@ static void test_hf_directories(void **state)
 	it_wait_dataset_ready(&f->d, "uncased", DEADLINE_S);
 	it_wait_dataset_ready(&f->d, "cased", DEADLINE_S);
 	assert_int_equal(bertd_stop(&f->d), 0);
-	assert_int_equal(it_daemon_run(&f->d, f->data, &held_opts), 0);
+	assert_int_equal(it_daemon_run(f, &held_opts), 0);
 	snprintf(uncased, sizeof uncased, "%s/bert-base-uncased-vocab.txt", f->data);
 	snprintf(cased, sizeof cased, "%s/bert-base-cased-vocab.txt", f->data);
 	hf_dir(f->data, "hf-same", V_UNCASED, V_UNCASED, uncased);
@@ -354,7 +345,7 @@ static void test_job_outputs(void **state)
 	assert_non_null(export);
 	json_decref(ja);
 	assert_int_equal(bertd_stop(&f->d), 0);
-	assert_int_equal(it_daemon_run(&f->d, f->data, &held_opts), 0);
+	assert_int_equal(it_daemon_run(f, &held_opts), 0);
 
 	static const char *const refs[] = {"{\"job\":\"%s\"}", "{\"job\":\"%s\",\"checkpoint\":\"latest\"}",
 					   "{\"job\":\"%s\",\"checkpoint\":2}"};
@@ -421,8 +412,8 @@ static void test_job_outputs(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_hf_directories, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_job_outputs, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_hf_directories, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_job_outputs, setup, it_teardown),
 	};
 	return IT_RUN(tests, NULL, NULL);
 }

@@ -75,16 +75,10 @@ static int setup(void **state)
 	if (!f)
 		return -1;
 	write_long_lines(f->data, "long.txt");
-	if (it_add_dataset(&f->d, "{\"name\":\"longds\",\"source\":\"long.txt\","
-				  "\"vocab\":{\"train\":{\"vocab_size\":400}}}")) {
-		it_daemon_stop(f);
-		return -1;
-	}
-	*state = f;
-	return 0;
+	return it_setup_end(state, f,
+			    !it_add_dataset(&f->d, "{\"name\":\"longds\",\"source\":\"long.txt\","
+						   "\"vocab\":{\"train\":{\"vocab_size\":400}}}"));
 }
-
-static int teardown(void **state) { return it_daemon_stop(*state); }
 
 static json_int_t ival(json_t *o, const char *k)
 {
@@ -164,5 +158,5 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_every_token_and_the_warning),
 	};
-	return IT_RUN(tests, setup, teardown);
+	return IT_RUN(tests, setup, it_teardown);
 }

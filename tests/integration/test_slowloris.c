@@ -30,7 +30,8 @@ static int setup_limits(void **state)
 {
 	const char *extra[] = {"--request-timeout-s", "3600", "--conn-timeout-s", "3600",
 			       "--conn-limit", "32", "--schedule", "false", NULL};
-	return it_bertd_setup(state, extra);
+	it_daemon_opts o = {.plain = true, .extra = extra};
+	return it_setup(state, &o, 0);
 }
 
 /* A 2 s request deadline; the idle timeout (an hour) cannot be what closes them. */
@@ -38,7 +39,8 @@ static int setup_deadline(void **state)
 {
 	const char *extra[] = {"--request-timeout-s", "2", "--conn-timeout-s", "3600",
 			       "--schedule", "false", NULL};
-	return it_bertd_setup(state, extra);
+	it_daemon_opts o = {.plain = true, .extra = extra};
+	return it_setup(state, &o, 0);
 }
 
 
@@ -126,8 +128,8 @@ static void test_trickling_clients_closed(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_served_beside_slow_clients, setup_limits, it_bertd_teardown),
-		cmocka_unit_test_setup_teardown(test_trickling_clients_closed, setup_deadline, it_bertd_teardown),
+		cmocka_unit_test_setup_teardown(test_served_beside_slow_clients, setup_limits, it_teardown),
+		cmocka_unit_test_setup_teardown(test_trickling_clients_closed, setup_deadline, it_teardown),
 	};
 	return IT_RUN(tests, NULL, NULL);
 }
