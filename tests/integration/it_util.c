@@ -2,6 +2,8 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <setjmp.h>
@@ -12,8 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -194,6 +198,27 @@ void it_assert_completed(const bertd *d, const json_t *job)
 	}
 }
 
+json_t *it_wait_completed(const bertd *d, const char *id, int deadline_s)
+{
+	json_t *job = it_wait_job(d, id, "completed|failed|canceled", deadline_s);
+	it_assert_completed(d, job);
+	return job;
+}
+
+int it_connect(const bertd *d, int recv_timeout_s)
+{
+	const char *colon = strrchr(d->base_url, ':');
+	assert_non_null(colon);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	assert_true(fd >= 0);
+	struct timeval tv = {.tv_sec = recv_timeout_s};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+	return fd;
+}
+
 json_t *it_metrics_of(const bertd *d, const char *id)
 {
 	char path[128];
@@ -289,6 +314,15 @@ int it_find_pids(const char *a, const char *b, pid_t *out, int cap)
 	if (dir)
 		closedir(dir);
 	return n;
+}
+
+void it_kill_rank(const char *id, int rank)
+{
+	char arg[32];
+	pid_t pids[4];
+	snprintf(arg, sizeof arg, "--rank %d", rank);
+	assert_int_equal(it_find_pids(id, arg, pids, 4), 1);
+	assert_int_equal(kill(pids[0], SIGKILL), 0);
 }
 
 int it_daemon_finish(bertd *d)

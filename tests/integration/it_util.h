@@ -56,6 +56,13 @@ void it_wait_step(const bertd *d, const char *id, long step, int deadline_s);
 /* Fails the test, with the daemon's log and the failure_reason, unless
  * job's state is "completed". */
 void it_assert_completed(const bertd *d, const json_t *job);
+/* Waits (it_wait_job) until job id ends and asserts it completed
+ * (it_assert_completed); returns the job (caller decrefs). */
+json_t *it_wait_completed(const bertd *d, const char *id, int deadline_s);
+/* A TCP connection to d's port on loopback, recv timing out after
+ * recv_timeout_s (a hung daemon fails the read instead of hanging the
+ * test); fails the test when it cannot connect. */
+int it_connect(const bertd *d, int recv_timeout_s);
 /* The "events" array of GET /v1/jobs/{id}/events (caller decrefs). */
 json_t *it_events_of(const bertd *d, const char *id);
 /* The reason of the first event in ev whose reason holds text, or NULL
@@ -80,6 +87,9 @@ void it_export_free(it_export *e);
 /* pids of live (not zombie) processes whose command line contains a and,
  * when b is not NULL, b: at most cap of them into out; returns how many. */
 int it_find_pids(const char *a, const char *b, pid_t *out, int cap);
+/* kill -9 of job id's worker of rank rank, which must be the one live
+ * process naming the job and "--rank <rank>" (else the test fails). */
+void it_kill_rank(const char *id, int rank);
 /* Runs the shell command that printf(fmt, ...) makes: its exit status, or
  * -1 when it did not exit (a signal). */
 int it_system(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

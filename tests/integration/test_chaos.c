@@ -535,8 +535,7 @@ static void test_chaos_job_and_burst(void **state)
 
 	/* the undisturbed run */
 	char *ref = it_submit(&f->d, LONG_SPEC("reference"));
-	json_t *rj = it_wait_job(&f->d, ref, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, rj);
+	json_t *rj = it_wait_completed(&f->d, ref, DEADLINE_S);
 	assert_int_equal(job_restarts(rj), 0);
 	char ref_export[1100], ref_ckpt[1100];
 	snprintf(ref_export, sizeof ref_export, "%s", it_jstr(rj, "model_dir"));
@@ -567,8 +566,7 @@ static void test_chaos_job_and_burst(void **state)
 	}
 
 	/* the chaos job ends as the undisturbed one did, byte for byte */
-	json_t *cj = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, cj);
+	json_t *cj = it_wait_completed(&f->d, id, DEADLINE_S);
 	fprintf(stderr, "chaos: job completed after %d restart(s)\n", job_restarts(cj));
 	char ck[1100];
 	ckpt_dir(f, id, ck, sizeof ck);

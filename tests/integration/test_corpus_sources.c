@@ -59,15 +59,6 @@ static void write_jsonl(const fx *f, const char *path, int first, int n)
 	unlink(p);
 }
 
-static void post(const fx *f, const char *body)
-{
-	http_resp r;
-	assert_int_equal(http_post_json(&f->d, "/v1/datasets", body, &r), 0);
-	if (r.status != 201)
-		fail_msg("%s -> %ld: %s", body, r.status, r.body);
-	http_resp_free(&r);
-}
-
 static json_t *wait_done(const fx *f, const char *name)
 {
 	char path[128];
@@ -135,12 +126,12 @@ static void test_gz_dir_with_readme(void **state)
 	snprintf(p, sizeof p, "%s/gz/README.md", f->data);
 	it_write_file(p, "# The corpus\n\nTwo parts of JSON lines, gzip'd.\n");
 
-	post(f, "{\"name\":\"plain\",\"source\":\"plain/\",\"format\":\"jsonl\","
-		"\"vocab\":{\"train\":{\"vocab_size\":300}}}");
-	post(f, "{\"name\":\"gz\",\"source\":\"gz/\",\"format\":\"jsonl\",\"exclude\":[\"README*\"],"
-		"\"vocab\":{\"train\":{\"vocab_size\":300}}}");
-	post(f, "{\"name\":\"gz-readme\",\"source\":\"gz\",\"format\":\"jsonl\","
-		"\"vocab\":{\"train\":{\"vocab_size\":300}}}");
+	assert_int_equal(it_add_dataset(&f->d, "{\"name\":\"plain\",\"source\":\"plain/\",\"format\":\"jsonl\","
+		"\"vocab\":{\"train\":{\"vocab_size\":300}}}"), 0);
+	assert_int_equal(it_add_dataset(&f->d, "{\"name\":\"gz\",\"source\":\"gz/\",\"format\":\"jsonl\",\"exclude\":[\"README*\"],"
+		"\"vocab\":{\"train\":{\"vocab_size\":300}}}"), 0);
+	assert_int_equal(it_add_dataset(&f->d, "{\"name\":\"gz-readme\",\"source\":\"gz\",\"format\":\"jsonl\","
+		"\"vocab\":{\"train\":{\"vocab_size\":300}}}"), 0);
 	expect_ready(f, "plain");
 	expect_ready(f, "gz");
 	same_shards(f, "plain", "gz");
@@ -166,8 +157,8 @@ static void test_gz_dir_with_readme(void **state)
 	assert_int_equal(mkdir(p, 0755), 0);
 	assert_int_equal(it_system("cd '%s' && gzip -c plain/part-0.jsonl > extra/more.jsonl.gz && "
 				   "cp gz/README.md extra/", f->data), 0);
-	post(f, "{\"name\":\"list\",\"source\":[\"gz/\",\"extra/*.gz\"],\"format\":\"jsonl\","
-		"\"include\":[\"*.jsonl*\"],\"vocab\":{\"train\":{\"vocab_size\":300}}}");
+	assert_int_equal(it_add_dataset(&f->d, "{\"name\":\"list\",\"source\":[\"gz/\",\"extra/*.gz\"],\"format\":\"jsonl\","
+		"\"include\":[\"*.jsonl*\"],\"vocab\":{\"train\":{\"vocab_size\":300}}}"), 0);
 	expect_ready(f, "list");
 	assert_int_equal(stat_of(f, "list", "files"), 3);
 	assert_int_equal(stat_of(f, "list", "documents"), 450);
@@ -183,7 +174,7 @@ static void test_binary_named(void **state)
 	it_write_file(p, "hello world\nfine text\n");
 	/* a NUL byte at decompressed offset 5 of the second file */
 	assert_int_equal(it_system("cd '%s/bin' && printf 'hello\\000world\\n' | gzip > b.txt.gz", f->data), 0);
-	post(f, "{\"name\":\"bin\",\"source\":\"bin\",\"vocab\":{\"train\":{\"vocab_size\":128}}}");
+	assert_int_equal(it_add_dataset(&f->d, "{\"name\":\"bin\",\"source\":\"bin\",\"vocab\":{\"train\":{\"vocab_size\":128}}}"), 0);
 	json_t *ds = wait_done(f, "bin");
 	assert_string_equal(it_jstr(ds, "state"), "failed");
 	const char *err = it_jstr(ds, "error");

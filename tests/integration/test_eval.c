@@ -78,8 +78,7 @@ static void test_eval_matches_transformers(void **state)
 				     "\"dataloader_num_workers\":1,\"seed\":11,\"evaluation_strategy\":\"steps\","
 				     "\"eval_steps\":5,\"per_device_eval_batch_size\":5,\"max_eval_batches\":7},"
 				     "\"mlm\":{\"validation_split_percentage\":10},\"resources\":{\"gpus\":2}}");
-	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, job);
+	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
 	json_t *spec = json_object_get(job, "spec");
 	assert_string_equal(json_string_value(json_object_get(json_object_get(spec, "training_args"),
 								"eval_strategy")), "steps");
@@ -174,8 +173,7 @@ static void test_no_eval_by_default(void **state)
 	char *id = it_submit(&f->d, "{\"name\":\"plain-job\",\"dataset\":\"evalds\"," MODEL ","
 				     "\"training_args\":{\"per_device_train_batch_size\":4,\"max_seq_length\":32,"
 				     "\"max_steps\":4,\"logging_steps\":2,\"dataloader_num_workers\":0}}");
-	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, job);
+	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
 	assert_int_equal(json_integer_value(json_object_get(json_object_get(json_object_get(job, "spec"), "mlm"),
 							      "validation_split_percentage")), 0);
 	json_t *rows = it_metrics_of(&f->d, id);

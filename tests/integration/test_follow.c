@@ -506,14 +506,7 @@ static void test_bad_parameters(void **state)
  * returns the socket with the stream still open (200). */
 static int raw_follow(const bertd *d, const char *path)
 {
-	const char *colon = strrchr(d->base_url, ':');
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
-	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	assert_true(fd >= 0);
-	struct timeval tv = {.tv_sec = DEADLINE_S};
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-	assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+	int fd = it_connect(d, DEADLINE_S);
 	char req[600];
 	int n = snprintf(req, sizeof req,
 			 "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer %s\r\n\r\n", path,

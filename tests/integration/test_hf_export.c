@@ -149,8 +149,7 @@ static void test_checkpoint_export(void **state)
 	fx *f = *state;
 	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
 	char *id = it_submit(&f->d, JOB("cx", "20", "10", "", ""));
-	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, job);
+	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
 	const char *model_dir = it_jstr(job, "model_dir");
 	json_t *ex = json_object_get(job, "export");
 	assert_int_equal(json_integer_value(json_object_get(ex, "step")), 20);

@@ -47,20 +47,6 @@ static int setup(void **state)
 	return it_setup(state, &o, 0);
 }
 
-static int connect_to(const bertd *d)
-{
-	const char *colon = strrchr(d->base_url, ':');
-	assert_non_null(colon);
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
-	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	assert_true(fd >= 0);
-	struct timeval tv = {.tv_sec = RECV_GUARD_S};
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-	assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
-	return fd;
-}
-
 static const char *find_header(const raw_resp *r, const char *name, char *buf, size_t n)
 {
 	size_t nl = strlen(name);
@@ -83,7 +69,7 @@ static const char *find_header(const raw_resp *r, const char *name, char *buf, s
 static void exchange(const bertd *d, const char *req, raw_resp *r)
 {
 	memset(r, 0, sizeof *r);
-	int fd = connect_to(d);
+	int fd = it_connect(d, RECV_GUARD_S);
 	size_t len = strlen(req);
 	assert_int_equal(send(fd, req, len, MSG_NOSIGNAL), (ssize_t)len);
 	char buf[8192];

@@ -68,14 +68,12 @@ static void test_continue_restores_everything(void **state)
 	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
 	spec(s, sizeof s, "a", "32", "20", BATCH, "");
 	char *a = it_submit(&f->d, s);
-	json_t *ja = it_wait_job(&f->d, a, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, ja);
+	json_t *ja = it_wait_completed(&f->d, a, DEADLINE_S);
 
 	snprintf(init, sizeof init, RESTORE_ALL(10), a);
 	spec(s, sizeof s, "b", "32", "20", BATCH, init);
 	char *b = it_submit(&f->d, s);
-	json_t *jb = it_wait_job(&f->d, b, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, jb);
+	json_t *jb = it_wait_completed(&f->d, b, DEADLINE_S);
 	assert_string_equal(it_jstr(json_object_get(jb, "spec"), "init_from_restore"), "all");
 
 	/* B ran steps 11..20 only: its metrics rows are 15 and 20, with A's losses */
@@ -153,19 +151,15 @@ static void test_restart_after_source_is_gone(void **state)
 	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
 	spec(s, sizeof s, "a", "32", "300", BATCH ",\"save_total_limit\":1000", "");
 	char *a = it_submit(&f->d, s);
-	json_t *ja = it_wait_job(&f->d, a, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, ja);
+	json_t *ja = it_wait_completed(&f->d, a, DEADLINE_S);
 	snprintf(init, sizeof init, RESTORE_ALL(10), a);
 	spec(s, sizeof s, "b", "32", "300", BATCH ",\"save_total_limit\":1000", init);
 	char *b = it_submit(&f->d, s);
 	it_wait_step(&f->d, b, 25, DEADLINE_S); /* past its own checkpoint at 20 */
 	ckpt_dir(ja, 10, path, sizeof path);
 	remove_ckpt(path);
-	pid_t pids[4];
-	assert_int_equal(it_find_pids(b, "--rank 0", pids, 4), 1);
-	assert_int_equal(kill(pids[0], SIGKILL), 0);
-	json_t *jb = it_wait_job(&f->d, b, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, jb);
+	it_kill_rank(b, 0);
+	json_t *jb = it_wait_completed(&f->d, b, DEADLINE_S);
 	assert_int_equal(json_integer_value(json_object_get(jb, "restart_count")), 1);
 	char ha[65], hb[65];
 	it_sha_of_export(ja, ha);

@@ -51,8 +51,7 @@ static void test_full_run(void **state)
 	fx *f = *state;
 	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
 	char *id = it_submit(&f->d, SPEC("full", "60", "2", "1", ""));
-	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, job);
+	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
 	assert_int_equal(json_array_size(json_object_get(job, "devices")), 2);
 	json_t *m = it_metrics_of(&f->d, id);
 	assert_int_equal(json_array_size(m), 12); /* steps 5, 10, ..., 60 */
@@ -120,12 +119,8 @@ static void test_kill_worker_resumes_exactly(void **state)
 
 	char *id = it_submit(&f->d, SPEC("killed", "150", "2", "1", ""));
 	it_wait_step(&f->d, id, 15, DEADLINE_S); /* past the step-10 checkpoint */
-	pid_t pids[4];
-	int n = it_find_pids(id, "--rank 1", pids, 4);
-	assert_int_equal(n, 1);
-	assert_int_equal(kill(pids[0], SIGKILL), 0);
-	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, job);
+	it_kill_rank(id, 1);
+	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
 	assert_int_equal(json_integer_value(json_object_get(job, "restart_count")), 1);
 
 	char a[65], b[65];
@@ -170,8 +165,7 @@ static void test_kill_daemon_resumes(void **state)
 		it_pause_ms(100);
 	assert_int_equal(it_find_pids(id, NULL, pids, 8), 0);
 	assert_int_equal(it_daemon_run(f, NULL), 0);
-	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, job);
+	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
 	char path[128];
 	snprintf(path, sizeof path, "/v1/jobs/%s/events", id);
 	http_resp r;
@@ -352,8 +346,7 @@ static void test_init_from_finished_job(void **state)
 		fail_msg("adding dataset \"cased\"");
 	it_wait_dataset_ready(&f->d, "cased", DEADLINE_S);
 	char *a = submit_cased(&f->d, "base", "", got, sizeof got);
-	json_t *ja = it_wait_job(&f->d, a, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, ja);
+	json_t *ja = it_wait_completed(&f->d, a, DEADLINE_S);
 	const char *export = it_jstr(ja, "model_dir");
 
 	/* the export's tokenizer files, as BertTokenizer.save_pretrained writes them */

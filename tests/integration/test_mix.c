@@ -101,8 +101,7 @@ static void test_mixture_resumes_identically(void **state)
 	char *s = spec("straight", MIX_WB, "0");
 	char *a = it_submit(&f->d, s);
 	free(s);
-	json_t *ja = it_wait_job(&f->d, a, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, ja);
+	json_t *ja = it_wait_completed(&f->d, a, DEADLINE_S);
 	json_t *ds = json_object_get(json_object_get(ja, "spec"), "dataset");
 	assert_int_equal(json_array_size(ds), 2);
 	assert_string_equal(it_jstr(json_array_get(ds, 1), "name"), "books");
@@ -121,11 +120,8 @@ static void test_mixture_resumes_identically(void **state)
 	if (r.status != 409)
 		fail_msg("DELETE of a dataset a mixture job uses: %ld %s", r.status, r.body);
 	http_resp_free(&r);
-	pid_t pids[4];
-	assert_int_equal(it_find_pids(b, "--rank 0", pids, 4), 1);
-	assert_int_equal(kill(pids[0], SIGKILL), 0);
-	json_t *jb = it_wait_job(&f->d, b, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, jb);
+	it_kill_rank(b, 0);
+	json_t *jb = it_wait_completed(&f->d, b, DEADLINE_S);
 	assert_int_equal(json_integer_value(json_object_get(jb, "restart_count")), 1);
 	char ha[65], hb[65], hc[65];
 	it_sha_of_export(ja, ha);
@@ -136,8 +132,7 @@ static void test_mixture_resumes_identically(void **state)
 	s = spec("other-mix", "[{\"name\":\"wiki\",\"proportion\":0.2},{\"name\":\"books\",\"proportion\":0.8}]", "0");
 	char *c = it_submit(&f->d, s);
 	free(s);
-	json_t *jc = it_wait_job(&f->d, c, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, jc);
+	json_t *jc = it_wait_completed(&f->d, c, DEADLINE_S);
 	it_sha_of_export(jc, hc);
 	assert_string_not_equal(ha, hc);
 	json_decref(ja);
@@ -212,8 +207,7 @@ static void test_mixture_eval(void **state)
 				     "\"dataloader_num_workers\":1,\"seed\":11,\"eval_strategy\":\"steps\","
 				     "\"eval_steps\":5,\"per_device_eval_batch_size\":2,\"max_eval_batches\":6},"
 				     "\"mlm\":{\"validation_split_percentage\":10},\"resources\":{\"gpus\":1}}");
-	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, job);
+	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
 	json_t *rows = it_metrics_of(&f->d, id);
 	json_t *r = row_at(rows, 10);
 	assert_non_null(r);

@@ -159,8 +159,7 @@ static void test_answers_match_schema(void **state)
 	char id[32];
 	snprintf(id, sizeof id, "%s", it_jstr(r.json, "id"));
 	http_resp_free(&r);
-	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, job);
+	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
 	json_decref(job);
 
 	snprintf(path, sizeof path, "/v1/jobs/%s", id);
@@ -280,8 +279,7 @@ static void test_train_by_epochs(void **state)
 	char id[32];
 	snprintf(id, sizeof id, "%s", it_jstr(r.json, "id"));
 	http_resp_free(&r);
-	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, job);
+	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
 	json_decref(job);
 	json_t *m = it_metrics_of(&f->d, id);
 	json_t *lastrow = json_array_get(m, json_array_size(m) - 1);

@@ -37,15 +37,6 @@ static int setup_scheduling(void **state)
 	return setup_with(state, "true");
 }
 
-static void post(const fx *f, const char *body)
-{
-	http_resp r;
-	assert_int_equal(http_post_json(&f->d, "/v1/datasets", body, &r), 0);
-	if (r.status != 201)
-		fail_msg("%s -> %ld: %s", body, r.status, r.body);
-	http_resp_free(&r);
-}
-
 /* The bertd-prepare processes of this test's data root; fails the test
  * when more than one runs. */
 static int prepares(const fx *f)
@@ -80,7 +71,7 @@ static void test_prepare_queue(void **state)
 	assert_int_equal(mkfifo(p, 0600), 0);
 
 	/* the oldest is stuck reading its FIFO vocab */
-	post(f, "{\"name\":\"stuck\",\"source\":\"corpus.txt\",\"vocab\":{\"file\":\"vocab.fifo\"}}");
+	assert_int_equal(it_add_dataset(&f->d, "{\"name\":\"stuck\",\"source\":\"corpus.txt\",\"vocab\":{\"file\":\"vocab.fifo\"}}"), 0);
 	char outdir[300];
 	snprintf(outdir, sizeof outdir, "%s/datasets/stuck", f->data);
 	pid_t pid[4];
@@ -96,7 +87,7 @@ static void test_prepare_queue(void **state)
 		snprintf(body, sizeof body,
 			 "{\"name\":\"%s\",\"source\":\"corpus.txt\",\"vocab\":{\"train\":{\"vocab_size\":200}}}",
 			 names[i]);
-		post(f, body);
+		assert_int_equal(it_add_dataset(&f->d, body), 0);
 	}
 	/* several ticks pass (a tick is a second): still one process, all queued */
 	for (int i = 0; i < 25; i++) {
@@ -169,7 +160,7 @@ static void test_job_waits_for_its_dataset(void **state)
 	it_write_file(p, "Hello world.\nSecond sentence here.\n\nA new document starts.\nIt ends.\n");
 	snprintf(p, sizeof p, "%s/vocab.fifo", f->data);
 	assert_int_equal(mkfifo(p, 0600), 0);
-	post(f, "{\"name\":\"stuck\",\"source\":\"corpus.txt\",\"vocab\":{\"file\":\"vocab.fifo\"}}");
+	assert_int_equal(it_add_dataset(&f->d, "{\"name\":\"stuck\",\"source\":\"corpus.txt\",\"vocab\":{\"file\":\"vocab.fifo\"}}"), 0);
 	char *id = it_submit(&f->d, "{\"dataset\":\"stuck\",\"model\":{\"preset\":\"bert-tiny\"},"
 				    "\"training_args\":{\"max_steps\":2}}");
 	/* several scheduler ticks (a tick is a second): the job stays queued */

@@ -90,8 +90,7 @@ static long resumed_step(json_t *ev)
 static void reference(fx *f, const char *spec, char sha[65])
 {
 	char *ref = it_submit(&f->d, spec);
-	json_t *j = it_wait_job(&f->d, ref, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, j);
+	json_t *j = it_wait_completed(&f->d, ref, DEADLINE_S);
 	it_sha_of_export(j, sha);
 	json_decref(j);
 	free(ref);
@@ -149,8 +148,7 @@ static void drain_resumes_from_stop_checkpoint(fx *f, const char *ref_spec, cons
 	assert_int_equal(json_integer_value(json_object_get(json_array_get(rows, 0), "step")), stop_step);
 	json_decref(ck);
 
-	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, job);
+	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
 	json_t *ev = it_events_of(&f->d, id);
 	assert_non_null(it_event_with(ev, "daemon shutting down")); /* drained, not finished first */
 	assert_int_equal(resumed_step(ev), stop_step);
@@ -234,8 +232,7 @@ static void test_truncated_newest_falls_back(void **state)
 	assert_int_equal(truncate(p, sb.st_size / 2), 0);
 
 	assert_int_equal(it_daemon_run(f, NULL), 0);
-	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, job);
+	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
 	json_t *ev = it_events_of(&f->d, id);
 	assert_non_null(it_event_with(ev, "daemon shutting down")); /* drained, not finished first */
 	char want[80];
@@ -275,8 +272,7 @@ static void test_nonfinite_loss_fails_once(void **state)
 	fx *f = *state;
 	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
 	char *base = it_submit(&f->d, SPEC("base", "10", "10", "5", "1", "0", ""));
-	json_t *j = it_wait_job(&f->d, base, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, j);
+	json_t *j = it_wait_completed(&f->d, base, DEADLINE_S);
 	json_decref(j);
 
 	/* its ckpt-10, copied into the data root with every parameter NaN */

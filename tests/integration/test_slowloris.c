@@ -47,13 +47,7 @@ static int setup_deadline(void **state)
 /* A connection that sent the start of a request line and no more. */
 static int open_slow(const bertd *d)
 {
-	const char *colon = strrchr(d->base_url, ':');
-	assert_non_null(colon);
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
-	inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	assert_true(fd >= 0);
-	assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+	int fd = it_connect(d, 0);
 	const char *part = "GET /v1/hea";
 	assert_int_equal(send(fd, part, strlen(part), MSG_NOSIGNAL), (ssize_t)strlen(part));
 	return fd;
