@@ -1,6 +1,6 @@
 /* it_util — the integration tests' fixture and cmocka helpers: a test
- * daemon's start, restart and stop (it_daemon_*, it_setup/it_teardown, the
- * only way a test starts one), the tiny CPU job spec and its builder
+ * daemon's start, restart and stop (it_daemon_*, it_setup/it_teardown, on
+ * top of harness.h's bertd_*), the tiny CPU job spec and its builder
  * (it_job_spec), JSON field access that fails the test, bounded polling of
  * a resource's or a job's state, a job's metrics and export, the processes
  * running it, and corpus files cut from real text (tests/testdata.h).
@@ -106,12 +106,13 @@ int it_run_bertd_to_exit(const char *const *args, const char *log_path, int dead
 
 /* ---- the fixture: one test daemon ----
  *
- * Every integration test starts its daemons through it_daemon_start: a
+ * The integration tests start their daemons through it_daemon_start: a
  * fresh temp root (root/state the state dir, root/data the data root), the
  * bertd on it, optionally a corpus and a dataset; it_daemon_run restarts
  * it (after bertd_stop or bertd_kill9) with the same or other arguments;
  * it_daemon_stop ends it (SIGTERM must give exit 0) and removes the root.
- * it_setup / it_teardown are the same as cmocka setup and teardown. */
+ * it_setup / it_teardown do the same as cmocka setup and teardown. A test
+ * that needs another daemon beside its own starts a second fixture. */
 
 /* What the tests vary. Arguments, in this order: bertd_start's defaults
  * (--port 0, --listen 127.0.0.1, --config /dev/null, --log-level debug,
