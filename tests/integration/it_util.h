@@ -198,9 +198,11 @@ int it_teardown(void **state);
  * removes the member. Returns compact JSON text (caller frees); a value
  * that is not JSON fails the test. */
 char *it_job_spec(const char *name, const char *dataset, ...) __attribute__((sentinel));
-/* POST /v1/jobs with spec, which must answer 422 naming field with a
- * detail holding detail_has (printed); else fails the test. */
-void it_submit_refused(const bertd *d, const char *spec, const char *field, const char *detail_has);
+/* r must be a 422 naming field whose detail (printed) holds each
+ * '|'-separated part of parts; else fails the test. Frees r. */
+void it_assert_refused(http_resp *r, const char *field, const char *parts);
+/* POST /v1/jobs with spec, then it_assert_refused. */
+void it_submit_refused(const bertd *d, const char *spec, const char *field, const char *parts);
 
 /* Runs a test file's cmocka group with libcurl initialised around it.
  * IT_ONLY in the environment (a glob of test names) runs only the matching

@@ -820,16 +820,7 @@ static void refused_on(const bertd *d, const char *init_from, const char *field,
 	http_resp r;
 	submit_init_from_json(d, init_from, &r);
 	check_problem(&r, 422, "invalid-spec", field);
-	const char *detail = it_jstr(r.json, "detail");
-	for (const char *p = parts; *p;) {
-		size_t n = strcspn(p, "|");
-		char part[256];
-		snprintf(part, sizeof part, "%.*s", (int)n, p);
-		if (!strstr(detail, part))
-			fail_msg("init_from %s: detail \"%s\" lacks \"%s\"", init_from, detail, part);
-		p += n + (p[n] == '|');
-	}
-	http_resp_free(&r);
+	it_assert_refused(&r, field, parts);
 }
 
 static void init_from_refused(const bertd *d, const char *init_from, const char *parts)

@@ -147,25 +147,6 @@ static http_resp submit(const bertd *d, const char *fmt, ...)
 	return r;
 }
 
-/* r must be a 422 on field whose detail holds each '|'-separated part. */
-static void refused(http_resp *r, const char *field, const char *parts)
-{
-	if (r->status != 422)
-		fail_msg("expected 422 on %s, got %ld: %s", field, r->status, r->body);
-	assert_string_equal(it_jstr(r->json, "field"), field);
-	const char *detail = it_jstr(r->json, "detail");
-	fprintf(stderr, "422 %s: %s\n", field, detail);
-	for (const char *p = parts; *p;) {
-		size_t n = strcspn(p, "|");
-		char part[600];
-		snprintf(part, sizeof part, "%.*s", (int)n, p);
-		if (!strstr(detail, part))
-			fail_msg("the detail on %s lacks \"%s\": %s", field, part, detail);
-		p += n + (p[n] == '|');
-	}
-	http_resp_free(r);
-}
-
 /* r must be a 201 whose effective model is the test models' (16 wide, one
  * layer, 2 heads, 32 inner, 128 positions, 2 types, vocab_size rows);
  * returns the job id (caller frees). */
@@ -256,13 +237,13 @@ static void test_hf_directories(void **state)
 	 * are short and printable, so they are quoted */
 	snprintf(q, sizeof q, "%s|%s/hf-oneline/vocab.txt|line %d (\"replaced\" vs \"zzyzx\")", dsv, f->data, ONE_LINE);
 	r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":\"hf-oneline\"}");
-	refused(&r, "init_from", q);
+	it_assert_refused(&r, "init_from", q);
 	/* a token that is not printable ASCII is not quoted: neither is shown */
 	snprintf(q, sizeof q, "%s|%s/hf-utf8/vocab.txt|line %d: ", dsv, f->data, UTF8_LINE);
 	r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":\"hf-utf8\"}");
 	assert_int_equal(r.status, 422);
 	assert_null(strstr(it_jstr(r.json, "detail"), "zzyzx"));
-	refused(&r, "init_from", q);
+	it_assert_refused(&r, "init_from", q);
 
 	/* another size (the cased vocab): refused at its first differing line */
 	long at = first_difference(cased, uncased);
@@ -270,7 +251,7 @@ static void test_hf_directories(void **state)
 	snprintf(q, sizeof q, "%s/datasets/cased/vocab.txt|%s/hf-same/vocab.txt|line %ld|%d lines|%d lines",
 		 f->data, f->data, at, V_CASED, V_UNCASED);
 	r = submit(&f->d, "{\"dataset\":\"cased\",\"init_from\":\"hf-same\"}");
-	refused(&r, "init_from", q);
+	it_assert_refused(&r, "init_from", q);
 
 	/* no vocab.txt: the sizes match, accepted with a warning event */
 	r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":\"hf-novocab\"}");
@@ -286,22 +267,22 @@ static void test_hf_directories(void **state)
 	/* ... and refused when they do not */
 	snprintf(q, sizeof q, "%d word-embedding rows|%d tokens|no vocab.txt", V_UNCASED, V_CASED);
 	r = submit(&f->d, "{\"dataset\":\"cased\",\"init_from\":\"hf-novocab\"}");
-	refused(&r, "init_from", q);
+	it_assert_refused(&r, "init_from", q);
 
 	/* the embedding tensor must agree with config.json */
 	snprintf(q, sizeof q, "hf-rows/model.safetensors has %d word-embedding rows|vocab_size %d",
 		 V_UNCASED - 2, V_UNCASED);
 	r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":\"hf-rows\"}");
-	refused(&r, "init_from", q);
+	it_assert_refused(&r, "init_from", q);
 
 	/* model.* keys: a contradiction names the field and both values; keys
 	 * that agree are accepted */
 	r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":\"hf-same\",\"model\":{\"num_hidden_layers\":2}}");
-	refused(&r, "model.num_hidden_layers", "2 differs|num_hidden_layers 1|hf-same/config.json");
+	it_assert_refused(&r, "model.num_hidden_layers", "2 differs|num_hidden_layers 1|hf-same/config.json");
 	r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":\"hf-same\",\"model\":{\"vocab_size\":30528}}");
-	refused(&r, "model.vocab_size", "30528 differs|vocab_size 30522");
+	it_assert_refused(&r, "model.vocab_size", "30528 differs|vocab_size 30522");
 	r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":\"hf-same\",\"model\":{\"preset\":\"bert-tiny\"}}");
-	refused(&r, "model.preset", "\"bert-tiny\" has hidden_size 128|16");
+	it_assert_refused(&r, "model.preset", "\"bert-tiny\" has hidden_size 128|16");
 	r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":\"hf-same\"," DIMS "}");
 	free(accepted(&r, V_UNCASED));
 	r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":\"hf-same\",\"model\":{\"preset\":\"bert-tiny\","
@@ -327,7 +308,7 @@ static void test_hf_directories(void **state)
 	/* the rules between keys hold for the model's dimensions */
 	r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":\"hf-same\","
 			  "\"training_args\":{\"max_seq_length\":256}}");
-	refused(&r, "training_args.max_seq_length", "max_position_embeddings (128)|hf-same/config.json");
+	it_assert_refused(&r, "training_args.max_seq_length", "max_position_embeddings (128)|hf-same/config.json");
 }
 
 /* A tiny job's export and checkpoint, named as {"job": ...}: the export
@@ -360,9 +341,9 @@ static void test_job_outputs(void **state)
 		free(id);
 		r = submit(&f->d, "{\"dataset\":\"cased\",\"init_from\":%s}", ref);
 		snprintf(q, sizeof q, "%s/datasets/cased/vocab.txt|%s/vocab.txt|line", f->data, export);
-		refused(&r, "init_from", q);
+		it_assert_refused(&r, "init_from", q);
 		r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":%s,\"model\":{\"num_hidden_layers\":3}}", ref);
-		refused(&r, "model.num_hidden_layers", "3 differs|num_hidden_layers 1");
+		it_assert_refused(&r, "model.num_hidden_layers", "3 differs|num_hidden_layers 1");
 		r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":%s," DIMS "}", ref);
 		free(accepted(&r, V_UNCASED));
 	}
@@ -394,7 +375,7 @@ static void test_job_outputs(void **state)
 	snprintf(q, sizeof q, "%s/datasets/cased/vocab.txt|%s/datasets/uncased/vocab.txt|line 2", f->data,
 		 f->data);
 	r = submit(&f->d, "{\"dataset\":\"cased\",\"init_from\":{\"job\":\"%s\",\"checkpoint\":2}}", a);
-	refused(&r, "init_from", q);
+	it_assert_refused(&r, "init_from", q);
 	r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":{\"job\":\"%s\",\"checkpoint\":2}}", a);
 	free(accepted(&r, V_UNCASED));
 	r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":{\"job\":\"%s\"}}", a);
