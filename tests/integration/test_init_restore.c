@@ -35,22 +35,20 @@ static int setup(void **state)
 	return it_setup(state, &o, DEADLINE_S);
 }
 
-/* A tiny model on one CPU slot, a loader, checkpoints every 10 steps.
- * model / train: JSON fragments that vary; init: the init_from keys. */
-static void spec(char *out, size_t cap, const char *name, const char *hidden, const char *steps,
-		 const char *train, const char *init)
-{
-	snprintf(out, cap,
-		 "{\"name\":\"%s\",\"dataset\":\"shakes\",\"model\":{\"preset\":\"bert-tiny\",\"hidden_size\":%s,"
-		 "\"num_hidden_layers\":1,\"num_attention_heads\":2,\"intermediate_size\":64,"
-		 "\"max_position_embeddings\":64},\"training_args\":{\"max_seq_length\":32,\"max_steps\":%s,"
-		 "\"logging_steps\":5,\"save_steps\":10,\"learning_rate\":0.01,\"warmup_steps\":2,"
-		 "\"dataloader_num_workers\":1,\"seed\":7%s},\"resources\":{\"gpus\":1}%s}",
-		 name, hidden, steps, train, init);
-}
+/* A tiny model on one CPU slot, a loader, checkpoints every 10 steps
+ * (it_job_spec), max_steps steps, then more overrides (NULL-ended); the
+ * JSON text is the caller's to free. */
+#define SPEC(name, steps, ...)                                                                               \
+	it_job_spec(name, "shakes", "training_args.dataloader_num_workers", "1", "training_args.max_steps", steps, \
+		    __VA_ARGS__)
+/* The init_from of job's checkpoint at step (into buf) and "init_from_restore": "all". */
+#define RESTORE_ALL(buf, job, step) "init_from", restore_of(buf, sizeof buf, job, step), "init_from_restore", "\"all\""
 
-#define BATCH ",\"per_device_train_batch_size\":8"
-#define RESTORE_ALL(step) ",\"init_from\":{\"job\":\"%s\",\"checkpoint\":" #step "},\"init_from_restore\":\"all\""
+static const char *restore_of(char *buf, size_t cap, const char *job, int step)
+{
+	snprintf(buf, cap, "{\"job\":\"%s\",\"checkpoint\":%d}", job, step);
+	return buf;
+}
 
 /* The directory of job's checkpoint at step: beside its export (model_dir). */
 static void ckpt_dir(const json_t *job, int step, char *out, size_t cap)
@@ -61,18 +59,30 @@ static void ckpt_dir(const json_t *job, int step, char *out, size_t cap)
 	snprintf(out, cap, "%.*s/checkpoints/ckpt-%d", (int)(n - 7), ex, step);
 }
 
+/* it_submit of spec, which it frees; the new id (caller frees). */
+static char *submit(fx *f, char *spec)
+{
+	char *id = it_submit(&f->d, spec);
+	free(spec);
+	return id;
+}
+
+/* it_submit_refused of spec, which it frees. */
+static void refused(fx *f, char *spec, const char *field, const char *parts)
+{
+	it_submit_refused(&f->d, spec, field, parts);
+	free(spec);
+}
+
 static void test_continue_restores_everything(void **state)
 {
 	fx *f = *state;
-	char s[3072], init[1400];
+	char init[200], q[1400];
 	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
-	spec(s, sizeof s, "a", "32", "20", BATCH, "");
-	char *a = it_submit(&f->d, s);
+	char *a = submit(f, SPEC("a", "20", NULL));
 	json_t *ja = it_wait_completed(&f->d, a, DEADLINE_S);
 
-	snprintf(init, sizeof init, RESTORE_ALL(10), a);
-	spec(s, sizeof s, "b", "32", "20", BATCH, init);
-	char *b = it_submit(&f->d, s);
+	char *b = submit(f, SPEC("b", "20", RESTORE_ALL(init, a, 10), NULL));
 	json_t *jb = it_wait_completed(&f->d, b, DEADLINE_S);
 	assert_string_equal(it_jstr(json_object_get(jb, "spec"), "init_from_restore"), "all");
 
@@ -96,32 +106,29 @@ static void test_continue_restores_everything(void **state)
 	assert_string_equal(ha, hb); /* byte-identical weights: A's run, continued */
 
 	/* the 422s: each names the key and what would be accepted */
-	spec(s, sizeof s, "x", "32", "20", BATCH, ",\"init_from_restore\":\"all\"");
-	it_submit_refused(&f->d, s, "init_from_restore", "needs init_from naming a job's checkpoint");
-	snprintf(init, sizeof init, ",\"init_from\":{\"job\":\"%s\"},\"init_from_restore\":\"all\"", a);
-	spec(s, sizeof s, "x", "32", "20", BATCH, init);
-	it_submit_refused(&f->d, s, "init_from_restore", "needs init_from naming a job's checkpoint");
+	refused(f, SPEC("x", "20", "init_from_restore", "\"all\"", NULL), "init_from_restore",
+		"needs init_from naming a job's checkpoint");
+	snprintf(q, sizeof q, "{\"job\":\"%s\"}", a);
+	refused(f, SPEC("x", "20", "init_from", q, "init_from_restore", "\"all\"", NULL), "init_from_restore",
+		"needs init_from naming a job's checkpoint");
 	char path[1200];
 	ckpt_dir(ja, 10, path, sizeof path);
-	snprintf(init, sizeof init, ",\"init_from\":\"%s\",\"init_from_restore\":\"all\"", path);
-	spec(s, sizeof s, "x", "32", "20", BATCH, init);
-	it_submit_refused(&f->d, s, "init_from_restore", "not a path");
-	snprintf(init, sizeof init, RESTORE_ALL(10), a);
-	spec(s, sizeof s, "x", "32", "10", BATCH, init);
-	it_submit_refused(&f->d, s, "training_args.max_steps", "must exceed the checkpoint's step (10)");
-	spec(s, sizeof s, "x", "64", "20", BATCH, init);
-	it_submit_refused(&f->d, s, "model.hidden_size", "differs from the model of the checkpoint");
+	snprintf(q, sizeof q, "\"%s\"", path);
+	refused(f, SPEC("x", "20", "init_from", q, "init_from_restore", "\"all\"", NULL), "init_from_restore",
+		"not a path");
+	refused(f, SPEC("x", "10", RESTORE_ALL(init, a, 10), NULL), "training_args.max_steps",
+		"must exceed the checkpoint's step (10)");
+	refused(f, SPEC("x", "20", RESTORE_ALL(init, a, 10), "model.hidden_size", "64", NULL), "model.hidden_size",
+		"differs from the model of the checkpoint");
 	/* another batch or accumulation is a new phase (test_recipes), another
 	 * beta would change what the moments mean */
-	spec(s, sizeof s, "x", "32", "20", BATCH ",\"adam_beta1\":0.8", init);
-	it_submit_refused(&f->d, s, "training_args.adam_beta1", "betas");
+	refused(f, SPEC("x", "20", RESTORE_ALL(init, a, 10), "training_args.adam_beta1", "0.8", NULL),
+		"training_args.adam_beta1", "betas");
 	/* a checkpoint whose optimizer state is gone */
 	ckpt_dir(ja, 20, path, sizeof path);
 	strcat(path, "/optim.safetensors");
 	assert_int_equal(unlink(path), 0);
-	snprintf(init, sizeof init, RESTORE_ALL(20), a);
-	spec(s, sizeof s, "x", "32", "30", BATCH, init);
-	it_submit_refused(&f->d, s, "init_from_restore", "optimizer state");
+	refused(f, SPEC("x", "30", RESTORE_ALL(init, a, 20), NULL), "init_from_restore", "optimizer state");
 	json_decref(ja);
 	json_decref(jb);
 	free(a);
@@ -147,14 +154,11 @@ static void remove_ckpt(const char *dir)
 static void test_restart_after_source_is_gone(void **state)
 {
 	fx *f = *state;
-	char s[3072], init[1400], path[1200];
+	char init[200], path[1200];
 	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
-	spec(s, sizeof s, "a", "32", "300", BATCH ",\"save_total_limit\":1000", "");
-	char *a = it_submit(&f->d, s);
+	char *a = submit(f, SPEC("a", "300", "training_args.save_total_limit", "1000", NULL));
 	json_t *ja = it_wait_completed(&f->d, a, DEADLINE_S);
-	snprintf(init, sizeof init, RESTORE_ALL(10), a);
-	spec(s, sizeof s, "b", "32", "300", BATCH ",\"save_total_limit\":1000", init);
-	char *b = it_submit(&f->d, s);
+	char *b = submit(f, SPEC("b", "300", "training_args.save_total_limit", "1000", RESTORE_ALL(init, a, 10), NULL));
 	it_wait_step(&f->d, b, 25, DEADLINE_S); /* past its own checkpoint at 20 */
 	ckpt_dir(ja, 10, path, sizeof path);
 	remove_ckpt(path);
