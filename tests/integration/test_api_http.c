@@ -20,6 +20,7 @@
 
 #include "daemon/store.h"
 #include "harness.h"
+#include "it_store.h"
 #include "it_util.h"
 
 #define MAX_BODY 4096
@@ -29,30 +30,12 @@
 /* The smallest spec a user would send: everything else is defaulted. */
 #define SPEC_OK "{\"name\":\"it-job\",\"dataset\":\"wikitext2\"}"
 
-/* Jobs must name a dataset that exists (else 422 at submit): stores
- * "wikitext2" as ready in the state dir's database before the daemon opens
- * it. The queue is held, so nothing ever reads its (absent) shards. */
-static int seed_dataset(const bertd *d)
-{
-	char db[200];
-	store *st = NULL;
-	snprintf(db, sizeof db, "%s/bertd.db", d->state_dir);
-	store_dataset ds = {.id = "ds-00000000000000aa", .name = "wikitext2", .spec_json = "{}"};
-	int rc = store_open(&st, db);
-	if (rc == 0)
-		rc = store_dataset_insert(st, &ds);
-	if (rc == 0)
-		rc = store_dataset_finish(st, ds.id, DATASET_READY, NULL, NULL);
-	store_close(st);
-	return rc;
-}
-
 static int setup(void **state)
 {
 	const char *extra[] = {"--max-body-bytes", MAX_BODY_S, HOLD, NULL};
 	it_fx *f = it_daemon_start(&(it_daemon_opts){.plain = true, .deferred = true}, 0);
 	return it_setup_end(state, f,
-			    f && !seed_dataset(&f->d) &&
+			    f && !it_store_seed_dataset(&f->d, NULL) &&
 				    !it_daemon_run(f, &(it_daemon_opts){.plain = true, .extra = extra}));
 }
 
@@ -143,7 +126,7 @@ static int setup_roots(void **state)
 	bertd *d = &f->d;
 	const char *data = f->data;
 	char p[256];
-	if (seed_dataset(d) || seed_finished_jobs(d))
+	if (it_store_seed_dataset(d, NULL) || seed_finished_jobs(d))
 		return it_setup_end(state, f, false);
 	if (model_dir(data, "ckpt-100", CKPT_FILES) || model_dir(data, "hf", HF_FILES) || model_dir(data, "empty", "") ||
 	    model_dir(data, "half-hf", "config.json") || model_dir(data, "cut-ckpt", "state.json|params.safetensors"))

@@ -22,7 +22,6 @@
 #include "harness.h"
 #include "it_util.h"
 
-/* Whole file into a malloc'd string (caller frees); NULL if unreadable. */
 /* Runs a second bertd on d's state dir by hand (bertd_start would unlink
  * the first one's bertd.addr before starting it). Waits at most 10 s for it
  * to exit; one still running then is the bug: it is stopped and the test

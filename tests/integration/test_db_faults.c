@@ -27,11 +27,11 @@
 #include "common/log.h"
 #include "daemon/store.h"
 #include "harness.h"
+#include "it_store.h"
 #include "it_util.h"
 
 #define SPEC_OK "{\"name\":\"it-job\",\"dataset\":\"wikitext2\"}"
 
-/* Whole file into a malloc'd string (caller frees); NULL if unreadable. */
 static void db_path(const bertd *d, char *out, size_t cap)
 {
 	snprintf(out, cap, "%s/bertd.db", d->state_dir);
@@ -42,15 +42,9 @@ static void db_path(const bertd *d, char *out, size_t cap)
  * file (so pages overwritten mid-file are job rows). */
 static int seed(const bertd *d, int fill)
 {
-	char db[200], id[32], spec[2100];
+	char id[32], spec[2100];
 	store *st = NULL;
-	db_path(d, db, sizeof db);
-	store_dataset ds = {.id = "ds-00000000000000aa", .name = "wikitext2", .spec_json = "{}"};
-	int rc = store_open(&st, db);
-	if (rc == 0)
-		rc = store_dataset_insert(st, &ds);
-	if (rc == 0)
-		rc = store_dataset_finish(st, ds.id, DATASET_READY, NULL, NULL);
+	int rc = it_store_seed_dataset(d, &st);
 	memset(spec, 'x', sizeof spec);
 	memcpy(spec, "{\"pad\":\"", 8);
 	memcpy(spec + sizeof spec - 3, "\"}", 3);
