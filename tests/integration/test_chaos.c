@@ -342,20 +342,14 @@ static void run_burst(fx *f, burst *b)
 
 /* ---- comparing ---- */
 
-/* Whole file into *buf (caller frees); its length. Fails the test if unreadable. */
-static size_t slurp(const char *path, unsigned char **buf)
+/* Whole file (it_slurp; caller frees), its length in *n. Fails the test
+ * if unreadable. */
+static unsigned char *slurp(const char *path, size_t *n)
 {
-	FILE *fp = fopen(path, "rb");
-	if (!fp)
-		fail_msg("cannot open %s: %s", path, strerror(errno));
-	fseek(fp, 0, SEEK_END);
-	long len = ftell(fp);
-	fseek(fp, 0, SEEK_SET);
-	*buf = malloc((size_t)len + 1);
-	assert_non_null(*buf);
-	assert_int_equal(fread(*buf, 1, (size_t)len, fp), (size_t)len);
-	fclose(fp);
-	return (size_t)len;
+	char *buf = it_slurp(path, n);
+	if (!buf)
+		fail_msg("cannot read %s: %s", path, strerror(errno));
+	return (unsigned char *)buf;
 }
 
 /* a/name and b/name are byte for byte the same; counts the bytes. */
@@ -364,8 +358,8 @@ static void assert_same_file(const char *a, const char *b, const char *name)
 	char pa[1400], pb[1400];
 	snprintf(pa, sizeof pa, "%s/%s", a, name);
 	snprintf(pb, sizeof pb, "%s/%s", b, name);
-	unsigned char *x, *y;
-	size_t nx = slurp(pa, &x), ny = slurp(pb, &y);
+	size_t nx, ny;
+	unsigned char *x = slurp(pa, &nx), *y = slurp(pb, &ny);
 	if (nx != ny || memcmp(x, y, nx) != 0) {
 		size_t at = 0;
 		while (at < nx && at < ny && x[at] == y[at])
@@ -629,8 +623,8 @@ static void make_big_corpus(fx *f, const char *name)
 	char one[300], big[300];
 	snprintf(one, sizeof one, "%s/one.txt", f->data);
 	snprintf(big, sizeof big, "%s/%s", f->data, name);
-	unsigned char *text;
-	size_t len = slurp(one, &text);
+	size_t len;
+	unsigned char *text = slurp(one, &len);
 	FILE *out = fopen(big, "wb");
 	assert_non_null(out);
 	for (size_t n = 0; n < (size_t)16 << 20; n += len)

@@ -2,8 +2,6 @@
  * nothing of the first's), and the daemon log (stamped lines when stderr is
  * not the journal, one line per job state change). */
 #include <errno.h>
-#include <fcntl.h>
-#include <poll.h>
 #include <regex.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -14,7 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
