@@ -75,56 +75,42 @@
  * step-sized ones. */
 #define TOL_EXPORT_REL 1e-4
 
-typedef struct side {
-	bertd d;
-	char data[160];
-	bool gpu;
-} side;
-
 typedef struct fx {
-	side gpu, cpu;
+	it_fx *gpu, *cpu;
 	char *ref_gpu;   /* an uninterrupted GPU job (test 1's), once run */
 	json_t *ref_job; /* its final representation */
 } fx;
 
-static int start(side *s)
+/* A fresh daemon with the corpus and its dataset being prepared: the same
+ * 3000 lines and vocab on both sides. */
+static it_fx *side_start(bool gpu)
 {
 	const char *bin = getenv("IT_CUDASIM_BIN_DIR"), *nccl = getenv("IT_FAKE_NCCL_DIR");
-	if (s->gpu && (!bin || !nccl)) {
+	if (gpu && (!bin || !nccl)) {
 		fprintf(stderr, "IT_CUDASIM_BIN_DIR or IT_FAKE_NCCL_DIR is not set\n");
-		return -1;
+		return NULL;
 	}
 	/* nccl_path: the daemon's probe finds a libnccl.so.2 whatever this
 	 * machine has (its workers use the stand-in's NCCL) */
-	const char *gpu[] = {"--data-roots", s->data, "--devices", "cuda", "--bin-dir", bin,
-			     "--pass-env", "CUDASIM_*:LD_LIBRARY_PATH", "--schedule", "true",
-			     "--stop-timeout-s", "60", "--nccl-path", nccl, NULL};
-	const char *cpu[] = {"--data-roots", s->data, "--devices", "cpu", "--cpu-slots", "2",
-			     "--schedule", "true", "--stop-timeout-s", "60", NULL};
-	return bertd_start(&s->d, s->gpu ? gpu : cpu);
-}
-
-/* A fresh daemon with the corpus and its dataset being prepared: the same
- * 3000 lines and vocab on both sides. */
-static int side_init(side *s, bool gpu)
-{
-	s->gpu = gpu;
-	if (bertd_init(&s->d))
-		return -1;
-	snprintf(s->data, sizeof s->data, "%s/data", s->d.root);
-	mkdir(s->data, 0700);
-	if (start(s))
-		return -1;
-	it_make_corpus(s->data, "shakes.txt", 3000);
-	return it_add_dataset(&s->d,
-			      "{\"name\":\"shakes\",\"source\":\"shakes.txt\",\"vocab\":{\"train\":{\"vocab_size\":400}}}");
+	const char *gpu_args[] = {"--bin-dir", bin, "--pass-env", "CUDASIM_*:LD_LIBRARY_PATH", "--stop-timeout-s", "60",
+				  "--nccl-path", nccl, NULL};
+	const char *cpu_args[] = {"--stop-timeout-s", "60", NULL};
+	it_daemon_opts o = {.devices = gpu ? "cuda" : "cpu", .cpu_slots = gpu ? NULL : "2",
+			    .extra = gpu ? gpu_args : cpu_args, .dataset = "shakes", .corpus = "shakes.txt",
+			    .corpus_lines = 3000, .vocab_size = 400};
+	return it_daemon_start(&o, 0);
 }
 
 static int group_setup(void **state)
 {
 	fx *f = calloc(1, sizeof *f);
-	if (!f || side_init(&f->gpu, true) || side_init(&f->cpu, false))
+	if (!f)
 		return -1;
+	if (!(f->gpu = side_start(true)) || !(f->cpu = side_start(false))) {
+		it_daemon_stop(f->gpu);
+		free(f);
+		return -1;
+	}
 	*state = f;
 	return 0;
 }
@@ -132,8 +118,8 @@ static int group_setup(void **state)
 static int group_teardown(void **state)
 {
 	fx *f = *state;
-	int rc = it_daemon_finish(&f->gpu.d);
-	rc |= it_daemon_finish(&f->cpu.d);
+	int rc = it_daemon_stop(f->gpu);
+	rc |= it_daemon_stop(f->cpu);
 	json_decref(f->ref_job);
 	free(f->ref_gpu);
 	free(f);
@@ -358,19 +344,19 @@ static json_t *run_to_end(const bertd *d, const char *id, seen_pids *sp)
 static void test_gpu_matches_cpu(void **state)
 {
 	fx *f = *state;
-	it_wait_dataset_ready(&f->gpu.d, "shakes", DEADLINE_S);
-	it_wait_dataset_ready(&f->cpu.d, "shakes", DEADLINE_S);
+	it_wait_dataset_ready(&f->gpu->d, "shakes", DEADLINE_S);
+	it_wait_dataset_ready(&f->cpu->d, "shakes", DEADLINE_S);
 	/* both at once: the machine's cores are shared, the results are not */
-	char *g = it_submit(&f->gpu.d, SPEC("gpu", "2", "1"));
-	char *c = it_submit(&f->cpu.d, SPEC("cpu", "2", "1"));
+	char *g = it_submit(&f->gpu->d, SPEC("gpu", "2", "1"));
+	char *c = it_submit(&f->cpu->d, SPEC("cpu", "2", "1"));
 	seen_pids sg = {0}, sc = {0};
-	json_t *jg = run_to_end(&f->gpu.d, g, &sg);
-	json_t *jc = run_to_end(&f->cpu.d, c, &sc);
+	json_t *jg = run_to_end(&f->gpu->d, g, &sg);
+	json_t *jc = run_to_end(&f->cpu->d, c, &sc);
 	assert_devices(jg, "cuda", 2);
 	assert_devices(jc, "cpu", 2);
 	assert_int_equal(json_integer_value(json_object_get(jg, "restart_count")), 0);
 
-	json_t *mg = it_metrics_of(&f->gpu.d, g), *mc = it_metrics_of(&f->cpu.d, c);
+	json_t *mg = it_metrics_of(&f->gpu->d, g), *mc = it_metrics_of(&f->cpu->d, c);
 	assert_rows_complete(mg);
 	assert_rows_complete(mc);
 	double worst = 0;
@@ -410,8 +396,8 @@ static void test_gpu_matches_cpu(void **state)
 
 	check_phases(mg, true);
 	check_phases(mc, false);
-	check_diagnosis(&f->gpu.d, g);
-	check_diagnosis(&f->cpu.d, c);
+	check_diagnosis(&f->gpu->d, g);
+	check_diagnosis(&f->cpu->d, c);
 	json_decref(mg);
 	json_decref(mc);
 
@@ -426,7 +412,7 @@ static void test_gpu_matches_cpu(void **state)
 static void test_gpu_kill_worker_resumes(void **state)
 {
 	fx *f = *state;
-	const bertd *d = &f->gpu.d;
+	const bertd *d = &f->gpu->d;
 	it_wait_dataset_ready(d, "shakes", DEADLINE_S);
 	if (!f->ref_gpu) { /* run alone (IT_ONLY) */
 		f->ref_gpu = it_submit(d, SPEC("gpu", "2", "1"));

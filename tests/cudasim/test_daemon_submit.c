@@ -35,9 +35,8 @@ static it_fx *start_nccl(const char *cc, const char *nccl_path)
 {
 	setenv("FAKE_NVML_CC", cc, 1); /* read by the daemon's NVML at start */
 	const char *bin = getenv("IT_CUDASIM_BIN_DIR");
-	const char *extra[] = {"--devices", "cuda", "--bin-dir", bin ? bin : "/nonexistent",
-			       "--nccl-path", nccl_path, NULL};
-	it_daemon_opts o = {.cpu_slots = "1", .schedule = "false", .extra = extra, .dataset = "shakes",
+	const char *extra[] = {"--bin-dir", bin ? bin : "/nonexistent", "--nccl-path", nccl_path, NULL};
+	it_daemon_opts o = {.devices = "cuda", .cpu_slots = "1", .schedule = "false", .extra = extra, .dataset = "shakes",
 			    .corpus = "shakes.txt", .corpus_lines = 300, .vocab_size = 300};
 	it_fx *f = it_daemon_start(&o, 120);
 	assert_non_null(f);

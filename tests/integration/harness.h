@@ -5,6 +5,9 @@
  * binds a unix datagram socket, passes it as NOTIFY_SOCKET, and waits
  * (bounded) for READY=1 or the child's exit, whichever comes first. Then it
  * reads <state>/bertd.addr and <state>/token, as a user's script would.
+ *
+ * Tests start their daemons through it_util.h's fixture (it_daemon_start,
+ * it_setup), which adds the data root, the devices and a dataset.
  */
 #ifndef BERTD_TESTS_HARNESS_H
 #define BERTD_TESTS_HARNESS_H

@@ -1,5 +1,11 @@
 /* it_util — see it_util.h. */
 #include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -8,9 +14,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 #include <cmocka.h>
 #include <curl/curl.h>
 
@@ -188,6 +198,27 @@ void it_assert_completed(const bertd *d, const json_t *job)
 	}
 }
 
+json_t *it_wait_completed(const bertd *d, const char *id, int deadline_s)
+{
+	json_t *job = it_wait_job(d, id, "completed|failed|canceled", deadline_s);
+	it_assert_completed(d, job);
+	return job;
+}
+
+int it_connect(const bertd *d, int recv_timeout_s)
+{
+	const char *colon = strrchr(d->base_url, ':');
+	assert_non_null(colon);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	assert_true(fd >= 0);
+	struct timeval tv = {.tv_sec = recv_timeout_s};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+	return fd;
+}
+
 json_t *it_metrics_of(const bertd *d, const char *id)
 {
 	char path[128];
@@ -285,6 +316,15 @@ int it_find_pids(const char *a, const char *b, pid_t *out, int cap)
 	return n;
 }
 
+void it_kill_rank(const char *id, int rank)
+{
+	char arg[32];
+	pid_t pids[4];
+	snprintf(arg, sizeof arg, "--rank %d", rank);
+	assert_int_equal(it_find_pids(id, arg, pids, 4), 1);
+	assert_int_equal(kill(pids[0], SIGKILL), 0);
+}
+
 int it_daemon_finish(bertd *d)
 {
 	int rc = d->pid ? bertd_stop(d) : 0;
@@ -294,30 +334,6 @@ int it_daemon_finish(bertd *d)
 	}
 	bertd_destroy(d);
 	return rc == 0 ? 0 : -1;
-}
-
-int it_daemon_init(bertd *d, char *data, size_t cap)
-{
-	if (bertd_init(d))
-		return -1;
-	snprintf(data, cap, "%s/data", d->root);
-	return mkdir(data, 0700) ? -1 : 0;
-}
-
-int it_daemon_run(bertd *d, const char *data, const it_daemon_opts *o)
-{
-	const char *args[32] = {"--data-roots", data, "--devices", "cpu", "--cpu-slots", o->cpu_slots,
-				"--schedule", o->schedule ? o->schedule : "true"};
-	size_t n = 8;
-	for (size_t i = 0; o->extra && o->extra[i]; i++) {
-		if (n + 1 >= sizeof args / sizeof args[0]) {
-			fprintf(stderr, "it_daemon_run: too many arguments\n");
-			return -1;
-		}
-		args[n++] = o->extra[i];
-	}
-	args[n] = NULL;
-	return bertd_start(d, args);
 }
 
 int it_system(const char *fmt, ...)
@@ -331,14 +347,64 @@ int it_system(const char *fmt, ...)
 	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+static void free_args(it_fx *f)
+{
+	for (size_t i = 0; i < IT_MAX_ARGS && f->args[i]; i++)
+		free(f->args[i]);
+	memset(f->args, 0, sizeof f->args);
+}
+
+/* f->args from o (owned copies: o's strings need not outlive the call). */
+static int set_args(it_fx *f, const it_daemon_opts *o)
+{
+	const char *a[IT_MAX_ARGS];
+	size_t n = 0;
+	if (!o->plain) {
+		a[n++] = "--data-roots";
+		a[n++] = f->data;
+		a[n++] = "--devices";
+		a[n++] = o->devices ? o->devices : "cpu";
+		if (o->cpu_slots) {
+			a[n++] = "--cpu-slots";
+			a[n++] = o->cpu_slots;
+		}
+		a[n++] = "--schedule";
+		a[n++] = o->schedule ? o->schedule : "true";
+	}
+	for (size_t i = 0; o->extra && o->extra[i]; i++) {
+		if (n + 1 >= IT_MAX_ARGS) {
+			fprintf(stderr, "it_daemon_run: more than %d arguments\n", IT_MAX_ARGS - 1);
+			return -1;
+		}
+		a[n++] = o->extra[i];
+	}
+	free_args(f);
+	for (size_t i = 0; i < n; i++)
+		if (!(f->args[i] = strdup(a[i])))
+			return -1;
+	return 0;
+}
+
+int it_daemon_run(it_fx *f, const it_daemon_opts *o)
+{
+	if (o && set_args(f, o))
+		return -EINVAL;
+	return bertd_start(&f->d, (const char *const *)f->args);
+}
+
 it_fx *it_daemon_start(const it_daemon_opts *o, int deadline_s)
 {
 	it_fx *f = calloc(1, sizeof *f);
 	if (!f)
 		return NULL;
-	if (it_daemon_init(&f->d, f->data, sizeof f->data))
+	if (bertd_init(&f->d))
 		goto fail;
-	if (it_daemon_run(&f->d, f->data, o))
+	snprintf(f->data, sizeof f->data, "%s/data", f->d.root);
+	if (mkdir(f->data, 0700) || set_args(f, o))
+		goto fail;
+	if (o->deferred)
+		return f;
+	if (it_daemon_run(f, NULL))
 		goto fail;
 	if (!o->dataset)
 		return f;
@@ -366,37 +432,190 @@ it_fx *it_daemon_start(const it_daemon_opts *o, int deadline_s)
 	return f;
 fail:
 	bertd_destroy(&f->d); /* kills a started daemon: no test runs on it */
+	free_args(f);
 	free(f);
 	return NULL;
 }
 
 int it_daemon_stop(it_fx *f)
 {
+	if (!f)
+		return 0;
 	int rc = it_daemon_finish(&f->d);
+	free_args(f);
 	free(f);
 	return rc;
 }
 
-int it_bertd_setup(void **state, const char *const *extra)
+int it_setup_end(void **state, it_fx *f, bool ok)
 {
-	bertd *d = calloc(1, sizeof *d);
-	if (!d)
-		return -1;
-	if (bertd_init(d) || bertd_start(d, extra)) {
-		bertd_destroy(d);
-		free(d);
-		return -1;
+	if (f && ok) {
+		*state = f;
+		return 0;
 	}
-	*state = d;
-	return 0;
+	if (f) {
+		bertd_destroy(&f->d);
+		free_args(f);
+		free(f);
+	}
+	return -1;
 }
 
-int it_bertd_teardown(void **state)
+int it_setup(void **state, const it_daemon_opts *o, int deadline_s)
 {
-	bertd *d = *state;
-	int rc = it_daemon_finish(d);
-	free(d);
-	return rc;
+	return it_setup_end(state, it_daemon_start(o, deadline_s), true);
+}
+
+int it_teardown(void **state)
+{
+	return it_daemon_stop(*state);
+}
+
+void it_write_file(const char *path, const char *text)
+{
+	FILE *fp = fopen(path, "w");
+	if (!fp)
+		fail_msg("cannot write %s", path);
+	fputs(text, fp);
+	assert_int_equal(fclose(fp), 0);
+}
+
+char *it_slurp(const char *path, size_t *n)
+{
+	FILE *fp = fopen(path, "rb");
+	if (!fp)
+		return NULL;
+	size_t cap = 1 << 16, len = 0, got;
+	char *buf = malloc(cap);
+	while (buf && (got = fread(buf + len, 1, cap - len - 1, fp)) > 0) {
+		len += got;
+		if (len + 1 == cap) {
+			char *more = realloc(buf, cap *= 2);
+			if (!more)
+				free(buf);
+			buf = more;
+		}
+	}
+	fclose(fp);
+	if (!buf)
+		return NULL;
+	buf[len] = 0;
+	if (n)
+		*n = len;
+	return buf;
+}
+
+int it_run_bertd_to_exit(const char *const *args, const char *log_path, int deadline_s)
+{
+	const char *bin = getenv("BERTD_BIN");
+	assert_non_null(bin);
+	const char *argv[40] = {bin};
+	size_t a = 1;
+	for (; args[a - 1] && a < 39; a++)
+		argv[a] = args[a - 1];
+	argv[a] = NULL;
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		int lfd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+		if (lfd >= 0) {
+			dup2(lfd, 1);
+			dup2(lfd, 2);
+		}
+		unsetenv("NOTIFY_SOCKET");
+		execv(bin, (char *const *)argv);
+		_exit(127);
+	}
+	int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+	assert_true(pidfd >= 0);
+	struct pollfd p = {pidfd, POLLIN, 0};
+	int ready = poll(&p, 1, deadline_s * 1000);
+	close(pidfd);
+	int st = 0;
+	if (ready <= 0) {
+		kill(pid, SIGTERM);
+		waitpid(pid, &st, 0);
+		char *log = it_slurp(log_path, NULL);
+		fail_msg("bertd %s kept running after %d s:\n%s", args[0] ? args[0] : "", deadline_s,
+			 log ? log : "(no log)");
+	}
+	waitpid(pid, &st, 0);
+	return st;
+}
+
+/* Sets the member at the dotted path of o to v (stolen; NULL removes it),
+ * making the objects on the way. */
+static void spec_set(json_t *o, const char *path, json_t *v)
+{
+	char key[128];
+	const char *dot = strchr(path, '.');
+	if (!dot) {
+		if (v)
+			json_object_set_new(o, path, v);
+		else
+			json_object_del(o, path);
+		return;
+	}
+	snprintf(key, sizeof key, "%.*s", (int)(dot - path), path);
+	json_t *sub = json_object_get(o, key);
+	if (!json_is_object(sub)) {
+		sub = json_object();
+		json_object_set_new(o, key, sub);
+	}
+	spec_set(sub, dot + 1, v);
+}
+
+char *it_job_spec(const char *name, const char *dataset, ...)
+{
+	json_error_t err;
+	json_t *spec = json_loads(IT_TINY_SPEC("", "", "1", "8", "20", "5", "10", "0", IT_LR_WARMUP, ""), 0, &err);
+	assert_non_null(spec);
+	if (name)
+		json_object_set_new(spec, "name", json_string(name));
+	else
+		json_object_del(spec, "name");
+	json_object_set_new(spec, "dataset", json_string(dataset));
+	va_list ap;
+	va_start(ap, dataset);
+	for (const char *path; (path = va_arg(ap, const char *));) {
+		const char *text = va_arg(ap, const char *);
+		json_t *v = text ? json_loads(text, JSON_DECODE_ANY, &err) : NULL;
+		if (!v) {
+			va_end(ap);
+			fail_msg("it_job_spec: %s: not JSON: %s", path, text ? text : "(NULL)");
+		}
+		spec_set(spec, path, json_is_null(v) ? (json_decref(v), NULL) : v);
+	}
+	va_end(ap);
+	char *txt = json_dumps(spec, JSON_COMPACT);
+	json_decref(spec);
+	assert_non_null(txt);
+	return txt;
+}
+
+void it_assert_refused(http_resp *r, const char *field, const char *parts)
+{
+	if (r->status != 422)
+		fail_msg("expected 422 on %s, got %ld: %s", field, r->status, r->body);
+	assert_string_equal(it_jstr(r->json, "field"), field);
+	const char *detail = it_jstr(r->json, "detail");
+	fprintf(stderr, "422 %s: %s\n", field, detail);
+	for (const char *p = parts; *p;) {
+		size_t n = strcspn(p, "|");
+		char part[600];
+		snprintf(part, sizeof part, "%.*s", (int)n, p);
+		if (!strstr(detail, part))
+			fail_msg("the detail on %s lacks \"%s\": %s", field, part, detail);
+		p += n + (p[n] == '|');
+	}
+	http_resp_free(r);
+}
+
+void it_submit_refused(const bertd *d, const char *spec, const char *field, const char *parts)
+{
+	http_resp r;
+	assert_int_equal(http_post_json(d, "/v1/jobs", spec, &r), 0);
+	it_assert_refused(&r, field, parts);
 }
 
 int it_run_group(const char *name, const struct CMUnitTest *tests, size_t n, int (*setup)(void **),

@@ -1,8 +1,11 @@
-/* it_util — small cmocka helpers shared by the integration tests: a test
- * daemon's start and stop (with a data root and a dataset), the tiny CPU job
- * spec, JSON field access that fails the test, bounded polling of a
- * resource's or a job's state, a job's metrics and export, the processes
- * running it, and corpus files cut from real text (tests/testdata.h). */
+/* it_util — the integration tests' fixture and cmocka helpers: a test
+ * daemon's start, restart and stop (it_daemon_*, it_setup/it_teardown, on
+ * top of harness.h's bertd_*), the tiny CPU job spec and its builder
+ * (it_job_spec), JSON field access that fails the test, bounded polling of
+ * a resource's or a job's state, a job's metrics and export, the processes
+ * running it, and corpus files cut from real text (tests/testdata.h).
+ * Test-only code: it never sleeps to wait for an outcome (it polls with a
+ * deadline) and never leaves a daemon or a temp root behind a failed setup. */
 #ifndef BERTD_TESTS_IT_UTIL_H
 #define BERTD_TESTS_IT_UTIL_H
 
@@ -53,6 +56,13 @@ void it_wait_step(const bertd *d, const char *id, long step, int deadline_s);
 /* Fails the test, with the daemon's log and the failure_reason, unless
  * job's state is "completed". */
 void it_assert_completed(const bertd *d, const json_t *job);
+/* Waits (it_wait_job) until job id ends and asserts it completed
+ * (it_assert_completed); returns the job (caller decrefs). */
+json_t *it_wait_completed(const bertd *d, const char *id, int deadline_s);
+/* A TCP connection to d's port on loopback, recv timing out after
+ * recv_timeout_s (a hung daemon fails the read instead of hanging the
+ * test); fails the test when it cannot connect. */
+int it_connect(const bertd *d, int recv_timeout_s);
 /* The "events" array of GET /v1/jobs/{id}/events (caller decrefs). */
 json_t *it_events_of(const bertd *d, const char *id);
 /* The reason of the first event in ev whose reason holds text, or NULL
@@ -77,23 +87,44 @@ void it_export_free(it_export *e);
 /* pids of live (not zombie) processes whose command line contains a and,
  * when b is not NULL, b: at most cap of them into out; returns how many. */
 int it_find_pids(const char *a, const char *b, pid_t *out, int cap);
-/* Ends a test's daemon: SIGTERM (when running) must give exit 0, else its
- * log is printed; then the temp root is removed. 0, or -1 for a bad exit. */
-int it_daemon_finish(bertd *d);
-
+/* kill -9 of job id's worker of rank rank, which must be the one live
+ * process naming the job and "--rank <rank>" (else the test fails). */
+void it_kill_rank(const char *id, int rank);
 /* Runs the shell command that printf(fmt, ...) makes: its exit status, or
  * -1 when it did not exit (a signal). */
 int it_system(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Writes text to path (replacing it); fails the test when it cannot. */
+void it_write_file(const char *path, const char *text);
+/* The whole file at path, NUL-terminated (caller frees), its length in *n
+ * when n is not NULL; NULL when it cannot be read. */
+char *it_slurp(const char *path, size_t *n);
+/* Runs $BERTD_BIN with args (NULL-ended, after the program name; no
+ * NOTIFY_SOCKET) to its exit, its output to log_path, for a command or a
+ * daemon that must not start; one still running after deadline_s is
+ * stopped and fails the test with its log. Returns the wait status. */
+int it_run_bertd_to_exit(const char *const *args, const char *log_path, int deadline_s);
 
-/* A test daemon with a data root (root/data) and one dataset in it. */
-typedef struct it_fx {
-	bertd d;
-	char data[160];
-} it_fx;
-/* What the tests vary in it_daemon_start. */
+/* ---- the fixture: one test daemon ----
+ *
+ * The integration tests start their daemons through it_daemon_start: a
+ * fresh temp root (root/state the state dir, root/data the data root), the
+ * bertd on it, optionally a corpus and a dataset; it_daemon_run restarts
+ * it (after bertd_stop or bertd_kill9) with the same or other arguments;
+ * it_daemon_stop ends it (SIGTERM must give exit 0) and removes the root.
+ * it_setup / it_teardown do the same as cmocka setup and teardown. A test
+ * that needs another daemon beside its own starts a second fixture. */
+
+/* What the tests vary. Arguments, in this order: bertd_start's defaults
+ * (--port 0, --listen 127.0.0.1, --config /dev/null, --log-level debug,
+ * --schedule false), then unless plain --data-roots root/data, --devices
+ * (devices, "cpu" when NULL), --cpu-slots when cpu_slots is given,
+ * --schedule (schedule, "true" when NULL), then extra. */
 typedef struct it_daemon_opts {
+	bool plain;                /* only bertd_start's defaults and extra (API tests: no data root, queue held) */
+	bool deferred;             /* make the root, start nothing: the test prepares it, then it_daemon_run */
+	const char *devices;       /* --devices */
 	const char *cpu_slots;     /* --cpu-slots */
-	const char *schedule;      /* --schedule; NULL = "true" */
+	const char *schedule;      /* --schedule */
 	const char *const *extra;  /* more arguments, NULL-ended; may be NULL */
 	const char *dataset;       /* added from corpus with vocab_size; NULL: none */
 	const char *corpus;        /* file name under data, corpus_lines lines (it_make_corpus) */
@@ -101,26 +132,42 @@ typedef struct it_daemon_opts {
 	int vocab_size;
 	bool wait_ready;           /* wait until the dataset is ready */
 } it_daemon_opts;
-/* For setup functions: starts bertd (--data-roots data --devices cpu, then
- * o's arguments), writes the corpus and adds the dataset; with wait_ready
- * also waits (deadline_s) until it is ready, printing it and the daemon's
- * log when it failed. Returns the fixture, or NULL after any failure. */
-it_fx *it_daemon_start(const it_daemon_opts *o, int deadline_s);
-/* bertd_init, then makes the data root, root/data, into data (cap bytes):
- * 0 or -1. */
-int it_daemon_init(bertd *d, char *data, size_t cap);
-/* (Re)starts bertd on d's state dir with --data-roots data and o's
- * arguments (no dataset work): bertd_start's answer. */
-int it_daemon_run(bertd *d, const char *data, const it_daemon_opts *o);
-/* it_daemon_finish, then frees f: 0, or -1 for a bad exit. */
-int it_daemon_stop(it_fx *f);
 
-/* cmocka setup for a plain daemon: a fresh bertd started with extra
- * (bertd_start's, may be NULL) into *state; 0, or -1 with nothing left. */
-int it_bertd_setup(void **state, const char *const *extra);
-/* cmocka teardown for *state, a bertd on the heap (started or not):
- * it_daemon_finish, then frees it. */
-int it_bertd_teardown(void **state);
+#define IT_MAX_ARGS 48
+/* A test daemon. d comes first, so a test that needs only the daemon may
+ * read its cmocka state as a bertd *. */
+typedef struct it_fx {
+	bertd d;
+	char data[160];            /* root/data, made always (the data root unless plain) */
+	char *args[IT_MAX_ARGS];   /* the arguments of the last start, NULL-ended (owned) */
+} it_fx;
+
+/* Makes the root and the data root, then (unless o->deferred) starts bertd
+ * with o's arguments, writes the corpus and adds the dataset; with
+ * wait_ready also waits (deadline_s) until it is ready, printing it and the
+ * daemon's log when it failed. Returns the fixture (it_daemon_stop frees
+ * it), or NULL after any failure, with nothing left running. For setup
+ * functions: it does not fail the test. */
+it_fx *it_daemon_start(const it_daemon_opts *o, int deadline_s);
+/* (Re)starts bertd on f's state dir with o's arguments (its dataset
+ * fields are not used), or with those of the last start when o is NULL:
+ * bertd_start's answer (0, -ETIMEDOUT, -ECHILD, -errno). */
+int it_daemon_run(it_fx *f, const it_daemon_opts *o);
+/* SIGTERM (when running), which must give exit 0 (else its log is
+ * printed), then removes the root and frees f: 0, or -1 for a bad exit.
+ * NULL is a no-op returning 0. */
+int it_daemon_stop(it_fx *f);
+/* Ends a test's daemon: SIGTERM (when running) must give exit 0, else its
+ * log is printed; then the temp root is removed. 0, or -1 for a bad exit. */
+int it_daemon_finish(bertd *d);
+
+/* Ends a cmocka setup that made f: with f and ok, f becomes *state and 0
+ * is returned; else f (may be NULL) is stopped and freed and -1 returned. */
+int it_setup_end(void **state, it_fx *f, bool ok);
+/* cmocka setup body: it_daemon_start(o, deadline_s) into *state; 0 or -1. */
+int it_setup(void **state, const it_daemon_opts *o, int deadline_s);
+/* cmocka teardown: it_daemon_stop(*state). */
+int it_teardown(void **state);
 
 /* The small bert-tiny model of the CPU job tests: hidden 32, 2 heads,
  * intermediate 64, 64 positions, layers (a string literal) layers. */
@@ -140,6 +187,22 @@ int it_bertd_teardown(void **state);
 	top "}"
 /* The learning rate and warm-up most of those jobs train with (targs). */
 #define IT_LR_WARMUP ",\"learning_rate\":0.01,\"warmup_steps\":2"
+
+/* The job-spec builder: the tiny CPU job IT_TINY_SPEC makes with
+ * IT_LR_WARMUP (IT_TINY_MODEL("1"); batch 8, max_seq_length 32, max_steps
+ * 20, logging_steps 5, save_steps 10, no loaders, seed 7, learning rate
+ * 0.01, 2 warm-up steps; one rank), named name (no "name" when NULL) on
+ * dataset, then the overrides: pairs of a dotted path
+ * ("training_args.max_steps", "init_from") and its value as JSON text
+ * ("40", "\"all\"", "{...}"), the list ended by NULL; the value "null"
+ * removes the member. Returns compact JSON text (caller frees); a value
+ * that is not JSON fails the test. */
+char *it_job_spec(const char *name, const char *dataset, ...) __attribute__((sentinel));
+/* r must be a 422 naming field whose detail (printed) holds each
+ * '|'-separated part of parts; else fails the test. Frees r. */
+void it_assert_refused(http_resp *r, const char *field, const char *parts);
+/* POST /v1/jobs with spec, then it_assert_refused. */
+void it_submit_refused(const bertd *d, const char *spec, const char *field, const char *parts);
 
 /* Runs a test file's cmocka group with libcurl initialised around it.
  * IT_ONLY in the environment (a glob of test names) runs only the matching

@@ -20,6 +20,7 @@
 
 #include "daemon/store.h"
 #include "harness.h"
+#include "it_store.h"
 #include "it_util.h"
 
 #define MAX_BODY 4096
@@ -29,35 +30,13 @@
 /* The smallest spec a user would send: everything else is defaulted. */
 #define SPEC_OK "{\"name\":\"it-job\",\"dataset\":\"wikitext2\"}"
 
-/* Jobs must name a dataset that exists (else 422 at submit): stores
- * "wikitext2" as ready in the state dir's database before the daemon opens
- * it. The queue is held, so nothing ever reads its (absent) shards. */
-static int seed_dataset(const bertd *d)
-{
-	char db[200];
-	store *st = NULL;
-	snprintf(db, sizeof db, "%s/bertd.db", d->state_dir);
-	store_dataset ds = {.id = "ds-00000000000000aa", .name = "wikitext2", .spec_json = "{}"};
-	int rc = store_open(&st, db);
-	if (rc == 0)
-		rc = store_dataset_insert(st, &ds);
-	if (rc == 0)
-		rc = store_dataset_finish(st, ds.id, DATASET_READY, NULL, NULL);
-	store_close(st);
-	return rc;
-}
-
 static int setup(void **state)
 {
-	bertd *d = calloc(1, sizeof *d);
 	const char *extra[] = {"--max-body-bytes", MAX_BODY_S, HOLD, NULL};
-	if (bertd_init(d) || seed_dataset(d) || bertd_start(d, extra)) {
-		bertd_destroy(d);
-		free(d);
-		return -1;
-	}
-	*state = d;
-	return 0;
+	it_fx *f = it_daemon_start(&(it_daemon_opts){.plain = true, .deferred = true}, 0);
+	return it_setup_end(state, f,
+			    f && !it_store_seed_dataset(&f->d, NULL) &&
+				    !it_daemon_run(f, &(it_daemon_opts){.plain = true, .extra = extra}));
 }
 
 /* Creates dir/name holding the files named, '|'-separated: what a model
@@ -141,28 +120,22 @@ static int seed_finished_jobs(const bertd *d)
  * of the root (at the state dir); and two finished jobs. */
 static int setup_roots(void **state)
 {
-	bertd *d = calloc(1, sizeof *d);
-	char data[128], p[256];
-	if (bertd_init(d) || seed_dataset(d) || seed_finished_jobs(d))
-		goto fail;
-	snprintf(data, sizeof data, "%s/data", d->root);
-	if (mkdir(data, 0700) || model_dir(data, "ckpt-100", CKPT_FILES) ||
-	    model_dir(data, "hf", HF_FILES) || model_dir(data, "empty", "") ||
-	    model_dir(data, "half-hf", "config.json") ||
-	    model_dir(data, "cut-ckpt", "state.json|params.safetensors"))
-		goto fail;
+	it_fx *f = it_daemon_start(&(it_daemon_opts){.plain = true, .deferred = true}, 0);
+	if (!f)
+		return -1;
+	bertd *d = &f->d;
+	const char *data = f->data;
+	char p[256];
+	if (it_store_seed_dataset(d, NULL) || seed_finished_jobs(d))
+		return it_setup_end(state, f, false);
+	if (model_dir(data, "ckpt-100", CKPT_FILES) || model_dir(data, "hf", HF_FILES) || model_dir(data, "empty", "") ||
+	    model_dir(data, "half-hf", "config.json") || model_dir(data, "cut-ckpt", "state.json|params.safetensors"))
+		return it_setup_end(state, f, false);
 	snprintf(p, sizeof p, "%s/escape", data);
 	if (symlink(d->state_dir, p))
-		goto fail;
+		return it_setup_end(state, f, false);
 	const char *extra[] = {"--data-roots", data, HOLD, NULL};
-	if (bertd_start(d, extra))
-		goto fail;
-	*state = d;
-	return 0;
-fail:
-	bertd_destroy(d);
-	free(d);
-	return -1;
+	return it_setup_end(state, f, !it_daemon_run(f, &(it_daemon_opts){.plain = true, .extra = extra}));
 }
 
 static bool matches(const char *s, const char *re)
@@ -832,16 +805,7 @@ static void refused_on(const bertd *d, const char *init_from, const char *field,
 	http_resp r;
 	submit_init_from_json(d, init_from, &r);
 	check_problem(&r, 422, "invalid-spec", field);
-	const char *detail = it_jstr(r.json, "detail");
-	for (const char *p = parts; *p;) {
-		size_t n = strcspn(p, "|");
-		char part[256];
-		snprintf(part, sizeof part, "%.*s", (int)n, p);
-		if (!strstr(detail, part))
-			fail_msg("init_from %s: detail \"%s\" lacks \"%s\"", init_from, detail, part);
-		p += n + (p[n] == '|');
-	}
-	http_resp_free(&r);
+	it_assert_refused(&r, field, parts);
 }
 
 static void init_from_refused(const bertd *d, const char *init_from, const char *parts)
@@ -992,18 +956,19 @@ static void test_cancel_running_moves_to_stopping(void **state)
 static void test_refuses_remote_listen(void **state)
 {
 	(void)state;
-	bertd d;
-	assert_int_equal(bertd_init(&d), 0);
+	it_fx *f = it_daemon_start(&(it_daemon_opts){.plain = true, .deferred = true}, 0);
+	assert_non_null(f);
 	const char *extra[] = {"--listen", "0.0.0.0", HOLD, NULL};
-	assert_int_equal(bertd_start(&d, extra), -ECHILD);
-	bertd_destroy(&d);
+	assert_int_equal(it_daemon_run(f, &(it_daemon_opts){.plain = true, .extra = extra}), -ECHILD);
+	assert_int_equal(it_daemon_stop(f), 0);
 }
 
 /* 201 means committed: kill -9 right after it, restart on the same state
  * dir, and the job is there with the same spec, state and events. */
 static void test_job_survives_kill9(void **state)
 {
-	bertd *d = *state;
+	it_fx *f = *state;
+	bertd *d = &f->d;
 	http_resp r, g;
 	assert_int_equal(http_post_json(d, "/v1/jobs", SPEC_OK, &r), 0);
 	assert_int_equal(r.status, 201);
@@ -1011,8 +976,7 @@ static void test_job_survives_kill9(void **state)
 	char token_before[256];
 	snprintf(token_before, sizeof token_before, "%s", d->token);
 
-	const char *extra[] = {"--max-body-bytes", MAX_BODY_S, HOLD, NULL};
-	assert_int_equal(bertd_start(d, extra), 0);
+	assert_int_equal(it_daemon_run(f, NULL), 0); /* the arguments of setup */
 	assert_string_equal(d->token, token_before); /* the token file is reused */
 	get_path(d, "/v1/jobs/%s", it_jstr(r.json, "id"), &g);
 	assert_int_equal(g.status, 200);
@@ -1061,7 +1025,8 @@ static void *burst_submit(void *arg)
 
 static void test_burst_survives_kill9(void **state)
 {
-	bertd *d = *state;
+	it_fx *f = *state;
+	bertd *d = &f->d;
 	struct burst b[BURST_THREADS];
 	pthread_t t[BURST_THREADS];
 	for (int i = 0; i < BURST_THREADS; i++) {
@@ -1074,8 +1039,7 @@ static void test_burst_survives_kill9(void **state)
 	for (int i = 0; i < BURST_THREADS; i++)
 		assert_int_equal(b[i].failures, 0);
 
-	const char *extra[] = {"--max-body-bytes", MAX_BODY_S, HOLD, NULL};
-	assert_int_equal(bertd_start(d, extra), 0);
+	assert_int_equal(it_daemon_run(f, NULL), 0); /* the arguments of setup */
 	for (int i = 0; i < BURST_THREADS; i++) {
 		for (int k = 0; k < BURST_EACH; k++) {
 			http_resp g;
@@ -1114,27 +1078,27 @@ static void test_burst_survives_kill9(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_healthz_and_version, setup, it_bertd_teardown),
-		cmocka_unit_test_setup_teardown(test_auth, setup, it_bertd_teardown),
-		cmocka_unit_test_setup_teardown(test_404_and_405, setup, it_bertd_teardown),
-		cmocka_unit_test_setup_teardown(test_submit_and_get, setup, it_bertd_teardown),
-		cmocka_unit_test_setup_teardown(test_415, setup, it_bertd_teardown),
-		cmocka_unit_test_setup_teardown(test_400_bad_json, setup, it_bertd_teardown),
-		cmocka_unit_test_setup_teardown(test_422_names_field, setup, it_bertd_teardown),
+		cmocka_unit_test_setup_teardown(test_healthz_and_version, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_auth, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_404_and_405, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_submit_and_get, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_415, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_400_bad_json, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_422_names_field, setup, it_teardown),
 		cmocka_unit_test_setup_teardown(test_422_unknown_dataset_or_too_many_devices, setup,
-						it_bertd_teardown),
-		cmocka_unit_test_setup_teardown(test_413, setup, it_bertd_teardown),
-		cmocka_unit_test_setup_teardown(test_idempotent_submit, setup, it_bertd_teardown),
-		cmocka_unit_test_setup_teardown(test_idempotent_submit_concurrent, setup, it_bertd_teardown),
-		cmocka_unit_test_setup_teardown(test_list_paging, setup, it_bertd_teardown),
-		cmocka_unit_test_setup_teardown(test_filter_by_state, setup, it_bertd_teardown),
-		cmocka_unit_test_setup_teardown(test_cancel_and_events, setup, it_bertd_teardown),
-		cmocka_unit_test_setup_teardown(test_delete, setup, it_bertd_teardown),
-		cmocka_unit_test_setup_teardown(test_cancel_running_moves_to_stopping, setup, it_bertd_teardown),
-		cmocka_unit_test_setup_teardown(test_job_survives_kill9, setup, it_bertd_teardown),
-		cmocka_unit_test_setup_teardown(test_burst_survives_kill9, setup, it_bertd_teardown),
+						it_teardown),
+		cmocka_unit_test_setup_teardown(test_413, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_idempotent_submit, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_idempotent_submit_concurrent, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_list_paging, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_filter_by_state, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_cancel_and_events, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_delete, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_cancel_running_moves_to_stopping, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_job_survives_kill9, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_burst_survives_kill9, setup, it_teardown),
 		cmocka_unit_test_setup_teardown(test_init_from_confined_to_data_roots, setup_roots,
-						it_bertd_teardown),
+						it_teardown),
 		cmocka_unit_test(test_refuses_remote_listen),
 	};
 	return IT_RUN(tests, NULL, NULL);

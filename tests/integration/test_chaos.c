@@ -78,34 +78,15 @@ typedef struct counts {
 	long long bytes_compared;
 } counts;
 
-typedef struct fx {
-	bertd d;
-	char data[160];
-	counts n;
-} fx;
-
-static int start(fx *f)
-{
-	const char *extra[] = {"--stop-timeout-s", "60", "--stall-timeout-s", "20", NULL};
-	it_daemon_opts o = {.cpu_slots = "2", .extra = extra};
-	return it_daemon_run(&f->d, f->data, &o);
-}
+typedef it_fx fx;
+static counts tally; /* what the test did, for its summary (setup zeroes it) */
 
 static int setup(void **state)
 {
-	fx *f = calloc(1, sizeof *f);
-	if (!f || it_daemon_init(&f->d, f->data, sizeof f->data) || start(f))
-		return -1;
-	*state = f;
-	return 0;
-}
-
-static int teardown(void **state)
-{
-	fx *f = *state;
-	int rc = it_daemon_finish(&f->d);
-	free(f);
-	return rc;
+	static const char *const extra[] = {"--stop-timeout-s", "60", "--stall-timeout-s", "20", NULL};
+	it_daemon_opts o = {.cpu_slots = "2", .extra = extra};
+	memset(&tally, 0, sizeof tally);
+	return it_setup(state, &o, 0);
 }
 
 /* A model small enough to train in seconds on two cores (as in
@@ -222,8 +203,8 @@ static void kill_daemon_and_restart(fx *f)
 {
 	bertd_kill9(&f->d);
 	assert_no_processes(f, "after kill -9 of the daemon", 30);
-	assert_int_equal(start(f), 0);
-	f->n.daemon_kills++;
+	assert_int_equal(it_daemon_run(f, NULL), 0);
+	tally.daemon_kills++;
 }
 
 /* One live process of the job matching what ("bertd-worker",
@@ -351,9 +332,9 @@ static void run_burst(fx *f, burst *b)
 	pthread_cond_broadcast(&b->cv);
 	pthread_mutex_unlock(&b->mu);
 	pthread_join(th, NULL);
-	f->n.acked += b->acked;
-	f->n.unacked += b->unacked;
-	f->n.cancels_acked += b->cancels;
+	tally.acked += b->acked;
+	tally.unacked += b->unacked;
+	tally.cancels_acked += b->cancels;
 	fprintf(stderr, "chaos: burst acknowledged %d, not acknowledged %d, cancels acknowledged %d\n", b->acked,
 		b->unacked, b->cancels);
 	assert_int_equal(b->acked, BURST);
@@ -361,30 +342,24 @@ static void run_burst(fx *f, burst *b)
 
 /* ---- comparing ---- */
 
-/* Whole file into *buf (caller frees); its length. Fails the test if unreadable. */
-static size_t slurp(const char *path, unsigned char **buf)
+/* Whole file (it_slurp; caller frees), its length in *n. Fails the test
+ * if unreadable. */
+static unsigned char *slurp(const char *path, size_t *n)
 {
-	FILE *fp = fopen(path, "rb");
-	if (!fp)
-		fail_msg("cannot open %s: %s", path, strerror(errno));
-	fseek(fp, 0, SEEK_END);
-	long len = ftell(fp);
-	fseek(fp, 0, SEEK_SET);
-	*buf = malloc((size_t)len + 1);
-	assert_non_null(*buf);
-	assert_int_equal(fread(*buf, 1, (size_t)len, fp), (size_t)len);
-	fclose(fp);
-	return (size_t)len;
+	char *buf = it_slurp(path, n);
+	if (!buf)
+		fail_msg("cannot read %s: %s", path, strerror(errno));
+	return (unsigned char *)buf;
 }
 
 /* a/name and b/name are byte for byte the same; counts the bytes. */
-static void assert_same_file(fx *f, const char *a, const char *b, const char *name)
+static void assert_same_file(const char *a, const char *b, const char *name)
 {
 	char pa[1400], pb[1400];
 	snprintf(pa, sizeof pa, "%s/%s", a, name);
 	snprintf(pb, sizeof pb, "%s/%s", b, name);
-	unsigned char *x, *y;
-	size_t nx = slurp(pa, &x), ny = slurp(pb, &y);
+	size_t nx, ny;
+	unsigned char *x = slurp(pa, &nx), *y = slurp(pb, &ny);
 	if (nx != ny || memcmp(x, y, nx) != 0) {
 		size_t at = 0;
 		while (at < nx && at < ny && x[at] == y[at])
@@ -392,7 +367,7 @@ static void assert_same_file(fx *f, const char *a, const char *b, const char *na
 		fail_msg("%s differs from the undisturbed run's (%zu vs %zu bytes, first difference at byte %zu)", pb,
 			 ny, nx, at);
 	}
-	f->n.bytes_compared += (long long)nx;
+	tally.bytes_compared += (long long)nx;
 	free(x);
 	free(y);
 }
@@ -520,9 +495,9 @@ static void disturb(fx *f, const char *id, int kind, long step, int before, bool
 			json_decref(j);
 		}
 		if (kind == KILL_WORKER)
-			f->n.worker_kills++;
+			tally.worker_kills++;
 		else
-			f->n.loader_kills++;
+			tally.loader_kills++;
 		break;
 	}
 	case KILL_DAEMON:
@@ -537,7 +512,7 @@ static void disturb(fx *f, const char *id, int kind, long step, int before, bool
 		json_t *j = wait_live_at(f, id, "running", step + 10, false);
 		assert_int_equal(job_restarts(j), before);
 		json_decref(j);
-		f->n.stops++;
+		tally.stops++;
 		break;
 	}
 	}
@@ -554,8 +529,7 @@ static void test_chaos_job_and_burst(void **state)
 
 	/* the undisturbed run */
 	char *ref = it_submit(&f->d, LONG_SPEC("reference"));
-	json_t *rj = it_wait_job(&f->d, ref, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, rj);
+	json_t *rj = it_wait_completed(&f->d, ref, DEADLINE_S);
 	assert_int_equal(job_restarts(rj), 0);
 	char ref_export[1100], ref_ckpt[1100];
 	snprintf(ref_export, sizeof ref_export, "%s", it_jstr(rj, "model_dir"));
@@ -586,14 +560,13 @@ static void test_chaos_job_and_burst(void **state)
 	}
 
 	/* the chaos job ends as the undisturbed one did, byte for byte */
-	json_t *cj = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, cj);
+	json_t *cj = it_wait_completed(&f->d, id, DEADLINE_S);
 	fprintf(stderr, "chaos: job completed after %d restart(s)\n", job_restarts(cj));
 	char ck[1100];
 	ckpt_dir(f, id, ck, sizeof ck);
-	assert_same_file(f, ref_export, it_jstr(cj, "model_dir"), "model.safetensors");
-	assert_same_file(f, ref_ckpt, ck, "params.safetensors");
-	assert_same_file(f, ref_ckpt, ck, "optim.safetensors");
+	assert_same_file(ref_export, it_jstr(cj, "model_dir"), "model.safetensors");
+	assert_same_file(ref_ckpt, ck, "params.safetensors");
+	assert_same_file(ref_ckpt, ck, "optim.safetensors");
 	json_decref(cj);
 
 	/* every acknowledged submission exists; every job ends terminal:
@@ -619,7 +592,7 @@ static void test_chaos_job_and_burst(void **state)
 		}
 		json_decref(j);
 	}
-	f->n.jobs_checked = nall;
+	tally.jobs_checked = nall;
 	assert_true(nall >= 2 + b.acked); /* the reference, the chaos job, the burst's */
 
 	/* stopped: nothing left running, nothing left in /dev/shm */
@@ -630,9 +603,9 @@ static void test_chaos_job_and_burst(void **state)
 	fprintf(stderr,
 		"CHAOS jobs kills_survived=%d worker_kills=%d loader_kills=%d daemon_kills=%d stops=%d "
 		"acked=%d unacked=%d cancels_acked=%d jobs_checked=%d bytes_compared=%lld\n",
-		f->n.worker_kills + f->n.loader_kills + f->n.daemon_kills, f->n.worker_kills, f->n.loader_kills,
-		f->n.daemon_kills, f->n.stops, f->n.acked, f->n.unacked, f->n.cancels_acked, f->n.jobs_checked,
-		f->n.bytes_compared);
+		tally.worker_kills + tally.loader_kills + tally.daemon_kills, tally.worker_kills, tally.loader_kills,
+		tally.daemon_kills, tally.stops, tally.acked, tally.unacked, tally.cancels_acked, tally.jobs_checked,
+		tally.bytes_compared);
 	for (int i = 0; i < nall; i++)
 		free(all[i]);
 	free(all);
@@ -650,8 +623,8 @@ static void make_big_corpus(fx *f, const char *name)
 	char one[300], big[300];
 	snprintf(one, sizeof one, "%s/one.txt", f->data);
 	snprintf(big, sizeof big, "%s/%s", f->data, name);
-	unsigned char *text;
-	size_t len = slurp(one, &text);
+	size_t len;
+	unsigned char *text = slurp(one, &len);
 	FILE *out = fopen(big, "wb");
 	assert_non_null(out);
 	for (size_t n = 0; n < (size_t)16 << 20; n += len)
@@ -760,7 +733,7 @@ static void test_chaos_prepare(void **state)
 			fprintf(stderr, "chaos: kill -9 of bertd-prepare (pid %d) of %s, %s\n", (int)pid,
 				name, phase);
 			assert_int_equal(kill(pid, SIGKILL), 0);
-			f->n.prepare_kills++;
+			tally.prepare_kills++;
 			dataset_outcome(f, name, st, sizeof st);
 		} else {
 			fprintf(stderr, "chaos: kill -9 of the daemon while %s prepares, %s\n", name, phase);
@@ -772,14 +745,14 @@ static void test_chaos_prepare(void **state)
 	}
 	assert_int_equal(bertd_stop(&f->d), 0);
 	assert_no_processes(f, "after the daemon stopped", 30);
-	fprintf(stderr, "CHAOS prepare prepare_kills=%d daemon_kills=%d\n", f->n.prepare_kills, f->n.daemon_kills);
+	fprintf(stderr, "CHAOS prepare prepare_kills=%d daemon_kills=%d\n", tally.prepare_kills, tally.daemon_kills);
 }
 
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_chaos_job_and_burst, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_chaos_prepare, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_chaos_job_and_burst, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_chaos_prepare, setup, it_teardown),
 	};
 	return IT_RUN(tests, NULL, NULL);
 }

@@ -23,17 +23,7 @@ typedef it_fx fx; /* data: the data root */
 static int setup(void **state)
 {
 	it_daemon_opts o = {.cpu_slots = "1", .schedule = "false"};
-	return (*state = it_daemon_start(&o, 0)) ? 0 : -1;
-}
-
-static int teardown(void **state) { return it_daemon_stop(*state); }
-
-static void write_file(const char *path, const char *text)
-{
-	FILE *fp = fopen(path, "w");
-	assert_non_null(fp);
-	fputs(text, fp);
-	fclose(fp);
+	return it_setup(state, &o, 0);
 }
 
 /* n JSON lines of real text: non-blank lines of it_make_corpus's after the
@@ -69,15 +59,6 @@ static void write_jsonl(const fx *f, const char *path, int first, int n)
 	unlink(p);
 }
 
-static void post(const fx *f, const char *body)
-{
-	http_resp r;
-	assert_int_equal(http_post_json(&f->d, "/v1/datasets", body, &r), 0);
-	if (r.status != 201)
-		fail_msg("%s -> %ld: %s", body, r.status, r.body);
-	http_resp_free(&r);
-}
-
 static json_t *wait_done(const fx *f, const char *name)
 {
 	char path[128];
@@ -97,20 +78,6 @@ static void expect_ready(const fx *f, const char *name)
 	json_decref(ds);
 }
 
-static char *slurp(const char *p, size_t *n)
-{
-	FILE *fp = fopen(p, "rb");
-	if (!fp)
-		return NULL;
-	fseek(fp, 0, SEEK_END);
-	*n = (size_t)ftell(fp);
-	fseek(fp, 0, SEEK_SET);
-	char *b = malloc(*n + 1);
-	assert_int_equal(fread(b, 1, *n, fp), *n);
-	fclose(fp);
-	return b;
-}
-
 /* The shards of datasets a and b: the same bytes, and as many. */
 static void same_shards(const fx *f, const char *a, const char *b)
 {
@@ -120,7 +87,7 @@ static void same_shards(const fx *f, const char *a, const char *b)
 		snprintf(pa, sizeof pa, "%s/datasets/%s/shard-%05d.bin", f->data, a, k);
 		snprintf(pb, sizeof pb, "%s/datasets/%s/shard-%05d.bin", f->data, b, k);
 		size_t na = 0, nb = 0;
-		char *x = slurp(pa, &na), *y = slurp(pb, &nb);
+		char *x = it_slurp(pa, &na), *y = it_slurp(pb, &nb);
 		assert_true(!x == !y);
 		if (!x)
 			break;
@@ -157,14 +124,14 @@ static void test_gz_dir_with_readme(void **state)
 	assert_int_equal(it_system("cd '%s' && for x in part-0 part-1; do gzip -c plain/$x.jsonl > gz/$x.jsonl.gz; done",
 				   f->data), 0);
 	snprintf(p, sizeof p, "%s/gz/README.md", f->data);
-	write_file(p, "# The corpus\n\nTwo parts of JSON lines, gzip'd.\n");
+	it_write_file(p, "# The corpus\n\nTwo parts of JSON lines, gzip'd.\n");
 
-	post(f, "{\"name\":\"plain\",\"source\":\"plain/\",\"format\":\"jsonl\","
-		"\"vocab\":{\"train\":{\"vocab_size\":300}}}");
-	post(f, "{\"name\":\"gz\",\"source\":\"gz/\",\"format\":\"jsonl\",\"exclude\":[\"README*\"],"
-		"\"vocab\":{\"train\":{\"vocab_size\":300}}}");
-	post(f, "{\"name\":\"gz-readme\",\"source\":\"gz\",\"format\":\"jsonl\","
-		"\"vocab\":{\"train\":{\"vocab_size\":300}}}");
+	assert_int_equal(it_add_dataset(&f->d, "{\"name\":\"plain\",\"source\":\"plain/\",\"format\":\"jsonl\","
+		"\"vocab\":{\"train\":{\"vocab_size\":300}}}"), 0);
+	assert_int_equal(it_add_dataset(&f->d, "{\"name\":\"gz\",\"source\":\"gz/\",\"format\":\"jsonl\",\"exclude\":[\"README*\"],"
+		"\"vocab\":{\"train\":{\"vocab_size\":300}}}"), 0);
+	assert_int_equal(it_add_dataset(&f->d, "{\"name\":\"gz-readme\",\"source\":\"gz\",\"format\":\"jsonl\","
+		"\"vocab\":{\"train\":{\"vocab_size\":300}}}"), 0);
 	expect_ready(f, "plain");
 	expect_ready(f, "gz");
 	same_shards(f, "plain", "gz");
@@ -190,8 +157,8 @@ static void test_gz_dir_with_readme(void **state)
 	assert_int_equal(mkdir(p, 0755), 0);
 	assert_int_equal(it_system("cd '%s' && gzip -c plain/part-0.jsonl > extra/more.jsonl.gz && "
 				   "cp gz/README.md extra/", f->data), 0);
-	post(f, "{\"name\":\"list\",\"source\":[\"gz/\",\"extra/*.gz\"],\"format\":\"jsonl\","
-		"\"include\":[\"*.jsonl*\"],\"vocab\":{\"train\":{\"vocab_size\":300}}}");
+	assert_int_equal(it_add_dataset(&f->d, "{\"name\":\"list\",\"source\":[\"gz/\",\"extra/*.gz\"],\"format\":\"jsonl\","
+		"\"include\":[\"*.jsonl*\"],\"vocab\":{\"train\":{\"vocab_size\":300}}}"), 0);
 	expect_ready(f, "list");
 	assert_int_equal(stat_of(f, "list", "files"), 3);
 	assert_int_equal(stat_of(f, "list", "documents"), 450);
@@ -204,10 +171,10 @@ static void test_binary_named(void **state)
 	snprintf(p, sizeof p, "%s/bin", f->data);
 	assert_int_equal(mkdir(p, 0755), 0);
 	snprintf(p, sizeof p, "%s/bin/a.txt", f->data);
-	write_file(p, "hello world\nfine text\n");
+	it_write_file(p, "hello world\nfine text\n");
 	/* a NUL byte at decompressed offset 5 of the second file */
 	assert_int_equal(it_system("cd '%s/bin' && printf 'hello\\000world\\n' | gzip > b.txt.gz", f->data), 0);
-	post(f, "{\"name\":\"bin\",\"source\":\"bin\",\"vocab\":{\"train\":{\"vocab_size\":128}}}");
+	assert_int_equal(it_add_dataset(&f->d, "{\"name\":\"bin\",\"source\":\"bin\",\"vocab\":{\"train\":{\"vocab_size\":128}}}"), 0);
 	json_t *ds = wait_done(f, "bin");
 	assert_string_equal(it_jstr(ds, "state"), "failed");
 	const char *err = it_jstr(ds, "error");
@@ -233,7 +200,7 @@ static void test_422(void **state)
 	fx *f = *state;
 	char p[512];
 	snprintf(p, sizeof p, "%s/c.txt", f->data);
-	write_file(p, "hello\n");
+	it_write_file(p, "hello\n");
 #define V ",\"vocab\":{\"train\":{\"vocab_size\":128}}}"
 	expect_422(f, "{\"name\":\"e1\",\"source\":[]" V, "source", "1..64");
 	expect_422(f, "{\"name\":\"e2\",\"source\":[\"c.txt\",7]" V, "source[1]", "string");
@@ -254,9 +221,9 @@ static void test_422(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_gz_dir_with_readme, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_binary_named, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_422, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_gz_dir_with_readme, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_binary_named, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_422, setup, it_teardown),
 	};
 	return IT_RUN(tests, NULL, NULL);
 }

@@ -2,8 +2,6 @@
  * nothing of the first's), and the daemon log (stamped lines when stderr is
  * not the journal, one line per job state change). */
 #include <errno.h>
-#include <fcntl.h>
-#include <poll.h>
 #include <regex.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -14,7 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
@@ -22,62 +19,15 @@
 #include "harness.h"
 #include "it_util.h"
 
-/* Whole file into a malloc'd string (caller frees); NULL if unreadable. */
-static char *slurp(const char *path)
-{
-	FILE *f = fopen(path, "r");
-	if (!f)
-		return NULL;
-	size_t cap = 1 << 16, n = 0;
-	char *buf = malloc(cap);
-	size_t got;
-	while (buf && (got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
-		n += got;
-		if (n + 1 == cap)
-			buf = realloc(buf, cap *= 2);
-	}
-	fclose(f);
-	if (buf)
-		buf[n] = 0;
-	return buf;
-}
-
 /* Runs a second bertd on d's state dir by hand (bertd_start would unlink
  * the first one's bertd.addr before starting it). Waits at most 10 s for it
  * to exit; one still running then is the bug: it is stopped and the test
  * fails. Returns its wait status; its stderr goes to log_path. */
 static int run_second(const bertd *d, const char *log_path)
 {
-	const char *bin = getenv("BERTD_BIN");
-	assert_non_null(bin);
-	pid_t pid = fork();
-	assert_true(pid >= 0);
-	if (pid == 0) {
-		int lfd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-		if (lfd >= 0) {
-			dup2(lfd, 1);
-			dup2(lfd, 2);
-		}
-		unsetenv("NOTIFY_SOCKET");
-		execl(bin, bin, "--state-dir", d->state_dir, "--port", "0", "--listen", "127.0.0.1",
-		      "--config", "/dev/null", "--schedule", "false", (char *)NULL);
-		_exit(127);
-	}
-	int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
-	assert_true(pidfd >= 0);
-	struct pollfd p = {pidfd, POLLIN, 0};
-	int ready = poll(&p, 1, 10000);
-	close(pidfd);
-	int st = 0;
-	if (ready <= 0) {
-		kill(pid, SIGTERM);
-		waitpid(pid, &st, 0);
-		char *log = slurp(log_path);
-		fail_msg("a second bertd on %s started and kept running:\n%s", d->state_dir,
-			 log ? log : "(no log)");
-	}
-	waitpid(pid, &st, 0);
-	return st;
+	const char *args[] = {"--state-dir", d->state_dir, "--port", "0", "--listen", "127.0.0.1",
+			      "--config", "/dev/null", "--schedule", "false", NULL};
+	return it_run_bertd_to_exit(args, log_path, 10);
 }
 
 static void test_second_daemon_refused(void **state)
@@ -85,19 +35,19 @@ static void test_second_daemon_refused(void **state)
 	bertd *d = *state;
 	char path[160], log_path[160], addr_before[256], token_before[256];
 	snprintf(path, sizeof path, "%s/bertd.addr", d->state_dir);
-	char *a = slurp(path);
+	char *a = it_slurp(path, NULL);
 	assert_non_null(a);
 	snprintf(addr_before, sizeof addr_before, "%s", a);
 	free(a);
 	snprintf(path, sizeof path, "%s/token", d->state_dir);
-	a = slurp(path);
+	a = it_slurp(path, NULL);
 	assert_non_null(a);
 	snprintf(token_before, sizeof token_before, "%s", a);
 	free(a);
 
 	snprintf(log_path, sizeof log_path, "%s/second.log", d->root);
 	int st = run_second(d, log_path);
-	char *log = slurp(log_path);
+	char *log = it_slurp(log_path, NULL);
 	assert_non_null(log);
 	if (!WIFEXITED(st) || WEXITSTATUS(st) == 0)
 		fail_msg("second bertd: status 0x%x, want a non-zero exit:\n%s", st, log);
@@ -110,12 +60,12 @@ static void test_second_daemon_refused(void **state)
 
 	/* Nothing of the first's was touched, and it still answers. */
 	snprintf(path, sizeof path, "%s/bertd.addr", d->state_dir);
-	a = slurp(path);
+	a = it_slurp(path, NULL);
 	assert_non_null(a);
 	assert_string_equal(a, addr_before);
 	free(a);
 	snprintf(path, sizeof path, "%s/token", d->state_dir);
-	a = slurp(path);
+	a = it_slurp(path, NULL);
 	assert_non_null(a);
 	assert_string_equal(a, token_before);
 	free(a);
@@ -184,7 +134,7 @@ static void test_state_changes_logged(void **state)
 	json_decref(job);
 
 	snprintf(path, sizeof path, "%s/bertd.log", d->root);
-	char *log = slurp(path);
+	char *log = it_slurp(path, NULL);
 	assert_non_null(log);
 	char want[256];
 	snprintf(want, sizeof want, "job %s: (new) -> queued (submitted)", id);
@@ -195,13 +145,17 @@ static void test_state_changes_logged(void **state)
 	free(id);
 }
 
-static int setup(void **state) { return it_bertd_setup(state, NULL); }
+static int setup(void **state)
+{
+	it_daemon_opts o = {.plain = true};
+	return it_setup(state, &o, 0);
+}
 
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_second_daemon_refused, setup, it_bertd_teardown),
-		cmocka_unit_test_setup_teardown(test_state_changes_logged, setup, it_bertd_teardown),
+		cmocka_unit_test_setup_teardown(test_second_daemon_refused, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_state_changes_logged, setup, it_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -66,25 +66,6 @@ static bool find_chromium(void)
 	return false;
 }
 
-static char *slurp(const char *path)
-{
-	FILE *f = fopen(path, "r");
-	if (!f)
-		return NULL;
-	fseek(f, 0, SEEK_END);
-	long n = ftell(f);
-	fseek(f, 0, SEEK_SET);
-	char *b = malloc((size_t)n + 1);
-	if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-		free(b);
-		b = NULL;
-	}
-	if (b)
-		b[n] = 0;
-	fclose(f);
-	return b;
-}
-
 static size_t count(const char *from, const char *to, const char *needle)
 {
 	size_t n = 0;
@@ -98,7 +79,7 @@ static size_t count(const char *from, const char *to, const char *needle)
  * failed fetch). */
 static void assert_quiet(const char *log_path)
 {
-	char *log = slurp(log_path);
+	char *log = it_slurp(log_path, NULL);
 	assert_non_null(log);
 	for (char *line = strtok(log, "\n"); line; line = strtok(NULL, "\n"))
 		if (strstr(line, ":CONSOLE") || strstr(line, "Uncaught") || strstr(line, "Refused to"))
@@ -135,7 +116,7 @@ static char *load_page(const bertd *d, const char *job, const char *shot, int n)
 	assert_int_equal(stat(shotpath, &st), 0);
 	assert_true(st.st_size > 1000);
 	fprintf(stderr, "screenshot: %s\n", shotpath);
-	char *html = slurp(dom);
+	char *html = it_slurp(dom, NULL);
 	assert_non_null(html);
 	return html;
 }

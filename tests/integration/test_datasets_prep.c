@@ -43,10 +43,8 @@ static int setup(void **state)
 {
 	setenv("SOURCE_DATE_EPOCH", "1700000000", 1);
 	it_daemon_opts o = {.cpu_slots = "1", .extra = extra};
-	return (*state = it_daemon_start(&o, 0)) ? 0 : -1;
+	return it_setup(state, &o, 0);
 }
-
-static int teardown(void **state) { return it_daemon_stop(*state); }
 
 /* data/corpus.txt: real text (it_make_corpus) repeated to ~3 MB (several
  * 1 MiB chunks, some tens of shards of SHARD_TOKENS), and data/vocab.txt,
@@ -240,8 +238,7 @@ static void test_kill_resume(void **state)
 			char ps = proc_state(pid);
 			assert_true(ps == 0 || ps == 'Z');
 			assert_true(journaled(f, name) >= kept); /* the work outlived them */
-			it_daemon_opts o = {.cpu_slots = "1", .extra = extra};
-			assert_int_equal(it_daemon_run(&f->d, f->data, &o), 0);
+			assert_int_equal(it_daemon_run(f, NULL), 0);
 		} else {
 			assert_int_equal(kill(pid, SIGKILL), 0);
 		}
@@ -305,8 +302,7 @@ static void test_register(void **state)
 
 	/* a job trains on it */
 	char *id = it_submit(&f->d, IT_TINY_SPEC("on-reg", "reg", "1", "4", "6", "3", "6", "1", IT_LR_WARMUP, ""));
-	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, job);
+	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
 	json_decref(job);
 	free(id);
 
@@ -324,9 +320,9 @@ static void test_register(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_options, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_kill_resume, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_register, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_options, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_kill_resume, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_register, setup, it_teardown),
 	};
 	return IT_RUN(tests, NULL, NULL);
 }

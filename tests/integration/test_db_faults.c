@@ -5,8 +5,6 @@
  * process holds locked answers 503 with Retry-After; `bertd backup` of a
  * running daemon's database is a sound copy with the jobs. */
 #include <errno.h>
-#include <fcntl.h>
-#include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -18,7 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
@@ -27,28 +24,10 @@
 #include "common/log.h"
 #include "daemon/store.h"
 #include "harness.h"
+#include "it_store.h"
 #include "it_util.h"
 
 #define SPEC_OK "{\"name\":\"it-job\",\"dataset\":\"wikitext2\"}"
-
-/* Whole file into a malloc'd string (caller frees); NULL if unreadable. */
-static char *slurp(const char *path)
-{
-	FILE *f = fopen(path, "r");
-	if (!f)
-		return NULL;
-	size_t cap = 1 << 16, n = 0, got;
-	char *buf = malloc(cap);
-	while (buf && (got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
-		n += got;
-		if (n + 1 == cap)
-			buf = realloc(buf, cap *= 2);
-	}
-	fclose(f);
-	if (buf)
-		buf[n] = 0;
-	return buf;
-}
 
 static void db_path(const bertd *d, char *out, size_t cap)
 {
@@ -60,15 +39,9 @@ static void db_path(const bertd *d, char *out, size_t cap)
  * file (so pages overwritten mid-file are job rows). */
 static int seed(const bertd *d, int fill)
 {
-	char db[200], id[32], spec[2100];
+	char id[32], spec[2100];
 	store *st = NULL;
-	db_path(d, db, sizeof db);
-	store_dataset ds = {.id = "ds-00000000000000aa", .name = "wikitext2", .spec_json = "{}"};
-	int rc = store_open(&st, db);
-	if (rc == 0)
-		rc = store_dataset_insert(st, &ds);
-	if (rc == 0)
-		rc = store_dataset_finish(st, ds.id, DATASET_READY, NULL, NULL);
+	int rc = it_store_seed_dataset(d, &st);
 	memset(spec, 'x', sizeof spec);
 	memcpy(spec, "{\"pad\":\"", 8);
 	memcpy(spec + sizeof spec - 3, "\"}", 3);
@@ -115,46 +88,6 @@ static void damage_pages(const char *path, int n)
 	assert_int_equal(fclose(fp), 0);
 }
 
-/* Runs BERTD_BIN with args (NULL-ended, after argv[0]), stdout and stderr
- * to log_path; waits at most 30 s (one still running then fails the test).
- * Returns the wait status. */
-static int run_bertd(const char *const *args, const char *log_path)
-{
-	const char *bin = getenv("BERTD_BIN");
-	assert_non_null(bin);
-	const char *argv[32] = {bin};
-	size_t a = 1;
-	for (; args[a - 1] && a < 31; a++)
-		argv[a] = args[a - 1];
-	argv[a] = NULL;
-	pid_t pid = fork();
-	assert_true(pid >= 0);
-	if (pid == 0) {
-		int lfd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-		if (lfd >= 0) {
-			dup2(lfd, 1);
-			dup2(lfd, 2);
-		}
-		unsetenv("NOTIFY_SOCKET");
-		execv(bin, (char *const *)argv);
-		_exit(127);
-	}
-	int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
-	assert_true(pidfd >= 0);
-	struct pollfd p = {pidfd, POLLIN, 0};
-	int ready = poll(&p, 1, 30000);
-	close(pidfd);
-	int st = 0;
-	if (ready <= 0) {
-		kill(pid, SIGTERM);
-		waitpid(pid, &st, 0);
-		char *log = slurp(log_path);
-		fail_msg("bertd %s kept running:\n%s", args[0], log ? log : "(no log)");
-	}
-	waitpid(pid, &st, 0);
-	return st;
-}
-
 static void assert_problem(const http_resp *r, long status, const char *code)
 {
 	char want[128];
@@ -174,8 +107,8 @@ static void test_damaged_db_refused_at_start(void **state)
 	snprintf(log_path, sizeof log_path, "%s/damaged.log", d->root);
 	const char *args[] = {"--state-dir", d->state_dir, "--port", "0", "--listen", "127.0.0.1",
 			      "--config", "/dev/null", "--schedule", "false", NULL};
-	int st = run_bertd(args, log_path);
-	char *log = slurp(log_path);
+	int st = it_run_bertd_to_exit(args, log_path, 30);
+	char *log = it_slurp(log_path, NULL);
 	assert_non_null(log);
 	if (!WIFEXITED(st) || WEXITSTATUS(st) != BERTD_DAEMON_EXIT_DB_DAMAGED)
 		fail_msg("bertd on a damaged db: status 0x%x, want exit %d:\n%s", st,
@@ -196,11 +129,12 @@ static void test_damaged_db_refused_at_start(void **state)
  * refused from then on (no 201). */
 static void test_damaged_while_running(void **state)
 {
-	bertd *d = *state;
+	it_fx *f = *state;
+	bertd *d = &f->d;
 	char db[200];
 	http_resp r;
 	assert_int_equal(seed(d, 400), 0);
-	assert_int_equal(bertd_start(d, NULL), 0);
+	assert_int_equal(it_daemon_run(f, &(it_daemon_opts){.plain = true}), 0);
 	assert_int_equal(http_do(d, "GET", "/v1/healthz", NULL, 0, NULL, H_NO_AUTH, &r), 0);
 	assert_int_equal(r.status, 200);
 	http_resp_free(&r);
@@ -233,7 +167,7 @@ static void test_damaged_while_running(void **state)
 	/* nothing was committed either (the file itself cannot be scanned now) */
 	char logp[200];
 	snprintf(logp, sizeof logp, "%s/bertd.log", d->root);
-	char *log = slurp(logp);
+	char *log = it_slurp(logp, NULL);
 	assert_non_null(log);
 	if (strstr(log, "(new) -> queued"))
 		fail_msg("a job was stored into the damaged database:\n%s", log);
@@ -245,12 +179,13 @@ static void test_damaged_while_running(void **state)
  * Retry-After, reads go on, and the write works once the lock is gone. */
 static void test_locked_db_is_503(void **state)
 {
-	bertd *d = *state;
+	it_fx *f = *state;
+	bertd *d = &f->d;
 	char db[200], ra[32];
 	http_resp r;
 	assert_int_equal(seed(d, 0), 0);
 	const char *extra[] = {"--api-db-wait-ms", "200", NULL};
-	assert_int_equal(bertd_start(d, extra), 0);
+	assert_int_equal(it_daemon_run(f, &(it_daemon_opts){.plain = true, .extra = extra}), 0);
 	db_path(d, db, sizeof db);
 	sqlite3 *h = NULL;
 	assert_int_equal(sqlite3_open_v2(db, &h, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK);
@@ -317,12 +252,13 @@ static void submit_all(const bertd *d, struct submitter *x, bool poison)
 
 static void test_group_commit_failure(void **state)
 {
-	bertd *d = *state;
+	it_fx *f = *state;
+	bertd *d = &f->d;
 	char db[200], ra[32];
 	struct submitter x[SUBMITTERS];
 	assert_int_equal(seed(d, 0), 0);
 	const char *extra[] = {"--api-db-wait-ms", "200", "--schedule", "false", NULL};
-	assert_int_equal(bertd_start(d, extra), 0);
+	assert_int_equal(it_daemon_run(f, &(it_daemon_opts){.plain = true, .extra = extra}), 0);
 	db_path(d, db, sizeof db);
 
 	sqlite3 *h = NULL;
@@ -383,18 +319,19 @@ static void test_group_commit_failure(void **state)
  * a second backup to the same FILE is refused. */
 static void test_backup_of_running_daemon(void **state)
 {
-	bertd *d = *state;
+	it_fx *f = *state;
+	bertd *d = &f->d;
 	char out[200], log_path[200];
 	assert_int_equal(seed(d, 0), 0);
-	assert_int_equal(bertd_start(d, NULL), 0);
+	assert_int_equal(it_daemon_run(f, &(it_daemon_opts){.plain = true}), 0);
 	for (int i = 0; i < 3; i++)
 		free(it_submit(d, SPEC_OK));
 	snprintf(out, sizeof out, "%s/backup.db", d->root);
 	snprintf(log_path, sizeof log_path, "%s/backup.log", d->root);
 	const char *args[] = {"backup", out, "--state-dir", d->state_dir, "--config", "/dev/null",
 			      NULL};
-	int st = run_bertd(args, log_path);
-	char *log = slurp(log_path);
+	int st = it_run_bertd_to_exit(args, log_path, 30);
+	char *log = it_slurp(log_path, NULL);
 	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
 		fail_msg("bertd backup: status 0x%x:\n%s", st, log ? log : "");
 	free(log);
@@ -403,9 +340,9 @@ static void test_backup_of_running_daemon(void **state)
 	assert_int_equal(raw_int(out, "SELECT COUNT(*) FROM jobs WHERE name = 'it-job'"), 3);
 	assert_int_equal(raw_int(out, "SELECT COUNT(*) FROM datasets"), 1);
 
-	st = run_bertd(args, log_path);
+	st = it_run_bertd_to_exit(args, log_path, 30);
 	assert_true(WIFEXITED(st) && WEXITSTATUS(st) != 0);
-	log = slurp(log_path);
+	log = it_slurp(log_path, NULL);
 	assert_non_null(log);
 	assert_non_null(strstr(log, "never replaces"));
 	free(log);
@@ -416,34 +353,22 @@ static void test_backup_of_running_daemon(void **state)
 	http_resp_free(&r);
 }
 
+/* A state dir, no daemon: each test seeds it, then starts one. */
 static int setup(void **state)
 {
-	bertd *d = calloc(1, sizeof *d);
-	if (!d || bertd_init(d)) {
-		free(d);
-		return -1;
-	}
-	*state = d;
-	return 0;
-}
-
-static int teardown(void **state)
-{
-	bertd *d = *state;
-	int rc = d->pid ? it_daemon_finish(d) : (bertd_destroy(d), 0);
-	free(d);
-	return rc;
+	it_daemon_opts o = {.plain = true, .deferred = true};
+	return it_setup(state, &o, 0);
 }
 
 int main(void)
 {
 	log_init("test_db_faults", LOG_LVL_ERROR);
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_damaged_db_refused_at_start, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_damaged_while_running, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_locked_db_is_503, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_group_commit_failure, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_backup_of_running_daemon, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_damaged_db_refused_at_start, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_damaged_while_running, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_locked_db_is_503, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_group_commit_failure, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_backup_of_running_daemon, setup, it_teardown),
 	};
 	return IT_RUN(tests, NULL, NULL);
 }

@@ -36,10 +36,8 @@ static int setup(void **state)
 	const char *extra[] = {"--stop-timeout-s", "60", NULL};
 	it_daemon_opts o = {.cpu_slots = "2", .extra = extra, .dataset = "shakes", .corpus = "shakes.txt",
 			    .corpus_lines = 2000, .vocab_size = 400};
-	return (*state = it_daemon_start(&o, DEADLINE_S)) ? 0 : -1;
+	return it_setup(state, &o, DEADLINE_S);
 }
-
-static int teardown(void **state) { return it_daemon_stop(*state); }
 
 #define SPEC(name, steps) \
 	IT_TINY_SPEC(name, "shakes", "1", "8", steps, "5", "10", "0", IT_LR_WARMUP, "")
@@ -75,8 +73,7 @@ static void test_export_and_checkpoint(void **state)
 	fx *f = *state;
 	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
 	char *id = it_submit(&f->d, SPEC("dl-job.v1", "20"));
-	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, job);
+	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
 	const char *model_dir = it_jstr(job, "model_dir");
 
 	/* the export: Content-Length is what arrives, tar unpacks model_dir */
@@ -218,8 +215,8 @@ static void test_no_export(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_export_and_checkpoint, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_no_export, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_export_and_checkpoint, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_no_export, setup, it_teardown),
 	};
 	return IT_RUN(tests, NULL, NULL);
 }

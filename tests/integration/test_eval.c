@@ -43,10 +43,8 @@ static int setup(void **state)
 	const char *extra[] = {"--stop-timeout-s", "60", NULL};
 	it_daemon_opts o = {.cpu_slots = "2", .extra = extra, .dataset = "evalds", .corpus = "corpus.txt",
 			    .corpus_lines = 2000, .vocab_size = 400};
-	return (*state = it_daemon_start(&o, DEADLINE_S)) ? 0 : -1;
+	return it_setup(state, &o, DEADLINE_S);
 }
-
-static int teardown(void **state) { return it_daemon_stop(*state); }
 
 #define MODEL IT_TINY_MODEL("2")
 
@@ -80,8 +78,7 @@ static void test_eval_matches_transformers(void **state)
 				     "\"dataloader_num_workers\":1,\"seed\":11,\"evaluation_strategy\":\"steps\","
 				     "\"eval_steps\":5,\"per_device_eval_batch_size\":5,\"max_eval_batches\":7},"
 				     "\"mlm\":{\"validation_split_percentage\":10},\"resources\":{\"gpus\":2}}");
-	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, job);
+	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
 	json_t *spec = json_object_get(job, "spec");
 	assert_string_equal(json_string_value(json_object_get(json_object_get(spec, "training_args"),
 								"eval_strategy")), "steps");
@@ -176,8 +173,7 @@ static void test_no_eval_by_default(void **state)
 	char *id = it_submit(&f->d, "{\"name\":\"plain-job\",\"dataset\":\"evalds\"," MODEL ","
 				     "\"training_args\":{\"per_device_train_batch_size\":4,\"max_seq_length\":32,"
 				     "\"max_steps\":4,\"logging_steps\":2,\"dataloader_num_workers\":0}}");
-	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, job);
+	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
 	assert_int_equal(json_integer_value(json_object_get(json_object_get(json_object_get(job, "spec"), "mlm"),
 							      "validation_split_percentage")), 0);
 	json_t *rows = it_metrics_of(&f->d, id);
@@ -273,5 +269,5 @@ int main(void)
 		cmocka_unit_test(test_no_eval_by_default),
 		cmocka_unit_test(test_eval_gauges_while_running),
 	};
-	return IT_RUN(tests, setup, teardown);
+	return IT_RUN(tests, setup, it_teardown);
 }

@@ -45,13 +45,11 @@ static int start(void **state, bool hold)
 			       "--follow-max-total", "3", NULL};
 	it_daemon_opts o = {.cpu_slots = "2", .schedule = hold ? "false" : "true", .extra = extra,
 			    .dataset = "shakes", .corpus = "shakes.txt", .corpus_lines = 2000, .vocab_size = 400};
-	return (*state = it_daemon_start(&o, DEADLINE_S)) ? 0 : -1;
+	return it_setup(state, &o, DEADLINE_S);
 }
 
 static int setup_run(void **state) { return start(state, false); }
 static int setup_hold(void **state) { return start(state, true); }
-
-static int teardown(void **state) { return it_daemon_stop(*state); }
 
 #define SPEC(name, steps) \
 	IT_TINY_SPEC(name, "shakes", "1", "8", steps, "5", "50", "0", IT_LR_WARMUP, "")
@@ -508,14 +506,7 @@ static void test_bad_parameters(void **state)
  * returns the socket with the stream still open (200). */
 static int raw_follow(const bertd *d, const char *path)
 {
-	const char *colon = strrchr(d->base_url, ':');
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
-	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	assert_true(fd >= 0);
-	struct timeval tv = {.tv_sec = DEADLINE_S};
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-	assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+	int fd = it_connect(d, DEADLINE_S);
 	char req[600];
 	int n = snprintf(req, sizeof req,
 			 "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer %s\r\n\r\n", path,
@@ -654,10 +645,10 @@ static void test_shutdown_ends_streams(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_follow_job_to_its_end, setup_run, teardown),
-		cmocka_unit_test_setup_teardown(test_bad_parameters, setup_hold, teardown),
-		cmocka_unit_test_setup_teardown(test_limits_hangups_and_cancel, setup_hold, teardown),
-		cmocka_unit_test_setup_teardown(test_shutdown_ends_streams, setup_hold, teardown),
+		cmocka_unit_test_setup_teardown(test_follow_job_to_its_end, setup_run, it_teardown),
+		cmocka_unit_test_setup_teardown(test_bad_parameters, setup_hold, it_teardown),
+		cmocka_unit_test_setup_teardown(test_limits_hangups_and_cancel, setup_hold, it_teardown),
+		cmocka_unit_test_setup_teardown(test_shutdown_ends_streams, setup_hold, it_teardown),
 	};
 	return IT_RUN(tests, NULL, NULL);
 }

@@ -49,10 +49,8 @@ static int setup(void **state)
 	const char *extra[] = {"--stop-timeout-s", "60", NULL};
 	it_daemon_opts o = {.cpu_slots = "1", .extra = extra, .dataset = "shakes", .corpus = "shakes.txt",
 			    .corpus_lines = 2000, .vocab_size = 400};
-	return (*state = it_daemon_start(&o, DEADLINE_S)) ? 0 : -1;
+	return it_setup(state, &o, DEADLINE_S);
 }
-
-static int teardown(void **state) { return it_daemon_stop(*state); }
 
 /* GET path into file tar: must be a 200 tar whose Content-Length is the
  * bytes received. */
@@ -151,8 +149,7 @@ static void test_checkpoint_export(void **state)
 	fx *f = *state;
 	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
 	char *id = it_submit(&f->d, JOB("cx", "20", "10", "", ""));
-	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, job);
+	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
 	const char *model_dir = it_jstr(job, "model_dir");
 	json_t *ex = json_object_get(job, "export");
 	assert_int_equal(json_integer_value(json_object_get(ex, "step")), 20);
@@ -260,7 +257,7 @@ static void test_canceled_while_queued_exports_on_request(void **state)
 	assert_int_equal(bertd_stop(&f->d), 0);
 	const char *extra[] = {"--stop-timeout-s", "60", NULL};
 	it_daemon_opts o = {.cpu_slots = "1", .schedule = "false", .extra = extra};
-	assert_int_equal(it_daemon_run(&f->d, f->data, &o), 0);
+	assert_int_equal(it_daemon_run(f, &o), 0);
 	char path[200];
 	snprintf(path, sizeof path, "/v1/jobs/%s", id);
 	json_t *job = it_get_json(&f->d, path);
@@ -464,11 +461,11 @@ static void test_max_runtime_across_restart(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_checkpoint_export, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_cancel_exports_last_checkpoint, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_canceled_while_queued_exports_on_request, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_best_checkpoint_kept_and_exported, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_max_runtime_across_restart, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_checkpoint_export, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_cancel_exports_last_checkpoint, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_canceled_while_queued_exports_on_request, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_best_checkpoint_kept_and_exported, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_max_runtime_across_restart, setup, it_teardown),
 	};
 	return IT_RUN(tests, NULL, NULL);
 }

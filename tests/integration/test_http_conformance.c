@@ -43,21 +43,8 @@ typedef struct raw_resp {
 static int setup(void **state)
 {
 	const char *extra[] = {"--conn-timeout-s", "5", NULL};
-	return it_bertd_setup(state, extra);
-}
-
-static int connect_to(const bertd *d)
-{
-	const char *colon = strrchr(d->base_url, ':');
-	assert_non_null(colon);
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
-	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	assert_true(fd >= 0);
-	struct timeval tv = {.tv_sec = RECV_GUARD_S};
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-	assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
-	return fd;
+	it_daemon_opts o = {.plain = true, .extra = extra};
+	return it_setup(state, &o, 0);
 }
 
 static const char *find_header(const raw_resp *r, const char *name, char *buf, size_t n)
@@ -82,7 +69,7 @@ static const char *find_header(const raw_resp *r, const char *name, char *buf, s
 static void exchange(const bertd *d, const char *req, raw_resp *r)
 {
 	memset(r, 0, sizeof *r);
-	int fd = connect_to(d);
+	int fd = it_connect(d, RECV_GUARD_S);
 	size_t len = strlen(req);
 	assert_int_equal(send(fd, req, len, MSG_NOSIGNAL), (ssize_t)len);
 	char buf[8192];
@@ -290,25 +277,25 @@ static bool log_has(const bertd *d, const char *needle)
 static void test_missing_data_root_reported(void **state)
 {
 	(void)state;
-	bertd d;
-	char data[128], missing[128], roots[300], needle[300];
-	assert_int_equal(bertd_init(&d), 0);
-	snprintf(data, sizeof data, "%s/data", d.root);
-	snprintf(missing, sizeof missing, "%s/not-mounted-yet", d.root);
-	assert_int_equal(mkdir(data, 0700), 0);
+	char missing[128], roots[300], needle[300];
+	it_fx *f = it_daemon_start(&(it_daemon_opts){.plain = true, .deferred = true}, 0);
+	assert_non_null(f);
+	const char *data = f->data;
+	snprintf(missing, sizeof missing, "%s/not-mounted-yet", f->d.root);
 	snprintf(roots, sizeof roots, "%s:%s", data, missing);
 	const char *extra[] = {"--data-roots", roots, NULL};
-	assert_int_equal(bertd_start(&d, extra), 0);
+	assert_int_equal(it_daemon_run(f, &(it_daemon_opts){.plain = true, .extra = extra}), 0);
+	bertd *d = &f->d;
 
 	snprintf(needle, sizeof needle, "data root %s does not exist", missing);
-	if (!log_has(&d, needle)) {
-		bertd_print_log(&d);
+	if (!log_has(d, needle)) {
+		bertd_print_log(d);
 		fail_msg("the log does not say '%s'", needle);
 	}
 	snprintf(needle, sizeof needle, "data root %s ", data);
-	assert_false(log_has(&d, needle));
+	assert_false(log_has(d, needle));
 
-	json_t *s = it_get_json(&d, "/v1/system");
+	json_t *s = it_get_json(d, "/v1/system");
 	json_t *rs = json_object_get(s, "data_roots");
 	assert_int_equal(json_array_size(rs), 2);
 	assert_string_equal(it_jstr(json_array_get(rs, 0), "path"), data);
@@ -324,12 +311,12 @@ static void test_missing_data_root_reported(void **state)
 
 	/* Checked per request: once the root is there, the warning is gone. */
 	assert_int_equal(mkdir(missing, 0700), 0);
-	s = it_get_json(&d, "/v1/system");
+	s = it_get_json(d, "/v1/system");
 	rs = json_object_get(s, "data_roots");
 	assert_true(json_is_true(json_object_get(json_array_get(rs, 1), "ok")));
 	assert_int_equal(json_array_size(json_object_get(s, "warnings")), 0);
 	json_decref(s);
-	assert_int_equal(it_daemon_finish(&d), 0);
+	assert_int_equal(it_daemon_stop(f), 0);
 }
 
 /* bertd cannot read the unit's IP filter, so under systemd (INVOCATION_ID
@@ -337,31 +324,30 @@ static void test_missing_data_root_reported(void **state)
 static void test_allow_remote_names_the_dropin(void **state)
 {
 	(void)state;
-	bertd d;
 	const char *needle = "systemd/bertd.service.d/remote-listen.conf.example";
 	assert_int_equal(setenv("INVOCATION_ID", "0123456789abcdef0123456789abcdef", 1), 0);
-	assert_int_equal(bertd_init(&d), 0);
-	const char *local[] = {NULL};
-	assert_int_equal(bertd_start(&d, local), 0);
-	assert_false(log_has(&d, needle));
-	assert_int_equal(bertd_stop(&d), 0);
+	it_fx *f = it_daemon_start(&(it_daemon_opts){.plain = true}, 0);
+	assert_non_null(f);
+	bertd *d = &f->d;
+	assert_false(log_has(d, needle));
+	assert_int_equal(bertd_stop(d), 0);
 	const char *remote[] = {"--allow-remote", "true", NULL};
-	assert_int_equal(bertd_start(&d, remote), 0);
+	assert_int_equal(it_daemon_run(f, &(it_daemon_opts){.plain = true, .extra = remote}), 0);
 	unsetenv("INVOCATION_ID");
-	if (!log_has(&d, needle)) {
-		bertd_print_log(&d);
+	if (!log_has(d, needle)) {
+		bertd_print_log(d);
 		fail_msg("the log does not name %s", needle);
 	}
-	assert_int_equal(it_daemon_finish(&d), 0);
+	assert_int_equal(it_daemon_stop(f), 0);
 }
 
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_two_content_lengths, setup, it_bertd_teardown),
-		cmocka_unit_test_setup_teardown(test_host_required, setup, it_bertd_teardown),
-		cmocka_unit_test_setup_teardown(test_unknown_transfer_encoding_501, setup, it_bertd_teardown),
-		cmocka_unit_test_setup_teardown(test_no_token_learns_no_routes, setup, it_bertd_teardown),
+		cmocka_unit_test_setup_teardown(test_two_content_lengths, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_host_required, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_unknown_transfer_encoding_501, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_no_token_learns_no_routes, setup, it_teardown),
 		cmocka_unit_test(test_missing_data_root_reported),
 		cmocka_unit_test(test_allow_remote_names_the_dropin),
 	};

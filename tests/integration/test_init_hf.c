@@ -47,17 +47,14 @@ static int setup(void **state)
 	fx *f = it_daemon_start(&o, DEADLINE_S);
 	if (!f)
 		return -1;
-	*state = f;
 	it_make_corpus(f->data, "corpus.txt", 400);
-	if (it_system("cp '%s/tests/data/bert-base-uncased-vocab.txt' '%s/vocab.txt'", g_src, f->data) != 0 ||
-	    it_system("/usr/bin/python3 '%s/tests/integration/hf_init_dirs.py' '%s/hf' '%s/vocab.txt' >/dev/null",
-		      g_src, f->data, f->data) != 0 ||
-	    it_add_dataset(&f->d, "{\"name\":\"hfds\",\"source\":\"corpus.txt\",\"vocab\":{\"file\":\"vocab.txt\"}}"))
-		return -1;
-	return 0;
+	return it_setup_end(
+		state, f,
+		it_system("cp '%s/tests/data/bert-base-uncased-vocab.txt' '%s/vocab.txt'", g_src, f->data) == 0 &&
+			it_system("/usr/bin/python3 '%s/tests/integration/hf_init_dirs.py' '%s/hf' '%s/vocab.txt' >/dev/null",
+				  g_src, f->data, f->data) == 0 &&
+			!it_add_dataset(&f->d, "{\"name\":\"hfds\",\"source\":\"corpus.txt\",\"vocab\":{\"file\":\"vocab.txt\"}}"));
 }
-
-static int teardown(void **state) { return it_daemon_stop(*state); }
 
 /* The job spec of these tests: dropout 0 (the checkpoints' own), B 4, T 32,
  * one rank, the worker building its batches. */
@@ -133,8 +130,7 @@ static void test_nsp_from_mlm_checkpoint(void **state)
 	fx *f = *state;
 	it_wait_dataset_ready(&f->d, "hfds", DEADLINE_S);
 	char *id = submit(f, "mlm_st", true, 1, "1e-12");
-	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, job);
+	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
 	double loss = step1_loss(f, id);
 	char batch[600];
 	write_batch(f, id, batch, sizeof batch);
@@ -202,5 +198,5 @@ int main(void)
 		cmocka_unit_test(test_nsp_from_mlm_checkpoint),
 		cmocka_unit_test(test_refusals),
 	};
-	return IT_RUN(tests, setup, teardown);
+	return IT_RUN(tests, setup, it_teardown);
 }

@@ -32,27 +32,23 @@ static int setup(void **state)
 {
 	it_daemon_opts o = {.cpu_slots = "1", .dataset = "shakes", .corpus = "shakes.txt", .corpus_lines = 3000,
 			    .vocab_size = 400};
-	return (*state = it_daemon_start(&o, DEADLINE_S)) ? 0 : -1;
+	return it_setup(state, &o, DEADLINE_S);
 }
 
-static int teardown(void **state) { return it_daemon_stop(*state); }
+/* A tiny model on one CPU slot, a loader, checkpoints every 10 steps
+ * (it_job_spec), max_steps steps, then more overrides (NULL-ended); the
+ * JSON text is the caller's to free. */
+#define SPEC(name, steps, ...)                                                                               \
+	it_job_spec(name, "shakes", "training_args.dataloader_num_workers", "1", "training_args.max_steps", steps, \
+		    __VA_ARGS__)
+/* The init_from of job's checkpoint at step (into buf) and "init_from_restore": "all". */
+#define RESTORE_ALL(buf, job, step) "init_from", restore_of(buf, sizeof buf, job, step), "init_from_restore", "\"all\""
 
-/* A tiny model on one CPU slot, a loader, checkpoints every 10 steps.
- * model / train: JSON fragments that vary; init: the init_from keys. */
-static void spec(char *out, size_t cap, const char *name, const char *hidden, const char *steps,
-		 const char *train, const char *init)
+static const char *restore_of(char *buf, size_t cap, const char *job, int step)
 {
-	snprintf(out, cap,
-		 "{\"name\":\"%s\",\"dataset\":\"shakes\",\"model\":{\"preset\":\"bert-tiny\",\"hidden_size\":%s,"
-		 "\"num_hidden_layers\":1,\"num_attention_heads\":2,\"intermediate_size\":64,"
-		 "\"max_position_embeddings\":64},\"training_args\":{\"max_seq_length\":32,\"max_steps\":%s,"
-		 "\"logging_steps\":5,\"save_steps\":10,\"learning_rate\":0.01,\"warmup_steps\":2,"
-		 "\"dataloader_num_workers\":1,\"seed\":7%s},\"resources\":{\"gpus\":1}%s}",
-		 name, hidden, steps, train, init);
+	snprintf(buf, cap, "{\"job\":\"%s\",\"checkpoint\":%d}", job, step);
+	return buf;
 }
-
-#define BATCH ",\"per_device_train_batch_size\":8"
-#define RESTORE_ALL(step) ",\"init_from\":{\"job\":\"%s\",\"checkpoint\":" #step "},\"init_from_restore\":\"all\""
 
 /* The directory of job's checkpoint at step: beside its export (model_dir). */
 static void ckpt_dir(const json_t *job, int step, char *out, size_t cap)
@@ -63,36 +59,31 @@ static void ckpt_dir(const json_t *job, int step, char *out, size_t cap)
 	snprintf(out, cap, "%.*s/checkpoints/ckpt-%d", (int)(n - 7), ex, step);
 }
 
-/* Submits s expecting 422 with field; prints the detail. */
-static void refused(const bertd *d, const char *s, const char *field, const char *detail_has)
+/* it_submit of spec, which it frees; the new id (caller frees). */
+static char *submit(fx *f, char *spec)
 {
-	http_resp r;
-	assert_int_equal(http_post_json(d, "/v1/jobs", s, &r), 0);
-	if (r.status != 422)
-		fail_msg("expected 422 for %s, got %ld: %s", field, r.status, r.body);
-	assert_string_equal(it_jstr(r.json, "field"), field);
-	const char *detail = it_jstr(r.json, "detail");
-	fprintf(stderr, "422 %s: %s\n", field, detail);
-	if (!strstr(detail, detail_has))
-		fail_msg("detail of %s lacks \"%s\": %s", field, detail_has, detail);
-	http_resp_free(&r);
+	char *id = it_submit(&f->d, spec);
+	free(spec);
+	return id;
+}
+
+/* it_submit_refused of spec, which it frees. */
+static void refused(fx *f, char *spec, const char *field, const char *parts)
+{
+	it_submit_refused(&f->d, spec, field, parts);
+	free(spec);
 }
 
 static void test_continue_restores_everything(void **state)
 {
 	fx *f = *state;
-	char s[3072], init[1400];
+	char init[200], q[1400];
 	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
-	spec(s, sizeof s, "a", "32", "20", BATCH, "");
-	char *a = it_submit(&f->d, s);
-	json_t *ja = it_wait_job(&f->d, a, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, ja);
+	char *a = submit(f, SPEC("a", "20", NULL));
+	json_t *ja = it_wait_completed(&f->d, a, DEADLINE_S);
 
-	snprintf(init, sizeof init, RESTORE_ALL(10), a);
-	spec(s, sizeof s, "b", "32", "20", BATCH, init);
-	char *b = it_submit(&f->d, s);
-	json_t *jb = it_wait_job(&f->d, b, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, jb);
+	char *b = submit(f, SPEC("b", "20", RESTORE_ALL(init, a, 10), NULL));
+	json_t *jb = it_wait_completed(&f->d, b, DEADLINE_S);
 	assert_string_equal(it_jstr(json_object_get(jb, "spec"), "init_from_restore"), "all");
 
 	/* B ran steps 11..20 only: its metrics rows are 15 and 20, with A's losses */
@@ -115,32 +106,29 @@ static void test_continue_restores_everything(void **state)
 	assert_string_equal(ha, hb); /* byte-identical weights: A's run, continued */
 
 	/* the 422s: each names the key and what would be accepted */
-	spec(s, sizeof s, "x", "32", "20", BATCH, ",\"init_from_restore\":\"all\"");
-	refused(&f->d, s, "init_from_restore", "needs init_from naming a job's checkpoint");
-	snprintf(init, sizeof init, ",\"init_from\":{\"job\":\"%s\"},\"init_from_restore\":\"all\"", a);
-	spec(s, sizeof s, "x", "32", "20", BATCH, init);
-	refused(&f->d, s, "init_from_restore", "needs init_from naming a job's checkpoint");
+	refused(f, SPEC("x", "20", "init_from_restore", "\"all\"", NULL), "init_from_restore",
+		"needs init_from naming a job's checkpoint");
+	snprintf(q, sizeof q, "{\"job\":\"%s\"}", a);
+	refused(f, SPEC("x", "20", "init_from", q, "init_from_restore", "\"all\"", NULL), "init_from_restore",
+		"needs init_from naming a job's checkpoint");
 	char path[1200];
 	ckpt_dir(ja, 10, path, sizeof path);
-	snprintf(init, sizeof init, ",\"init_from\":\"%s\",\"init_from_restore\":\"all\"", path);
-	spec(s, sizeof s, "x", "32", "20", BATCH, init);
-	refused(&f->d, s, "init_from_restore", "not a path");
-	snprintf(init, sizeof init, RESTORE_ALL(10), a);
-	spec(s, sizeof s, "x", "32", "10", BATCH, init);
-	refused(&f->d, s, "training_args.max_steps", "must exceed the checkpoint's step (10)");
-	spec(s, sizeof s, "x", "64", "20", BATCH, init);
-	refused(&f->d, s, "model.hidden_size", "differs from the model of the checkpoint");
+	snprintf(q, sizeof q, "\"%s\"", path);
+	refused(f, SPEC("x", "20", "init_from", q, "init_from_restore", "\"all\"", NULL), "init_from_restore",
+		"not a path");
+	refused(f, SPEC("x", "10", RESTORE_ALL(init, a, 10), NULL), "training_args.max_steps",
+		"must exceed the checkpoint's step (10)");
+	refused(f, SPEC("x", "20", RESTORE_ALL(init, a, 10), "model.hidden_size", "64", NULL), "model.hidden_size",
+		"differs from the model of the checkpoint");
 	/* another batch or accumulation is a new phase (test_recipes), another
 	 * beta would change what the moments mean */
-	spec(s, sizeof s, "x", "32", "20", BATCH ",\"adam_beta1\":0.8", init);
-	refused(&f->d, s, "training_args.adam_beta1", "betas");
+	refused(f, SPEC("x", "20", RESTORE_ALL(init, a, 10), "training_args.adam_beta1", "0.8", NULL),
+		"training_args.adam_beta1", "betas");
 	/* a checkpoint whose optimizer state is gone */
 	ckpt_dir(ja, 20, path, sizeof path);
 	strcat(path, "/optim.safetensors");
 	assert_int_equal(unlink(path), 0);
-	snprintf(init, sizeof init, RESTORE_ALL(20), a);
-	spec(s, sizeof s, "x", "32", "30", BATCH, init);
-	refused(&f->d, s, "init_from_restore", "optimizer state");
+	refused(f, SPEC("x", "30", RESTORE_ALL(init, a, 20), NULL), "init_from_restore", "optimizer state");
 	json_decref(ja);
 	json_decref(jb);
 	free(a);
@@ -166,23 +154,16 @@ static void remove_ckpt(const char *dir)
 static void test_restart_after_source_is_gone(void **state)
 {
 	fx *f = *state;
-	char s[3072], init[1400], path[1200];
+	char init[200], path[1200];
 	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
-	spec(s, sizeof s, "a", "32", "300", BATCH ",\"save_total_limit\":1000", "");
-	char *a = it_submit(&f->d, s);
-	json_t *ja = it_wait_job(&f->d, a, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, ja);
-	snprintf(init, sizeof init, RESTORE_ALL(10), a);
-	spec(s, sizeof s, "b", "32", "300", BATCH ",\"save_total_limit\":1000", init);
-	char *b = it_submit(&f->d, s);
+	char *a = submit(f, SPEC("a", "300", "training_args.save_total_limit", "1000", NULL));
+	json_t *ja = it_wait_completed(&f->d, a, DEADLINE_S);
+	char *b = submit(f, SPEC("b", "300", "training_args.save_total_limit", "1000", RESTORE_ALL(init, a, 10), NULL));
 	it_wait_step(&f->d, b, 25, DEADLINE_S); /* past its own checkpoint at 20 */
 	ckpt_dir(ja, 10, path, sizeof path);
 	remove_ckpt(path);
-	pid_t pids[4];
-	assert_int_equal(it_find_pids(b, "--rank 0", pids, 4), 1);
-	assert_int_equal(kill(pids[0], SIGKILL), 0);
-	json_t *jb = it_wait_job(&f->d, b, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, jb);
+	it_kill_rank(b, 0);
+	json_t *jb = it_wait_completed(&f->d, b, DEADLINE_S);
 	assert_int_equal(json_integer_value(json_object_get(jb, "restart_count")), 1);
 	char ha[65], hb[65];
 	it_sha_of_export(ja, ha);
@@ -197,8 +178,8 @@ static void test_restart_after_source_is_gone(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_continue_restores_everything, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_restart_after_source_is_gone, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_continue_restores_everything, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_restart_after_source_is_gone, setup, it_teardown),
 	};
 	return IT_RUN(tests, NULL, NULL);
 }

@@ -115,33 +115,24 @@ static int setup(void **state)
 	const char *src = getenv("BERTD_SOURCE_ROOT");
 	if (!src)
 		return -1;
-	fx *f = calloc(1, sizeof *f);
+	it_fx *f = it_daemon_start(&run_opts, 0);
 	char from[512], to[512];
-	if (!f || it_daemon_init(&f->d, f->data, sizeof f->data) || it_daemon_run(&f->d, f->data, &run_opts))
-		goto fail;
+	if (!f)
+		return -1;
 	static const char *const vocabs[] = {"bert-base-uncased-vocab.txt", "bert-base-cased-vocab.txt"};
 	for (int i = 0; i < 2; i++) {
 		snprintf(from, sizeof from, "%s/tests/data/%s", src, vocabs[i]);
 		snprintf(to, sizeof to, "%s/%s", f->data, vocabs[i]);
 		if (copy_vocab(from, to, 0, NULL))
-			goto fail;
+			return it_setup_end(state, f, false);
 	}
 	it_make_corpus(f->data, "corpus.txt", 300);
-	if (it_add_dataset(&f->d, "{\"name\":\"uncased\",\"source\":\"corpus.txt\","
-				  "\"vocab\":{\"file\":\"bert-base-uncased-vocab.txt\"}}") ||
-	    it_add_dataset(&f->d, "{\"name\":\"cased\",\"source\":\"corpus.txt\","
-				  "\"vocab\":{\"file\":\"bert-base-cased-vocab.txt\"}}"))
-		goto fail;
-	*state = f;
-	return 0;
-fail:
-	if (f)
-		bertd_destroy(&f->d);
-	free(f);
-	return -1;
+	return it_setup_end(state, f,
+			    !it_add_dataset(&f->d, "{\"name\":\"uncased\",\"source\":\"corpus.txt\","
+						   "\"vocab\":{\"file\":\"bert-base-uncased-vocab.txt\"}}") &&
+				    !it_add_dataset(&f->d, "{\"name\":\"cased\",\"source\":\"corpus.txt\","
+							   "\"vocab\":{\"file\":\"bert-base-cased-vocab.txt\"}}"));
 }
-
-static int teardown(void **state) { return it_daemon_stop(*state); }
 
 /* POST spec; returns the answer (caller frees). */
 static http_resp submit(const bertd *d, const char *fmt, ...)
@@ -154,25 +145,6 @@ static http_resp submit(const bertd *d, const char *fmt, ...)
 	http_resp r;
 	assert_int_equal(http_post_json(d, "/v1/jobs", spec, &r), 0);
 	return r;
-}
-
-/* r must be a 422 on field whose detail holds each '|'-separated part. */
-static void refused(http_resp *r, const char *field, const char *parts)
-{
-	if (r->status != 422)
-		fail_msg("expected 422 on %s, got %ld: %s", field, r->status, r->body);
-	assert_string_equal(it_jstr(r->json, "field"), field);
-	const char *detail = it_jstr(r->json, "detail");
-	fprintf(stderr, "422 %s: %s\n", field, detail);
-	for (const char *p = parts; *p;) {
-		size_t n = strcspn(p, "|");
-		char part[600];
-		snprintf(part, sizeof part, "%.*s", (int)n, p);
-		if (!strstr(detail, part))
-			fail_msg("the detail on %s lacks \"%s\": %s", field, part, detail);
-		p += n + (p[n] == '|');
-	}
-	http_resp_free(r);
 }
 
 /* r must be a 201 whose effective model is the test models' (16 wide, one
@@ -237,7 +209,7 @@ static void test_hf_directories(void **state)
 	it_wait_dataset_ready(&f->d, "uncased", DEADLINE_S);
 	it_wait_dataset_ready(&f->d, "cased", DEADLINE_S);
 	assert_int_equal(bertd_stop(&f->d), 0);
-	assert_int_equal(it_daemon_run(&f->d, f->data, &held_opts), 0);
+	assert_int_equal(it_daemon_run(f, &held_opts), 0);
 	snprintf(uncased, sizeof uncased, "%s/bert-base-uncased-vocab.txt", f->data);
 	snprintf(cased, sizeof cased, "%s/bert-base-cased-vocab.txt", f->data);
 	hf_dir(f->data, "hf-same", V_UNCASED, V_UNCASED, uncased);
@@ -265,13 +237,13 @@ static void test_hf_directories(void **state)
 	 * are short and printable, so they are quoted */
 	snprintf(q, sizeof q, "%s|%s/hf-oneline/vocab.txt|line %d (\"replaced\" vs \"zzyzx\")", dsv, f->data, ONE_LINE);
 	r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":\"hf-oneline\"}");
-	refused(&r, "init_from", q);
+	it_assert_refused(&r, "init_from", q);
 	/* a token that is not printable ASCII is not quoted: neither is shown */
 	snprintf(q, sizeof q, "%s|%s/hf-utf8/vocab.txt|line %d: ", dsv, f->data, UTF8_LINE);
 	r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":\"hf-utf8\"}");
 	assert_int_equal(r.status, 422);
 	assert_null(strstr(it_jstr(r.json, "detail"), "zzyzx"));
-	refused(&r, "init_from", q);
+	it_assert_refused(&r, "init_from", q);
 
 	/* another size (the cased vocab): refused at its first differing line */
 	long at = first_difference(cased, uncased);
@@ -279,7 +251,7 @@ static void test_hf_directories(void **state)
 	snprintf(q, sizeof q, "%s/datasets/cased/vocab.txt|%s/hf-same/vocab.txt|line %ld|%d lines|%d lines",
 		 f->data, f->data, at, V_CASED, V_UNCASED);
 	r = submit(&f->d, "{\"dataset\":\"cased\",\"init_from\":\"hf-same\"}");
-	refused(&r, "init_from", q);
+	it_assert_refused(&r, "init_from", q);
 
 	/* no vocab.txt: the sizes match, accepted with a warning event */
 	r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":\"hf-novocab\"}");
@@ -295,22 +267,22 @@ static void test_hf_directories(void **state)
 	/* ... and refused when they do not */
 	snprintf(q, sizeof q, "%d word-embedding rows|%d tokens|no vocab.txt", V_UNCASED, V_CASED);
 	r = submit(&f->d, "{\"dataset\":\"cased\",\"init_from\":\"hf-novocab\"}");
-	refused(&r, "init_from", q);
+	it_assert_refused(&r, "init_from", q);
 
 	/* the embedding tensor must agree with config.json */
 	snprintf(q, sizeof q, "hf-rows/model.safetensors has %d word-embedding rows|vocab_size %d",
 		 V_UNCASED - 2, V_UNCASED);
 	r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":\"hf-rows\"}");
-	refused(&r, "init_from", q);
+	it_assert_refused(&r, "init_from", q);
 
 	/* model.* keys: a contradiction names the field and both values; keys
 	 * that agree are accepted */
 	r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":\"hf-same\",\"model\":{\"num_hidden_layers\":2}}");
-	refused(&r, "model.num_hidden_layers", "2 differs|num_hidden_layers 1|hf-same/config.json");
+	it_assert_refused(&r, "model.num_hidden_layers", "2 differs|num_hidden_layers 1|hf-same/config.json");
 	r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":\"hf-same\",\"model\":{\"vocab_size\":30528}}");
-	refused(&r, "model.vocab_size", "30528 differs|vocab_size 30522");
+	it_assert_refused(&r, "model.vocab_size", "30528 differs|vocab_size 30522");
 	r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":\"hf-same\",\"model\":{\"preset\":\"bert-tiny\"}}");
-	refused(&r, "model.preset", "\"bert-tiny\" has hidden_size 128|16");
+	it_assert_refused(&r, "model.preset", "\"bert-tiny\" has hidden_size 128|16");
 	r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":\"hf-same\"," DIMS "}");
 	free(accepted(&r, V_UNCASED));
 	r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":\"hf-same\",\"model\":{\"preset\":\"bert-tiny\","
@@ -336,7 +308,7 @@ static void test_hf_directories(void **state)
 	/* the rules between keys hold for the model's dimensions */
 	r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":\"hf-same\","
 			  "\"training_args\":{\"max_seq_length\":256}}");
-	refused(&r, "training_args.max_seq_length", "max_position_embeddings (128)|hf-same/config.json");
+	it_assert_refused(&r, "training_args.max_seq_length", "max_position_embeddings (128)|hf-same/config.json");
 }
 
 /* A tiny job's export and checkpoint, named as {"job": ...}: the export
@@ -348,13 +320,12 @@ static void test_job_outputs(void **state)
 	it_wait_dataset_ready(&f->d, "uncased", DEADLINE_S);
 	it_wait_dataset_ready(&f->d, "cased", DEADLINE_S);
 	char *a = it_submit(&f->d, "{\"name\":\"a\",\"dataset\":\"uncased\"," DIMS "," TA "}");
-	json_t *ja = it_wait_job(&f->d, a, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, ja);
+	json_t *ja = it_wait_completed(&f->d, a, DEADLINE_S);
 	char *export = realpath(it_jstr(ja, "model_dir"), NULL); /* as init_from resolves it */
 	assert_non_null(export);
 	json_decref(ja);
 	assert_int_equal(bertd_stop(&f->d), 0);
-	assert_int_equal(it_daemon_run(&f->d, f->data, &held_opts), 0);
+	assert_int_equal(it_daemon_run(f, &held_opts), 0);
 
 	static const char *const refs[] = {"{\"job\":\"%s\"}", "{\"job\":\"%s\",\"checkpoint\":\"latest\"}",
 					   "{\"job\":\"%s\",\"checkpoint\":2}"};
@@ -370,9 +341,9 @@ static void test_job_outputs(void **state)
 		free(id);
 		r = submit(&f->d, "{\"dataset\":\"cased\",\"init_from\":%s}", ref);
 		snprintf(q, sizeof q, "%s/datasets/cased/vocab.txt|%s/vocab.txt|line", f->data, export);
-		refused(&r, "init_from", q);
+		it_assert_refused(&r, "init_from", q);
 		r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":%s,\"model\":{\"num_hidden_layers\":3}}", ref);
-		refused(&r, "model.num_hidden_layers", "3 differs|num_hidden_layers 1");
+		it_assert_refused(&r, "model.num_hidden_layers", "3 differs|num_hidden_layers 1");
 		r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":%s," DIMS "}", ref);
 		free(accepted(&r, V_UNCASED));
 	}
@@ -404,7 +375,7 @@ static void test_job_outputs(void **state)
 	snprintf(q, sizeof q, "%s/datasets/cased/vocab.txt|%s/datasets/uncased/vocab.txt|line 2", f->data,
 		 f->data);
 	r = submit(&f->d, "{\"dataset\":\"cased\",\"init_from\":{\"job\":\"%s\",\"checkpoint\":2}}", a);
-	refused(&r, "init_from", q);
+	it_assert_refused(&r, "init_from", q);
 	r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":{\"job\":\"%s\",\"checkpoint\":2}}", a);
 	free(accepted(&r, V_UNCASED));
 	r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":{\"job\":\"%s\"}}", a);
@@ -421,8 +392,8 @@ static void test_job_outputs(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_hf_directories, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_job_outputs, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_hf_directories, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_job_outputs, setup, it_teardown),
 	};
 	return IT_RUN(tests, NULL, NULL);
 }

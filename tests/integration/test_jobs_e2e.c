@@ -40,12 +40,7 @@ static const char *const daemon_args[] = {"--stop-timeout-s", "60", NULL};
 static const it_daemon_opts daemon_opts = {.cpu_slots = "2", .extra = daemon_args, .dataset = "shakes",
 					   .corpus = "shakes.txt", .corpus_lines = 3000, .vocab_size = 400};
 
-/* Starts the stopped daemon again on the same state dir. */
-static int restart(fx *f) { return it_daemon_run(&f->d, f->data, &daemon_opts); }
-
-static int setup(void **state) { return (*state = it_daemon_start(&daemon_opts, DEADLINE_S)) ? 0 : -1; }
-
-static int teardown(void **state) { return it_daemon_stop(*state); }
+static int setup(void **state) { return it_setup(state, &daemon_opts, DEADLINE_S); }
 
 /* A model small enough to train in seconds on two cores. */
 #define SPEC(name, steps, gpus, loaders, extra) \
@@ -56,8 +51,7 @@ static void test_full_run(void **state)
 	fx *f = *state;
 	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
 	char *id = it_submit(&f->d, SPEC("full", "60", "2", "1", ""));
-	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, job);
+	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
 	assert_int_equal(json_array_size(json_object_get(job, "devices")), 2);
 	json_t *m = it_metrics_of(&f->d, id);
 	assert_int_equal(json_array_size(m), 12); /* steps 5, 10, ..., 60 */
@@ -125,12 +119,8 @@ static void test_kill_worker_resumes_exactly(void **state)
 
 	char *id = it_submit(&f->d, SPEC("killed", "150", "2", "1", ""));
 	it_wait_step(&f->d, id, 15, DEADLINE_S); /* past the step-10 checkpoint */
-	pid_t pids[4];
-	int n = it_find_pids(id, "--rank 1", pids, 4);
-	assert_int_equal(n, 1);
-	assert_int_equal(kill(pids[0], SIGKILL), 0);
-	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, job);
+	it_kill_rank(id, 1);
+	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
 	assert_int_equal(json_integer_value(json_object_get(job, "restart_count")), 1);
 
 	char a[65], b[65];
@@ -174,9 +164,8 @@ static void test_kill_daemon_resumes(void **state)
 	for (int i = 0; i < 100 && it_find_pids(id, NULL, pids, 8) > 0; i++)
 		it_pause_ms(100);
 	assert_int_equal(it_find_pids(id, NULL, pids, 8), 0);
-	assert_int_equal(restart(f), 0);
-	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, job);
+	assert_int_equal(it_daemon_run(f, NULL), 0);
+	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
 	char path[128];
 	snprintf(path, sizeof path, "/v1/jobs/%s/events", id);
 	http_resp r;
@@ -357,8 +346,7 @@ static void test_init_from_finished_job(void **state)
 		fail_msg("adding dataset \"cased\"");
 	it_wait_dataset_ready(&f->d, "cased", DEADLINE_S);
 	char *a = submit_cased(&f->d, "base", "", got, sizeof got);
-	json_t *ja = it_wait_job(&f->d, a, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, ja);
+	json_t *ja = it_wait_completed(&f->d, a, DEADLINE_S);
 	const char *export = it_jstr(ja, "model_dir");
 
 	/* the export's tokenizer files, as BertTokenizer.save_pretrained writes them */
@@ -442,7 +430,7 @@ static void test_spec_from_older_bertd_runs(void **state)
 	assert_non_null(fgets(out, sizeof out, p));
 	assert_int_equal(pclose(p), 0);
 	assert_null(strstr(out, "simulate_data_delay_ms")); /* really the old shape now */
-	assert_int_equal(restart(f), 0);
+	assert_int_equal(it_daemon_run(f, NULL), 0);
 	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
 	assert_string_equal(it_jstr(job, "state"), "completed");
 	json_decref(job);
@@ -460,7 +448,7 @@ static void test_sigterm_requeues(void **state)
 	assert_int_equal(bertd_stop(&f->d), 0); /* exit 0 after draining */
 	pid_t pids[8];
 	assert_int_equal(it_find_pids(id, NULL, pids, 8), 0);
-	assert_int_equal(restart(f), 0);
+	assert_int_equal(it_daemon_run(f, NULL), 0);
 	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
 	assert_string_equal(it_jstr(job, "state"), "completed");
 	char path[128];
@@ -518,7 +506,7 @@ static void test_disk_full(void **state)
 	assert_non_null(fgets(out, sizeof out, p));
 	pclose(p);
 	assert_string_equal(out, "ok\n");
-	assert_int_equal(restart(f), 0);
+	assert_int_equal(it_daemon_run(f, NULL), 0);
 	free(id);
 }
 
@@ -610,18 +598,18 @@ static void test_child_environment(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_full_run, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_kill_worker_resumes_exactly, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_kill_daemon_resumes, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_cancel_running, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_max_runtime, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_two_at_once_third_waits, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_missing_dataset_refused, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_init_from_finished_job, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_sigterm_requeues, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_spec_from_older_bertd_runs, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_disk_full, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_child_environment, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_full_run, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_kill_worker_resumes_exactly, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_kill_daemon_resumes, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_cancel_running, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_max_runtime, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_two_at_once_third_waits, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_missing_dataset_refused, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_init_from_finished_job, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_sigterm_requeues, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_spec_from_older_bertd_runs, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_disk_full, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_child_environment, setup, it_teardown),
 	};
 	return IT_RUN(tests, NULL, NULL);
 }

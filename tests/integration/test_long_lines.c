@@ -75,16 +75,10 @@ static int setup(void **state)
 	if (!f)
 		return -1;
 	write_long_lines(f->data, "long.txt");
-	if (it_add_dataset(&f->d, "{\"name\":\"longds\",\"source\":\"long.txt\","
-				  "\"vocab\":{\"train\":{\"vocab_size\":400}}}")) {
-		it_daemon_stop(f);
-		return -1;
-	}
-	*state = f;
-	return 0;
+	return it_setup_end(state, f,
+			    !it_add_dataset(&f->d, "{\"name\":\"longds\",\"source\":\"long.txt\","
+						   "\"vocab\":{\"train\":{\"vocab_size\":400}}}"));
 }
-
-static int teardown(void **state) { return it_daemon_stop(*state); }
 
 static json_int_t ival(json_t *o, const char *k)
 {
@@ -102,8 +96,7 @@ static json_t *run_job(fx *f, const char *spec, char *id, size_t cap)
 	char *jid = it_submit(&f->d, spec);
 	snprintf(id, cap, "%s", jid);
 	free(jid);
-	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, job);
+	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
 	json_decref(job);
 	char path[128];
 	snprintf(path, sizeof path, "/v1/jobs/%s", id);
@@ -164,5 +157,5 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_every_token_and_the_warning),
 	};
-	return IT_RUN(tests, setup, teardown);
+	return IT_RUN(tests, setup, it_teardown);
 }

@@ -32,30 +32,24 @@
 
 #define DEADLINE_S 300
 
-typedef struct fx {
-	bertd d;
-	char data[160];
-} fx;
+typedef it_fx fx;
 
 /* wiki and books share wiki's trained vocab (books names it as its vocab
  * file); other trains its own. books and other hold the second half of the
  * text, wiki the first. */
 static int setup(void **state)
 {
-	fx *f = calloc(1, sizeof *f);
-	if (!f || it_daemon_init(&f->d, f->data, sizeof f->data))
-		return -1;
 	it_daemon_opts o = {.cpu_slots = "2"};
-	if (it_daemon_run(&f->d, f->data, &o))
+	fx *f = it_daemon_start(&o, 0);
+	if (!f)
 		return -1;
-	*state = f;
 	it_make_corpus(f->data, "all.txt", 3000);
 	if (it_system("head -n 1500 %s/all.txt > %s/a.txt && tail -n 1500 %s/all.txt > %s/b.txt", f->data,
-		      f->data, f->data, f->data) != 0)
-		return -1;
-	if (it_add_dataset(&f->d, "{\"name\":\"wiki\",\"source\":\"a.txt\",\"vocab\":{\"train\":{\"vocab_size\":400}}}") ||
+		      f->data, f->data, f->data) != 0 ||
+	    it_add_dataset(&f->d, "{\"name\":\"wiki\",\"source\":\"a.txt\",\"vocab\":{\"train\":{\"vocab_size\":400}}}") ||
 	    it_add_dataset(&f->d, "{\"name\":\"other\",\"source\":\"b.txt\",\"vocab\":{\"train\":{\"vocab_size\":300}}}"))
-		return -1;
+		return it_setup_end(state, f, false);
+	*state = f;
 	it_wait_dataset_ready(&f->d, "wiki", DEADLINE_S);
 	char s[600];
 	snprintf(s, sizeof s,
@@ -68,75 +62,55 @@ static int setup(void **state)
 	return 0;
 }
 
-static int teardown(void **state)
-{
-	fx *f = *state;
-	int rc = it_daemon_finish(&f->d);
-	free(f);
-	return rc;
-}
-
 /* A tiny model on one CPU slot, checkpoints every 20 steps; mix: the
- * "dataset" value; loaders: dataloader_num_workers. */
-static void spec(char *out, size_t cap, const char *name, const char *mix, const char *loaders)
+ * "dataset" value; loaders: dataloader_num_workers. Caller frees. */
+static char *spec(const char *name, const char *mix, const char *loaders)
 {
-	snprintf(out, cap,
-		 "{\"name\":\"%s\",\"dataset\":%s," IT_TINY_MODEL("1")
-		 ",\"training_args\":{\"per_device_train_batch_size\":4,\"max_seq_length\":32,\"max_steps\":120,"
-		 "\"logging_steps\":5,\"save_steps\":20,\"dataloader_num_workers\":%s,\"seed\":7" IT_LR_WARMUP
-		 "},\"resources\":{\"gpus\":1}}",
-		 name, mix, loaders);
+	return it_job_spec(name, "", "dataset", mix, "training_args.per_device_train_batch_size", "4",
+			   "training_args.max_steps", "120", "training_args.save_steps", "20",
+			   "training_args.dataloader_num_workers", loaders, NULL);
 }
 
 #define MIX_WB "[{\"name\":\"wiki\",\"proportion\":0.7},{\"name\":\"books\",\"proportion\":0.3}]"
 
-static void refused(const bertd *d, const char *s, const char *field, const char *detail_has)
-{
-	http_resp r;
-	assert_int_equal(http_post_json(d, "/v1/jobs", s, &r), 0);
-	if (r.status != 422)
-		fail_msg("expected 422 for %s, got %ld: %s", field, r.status, r.body);
-	assert_string_equal(it_jstr(r.json, "field"), field);
-	const char *detail = it_jstr(r.json, "detail");
-	fprintf(stderr, "422 %s: %s\n", field, detail);
-	if (!strstr(detail, detail_has))
-		fail_msg("detail of %s lacks \"%s\": %s", field, detail_has, detail);
-	http_resp_free(&r);
-}
-
 static void test_mixture_refusals(void **state)
 {
 	fx *f = *state;
-	char s[2048];
-	spec(s, sizeof s, "x", "[{\"name\":\"wiki\",\"proportion\":0.5},{\"name\":\"nope\",\"proportion\":0.5}]", "0");
-	refused(&f->d, s, "dataset[1].name", "no dataset \"nope\"");
-	spec(s, sizeof s, "x", "[{\"name\":\"wiki\",\"proportion\":0.5},{\"name\":\"other\",\"proportion\":0.5}]", "0");
-	refused(&f->d, s, "dataset[1].name", "another vocab");
-	spec(s, sizeof s, "x", "[{\"name\":\"wiki\",\"proportion\":0.5},{\"name\":\"books\",\"proportion\":0.6}]", "0");
-	refused(&f->d, s, "dataset", "sum to 1");
-	spec(s, sizeof s, "x", "[{\"name\":\"wiki\",\"proportion\":0.5},{\"name\":\"wiki\",\"proportion\":0.5}]", "0");
-	refused(&f->d, s, "dataset[1].name", "same dataset");
-	spec(s, sizeof s, "x", "[{\"name\":\"wiki\",\"proportion\":1},{\"name\":\"books\",\"proportion\":0}]", "0");
-	refused(&f->d, s, "dataset[1].proportion", "> 0");
+	static const char *const cases[][3] = {
+		{"[{\"name\":\"wiki\",\"proportion\":0.5},{\"name\":\"nope\",\"proportion\":0.5}]", "dataset[1].name",
+		 "no dataset \"nope\""},
+		{"[{\"name\":\"wiki\",\"proportion\":0.5},{\"name\":\"other\",\"proportion\":0.5}]", "dataset[1].name",
+		 "another vocab"},
+		{"[{\"name\":\"wiki\",\"proportion\":0.5},{\"name\":\"books\",\"proportion\":0.6}]", "dataset", "sum to 1"},
+		{"[{\"name\":\"wiki\",\"proportion\":0.5},{\"name\":\"wiki\",\"proportion\":0.5}]", "dataset[1].name",
+		 "same dataset"},
+		{"[{\"name\":\"wiki\",\"proportion\":1},{\"name\":\"books\",\"proportion\":0}]", "dataset[1].proportion",
+		 "> 0"},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		char *s = spec("x", cases[i][0], "0");
+		it_submit_refused(&f->d, s, cases[i][1], cases[i][2]);
+		free(s);
+	}
 }
 
 static void test_mixture_resumes_identically(void **state)
 {
 	fx *f = *state;
-	char s[2048];
 	/* uninterrupted: the worker builds its batches itself */
-	spec(s, sizeof s, "straight", MIX_WB, "0");
+	char *s = spec("straight", MIX_WB, "0");
 	char *a = it_submit(&f->d, s);
-	json_t *ja = it_wait_job(&f->d, a, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, ja);
+	free(s);
+	json_t *ja = it_wait_completed(&f->d, a, DEADLINE_S);
 	json_t *ds = json_object_get(json_object_get(ja, "spec"), "dataset");
 	assert_int_equal(json_array_size(ds), 2);
 	assert_string_equal(it_jstr(json_array_get(ds, 1), "name"), "books");
 	assert_true(json_real_value(json_object_get(json_array_get(ds, 0), "proportion")) == 0.7);
 
 	/* with a loader, killed after its checkpoint at step 20 */
-	spec(s, sizeof s, "killed", MIX_WB, "1");
+	s = spec("killed", MIX_WB, "1");
 	char *b = it_submit(&f->d, s);
+	free(s);
 	it_wait_step(&f->d, b, 25, DEADLINE_S);
 	/* a dataset a live mixture job uses is not deleted */
 	char path[128];
@@ -146,11 +120,8 @@ static void test_mixture_resumes_identically(void **state)
 	if (r.status != 409)
 		fail_msg("DELETE of a dataset a mixture job uses: %ld %s", r.status, r.body);
 	http_resp_free(&r);
-	pid_t pids[4];
-	assert_int_equal(it_find_pids(b, "--rank 0", pids, 4), 1);
-	assert_int_equal(kill(pids[0], SIGKILL), 0);
-	json_t *jb = it_wait_job(&f->d, b, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, jb);
+	it_kill_rank(b, 0);
+	json_t *jb = it_wait_completed(&f->d, b, DEADLINE_S);
 	assert_int_equal(json_integer_value(json_object_get(jb, "restart_count")), 1);
 	char ha[65], hb[65], hc[65];
 	it_sha_of_export(ja, ha);
@@ -158,11 +129,10 @@ static void test_mixture_resumes_identically(void **state)
 	assert_string_equal(ha, hb);
 
 	/* other proportions: other batches, another export (the comparison can fail) */
-	spec(s, sizeof s, "other-mix",
-	     "[{\"name\":\"wiki\",\"proportion\":0.2},{\"name\":\"books\",\"proportion\":0.8}]", "0");
+	s = spec("other-mix", "[{\"name\":\"wiki\",\"proportion\":0.2},{\"name\":\"books\",\"proportion\":0.8}]", "0");
 	char *c = it_submit(&f->d, s);
-	json_t *jc = it_wait_job(&f->d, c, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, jc);
+	free(s);
+	json_t *jc = it_wait_completed(&f->d, c, DEADLINE_S);
 	it_sha_of_export(jc, hc);
 	assert_string_not_equal(ha, hc);
 	json_decref(ja);
@@ -237,8 +207,7 @@ static void test_mixture_eval(void **state)
 				     "\"dataloader_num_workers\":1,\"seed\":11,\"eval_strategy\":\"steps\","
 				     "\"eval_steps\":5,\"per_device_eval_batch_size\":2,\"max_eval_batches\":6},"
 				     "\"mlm\":{\"validation_split_percentage\":10},\"resources\":{\"gpus\":1}}");
-	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, job);
+	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
 	json_t *rows = it_metrics_of(&f->d, id);
 	json_t *r = row_at(rows, 10);
 	assert_non_null(r);
@@ -273,5 +242,5 @@ int main(void)
 		cmocka_unit_test(test_mixture_eval),
 		cmocka_unit_test(test_mixture_epochs),
 	};
-	return IT_RUN(tests, setup, teardown);
+	return IT_RUN(tests, setup, it_teardown);
 }

@@ -24,11 +24,8 @@
 
 #define DEADLINE_S 240
 
-typedef struct fx {
-	bertd d;
-	char data[160];
-	json_t *doc;
-} fx;
+typedef it_fx fx;
+static json_t *doc; /* docs/openapi.yaml as JSON (group setup) */
 
 static json_t *load_doc(void)
 {
@@ -41,63 +38,37 @@ static json_t *load_doc(void)
 	return doc;
 }
 
-static int setup_doc(void **state)
+static int group_setup(void **state)
 {
-	fx *f = calloc(1, sizeof *f);
-	if (!f || !(f->doc = load_doc()))
-		return -1;
-	*state = f;
-	return 0;
+	(void)state;
+	return (doc = load_doc()) ? 0 : -1;
 }
 
-static int teardown_doc(void **state)
+static int group_teardown(void **state)
 {
-	fx *f = *state;
-	json_decref(f->doc);
-	free(f);
+	(void)state;
+	json_decref(doc);
 	return 0;
 }
 
 static int setup(void **state)
 {
-	fx *f = calloc(1, sizeof *f);
-	if (!f || bertd_init(&f->d) || !(f->doc = load_doc()))
-		return -1;
-	snprintf(f->data, sizeof f->data, "%s/data", f->d.root);
-	mkdir(f->data, 0700);
-	const char *extra[] = {"--data-roots", f->data, "--devices", "cpu", "--cpu-slots", "2",
-			       "--schedule", "true", NULL};
-	if (bertd_start(&f->d, extra))
-		return -1;
-	it_make_corpus(f->data, "shakes.txt", 3000);
-	if (it_add_dataset(&f->d, "{\"name\":\"shakes\",\"source\":\"shakes.txt\","
-				  "\"vocab\":{\"train\":{\"vocab_size\":400}}}"))
-		return -1;
-	*state = f;
-	return 0;
+	it_daemon_opts o = {.cpu_slots = "2", .dataset = "shakes", .corpus = "shakes.txt", .corpus_lines = 3000,
+			    .vocab_size = 400};
+	return it_setup(state, &o, 0);
 }
 
-static int teardown(void **state)
-{
-	fx *f = *state;
-	int rc = it_daemon_finish(&f->d);
-	json_decref(f->doc);
-	free(f);
-	return rc;
-}
-
-/* r's JSON body must match the document's schema for (tmpl, method, status). */
-static void expect_schema(fx *f, const char *tmpl, const char *method, const http_resp *r,
+static void expect_schema(const char *tmpl, const char *method, const http_resp *r,
 			  const char *ctype)
 {
 	char status[8], err[1024];
 	snprintf(status, sizeof status, "%ld", r->status);
-	json_t *s = openapi_response_schema(f->doc, tmpl, method, status, ctype);
+	json_t *s = openapi_response_schema(doc, tmpl, method, status, ctype);
 	if (!s)
 		fail_msg("docs/openapi.yaml has no %s schema for %s %s %s", ctype, method, tmpl, status);
 	if (!r->json)
 		fail_msg("%s %s: the body is not JSON: %.200s", method, tmpl, r->body);
-	if (openapi_check(f->doc, s, r->json, err, sizeof err) != 0)
+	if (openapi_check(doc, s, r->json, err, sizeof err) != 0)
 		fail_msg("%s %s %s: the answer disagrees with docs/openapi.yaml at %s\nbody: %.2000s", method,
 			 tmpl, status, err, r->body);
 }
@@ -109,20 +80,20 @@ static void get_checked(fx *f, const char *path, const char *tmpl, long want, ht
 	assert_int_equal(http_get(&f->d, path, r), 0);
 	if (r->status != want)
 		fail_msg("GET %s: %ld, want %ld: %s", path, r->status, want, r->body);
-	expect_schema(f, tmpl, "get", r, want < 400 ? "application/json" : "application/problem+json");
+	expect_schema(tmpl, "get", r, want < 400 ? "application/json" : "application/problem+json");
 }
 
 /* The checker itself refuses what the schema rules out (a test of the test). */
 static void test_checker_refuses_wrong_types(void **state)
 {
-	fx *f = *state;
-	json_t *row = json_object_get(json_object_get(f->doc, "components"), "schemas");
+	(void)state;
+	json_t *row = json_object_get(json_object_get(doc, "components"), "schemas");
 	json_t *s = json_object_get(row, "MetricsRow");
 	assert_non_null(s);
 	char err[512];
 	json_t *ok = json_loads("{\"step\":5,\"time\":\"2026-11-30T11:18:20.566Z\",\"epoch\":0,"
 				"\"loss\":5.9,\"phases_ms\":{\"compute\":1.5},\"rank_step_ms\":[1.0,2.0]}", 0, NULL);
-	assert_int_equal(openapi_check(f->doc, s, ok, err, sizeof err), 0);
+	assert_int_equal(openapi_check(doc, s, ok, err, sizeof err), 0);
 	static const char *const bad[] = {
 		"{\"step\":5,\"time\":\"t\",\"loss\":\"5.9\"}",            /* a string for a number */
 		"{\"step\":5,\"time\":\"t\",\"phases_ms\":{\"compute\":\"x\"}}",
@@ -133,7 +104,7 @@ static void test_checker_refuses_wrong_types(void **state)
 	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
 		json_t *v = json_loads(bad[i], 0, NULL);
 		assert_non_null(v);
-		if (openapi_check(f->doc, s, v, err, sizeof err) == 0)
+		if (openapi_check(doc, s, v, err, sizeof err) == 0)
 			fail_msg("the checker accepted %s", bad[i]);
 		json_decref(v);
 	}
@@ -141,13 +112,13 @@ static void test_checker_refuses_wrong_types(void **state)
 	json_t *old = json_loads("{\"type\":\"object\",\"required\":[\"step\",\"time\"],"
 				 "\"properties\":{\"step\":{\"type\":\"integer\"}},"
 				 "\"additionalProperties\":{\"type\":\"number\"}}", 0, NULL);
-	assert_int_not_equal(openapi_check(f->doc, old, ok, err, sizeof err), 0);
+	assert_int_not_equal(openapi_check(doc, old, ok, err, sizeof err), 0);
 	json_decref(old);
 	json_decref(ok);
 	/* a problem body without its required keys */
 	json_t *prob = json_loads("{\"title\":\"x\",\"status\":400}", 0, NULL);
 	json_t *ps = json_object_get(row, "Problem");
-	assert_int_not_equal(openapi_check(f->doc, ps, prob, err, sizeof err), 0);
+	assert_int_not_equal(openapi_check(doc, ps, prob, err, sizeof err), 0);
 	json_decref(prob);
 }
 
@@ -184,12 +155,11 @@ static void test_answers_match_schema(void **state)
 
 	assert_int_equal(http_post_json(&f->d, "/v1/jobs", SPEC("two", ",\"max_steps\":10", "2", "1"), &r), 0);
 	assert_int_equal(r.status, 201);
-	expect_schema(f, "/v1/jobs", "post", &r, "application/json");
+	expect_schema("/v1/jobs", "post", &r, "application/json");
 	char id[32];
 	snprintf(id, sizeof id, "%s", it_jstr(r.json, "id"));
 	http_resp_free(&r);
-	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, job);
+	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
 	json_decref(job);
 
 	snprintf(path, sizeof path, "/v1/jobs/%s", id);
@@ -239,7 +209,7 @@ static void test_answers_match_schema(void **state)
 		if (r.status != logs[i].status)
 			fail_msg("GET %s: %ld, want %ld: %s", path, r.status, logs[i].status, r.body);
 		if (logs[i].field) {
-			expect_schema(f, "/v1/jobs/{id}/logs", "get", &r, "application/problem+json");
+			expect_schema("/v1/jobs/{id}/logs", "get", &r, "application/problem+json");
 			assert_string_equal(it_jstr(r.json, "field"), logs[i].field);
 			assert_string_equal(it_jstr(r.json, "type"), "urn:bertd:problem:invalid-parameter");
 		} else {
@@ -302,15 +272,14 @@ static void test_train_by_epochs(void **state)
 					&r), 0);
 	if (r.status != 201)
 		fail_msg("%ld %s", r.status, r.body);
-	expect_schema(f, "/v1/jobs", "post", &r, "application/json");
+	expect_schema("/v1/jobs", "post", &r, "application/json");
 	json_t *ta = json_object_get(json_object_get(r.json, "spec"), "training_args");
 	assert_int_equal(json_integer_value(json_object_get(ta, "max_steps")), want);
 	assert_true(json_real_value(json_object_get(ta, "num_train_epochs")) == 2.0);
 	char id[32];
 	snprintf(id, sizeof id, "%s", it_jstr(r.json, "id"));
 	http_resp_free(&r);
-	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, job);
+	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
 	json_decref(job);
 	json_t *m = it_metrics_of(&f->d, id);
 	json_t *lastrow = json_array_get(m, json_array_size(m) - 1);
@@ -328,9 +297,9 @@ static void test_train_by_epochs(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_checker_refuses_wrong_types, setup_doc, teardown_doc),
-		cmocka_unit_test_setup_teardown(test_answers_match_schema, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_train_by_epochs, setup, teardown),
+		cmocka_unit_test(test_checker_refuses_wrong_types),
+		cmocka_unit_test_setup_teardown(test_answers_match_schema, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_train_by_epochs, setup, it_teardown),
 	};
-	return IT_RUN(tests, NULL, NULL);
+	return IT_RUN(tests, group_setup, group_teardown);
 }

@@ -24,7 +24,7 @@ static int setup_with(void **state, const char *schedule)
 {
 	const char *extra[] = {"--prepare-concurrency", "1", NULL};
 	it_daemon_opts o = {.cpu_slots = "1", .schedule = schedule, .extra = extra};
-	return (*state = it_daemon_start(&o, 0)) ? 0 : -1;
+	return it_setup(state, &o, 0);
 }
 
 static int setup(void **state)
@@ -35,25 +35,6 @@ static int setup(void **state)
 static int setup_scheduling(void **state)
 {
 	return setup_with(state, "true");
-}
-
-static int teardown(void **state) { return it_daemon_stop(*state); }
-
-static void write_file(const char *path, const char *text)
-{
-	FILE *fp = fopen(path, "w");
-	assert_non_null(fp);
-	fputs(text, fp);
-	fclose(fp);
-}
-
-static void post(const fx *f, const char *body)
-{
-	http_resp r;
-	assert_int_equal(http_post_json(&f->d, "/v1/datasets", body, &r), 0);
-	if (r.status != 201)
-		fail_msg("%s -> %ld: %s", body, r.status, r.body);
-	http_resp_free(&r);
 }
 
 /* The bertd-prepare processes of this test's data root; fails the test
@@ -85,12 +66,12 @@ static void test_prepare_queue(void **state)
 		skip();
 	char p[300], st[32];
 	snprintf(p, sizeof p, "%s/corpus.txt", f->data);
-	write_file(p, "Hello world.\nSecond sentence here.\n\nA new document starts.\nIt ends.\n");
+	it_write_file(p, "Hello world.\nSecond sentence here.\n\nA new document starts.\nIt ends.\n");
 	snprintf(p, sizeof p, "%s/vocab.fifo", f->data);
 	assert_int_equal(mkfifo(p, 0600), 0);
 
 	/* the oldest is stuck reading its FIFO vocab */
-	post(f, "{\"name\":\"stuck\",\"source\":\"corpus.txt\",\"vocab\":{\"file\":\"vocab.fifo\"}}");
+	assert_int_equal(it_add_dataset(&f->d, "{\"name\":\"stuck\",\"source\":\"corpus.txt\",\"vocab\":{\"file\":\"vocab.fifo\"}}"), 0);
 	char outdir[300];
 	snprintf(outdir, sizeof outdir, "%s/datasets/stuck", f->data);
 	pid_t pid[4];
@@ -106,7 +87,7 @@ static void test_prepare_queue(void **state)
 		snprintf(body, sizeof body,
 			 "{\"name\":\"%s\",\"source\":\"corpus.txt\",\"vocab\":{\"train\":{\"vocab_size\":200}}}",
 			 names[i]);
-		post(f, body);
+		assert_int_equal(it_add_dataset(&f->d, body), 0);
 	}
 	/* several ticks pass (a tick is a second): still one process, all queued */
 	for (int i = 0; i < 25; i++) {
@@ -176,10 +157,10 @@ static void test_job_waits_for_its_dataset(void **state)
 		skip();
 	char p[300];
 	snprintf(p, sizeof p, "%s/corpus.txt", f->data);
-	write_file(p, "Hello world.\nSecond sentence here.\n\nA new document starts.\nIt ends.\n");
+	it_write_file(p, "Hello world.\nSecond sentence here.\n\nA new document starts.\nIt ends.\n");
 	snprintf(p, sizeof p, "%s/vocab.fifo", f->data);
 	assert_int_equal(mkfifo(p, 0600), 0);
-	post(f, "{\"name\":\"stuck\",\"source\":\"corpus.txt\",\"vocab\":{\"file\":\"vocab.fifo\"}}");
+	assert_int_equal(it_add_dataset(&f->d, "{\"name\":\"stuck\",\"source\":\"corpus.txt\",\"vocab\":{\"file\":\"vocab.fifo\"}}"), 0);
 	char *id = it_submit(&f->d, "{\"dataset\":\"stuck\",\"model\":{\"preset\":\"bert-tiny\"},"
 				    "\"training_args\":{\"max_steps\":2}}");
 	/* several scheduler ticks (a tick is a second): the job stays queued */
@@ -218,8 +199,8 @@ static void test_job_waits_for_its_dataset(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_prepare_queue, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_job_waits_for_its_dataset, setup_scheduling, teardown),
+		cmocka_unit_test_setup_teardown(test_prepare_queue, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_job_waits_for_its_dataset, setup_scheduling, it_teardown),
 	};
 	return IT_RUN(tests, NULL, NULL);
 }

@@ -38,10 +38,8 @@ static int setup(void **state)
 {
 	it_daemon_opts o = {.cpu_slots = "1", .dataset = "shakes", .corpus = "shakes.txt", .corpus_lines = 3000,
 			    .vocab_size = 400};
-	return (*state = it_daemon_start(&o, DEADLINE_S)) ? 0 : -1;
+	return it_setup(state, &o, DEADLINE_S);
 }
-
-static int teardown(void **state) { return it_daemon_stop(*state); }
 
 static const char *src_root(void)
 {
@@ -68,8 +66,7 @@ static bool python_check(int rc, const char *what)
 static char *run_job(const bertd *d, const char *spec)
 {
 	char *id = it_submit(d, spec);
-	json_t *j = it_wait_job(d, id, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(d, j);
+	json_t *j = it_wait_completed(d, id, DEADLINE_S);
 	json_decref(j);
 	return id;
 }
@@ -313,5 +310,5 @@ int main(void)
 		cmocka_unit_test(test_recipe_roberta_style),
 		cmocka_unit_test(test_recipe_domain_from_hub),
 	};
-	return IT_RUN(tests, setup, teardown);
+	return IT_RUN(tests, setup, it_teardown);
 }

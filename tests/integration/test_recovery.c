@@ -38,35 +38,15 @@
 
 #define DEADLINE_S 240
 
-typedef struct fx {
-	bertd d;
-	char data[160];
-	const char *stall_s; /* --stall-timeout-s, or NULL for the default */
-} fx;
+typedef it_fx fx;
 
-static int start(fx *f, bool fresh)
-{
-	if (fresh && it_daemon_init(&f->d, f->data, sizeof f->data))
-		return -1;
-	const char *extra[] = {"--stop-timeout-s", "60", f->stall_s ? "--stall-timeout-s" : NULL, f->stall_s, NULL};
-	it_daemon_opts o = {.cpu_slots = "2", .extra = extra};
-	return it_daemon_run(&f->d, f->data, &o);
-}
-
+/* stall_s: --stall-timeout-s, or NULL for the default. */
 static int setup_with(void **state, const char *stall_s)
 {
-	fx *f = calloc(1, sizeof *f);
-	if (!f)
-		return -1;
-	f->stall_s = stall_s;
-	if (start(f, true))
-		return -1;
-	it_make_corpus(f->data, "shakes.txt", 3000);
-	if (it_add_dataset(&f->d,
-			   "{\"name\":\"shakes\",\"source\":\"shakes.txt\",\"vocab\":{\"train\":{\"vocab_size\":400}}}"))
-		return -1;
-	*state = f;
-	return 0;
+	const char *extra[] = {"--stop-timeout-s", "60", stall_s ? "--stall-timeout-s" : NULL, stall_s, NULL};
+	it_daemon_opts o = {.cpu_slots = "2", .extra = extra, .dataset = "shakes", .corpus = "shakes.txt",
+			    .corpus_lines = 3000, .vocab_size = 400};
+	return it_setup(state, &o, 0);
 }
 
 static int setup(void **state)
@@ -84,14 +64,6 @@ static int setup_stall(void **state)
 static int setup_stall_slow(void **state)
 {
 	return setup_with(state, "40");
-}
-
-static int teardown(void **state)
-{
-	fx *f = *state;
-	int rc = it_daemon_finish(&f->d);
-	free(f);
-	return rc;
 }
 
 /* A model small enough to train in seconds on two cores. top: more
@@ -118,8 +90,7 @@ static long resumed_step(json_t *ev)
 static void reference(fx *f, const char *spec, char sha[65])
 {
 	char *ref = it_submit(&f->d, spec);
-	json_t *j = it_wait_job(&f->d, ref, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, j);
+	json_t *j = it_wait_completed(&f->d, ref, DEADLINE_S);
 	it_sha_of_export(j, sha);
 	json_decref(j);
 	free(ref);
@@ -166,7 +137,7 @@ static void drain_resumes_from_stop_checkpoint(fx *f, const char *ref_spec, cons
 	assert_int_equal(bertd_stop(&f->d), 0); /* drains: the workers write their stop checkpoint */
 	long stop_step = newest_on_disk(f, id);
 	assert_true(stop_step >= 10);
-	assert_int_equal(start(f, false), 0);
+	assert_int_equal(it_daemon_run(f, NULL), 0);
 
 	/* recorded by the draining daemon, not found later on disk */
 	char path[128];
@@ -177,8 +148,7 @@ static void drain_resumes_from_stop_checkpoint(fx *f, const char *ref_spec, cons
 	assert_int_equal(json_integer_value(json_object_get(json_array_get(rows, 0), "step")), stop_step);
 	json_decref(ck);
 
-	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, job);
+	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
 	json_t *ev = it_events_of(&f->d, id);
 	assert_non_null(it_event_with(ev, "daemon shutting down")); /* drained, not finished first */
 	assert_int_equal(resumed_step(ev), stop_step);
@@ -223,7 +193,7 @@ static void test_unrecorded_checkpoint_found(void **state)
 	assert_int_equal(store_checkpoint_delete(st, id, stop_step), 0);
 	store_close(st);
 
-	assert_int_equal(start(f, false), 0);
+	assert_int_equal(it_daemon_run(f, NULL), 0);
 	it_wait_step(&f->d, id, stop_step + 5, DEADLINE_S); /* resumed and training */
 	json_t *ev = it_events_of(&f->d, id);
 	assert_non_null(it_event_with(ev, "without a record"));
@@ -261,9 +231,8 @@ static void test_truncated_newest_falls_back(void **state)
 	assert_int_equal(stat(p, &sb), 0);
 	assert_int_equal(truncate(p, sb.st_size / 2), 0);
 
-	assert_int_equal(start(f, false), 0);
-	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, job);
+	assert_int_equal(it_daemon_run(f, NULL), 0);
+	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
 	json_t *ev = it_events_of(&f->d, id);
 	assert_non_null(it_event_with(ev, "daemon shutting down")); /* drained, not finished first */
 	char want[80];
@@ -303,8 +272,7 @@ static void test_nonfinite_loss_fails_once(void **state)
 	fx *f = *state;
 	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
 	char *base = it_submit(&f->d, SPEC("base", "10", "10", "5", "1", "0", ""));
-	json_t *j = it_wait_job(&f->d, base, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, j);
+	json_t *j = it_wait_completed(&f->d, base, DEADLINE_S);
 	json_decref(j);
 
 	/* its ckpt-10, copied into the data root with every parameter NaN */
@@ -475,13 +443,13 @@ static void test_stopped_worker_is_suspected(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_drain_resumes_from_stop_checkpoint, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_drain_one_rank_resumes, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_unrecorded_checkpoint_found, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_truncated_newest_falls_back, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_nonfinite_loss_fails_once, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_stopped_worker_is_a_stall, setup_stall, teardown),
-		cmocka_unit_test_setup_teardown(test_stopped_worker_is_suspected, setup_stall_slow, teardown),
+		cmocka_unit_test_setup_teardown(test_drain_resumes_from_stop_checkpoint, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_drain_one_rank_resumes, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_unrecorded_checkpoint_found, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_truncated_newest_falls_back, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_nonfinite_loss_fails_once, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_stopped_worker_is_a_stall, setup_stall, it_teardown),
+		cmocka_unit_test_setup_teardown(test_stopped_worker_is_suspected, setup_stall_slow, it_teardown),
 	};
 	return IT_RUN(tests, NULL, NULL);
 }

@@ -17,43 +17,18 @@
 #include "harness.h"
 #include "it_util.h"
 
-typedef struct fx {
-	bertd d;
-	char data[160];    /* the data root */
-	char outside[160]; /* a directory that is not a data root */
-} fx;
-
-static void write_file(const char *path, const char *text)
-{
-	FILE *f = fopen(path, "w");
-	assert_non_null(f);
-	fputs(text, f);
-	fclose(f);
-}
+typedef it_fx fx;       /* data: the data root */
+static char outside[160]; /* root/outside: a directory that is not a data root */
 
 static int setup(void **state)
 {
-	fx *f = calloc(1, sizeof *f);
-	if (!f || it_daemon_init(&f->d, f->data, sizeof f->data))
-		return -1;
-	snprintf(f->outside, sizeof f->outside, "%s/outside", f->d.root);
-	mkdir(f->outside, 0700);
 	it_daemon_opts o = {.cpu_slots = "3", .schedule = "false"};
-	if (it_daemon_run(&f->d, f->data, &o)) {
-		bertd_destroy(&f->d);
-		free(f);
-		return -1;
+	it_fx *f = it_daemon_start(&o, 0);
+	if (f) {
+		snprintf(outside, sizeof outside, "%s/outside", f->d.root);
+		mkdir(outside, 0700);
 	}
-	*state = f;
-	return 0;
-}
-
-static int teardown(void **state)
-{
-	fx *f = *state;
-	int rc = it_daemon_finish(&f->d);
-	free(f);
-	return rc;
+	return it_setup_end(state, f, true);
 }
 
 static void expect_problem(const bertd *d, const char *body, long status, const char *code,
@@ -92,16 +67,16 @@ static void test_dataset_validation(void **state)
 	fx *f = *state;
 	char p[256], body[1024];
 	snprintf(p, sizeof p, "%s/corpus.txt", f->data);
-	write_file(p, "Hello world.\nSecond sentence.\n\nNew document.\n");
-	snprintf(p, sizeof p, "%s/secret.txt", f->outside);
-	write_file(p, "not yours\n");
+	it_write_file(p, "Hello world.\nSecond sentence.\n\nNew document.\n");
+	snprintf(p, sizeof p, "%s/secret.txt", outside);
+	it_write_file(p, "not yours\n");
 	snprintf(p, sizeof p, "%s/link.txt", f->data);
 	char target[256];
-	snprintf(target, sizeof target, "%s/secret.txt", f->outside);
+	snprintf(target, sizeof target, "%s/secret.txt", outside);
 	assert_int_equal(symlink(target, p), 0);
 
 	snprintf(body, sizeof body, "{\"name\":\"x\",\"source\":\"%s/secret.txt\",\"vocab\":{\"train\":{\"vocab_size\":500}}}",
-		 f->outside);
+		 outside);
 	expect_problem(&f->d, body, 403, "path-forbidden", "source");
 	expect_problem(&f->d, "{\"name\":\"x\",\"source\":\"link.txt\",\"vocab\":{\"train\":{\"vocab_size\":500}}}",
 		       403, "path-forbidden", "source");
@@ -123,9 +98,9 @@ static void test_dataset_validation(void **state)
 	snprintf(want, sizeof want, "no such file or directory: %s/bert-base-uncased-vocab.txt", f->data);
 	expect_path_detail(f, "{\"name\":\"x\",\"source\":\"corpus.txt\",\"vocab\":{\"file\":\"bert-base-uncased-vocab.txt\"}}",
 			   422, "vocab.file", want);
-	snprintf(want, sizeof want, "%s/secret.txt is outside the configured data_roots", f->outside);
+	snprintf(want, sizeof want, "%s/secret.txt is outside the configured data_roots", outside);
 	snprintf(body, sizeof body, "{\"name\":\"x\",\"source\":\"%s/secret.txt\",\"vocab\":{\"train\":{\"vocab_size\":500}}}",
-		 f->outside);
+		 outside);
 	expect_path_detail(f, body, 403, "source", want);
 	char real[PATH_MAX];
 	assert_non_null(realpath(target, real));
@@ -186,7 +161,7 @@ static void test_dataset_prepare(void **state)
 	char p[256];
 	snprintf(p, sizeof p, "%s/corpus.txt", f->data);
 	const char *text = "Hello world.\nSecond sentence here.\n\nA new document starts.\nIt ends.\n";
-	write_file(p, text);
+	it_write_file(p, text);
 	http_resp r;
 	assert_int_equal(http_post_json(&f->d, "/v1/datasets",
 					"{\"name\":\"tiny\",\"source\":\"corpus.txt\","
@@ -252,7 +227,7 @@ static void test_dataset_restart(void **state)
 		skip();
 	char p[256];
 	snprintf(p, sizeof p, "%s/corpus.txt", f->data);
-	write_file(p, "One sentence.\nAnother one.\n\nSecond document here.\n");
+	it_write_file(p, "One sentence.\nAnother one.\n\nSecond document here.\n");
 	http_resp r;
 	assert_int_equal(http_post_json(&f->d, "/v1/datasets",
 					"{\"name\":\"again\",\"source\":\"corpus.txt\","
@@ -270,9 +245,8 @@ static void test_dataset_restart(void **state)
 	mkdir(parent, 0700);
 	mkdir(dir, 0700);
 	snprintf(junk, sizeof junk, "%s/half-written.bin", dir);
-	write_file(junk, "garbage");
-	const char *extra[] = {"--data-roots", f->data, "--devices", "cpu", "--cpu-slots", "3", NULL};
-	assert_int_equal(bertd_start(&f->d, extra), 0);
+	it_write_file(junk, "garbage");
+	assert_int_equal(it_daemon_run(f, NULL), 0);
 	json_t *done = wait_dataset(&f->d, id);
 	assert_string_equal(it_jstr(done, "state"), "ready");
 	assert_int_equal(access(junk, F_OK), -1); /* prepared afresh */
@@ -303,7 +277,7 @@ static char *add_tiny(fx *f, const char *name)
 {
 	char p[256], body[256];
 	snprintf(p, sizeof p, "%s/corpus.txt", f->data);
-	write_file(p, "Hello world.\nSecond sentence here.\n\nA new document starts.\nIt ends.\n");
+	it_write_file(p, "Hello world.\nSecond sentence here.\n\nA new document starts.\nIt ends.\n");
 	snprintf(body, sizeof body,
 		 "{\"name\":\"%s\",\"source\":\"corpus.txt\",\"vocab\":{\"train\":{\"vocab_size\":200}}}", name);
 	http_resp r;
@@ -357,7 +331,7 @@ static void test_dataset_delete(void **state)
 	mkdir(dir, 0700); /* whether or not prepare ran, there are files to remove */
 	char junk[400];
 	snprintf(junk, sizeof junk, "%s/shard.bin", dir);
-	write_file(junk, "x");
+	it_write_file(junk, "x");
 	assert_int_equal(do_delete(&f->d, path, &r), 204);
 	http_resp_free(&r);
 	assert_int_equal(access(dir, F_OK), -1); /* its files are gone */
@@ -447,8 +421,8 @@ static void test_dataset_links_confined(void **state)
 	snprintf(p, sizeof p, "%s/corp", f->data);
 	mkdir(p, 0700);
 	snprintf(p, sizeof p, "%s/corp/a.txt", f->data);
-	write_file(p, "Hello world.\nSecond sentence here.\n\nA new document starts.\nIt ends.\n");
-	snprintf(p, sizeof p, "%s/secret.txt", f->outside);
+	it_write_file(p, "Hello world.\nSecond sentence here.\n\nA new document starts.\nIt ends.\n");
+	snprintf(p, sizeof p, "%s/secret.txt", outside);
 	FILE *fp = fopen(p, "w");
 	assert_non_null(fp);
 	for (int i = 0; i < 200; i++) /* frequent enough to be a vocab entry of its own */
@@ -456,11 +430,11 @@ static void test_dataset_links_confined(void **state)
 	fclose(fp);
 	snprintf(p, sizeof p, "%s/corp/leak.txt", f->data);
 	assert_int_equal(symlink("../../outside/secret.txt", p), 0); /* relative, climbing out */
-	snprintf(target, sizeof target, "%s/secret.txt", f->outside);
+	snprintf(target, sizeof target, "%s/secret.txt", outside);
 	snprintf(p, sizeof p, "%s/corp/leak-abs.txt", f->data);
 	assert_int_equal(symlink(target, p), 0);
 	snprintf(p, sizeof p, "%s/corp/etc", f->data);
-	assert_int_equal(symlink(f->outside, p), 0); /* a directory outside */
+	assert_int_equal(symlink(outside, p), 0); /* a directory outside */
 	snprintf(p, sizeof p, "%s/corp/same.txt", f->data);
 	assert_int_equal(symlink("a.txt", p), 0); /* inside: followed */
 	http_resp r;
@@ -496,7 +470,7 @@ static void test_dataset_cancel(void **state)
 		skip();
 	char p[300];
 	snprintf(p, sizeof p, "%s/corpus.txt", f->data);
-	write_file(p, "Hello world.\nSecond sentence here.\n");
+	it_write_file(p, "Hello world.\nSecond sentence here.\n");
 	snprintf(p, sizeof p, "%s/vocab.fifo", f->data);
 	assert_int_equal(mkfifo(p, 0600), 0);
 	http_resp r;
@@ -537,8 +511,7 @@ static void test_dataset_cancel(void **state)
 	assert_int_equal(access(outdir, F_OK), -1);
 	/* a canceled dataset is not prepared again by the next daemon */
 	bertd_kill9(&f->d);
-	const char *extra[] = {"--data-roots", f->data, "--devices", "cpu", "--cpu-slots", "3", NULL};
-	assert_int_equal(bertd_start(&f->d, extra), 0);
+	assert_int_equal(it_daemon_run(f, NULL), 0);
 	now = it_get_json(&f->d, path);
 	assert_string_equal(it_jstr(now, "state"), "failed");
 	assert_non_null(strstr(it_jstr(now, "error"), "canceled"));
@@ -559,17 +532,17 @@ static void test_init_from_link_refused(void **state)
 {
 	fx *f = *state;
 	char p[300];
-	snprintf(p, sizeof p, "%s/secret.bin", f->outside);
-	write_file(p, "zqxsecretword: not a model\n");
+	snprintf(p, sizeof p, "%s/secret.bin", outside);
+	it_write_file(p, "zqxsecretword: not a model\n");
 	static const char *const dirs[] = {"hf", "ck"};
 	for (int k = 0; k < 2; k++) {
 		snprintf(p, sizeof p, "%s/%s", f->data, dirs[k]);
 		mkdir(p, 0700);
 		snprintf(p, sizeof p, "%s/%s/%s", f->data, dirs[k], k ? "state.json" : "config.json");
-		write_file(p, "{}\n");
+		it_write_file(p, "{}\n");
 		if (k) {
 			snprintf(p, sizeof p, "%s/ck/DONE", f->data);
-			write_file(p, "");
+			it_write_file(p, "");
 		}
 		snprintf(p, sizeof p, "%s/%s/%s", f->data, dirs[k], k ? "params.safetensors" : "model.safetensors");
 		assert_int_equal(symlink("../../outside/secret.bin", p), 0);
@@ -590,7 +563,7 @@ static void test_init_from_link_refused(void **state)
 	/* a link that stays in the root passes this check (the job is then
 	 * refused for its missing dataset, a later check) */
 	snprintf(p, sizeof p, "%s/real.safetensors", f->data);
-	write_file(p, "x");
+	it_write_file(p, "x");
 	snprintf(p, sizeof p, "%s/hf/model.safetensors", f->data);
 	assert_int_equal(unlink(p), 0);
 	assert_int_equal(symlink("../real.safetensors", p), 0);
@@ -604,15 +577,15 @@ static void test_init_from_link_refused(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_dataset_validation, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_dataset_prepare, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_dataset_restart, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_devices, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_dataset_delete, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_job_subresources, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_dataset_links_confined, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_dataset_cancel, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_init_from_link_refused, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_dataset_validation, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_dataset_prepare, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_dataset_restart, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_devices, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_dataset_delete, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_job_subresources, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_dataset_links_confined, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_dataset_cancel, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_init_from_link_refused, setup, it_teardown),
 	};
 	return IT_RUN(tests, NULL, NULL);
 }

@@ -30,7 +30,8 @@ static int setup_limits(void **state)
 {
 	const char *extra[] = {"--request-timeout-s", "3600", "--conn-timeout-s", "3600",
 			       "--conn-limit", "32", "--schedule", "false", NULL};
-	return it_bertd_setup(state, extra);
+	it_daemon_opts o = {.plain = true, .extra = extra};
+	return it_setup(state, &o, 0);
 }
 
 /* A 2 s request deadline; the idle timeout (an hour) cannot be what closes them. */
@@ -38,20 +39,15 @@ static int setup_deadline(void **state)
 {
 	const char *extra[] = {"--request-timeout-s", "2", "--conn-timeout-s", "3600",
 			       "--schedule", "false", NULL};
-	return it_bertd_setup(state, extra);
+	it_daemon_opts o = {.plain = true, .extra = extra};
+	return it_setup(state, &o, 0);
 }
 
 
 /* A connection that sent the start of a request line and no more. */
 static int open_slow(const bertd *d)
 {
-	const char *colon = strrchr(d->base_url, ':');
-	assert_non_null(colon);
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
-	inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	assert_true(fd >= 0);
-	assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+	int fd = it_connect(d, 0);
 	const char *part = "GET /v1/hea";
 	assert_int_equal(send(fd, part, strlen(part), MSG_NOSIGNAL), (ssize_t)strlen(part));
 	return fd;
@@ -126,8 +122,8 @@ static void test_trickling_clients_closed(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_served_beside_slow_clients, setup_limits, it_bertd_teardown),
-		cmocka_unit_test_setup_teardown(test_trickling_clients_closed, setup_deadline, it_bertd_teardown),
+		cmocka_unit_test_setup_teardown(test_served_beside_slow_clients, setup_limits, it_teardown),
+		cmocka_unit_test_setup_teardown(test_trickling_clients_closed, setup_deadline, it_teardown),
 	};
 	return IT_RUN(tests, NULL, NULL);
 }

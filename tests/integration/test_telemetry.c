@@ -49,10 +49,8 @@ static int setup(void **state)
 	const char *extra[] = {"--stop-timeout-s", "60", NULL};
 	it_daemon_opts o = {.cpu_slots = "2", .extra = extra, .dataset = "shakes", .corpus = "shakes.txt",
 			    .corpus_lines = 2000, .vocab_size = 400, .wait_ready = true};
-	return (*state = it_daemon_start(&o, DEADLINE_S)) ? 0 : -1;
+	return it_setup(state, &o, DEADLINE_S);
 }
-
-static int teardown(void **state) { return it_daemon_stop(*state); }
 
 #define SPEC(name, steps, loaders, profiler) \
 	IT_TINY_SPEC(name, "shakes", "1", "8", steps, "5", "20", loaders, "", profiler)
@@ -583,5 +581,5 @@ int main(void)
 		cmocka_unit_test(test_two_ranks_report_per_rank_times),
 		cmocka_unit_test(test_prometheus_metrics),
 	};
-	return IT_RUN(tests, setup, teardown);
+	return IT_RUN(tests, setup, it_teardown);
 }

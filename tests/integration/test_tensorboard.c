@@ -26,10 +26,8 @@ static int setup(void **state)
 {
 	it_daemon_opts o = {.cpu_slots = "2", .dataset = "shakes", .corpus = "shakes.txt", .corpus_lines = 1000,
 			    .vocab_size = 300, .wait_ready = true};
-	return (*state = it_daemon_start(&o, DEADLINE_S)) ? 0 : -1;
+	return it_setup(state, &o, DEADLINE_S);
 }
-
-static int teardown(void **state) { return it_daemon_stop(*state); }
 
 #define SPEC(name, loaders) IT_TINY_SPEC(name, "shakes", "1", "4", "12", "3", "100", loaders, "", "")
 
@@ -70,5 +68,5 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_tensorboard_reads_every_scalar),
 	};
-	return IT_RUN(tests, setup, teardown);
+	return IT_RUN(tests, setup, it_teardown);
 }
