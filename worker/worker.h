@@ -1,6 +1,6 @@
 /* worker — one rank's process state (the worker struct) and its line to
  * the daemon: the socket on fd 3, or a multi-node rank's relay connection
- * (docs/formats.md, "Worker messages"). worker_main.c sets the state up;
+ * (docs/formats.md, "Messages"). worker_main.c sets the state up;
  * the training loop (loop.c) and the devices (device_cpu.c, device_gpu.c)
  * report through worker_send / worker_fail and read stops with worker_poll.
  *
