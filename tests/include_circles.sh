@@ -49,7 +49,7 @@ while IFS= read -r f; do
 	[ -f "${f%.*}.h" ] || continue
 	files+=("$f")
 	reached[$f]=$(reach "$f")
-done < <(find "${dirs[@]}" \( -name '*.c' -o -name '*.cu' \) | LC_ALL=C sort)
+done < <(find "${dirs[@]}" \( -name '*.c' -o -name '*.cu' -o -name '*.cc' -o -name '*.cpp' \) | LC_ALL=C sort)
 for a in "${files[@]}"; do
 	for b in "${files[@]}"; do
 		[[ $a < $b ]] || continue
