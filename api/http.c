@@ -33,7 +33,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "api/follow.h"
 #include "common/log.h"
 #include "daemon/telemetry.h"
 
@@ -44,9 +43,6 @@
 #define DEFAULT_PER_IP 64
 #define DEFAULT_CONN_MEMORY (64u << 10)
 #define DEFAULT_REQUEST_TIMEOUT_S 10
-#define DEFAULT_FOLLOW_PER_JOB 8
-#define DEFAULT_FOLLOW_TOTAL 32
-#define DEFAULT_FOLLOW_KEEPALIVE_S 15
 
 /* One open connection, from MHD's NOTIFY_CONNECTION started to closed.
  * libmicrohttpd's connection timeout is an idle timeout that every byte
@@ -62,7 +58,7 @@ struct track {
 	struct track *prev, *next;
 };
 
-struct api_server {
+struct api_http {
 	struct MHD_Daemon *mhd;
 	pthread_mutex_t mu;       /* guards conns, nconns, stopping */
 	pthread_cond_t wake;
@@ -75,7 +71,7 @@ struct api_server {
 	char *token, *listen_addr, *state_dir;
 	char **roots;     /* n_data_roots copies */
 	store *st;
-	follow_hub *follow;       /* follow streams: started before MHD, stopped before it */
+	struct follow_hub *follow; /* handed to every request; its owner (server.c) stops it first */
 	int port;
 };
 
@@ -340,7 +336,7 @@ void api_defer(api_request *req, enum MHD_Result (*fn)(api_request *req, void *a
 }
 
 /* Counts api_defer replies (+1 made, -1 sent or dropped); stop waits for 0. */
-static void deferred_add(api_server *srv, int d)
+static void deferred_add(api_http *srv, int d)
 {
 	pthread_mutex_lock(&srv->mu);
 	srv->deferred = (unsigned)((int)srv->deferred + d);
@@ -350,7 +346,7 @@ static void deferred_add(api_server *srv, int d)
 }
 
 /* Runs (or, req NULL-replied, drops) a deferred reply; returns its result. */
-static enum MHD_Result deferred_end(api_server *srv, struct conn_ctx *c, bool run)
+static enum MHD_Result deferred_end(api_http *srv, struct conn_ctx *c, bool run)
 {
 	enum MHD_Result (*fn)(api_request *, void *) = c->req.resume;
 	void *arg = c->req.resume_arg;
@@ -637,13 +633,13 @@ static enum MHD_Result take_piece(struct conn_ctx *c, const char *data, size_t n
 	return MHD_YES;
 }
 
-static void track_request(api_server *srv, struct MHD_Connection *conn, bool received);
+static void track_request(api_http *srv, struct MHD_Connection *conn, bool received);
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
 				  const char *method, const char *version, const char *upload,
 				  size_t *upload_size, void **con_cls)
 {
-	api_server *srv = cls;
+	api_http *srv = cls;
 	struct conn_ctx *c = *con_cls;
 	if (!c) {
 		c = calloc(1, sizeof *c);
@@ -685,7 +681,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 	pthread_mutex_lock(&srv->mu);
 	bool stopping = srv->stopping;
 	pthread_mutex_unlock(&srv->mu);
-	if (stopping) /* no new deferred reply once api_server_stop waits for them */
+	if (stopping) /* no new deferred reply once api_http_stop waits for them */
 		return api_reply_problem(&c->req, API_P_UNAVAILABLE, NULL, "bertd is stopping");
 	enum MHD_Result ret = c->route->handler(&c->req);
 	if (c->req.resume)
@@ -758,7 +754,7 @@ static bool same_addr(const struct sockaddr_storage *a, const struct sockaddr *b
 }
 
 /* Shuts down the oldest connection whose request has not arrived; under mu. */
-static bool evict_oldest_pending(api_server *srv)
+static bool evict_oldest_pending(api_http *srv)
 {
 	for (struct track *t = srv->conns; t; t = t->next)
 		if (!t->received && !t->shut) {
@@ -775,7 +771,7 @@ static bool evict_oldest_pending(api_server *srv)
  * send a request at once are served however many slow ones are open. */
 static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen_t len)
 {
-	api_server *srv = cls;
+	api_http *srv = cls;
 	if (!addr || len < sizeof(sa_family_t))
 		return MHD_NO;
 	struct sockaddr_storage ss = {0};
@@ -802,7 +798,7 @@ static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen
 static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_ctx,
 			  enum MHD_ConnectionNotificationCode code)
 {
-	api_server *srv = cls;
+	api_http *srv = cls;
 	if (code == MHD_CONNECTION_NOTIFY_STARTED) {
 		const union MHD_ConnectionInfo *fd = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
 		const union MHD_ConnectionInfo *ad = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
@@ -850,7 +846,7 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
 
 /* received: the request is in (its deadline stops); else the previous
  * request ended and the next one's deadline starts now. */
-static void track_request(api_server *srv, struct MHD_Connection *conn, bool received)
+static void track_request(api_http *srv, struct MHD_Connection *conn, bool received)
 {
 	const union MHD_ConnectionInfo *i = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
 	struct track *t = i ? i->socket_context : NULL;
@@ -865,7 +861,7 @@ static void track_request(api_server *srv, struct MHD_Connection *conn, bool rec
 
 static void *sweep_main(void *arg)
 {
-	api_server *srv = arg;
+	api_http *srv = arg;
 	int64_t limit_ms = (int64_t)srv->cfg.request_timeout_s * 1000;
 	pthread_mutex_lock(&srv->mu);
 	while (!srv->stopping) {
@@ -941,11 +937,23 @@ out:
 	return rc;
 }
 
-static void server_free(api_server *srv)
+/* Ends the sweeper thread (if it runs) and no new deferred reply starts. */
+static void sweeper_stop(api_http *srv)
+{
+	pthread_mutex_lock(&srv->mu);
+	srv->stopping = true;
+	pthread_cond_signal(&srv->wake);
+	pthread_mutex_unlock(&srv->mu);
+	if (srv->sweeping)
+		pthread_join(srv->sweeper, NULL);
+	srv->sweeping = false;
+}
+
+static void server_free(api_http *srv)
 {
 	if (!srv)
 		return;
-	follow_hub_destroy(srv->follow);
+	sweeper_stop(srv);
 	free(srv->token);
 	free(srv->listen_addr);
 	free(srv->state_dir);
@@ -957,16 +965,17 @@ static void server_free(api_server *srv)
 	free(srv);
 }
 
-int api_server_start(api_server **out, const api_config *cfg, store *st)
+int api_http_start(api_http **out, const api_config *cfg, store *st, struct follow_hub *follow)
 {
 	int rc, fd = -1;
-	api_server *srv = calloc(1, sizeof *srv);
+	api_http *srv = calloc(1, sizeof *srv);
 	if (!srv)
 		return -ENOMEM;
 	pthread_mutex_init(&srv->mu, NULL);
 	pthread_cond_init(&srv->wake, NULL);
 	srv->cfg = *cfg;
 	srv->st = st;
+	srv->follow = follow;
 	srv->token = strdup(cfg->token ? cfg->token : "");
 	srv->listen_addr = strdup(cfg->listen_addr ? cfg->listen_addr : "127.0.0.1");
 	srv->state_dir = cfg->state_dir ? strdup(cfg->state_dir) : NULL;
@@ -1010,12 +1019,6 @@ int api_server_start(api_server **out, const api_config *cfg, store *st)
 		srv->cfg.conn_memory = DEFAULT_CONN_MEMORY;
 	if (!srv->cfg.request_timeout_s)
 		srv->cfg.request_timeout_s = DEFAULT_REQUEST_TIMEOUT_S;
-	if (!srv->cfg.follow_max_per_job)
-		srv->cfg.follow_max_per_job = DEFAULT_FOLLOW_PER_JOB;
-	if (!srv->cfg.follow_max_total)
-		srv->cfg.follow_max_total = DEFAULT_FOLLOW_TOTAL;
-	if (!srv->cfg.follow_keepalive_s)
-		srv->cfg.follow_keepalive_s = DEFAULT_FOLLOW_KEEPALIVE_S;
 
 	if (srv->cfg.conn_limit < srv->cfg.threads) {
 		/* MHD splits the connection limit across its pool threads; a thread
@@ -1027,12 +1030,14 @@ int api_server_start(api_server **out, const api_config *cfg, store *st)
 	rc = listen_on(srv->listen_addr, cfg->port, cfg->allow_remote, &fd, &srv->port);
 	if (rc)
 		goto out;
-	rc = follow_hub_create(&srv->follow, srv->st, srv->cfg.follow_max_per_job,
-			       srv->cfg.follow_max_total, srv->cfg.follow_keepalive_s);
-	if (rc) {
+	/* The sweeper first: once MHD runs, nothing may fail (a connection
+	 * could already be suspended, and MHD cannot be stopped then). */
+	if (pthread_create(&srv->sweeper, NULL, sweep_main, srv) != 0) {
 		close(fd);
+		rc = -ENOMEM;
 		goto out;
 	}
+	srv->sweeping = true;
 	/* Suspend/resume: a follow stream with nothing to send gives its pool
 	 * thread back instead of spinning (follow.c). */
 	unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG |
@@ -1062,13 +1067,6 @@ int api_server_start(api_server **out, const api_config *cfg, store *st)
 		rc = -ENOMEM;
 		goto out;
 	}
-	if (pthread_create(&srv->sweeper, NULL, sweep_main, srv) != 0) {
-		follow_hub_stop(srv->follow);
-		MHD_stop_daemon(srv->mhd);
-		rc = -ENOMEM;
-		goto out;
-	}
-	srv->sweeping = true;
 	log_info("api listening on %s port %d (%u threads, max body %zu bytes)",
 		 srv->listen_addr, srv->port, srv->cfg.threads, srv->cfg.max_body_bytes);
 	*out = srv;
@@ -1078,28 +1076,21 @@ out:
 	return rc;
 }
 
-int api_server_port(const api_server *srv)
+int api_http_port(const api_http *srv)
 {
 	return srv->port;
 }
 
-void api_server_stop(api_server *srv)
+void api_http_stop(api_http *srv)
 {
 	if (!srv)
 		return;
-	if (srv->sweeping) {
-		pthread_mutex_lock(&srv->mu);
-		srv->stopping = true;
-		pthread_cond_signal(&srv->wake);
-		pthread_mutex_unlock(&srv->mu);
-		pthread_join(srv->sweeper, NULL);
-	}
-	/* MHD 0.9.75 panics when stopped with a suspended connection: end
-	 * (and resume) every follow stream first */
-	follow_hub_stop(srv->follow);
-	/* and let every deferred reply (a submission's commit) be sent */
+	sweeper_stop(srv);
+	/* MHD 0.9.75 panics when stopped with a suspended connection: the
+	 * follow streams' owner has ended and resumed them before this call
+	 * (api/server.c); let every deferred reply (a submission's commit) be
+	 * sent */
 	pthread_mutex_lock(&srv->mu);
-	srv->stopping = true;
 	while (srv->deferred)
 		pthread_cond_wait(&srv->wake, &srv->mu);
 	pthread_mutex_unlock(&srv->mu);

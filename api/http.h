@@ -4,7 +4,9 @@
  * and body size, accumulates the body, and then calls the handler with an
  * api_request. Handlers answer through api_reply_* (one call per request;
  * a body made while it is sent goes through api_reply_stream) and never
- * call MHD directly. Internal to api/.
+ * call MHD directly. Internal to api/: api/server.c starts and stops the
+ * server (api_http_*) for api.h. Knows no handler and no resource: the
+ * follow streams' hub is handed in by its owner and only passed on.
  */
 #ifndef BERTD_API_HTTP_H
 #define BERTD_API_HTTP_H
@@ -23,6 +25,8 @@
 /* Deeper request bodies are refused with 400 before jansson sees them. */
 #define API_JSON_MAX_DEPTH 32
 #define API_MAX_EXTRA_HEADERS 4
+
+struct follow_hub; /* follow.h: opaque here */
 
 struct api_request {
 	struct MHD_Connection *conn;
@@ -44,6 +48,20 @@ struct api_request {
 	void *resume_arg;
 	void (*resume_free)(void *arg);
 };
+
+/* The HTTP server: MHD, its listening socket and connection limits. */
+typedef struct api_http api_http;
+
+/* Binds and starts serving cfg's routes (api_server_start's contract);
+ * follow (may be NULL) is handed to every request as req->follow, owned by
+ * the caller, who must end its streams (follow_hub_stop) before
+ * api_http_stop. *out caller-owned (api_http_stop). 0 or a negative errno. */
+int api_http_start(api_http **out, const api_config *cfg, store *st, struct follow_hub *follow);
+/* The TCP port actually bound. */
+int api_http_port(const api_http *srv);
+/* Refuses new requests, waits for deferred replies, stops MHD (joining its
+ * threads) and frees srv. No connection may be suspended. NULL is fine. */
+void api_http_stop(api_http *srv);
 
 /* Adds a header to the reply (value copied). Returns 0 or -ENOMEM/-E2BIG. */
 int api_add_header(api_request *req, const char *name, const char *value);

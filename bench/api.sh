@@ -1,5 +1,5 @@
 #!/bin/sh
-# Control-plane throughput (issue #16), one or two bertd binaries side by
+# Control-plane throughput, one or two bertd binaries side by
 # side in one run, each on its own copy of the same seeded database:
 #   GET /v1/jobs?limit=100, ?state=completed&limit=100, a cursor page,
 #   GET /v1/jobs/{id}, /v1/healthz, /v1/healthz while ?limit=100 is

@@ -8,6 +8,7 @@
 
 #include "common/exitcodes.h"
 #include "worker/loop.h"
+#include "worker/worker.h"
 
 typedef struct cpu_device {
 	worker *w;

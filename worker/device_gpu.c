@@ -15,6 +15,7 @@
 #include "common/log.h"
 #include "worker/gpu_model.h"
 #include "worker/loop.h"
+#include "worker/worker.h"
 
 #define GPU_DEVICE 0
 

@@ -15,6 +15,7 @@
 #include "loader/batch.h"
 #include "worker/hf.h"
 #include "worker/loop.h"
+#include "worker/worker.h"
 
 #define RING_WAIT_MS 1000 /* one bounded wait; the loop re-checks stop and peers */
 

@@ -416,7 +416,7 @@ static void test_422_names_field(void **state)
 	http_resp_free(&r);
 }
 
-/* Issue #14: what a job needs is checked at submit, not a moment later. An
+/* What a job needs is checked at submit, not a moment later. An
  * unknown dataset or more devices than the machine has is a 422 naming the
  * field and what exists; nothing is stored. */
 static void test_422_unknown_dataset_or_too_many_devices(void **state)

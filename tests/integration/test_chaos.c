@@ -1,4 +1,4 @@
-/* Chaos (issue #15): random kill -9 of the daemon, a worker, a loader or
+/* Chaos: random kill -9 of the daemon, a worker, a loader or
  * bertd-prepare, and SIGSTOP/SIGCONT of a worker, during a CPU job and
  * during a burst of submissions. Afterwards:
  *   - every acknowledged (201) submission exists, and every job the daemon

@@ -1,4 +1,4 @@
-/* Faults of the job database (#15): bertd refuses to start on a damaged
+/* Faults of the job database: bertd refuses to start on a damaged
  * file, saying how to recover, with its own exit status; a file damaged
  * under a running bertd fails requests with database-damaged and turns
  * /v1/healthz unhealthy, and no write is acknowledged; a database another
@@ -69,7 +69,7 @@ static int64_t raw_int(const char *path, const char *sql)
 	return v;
 }
 
-/* The damage of the issue: n pages in the middle of the file overwritten
+/* The damage to recover from: n pages in the middle of the file overwritten
  * with noise, after the WAL is folded in (so the file holds every page). */
 static void damage_pages(const char *path, int n)
 {

@@ -1,4 +1,4 @@
-/* Downloads (#17): a CPU job runs to completion, then
+/* Downloads: a CPU job runs to completion, then
  *   - GET /v1/jobs/{id}/export is a tar (application/x-tar, attachment
  *     "<name>-export.tar") whose Content-Length is the bytes received;
  *     GNU tar unpacks it to exactly the files of model_dir, and transformers

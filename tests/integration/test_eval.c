@@ -1,4 +1,4 @@
-/* Held-out evaluation (#17): a two-rank CPU job (one loader) with
+/* Held-out evaluation: a two-rank CPU job (one loader) with
  * validation_split_percentage and eval_steps runs to completion, and
  *   - the metrics rows of the eval steps (every eval_steps and the last
  *     step) hold eval_loss, perplexity = exp(eval_loss) and eval_accuracy;

@@ -1,4 +1,4 @@
-/* Follow mode (#16): GET /v1/jobs/{id}/events?follow=1 and /logs?follow=1
+/* Follow mode: GET /v1/jobs/{id}/events?follow=1 and /logs?follow=1
  * as Server-Sent Events.
  *   - a CPU job followed from its submission: the events stream carries
  *     every event the plain list has, in order, each once, with ids 1..n,

@@ -266,7 +266,7 @@ static void test_two_at_once_third_waits(void **state)
 	free(c);
 }
 
-/* What a job needs is checked at submit (issue #14): an unknown dataset or
+/* What a job needs is checked at submit: an unknown dataset or
  * more devices than the machine has is a 422 naming the field and what
  * exists, never a 201 that fails a moment later. */
 static void test_missing_dataset_refused(void **state)

@@ -1,4 +1,4 @@
-/* Multi-node jobs through Slurm (issue #18, docs/multinode.md), for real on
+/* Multi-node jobs through Slurm (docs/multinode.md), for real on
  * one host: a private munged, slurmctld and two slurmd's (n1, n2) started
  * by multinode_slurm.sh, the real bertd with slurm_srun set, CPU ranks.
  * On one host the ranks' shm all-reduce stands in for NCCL's network

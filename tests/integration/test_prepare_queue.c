@@ -1,4 +1,4 @@
-/* Dataset preparations go through a queue (#16): with prepare_concurrency 1
+/* Dataset preparations go through a queue: with prepare_concurrency 1
  * at most one bertd-prepare runs at a time, oldest dataset first; the ones
  * waiting show "queued"; DELETE cancels a queued one like a preparing one.
  * A vocab file that is a FIFO keeps the first preparation stuck until it

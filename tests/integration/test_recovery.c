@@ -1,4 +1,4 @@
-/* Nothing hangs, nothing is lost (issue #15), on the CPU backend with the
+/* Nothing hangs, nothing is lost, on the CPU backend with the
  * real daemon, workers and loaders:
  *   - a daemon drained (SIGTERM) before the job's first periodic checkpoint
  *     records the workers' stop checkpoint; the next daemon resumes from it

@@ -197,7 +197,7 @@ static void test_dataset_prepare(void **state)
 	if (expect && strcmp(expect, "ready") == 0) {
 		assert_string_equal(it_jstr(done, "state"), "ready");
 		assert_true(json_is_object(json_object_get(done, "stats")));
-		/* issue #14: ready reads the corpus size once, complete; the
+		/* ready reads the corpus size once, complete; the
 		 * 12 words cannot fill 200 entries: the size reached is reported */
 		json_t *pg = json_object_get(done, "progress");
 		assert_string_equal(it_jstr(pg, "phase"), "done");
@@ -295,7 +295,7 @@ static long do_delete(const bertd *d, const char *path, http_resp *r)
 	return r->status;
 }
 
-/* DELETE /v1/datasets/{id} (issue #14): refused while preparing or while a
+/* DELETE /v1/datasets/{id}: refused while preparing or while a
  * live job names it, then removes the row and its shards; unknown is 404. */
 static void test_dataset_delete(void **state)
 {
@@ -408,7 +408,7 @@ static bool file_contains(const char *path, const char *needle)
 	return memmem(buf, n, needle, strlen(needle)) != NULL;
 }
 
-/* Issue #15: a link planted in a source directory pointed at a file outside
+/* A link planted in a source directory pointed at a file outside
  * the data roots, and the file was tokenized into the dataset. Links that
  * lead out are skipped (one inside is followed); the outside word reaches
  * neither the trained vocab nor the shards' counts. */
@@ -458,7 +458,7 @@ static void test_dataset_links_confined(void **state)
 	assert_true(file_contains(p, "hello"));
 }
 
-/* Issue #15: a preparation that never ends (a link loop once; here its vocab
+/* A preparation that never ends (a link loop once; here its vocab
  * is a FIFO nobody writes, so it waits for ever) could not be stopped, and a
  * restart began it again. DELETE cancels it: the dataset is failed at once,
  * bertd-prepare is killed, its partial output removed; a second DELETE
@@ -524,7 +524,7 @@ static void test_dataset_cancel(void **state)
 	http_resp_free(&r);
 }
 
-/* Issue #15: init_from may name a directory inside a data root whose
+/* init_from may name a directory inside a data root whose
  * model.safetensors links to a file elsewhere; the worker then read it and
  * its failure quoted the file's first bytes. Submit refuses such a link
  * (403 naming the link, never the target's content); one inside is fine. */

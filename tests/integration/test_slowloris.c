@@ -1,4 +1,4 @@
-/* Slow clients (#16): connections that trickle a request's header never
+/* Slow clients: connections that trickle a request's header never
  * finish it, and libmicrohttpd's idle timeout, reset by every byte, never
  * closes them. bertd closes a connection whose request has not arrived
  * within request_timeout_s, does not apply per_ip_limit to loopback (every

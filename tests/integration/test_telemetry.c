@@ -185,7 +185,7 @@ static void test_loader_job_verdict_follows_phases(void **state)
 	json_decref(dg);
 }
 
-/* The issue's end-to-end check, with the data source made slow on purpose
+/* The end-to-end check of the diagnosis, with the data source made slow on purpose
  * (a sleep of 100 ms per batch, so loaders hide it the way they hide
  * storage latency): 0 loaders is input-bound at the default threshold, with
  * a remedy that names dataloader_num_workers and a count that follows from

@@ -1,7 +1,7 @@
 /* test_fsutil — fs_open_beneath (and its walk without openat2) keeps every
  * open under the root directory: links that stay inside are followed, links
  * (relative or absolute) and ".." that lead out are refused with -EXDEV,
- * loops end with -ELOOP (issue #15). */
+ * loops end with -ELOOP. */
 #include "common/fsutil.h"
 
 #include <errno.h>

@@ -64,7 +64,7 @@ static void test_defaults(void **state)
 	assert_int_equal(c.port, 8420);
 	assert_false(c.allow_remote);
 	/* relative paths are made absolute against the cwd once, at start, so
-	 * the API never shows a client "./var/..." (issue #14) */
+	 * the API never shows a client "./var/..." */
 	char cwd[1024], want[1200];
 	assert_non_null(getcwd(cwd, sizeof cwd));
 	snprintf(want, sizeof want, "%s/var", cwd);

@@ -1045,7 +1045,7 @@ static void test_datasets(void **state)
 	assert_string_equal(g.phase, "queued"); /* not started yet */
 	assert_true(g.fraction == 0.0);
 	store_dataset_free(&g);
-	/* phase and fraction of the whole preparation (issue #14) */
+	/* phase and fraction of the whole preparation */
 	assert_int_equal(store_dataset_phase(f->s, "ds-0000000000000001", "vocab", 0.25), 0);
 	assert_int_equal(store_dataset_phase(f->s, "ds-0000000000000001", "vocab", 1.5), -EINVAL);
 	assert_int_equal(store_dataset_phase(f->s, "ds-0000000000000001", NULL, 0.5), -EINVAL);
@@ -1423,7 +1423,7 @@ static void damage_pages(const char *path, int n)
 	assert_int_equal(fclose(fp), 0);
 }
 
-/* The damage of issue #15: 6 pages overwritten mid-file. quick_check finds
+/* A damaged database: 6 pages overwritten mid-file. quick_check finds
  * it; a store that did not check finds it at the first statement that reads
  * those pages, and from then on no write is acknowledged. */
 static void test_damaged_file(void **state)

@@ -5,7 +5,7 @@ Usage: check_vocab_train_hf.py BERTD_PREPARE [CORPUS_DIR]
 Both train an uncased WordPiece vocab on the files of CORPUS_DIR (default
 /usr/share/common-licenses, sorted, symlinks followed as bertd-prepare does)
 with HF's defaults (limit_alphabet 1000, min_frequency 0: merge while any
-pair is left). Issue #14: asked for 4000, bertd gave 3461 where HF gave
+pair is left). Once, asked for 4000, bertd gave 3461 where HF gave
 3979. Checks:
   - asked for 4000, bertd reaches 4000 or, when the corpus runs out of
     pairs, no fewer entries than HF;

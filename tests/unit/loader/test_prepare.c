@@ -351,7 +351,7 @@ static void train_vocab(const char *corpus, long long bytes, const char *out1, c
 	o.out_dir = path(out1);
 	assert_int_equal(run_prep(&o, &err, &s), 0);
 	close(pfd[1]);
-	/* progress (issue #14): bytes_total is the corpus once; bytes_done runs
+	/* progress: bytes_total is the corpus once; bytes_done runs
 	 * 0..bytes_total in each phase, vocab then tokenize; fraction only grows
 	 * over the whole run, the vocab pass its first half, and ends at 1 */
 	char buf[1 << 16];
@@ -431,7 +431,7 @@ static void test_train_vocab(void **state)
 		train_vocab(corpus, 1115394, "vs1", "vs2");
 }
 
-/* A corpus too small for the vocab asked for (issue #14): not an error; the
+/* A corpus too small for the vocab asked for: not an error; the
  * vocab has every word as one entry, and the summary (what the dataset
  * resource shows as stats) says the size reached and the size asked. */
 static void test_train_vocab_small_corpus(void **state)
@@ -605,7 +605,7 @@ static bool file_has(const char *p, const char *needle)
 	return has;
 }
 
-/* Issue #15: a link planted in a source directory must not bring a file
+/* A link planted in a source directory must not bring a file
  * from outside the data roots into the dataset; links inside are followed. */
 static void test_links_confined(void **state)
 {
@@ -672,7 +672,7 @@ static void test_links_confined(void **state)
 	assert_int_equal(s.unk, 3);
 }
 
-/* Issue #15: "ln -s . l1; ln -s . l2" made the walk list 2^64 paths; loops
+/* "ln -s . l1; ln -s . l2" made the walk list 2^64 paths; loops
  * are skipped, and depth, file count and bytes are bounded. */
 static void test_link_loops_and_bounds(void **state)
 {

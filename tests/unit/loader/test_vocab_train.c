@@ -169,7 +169,7 @@ static vocab_counter *count_dir(const char *dir, char **all, size_t *all_len)
 	return c;
 }
 
-/* Issue #14: asked for 4000 on common-licenses, the trainer gave 3461 (HF's
+/* Asked for 4000 on common-licenses, the trainer gave 3461 (HF's
  * WordPieceTrainer 3979): it stopped once no pair occurred twice. Now it
  * reaches the size asked, or, when the corpus runs out of pairs first,
  * stops with a vocab in which every word is one entry — checked here by

@@ -110,7 +110,7 @@ static void test_malformed_headers_rejected(void **state)
     free(b);
 }
 
-/* Issue #15: init_from could name any file (a link to /etc/shadow, say) and
+/* init_from could name any file (a link to /etc/shadow, say) and
  * the error quoted its first 8 bytes as a "header length", or the bytes
  * jansson choked on. Neither may reach the message. */
 static void test_message_never_echoes_content(void **state)
