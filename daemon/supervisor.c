@@ -1,17 +1,18 @@
-/* supervisor — see supervisor.h. This file: the supervisor object, a run's
- * bookkeeping (its verdict, killing its processes, the end of an attempt
- * and the job's next state), the one-second tick (stop requests, run-time
- * limits, the stall check, scheduling queued jobs), the telemetry sampling
- * timer, and recovery at start. It wires the other supervisor files
- * together (daemon/sv_internal.h):
- *   sv_child.c     a run's child processes on the loop: spawn, read, exit
- *   sv_report.c    what a job's workers report, into the store
- *   sv_stall.c     the stall watch
- *   sv_launch.c    starting an attempt: resume point, local ranks
+/* supervisor — see supervisor.h. This file: the supervisor object, the
+ * one-second tick (stop requests, run-time limits, the stall check,
+ * scheduling queued jobs), the telemetry sampling timer, and recovery at
+ * start. It is the top of the supervisor's files (daemon/sv_internal.h
+ * gives their call order); none of them calls it:
+ *   sv_run.c       a run's small helpers: clock, verdict, kill, run list, free
  *   sv_jobfile.c   the job.json a job's processes read
- *   sv_slurm.c     a multi-node attempt: srun and its end
+ *   sv_child.c     a run's child processes on the loop: spawn, read, exit
+ *   sv_stall.c     the stall watch
+ *   sv_report.c    what a job's workers report, into the store
  *   sv_relay.c     a multi-node attempt's relay: the ranks' connections
+ *   sv_finish.c    the end of a job's attempt: the job's next state
  *   sv_prepare.c   dataset preparations (bertd-prepare)
+ *   sv_slurm.c     a multi-node attempt: srun and its end
+ *   sv_launch.c    starting an attempt: resume point, local ranks
  *   sv_shutdown.c  draining at shutdown
  * Never blocks the loop (only supervisor_shutdown does, in sv_shutdown.c)
  * and never interprets a child's messages itself (sv_report, sv_prepare).
@@ -32,7 +33,6 @@
 
 #include <errno.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,194 +40,16 @@
 #include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/timerfd.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "common/jobspec.h"
 #include "common/log.h"
 #include "common/msg.h"
-#include "daemon/cluster.h"
 #include "daemon/proc.h"
 #include "daemon/scheduler.h"
-#include "daemon/telemetry.h"
 #include "daemon/telemetry_sampler.h"
 
 #define TELEMETRY_SAMPLE_MS 500 /* GPU/host sampling period of running jobs */
-
-int64_t sv_now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-void sv_run_free(run *r)
-{
-	sv_relay_close_all(r->sv, r);
-	for (int i = 0; i < r->nkids; i++) {
-		if (r->kids[i]->relayed && r->kids[i]->p.sock >= 0)
-			close(r->kids[i]->p.sock);
-		msg_reader_free(&r->kids[i]->rd);
-		free(r->kids[i]);
-	}
-	free(r->rank_node);
-	free(r->rank_sha);
-	relaykv_destroy(r->kv);
-	json_decref(r->spec);
-	tsampler_destroy(r->ts);
-	free(r);
-}
-
-void sv_shm_name_for(const char *job_id, char *buf, size_t cap)
-{
-	snprintf(buf, cap, "/bertd-%s", job_id);
-}
-
-void sv_set_failure(run *r, bool retryable, const char *fmt, ...)
-{
-	if (r->failed)
-		return; /* the first cause wins; the rest are consequences */
-	r->failed = true;
-	r->retryable = retryable;
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(r->reason, sizeof r->reason, fmt, ap);
-	va_end(ap);
-}
-
-/* Records the job's wall time so far: its earlier attempts and this one
- * up to now (stopping_condition.max_runtime_seconds counts it). */
-void sv_note_runtime(supervisor *sv, run *r)
-{
-	if (!r->is_dataset && r->start_ms > 0)
-		store_job_set_runtime(sv->st, r->id, r->runtime_base_ms + (sv_now_ms() - r->start_ms));
-}
-
-/* This attempt's share of max_runtime_seconds: what the earlier attempts
- * (runtime_ms) left, at least 1 ms, so a job out of time stops at once
- * (with its checkpoint and export); 0 without a limit. */
-int64_t sv_runtime_left_ms(const jobspec *spec, int64_t used_ms)
-{
-	if (spec->max_runtime_seconds <= 0)
-		return 0;
-	int64_t left = spec->max_runtime_seconds * 1000 - used_ms;
-	return left > 0 ? left : 1;
-}
-
-void sv_run_kill_all(run *r, int sig)
-{
-	if (!r->killing) {
-		r->killing = true;
-		r->stop_deadline_ms = sv_now_ms() + 10000;
-	}
-	for (int i = 0; i < r->nkids; i++)
-		if (!r->kids[i]->exited && !r->kids[i]->relayed)
-			proc_signal(&r->kids[i]->p, sig);
-}
-
-void sv_fail_job_now(supervisor *sv, const char *id, unsigned from, const char *reason)
-{
-	log_warn("job %s failed: %s", id, reason);
-	if (store_job_transition(sv->st, id, from, JOB_FAILED, reason, NULL) == 0)
-		telemetry_job_finished(JOB_FAILED);
-}
-
-void sv_unlink_run(supervisor *sv, run *r)
-{
-	for (run **pp = &sv->runs; *pp; pp = &(*pp)->next) {
-		if (*pp == r) {
-			*pp = r->next;
-			return;
-		}
-	}
-}
-
-static void free_dev_ids(supervisor *sv, run *r)
-{
-	for (int i = 0; i < r->ndev; i++) {
-		int d = r->dev[i];
-		if (d >= 0 && (size_t)d < sv->ndev) {
-			free((char *)sv->dev_job[d]);
-			sv->dev_job[d] = NULL;
-		}
-	}
-	r->ndev = 0;
-}
-
-/* All children gone: decide the job's (or dataset's) next state. */
-void sv_run_maybe_finish(supervisor *sv, run *r)
-{
-	if (r->alive > 0)
-		return;
-	sv_unlink_run(sv, r);
-	if (r->is_dataset) {
-		sv_prepare_finished(sv, r);
-		return;
-	}
-	char shm[120];
-	sv_shm_name_for(r->id, shm, sizeof shm);
-	shm_unlink(shm); /* whoever created it, the job is over */
-	snprintf(shm, sizeof shm, "/bertd-%s-comm", r->id);
-	shm_unlink(shm);
-	free_dev_ids(sv, r);
-	if (r->multinode) {
-		sv_relay_close_all(sv, r);
-		/* srun is gone; whatever its step left on a node goes too */
-		cluster_scancel(&r->ca, sv->cfg.slurm_srun, sv->cfg.slurm_conf);
-	}
-	sv_stall_note(sv, r, NULL, 0, 0, false); /* the attempt is over: nothing is silent now */
-	sv_note_runtime(sv, r);
-
-	store_job cur;
-	if (store_job_get(sv->st, r->id, &cur) < 0) {
-		sv_run_free(r);
-		return;
-	}
-	enum job_state state = cur.state;
-	int restarts = cur.restart_count;
-	store_job_free(&cur);
-	unsigned live = JOB_MASK(JOB_STARTING) | JOB_MASK(JOB_RUNNING) | JOB_MASK(JOB_STOPPING);
-	jobspec spec;
-	jobspec_error jerr;
-	int max_restarts = jobspec_from_json(r->spec, &spec, &jerr) == 0 ? spec.max_restarts : 0;
-
-	if (r->shutdown) {
-		store_job_transition(sv->st, r->id, live, JOB_QUEUED, "daemon shutting down; resumes on next start",
-				     NULL);
-	} else if (state == JOB_STOPPING && (!r->failed || r->stop_sent)) {
-		if (store_job_transition(sv->st, r->id, JOB_MASK(JOB_STOPPING), JOB_CANCELED,
-					 r->reason[0] && !r->stop_sent ? r->reason
-					 : r->stop_why ? r->stop_why : "canceled by user", NULL) == 0)
-			telemetry_job_finished(JOB_CANCELED);
-	} else if (!r->failed) {
-		if (store_job_transition(sv->st, r->id, live, JOB_COMPLETED, "training finished", NULL) == 0)
-			telemetry_job_finished(JOB_COMPLETED);
-	} else if (r->retryable && restarts < max_restarts) {
-		int n = 0;
-		store_job_bump_restarts(sv->st, r->id, &n);
-		char why[640];
-		snprintf(why, sizeof why, "%s; restart %d of %d from the last checkpoint", r->reason, n, max_restarts);
-		store_job_transition(sv->st, r->id, live, JOB_RESTARTING, why, NULL);
-		telemetry_job_restarted();
-		log_info("job %s: %s", r->id, why);
-	} else {
-		char why[640];
-		snprintf(why, sizeof why, "%s%s", r->reason,
-			 r->retryable ? " (no restarts left)" : "");
-		if (store_job_transition(sv->st, r->id, live, JOB_FAILED, why, NULL) == 0)
-			telemetry_job_finished(JOB_FAILED);
-		log_warn("job %s failed: %s", r->id, why);
-	}
-	sv_run_free(r);
-}
-
-run *sv_find_run(supervisor *sv, const char *id)
-{
-	for (run *r = sv->runs; r; r = r->next)
-		if (strcmp(r->id, id) == 0)
-			return r;
-	return NULL;
-}
 
 static void tick_running(supervisor *sv)
 {

@@ -1,12 +1,16 @@
 /* sv_child — a run's child processes on the event loop: spawning one (its
- * pidfd and socket registered with the loop), reading what it sends (a
- * job's messages go to sv_report, bertd-prepare's progress lines to
- * sv_prepare), and its exit: a bad one sets the run's verdict and takes the
- * run's other children down; workers done, the loaders are told to go.
+ * pidfd and socket registered with the loop), reading what it sends and
+ * handing it to its kind's on_input (a job's messages: sv_report;
+ * bertd-prepare's progress lines: sv_prepare), a relayed rank's lost
+ * connection to on_lost, and its exit: its kind's on_exit (srun's:
+ * sv_slurm), then a bad one sets the run's verdict and takes the run's
+ * other children down; workers done, the loaders are told to go.
  *
- * Never interprets a message itself and never decides a job's or a
- * dataset's next state: sv_run_maybe_finish does, once the last child is
- * gone.
+ * Calls only sv_run: what depends on a child's kind comes through its
+ * child_ops, set by whoever spawned it. Never interprets a message itself
+ * and never decides a job's or a dataset's next state:
+ * sv_run_maybe_finish hands that to the run's on_end once the last child
+ * is gone.
  */
 #include "daemon/sv_internal.h"
 
@@ -32,15 +36,7 @@ void sv_child_drain(supervisor *sv, run *r, child *c)
 			c->sock_eof = true;
 			break;
 		}
-		if (c->role == ROLE_PREPARE) {
-			sv_prepare_drain_lines(sv, r, c);
-			continue;
-		}
-		json_t *m;
-		while (msg_reader_next(&c->rd, &m) == 1) {
-			sv_report_handle_job_message(sv, r, c, m);
-			json_decref(m);
-		}
+		c->ops->on_input(sv, r, c);
 	}
 }
 
@@ -53,21 +49,15 @@ void sv_child_on_sock(loop *l, int fd, uint32_t events, void *arg)
 	long n = msg_reader_fill(&c->rd, fd);
 	if (n == 0 || (n < 0 && n != -EAGAIN)) {
 		loop_del(l, fd); /* EOF: exit is handled through the pidfd */
-		if (c->relayed)
-			sv_relay_lost(sv, r, c);
+		if (c->ops->on_lost)
+			c->ops->on_lost(sv, r, c);
 		return;
 	}
+	int rc = c->ops->on_input(sv, r, c);
 	if (c->role == ROLE_PREPARE) {
-		sv_prepare_drain_lines(sv, r, c);
 		if (c->rd.len == c->rd.cap) /* a line longer than the buffer: drop it */
 			c->rd.len = 0;
 		return;
-	}
-	json_t *m;
-	int rc;
-	while ((rc = msg_reader_next(&c->rd, &m)) == 1) {
-		sv_report_handle_job_message(sv, r, c, m);
-		json_decref(m);
 	}
 	if (rc < 0) {
 		log_warn("job %s: %s %d broke the message protocol; stopping the job", r->id,
@@ -97,8 +87,8 @@ static void on_child_exit(loop *l, int fd, uint32_t events, void *arg)
 	int st = c->p.status;
 	char desc[96];
 	proc_describe(st, desc, sizeof desc);
-	if (c->role == ROLE_LAUNCHER)
-		sv_slurm_launcher_exited(sv, r, st, desc);
+	if (c->ops->on_exit)
+		c->ops->on_exit(sv, r, st, desc);
 	const char *who = c->role == ROLE_WORKER ? "rank" : c->role == ROLE_LOADER ? "loader"
 			  : c->role == ROLE_LAUNCHER ? "srun" : "prepare";
 	bool ok = WIFEXITED(st) && WEXITSTATUS(st) == BERTD_EXIT_OK;
@@ -129,8 +119,8 @@ static void on_child_exit(loop *l, int fd, uint32_t events, void *arg)
 	sv_run_maybe_finish(sv, r);
 }
 
-int sv_child_spawn(supervisor *sv, run *r, enum child_role role, int index, char *const argv[],
-		       char *const envp[], const char *log_path)
+int sv_child_spawn(supervisor *sv, run *r, enum child_role role, int index, const child_ops *ops,
+		   char *const argv[], char *const envp[], const char *log_path)
 {
 	if (r->nkids == MAX_CHILDREN)
 		return -E2BIG;
@@ -140,6 +130,7 @@ int sv_child_spawn(supervisor *sv, run *r, enum child_role role, int index, char
 	c->role = role;
 	c->index = index;
 	c->owner = r;
+	c->ops = ops;
 	c->last_msg_ms = sv_now_ms();
 	msg_reader_init(&c->rd);
 	int rc = proc_spawn(&c->p, argv, envp, log_path);

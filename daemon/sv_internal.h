@@ -4,6 +4,23 @@
  * daemon/supervisor.c and daemon/sv_*.c; the rest of the daemon sees
  * daemon/supervisor.h. Everything here lives on the event loop thread.
  *
+ * Call order: a file calls only files below it, never one above or beside
+ * it (tests/include_circles.sh checks that no two call each other):
+ *
+ *   supervisor.c   sv_shutdown.c                    (the tick; shutdown)
+ *   sv_launch.c                                     (starts a job's attempt)
+ *   sv_slurm.c     sv_prepare.c                     (multi-node; datasets)
+ *   sv_finish.c                                     (a job attempt's end)
+ *   sv_relay.c                                      (multi-node ranks)
+ *   sv_report.c                                     (a job's messages)
+ *   sv_stall.c     sv_child.c     sv_jobfile.c
+ *   sv_run.c                                        (calls none of them)
+ *
+ * Where a lower file must reach the code of a run's or a child's kind, it
+ * calls a hook the upper file set: a child's child_ops (its input, a lost
+ * connection, its exit), given to sv_child_spawn, and a run's on_end and
+ * on_free.
+ *
  * Declares, never defines; a function is listed under the file that
  * defines it.
  */
@@ -29,7 +46,23 @@
  * children without a process here ("relayed": only their connection). */
 enum child_role { ROLE_WORKER, ROLE_LOADER, ROLE_PREPARE, ROLE_LAUNCHER };
 
-typedef struct child {
+typedef struct child child;
+typedef struct run run;
+
+/* What a child's kind does with it, set by the file that makes the child
+ * (sv_launch, sv_slurm, sv_relay, sv_prepare) and called by sv_child. */
+typedef struct child_ops {
+	/* Handles the whole messages (or lines) there are in c->rd;
+	 * negative when they break the message protocol. */
+	int (*on_input)(struct supervisor *sv, run *r, child *c);
+	/* c's connection closed (a relayed rank's); NULL: nothing to do. */
+	void (*on_lost)(struct supervisor *sv, run *r, child *c);
+	/* c's process ended with status (desc: its words for it), after its
+	 * last input was read; before the common handling. NULL: nothing. */
+	void (*on_exit)(struct supervisor *sv, run *r, int status, const char *desc);
+} child_ops;
+
+struct child {
 	enum child_role role;
 	int index;             /* rank, loader index */
 	proc p;
@@ -42,7 +75,8 @@ typedef struct child {
 	bool relayed;          /* a multi-node rank: p.sock is its relay connection, no process */
 	bool said_bye;         /* relayed: it said it is exiting (EOF is then no loss) */
 	struct run *owner;
-} child;
+	const child_ops *ops;
+};
 
 /* A relay connection that has not said who it is yet (multi-node). */
 typedef struct relay_pending {
@@ -52,7 +86,7 @@ typedef struct relay_pending {
 	struct relay_pending *next;
 } relay_pending;
 
-typedef struct run {
+struct run {
 	bool is_dataset;
 	char id[40];
 	char dir[1024];
@@ -94,7 +128,14 @@ typedef struct run {
 	relaykv *kv;            /* the ranks' rendezvous map (daemon/relaykv.h); NULL until used */
 	struct supervisor *sv;
 	struct run *next;
-} run;
+	/* Set by whoever makes the run: unlinked, with no child left, the
+	 * job's or dataset's next state; frees r (sv_finish_job,
+	 * sv_prepare_finished). */
+	void (*on_end)(struct supervisor *sv, run *r);
+	/* Before r is freed: what its kind holds beyond its children (a
+	 * multi-node attempt's relay: sv_relay_close_all); NULL for none. */
+	void (*on_free)(struct supervisor *sv, run *r);
+};
 
 struct supervisor {
 	supervisor_config cfg;
@@ -118,7 +159,7 @@ struct supervisor {
 	int sample_fd;         /* timerfd: telemetry samples every TELEMETRY_SAMPLE_MS (supervisor.c); -1 if none */
 };
 
-/* ---- supervisor.c: runs and the end of an attempt ---- */
+/* ---- sv_run.c: a run's small helpers ---- */
 
 /* Monotonic clock, ms. */
 int64_t sv_now_ms(void);
@@ -142,20 +183,20 @@ int64_t sv_runtime_left_ms(const jobspec *spec, int64_t used_ms);
 void sv_fail_job_now(supervisor *sv, const char *id, unsigned from, const char *reason);
 /* Takes r off sv->runs (r is not freed). */
 void sv_unlink_run(supervisor *sv, run *r);
-/* With no child of r left alive: unlinks r, decides the job's (or, through
- * sv_prepare_finished, the dataset's) next state and frees r. Otherwise
- * does nothing. */
+/* With no child of r left alive: unlinks r and hands it to r->on_end (the
+ * job's or dataset's next state; frees r). Otherwise does nothing. */
 void sv_run_maybe_finish(supervisor *sv, run *r);
 /* The run of job or dataset id, or NULL. */
 run *sv_find_run(supervisor *sv, const char *id);
 
 /* ---- sv_child.c: child processes on the loop ---- */
 
-/* Spawns argv as r's child (role, index), stdout/stderr to log_path,
- * watched by the loop. Negative errno when it could not start (a process
- * that started but cannot be watched is killed, and counts as alive). */
-int sv_child_spawn(supervisor *sv, run *r, enum child_role role, int index, char *const argv[],
-		   char *const envp[], const char *log_path);
+/* Spawns argv as r's child (role, index, handled through ops, which must
+ * outlive it), stdout/stderr to log_path, watched by the loop. Negative
+ * errno when it could not start (a process that started but cannot be
+ * watched is killed, and counts as alive). */
+int sv_child_spawn(supervisor *sv, run *r, enum child_role role, int index, const child_ops *ops,
+		   char *const argv[], char *const envp[], const char *log_path);
 /* Reads and handles everything c has sent that is there now. */
 void sv_child_drain(supervisor *sv, run *r, child *c);
 /* The loop's callback for a child's socket (arg: the child). */
@@ -165,6 +206,10 @@ void sv_child_on_sock(loop *l, int fd, uint32_t events, void *arg);
 
 /* Handles one worker-protocol message m from c (m stays the caller's). */
 void sv_report_handle_job_message(supervisor *sv, run *r, child *c, json_t *m);
+/* A job's child's on_input (child_ops): every whole message in c->rd,
+ * through sv_report_handle_job_message. Negative when one is not a
+ * message (the protocol is broken). */
+int sv_report_input(supervisor *sv, run *r, child *c);
 
 /* ---- sv_stall.c: the stall watch ---- */
 
@@ -183,6 +228,13 @@ const char *sv_jobfile_multinode_kind(supervisor *sv, const run *r);
  * checkpoint directory, "" for none). 0 or negative errno. */
 int sv_jobfile_write(supervisor *sv, run *r, const char *dataset_dir, const char *resume);
 
+/* ---- sv_finish.c: the end of a job's attempt ---- */
+
+/* A job's run->on_end: r, unlinked and with no child left: its shared
+ * memory, devices, relay and Slurm step released, the job's next state
+ * (queued, canceled, completed, restarting or failed). Frees r. */
+void sv_finish_job(supervisor *sv, run *r);
+
 /* ---- sv_launch.c: starting an attempt ---- */
 
 /* Starts an attempt of j on devices dev (ndev of them; none for a
@@ -198,7 +250,8 @@ int sv_launch_start_job(supervisor *sv, const store_job *j, const int *dev, int 
  * ends. Returns 0; a job that cannot start is failed in the store. */
 int sv_slurm_start_multinode(supervisor *sv, run *r, const store_job *j, const jobspec *spec,
 			     const char *dataset_dir, const char *resume, int64_t resume_step, unsigned from);
-/* r's srun ended with status (desc: its words for it). */
+/* r's srun ended with status (desc: its words for it): its child's
+ * on_exit (child_ops). */
 void sv_slurm_launcher_exited(supervisor *sv, run *r, int status, const char *desc);
 
 /* ---- sv_relay.c: a multi-node attempt's relay ---- */
@@ -208,17 +261,21 @@ void sv_relay_on_accept(loop *l, int fd, uint32_t events, void *arg);
 /* Closes a relayed rank's connection; it counts as exited. */
 void sv_relay_drop(supervisor *sv, child *c);
 /* A relayed rank's connection closed: its exit after its "bye", else a
- * lost rank (the attempt fails, retryable). */
+ * lost rank (the attempt fails, retryable). Its child's on_lost. */
 void sv_relay_lost(supervisor *sv, run *r, child *c);
-/* Closes r's listener, unidentified connections and ranks (multi-node only). */
+/* Closes r's listener, unidentified connections and ranks (multi-node
+ * only); a multi-node run's on_free. */
 void sv_relay_close_all(supervisor *sv, run *r);
 
 /* ---- sv_prepare.c: dataset preparations ---- */
 
-/* Handles the whole lines bertd-prepare c has sent (in c->rd). */
-void sv_prepare_drain_lines(supervisor *sv, run *r, child *c);
+/* Handles the whole lines bertd-prepare c has sent (in c->rd); its
+ * child's on_input (child_ops). Always 0: a line that is not JSON is
+ * skipped. */
+int sv_prepare_drain_lines(supervisor *sv, run *r, child *c);
 /* r, a dataset's, unlinked and with no child left: its dataset's next
- * state (ready, failed, or queued again after an outside kill). Frees r. */
+ * state (ready, failed, or queued again after an outside kill). Frees r.
+ * A dataset's run->on_end. */
 void sv_prepare_finished(supervisor *sv, run *r);
 /* The tick's part for datasets: start what may start, stop canceled ones. */
 void sv_prepare_tick(supervisor *sv);

@@ -6,7 +6,8 @@
  * sv_slurm after the common part.
  *
  * Never picks devices (the tick and sched_pick do) and never decides how an
- * attempt ends; a job that cannot start fails here, before any process.
+ * attempt ends (the run's on_end, set here, is sv_finish's); a job that
+ * cannot start fails here, before any process.
  */
 #include "daemon/sv_internal.h"
 
@@ -26,6 +27,10 @@
 #include "daemon/telemetry_sampler.h"
 
 extern char **environ; /* what children may inherit from (pass_env) */
+
+/* A local rank or a loader: its messages (sv_report); its exit is the
+ * common one. */
+static const child_ops local_ops = {.on_input = sv_report_input};
 
 static void job_dir(supervisor *sv, const char *id, char *buf, size_t cap)
 {
@@ -146,6 +151,7 @@ int sv_launch_start_job(supervisor *sv, const store_job *j, const int *dev, int 
 	if (!r)
 		return -ENOMEM;
 	r->sv = sv;
+	r->on_end = sv_finish_job;
 	snprintf(r->id, sizeof r->id, "%s", j->id);
 	job_dir(sv, j->id, r->dir, sizeof r->dir);
 	r->spec = stored_spec_load(j->spec_json);
@@ -273,7 +279,7 @@ int sv_launch_start_job(supervisor *sv, const store_job *j, const int *dev, int 
 		childenv *env;
 		if ((rc = childenv_helper(&env, &sv->pass_env, environ)) < 0)
 			break;
-		rc = sv_child_spawn(sv, r, ROLE_LOADER, l, argv, env->envp, logp);
+		rc = sv_child_spawn(sv, r, ROLE_LOADER, l, &local_ops, argv, env->envp, logp);
 		free(env);
 	}
 	for (int k = 0; k < ndev && rc == 0; k++) {
@@ -285,7 +291,7 @@ int sv_launch_start_job(supervisor *sv, const store_job *j, const int *dev, int 
 		childenv *env;
 		if ((rc = childenv_worker(&env, &sv->pass_env, d, threads, environ)) < 0)
 			break;
-		rc = sv_child_spawn(sv, r, ROLE_WORKER, k, argv, env->envp, logp);
+		rc = sv_child_spawn(sv, r, ROLE_WORKER, k, &local_ops, argv, env->envp, logp);
 		free(env);
 	}
 	if (rc < 0) {

@@ -6,7 +6,9 @@
  * an earlier daemon left preparing queued again.
  *
  * Never touches jobs, the device table or the relay; a run it handles is
- * always a dataset's (is_dataset).
+ * always a dataset's (is_dataset). Calls sv_child and sv_run only; its
+ * runs' and children's ends reach it through their hooks (on_end,
+ * child_ops).
  */
 #include "daemon/sv_internal.h"
 
@@ -52,7 +54,7 @@ static void handle_prepare_message(supervisor *sv, run *r, json_t *m)
 }
 
 /* Reads line-delimited JSON from bertd-prepare's progress channel. */
-void sv_prepare_drain_lines(supervisor *sv, run *r, child *c)
+int sv_prepare_drain_lines(supervisor *sv, run *r, child *c)
 {
 	for (;;) {
 		unsigned char *nl = memchr(c->rd.buf, '\n', c->rd.len);
@@ -66,7 +68,11 @@ void sv_prepare_drain_lines(supervisor *sv, run *r, child *c)
 		memmove(c->rd.buf, nl + 1, c->rd.len - n - 1);
 		c->rd.len -= n + 1;
 	}
+	return 0;
 }
+
+/* bertd-prepare: its progress lines; its exit is the common one. */
+static const child_ops prepare_ops = {.on_input = sv_prepare_drain_lines};
 
 #define PREPARE_MAX_KILLS 3
 
@@ -176,6 +182,7 @@ static int start_prepare(supervisor *sv, const store_dataset *ds)
 		return -ENOMEM;
 	r->is_dataset = true;
 	r->sv = sv;
+	r->on_end = sv_prepare_finished;
 	snprintf(r->id, sizeof r->id, "%s", ds->id);
 	r->spec = json_loads(ds->spec_json, 0, NULL);
 	if (!r->spec) {
@@ -315,7 +322,7 @@ static int start_prepare(supervisor *sv, const store_dataset *ds)
 	store_dataset_phase(sv->st, ds->id, "starting", 0.0);
 	rc = childenv_helper(&env, &sv->pass_env, environ);
 	if (rc == 0)
-		rc = sv_child_spawn(sv, r, ROLE_PREPARE, 0, (char *const *)argv, env->envp, logp);
+		rc = sv_child_spawn(sv, r, ROLE_PREPARE, 0, &prepare_ops, (char *const *)argv, env->envp, logp);
 	free(env);
 	if (rc < 0) {
 		sv_set_failure(r, false, "cannot start bertd-prepare: %s", strerror(-rc));

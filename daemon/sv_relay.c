@@ -6,8 +6,10 @@
  * rank is lost or the attempt ends.
  *
  * Never starts, schedules or ends a job (srun is sv_slurm's; the job's
- * next state is sv_run_maybe_finish's), never touches the device table; a
- * lost rank or a dataset mismatch is a verdict and sv_run_kill_all.
+ * next state is sv_finish's), never touches the device table; a lost rank
+ * or a dataset mismatch is a verdict and sv_run_kill_all. Calls sv_report,
+ * sv_stall, sv_child and sv_run only: a rank's lost connection reaches
+ * sv_relay_lost through its child_ops.
  */
 #include "daemon/sv_internal.h"
 
@@ -83,6 +85,10 @@ void sv_relay_lost(supervisor *sv, run *r, child *c)
 	log_warn("job %s: %s", r->id, r->reason);
 	sv_run_kill_all(r, SIGTERM);
 }
+
+/* A relayed rank: its messages (sv_report) and its connection's end; it
+ * has no process here to exit. */
+static const child_ops rank_ops = {.on_input = sv_report_input, .on_lost = sv_relay_lost};
 
 /* A job's data as one string for messages: the dataset's name, or a
  * mixture's names joined by "+". Returns buf. */
@@ -170,8 +176,8 @@ static void on_relay_pending(loop *l, int fd, uint32_t events, void *arg)
 		pending_free(sv, r, p, true);
 		return;
 	}
-	*c = (child){.role = ROLE_WORKER, .index = rank, .relayed = true, .owner = r, .rd = p->rd,
-		     .last_msg_ms = sv_now_ms(), .p = {.pid = 0, .pidfd = -1, .sock = fd}};
+	*c = (child){.role = ROLE_WORKER, .index = rank, .relayed = true, .owner = r, .ops = &rank_ops,
+		     .rd = p->rd, .last_msg_ms = sv_now_ms(), .p = {.pid = 0, .pidfd = -1, .sock = fd}};
 	snprintf(r->rank_node[rank], sizeof r->rank_node[rank], "%s",
 		 json_string_value(json_object_get(m, "node")) ? json_string_value(json_object_get(m, "node"))
 							     : "?");

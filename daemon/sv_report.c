@@ -8,7 +8,8 @@
  *
  * Never spawns or reaps a process and never moves a job to its end state:
  * a failure is a verdict (sv_set_failure) and, where the attempt cannot go
- * on, sv_run_kill_all; sv_run_maybe_finish decides the rest.
+ * on, sv_run_kill_all; sv_finish decides the rest. Calls sv_stall and
+ * sv_run only.
  */
 #include "daemon/sv_internal.h"
 
@@ -275,4 +276,15 @@ void sv_report_handle_job_message(supervisor *sv, run *r, child *c, json_t *m)
 				msg_send(k->p.sock, m);
 		}
 	}
+}
+
+int sv_report_input(supervisor *sv, run *r, child *c)
+{
+	json_t *m;
+	int rc;
+	while ((rc = msg_reader_next(&c->rd, &m)) == 1) {
+		sv_report_handle_job_message(sv, r, c, m);
+		json_decref(m);
+	}
+	return rc < 0 ? rc : 0;
 }

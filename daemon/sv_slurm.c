@@ -5,7 +5,8 @@
  * their connections closed, a bad exit of srun itself is the verdict).
  *
  * Never takes a device of this machine (Slurm places the ranks) and never
- * handles the ranks' connections (sv_relay).
+ * handles the ranks' connections (sv_relay; the run's on_free closes them).
+ * Called by sv_launch only; srun's end reaches it through its child_ops.
  */
 #include "daemon/sv_internal.h"
 
@@ -63,6 +64,10 @@ void sv_slurm_launcher_exited(supervisor *sv, run *r, int status, const char *de
 	sv_set_failure(r, true, "srun ended with %s%s%s", desc, last[0] ? ": " : "", last);
 }
 
+/* srun: whatever it sends (nothing, as a rule) is read as a rank's would
+ * be; its end is launcher_exited's first. */
+static const child_ops launcher_ops = {.on_input = sv_report_input, .on_exit = sv_slurm_launcher_exited};
+
 /* A multi-node job (resources.nodes > 1): srun starts its world ranks on
  * Slurm's nodes; they join through the relay. No device of this machine is
  * taken (Slurm places the ranks). r is sv_launch_start_job's, spec checked. */
@@ -72,6 +77,7 @@ int sv_slurm_start_multinode(supervisor *sv, run *r, const store_job *j, const j
 	char reason[1400];
 	int rc;
 	r->multinode = true;
+	r->on_free = sv_relay_close_all;
 	r->ca.listen_fd = -1;
 	r->nodes = spec->nodes;
 	r->per_node = spec->gpus_per_node;
@@ -130,7 +136,7 @@ int sv_slurm_start_multinode(supervisor *sv, run *r, const store_job *j, const j
 			      ? (int)(ncpu / (long)sv->ndev) : 1;
 	if ((rc = childenv_helper(&henv, &sv->pass_env, environ)) == 0 &&
 	    (rc = cluster_srun_env(&env, henv->envp, threads > 0 ? threads : 1, &r->ca, sv->cfg.slurm_conf)) == 0)
-		rc = sv_child_spawn(sv, r, ROLE_LAUNCHER, 0, av.argv, env->envp, r->launch_log);
+		rc = sv_child_spawn(sv, r, ROLE_LAUNCHER, 0, &launcher_ops, av.argv, env->envp, r->launch_log);
 	free(env);
 	free(henv);
 	if (rc < 0) {

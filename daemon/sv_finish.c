@@ -1,0 +1,95 @@
+/* sv_finish — the end of a job's attempt, once its last child is gone
+ * (sv_run_maybe_finish through the run's on_end, which sv_launch sets):
+ * its shared memory removed, its devices freed, a multi-node attempt's
+ * relay closed and its Slurm step canceled, the stall suspect cleared, its
+ * wall time recorded, and the job's next state: queued again (shutdown),
+ * canceled, completed, restarting (a retryable failure with restarts
+ * left) or failed. Frees the run.
+ *
+ * Calls sv_relay, sv_stall and sv_run only; never signals a process or
+ * reads a child's messages (the attempt is over when it runs).
+ */
+#include "daemon/sv_internal.h"
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+
+#include "common/jobspec.h"
+#include "common/log.h"
+#include "daemon/cluster.h"
+#include "daemon/telemetry.h"
+
+static void free_dev_ids(supervisor *sv, run *r)
+{
+	for (int i = 0; i < r->ndev; i++) {
+		int d = r->dev[i];
+		if (d >= 0 && (size_t)d < sv->ndev) {
+			free((char *)sv->dev_job[d]);
+			sv->dev_job[d] = NULL;
+		}
+	}
+	r->ndev = 0;
+}
+
+/* A job's run, unlinked, with no child left (sv_run_maybe_finish): the
+ * job's next state. Frees r. */
+void sv_finish_job(supervisor *sv, run *r)
+{
+	char shm[120];
+	sv_shm_name_for(r->id, shm, sizeof shm);
+	shm_unlink(shm); /* whoever created it, the job is over */
+	snprintf(shm, sizeof shm, "/bertd-%s-comm", r->id);
+	shm_unlink(shm);
+	free_dev_ids(sv, r);
+	if (r->multinode) {
+		sv_relay_close_all(sv, r);
+		/* srun is gone; whatever its step left on a node goes too */
+		cluster_scancel(&r->ca, sv->cfg.slurm_srun, sv->cfg.slurm_conf);
+	}
+	sv_stall_note(sv, r, NULL, 0, 0, false); /* the attempt is over: nothing is silent now */
+	sv_note_runtime(sv, r);
+
+	store_job cur;
+	if (store_job_get(sv->st, r->id, &cur) < 0) {
+		sv_run_free(r);
+		return;
+	}
+	enum job_state state = cur.state;
+	int restarts = cur.restart_count;
+	store_job_free(&cur);
+	unsigned live = JOB_MASK(JOB_STARTING) | JOB_MASK(JOB_RUNNING) | JOB_MASK(JOB_STOPPING);
+	jobspec spec;
+	jobspec_error jerr;
+	int max_restarts = jobspec_from_json(r->spec, &spec, &jerr) == 0 ? spec.max_restarts : 0;
+
+	if (r->shutdown) {
+		store_job_transition(sv->st, r->id, live, JOB_QUEUED, "daemon shutting down; resumes on next start",
+				     NULL);
+	} else if (state == JOB_STOPPING && (!r->failed || r->stop_sent)) {
+		if (store_job_transition(sv->st, r->id, JOB_MASK(JOB_STOPPING), JOB_CANCELED,
+					 r->reason[0] && !r->stop_sent ? r->reason
+					 : r->stop_why ? r->stop_why : "canceled by user", NULL) == 0)
+			telemetry_job_finished(JOB_CANCELED);
+	} else if (!r->failed) {
+		if (store_job_transition(sv->st, r->id, live, JOB_COMPLETED, "training finished", NULL) == 0)
+			telemetry_job_finished(JOB_COMPLETED);
+	} else if (r->retryable && restarts < max_restarts) {
+		int n = 0;
+		store_job_bump_restarts(sv->st, r->id, &n);
+		char why[640];
+		snprintf(why, sizeof why, "%s; restart %d of %d from the last checkpoint", r->reason, n, max_restarts);
+		store_job_transition(sv->st, r->id, live, JOB_RESTARTING, why, NULL);
+		telemetry_job_restarted();
+		log_info("job %s: %s", r->id, why);
+	} else {
+		char why[640];
+		snprintf(why, sizeof why, "%s%s", r->reason,
+			 r->retryable ? " (no restarts left)" : "");
+		if (store_job_transition(sv->st, r->id, live, JOB_FAILED, why, NULL) == 0)
+			telemetry_job_finished(JOB_FAILED);
+		log_warn("job %s failed: %s", r->id, why);
+	}
+	sv_run_free(r);
+}
