@@ -9,7 +9,7 @@
 # Usage: bench/api.sh BERTD [BERTD_B] [N_JOBS] [SECONDS] [CONNECTIONS]
 #   (defaults: 10000 jobs, 10 s, 32 connections)
 # The jobs are written by bench/api_seed (from $BUILD, default build/)
-# through daemon/store.c before the daemon starts, into a tmpfs directory.
+# through daemon/store*.c before the daemon starts, into a tmpfs directory.
 # STATE_ROOT: where each daemon's state dir (its copy of the database) lives;
 # default the same tmpfs, where fsync costs nothing: set it to a directory on
 # a disk to measure durable submissions (POST) as a user would see them.

@@ -1,5 +1,5 @@
 /* api_seed — fills a bertd database with N jobs for bench/api.sh, through
- * daemon/store.c as the daemon would write them, before the daemon starts.
+ * daemon/store*.c as the daemon would write them, before the daemon starts.
  * Usage: api_seed DB_PATH N [SCHEMA_SQL]
  *   SCHEMA_SQL: migrations to create the file with instead of the built-in
  *   schema.sql (an older tree's, so an older bertd can open the copy)

@@ -550,7 +550,7 @@ int loop_run(worker *w, const loop_device *dev)
 		if ((code = maybe_eval(w, dev, step)) != 0)
 			return code;
 		log_window(w, &up, tokens, &t_log);
-		if (t_end - t_progress >= 1.0) { /* the daemon's stall watch (daemon/supervisor.c) */
+		if (t_end - t_progress >= 1.0) { /* the daemon's stall watch (daemon/sv_stall.c) */
 			worker_send(w, json_pack("{s:s, s:I}", "type", "progress", "step", (json_int_t)step));
 			t_progress = t_end;
 		}
