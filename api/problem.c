@@ -54,6 +54,8 @@ static const struct {
 				      "Converting the checkpoint did not finish in time"},
 	[API_P_EXPORT_BUSY]        = {"export-busy", 503,
 				      "Other checkpoint conversions are running; retry", 2},
+	[API_P_DISK_CEILING]       = {"insufficient-storage", 507,
+				      "Job files are at the configured disk-usage ceiling"},
 };
 
 static enum api_problem checked(enum api_problem p)

@@ -43,6 +43,7 @@ enum api_problem {
 	API_P_EXPORT_FAILED,       /* 500 converting a checkpoint into an HF model failed */
 	API_P_EXPORT_TIMEOUT,      /* 504 converting a checkpoint ran past its deadline */
 	API_P_EXPORT_BUSY,         /* 503 conversions at their limit (Retry-After) */
+	API_P_DISK_CEILING,        /* 507 job files at the configured disk-usage ceiling */
 	API_P_COUNT
 };
 
