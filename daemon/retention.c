@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -335,7 +336,14 @@ int retention_create(retention **out, const retention_config *cfg, store *st)
 	pthread_cond_init(&r->cv, &ca);
 	pthread_condattr_destroy(&ca);
 	measure(r, &r->cur);
-	if ((rc = -pthread_create(&r->th, NULL, thread_main, r)) < 0)
+	/* The thread takes no signals: the daemon reads them from its signalfd,
+	 * which works only while every thread blocks them. */
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	rc = -pthread_create(&r->th, NULL, thread_main, r);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (rc < 0)
 		goto out;
 	r->started = true;
 	*out = r;
