@@ -467,15 +467,31 @@ int retention_over_ceiling(retention *r, uint64_t *used, uint64_t *ceiling, cons
 	return 0;
 }
 
+/* chown + chmod, each only when it would change something: under a unit
+ * with RestrictSUIDSGID=yes, setting the setgid bit is refused, so a jobs
+ * directory made setgid beforehand (systemd-tmpfiles, docs/operations.md)
+ * must be left as it is. */
+static int give(const char *path, gid_t gid, mode_t mode)
+{
+	struct stat st;
+	if (lstat(path, &st) < 0)
+		return -errno;
+	if (!S_ISDIR(st.st_mode))
+		return -ENOTDIR;
+	if (st.st_gid != gid && chown(path, (uid_t)-1, gid) < 0)
+		return -errno;
+	if ((st.st_mode & 07777) != mode && chmod(path, mode) < 0)
+		return -errno;
+	return 0;
+}
+
 int retention_share_dirs(const char *state_dir, gid_t gid)
 {
 	char jobs[1100];
 	int rc;
 	snprintf(jobs, sizeof jobs, "%s/jobs", state_dir);
-	if ((rc = fs_mkdir_p(jobs, 0750)) < 0)
+	if ((rc = fs_mkdir_p(jobs, 0750)) < 0 || (rc = give(state_dir, gid, 0710)) < 0 ||
+	    (rc = give(jobs, gid, 02750)) < 0)
 		return rc;
-	if (chown(state_dir, (uid_t)-1, gid) < 0 || chmod(state_dir, 0710) < 0 ||
-	    chown(jobs, (uid_t)-1, gid) < 0 || chmod(jobs, 02750) < 0)
-		return -errno;
 	return 0;
 }
