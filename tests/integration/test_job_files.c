@@ -299,6 +299,18 @@ static void test_retention(void **state)
 	json_t *cks = it_get_json(d, "/v1/jobs/" JOB_A "/checkpoints");
 	assert_int_equal(json_array_size(json_object_get(cks, "checkpoints")), 0);
 	json_decref(cks);
+	assert_int_equal(bertd_stop(d), 0);
+
+	/* retention_keep_exports = false: the export goes too, the logs stay */
+	const char *all[] = {HOLD, "--retention-interval-s", "1", "--retention-checkpoint-days", "0",
+			     "--retention-keep-exports", "false", NULL};
+	assert_int_equal(it_daemon_run(f, &(it_daemon_opts){.plain = true, .extra = all}), 0);
+	char ex[400];
+	snprintf(ex, sizeof ex, "%s/jobs/%s/export", d->state_dir, JOB_A);
+	wait_gone(d, ex);
+	json_decref(disk_after_pass(d));
+	assert_true(exists("%s/jobs/%s/logs/worker-0.log", d->state_dir, JOB_A));
+	assert_true(exists("%s/jobs/%s/export/model.safetensors", d->state_dir, JOB_Q));
 	assert_int_equal(it_daemon_stop(f), 0);
 }
 
@@ -340,6 +352,18 @@ static void test_ceiling(void **state)
 	}
 	assert_int_equal(http_post_json(d, "/v1/jobs", SPEC_OK, &r), 0);
 	assert_int_equal(r.status, 201);
+	http_resp_free(&r);
+	assert_int_equal(bertd_stop(d), 0);
+
+	/* disk_ceiling_percent: 1% of a file system holding these files is
+	 * reached (the percent rounds up) */
+	const char *pct[] = {HOLD, "--disk-ceiling-percent", "1", NULL};
+	assert_int_equal(it_daemon_run(f, &(it_daemon_opts){.plain = true, .extra = pct}), 0);
+	assert_int_equal(http_post_json(d, "/v1/jobs", SPEC_OK, &r), 0);
+	if (r.status != 507)
+		fail_msg("submit over the percent ceiling: %ld %s", r.status, r.body);
+	assert_string_equal(it_jstr(r.json, "field"), "disk_ceiling_percent");
+	assert_non_null(strstr(it_jstr(r.json, "detail"), "percent of the file system"));
 	http_resp_free(&r);
 	assert_int_equal(it_daemon_stop(f), 0);
 }
