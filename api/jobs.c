@@ -1241,15 +1241,13 @@ enum MHD_Result jobs_create(api_request *req)
 	}
 	if (json_is_object(in) && !init_from_resolve(req, in, true, &ret))
 		goto out;
-	uint64_t used, ceiling;
-	const char *unit;
-	if (req->cfg->retention &&
-	    retention_over_ceiling(req->cfg->retention, &used, &ceiling, &unit) == 1) {
-		ret = api_reply_problem(req, API_P_DISK_CEILING,
-					unit[0] == 'b' ? "disk_ceiling_bytes" : "disk_ceiling_percent",
+	/* Before the spec's checks: a full disk is the answer whatever the spec. */
+	retention_ceiling ceil;
+	if (req->cfg->retention && retention_over_ceiling(req->cfg->retention, &ceil) == 1) {
+		ret = api_reply_problem(req, API_P_DB_FULL, ceil.key,
 					"the disk-usage ceiling is %llu %s and %llu are in use; delete "
-					"jobs (DELETE /v1/jobs/{id}) or raise the ceiling",
-					(unsigned long long)ceiling, unit, (unsigned long long)used);
+					"jobs (DELETE /v1/jobs/{id}) or raise %s", (unsigned long long)ceil.ceiling,
+					ceil.unit, (unsigned long long)ceil.used, ceil.key);
 		goto out;
 	}
 	jobspec_error err = {0};

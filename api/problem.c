@@ -43,7 +43,7 @@ static const struct {
 				      "Transfer-Encoding not implemented"},
 	[API_P_DB_BUSY]            = {"database-busy", 503, "Job database is locked; retry", 1},
 	[API_P_DB_FULL]            = {"insufficient-storage", 507,
-				      "No space left for the job database"},
+				      "Insufficient storage"},
 	[API_P_DB_DAMAGED]         = {"database-damaged", 500, "Job database is damaged"},
 	[API_P_TOO_MANY_FOLLOWERS] = {"too-many-followers", 429,
 				      "Too many follow streams open; retry later", 5},
@@ -54,8 +54,6 @@ static const struct {
 				      "Converting the checkpoint did not finish in time"},
 	[API_P_EXPORT_BUSY]        = {"export-busy", 503,
 				      "Other checkpoint conversions are running; retry", 2},
-	[API_P_DISK_CEILING]       = {"insufficient-storage", 507,
-				      "Job files are at the configured disk-usage ceiling"},
 };
 
 static enum api_problem checked(enum api_problem p)

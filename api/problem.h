@@ -36,14 +36,14 @@ enum api_problem {
 	API_P_UNAVAILABLE,         /* 503 the daemon cannot serve it right now */
 	API_P_TRANSFER_CODING,     /* 501 a Transfer-Encoding other than chunked */
 	API_P_DB_BUSY,             /* 503 the job database is locked (Retry-After) */
-	API_P_DB_FULL,             /* 507 no space left for the job database */
+	API_P_DB_FULL,             /* 507 no space left for the job database, or job files at the
+				    * configured disk ceiling (one code: insufficient-storage) */
 	API_P_DB_DAMAGED,          /* 500 the job database file is damaged */
 	API_P_TOO_MANY_FOLLOWERS,  /* 429 follow streams at their limit (Retry-After) */
 	API_P_NODES_UNAVAILABLE,   /* 409 fewer Slurm nodes up than a multi-node job asks for */
 	API_P_EXPORT_FAILED,       /* 500 converting a checkpoint into an HF model failed */
 	API_P_EXPORT_TIMEOUT,      /* 504 converting a checkpoint ran past its deadline */
 	API_P_EXPORT_BUSY,         /* 503 conversions at their limit (Retry-After) */
-	API_P_DISK_CEILING,        /* 507 job files at the configured disk-usage ceiling */
 	API_P_COUNT
 };
 

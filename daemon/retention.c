@@ -438,16 +438,15 @@ int retention_usage_get(retention *r, retention_usage *out)
 	return rc;
 }
 
-int retention_over_ceiling(retention *r, uint64_t *used, uint64_t *ceiling, const char **what)
+int retention_over_ceiling(retention *r, retention_ceiling *c)
 {
 	if (r->cfg.ceiling_bytes) {
 		pthread_mutex_lock(&r->mu);
 		uint64_t u = r->cur.total_bytes;
 		pthread_mutex_unlock(&r->mu);
 		if (u >= r->cfg.ceiling_bytes) {
-			*used = u;
-			*ceiling = r->cfg.ceiling_bytes;
-			*what = "bytes of job files";
+			*c = (retention_ceiling){.key = "disk_ceiling_bytes", .unit = "bytes of job files",
+						 .ceiling = r->cfg.ceiling_bytes, .used = u};
 			return 1;
 		}
 	}
@@ -458,9 +457,9 @@ int retention_over_ceiling(retention *r, uint64_t *used, uint64_t *ceiling, cons
 		uint64_t avail = usedb + (uint64_t)vs.f_bavail;
 		uint64_t pct = avail ? (usedb * 100 + avail - 1) / avail : 0;
 		if (pct >= (uint64_t)r->cfg.ceiling_percent) {
-			*used = pct;
-			*ceiling = (uint64_t)r->cfg.ceiling_percent;
-			*what = "percent of the file system";
+			*c = (retention_ceiling){.key = "disk_ceiling_percent",
+						 .unit = "percent of the file system",
+						 .ceiling = (uint64_t)r->cfg.ceiling_percent, .used = pct};
 			return 1;
 		}
 	}

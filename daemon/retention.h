@@ -80,10 +80,16 @@ void retention_kick(retention *r);
 const retention_config *retention_config_of(const retention *r);
 /* A copy of the latest measurements (caller frees out->jobs). */
 int retention_usage_get(retention *r, retention_usage *out);
-/* Whether a new job must be refused: 1 (and *used, *ceiling, the unit in
- * *what: "bytes of job files" or "percent of the file system") when a
- * ceiling is reached, 0 when not. */
-int retention_over_ceiling(retention *r, uint64_t *used, uint64_t *ceiling, const char **what);
+/* A ceiling that is reached. */
+typedef struct retention_ceiling {
+	const char *key;            /* "disk_ceiling_bytes" or "disk_ceiling_percent" */
+	const char *unit;           /* "bytes of job files" or "percent of the file system" */
+	uint64_t ceiling, used;     /* in that unit */
+} retention_ceiling;
+/* Whether a new job must be refused: 1 (and *c says which ceiling) when a
+ * ceiling is reached, 0 when not. Bytes are the last pass's; the percent is
+ * asked of the file system now (statvfs, cheap). */
+int retention_over_ceiling(retention *r, retention_ceiling *c);
 
 /* With a shared group: <state_dir> 0710 and <state_dir>/jobs 02750, both
  * of that group, so its members can reach job directories (created under
