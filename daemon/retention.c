@@ -257,16 +257,18 @@ static void apply_policy(retention *r)
 		if (!old)
 			continue;
 		if (detach_sub(r, e->d_name, "checkpoints") == 1) {
-			store_checkpoint *cks = NULL;
-			size_t n = 0;
-			if (store_checkpoint_list(r->st, e->d_name, &cks, &n) == 0) {
-				for (size_t i = 0; i < n; i++)
-					store_checkpoint_delete(r->st, e->d_name, cks[i].step);
-				store_checkpoints_free(cks, n);
-			}
 			dropped++;
 			log_info("retention: job %s finished over %d day(s) ago: checkpoints removed",
 				 e->d_name, r->cfg.checkpoint_days);
+		}
+		/* every pass, not only after a move: a crash between the move and
+		 * the rows leaves rows of checkpoints no longer there */
+		store_checkpoint *cks = NULL;
+		size_t n = 0;
+		if (store_checkpoint_list(r->st, e->d_name, &cks, &n) == 0) {
+			for (size_t i = 0; i < n; i++)
+				store_checkpoint_delete(r->st, e->d_name, cks[i].step);
+			store_checkpoints_free(cks, n);
 		}
 		if (!r->cfg.keep_exports && detach_sub(r, e->d_name, "export") == 1)
 			log_info("retention: job %s: export removed (retention_keep_exports = false)",
