@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -386,9 +387,14 @@ static void check_shared(const char *path, gid_t gid, bool dir)
 static void test_shared_group(void **state)
 {
 	(void)state;
+	/* by name when the group has one (a container may have only numbers) */
 	struct group *g = getgrgid(getgid());
-	assert_non_null(g);
-	const char *extra[] = {"--shared-group", g->gr_name, NULL};
+	gid_t gid = getgid();
+	char gname[64];
+	snprintf(gname, sizeof gname, "%s", g ? g->gr_name : "");
+	if (!g)
+		snprintf(gname, sizeof gname, "%u", (unsigned)gid);
+	const char *extra[] = {"--shared-group", gname, NULL};
 	it_daemon_opts o = {.cpu_slots = "1", .dataset = "shakes", .corpus = "shakes.txt",
 			    .corpus_lines = 400, .vocab_size = 200, .wait_ready = true, .extra = extra};
 	it_fx *f = it_daemon_start(&o, DEADLINE_S);
@@ -402,25 +408,44 @@ static void test_shared_group(void **state)
 	assert_int_equal(stat(d->state_dir, &st), 0);
 	assert_int_equal(st.st_mode & 0777, 0710);
 	snprintf(p, sizeof p, "%s/jobs", d->state_dir);
-	check_shared(p, g->gr_gid, true);
+	check_shared(p, gid, true);
 	snprintf(jd, sizeof jd, "%s/jobs/%s", d->state_dir, id);
-	check_shared(jd, g->gr_gid, true);
+	check_shared(jd, gid, true);
 	const char *dirs[] = {"logs", "export", "tensorboard"};
 	for (size_t i = 0; i < 3; i++) {
 		snprintf(p, sizeof p, "%s/%s", jd, dirs[i]);
-		check_shared(p, g->gr_gid, true);
+		check_shared(p, gid, true);
 	}
 	snprintf(p, sizeof p, "%s/logs/worker-0.log", jd);
-	check_shared(p, g->gr_gid, false);
+	check_shared(p, gid, false);
 	snprintf(p, sizeof p, "%s/export/model.safetensors", jd);
-	check_shared(p, g->gr_gid, false);
+	check_shared(p, gid, false);
 	snprintf(p, sizeof p, "%s/export/config.json", jd);
-	check_shared(p, g->gr_gid, false);
+	check_shared(p, gid, false);
 	/* the token stays the owner's */
 	snprintf(p, sizeof p, "%s/token", d->state_dir);
 	assert_int_equal(stat(p, &st), 0);
 	assert_int_equal(st.st_mode & 0777, 0600);
 	free(id);
+	assert_int_equal(it_daemon_stop(f), 0);
+}
+
+/* A group that does not exist stops the start, naming the key. */
+static void test_shared_group_unknown(void **state)
+{
+	(void)state;
+	it_fx *f = it_daemon_start(&(it_daemon_opts){.plain = true, .deferred = true}, 0);
+	assert_non_null(f);
+	char log_path[300];
+	snprintf(log_path, sizeof log_path, "%s/bad-group.log", f->d.root);
+	const char *args[] = {"--state-dir", f->d.state_dir, "--port", "0", "--config", "/dev/null",
+			      "--shared-group", "no-such-group-bertd-test", NULL};
+	int st = it_run_bertd_to_exit(args, log_path, 30);
+	char *log = it_slurp(log_path, NULL);
+	assert_non_null(log);
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 1 || !strstr(log, "shared_group no-such-group-bertd-test"))
+		fail_msg("status 0x%x, want exit 1 naming shared_group:\n%s", st, log);
+	free(log);
 	assert_int_equal(it_daemon_stop(f), 0);
 }
 
@@ -432,6 +457,7 @@ int main(void)
 		cmocka_unit_test(test_retention),
 		cmocka_unit_test(test_ceiling),
 		cmocka_unit_test(test_shared_group),
+		cmocka_unit_test(test_shared_group_unknown),
 	};
 	return IT_RUN(tests, NULL, NULL);
 }
