@@ -55,8 +55,9 @@ static json_t *disk_json(retention *r)
 	api_time_format(u.measured_ms, at);
 	json_t *jobs = json_array();
 	for (size_t i = 0; jobs && i < u.n_jobs; i++)
-		if (json_array_append_new(jobs, json_pack("{s:s, s:I}", "id", u.jobs[i].id, "bytes",
-							  (json_int_t)u.jobs[i].bytes))) {
+		if (json_array_append_new(jobs, json_pack("{s:s, s:I, s:b}", "id", u.jobs[i].id, "bytes",
+							  (json_int_t)u.jobs[i].bytes, "deleting",
+							  u.jobs[i].deleting))) {
 			json_decref(jobs);
 			jobs = NULL;
 		}

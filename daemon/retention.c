@@ -142,12 +142,14 @@ static void measure(retention *r, retention_usage *u)
 			continue;
 		uint64_t b = du_at(dirfd(d), e->d_name, &r->stopping);
 		u->total_bytes += b;
-		if (strncmp(e->d_name, DELETING, strlen(DELETING)) == 0) {
+		const char *id = e->d_name;
+		bool deleting = strncmp(id, DELETING, strlen(DELETING)) == 0;
+		if (deleting) {
 			u->deleting_bytes += b;
 			u->n_deleting++;
-			continue;
+			id += strlen(DELETING); /* a whole job's directory is listed as deleting */
 		}
-		if (!is_job_name(e->d_name))
+		if (!is_job_name(id))
 			continue;
 		if (u->n_jobs == cap) {
 			size_t nc = cap ? 2 * cap : 64;
@@ -158,8 +160,9 @@ static void measure(retention *r, retention_usage *u)
 			cap = nc;
 		}
 		retention_job_use *j = &u->jobs[u->n_jobs++];
-		snprintf(j->id, sizeof j->id, "%s", e->d_name);
+		snprintf(j->id, sizeof j->id, "%s", id);
 		j->bytes = b;
+		j->deleting = deleting;
 	}
 	closedir(d);
 	if (u->n_jobs)

@@ -41,6 +41,7 @@ typedef struct retention retention;
 typedef struct retention_job_use {
 	char id[64];
 	uint64_t bytes;             /* allocated bytes (st_blocks * 512) of every file, links not followed */
+	bool deleting;              /* the job was deleted; its directory is being removed */
 } retention_job_use;
 
 typedef struct retention_usage {

@@ -229,6 +229,7 @@ static void test_delete_and_keep(void **state)
 	jobs = json_object_get(disk, "jobs"); /* B kept (its files), A gone */
 	assert_int_equal(json_array_size(jobs), 2);
 	assert_string_equal(it_jstr(json_array_get(jobs, 0), "id"), JOB_B);
+	assert_true(json_is_false(json_object_get(json_array_get(jobs, 0), "deleting")));
 	assert_string_equal(it_jstr(json_array_get(jobs, 1), "id"), JOB_Q);
 	assert_int_equal(json_integer_value(json_object_get(disk, "deleting")), 0);
 	json_decref(disk);
