@@ -32,6 +32,7 @@ typedef struct api_config {
 	const char *const *data_roots; /* allowed corpus/dataset directories */
 	size_t n_data_roots;
 	const char *state_dir;
+	struct retention *retention;  /* job directories: removal, disk use, ceiling (daemon/retention.h) */
 	const device *devices;        /* what jobs run on (GET /v1/devices) */
 	size_t n_devices;
 	const char *slurm_srun;       /* "" or NULL: no submit-time node check (docs/multinode.md) */

@@ -38,6 +38,7 @@
 #include "common/log.h"
 #include "daemon/cluster.h"
 #include "daemon/store.h"
+#include "daemon/retention.h"
 #include "daemon/telemetry.h"
 
 #define LIST_LIMIT_DEFAULT 20
@@ -1240,6 +1241,15 @@ enum MHD_Result jobs_create(api_request *req)
 	}
 	if (json_is_object(in) && !init_from_resolve(req, in, true, &ret))
 		goto out;
+	/* Before the spec's checks: a full disk is the answer whatever the spec. */
+	retention_ceiling ceil;
+	if (req->cfg->retention && retention_over_ceiling(req->cfg->retention, &ceil) == 1) {
+		ret = api_reply_problem(req, API_P_DB_FULL, ceil.key,
+					"the disk-usage ceiling is %llu %s and %llu are in use; delete "
+					"jobs (DELETE /v1/jobs/{id}) or raise %s", (unsigned long long)ceil.ceiling,
+					ceil.unit, (unsigned long long)ceil.used, ceil.key);
+		goto out;
+	}
 	jobspec_error err = {0};
 	if (jobspec_normalize(in, &spec, &err)) {
 		ret = api_reply_problem(req,
@@ -1546,25 +1556,67 @@ enum MHD_Result jobs_cancel(api_request *req)
 				 "job %s kept changing state; try again", id);
 }
 
+/* ?keep_files: true keeps <state_dir>/jobs/<id>/ on disk; anything else
+ * but false is a 400 naming the parameter. */
+static bool keep_files_param(api_request *req, bool *keep, enum MHD_Result *ret)
+{
+	const char *v = api_query(req, "keep_files");
+	*keep = false;
+	if (!v || strcmp(v, "false") == 0 || strcmp(v, "0") == 0)
+		return true;
+	if (strcmp(v, "true") == 0 || strcmp(v, "1") == 0) {
+		*keep = true;
+		return true;
+	}
+	*ret = api_reply_problem(req, API_P_INVALID_PARAMETER, "keep_files",
+				 "keep_files must be true or false, not \"%s\"", v);
+	return false;
+}
+
+/* The row goes at once; the directory is renamed aside first (so a job
+ * that cannot be deleted keeps it) and removed by the retention thread,
+ * never on this thread: GET /v1/system counts it under disk.deleting until
+ * it is gone, and a restart finishes a removal a crash interrupted. */
 enum MHD_Result jobs_delete(api_request *req)
 {
 	const char *id = req->args.v[0];
+	static const char *const known[] = {"keep_files", NULL};
+	enum MHD_Result ret;
+	bool keep;
+	if (!api_query_known(req, known, &ret) || !keep_files_param(req, &keep, &ret))
+		return ret;
 	if (!id_plausible(id))
 		return no_such_job(req, id);
-	int rc = store_job_delete(req->st, id);
+	store_job j = {0};
+	int rc = store_job_get(req->st, id, &j);
+	bool final = rc == 0 && job_state_is_terminal(j.state);
+	store_job_free(&j);
+	if (rc < 0 && rc != -ENOENT)
+		return store_failed(req, rc, id, "deleting job");
+	int moved = 0;
+	if (final && !keep && req->cfg->retention &&
+	    (moved = retention_detach(req->cfg->retention, id)) < 0)
+		return api_reply_problem(req, API_P_INTERNAL, NULL,
+					 "job %s: cannot move its directory aside for removal: %s", id,
+					 strerror(-moved));
+	rc = store_job_delete(req->st, id);
+	if (moved == 1)
+		retention_detach_end(req->cfg->retention, id, rc == 0);
 	if (rc == 0) {
-		log_info("job %s deleted", id);
+		log_info("job %s deleted%s", id,
+			 keep ? " (files kept)" : moved == 1 ? "; removing its files" : "");
 		return api_reply_empty(req, MHD_HTTP_NO_CONTENT);
 	}
 	if (rc == -EBUSY) {
-		store_job j = {0};
+		store_job cur = {0};
 		const char *state = "not finished";
-		if (store_job_get(req->st, id, &j) == 0)
-			state = job_state_name(j.state);
-		store_job_free(&j);
-		return api_reply_problem(req, API_P_JOB_STATE_CONFLICT, NULL,
-					 "job %s is %s; only completed, failed or canceled jobs "
-					 "can be deleted (cancel it first)", id, state);
+		if (store_job_get(req->st, id, &cur) == 0)
+			state = job_state_name(cur.state);
+		enum MHD_Result r = api_reply_problem(req, API_P_JOB_STATE_CONFLICT, NULL,
+						      "job %s is %s; only completed, failed or canceled "
+						      "jobs can be deleted (cancel it first)", id, state);
+		store_job_free(&cur);
+		return r;
 	}
 	return store_failed(req, rc, id, "deleting job");
 }

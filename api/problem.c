@@ -43,7 +43,7 @@ static const struct {
 				      "Transfer-Encoding not implemented"},
 	[API_P_DB_BUSY]            = {"database-busy", 503, "Job database is locked; retry", 1},
 	[API_P_DB_FULL]            = {"insufficient-storage", 507,
-				      "No space left for the job database"},
+				      "Insufficient storage"},
 	[API_P_DB_DAMAGED]         = {"database-damaged", 500, "Job database is damaged"},
 	[API_P_TOO_MANY_FOLLOWERS] = {"too-many-followers", 429,
 				      "Too many follow streams open; retry later", 5},

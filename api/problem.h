@@ -36,7 +36,8 @@ enum api_problem {
 	API_P_UNAVAILABLE,         /* 503 the daemon cannot serve it right now */
 	API_P_TRANSFER_CODING,     /* 501 a Transfer-Encoding other than chunked */
 	API_P_DB_BUSY,             /* 503 the job database is locked (Retry-After) */
-	API_P_DB_FULL,             /* 507 no space left for the job database */
+	API_P_DB_FULL,             /* 507 no space left for the job database, or job files at the
+				    * configured disk ceiling (one code: insufficient-storage) */
 	API_P_DB_DAMAGED,          /* 500 the job database file is damaged */
 	API_P_TOO_MANY_FOLLOWERS,  /* 429 follow streams at their limit (Retry-After) */
 	API_P_NODES_UNAVAILABLE,   /* 409 fewer Slurm nodes up than a multi-node job asks for */

@@ -6,11 +6,13 @@
  * otherwise only find in the start-up log, checked at request time. */
 #include <jansson.h>
 #include <stdbool.h>
+#include <stdlib.h>
 
 #include "api/follow.h"
 #include "api/handlers.h"
 #include "api/http.h"
 #include "daemon/config.h"
+#include "daemon/retention.h"
 
 #ifndef BERTD_VERSION
 #define BERTD_VERSION "unknown"
@@ -41,6 +43,39 @@ enum MHD_Result system_version(api_request *req)
 					"cuda", built_with_cuda, "nccl", req->cfg->nccl_version));
 }
 
+/* Job files' disk use as the retention thread last measured it (a cache:
+ * a request never walks the job directories), and the policy in force. */
+static json_t *disk_json(retention *r)
+{
+	retention_usage u;
+	const retention_config *rc = retention_config_of(r);
+	if (retention_usage_get(r, &u) < 0)
+		return NULL;
+	char at[32];
+	api_time_format(u.measured_ms, at);
+	json_t *jobs = json_array();
+	for (size_t i = 0; jobs && i < u.n_jobs; i++)
+		if (json_array_append_new(jobs, json_pack("{s:s, s:I, s:b}", "id", u.jobs[i].id, "bytes",
+							  (json_int_t)u.jobs[i].bytes, "deleting",
+							  u.jobs[i].deleting))) {
+			json_decref(jobs);
+			jobs = NULL;
+		}
+	free(u.jobs);
+	if (!jobs)
+		return NULL;
+	json_t *ceil_b = rc->ceiling_bytes ? json_integer((json_int_t)rc->ceiling_bytes) : json_null();
+	json_t *ceil_p = rc->ceiling_percent ? json_integer(rc->ceiling_percent) : json_null();
+	json_t *days = rc->checkpoint_days >= 0 ? json_integer(rc->checkpoint_days) : json_null();
+	return json_pack("{s:I, s:I, s:I, s:s, s:I, s:I, s:o, s:o, s:{s:o, s:b, s:i}, s:o}",
+			 "jobs_bytes", (json_int_t)u.total_bytes, "deleting_bytes",
+			 (json_int_t)u.deleting_bytes, "deleting", (json_int_t)u.n_deleting,
+			 "measured_at", at, "passes", (json_int_t)u.passes, "checkpoints_removed",
+			 (json_int_t)u.checkpoints_dropped, "ceiling_bytes", ceil_b, "ceiling_percent",
+			 ceil_p, "retention", "checkpoint_days", days, "keep_exports", rc->keep_exports,
+			 "interval_s", rc->interval_s, "jobs", jobs);
+}
+
 /* Each data root as it is now (the same check the daemon logs at start):
  * a root that does not exist, or a first root bertd cannot write, makes
  * every request naming a path under it fail, so it is spelled out here. */
@@ -67,6 +102,10 @@ enum MHD_Result system_info(api_request *req)
 			json_decref(o);
 			return api_reply_problem(req, API_P_INTERNAL, NULL, "out of memory");
 		}
+	}
+	if (cfg->retention && json_object_set_new(o, "disk", disk_json(cfg->retention))) {
+		json_decref(o);
+		return api_reply_problem(req, API_P_INTERNAL, NULL, "out of memory");
 	}
 	for (size_t i = 0; i < cfg->n_data_roots; i++) {
 		char why[1400];

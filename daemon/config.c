@@ -105,6 +105,19 @@ static const config_key keys[] = {
 	    "seconds srun waits for a multi-node job's nodes before the attempt fails"),
 	STR(nccl_path, "", "libnccl.so.2, or a directory holding it: the only place NCCL is looked for, "
 	    "by the daemon and its workers (\"\" = the usual places: docs/cuda.md)"),
+	INT(retention_checkpoint_days, "-1", -1, 36500,
+	    "remove the checkpoints of jobs that ended at least this many days ago (0 = at the next "
+	    "pass after they end; -1 = never)"),
+	BOOL(retention_keep_exports, "true",
+	     "keep a job's export when the retention policy removes its checkpoints (false: remove it too)"),
+	INT(retention_interval_s, "600", 1, 86400,
+	    "seconds between passes that apply the retention policy and measure job files' disk use"),
+	SIZE(disk_ceiling_bytes, "0", 0, 9223372036854775807LL,
+	     "refuse new jobs (507) while job files take this many bytes or more (0 = no ceiling)"),
+	INT(disk_ceiling_percent, "0", 0, 100,
+	    "refuse new jobs (507) while state_dir's file system is this percent full or more (0 = no ceiling)"),
+	STR(shared_group, "", "group that may read job files (exports, logs, TensorBoard events): job "
+	    "directories are made setgid to it and files group-readable (\"\" = owner only)"),
 };
 #define N_KEYS (sizeof keys / sizeof keys[0])
 

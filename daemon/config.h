@@ -49,6 +49,12 @@ typedef struct config {
 	char multinode_comm[8];  /* multi-node ranks' data plane: "auto" or "net" (docs/multinode.md) */
 	int slurm_immediate_s;   /* srun --immediate: how long to wait for the nodes */
 	char nccl_path[1024];    /* libnccl.so.2 or its directory, the only place looked; "" = search */
+	int retention_checkpoint_days; /* drop checkpoints of jobs finished this long ago; -1 = never */
+	bool retention_keep_exports;   /* false: the policy drops exports with the checkpoints */
+	int retention_interval_s;      /* seconds between retention / disk-use passes */
+	size_t disk_ceiling_bytes;     /* job files at or above this refuse new jobs (507); 0 = none */
+	int disk_ceiling_percent;      /* state_dir's file system this full refuses new jobs; 0 = none */
+	char shared_group[64];         /* group that may read job files (exports, logs, TensorBoard); "" = none */
 	char config_file[1024];  /* where the file settings came from ("" none) */
 
 	/* Derived by config_finish: */

@@ -12,6 +12,7 @@
  * export CHECKPOINT_DIR OUT_DIR` runs bertd-worker's export mode.
  */
 #include <errno.h>
+#include <grp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +33,7 @@
 #include "daemon/config.h"
 #include "daemon/devices.h"
 #include "daemon/loop.h"
+#include "daemon/retention.h"
 #include "daemon/store.h"
 #include "daemon/supervisor.h"
 #include "daemon/token.h"
@@ -42,6 +44,8 @@ typedef struct daemon_ctx {
 	config cfg;
 	store *st;
 	store *api_st; /* the API's view of st: waits api_db_wait_ms, not the default */
+	store *ret_st; /* the retention thread's view of st */
+	retention *ret; /* job directories' removal, retention policy, disk use */
 	api_server *api;
 	supervisor *sup;
 	device *devs;
@@ -252,9 +256,33 @@ int main(int argc, char **argv)
 
 	int exit_code = BERTD_DAEMON_EXIT_STARTUP;
 	char token[257];
-	umask(077);
+	/* With a shared group, what jobs write is group-readable (0640 files,
+	 * 0750 directories) and job directories carry the group (setgid);
+	 * the database and the token stay in the state dir, which the group
+	 * may pass through but not list. */
+	gid_t shared_gid = (gid_t)-1;
+	if (d.cfg.shared_group[0]) {
+		struct group *g = getgrnam(d.cfg.shared_group);
+		char *end;
+		long n = strtol(d.cfg.shared_group, &end, 10);
+		if (g)
+			shared_gid = g->gr_gid;
+		else if (!*end && n >= 0)
+			shared_gid = (gid_t)n;
+		else {
+			log_error("shared_group %s: no such group", d.cfg.shared_group);
+			exit_code = BERTD_DAEMON_EXIT_CONFIG;
+			goto out;
+		}
+	}
+	umask(shared_gid == (gid_t)-1 ? 077 : 027);
 	if ((rc = fs_mkdir_p(d.cfg.state_dir, 0700)) < 0) {
 		log_error("cannot create state_dir %s: %s", d.cfg.state_dir, strerror(-rc));
+		goto out;
+	}
+	if (shared_gid != (gid_t)-1 && (rc = retention_share_dirs(d.cfg.state_dir, shared_gid)) < 0) {
+		log_error("shared_group %s: cannot give %s/jobs to the group: %s (bertd must be a "
+			  "member of it)", d.cfg.shared_group, d.cfg.state_dir, strerror(-rc));
 		goto out;
 	}
 	/* Before anything else is written there: a second bertd on the same
@@ -319,6 +347,20 @@ int main(int argc, char **argv)
 		log_error("store view: %s", strerror(-rc));
 		goto out;
 	}
+	retention_config rcfg = {
+		.state_dir = d.cfg.state_dir,
+		.checkpoint_days = d.cfg.retention_checkpoint_days,
+		.keep_exports = d.cfg.retention_keep_exports,
+		.interval_s = d.cfg.retention_interval_s,
+		.ceiling_bytes = d.cfg.disk_ceiling_bytes,
+		.ceiling_percent = d.cfg.disk_ceiling_percent,
+		.shared_gid = shared_gid,
+	};
+	if ((rc = store_view(&d.ret_st, d.st, d.cfg.api_db_wait_ms)) < 0 ||
+	    (rc = retention_create(&d.ret, &rcfg, d.ret_st)) < 0) {
+		log_error("retention setup: %s", strerror(-rc));
+		goto out;
+	}
 	int created = 0;
 	if ((rc = token_load_or_create(d.cfg.token_file, token, &created)) < 0) {
 		log_error("cannot use token file %s: %s", d.cfg.token_file, strerror(-rc));
@@ -350,6 +392,7 @@ int main(int argc, char **argv)
 		.data_roots = (const char *const *)d.cfg.roots,
 		.n_data_roots = d.cfg.n_roots,
 		.state_dir = d.cfg.state_dir,
+		.retention = d.ret,
 	};
 	if ((rc = devices_discover(d.cfg.devices, d.cfg.cpu_slots, &d.devs, &d.ndev)) < 0) {
 		log_error("device discovery failed (devices = %s): %s", d.cfg.devices, strerror(-rc));
@@ -444,6 +487,7 @@ out:
 	api_server_stop(d.api); /* no new work while running jobs drain */
 	supervisor_shutdown(d.sup);
 	supervisor_destroy(d.sup);
+	retention_destroy(d.ret);
 	free(d.devs);
 	if (d.addr_path[0])
 		unlink(d.addr_path);
@@ -453,6 +497,7 @@ out:
 		close(d.sigfd);
 	loop_destroy(d.lp);
 	store_close(d.api_st);
+	store_close(d.ret_st);
 	store_close(d.st);
 	if (d.lockfd >= 0)
 		close(d.lockfd); /* last: everything of ours in the state dir is settled */
