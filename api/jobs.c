@@ -163,16 +163,21 @@ static json_t *job_json(const store_job *j, const store_job_extras *x, const api
 	return o;
 }
 
-/* ---- rendered representations of finished jobs ----
+/* ---- rendered representations of jobs not running ----
  *
- * A list page is mostly finished jobs, and a finished job's representation
- * no longer depends on the clock (no ETA, no running-time diagnosis): it
- * changes only when the store writes something of the job, which changes
- * store_job.version. So the compact JSON text of terminal jobs is kept,
- * keyed by id, version and the server's config (model_dir), and a page of
- * them is copied text instead of one spec parse, one metrics window parse
- * and one dump per job. RENDER_SETS x RENDER_WAYS entries at most (a new
- * one evicts the oldest of its set); each is one job's text (~2 KB). */
+ * A list page is mostly finished jobs or, while a sweep waits, queued ones.
+ * The representation of a job that is not running does not depend on the
+ * clock: only a running job's diagnosis reads it (time to the first step,
+ * a silent rank); the ETA comes from the logged step time. So it changes
+ * only when the store writes something of the job (row, metrics,
+ * checkpoints), which changes store_job.version, and the compact JSON text
+ * of every job but the running ones is kept, keyed by id, version and the
+ * server's config (model_dir), and a page of them is copied text instead of
+ * one spec parse, one metrics window parse and one dump per job. A queued
+ * job that starts, is canceled or changes in any way has a new version, so
+ * the next page renders it afresh. RENDER_SETS x RENDER_WAYS entries at
+ * most (a new one evicts the oldest of its set); each is one job's text
+ * (~2 KB). */
 #define RENDER_SETS 8192
 #define RENDER_WAYS 4
 #define RENDER_LOCKS 64
@@ -227,9 +232,10 @@ static size_t render_set(const char *id)
 	return (size_t)(h % RENDER_SETS);
 }
 
+/* Must agree with api_diagnose_rows: the clock matters only while running. */
 static bool render_cacheable(const store_job *j)
 {
-	return job_state_is_terminal(j->state) && j->version && j->id &&
+	return j->state != JOB_RUNNING && j->version && j->id &&
 	       strlen(j->id) < sizeof render_cache[0][0].id;
 }
 
