@@ -1523,6 +1523,11 @@ static void *render_main(void *arg)
 		if (!render_q.head)
 			render_q.tail = NULL;
 		pthread_mutex_unlock(&render_q.mu);
+		/* Pages asked for at once (many clients polling the same first
+		 * page) are rendered once: those queued after it find the texts. */
+		for (size_t i = 0; i < w->n; i++)
+			if (!w->texts[i])
+				w->texts[i] = render_get(&w->jobs[i], w->cfg);
 		w->rc = jobs_texts_render(w->st, w->jobs, w->n, w->cfg, w->texts);
 		api_conn_resume(w->conn);
 	}
