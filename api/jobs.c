@@ -1565,48 +1565,100 @@ out:
 	return rc;
 }
 
-/* {"jobs":[...],"next_cursor":...} as api_reply_json would write it,
- * assembled from each job's text. */
+/* A page's body sent straight from the job texts: {"jobs":[...],
+ * "next_cursor":...} as api_reply_json would write it, as pieces (the
+ * head, each text, the commas, the tail) copied into the server's send
+ * buffer as it goes, so no page-sized buffer is made and copied. */
+typedef struct page_body {
+	rtext **texts;          /* (n) owned references */
+	size_t n;
+	size_t npiece, at, off; /* the piece being sent and how far into it */
+	uint64_t sent;          /* bytes handed to the server so far */
+	char tail[64];          /* ],"next_cursor":...}\n */
+	struct {
+		const char *p;
+		size_t len;
+	} piece[];              /* (npiece) */
+} page_body;
+
+static void page_body_free(void *cls)
+{
+	page_body *b = cls;
+	for (size_t i = 0; i < b->n; i++)
+		rtext_put(b->texts[i]);
+	free(b->texts);
+	free(b);
+}
+
+static ssize_t page_body_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+	page_body *b = cls;
+	if (pos != b->sent)
+		return API_STREAM_ERROR; /* the server reads a body once, in order */
+	size_t got = 0;
+	while (got < max && b->at < b->npiece) {
+		size_t k = b->piece[b->at].len - b->off;
+		if (k > max - got)
+			k = max - got;
+		memcpy(buf + got, b->piece[b->at].p + b->off, k);
+		got += k;
+		b->off += k;
+		if (b->off == b->piece[b->at].len) {
+			b->at++;
+			b->off = 0;
+		}
+	}
+	if (got == 0)
+		return API_STREAM_END;
+	b->sent += got;
+	return (ssize_t)got;
+}
+
 static enum MHD_Result list_reply(api_request *req, void *arg)
 {
 	list_work *w = arg;
 	int rc = w->rc;
+	for (size_t i = 0; rc == 0 && i < w->n; i++)
+		if (!w->texts[i])
+			rc = -ENOMEM;
+	if (rc < 0 && rc != -ENOMEM)
+		return api_reply_store_error(req, rc, "listing jobs failed");
+	size_t npiece = 2 + (w->n ? 2 * w->n - 1 : 0);
+	page_body *b = rc == 0 ? calloc(1, sizeof *b + npiece * sizeof b->piece[0]) : NULL;
+	if (!b)
+		return api_reply_problem(req, API_P_INTERNAL, NULL, "out of memory");
 	char cursor[48] = "null";
 	if (w->next_seq > 0) {
 		char c[40];
 		cursor_encode(w->next_seq, c);
 		snprintf(cursor, sizeof cursor, "\"%s\"", c);
 	}
-	static const char head[] = "{\"jobs\":[", mid[] = "],\"next_cursor\":", tail[] = "}\n";
-	size_t len = sizeof head + sizeof mid + sizeof tail + strlen(cursor) + w->n;
-	for (size_t i = 0; rc == 0 && i < w->n; i++) {
-		if (!w->texts[i])
-			rc = -ENOMEM;
-		else
-			len += w->texts[i]->len;
-	}
-	char *body = rc == 0 ? malloc(len) : NULL;
-	size_t at = 0;
-	if (body) {
-		memcpy(body + at, head, sizeof head - 1);
-		at += sizeof head - 1;
-		for (size_t i = 0; i < w->n; i++) {
-			if (i)
-				body[at++] = ',';
-			memcpy(body + at, w->texts[i]->text, w->texts[i]->len);
-			at += w->texts[i]->len;
+	snprintf(b->tail, sizeof b->tail, "],\"next_cursor\":%s}\n", cursor);
+	static const char head[] = "{\"jobs\":[";
+	uint64_t size = 0;
+	size_t k = 0;
+	b->piece[k].p = head;
+	b->piece[k++].len = sizeof head - 1;
+	for (size_t i = 0; i < w->n; i++) {
+		if (i) {
+			b->piece[k].p = ",";
+			b->piece[k++].len = 1;
 		}
-		at += (size_t)sprintf(body + at, "%s%s%s", mid, cursor, tail);
+		b->piece[k].p = w->texts[i]->text;
+		b->piece[k++].len = w->texts[i]->len;
 	}
-	enum MHD_Result ret;
-	if (rc < 0 && rc != -ENOMEM)
-		ret = api_reply_store_error(req, rc, "listing jobs failed");
-	else if (!body)
-		ret = api_reply_problem(req, API_P_INTERNAL, NULL, "out of memory");
-	else
-		ret = api_reply_raw(req, MHD_HTTP_OK, "application/json", body, at);
-	free(body);
-	return ret;
+	b->piece[k].p = b->tail;
+	b->piece[k++].len = strlen(b->tail);
+	b->npiece = k;
+	for (size_t i = 0; i < k; i++)
+		size += b->piece[i].len;
+	/* the texts are the body's now */
+	b->texts = w->texts;
+	b->n = w->n;
+	w->texts = NULL;
+	api_stream st = {.content_type = "application/json", .size = size, .block = 64 * 1024,
+			 .read = page_body_read, .free = page_body_free, .cls = b};
+	return api_reply_stream(req, MHD_HTTP_OK, &st);
 }
 
 enum MHD_Result jobs_list(api_request *req)
