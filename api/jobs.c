@@ -7,7 +7,10 @@
  * supervisor never overwrites a state it did not see. Cancel of a job that
  * is already starting or running only moves it to `stopping`: the
  * supervisor owns processes and finishes the stop (checkpoint, then
- * canceled). Must never touch child processes or daemon state directly.
+ * canceled). List pages are copied from kept job texts; a page with jobs
+ * to render is rendered by this file's render threads, never on the server
+ * thread that read the request (so health checks on that thread do not
+ * wait). Must never touch child processes or daemon state directly.
  */
 #include <errno.h>
 #include <limits.h>
