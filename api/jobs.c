@@ -7,7 +7,10 @@
  * supervisor never overwrites a state it did not see. Cancel of a job that
  * is already starting or running only moves it to `stopping`: the
  * supervisor owns processes and finishes the stop (checkpoint, then
- * canceled). Must never touch child processes or daemon state directly.
+ * canceled). List pages are copied from kept job texts; a page with jobs
+ * to render is rendered by this file's render threads, never on the server
+ * thread that read the request (so health checks on that thread do not
+ * wait). Must never touch child processes or daemon state directly.
  */
 #include <errno.h>
 #include <limits.h>
@@ -164,16 +167,21 @@ static json_t *job_json(const store_job *j, const store_job_extras *x, const api
 	return o;
 }
 
-/* ---- rendered representations of finished jobs ----
+/* ---- rendered representations of jobs not running ----
  *
- * A list page is mostly finished jobs, and a finished job's representation
- * no longer depends on the clock (no ETA, no running-time diagnosis): it
- * changes only when the store writes something of the job, which changes
- * store_job.version. So the compact JSON text of terminal jobs is kept,
- * keyed by id, version and the server's config (model_dir), and a page of
- * them is copied text instead of one spec parse, one metrics window parse
- * and one dump per job. RENDER_SETS x RENDER_WAYS entries at most (a new
- * one evicts the oldest of its set); each is one job's text (~2 KB). */
+ * A list page is mostly finished jobs or, while a sweep waits, queued ones.
+ * The representation of a job that is not running does not depend on the
+ * clock: only a running job's diagnosis reads it (time to the first step,
+ * a silent rank); the ETA comes from the logged step time. So it changes
+ * only when the store writes something of the job (row, metrics,
+ * checkpoints), which changes store_job.version, and the compact JSON text
+ * of every job but the running ones is kept, keyed by id, version and the
+ * server's config (model_dir), and a page of them is copied text instead of
+ * one spec parse, one metrics window parse and one dump per job. A queued
+ * job that starts, is canceled or changes in any way has a new version, so
+ * the next page renders it afresh. RENDER_SETS x RENDER_WAYS entries at
+ * most (a new one evicts the oldest of its set); each is one job's text
+ * (~2 KB). */
 #define RENDER_SETS 8192
 #define RENDER_WAYS 4
 #define RENDER_LOCKS 64
@@ -228,9 +236,10 @@ static size_t render_set(const char *id)
 	return (size_t)(h % RENDER_SETS);
 }
 
+/* Must agree with api_diagnose_rows: the clock matters only while running. */
 static bool render_cacheable(const store_job *j)
 {
-	return job_state_is_terminal(j->state) && j->version && j->id &&
+	return j->state != JOB_RUNNING && j->version && j->id &&
 	       strlen(j->id) < sizeof render_cache[0][0].id;
 }
 
@@ -281,11 +290,21 @@ static void render_put(const store_job *j, const api_config *cfg, rtext *t)
 	rtext_put(old);
 }
 
-/* The compact JSON texts of jobs[0..n) into texts[i] (references: the
- * caller rtext_puts each): cached ones shared, the others rendered from one
- * read of the store for all of them. A store error is returned; -ENOMEM. */
-static int jobs_texts(store *st, const store_job *jobs, size_t n, const api_config *cfg,
-		      rtext **texts)
+/* The kept texts of jobs[0..n) into texts[i] (references: the caller
+ * rtext_puts each), NULL where none is kept; returns how many are NULL. */
+static size_t jobs_texts_kept(const store_job *jobs, size_t n, const api_config *cfg, rtext **texts)
+{
+	size_t missing = 0;
+	for (size_t i = 0; i < n; i++)
+		missing += !(texts[i] = render_get(&jobs[i], cfg));
+	return missing;
+}
+
+/* Renders the texts[i] that are NULL from one read of the store for all of
+ * them (and keeps those of jobs not running). On an error (the store's, or
+ * -ENOMEM) some may stay NULL; the caller rtext_puts every texts[i]. */
+static int jobs_texts_render(store *st, const store_job *jobs, size_t n, const api_config *cfg,
+			     rtext **texts)
 {
 	store_job *miss = n ? malloc(n * sizeof *miss) : NULL;
 	size_t *at = n ? malloc(n * sizeof *at) : NULL;
@@ -296,7 +315,7 @@ static int jobs_texts(store *st, const store_job *jobs, size_t n, const api_conf
 		goto out;
 	}
 	for (size_t i = 0; i < n; i++) {
-		if (!(texts[i] = render_get(&jobs[i], cfg))) {
+		if (!texts[i]) {
 			miss[m] = jobs[i]; /* a shallow copy: store_job_extras_get only reads it */
 			at[m++] = i;
 		}
@@ -322,14 +341,27 @@ static int jobs_texts(store *st, const store_job *jobs, size_t n, const api_conf
 	}
 	store_job_extras_free(x, m);
 out:
+	free(miss);
+	free(at);
+	return rc;
+}
+
+/* The compact JSON texts of jobs[0..n) into texts[i] (references: the
+ * caller rtext_puts each): kept ones shared, the others rendered from one
+ * read of the store for all of them. A store error is returned; -ENOMEM;
+ * then every texts[i] is NULL. */
+static int jobs_texts(store *st, const store_job *jobs, size_t n, const api_config *cfg,
+		      rtext **texts)
+{
+	int rc = 0;
+	if (jobs_texts_kept(jobs, n, cfg, texts))
+		rc = jobs_texts_render(st, jobs, n, cfg, texts);
 	if (rc < 0) {
 		for (size_t i = 0; i < n; i++) {
 			rtext_put(texts[i]);
 			texts[i] = NULL;
 		}
 	}
-	free(miss);
-	free(at);
 	return rc;
 }
 
@@ -1450,57 +1482,233 @@ static int list_arg(void *cls, const char *key, const char *value)
 	return 0;
 }
 
+/* ---- list pages rendered off the server threads ----
+ *
+ * A page whose texts are all kept is copied together on the server thread
+ * that read the request. A page with jobs to render (running ones, or the
+ * first look at a sweep just submitted: ~0.1-0.3 ms each) is handed to the
+ * render threads while its connection is suspended (api_defer), so a
+ * server thread never spends a page's rendering time with its other
+ * connections waiting: /v1/healthz on the same thread answers meanwhile. */
+#define RENDER_THREADS 2
+
+/* One page to render: the rows read, their texts (references), the answer. */
+typedef struct list_work {
+	struct list_work *next;    /* in render_queue */
+	struct MHD_Connection *conn;
+	store *st;
+	const api_config *cfg;
+	store_job *jobs;           /* (n) rows, owned */
+	size_t n;
+	rtext **texts;             /* (n) owned references, NULL until rendered */
+	int64_t next_seq;          /* the page's next cursor, 0: none */
+	int rc;                    /* jobs_texts_render's */
+} list_work;
+
+static struct {
+	pthread_mutex_t mu;
+	pthread_cond_t wake;
+	list_work *head, *tail;
+	bool started;
+} render_q = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, false};
+
+static void list_work_free(void *arg)
+{
+	list_work *w = arg;
+	for (size_t i = 0; w->texts && i < w->n; i++)
+		rtext_put(w->texts[i]);
+	free(w->texts);
+	store_jobs_free(w->jobs, w->n);
+	free(w);
+}
+
+/* A render thread: renders each queued page, then resumes its connection,
+ * which is the last it touches of the work (the reply owns it from then). */
+static void *render_main(void *arg)
+{
+	(void)arg;
+	for (;;) {
+		pthread_mutex_lock(&render_q.mu);
+		while (!render_q.head)
+			pthread_cond_wait(&render_q.wake, &render_q.mu);
+		list_work *w = render_q.head;
+		render_q.head = w->next;
+		if (!render_q.head)
+			render_q.tail = NULL;
+		pthread_mutex_unlock(&render_q.mu);
+		/* Pages asked for at once (many clients polling the same first
+		 * page) are rendered once: those queued after it find the texts. */
+		for (size_t i = 0; i < w->n; i++)
+			if (!w->texts[i])
+				w->texts[i] = render_get(&w->jobs[i], w->cfg);
+		w->rc = jobs_texts_render(w->st, w->jobs, w->n, w->cfg, w->texts);
+		api_conn_resume(w->conn);
+	}
+	return NULL;
+}
+
+/* Queues w for the render threads (started at the first page): 0, or
+ * -EAGAIN when no render thread could be started (render it in place). */
+static int render_enqueue(list_work *w)
+{
+	int rc = 0;
+	pthread_mutex_lock(&render_q.mu);
+	for (int i = 0; !render_q.started && i < RENDER_THREADS; i++) {
+		pthread_t t;
+		pthread_attr_t a;
+		pthread_attr_init(&a);
+		pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+		if (pthread_create(&t, &a, render_main, NULL) == 0)
+			render_q.started = true; /* one is enough to make progress */
+		pthread_attr_destroy(&a);
+	}
+	if (!render_q.started) {
+		rc = -EAGAIN;
+		goto out;
+	}
+	w->next = NULL;
+	if (render_q.tail)
+		render_q.tail->next = w;
+	else
+		render_q.head = w;
+	render_q.tail = w;
+	pthread_cond_signal(&render_q.wake);
+out:
+	pthread_mutex_unlock(&render_q.mu);
+	return rc;
+}
+
+/* A page's body sent straight from the job texts: {"jobs":[...],
+ * "next_cursor":...} as api_reply_json would write it, as pieces (the
+ * head, each text, the commas, the tail) copied into the server's send
+ * buffer as it goes, so no page-sized buffer is made and copied. */
+typedef struct page_body {
+	rtext **texts;          /* (n) owned references */
+	size_t n;
+	size_t npiece, at, off; /* the piece being sent and how far into it */
+	uint64_t sent;          /* bytes handed to the server so far */
+	char tail[64];          /* ],"next_cursor":...}\n */
+	struct {
+		const char *p;
+		size_t len;
+	} piece[];              /* (npiece) */
+} page_body;
+
+static void page_body_free(void *cls)
+{
+	page_body *b = cls;
+	for (size_t i = 0; i < b->n; i++)
+		rtext_put(b->texts[i]);
+	free(b->texts);
+	free(b);
+}
+
+static ssize_t page_body_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+	page_body *b = cls;
+	if (pos != b->sent)
+		return API_STREAM_ERROR; /* the server reads a body once, in order */
+	size_t got = 0;
+	while (got < max && b->at < b->npiece) {
+		size_t k = b->piece[b->at].len - b->off;
+		if (k > max - got)
+			k = max - got;
+		memcpy(buf + got, b->piece[b->at].p + b->off, k);
+		got += k;
+		b->off += k;
+		if (b->off == b->piece[b->at].len) {
+			b->at++;
+			b->off = 0;
+		}
+	}
+	if (got == 0)
+		return API_STREAM_END;
+	b->sent += got;
+	return (ssize_t)got;
+}
+
+static enum MHD_Result list_reply(api_request *req, void *arg)
+{
+	list_work *w = arg;
+	int rc = w->rc;
+	for (size_t i = 0; rc == 0 && i < w->n; i++)
+		if (!w->texts[i])
+			rc = -ENOMEM;
+	if (rc < 0 && rc != -ENOMEM)
+		return api_reply_store_error(req, rc, "listing jobs failed");
+	size_t npiece = 2 + (w->n ? 2 * w->n - 1 : 0);
+	page_body *b = rc == 0 ? calloc(1, sizeof *b + npiece * sizeof b->piece[0]) : NULL;
+	if (!b)
+		return api_reply_problem(req, API_P_INTERNAL, NULL, "out of memory");
+	char cursor[48] = "null";
+	if (w->next_seq > 0) {
+		char c[40];
+		cursor_encode(w->next_seq, c);
+		snprintf(cursor, sizeof cursor, "\"%s\"", c);
+	}
+	snprintf(b->tail, sizeof b->tail, "],\"next_cursor\":%s}\n", cursor);
+	static const char head[] = "{\"jobs\":[";
+	uint64_t size = 0;
+	size_t k = 0;
+	b->piece[k].p = head;
+	b->piece[k++].len = sizeof head - 1;
+	for (size_t i = 0; i < w->n; i++) {
+		if (i) {
+			b->piece[k].p = ",";
+			b->piece[k++].len = 1;
+		}
+		b->piece[k].p = w->texts[i]->text;
+		b->piece[k++].len = w->texts[i]->len;
+	}
+	b->piece[k].p = b->tail;
+	b->piece[k++].len = strlen(b->tail);
+	b->npiece = k;
+	for (size_t i = 0; i < k; i++)
+		size += b->piece[i].len;
+	/* the texts are the body's now */
+	b->texts = w->texts;
+	b->n = w->n;
+	w->texts = NULL;
+	api_stream st = {.content_type = "application/json", .size = size, .block = 64 * 1024,
+			 .read = page_body_read, .free = page_body_free, .cls = b};
+	return api_reply_stream(req, MHD_HTTP_OK, &st);
+}
+
 enum MHD_Result jobs_list(api_request *req)
 {
 	struct list_query q = {.limit = LIST_LIMIT_DEFAULT};
-	store_job *jobs = NULL;
-	size_t n = 0;
-	int64_t next = 0;
 	if (api_query_each(req, list_arg, &q))
 		return api_reply_problem(req, API_P_INVALID_PARAMETER, q.bad_field, "%s", q.detail);
-	int rc = q.newest ? store_job_list_newest(req->st, q.state_mask, q.after_seq, q.limit, &jobs, &n, &next)
-			  : store_job_list(req->st, q.state_mask, q.after_seq, q.limit, &jobs, &n, &next);
-	if (rc)
-		return api_reply_store_error(req, rc, "listing jobs failed");
-	/* {"jobs":[...],"next_cursor":...} as api_reply_json would write it,
-	 * assembled from each job's text (most of them cached). */
-	rtext **texts = calloc(n ? n : 1, sizeof *texts);
-	rc = texts ? jobs_texts(req->st, jobs, n, req->cfg, texts) : -ENOMEM;
-	store_jobs_free(jobs, n);
-	char cursor[48] = "null";
-	if (next > 0) {
-		char c[40];
-		cursor_encode(next, c);
-		snprintf(cursor, sizeof cursor, "\"%s\"", c);
-	}
-	static const char head[] = "{\"jobs\":[", mid[] = "],\"next_cursor\":", tail[] = "}\n";
-	size_t len = sizeof head + sizeof mid + sizeof tail + strlen(cursor) + n;
-	for (size_t i = 0; rc == 0 && i < n; i++)
-		len += texts[i]->len;
-	char *body = rc == 0 ? malloc(len) : NULL;
-	size_t at = 0;
-	if (body) {
-		memcpy(body + at, head, sizeof head - 1);
-		at += sizeof head - 1;
-		for (size_t i = 0; i < n; i++) {
-			if (i)
-				body[at++] = ',';
-			memcpy(body + at, texts[i]->text, texts[i]->len);
-			at += texts[i]->len;
-		}
-		at += (size_t)sprintf(body + at, "%s%s%s", mid, cursor, tail);
-	}
-	for (size_t i = 0; texts && i < n; i++)
-		rtext_put(texts[i]);
-	free(texts);
+	list_work *w = calloc(1, sizeof *w);
+	if (!w)
+		return api_reply_problem(req, API_P_INTERNAL, NULL, "out of memory");
+	*w = (list_work){.conn = req->conn, .st = req->st, .cfg = req->cfg};
+	int rc = q.newest ? store_job_list_newest(req->st, q.state_mask, q.after_seq, q.limit, &w->jobs, &w->n,
+						  &w->next_seq)
+			  : store_job_list(req->st, q.state_mask, q.after_seq, q.limit, &w->jobs, &w->n,
+					   &w->next_seq);
 	enum MHD_Result ret;
-	if (rc < 0 && rc != -ENOMEM)
+	if (rc) {
 		ret = api_reply_store_error(req, rc, "listing jobs failed");
-	else if (!body)
+		goto out;
+	}
+	if (!(w->texts = calloc(w->n ? w->n : 1, sizeof *w->texts))) {
 		ret = api_reply_problem(req, API_P_INTERNAL, NULL, "out of memory");
-	else
-		ret = api_reply_raw(req, MHD_HTTP_OK, "application/json", body, at);
-	free(body);
+		goto out;
+	}
+	if (jobs_texts_kept(w->jobs, w->n, w->cfg, w->texts) == 0) {
+		ret = list_reply(req, w);
+		goto out;
+	}
+	/* The reply (list_reply) comes when a render thread resumes us. */
+	api_defer(req, list_reply, w, list_work_free);
+	if (render_enqueue(w) < 0) {
+		w->rc = jobs_texts_render(w->st, w->jobs, w->n, w->cfg, w->texts);
+		api_conn_resume(req->conn);
+	}
+	return MHD_YES;
+out:
+	list_work_free(w);
 	return ret;
 }
 

@@ -14,9 +14,13 @@
 # default the same tmpfs, where fsync costs nothing: set it to a directory on
 # a disk to measure durable submissions (POST) as a user would see them.
 # The daemons hold their queue (schedule=false): submitted jobs stay queued.
+# Then, on a second database where all N jobs are queued (a sweep behind a
+# held queue: api_seed --queued), the same list, the list of ?state=queued
+# and /v1/healthz while that list is hammered.
 # Needs wrk (apt-get install wrk) and curl. Each bertd runs CPU-only with
-# BERTD_CONFIG=/dev/null on a free port; no worker starts (the seeded jobs
-# are completed, failed or canceled, none queued).
+# BERTD_CONFIG=/dev/null on a free port; no worker starts (the first
+# database's jobs are completed, failed or canceled, none queued; the
+# daemons hold their queue).
 # CASES: the case names to run (space-separated; default all).
 # BERTD_* variables (e.g. BERTD_API_THREADS) reach both daemons.
 # Last lines: "BENCH api <label> <case> rps=... p50_ms=... p99_ms=...".
@@ -87,10 +91,15 @@ want() { # case name: run it?
 	return 1
 }
 
-run_one() { # label bin
+if want list_queued || want list_queued_state || want healthz_under_list_queued; then
+	"$seed" --queued "$tmp/seed_queued.db" "$n" ${SEED_SCHEMA:+"$SEED_SCHEMA"} 2>"$tmp/seed.log" >/dev/null ||
+		{ tail -5 "$tmp/seed.log" >&2; exit 1; }
+fi
+
+start_daemon() { # label bin db: sets pid, url, auth, dir
 	label=$1 bin=$2 dir=$states/$1
 	mkdir -p "$dir/state"
-	cp "$tmp/seed.db" "$dir/state/bertd.db"
+	cp "$3" "$dir/state/bertd.db"
 	port=$(free_port)
 	BERTD_CONFIG=/dev/null BERTD_STATE_DIR=$dir/state BERTD_PORT=$port BERTD_SCHEDULE=false \
 		"$bin" >"$dir/log" 2>&1 &
@@ -104,6 +113,26 @@ run_one() { # label bin
 	done
 	tok=$(cat "$dir/state/token")
 	auth="Authorization: Bearer $tok"
+}
+
+stop_daemon() {
+	kill "$pid"
+	wait "$pid" 2>/dev/null || true
+	pid=
+}
+
+# healthz answered while a list path is hammered: two wrk at once
+healthz_under() { # case list_path
+	wrk -t1 -c"$conns" -d"$((secs + 2))s" --timeout 30s -H "$auth" "$url$2" >/dev/null &
+	bg=$!
+	sleep 1
+	r=$(wrk -t1 -c4 -d"${secs}s" --timeout 30s --latency "$url/v1/healthz" | summarize)
+	wait $bg
+	echo "BENCH api $label $1 $r"
+}
+
+run_one() { # label bin
+	start_daemon "$1" "$2" "$tmp/seed.db"
 	cursor=$(curl -sf -H "$auth" "$url/v1/jobs?limit=100" |
 		python3 -c 'import json,sys; print(json.load(sys.stdin)["next_cursor"])')
 	one=$(curl -sf -H "$auth" "$url/v1/jobs?limit=1&state=completed" |
@@ -116,15 +145,7 @@ run_one() { # label bin
 		r=$(wrk -t2 -c"$conns" -d"${secs}s" --timeout 30s --latency -H "$auth" "$url$path" | summarize)
 		echo "BENCH api $label $name $r"
 	done
-	# healthz answered while the list is hammered: two wrk at once
-	if want healthz_under_list; then
-		wrk -t1 -c"$conns" -d"$((secs + 2))s" --timeout 30s -H "$auth" "$url/v1/jobs?limit=100" >/dev/null &
-		bg=$!
-		sleep 1
-		r=$(wrk -t1 -c4 -d"${secs}s" --timeout 30s --latency "$url/v1/healthz" | summarize)
-		wait $bg
-		echo "BENCH api $label healthz_under_list $r"
-	fi
+	want healthz_under_list && healthz_under healthz_under_list "/v1/jobs?limit=100"
 	# submissions: every 201 is a committed (fsynced) job
 	if want submit; then
 		r=$(wrk -t2 -c"$conns" -d"${secs}s" --timeout 30s --latency -H "$auth" -s "$tmp/submit.lua" \
@@ -144,11 +165,27 @@ run_one() { # label bin
 		echo "BENCH api $label healthz_under_list_submit $r"
 		echo "BENCH api $label submit_beside_list $(summarize <"$dir/submit_bg")"
 	fi
-	kill "$pid"
-	wait "$pid" 2>/dev/null || true
-	pid=
+	stop_daemon
+}
+
+# A sweep waiting behind a held queue: every job queued, none started.
+run_queued() { # label bin
+	start_daemon "$1-queued" "$2" "$tmp/seed_queued.db"
+	label=$1
+	for c in "list_queued:/v1/jobs?limit=100" "list_queued_state:/v1/jobs?state=queued&limit=100"; do
+		name=${c%%:*} path=${c#*:}
+		want "$name" || continue
+		r=$(wrk -t2 -c"$conns" -d"${secs}s" --timeout 30s --latency -H "$auth" "$url$path" | summarize)
+		echo "BENCH api $label $name $r"
+	done
+	want healthz_under_list_queued && healthz_under healthz_under_list_queued "/v1/jobs?limit=100"
+	stop_daemon
 }
 
 echo "api bench: $n jobs, ${secs}s per case, $conns connections, $(nproc) cores, state in $state_root"
 run_one A "$a"
 [ -z "$b" ] || run_one B "$b"
+if want list_queued || want list_queued_state || want healthz_under_list_queued; then
+	run_queued A "$a"
+	[ -z "$b" ] || run_queued B "$b"
+fi

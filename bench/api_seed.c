@@ -1,9 +1,12 @@
 /* api_seed — fills a bertd database with N jobs for bench/api.sh, through
  * daemon/store*.c as the daemon would write them, before the daemon starts.
- * Usage: api_seed DB_PATH N [SCHEMA_SQL]
+ * Usage: api_seed [--queued] DB_PATH N [SCHEMA_SQL]
  *   SCHEMA_SQL: migrations to create the file with instead of the built-in
  *   schema.sql (an older tree's, so an older bertd can open the copy)
- * Every job has the normalized example spec of the job-spec tests. Of each 4 jobs, 2
+ *   --queued: every job stays queued, as a submitted sweep waits behind a
+ *   held queue (the daemon must run with schedule=false)
+ * Every job has the normalized example spec of the job-spec tests. Without
+ * --queued, of each 4 jobs, 2
  * end completed (devices, METRICS logged steps, one checkpoint), 1 failed
  * after 2 steps, 1 is canceled while queued; so a list page mixes rows with and
  * without progress, as a long-lived daemon's would. The spec's dataset
@@ -88,8 +91,13 @@ static int add_metrics(store *st, const char *id, int steps, int64_t t0)
 
 int main(int argc, char **argv)
 {
+	bool queued = argc > 1 && strcmp(argv[1], "--queued") == 0;
+	if (queued) {
+		argv++;
+		argc--;
+	}
 	if (argc != 3 && argc != 4) {
-		fprintf(stderr, "usage: api_seed DB_PATH N [SCHEMA_SQL]\n");
+		fprintf(stderr, "usage: api_seed [--queued] DB_PATH N [SCHEMA_SQL]\n");
 		return 2;
 	}
 	long n = strtol(argv[2], NULL, 10);
@@ -126,6 +134,8 @@ int main(int argc, char **argv)
 				 .created_ms = t0 + i * 1000};
 		if ((rc = store_job_insert(st, &job, NULL, NULL, NULL, NULL, NULL, NULL)) < 0)
 			return fail("store_job_insert", rc);
+		if (queued)
+			continue;
 		if (i % 4 == 3) {
 			/* none stays queued: the daemon under test starts no worker */
 			rc = store_job_transition(st, id, JOB_MASK(JOB_QUEUED), JOB_CANCELED, NULL, NULL);
@@ -155,6 +165,6 @@ int main(int argc, char **argv)
 	free(spec_text);
 	json_decref(spec);
 	json_decref(in);
-	printf("api_seed: %ld jobs in %s\n", n, argv[1]);
+	printf("api_seed: %ld %sjobs in %s\n", n, queued ? "queued " : "", argv[1]);
 	return 0;
 }
