@@ -25,6 +25,8 @@ int cluster_attempt_open(cluster_attempt *a, const char *relay_host, const char 
 {
 	unsigned char rnd[CLUSTER_TOKEN_HEX / 2];
 	a->listen_fd = -1;
+	a->fence[0] = '\0';
+	a->relay_timeout_ms = CLUSTER_RELAY_TIMEOUT_MS;
 	if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
 		return -EIO;
 	for (size_t i = 0; i < sizeof rnd; i++)
@@ -81,8 +83,8 @@ bool cluster_token_ok(const cluster_attempt *a, const char *token)
 	return diff == 0;
 }
 
-void cluster_srun_argv(cluster_argv *out, const char *srun, int nodes, int per_node, int immediate_s,
-		       const cluster_attempt *a, const char *worker_bin, const char *job_json)
+void cluster_srun_argv(cluster_argv *out, const char *srun, int nodes, int per_node, int gpus_per_node,
+		       int immediate_s, const cluster_attempt *a, const char *worker_bin, const char *job_json)
 {
 	static char job_opt[] = "--job";
 	/* --opt=value throughout: srun's --immediate takes an optional value */
@@ -96,6 +98,10 @@ void cluster_srun_argv(cluster_argv *out, const char *srun, int nodes, int per_n
 	out->argv[n++] = out->num[1];
 	out->argv[n++] = out->num[2];
 	out->argv[n++] = out->num[3];
+	if (gpus_per_node > 0) {
+		snprintf(out->num[4], sizeof out->num[4], "--gpus-per-node=%d", gpus_per_node);
+		out->argv[n++] = out->num[4];
+	}
 	out->argv[n++] = (char *)worker_bin;
 	out->argv[n++] = job_opt;
 	out->argv[n++] = (char *)job_json;
@@ -116,6 +122,11 @@ int cluster_srun_env(cluster_env **out, char *const base[], int threads, const c
 	snprintf(e->own[k++], sizeof e->own[0], "OPENBLAS_NUM_THREADS=%d", threads);
 	snprintf(e->own[k++], sizeof e->own[0], "BERTD_RELAY=%s", a->addr);
 	snprintf(e->own[k++], sizeof e->own[0], "BERTD_RELAY_TOKEN=%s", a->token);
+	snprintf(e->own[k++], sizeof e->own[0], "BERTD_RELAY_TIMEOUT_MS=%d", a->relay_timeout_ms);
+	if (a->fence[0]) {
+		snprintf(e->own[k++], sizeof e->own[0], "BERTD_ATTEMPT=%s", a->slurm_name);
+		snprintf(e->own[k++], sizeof e->own[0], "BERTD_FENCE=%s", a->fence);
+	}
 	if (slurm_conf && *slurm_conf)
 		snprintf(e->own[k++], sizeof e->own[0], "SLURM_CONF=%s", slurm_conf);
 	size_t n = 0;
@@ -148,6 +159,45 @@ int cluster_dataset_verdict(const char (*node)[64], const char (*sha)[CLUSTER_TO
 		return -EINVAL;
 	}
 	return 0;
+}
+
+/* text into path, atomically and durably (tmp, fsync, rename). */
+static int write_atomic(const char *path, const char *text)
+{
+	char tmp[1200];
+	snprintf(tmp, sizeof tmp, "%s.tmp", path);
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return -errno;
+	size_t n = strlen(text);
+	int rc = write(fd, text, n) == (ssize_t)n ? 0 : -EIO;
+	if (rc == 0 && fsync(fd) < 0)
+		rc = -errno;
+	close(fd);
+	if (rc == 0 && rename(tmp, path) < 0)
+		rc = -errno;
+	if (rc < 0)
+		unlink(tmp);
+	return rc;
+}
+
+int cluster_fence_open(cluster_attempt *a, const char *job_dir)
+{
+	char line[128];
+	if ((size_t)snprintf(a->fence, sizeof a->fence, "%s/attempt", job_dir) >= sizeof a->fence) {
+		a->fence[0] = '\0';
+		return -ENAMETOOLONG;
+	}
+	snprintf(line, sizeof line, "%s\n", a->slurm_name);
+	int rc = write_atomic(a->fence, line);
+	if (rc < 0)
+		a->fence[0] = '\0';
+	return rc;
+}
+
+int cluster_fence_close(const cluster_attempt *a)
+{
+	return a->fence[0] ? write_atomic(a->fence, "over\n") : 0;
 }
 
 void cluster_scancel(const cluster_attempt *a, const char *srun, const char *slurm_conf)

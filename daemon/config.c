@@ -92,6 +92,9 @@ static const config_key keys[] = {
 	    "machine's hostname)"),
 	INT(slurm_immediate_s, "60", 1, 86400,
 	    "seconds srun waits for a multi-node job's nodes before the attempt fails"),
+	INT(relay_timeout_s, "30", 1, 3600,
+	    "seconds a multi-node rank's relay connection may go unanswered (a node cut off) before the "
+	    "daemon and the rank each count it lost"),
 };
 #define N_KEYS (sizeof keys / sizeof keys[0])
 

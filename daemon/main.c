@@ -379,6 +379,7 @@ int main(int argc, char **argv)
 		.slurm_conf = d.cfg.slurm_conf,
 		.relay_host = d.cfg.relay_host,
 		.slurm_immediate_s = d.cfg.slurm_immediate_s,
+		.relay_timeout_ms = d.cfg.relay_timeout_s * 1000,
 	};
 	if ((rc = supervisor_create(&d.sup, &sc, d.lp, d.st, d.devs, d.ndev)) < 0) {
 		log_error("supervisor setup failed: %s", strerror(-rc));

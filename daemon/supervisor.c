@@ -51,6 +51,7 @@
 #include "common/msg.h"
 #include "common/procstat.h"
 #include "daemon/childenv.h"
+#include "common/keepalive.h"
 #include "daemon/cluster.h"
 #include "daemon/proc.h"
 #include "daemon/resume.h"
@@ -851,6 +852,7 @@ static void on_relay_accept(loop *l, int fd, uint32_t events, void *arg)
 		int cfd = accept4(fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 		if (cfd < 0)
 			return;
+		keepalive_set(cfd, r->ca.relay_timeout_ms); /* a cut-off rank is an error in bounded time */
 		relay_pending *p = calloc(1, sizeof *p);
 		if (!p || loop_add(l, cfd, EPOLLIN, on_relay_pending, p) < 0) {
 			free(p);
@@ -1082,7 +1084,11 @@ static int start_multinode(supervisor *sv, run *r, const store_job *j, const job
 	rc = r->rank_node && r->rank_sha ? cluster_attempt_open(&r->ca, sv->cfg.relay_host, r->id) : -ENOMEM;
 	if (rc == 0 && (rc = loop_add(sv->lp, r->ca.listen_fd, EPOLLIN, on_relay_accept, r)) < 0)
 		cluster_attempt_close(&r->ca);
-	if (rc == 0 && (rc = write_job_file(sv, r, dataset_dir, resume)) < 0)
+	if (rc == 0 && sv->cfg.relay_timeout_ms > 0)
+		r->ca.relay_timeout_ms = sv->cfg.relay_timeout_ms;
+	if (rc == 0 && (rc = write_job_file(sv, r, dataset_dir, resume)) == 0)
+		rc = cluster_fence_open(&r->ca, r->dir); /* this attempt's ranks may write */
+	if (rc < 0)
 		relay_close_all(sv, r);
 	if (rc < 0) {
 		snprintf(reason, sizeof reason, "cannot set up the multi-node attempt: %s", strerror(-rc));
@@ -1113,8 +1119,9 @@ static int start_multinode(supervisor *sv, run *r, const store_job *j, const job
 	snprintf(worker_bin, sizeof worker_bin, "%s/bertd-worker", sv->bin_dir);
 	snprintf(r->launch_log, sizeof r->launch_log, "%s/logs/srun.log", r->dir);
 	cluster_argv av;
-	cluster_srun_argv(&av, sv->cfg.slurm_srun, r->nodes, r->per_node, sv->cfg.slurm_immediate_s, &r->ca,
-			  worker_bin, job_json);
+	cluster_srun_argv(&av, sv->cfg.slurm_srun, r->nodes, r->per_node,
+			  strcmp(multinode_kind(sv, r), "cuda") == 0 ? r->per_node : 0, sv->cfg.slurm_immediate_s,
+			  &r->ca, worker_bin, job_json);
 	childenv *henv = NULL;
 	cluster_env *env = NULL;
 	/* a rank there gets the threads a rank here would (nodes are alike) */
@@ -1416,6 +1423,7 @@ static void run_maybe_finish(supervisor *sv, run *r)
 	free_dev_ids(sv, r);
 	if (r->multinode) {
 		relay_close_all(sv, r);
+		cluster_fence_close(&r->ca); /* a rank still running somewhere writes nothing now */
 		/* srun is gone; whatever its step left on a node goes too */
 		cluster_scancel(&r->ca, sv->cfg.slurm_srun, sv->cfg.slurm_conf);
 	}

@@ -53,6 +53,7 @@ typedef struct supervisor_config {
 	const char *slurm_conf;       /* "" or NULL: Slurm's default */
 	const char *relay_host;       /* "" or NULL: gethostname() */
 	int slurm_immediate_s;
+	int relay_timeout_ms;         /* the relay's keepalive bound; <= 0: CLUSTER_RELAY_TIMEOUT_MS */
 } supervisor_config;
 
 /* devices is copied. *out caller-owned (supervisor_destroy). -EINVAL for a

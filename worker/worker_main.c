@@ -104,6 +104,16 @@ void worker_poll(worker *w)
 			w->daemon_fd = -1;
 			return;
 		}
+		if (n < 0 && n != -EAGAIN && relay_wanted()) {
+			/* the relay broke (its keepalive bound passed: this node is cut
+			 * off, or the daemon reset it): stop; the attempt fence keeps
+			 * a stop checkpoint of an attempt that is over out of the job */
+			log_error("the relay connection failed: %s; stopping", strerror((int)-n));
+			w->stop_requested = true;
+			close(w->daemon_fd);
+			w->daemon_fd = -1;
+			return;
+		}
 		if (n < 0)
 			break;
 	}

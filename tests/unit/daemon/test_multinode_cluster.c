@@ -137,7 +137,7 @@ static void relay_and_srun(void **state)
 	close(fd);
 
 	cluster_argv av;
-	cluster_srun_argv(&av, "/usr/bin/srun", 2, 8, 60, &a, "/opt/bertd/bertd-worker", "/s/jobs/j/job.json");
+	cluster_srun_argv(&av, "/usr/bin/srun", 2, 8, 0, 60, &a, "/opt/bertd/bertd-worker", "/s/jobs/j/job.json");
 	const char *want[] = {"/usr/bin/srun", "--nodes=2", "--ntasks-per-node=8", "--immediate=60", NULL,
 			      "/opt/bertd/bertd-worker", "--job", "/s/jobs/j/job.json"};
 	for (int i = 0; i < 8; i++)
