@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -172,6 +173,58 @@ static void relay_and_srun(void **state)
 	assert_int_equal(a.listen_fd, -1);
 }
 
+/* A GPU job's srun asks for the GPUs (--gpus-per-node); the fence file
+ * names the attempt while it runs and "over" after; the ranks are told
+ * the attempt, the fence and the relay's keepalive bound. */
+static void gpus_fence_and_timeout(void **state)
+{
+	(void)state;
+	cluster_attempt a;
+	assert_int_equal(cluster_attempt_open(&a, "127.0.0.1", "job-77"), 0);
+	assert_int_equal(a.relay_timeout_ms, CLUSTER_RELAY_TIMEOUT_MS);
+	cluster_argv av;
+	cluster_srun_argv(&av, "/usr/bin/srun", 2, 4, 4, 60, &a, "/w", "/j.json");
+	assert_string_equal(av.argv[5], "--gpus-per-node=4");
+	assert_string_equal(av.argv[6], "/w");
+	assert_null(av.argv[9]);
+
+	char dir[] = "/tmp/bertd-fence-XXXXXX", path[64], line[128] = "";
+	assert_non_null(mkdtemp(dir));
+	assert_int_equal(cluster_fence_open(&a, dir), 0);
+	snprintf(path, sizeof path, "%s/attempt", dir);
+	assert_string_equal(a.fence, path);
+	FILE *f = fopen(path, "r");
+	assert_non_null(f);
+	assert_non_null(fgets(line, sizeof line, f));
+	fclose(f);
+	char want[128];
+	snprintf(want, sizeof want, "%s\n", a.slurm_name);
+	assert_string_equal(line, want);
+
+	a.relay_timeout_ms = 5000;
+	char *base[] = {NULL};
+	cluster_env *e = NULL;
+	assert_int_equal(cluster_srun_env(&e, base, 1, &a, ""), 0);
+	bool attempt = false, fence = false, timeout = false;
+	for (char **p = e->envp; *p; p++) {
+		attempt |= strncmp(*p, "BERTD_ATTEMPT=bertd-job-77-", 27) == 0;
+		fence |= strncmp(*p, "BERTD_FENCE=", 12) == 0 && strcmp(*p + 12, path) == 0;
+		timeout |= strcmp(*p, "BERTD_RELAY_TIMEOUT_MS=5000") == 0;
+	}
+	assert_true(attempt && fence && timeout);
+	free(e);
+
+	assert_int_equal(cluster_fence_close(&a), 0);
+	f = fopen(path, "r");
+	assert_non_null(f);
+	assert_non_null(fgets(line, sizeof line, f));
+	fclose(f);
+	assert_string_equal(line, "over\n");
+	unlink(path);
+	rmdir(dir);
+	cluster_attempt_close(&a);
+}
+
 /* sinfo -h -N -o "%N %t": a node listed once per partition counts once;
  * down, drained, draining, failed, not responding ("*") are not up; busy
  * (alloc, mix) and cloud nodes powered off ("idle~") are. */
@@ -275,6 +328,7 @@ int main(void)
 		cmocka_unit_test(spec_nodes),
 		cmocka_unit_test(dataset_verdict),
 		cmocka_unit_test(relay_and_srun),
+		cmocka_unit_test(gpus_fence_and_timeout),
 		cmocka_unit_test(sinfo_parse),
 		cmocka_unit_test(sinfo_run),
 	};
