@@ -125,4 +125,18 @@ int cluster_sinfo_parse(const char *text, cluster_nodes *out, char *why, size_t 
 int cluster_sinfo(const char *srun, const char *slurm_conf, int timeout_ms, cluster_nodes *out, char *why,
 		  size_t cap);
 
+/* Slurm's own state of the attempt's job after srun ended badly: sacct
+ * (where the cluster keeps accounting), else squeue's record of it, asked
+ * again while it is still completing; at most timeout_ms in all (blocks
+ * its caller that long at most). out: "NODE_FAIL", "CANCELLED",
+ * "TIMEOUT", "FAILED (NonZeroExitCode)", ... or, past the deadline, the
+ * last state seen. 0, or -ENOENT when Slurm has no record of it. */
+#define CLUSTER_STATE_TIMEOUT_MS 2000
+/* Whether state (cluster_slurm_state's out) is Slurm's own decision (node
+ * failure, cancel, time limit, preemption, boot failure, deadline, OOM),
+ * not the FAILED/COMPLETED that bertd ending srun itself leaves. */
+bool cluster_state_own(const char *state);
+int cluster_slurm_state(const cluster_attempt *a, const char *srun, const char *slurm_conf, int timeout_ms,
+			char *out, size_t cap);
+
 #endif

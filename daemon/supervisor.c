@@ -896,11 +896,22 @@ static void launcher_exited(supervisor *sv, run *r, int status, const char *desc
 		}
 	}
 	int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-	if (code == BERTD_EXIT_OK || code == BERTD_EXIT_STOPPED || r->killing)
+	bool bad = code != BERTD_EXIT_OK && code != BERTD_EXIT_STOPPED;
+	if ((!bad || r->killing) && !r->failed)
+		return; /* ended well, or as bertd asked (a cancel, a stop) */
+	/* what Slurm made of it: NODE_FAIL, CANCELLED, TIMEOUT, ... (blocks up to 2 s) */
+	char last[400], slurm[200] = "";
+	cluster_slurm_state(&r->ca, sv->cfg.slurm_srun, sv->cfg.slurm_conf, CLUSTER_STATE_TIMEOUT_MS, slurm,
+			    sizeof slurm);
+	if (r->failed) { /* a lost rank may be Slurm's doing: say so */
+		size_t n = strlen(r->reason);
+		if (cluster_state_own(slurm) && n < sizeof r->reason)
+			snprintf(r->reason + n, sizeof r->reason - n, "; Slurm job state %s", slurm);
 		return;
-	char last[400];
+	}
 	log_last_line(r->launch_log, last, sizeof last);
-	set_failure(r, true, "srun ended with %s%s%s", desc, last[0] ? ": " : "", last);
+	set_failure(r, true, "srun ended with %s%s%s%s%s", desc, last[0] ? ": " : "", last,
+		    slurm[0] ? "; Slurm job state " : "", slurm);
 }
 
 /* resources.device of a multi-node job: "auto" is what this machine has

@@ -14,7 +14,8 @@
  *     to the undisturbed run; the attempt fence then names no attempt;
  *   - link flaps shorter than relay_timeout_s: the job goes on (no
  *     restart); then a partition between n1 and n2 only, lifted after a
- *     while: the job ends completed, bit-identical.
+ *     while: the job ends completed, bit-identical;
+ *   - Slurm cancels the job (scancel): the failure names Slurm's job state.
  * BERTD_NS_SHM=shared runs the nodes on the host's /dev/shm (the ranks'
  * shm all-reduce then spans them, as in integration_multinode); the
  * default, private, needs a network data plane between the ranks. Root
@@ -382,6 +383,33 @@ static void flaps_then_partition(void **state)
 	free(id);
 }
 
+/* Slurm cancels the job under bertd (scancel, as an operator would): the
+ * attempt's failure names Slurm's own job state, read back from Slurm. */
+static void slurm_cancel_is_reported(void **state)
+{
+	fx *f = *state;
+	char *id = it_submit(&f->d, SPEC("scancel-2x1", "60", "10", TWO_NODES,
+					 ",\"retry_policy\":{\"max_restarts\":0},"
+					 "\"profiler\":{\"simulate_data_delay_ms\":100}"));
+	it_wait_step(&f->d, id, 5, DEADLINE_S);
+	char name[128], cmd[600];
+	pid_t r0 = rank_on(id, "n1");
+	assert_true(r0 > 0);
+	assert_int_equal(env_of(r0, "SLURM_JOB_NAME", name, sizeof name), 0);
+	snprintf(cmd, sizeof cmd, "SLURM_CONF=%s scancel --name=%s", f->conf, name);
+	assert_int_equal(system(cmd), 0);
+	json_t *j = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
+	const char *why = json_string_value(json_object_get(j, "failure_reason"));
+	printf("scancel: %s: %s\n", it_jstr(j, "state"), why ? why : "(no reason)");
+	if (!why || !strstr(why, "Slurm job state CANCELLED")) {
+		dump(f, id);
+		fail_msg("Slurm's cancel was not reported with its job state: %s", why ? why : "(no reason)");
+	}
+	assert_string_equal(it_jstr(j, "state"), "failed");
+	json_decref(j);
+	free(id);
+}
+
 int main(void)
 {
 	char cmd[600];
@@ -393,6 +421,7 @@ int main(void)
 		cmocka_unit_test(loss_two_nodes_equal_one_node),
 		cmocka_unit_test(link_cut_fails_then_resumes),
 		cmocka_unit_test(flaps_then_partition),
+		cmocka_unit_test(slurm_cancel_is_reported),
 	};
 	return IT_RUN(tests, setup, teardown);
 }
