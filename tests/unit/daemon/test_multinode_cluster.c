@@ -322,6 +322,67 @@ static void sinfo_run(void **state)
 	rmdir(dir);
 }
 
+static void fake_tool(const char *dir, const char *tool, const char *body)
+{
+	char p[300];
+	snprintf(p, sizeof p, "%s/%s", dir, tool);
+	FILE *f = fopen(p, "w");
+	assert_non_null(f);
+	fprintf(f, "#!/bin/sh\n%s\n", body);
+	fclose(f);
+	assert_int_equal(chmod(p, 0700), 0);
+}
+
+/* Slurm's job state of an attempt: sacct's where accounting is kept; else
+ * squeue's record, asked again while the job is completing; only Slurm's
+ * own decisions count as its own (not the FAILED bertd's kill leaves). */
+static void slurm_state(void **state)
+{
+	(void)state;
+	char dir[] = "/tmp/bertd-sacct-XXXXXX", srun[300], out[200], p[300];
+	assert_non_null(mkdtemp(dir));
+	snprintf(srun, sizeof srun, "%s/srun", dir);
+	cluster_attempt a = {.listen_fd = -1};
+	snprintf(a.slurm_name, sizeof a.slurm_name, "bertd-job-9-abcd");
+	fake_tool(dir, "sacct",
+		  "[ \"$*\" = '-n -X -P --name=bertd-job-9-abcd -o State,Reason' ] || exit 3\n"
+		  "echo 'NODE_FAIL|None'");
+	assert_int_equal(cluster_slurm_state(&a, srun, "", 5000, out, sizeof out), 0);
+	assert_string_equal(out, "NODE_FAIL");
+	assert_true(cluster_state_own(out));
+
+	/* no accounting: squeue, until the job is no longer completing */
+	fake_tool(dir, "sacct", "echo 'Slurm accounting storage is disabled' >&2; exit 1");
+	char body[600];
+	snprintf(body, sizeof body,
+		 "[ \"$*\" = '-h -t all --name=bertd-job-9-abcd -o %%T|%%r' ] || exit 3\n"
+		 "if [ -e %s/seen ]; then echo 'CANCELLED|None'; else touch %s/seen; echo 'COMPLETING|None'; fi",
+		 dir, dir);
+	fake_tool(dir, "squeue", body);
+	assert_int_equal(cluster_slurm_state(&a, srun, "", 5000, out, sizeof out), 0);
+	assert_string_equal(out, "CANCELLED");
+	assert_true(cluster_state_own(out));
+	fake_tool(dir, "squeue", "echo 'TIMEOUT|TimeLimit'");
+	assert_int_equal(cluster_slurm_state(&a, srun, "", 5000, out, sizeof out), 0);
+	assert_string_equal(out, "TIMEOUT (TimeLimit)");
+	assert_true(cluster_state_own(out));
+	fake_tool(dir, "squeue", "echo 'FAILED|JobLaunchFailure'");
+	assert_int_equal(cluster_slurm_state(&a, srun, "", 5000, out, sizeof out), 0);
+	assert_false(cluster_state_own(out)); /* what srun ended by bertd leaves */
+	assert_false(cluster_state_own("CANCELLEDX"));
+	fake_tool(dir, "squeue", "true"); /* no record */
+	assert_int_equal(cluster_slurm_state(&a, srun, "", 5000, out, sizeof out), -ENOENT);
+	fake_tool(dir, "squeue", "echo 'COMPLETING|None'"); /* still completing at the deadline */
+	assert_int_equal(cluster_slurm_state(&a, srun, "", 300, out, sizeof out), 0);
+	assert_string_equal(out, "COMPLETING");
+	const char *names[] = {"sacct", "squeue", "seen"};
+	for (int i = 0; i < 3; i++) {
+		snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+		unlink(p);
+	}
+	rmdir(dir);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -331,6 +392,7 @@ int main(void)
 		cmocka_unit_test(gpus_fence_and_timeout),
 		cmocka_unit_test(sinfo_parse),
 		cmocka_unit_test(sinfo_run),
+		cmocka_unit_test(slurm_state),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
