@@ -320,6 +320,10 @@ static void link_cut_fails_then_resumes(void **state)
 		dump(f, id);
 		fail_msg("the job's rank on n2 was not found");
 	}
+	/* the ranks reach the relay at relay_host, the head's address */
+	char relay[128];
+	assert_int_equal(env_of(r1, "BERTD_RELAY", relay, sizeof relay), 0);
+	assert_int_equal(strncmp(relay, "10.213.77.1:", 12), 0);
 	/* a node of its own: network, hostname and mount (its /dev/shm, /tmp) */
 	assert_true(other_ns(r1, "net"));
 	assert_true(other_ns(r1, "uts"));
