@@ -15,7 +15,10 @@
  *   - link flaps shorter than relay_timeout_s: the job goes on (no
  *     restart); then a partition between n1 and n2 only, lifted after a
  *     while: the job ends completed, bit-identical;
- *   - Slurm cancels the job (scancel): the failure names Slurm's job state.
+ *   - Slurm cancels the job (scancel): the failure names Slurm's job state;
+ *   - the attempt fence, staged (shared /dev/shm only): n1 cut off while
+ *     both ranks go on training; the stale rank 0 there puts no checkpoint
+ *     or export in place after the daemon failed its attempt.
  * BERTD_NS_SHM=shared runs the nodes on the host's /dev/shm (the ranks'
  * shm all-reduce then spans them, as in integration_multinode); the
  * default, private, needs a network data plane between the ranks. Root
@@ -428,6 +431,98 @@ static void flaps_then_partition(void **state)
 	free(id);
 }
 
+static pid_t ppid_of(pid_t pid)
+{
+	char path[64], buf[512];
+	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+	FILE *fp = fopen(path, "r");
+	if (!fp)
+		return -1;
+	size_t n = fread(buf, 1, sizeof buf - 1, fp);
+	fclose(fp);
+	buf[n] = 0;
+	char *rp = strrchr(buf, ')');
+	int pp = -1;
+	char st;
+	if (!rp || sscanf(rp + 1, " %c %d", &st, &pp) != 2)
+		return -1;
+	return pp;
+}
+
+/* How many entries of dir start with prefix (-1: no dir). */
+static int count_entries(const char *dir, const char *prefix)
+{
+	char cmd[600];
+	snprintf(cmd, sizeof cmd, "ls -1 '%s' 2>/dev/null | grep -c '^%s'", dir, prefix);
+	FILE *p = popen(cmd, "r");
+	int n = -1;
+	if (p && fscanf(p, "%d", &n) != 1)
+		n = -1;
+	if (p)
+		pclose(p);
+	return n;
+}
+
+/* The attempt fence, staged: rank 0's node n1 is cut off while rank 1 on
+ * n2 is kept alive (its slurmstepd stopped, so srun's and scancel's
+ * signals do not reach it) and the ranks go on training over the shared
+ * /dev/shm. The daemon fails the attempt (rank 0 lost) and closes the
+ * fence; rank 0, out of everyone's reach, then sees its relay fail, stops
+ * and tries its stop checkpoint (or, at the end, its export): refused. No
+ * checkpoint is periodic here (save_steps 1000), so any checkpoint or
+ * export in the job directory would be that stale rank's. Shared /dev/shm
+ * only (with private /dev/shm the cut also stops the ranks' collectives,
+ * and nothing is left to write). */
+static void stranded_rank_writes_nothing(void **state)
+{
+	fx *f = *state;
+	if (!shared_shm())
+		skip();
+	if (f->no_plane[0])
+		fail_msg("not run: the first 2-node job failed: %s", f->no_plane);
+	char *id = it_submit(&f->d, SPEC("fence-2x1", "200", "1000", TWO_NODES,
+					 ",\"retry_policy\":{\"max_restarts\":3},"
+					 "\"profiler\":{\"simulate_data_delay_ms\":100}"));
+	it_wait_step(&f->d, id, 15, DEADLINE_S);
+	pid_t r0 = rank_on(id, "n1"), r1 = rank_on(id, "n2");
+	if (r0 <= 0 || r1 <= 0) {
+		dump(f, id);
+		fail_msg("the job's ranks on n1 and n2 were not found");
+	}
+	pid_t stepd1 = ppid_of(r1);
+	assert_true(stepd1 > 1);
+	assert_int_equal(kill(stepd1, SIGSTOP), 0);
+	assert_int_equal(ns(f, "cut", "n1"), 0);
+	double t0 = mono_s();
+	while (alive(r0) && mono_s() - t0 < DEADLINE_S)
+		it_pause_ms(100);
+	kill(stepd1, SIGCONT);
+	assert_false(alive(r0));
+	char dir[400], fence[400], line[64] = "";
+	snprintf(dir, sizeof dir, "%s/jobs/%s", f->d.state_dir, id);
+	snprintf(fence, sizeof fence, "%s/attempt", dir);
+	FILE *fp = fopen(fence, "r");
+	assert_non_null(fp);
+	assert_non_null(fgets(line, sizeof line, fp));
+	fclose(fp);
+	printf("fence: rank 0 on the cut-off n1 ended %.1f s after the cut; the fence says %s", mono_s() - t0,
+	       line);
+	assert_string_equal(line, "over\n");
+	char ck[500];
+	snprintf(ck, sizeof ck, "%s/checkpoints", dir);
+	int n = count_entries(ck, "ckpt-");
+	if (n > 0) {
+		dump(f, id);
+		fail_msg("the stale rank put %d checkpoint(s) in place after its attempt was over", n);
+	}
+	assert_int_equal(count_entries(dir, "export$"), 0);
+	assert_int_equal(ns(f, "heal", "n1"), 0); /* and the job recovers */
+	json_t *j = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
+	it_assert_completed(&f->d, j);
+	json_decref(j);
+	free(id);
+}
+
 /* Slurm cancels the job under bertd (scancel, as an operator would): the
  * attempt's failure names Slurm's own job state, read back from Slurm. */
 static void slurm_cancel_is_reported(void **state)
@@ -469,6 +564,7 @@ int main(void)
 		cmocka_unit_test(link_cut_fails_then_resumes),
 		cmocka_unit_test(flaps_then_partition),
 		cmocka_unit_test(slurm_cancel_is_reported),
+		cmocka_unit_test(stranded_rank_writes_nothing),
 	};
 	return IT_RUN(tests, setup, teardown);
 }
