@@ -1,7 +1,8 @@
-/* bench_comm_cpu — the shm allreduce (worker/comm.c) on a bert-mini-sized
- * gradient buffer, against plain memcpy measured in the same run, and CPU
- * data-parallel training throughput of bert-mini with 1 and 2 worker
- * processes.
+/* bench_comm_cpu — the shm allreduce (worker/comm.c) and the net backend's
+ * (worker/comm_net.cc: Gloo TCP over loopback, the same fixed-order
+ * reduce-scatter + all-gather) on a bert-mini-sized gradient buffer, against
+ * plain memcpy measured in the same run, and CPU data-parallel training
+ * throughput of bert-mini with 1 and 2 worker processes (shm).
  *
  * References. The shm allreduce moves, per rank, one copy in (n floats), a
  * reduce of its 1/G share over G slabs, and one copy out (n floats): about
@@ -21,11 +22,13 @@
  * "BENCH comm_cpu" for scripts.
  */
 #include <errno.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -87,10 +90,46 @@ static void fill(float *x, size_t n, int rank)
         x[i] = (float)((i * 2654435761u + (unsigned)rank * 40503u) % 1000u) * 1e-3f + 0.5f;
 }
 
-static int rank_allreduce(const opts *o, const char *name, int rank, shared_out *out)
+/* The net backend's rendezvous: one file per key in a directory. */
+static int dir_set(void *ctx, const char *key, const void *val, size_t len)
+{
+    char tmp[512], path[512];
+    snprintf(tmp, sizeof tmp, "%s/.%s.%d", (const char *)ctx, key, (int)getpid());
+    snprintf(path, sizeof path, "%s/%s", (const char *)ctx, key);
+    FILE *f = fopen(tmp, "wb");
+    if (!f)
+        return -errno;
+    size_t w = fwrite(val, 1, len, f);
+    if (fclose(f) != 0 || w != len)
+        return -EIO;
+    return rename(tmp, path) == 0 ? 0 : -errno;
+}
+
+static int dir_get(void *ctx, const char *key, void *val, size_t cap, size_t *len, int timeout_ms)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", (const char *)ctx, key);
+    for (int waited = 0;; waited += 2) {
+        FILE *f = fopen(path, "rb");
+        if (f) {
+            *len = fread(val, 1, cap, f);
+            fclose(f);
+            return 0;
+        }
+        if (waited >= timeout_ms)
+            return -ETIMEDOUT;
+        usleep(2000);
+    }
+}
+
+/* net: the rendezvous directory (the net backend), or NULL (shm). */
+static int rank_allreduce(const opts *o, const char *name, const char *net, int rank, shared_out *out)
 {
     comm *c = NULL;
-    int rc = comm_create_shm(&c, name, rank, o->world, o->chunk, 60000);
+    comm_kv kv = {.ctx = (void *)net, .set = dir_set, .get = dir_get};
+    comm_net_opts no = {.bind_addr = "127.0.0.1", .timeout_ms = 60000};
+    int rc = net ? comm_create_net(&c, rank, o->world, &kv, &no)
+                 : comm_create_shm(&c, name, rank, o->world, o->chunk, 60000);
     if (rc != 0)
         return 1;
     float *buf = malloc(o->floats * sizeof(float));
@@ -244,6 +283,7 @@ static int run_group(int world, shared_out *out, int (*fn)(int rank, void *), vo
 typedef struct job {
     const opts *o;
     char name[COMM_NAME_MAX];
+    const char *net;            /* allreduce: the net backend's rendezvous directory, or NULL */
     shared_out *out;
     int world, threads;
 } job;
@@ -251,7 +291,7 @@ typedef struct job {
 static int job_allreduce(int rank, void *arg)
 {
     job *j = arg;
-    return rank_allreduce(j->o, j->name, rank, j->out);
+    return rank_allreduce(j->o, j->name, j->net, rank, j->out);
 }
 
 static int job_train(int rank, void *arg)
@@ -300,6 +340,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "bad arguments\n");
         return 2;
     }
+    signal(SIGPIPE, SIG_IGN); /* a net rank writing to a dead peer gets EPIPE, not killed */
     bert_config mini;
     bert_config_preset(&mini, "bert-mini");
     size_t sizes[BERT_NUM_PARAM_TENSORS], np = 0;
@@ -314,7 +355,7 @@ int main(int argc, char **argv)
         return 1;
     job j = {.o = &o, .out = out, .world = o.world};
     snprintf(j.name, sizeof(j.name), "/bertd-bench-%d-comm", (int)getpid());
-    printf("shm allreduce: world %d, %zu floats (%.1f MB; bert-mini has %zu parameters), chunk %zu floats,"
+    printf("shm and net allreduce: world %d, %zu floats (%.1f MB; bert-mini has %zu parameters), chunk %zu floats,"
            " %d iterations, %ld online CPUs\n\n",
            o.world, o.floats, o.floats * 4.0 / 1e6, np, o.chunk, o.iters, sysconf(_SC_NPROCESSORS_ONLN));
     if (run_group(o.world, out, job_allreduce, &j) != 0) {
@@ -322,15 +363,47 @@ int main(int argc, char **argv)
         return 1;
     }
     double ar = maxv(out->allreduce_s, o.world), mc3 = maxv(out->memcpy3_s, o.world);
+    /* the net backend on the same sizes, ranks over loopback TCP */
+    double net_ar = -1, net_algbw = 0;
+    if (comm_net_available()) {
+        char dir[128];
+        snprintf(dir, sizeof dir, "/tmp/bertd-bench-comm-%d", (int)getpid());
+        if (mkdir(dir, 0700) != 0) {
+            perror(dir);
+            return 1;
+        }
+        j.net = dir;
+        int bad = run_group(o.world, out, job_allreduce, &j);
+        char cmd[200];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        if (system(cmd) != 0)
+            fprintf(stderr, "could not remove %s\n", dir);
+        j.net = NULL;
+        if (bad != 0) {
+            fprintf(stderr, "net allreduce run failed\n");
+            return 1;
+        }
+        net_ar = maxv(out->allreduce_s, o.world);
+    }
     double bytes = o.floats * 4.0;
     double algbw = bytes / ar / 1e9;
     double busbw = algbw * 2.0 * (o.world - 1) / o.world;
     double mcbw = bytes / (mc3 / 3.0) / 1e9;
     printf("%-40s %12s %12s\n", "path (median)", "ms/op", "GB/s");
-    printf("%-40s %12.2f %12.2f  (algbw; busbw %.2f)\n", "comm_allreduce_mean", ar * 1e3, algbw, busbw);
+    printf("%-40s %12.2f %12.2f  (algbw; busbw %.2f)\n", "comm_allreduce_mean (shm)", ar * 1e3, algbw, busbw);
+    if (net_ar > 0) {
+        net_algbw = bytes / net_ar / 1e9;
+        printf("%-40s %12.2f %12.2f  (algbw; busbw %.2f; %.2fx shm)\n", "comm_allreduce_mean (net, loopback)",
+               net_ar * 1e3, net_algbw, net_algbw * 2.0 * (o.world - 1) / o.world, net_ar / ar);
+    } else {
+        printf("%-40s %12s  (built without libgloo-dev)\n", "comm_allreduce_mean (net)", "-");
+    }
     printf("%-40s %12.2f %12.2f  (per memcpy, %d procs at once)\n", "reference: 3 x memcpy per rank", mc3 * 1e3,
            mcbw, o.world);
-    printf("allreduce / 3-memcpy roofline: %.2fx\n\n", ar / mc3);
+    printf("allreduce / 3-memcpy roofline: shm %.2fx", ar / mc3);
+    if (net_ar > 0)
+        printf(", net %.2fx", net_ar / mc3);
+    printf("\n\n");
 
     /* Three configurations, in alternating rounds (the VM is shared and its
      * load drifts); each reports the per-step median, best round kept. */
@@ -384,6 +457,9 @@ int main(int argc, char **argv)
     printf("BENCH comm_cpu world=%d floats=%zu chunk=%zu allreduce_ms=%.3f algbw_gbs=%.3f busbw_gbs=%.3f"
            " memcpy3_ms=%.3f ratio_vs_memcpy3=%.3f",
            o.world, o.floats, o.chunk, ar * 1e3, algbw, busbw, mc3 * 1e3, ar / mc3);
+    if (net_ar > 0)
+        printf(" net_allreduce_ms=%.3f net_algbw_gbs=%.3f net_ratio_vs_shm=%.3f net_ratio_vs_memcpy3=%.3f",
+               net_ar * 1e3, net_algbw, net_ar / ar, net_ar / mc3);
     if (o.train_steps > 0)
         printf(" train_s_1x1=%.4f train_s_1x%d=%.4f train_s_%dx%d=%.4f scaling_vs_1x1=%.3f"
                " cpu_efficiency=%.3f", t11, o.threads,

@@ -38,6 +38,14 @@ typedef struct config_key {
 #define XSTR(x) #x
 #define NUM(x) XSTR(x)
 
+static int check_multinode_comm(const char *v, char *why, size_t cap)
+{
+	if (strcmp(v, "auto") == 0 || strcmp(v, "net") == 0)
+		return 0;
+	snprintf(why, cap, "must be \"auto\" or \"net\"");
+	return -EINVAL;
+}
+
 static int check_pass_env(const char *v, char *why, size_t cap)
 {
 	childenv_pass p;
@@ -90,6 +98,9 @@ static const config_key keys[] = {
 	STR(slurm_conf, "", "SLURM_CONF given to srun, sinfo and scancel (\"\" = Slurm's default)"),
 	STR(relay_host, "", "address the workers of a multi-node job connect back to (\"\" = this "
 	    "machine's hostname)"),
+	STRV(multinode_comm, "auto", check_multinode_comm,
+	     "data plane between a multi-node job's ranks: \"auto\" = shared memory when every rank is "
+	     "on one host, else the network backend; \"net\" = the network backend always"),
 	INT(slurm_immediate_s, "60", 1, 86400,
 	    "seconds srun waits for a multi-node job's nodes before the attempt fails"),
 	INT(relay_timeout_s, "30", 1, 3600,

@@ -46,6 +46,7 @@ typedef struct config {
 	char slurm_srun[1024];   /* srun for multi-node jobs (docs/multinode.md); "" = none */
 	char slurm_conf[1024];   /* SLURM_CONF for srun/scancel; "" = Slurm's default */
 	char relay_host[256];    /* address workers on other nodes reach this daemon at; "" = hostname */
+	char multinode_comm[8];  /* multi-node ranks' data plane: "auto" or "net" (docs/multinode.md) */
 	int slurm_immediate_s;   /* srun --immediate: how long to wait for the nodes */
 	int relay_timeout_s;     /* a relay connection unanswered this long is lost (both ends) */
 	char config_file[1024];  /* where the file settings came from ("" none) */

@@ -378,6 +378,7 @@ int main(int argc, char **argv)
 		.slurm_srun = d.cfg.slurm_srun,
 		.slurm_conf = d.cfg.slurm_conf,
 		.relay_host = d.cfg.relay_host,
+		.multinode_comm = d.cfg.multinode_comm,
 		.slurm_immediate_s = d.cfg.slurm_immediate_s,
 		.relay_timeout_ms = d.cfg.relay_timeout_s * 1000,
 	};

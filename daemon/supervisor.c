@@ -54,6 +54,7 @@
 #include "daemon/childenv.h"
 #include "daemon/cluster.h"
 #include "daemon/proc.h"
+#include "daemon/relaykv.h"
 #include "daemon/resume.h"
 #include "daemon/scheduler.h"
 #include "daemon/tbevents.h"
@@ -129,6 +130,7 @@ typedef struct run {
 	char (*rank_node)[64];  /* (world,) node of each rank, from its relay hello */
 	char (*rank_sha)[CLUSTER_TOKEN_HEX + 1]; /* (world,) its dataset manifest's sha256 */
 	char launch_log[1200];  /* srun's output, for the reason when it fails */
+	relaykv *kv;            /* the ranks' rendezvous map (daemon/relaykv.h); NULL until used */
 	struct supervisor *sv;
 	struct run *next;
 } run;
@@ -175,6 +177,7 @@ static void run_free(run *r)
 	}
 	free(r->rank_node);
 	free(r->rank_sha);
+	relaykv_destroy(r->kv);
 	json_decref(r->spec);
 	tsampler_destroy(r->ts);
 	free(r);
@@ -360,6 +363,16 @@ static int64_t runtime_left_ms(const jobspec *spec, int64_t used_ms)
 	return left > 0 ? left : 1;
 }
 
+/* relaykv's way out: m to the worker of rank rank, if it is still there. */
+static int send_to_rank(void *ctx, int rank, json_t *m)
+{
+	run *r = ctx;
+	for (int i = 0; i < r->nkids; i++)
+		if (r->kids[i]->role == ROLE_WORKER && r->kids[i]->index == rank && !r->kids[i]->exited)
+			return msg_send(r->kids[i]->p.sock, m);
+	return -ENOENT;
+}
+
 static void handle_job_message(supervisor *sv, run *r, child *c, json_t *m)
 {
 	const char *type = json_string_value(json_object_get(m, "type"));
@@ -474,6 +487,10 @@ static void handle_job_message(supervisor *sv, run *r, child *c, json_t *m)
 		}
 	} else if (strcmp(type, "data") == 0 && c->role == ROLE_WORKER && c->index == 0) {
 		job_data_report(sv, r, m);
+	} else if (c->role == ROLE_WORKER && relaykv_is_message(m)) {
+		/* the net comm backend's rendezvous (daemon/relaykv.h) */
+		if (relaykv_handle(&r->kv, r->id, c->index, m, send_to_rank, r) < 0)
+			log_warn("job %s: rank %d: out of memory for its key/value message", r->id, c->index);
 	} else if (strcmp(type, "nccl_id") == 0 && c->role == ROLE_WORKER && c->index == 0) {
 		/* rank 0 made the communicator id; every other rank needs it */
 		for (int i = 0; i < r->nkids; i++) {
@@ -777,7 +794,8 @@ static void relay_all_joined(supervisor *sv, run *r)
 		run_kill_all(r, SIGTERM);
 		return;
 	}
-	json_t *go = json_pack("{s:s}", "type", "go");
+	const char *comm = sv->cfg.multinode_comm && *sv->cfg.multinode_comm ? sv->cfg.multinode_comm : "auto";
+	json_t *go = json_pack("{s:s, s:s}", "type", "go", "comm", comm);
 	for (int i = 0; i < r->nkids; i++)
 		if (r->kids[i]->relayed && !r->kids[i]->exited)
 			msg_send(r->kids[i]->p.sock, go);

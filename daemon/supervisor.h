@@ -52,6 +52,8 @@ typedef struct supervisor_config {
 	const char *slurm_srun;       /* "" or NULL: multi-node jobs fail at start */
 	const char *slurm_conf;       /* "" or NULL: Slurm's default */
 	const char *relay_host;       /* "" or NULL: gethostname() */
+	const char *multinode_comm;   /* "auto" (NULL, ""): ranks on one host share memory, else the
+				       * network backend; "net": the network backend always */
 	int slurm_immediate_s;
 	int relay_timeout_ms;         /* the relay's keepalive bound; <= 0: CLUSTER_RELAY_TIMEOUT_MS */
 } supervisor_config;

@@ -708,3 +708,19 @@ out:
         shm_destroy(&s->base);
     return rc;
 }
+
+/* ---- net backend: worker/comm_net.cc, built only with libgloo-dev ---- */
+#ifndef BERTD_GLOO
+int comm_net_available(void)
+{
+    return 0;
+}
+
+int comm_create_net(comm **out, int rank, int world, const comm_kv *kv, const comm_net_opts *opts)
+{
+    (void)out, (void)world, (void)kv, (void)opts;
+    log_error("comm: rank %d: the ranks are on several hosts, and this bertd-worker was built without "
+              "libgloo-dev (the network backend); install it and rebuild", rank);
+    return -ENOTSUP;
+}
+#endif

@@ -1,12 +1,20 @@
 /* comm — gradient synchronization between the worker ranks of one job
  * (distributed data parallel: one bertd-worker process per device).
  *
- * One interface, two backends:
+ * One interface, three backends:
  *  - shm (CPU workers): a POSIX shm segment per job holds a control block and
  *    one slab per rank; collectives are a reduce-scatter + all-gather over the
  *    slabs, synchronized with futexes on shared words. Sums run in rank order
  *    0..G-1, so every rank gets bit-identical, run-to-run deterministic
  *    results. Layout and protocol: docs/formats.md.
+ *  - net (ranks on different hosts; built when libgloo-dev is there:
+ *    worker/comm_net.cc): Gloo's TCP transport, full mesh, rendezvous through
+ *    a key/value store the caller provides (the daemon relay's kv_set /
+ *    kv_get). Gloo's own allreduce sums in another order, so the collectives
+ *    are built on its point-to-point send/recv: the same reduce-scatter (the
+ *    owner of each segment receives every rank's piece and sums in rank
+ *    order 0..G-1, exactly as shm) and all-gather. Results are bit-identical
+ *    to the shm backend's on the same inputs (docs/multinode.md).
  *  - NCCL (CUDA workers, built when cuda_enabled): ncclCommInitRank with a
  *    unique id that rank 0 makes and the caller relays (the daemon socket);
  *    bucketed allreduce on a dedicated stream ordered with events.
@@ -97,6 +105,43 @@ int comm_replicas_agree(comm *c, const void *buf, size_t bytes);
  * current and next collective returns -EPIPE. For a rank that hit a local
  * fatal error, so its peers need not wait out their timeout. */
 void comm_abort(comm *c, int err);
+
+/* ---- net backend (worker/comm_net.cc; without libgloo-dev comm_create_net
+ * logs why and returns -ENOTSUP) ---- */
+
+/* The rendezvous store of the net backend. set publishes len bytes under key
+ * (keys are short ASCII; a value is at most COMM_KV_MAX bytes); get waits
+ * up to timeout_ms for key to exist and copies its value into val (cap
+ * bytes), its length in *len. Both return 0 or a negative errno; get
+ * -ETIMEDOUT when the key did not appear in time, -EMSGSIZE when cap is too
+ * small. Called only from the thread that calls comm_create_net. */
+#define COMM_KV_MAX 65536
+typedef struct comm_kv {
+    void *ctx;
+    int (*set)(void *ctx, const char *key, const void *val, size_t len);
+    int (*get)(void *ctx, const char *key, void *val, size_t cap, size_t *len, int timeout_ms);
+} comm_kv;
+
+typedef struct comm_net_opts {
+    const char *bind_addr; /* local address peers reach this rank at (numeric or name) */
+    const char *iface;     /* or an interface name (bind_addr wins when both are set) */
+    size_t max_floats;     /* largest piece one collective moves at a time; 0: default */
+    int timeout_ms;        /* bounds the rendezvous and every wait; <= 0: default */
+} comm_net_opts;
+
+/* Joins the group of world ranks over TCP: every rank listens on
+ * opts->bind_addr (or opts->iface), publishes its addresses in kv under its
+ * rank, reads every other rank's and connects the full mesh. Returns 0 with
+ * *out owned by the caller (comm_destroy); -ETIMEDOUT when some rank did not
+ * publish within timeout_ms, -EPIPE when a connection failed, -EINVAL for
+ * bad arguments (no address, world out of range), -ENOTSUP when bertd was
+ * built without libgloo-dev. A lost peer later gives -EPIPE on every
+ * collective, as in the shm backend; comm_abort closes every connection so
+ * the peers see it at once. */
+int comm_create_net(comm **out, int rank, int world, const comm_kv *kv, const comm_net_opts *opts);
+
+/* Whether this build has the net backend (1) or not (0). */
+int comm_net_available(void);
 
 /* ---- NCCL backend (defined only in CUDA builds: worker/comm_nccl.cu) ---- */
 

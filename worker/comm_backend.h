@@ -1,6 +1,6 @@
-/* comm_backend — what a comm backend (comm.c: shm, comm_nccl.cu: NCCL)
- * provides to the generic comm_* entry points. Private to worker/comm*;
- * nothing else includes it.
+/* comm_backend — what a comm backend (comm.c: shm, comm_net.cc: net,
+ * comm_nccl.cu: NCCL) provides to the generic comm_* entry points. Private
+ * to worker/comm*; nothing else includes it.
  */
 #ifndef BERTD_WORKER_COMM_BACKEND_H
 #define BERTD_WORKER_COMM_BACKEND_H

@@ -53,7 +53,7 @@ typedef struct worker {
 	int32_t *mlm_pos, *mlm_lab; /* (M*B*P,) flattened masked positions/labels */
 	/* training */
 	trainer *tr;               /* the host model: the CPU device itself, or the GPU's mirror */
-	comm *cm;                  /* shm group of the job's ranks (world > 1) */
+	comm *cm;                  /* the job's ranks (world > 1): shm, or net across hosts */
 	checkpoint_scaler ckpt_scaler; /* loss scaler of the checkpoint resumed from */
 	bool have_ckpt_scaler;       /* false: none, or a checkpoint that predates it */
 	uint64_t epoch;              /* of the last batch taken */

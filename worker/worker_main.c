@@ -14,16 +14,20 @@
  * the other mode: a checkpoint into an HF model directory (convert.h).
  * Never touches SQLite; never exits from anywhere but main.
  */
+#include <arpa/inet.h>
 #include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
 #include <jansson.h>
+#include <netdb.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -299,13 +303,179 @@ static int make_trainer(worker *w, bool on_gpu, train_config *tc)
 	return 0;
 }
 
-/* The shm group of the job's ranks (world > 1): the loop's per-step sums,
- * the replica check, and the CPU device's gradients. */
-static int join_ranks(worker *w)
+/* ---- joining the job's ranks (world > 1) ---- */
+
+/* The rendezvous store of the net backend over the daemon connection
+ * (daemon/relaykv.h): values travel as hex strings. */
+static int kv_set(void *ctx, const char *key, const void *val, size_t len)
 {
+	worker *w = ctx;
+	static const char digits[] = "0123456789abcdef";
+	char *hex = malloc(2 * len + 1);
+	if (!hex)
+		return -ENOMEM;
+	for (size_t i = 0; i < len; i++) {
+		hex[2 * i] = digits[((const unsigned char *)val)[i] >> 4];
+		hex[2 * i + 1] = digits[((const unsigned char *)val)[i] & 15];
+	}
+	hex[2 * len] = 0;
+	int rc = worker_send(w, json_pack("{s:s, s:s, s:s}", "type", "kv_set", "key", key, "value", hex));
+	free(hex);
+	return rc;
+}
+
+static int unhex(int ch)
+{
+	return ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
+}
+
+static int kv_get(void *ctx, const char *key, void *val, size_t cap, size_t *len, int timeout_ms)
+{
+	worker *w = ctx;
+	int rc = worker_send(w, json_pack("{s:s, s:s}", "type", "kv_get", "key", key));
+	double deadline = worker_now_s() + timeout_ms / 1000.0;
+	while (rc == 0) {
+		json_t *m = NULL;
+		int left_ms = (int)((deadline - worker_now_s()) * 1000.0);
+		rc = worker_await(w, "kv", left_ms > 0 ? left_ms : 0, &m);
+		if (rc < 0)
+			return rc; /* -ETIMEDOUT: the key was not set in time */
+		const char *k = jstr(m, "key"), *hex = jstr(m, "value"), *err = jstr(m, "error");
+		if (!k || strcmp(k, key) != 0) { /* an answer to an earlier, abandoned get */
+			json_decref(m);
+			continue;
+		}
+		size_t n = hex ? strlen(hex) : 0;
+		if (err || !hex || n % 2)
+			rc = -EPROTO;
+		else if (n / 2 > cap)
+			rc = -EMSGSIZE;
+		for (size_t i = 0; rc == 0 && i < n / 2; i++) {
+			int hi = unhex(hex[2 * i]), lo = unhex(hex[2 * i + 1]);
+			if (hi < 0 || lo < 0)
+				rc = -EPROTO;
+			else
+				((unsigned char *)val)[i] = (unsigned char)(hi << 4 | lo);
+		}
+		if (err)
+			log_error("the daemon refused the get of %s: %s", key, err);
+		*len = n / 2;
+		json_decref(m);
+		return rc;
+	}
+	return rc;
+}
+
+/* What decides whether two ranks can share memory: the same kernel
+ * (boot_id) and the same /dev/shm (device and inode: a node in its own
+ * mount namespace, or a container, has its own). */
+static void shm_domain(char *buf, size_t cap)
+{
+	char boot[64] = "?";
+	FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+	if (f) {
+		if (!fgets(boot, sizeof boot, f))
+			snprintf(boot, sizeof boot, "?");
+		boot[strcspn(boot, "\n")] = 0;
+		fclose(f);
+	}
+	struct stat st = {0};
+	stat("/dev/shm", &st);
+	snprintf(buf, cap, "%s/%llx/%llx", boot, (unsigned long long)st.st_dev, (unsigned long long)st.st_ino);
+}
+
+/* Whether every rank of the job is on this rank's host (exchanged through
+ * the daemon's key/value map): 1, 0, or a negative errno. */
+static int all_on_one_host(worker *w)
+{
+	char mine[160], key[32], theirs[160];
+	shm_domain(mine, sizeof mine);
+	snprintf(key, sizeof key, "host/%d", w->rank);
+	int rc = kv_set(w, key, mine, strlen(mine));
+	int same = 1;
+	for (int g = 0; rc == 0 && g < w->world; g++) {
+		size_t len = 0;
+		snprintf(key, sizeof key, "host/%d", g);
+		rc = kv_get(w, key, theirs, sizeof theirs - 1, &len, LOOP_COMM_TIMEOUT_MS);
+		if (rc == 0 && (len != strlen(mine) || memcmp(theirs, mine, len) != 0))
+			same = 0;
+	}
+	return rc < 0 ? rc : same;
+}
+
+/* The address the net backend listens on: BERTD_COMM_ADDR, else the
+ * interface BERTD_COMM_IFACE names, else the local address of the daemon
+ * connection (an interface that routes to the head node, where the other
+ * ranks' connections go too). */
+static int comm_address(worker *w, comm_net_opts *o, char *buf, size_t cap)
+{
+	const char *addr = getenv("BERTD_COMM_ADDR"), *iface = getenv("BERTD_COMM_IFACE");
+	if (addr && *addr) {
+		o->bind_addr = addr;
+		return 0;
+	}
+	if (iface && *iface) {
+		o->iface = iface;
+		return 0;
+	}
+	struct sockaddr_storage sa;
+	socklen_t sl = sizeof sa;
+	if (getsockname(w->daemon_fd, (struct sockaddr *)&sa, &sl) < 0)
+		return -errno;
+	if (sa.ss_family != AF_INET && sa.ss_family != AF_INET6)
+		return -EAFNOSUPPORT; /* fd 3 is a socketpair: set BERTD_COMM_ADDR */
+	int rc = getnameinfo((struct sockaddr *)&sa, sl, buf, (socklen_t)cap, NULL, 0, NI_NUMERICHOST);
+	if (rc != 0)
+		return -EADDRNOTAVAIL;
+	o->bind_addr = buf;
+	return 0;
+}
+
+/* The group of the job's ranks (world > 1): the loop's per-step sums, the
+ * replica check, eval, the barrier, and the CPU device's gradients. Shared
+ * memory when every rank is on this host, the network backend otherwise
+ * (docs/multinode.md). pick is the daemon's word in "go" ("auto", "net";
+ * "" for a local job), BERTD_COMM=net|shm the worker's own override. */
+static int join_ranks(worker *w, const char *pick)
+{
+	const char *force = getenv("BERTD_COMM");
+	bool net = false;
+	int rc = 0;
+	if (force && *force) {
+		if (strcmp(force, "net") != 0 && strcmp(force, "shm") != 0)
+			return worker_fail(w, BERTD_EXIT_BAD_CONFIG, "BERTD_COMM=%s: must be net or shm", force);
+		net = strcmp(force, "net") == 0;
+	} else if (strcmp(pick, "net") == 0) {
+		net = true;
+	} else if (relay_wanted()) {
+		rc = all_on_one_host(w);
+		if (rc < 0)
+			return worker_fail(w, BERTD_EXIT_PEER_LOST, "finding where the job's ranks run failed: %s",
+					   strerror(-rc));
+		net = rc == 0;
+	}
+	if (net) {
+		char addr[INET6_ADDRSTRLEN + 8];
+		comm_net_opts o = {.timeout_ms = LOOP_COMM_TIMEOUT_MS};
+		comm_kv kv = {.ctx = w, .set = kv_set, .get = kv_get};
+		if ((rc = comm_address(w, &o, addr, sizeof addr)) < 0)
+			return worker_fail(w, BERTD_EXIT_BAD_CONFIG,
+					   "no address for the network comm backend (%s): set BERTD_COMM_ADDR", strerror(-rc));
+		rc = comm_create_net(&w->cm, w->rank, w->world, &kv, &o);
+		if (rc == -ENOTSUP)
+			return worker_fail(w, BERTD_EXIT_BAD_CONFIG,
+					   "the job's ranks are on several hosts and this bertd-worker has no network "
+					   "comm backend (built without libgloo-dev)");
+		if (rc < 0)
+			return worker_fail(w, BERTD_EXIT_PEER_LOST, "joining the %d-rank group over the network (%s) "
+					   "failed: %s", w->world, o.bind_addr ? o.bind_addr : o.iface, strerror(-rc));
+		log_info("rank %d/%d: comm over the network from %s", w->rank, w->world,
+			 o.bind_addr ? o.bind_addr : o.iface);
+		return 0;
+	}
 	char cname[160];
 	comm_name_for_job(cname, sizeof cname, w->bj.job_id);
-	int rc = comm_create_shm(&w->cm, cname, w->rank, w->world, COMM_DEFAULT_MAX_FLOATS, LOOP_COMM_TIMEOUT_MS);
+	rc = comm_create_shm(&w->cm, cname, w->rank, w->world, COMM_DEFAULT_MAX_FLOATS, LOOP_COMM_TIMEOUT_MS);
 	if (rc < 0)
 		return worker_fail(w, BERTD_EXIT_PEER_LOST, "joining the %d-rank group failed: %s", w->world,
 				   strerror(-rc));
@@ -348,7 +518,7 @@ static int parse_args(int argc, char **argv, const char **job_path, int *rank)
 /* A multi-node rank (docs/multinode.md): the daemon's relay stands in for
  * fd 3; the daemon answers "go" once every rank on every node has joined
  * with the same dataset. */
-static int join_relay(worker *w, const char *job_path)
+static int join_relay(worker *w, const char *job_path, char *comm_pick, size_t cap)
 {
 	char err[512];
 	int fd = relay_connect(job_path, w->rank, err, sizeof err);
@@ -360,6 +530,7 @@ static int join_relay(worker *w, const char *job_path)
 	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
 	json_t *go = NULL;
 	int rc = worker_await(w, "go", RELAY_GO_TIMEOUT_MS, &go);
+	snprintf(comm_pick, cap, "%s", rc == 0 && jstr(go, "comm") ? jstr(go, "comm") : "auto");
 	json_decref(go);
 	if (rc < 0)
 		return worker_fail(w, BERTD_EXIT_PEER_LOST, "the job's ranks did not all join: %s", strerror(-rc));
@@ -394,7 +565,8 @@ int main(int argc, char **argv)
 	const char *kind = NULL;
 	bool on_gpu = false;
 	train_config tc;
-	int code = w.daemon_fd < 0 && relay_wanted() ? join_relay(&w, job_path) : 0;
+	char comm_pick[16] = ""; /* the daemon's choice of data plane, in "go" */
+	int code = w.daemon_fd < 0 && relay_wanted() ? join_relay(&w, job_path, comm_pick, sizeof comm_pick) : 0;
 	if (code == 0)
 		code = open_job(&w, job_path, &kind, &on_gpu);
 	if (code == 0)
@@ -411,7 +583,7 @@ int main(int argc, char **argv)
 	if (code == 0 && !on_gpu)
 		code = device_cpu_create(&w, &dev);
 	if (code == 0 && w.world > 1)
-		code = join_ranks(&w);
+		code = join_ranks(&w, comm_pick);
 	if (code == 0) {
 		log_info("rank %d/%d on %s: %d layers, hidden %d, vocab %d, batch %u x %u, accumulation %d, from step %ld",
 			 w.rank, w.world, kind, tc.model.num_hidden_layers, tc.model.hidden_size, tc.model.vocab_size,
