@@ -14,7 +14,9 @@
 #
 #   multinode_ns.sh check                     exit 0, or 77 with why (root, nft, Slurm)
 #   multinode_ns.sh start DIR NNODES [shared-shm]   prints DIR/slurm.conf; OWNER pid
-#                                             in $BERTD_NS_OWNER (default: the caller)
+#                                             in $BERTD_NS_OWNER (default: the caller);
+#                                             $BERTD_NS_TASK_ENV ("NAME=value ...") goes
+#                                             into every task (Slurm's TaskProlog)
 #   multinode_ns.sh stop DIR                  everything down (idempotent)
 #   multinode_ns.sh cut DIR NODE | heal DIR NODE     NODE's link down / up
 #   multinode_ns.sh partition DIR A B         drop every frame between A and B only
@@ -188,6 +190,10 @@ start)
 	for k in $(seq 1 "$nodes"); do
 		mkns "n$k" "n$k" && link "n$k" "$net.$((10 + k))" || fail "cannot make node n$k"
 	done
+	{
+		echo '#!/bin/sh'
+		for kv in ${BERTD_NS_TASK_ENV:-}; do echo "echo 'export $kv'"; done
+	} >"$dir/taskprolog.sh" && chmod 0755 "$dir/taskprolog.sh"
 	head -c 1024 /dev/urandom >"$dir/munge.key" && chmod 0400 "$dir/munge.key"
 	in_ns head munged --force --socket="$dir/munge.sock" --key-file="$dir/munge.key" \
 		--pid-file="$dir/munged.pid" --log-file="$dir/munged.log" --seed-file="$dir/munged.seed" \
@@ -220,6 +226,7 @@ start)
 		KillWait=5
 		MessageTimeout=5
 		InactiveLimit=60
+		TaskProlog=$dir/taskprolog.sh
 		CONF
 		for k in $(seq 1 "$nodes"); do
 			echo "NodeName=n$k NodeHostname=n$k NodeAddr=$net.$((10 + k)) CPUs=1 State=UNKNOWN"

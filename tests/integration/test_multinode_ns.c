@@ -91,8 +91,12 @@ static int setup(void **state)
 	mkdir(f->slurm, 0700);
 	char cmd[800];
 	/* the cluster goes when this process goes, however it ends */
-	snprintf(cmd, sizeof cmd, "BERTD_NS_OWNER=%d BERTD_NS_SHARED=%s %s start %s 2 %s >/dev/null", (int)getpid(),
-		 f->d.root, script(), f->slurm, shared_shm() ? "shared-shm" : "private-shm");
+	/* the network backend's waits: 10 s (Slurm's TaskProlog sets it in
+	 * every task), so a rank cut off from its peer gives up in seconds; a
+	 * 1 s flap still passes */
+	snprintf(cmd, sizeof cmd,
+		 "BERTD_NS_OWNER=%d BERTD_NS_SHARED=%s BERTD_NS_TASK_ENV=BERTD_COMM_TIMEOUT_MS=10000 %s start %s 2 %s "
+		 ">/dev/null", (int)getpid(), f->d.root, script(), f->slurm, shared_shm() ? "shared-shm" : "private-shm");
 	if (system(cmd) != 0) {
 		fprintf(stderr, "the namespaced cluster did not start (%s)\n", cmd);
 		return -1;
@@ -109,6 +113,7 @@ static int setup(void **state)
 			       "--schedule", "true", "--stop-timeout-s", "60", "--slurm-srun", "/usr/bin/srun",
 			       "--slurm-conf", f->conf, "--relay-host", "10.213.77.1",
 			       "--relay-timeout-s", RELAY_TIMEOUT_S, "--slurm-immediate-s", "60", NULL};
+
 	if (bertd_start(&f->d, extra))
 		return -1;
 	it_make_corpus(f->data, "shakes.txt", 3000);
