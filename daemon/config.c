@@ -103,6 +103,8 @@ static const config_key keys[] = {
 	     "on one host, else the network backend; \"net\" = the network backend always"),
 	INT(slurm_immediate_s, "60", 1, 86400,
 	    "seconds srun waits for a multi-node job's nodes before the attempt fails"),
+	BOOL(slurm_gpus_per_node, "false",
+	     "pass --gpus-per-node to srun for a GPU multi-node job (clusters that schedule GPUs as GRES)"),
 	INT(relay_timeout_s, "30", 1, 3600,
 	    "seconds a multi-node rank's relay connection may go unanswered (a node cut off) before the "
 	    "daemon and the rank each count it lost"),

@@ -49,6 +49,7 @@ typedef struct config {
 	char multinode_comm[8];  /* multi-node ranks' data plane: "auto" or "net" (docs/multinode.md) */
 	int slurm_immediate_s;   /* srun --immediate: how long to wait for the nodes */
 	int relay_timeout_s;     /* a relay connection unanswered this long is lost (both ends) */
+	bool slurm_gpus_per_node; /* srun --gpus-per-node for GPU multi-node jobs (GRES clusters) */
 	char config_file[1024];  /* where the file settings came from ("" none) */
 
 	/* Derived by config_finish: */

@@ -1151,7 +1151,8 @@ static int start_multinode(supervisor *sv, run *r, const store_job *j, const job
 	snprintf(r->launch_log, sizeof r->launch_log, "%s/logs/srun.log", r->dir);
 	cluster_argv av;
 	cluster_srun_argv(&av, sv->cfg.slurm_srun, r->nodes, r->per_node,
-			  strcmp(multinode_kind(sv, r), "cuda") == 0 ? r->per_node : 0, sv->cfg.slurm_immediate_s,
+			  sv->cfg.slurm_gpus_per_node && strcmp(multinode_kind(sv, r), "cuda") == 0 ? r->per_node : 0,
+			  sv->cfg.slurm_immediate_s,
 			  &r->ca, worker_bin, job_json);
 	childenv *henv = NULL;
 	cluster_env *env = NULL;
