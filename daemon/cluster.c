@@ -25,6 +25,8 @@ int cluster_attempt_open(cluster_attempt *a, const char *relay_host, const char 
 {
 	unsigned char rnd[CLUSTER_TOKEN_HEX / 2];
 	a->listen_fd = -1;
+	a->fence[0] = '\0';
+	a->relay_timeout_ms = CLUSTER_RELAY_TIMEOUT_MS;
 	if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
 		return -EIO;
 	for (size_t i = 0; i < sizeof rnd; i++)
@@ -81,8 +83,8 @@ bool cluster_token_ok(const cluster_attempt *a, const char *token)
 	return diff == 0;
 }
 
-void cluster_srun_argv(cluster_argv *out, const char *srun, int nodes, int per_node, int immediate_s,
-		       const cluster_attempt *a, const char *worker_bin, const char *job_json)
+void cluster_srun_argv(cluster_argv *out, const char *srun, int nodes, int per_node, int gpus_per_node,
+		       int immediate_s, const cluster_attempt *a, const char *worker_bin, const char *job_json)
 {
 	static char job_opt[] = "--job";
 	/* --opt=value throughout: srun's --immediate takes an optional value */
@@ -96,6 +98,10 @@ void cluster_srun_argv(cluster_argv *out, const char *srun, int nodes, int per_n
 	out->argv[n++] = out->num[1];
 	out->argv[n++] = out->num[2];
 	out->argv[n++] = out->num[3];
+	if (gpus_per_node > 0) {
+		snprintf(out->num[4], sizeof out->num[4], "--gpus-per-node=%d", gpus_per_node);
+		out->argv[n++] = out->num[4];
+	}
 	out->argv[n++] = (char *)worker_bin;
 	out->argv[n++] = job_opt;
 	out->argv[n++] = (char *)job_json;
@@ -116,6 +122,11 @@ int cluster_srun_env(cluster_env **out, char *const base[], int threads, const c
 	snprintf(e->own[k++], sizeof e->own[0], "OPENBLAS_NUM_THREADS=%d", threads);
 	snprintf(e->own[k++], sizeof e->own[0], "BERTD_RELAY=%s", a->addr);
 	snprintf(e->own[k++], sizeof e->own[0], "BERTD_RELAY_TOKEN=%s", a->token);
+	snprintf(e->own[k++], sizeof e->own[0], "BERTD_RELAY_TIMEOUT_MS=%d", a->relay_timeout_ms);
+	if (a->fence[0]) {
+		snprintf(e->own[k++], sizeof e->own[0], "BERTD_ATTEMPT=%s", a->slurm_name);
+		snprintf(e->own[k++], sizeof e->own[0], "BERTD_FENCE=%s", a->fence);
+	}
 	if (slurm_conf && *slurm_conf)
 		snprintf(e->own[k++], sizeof e->own[0], "SLURM_CONF=%s", slurm_conf);
 	size_t n = 0;
@@ -148,6 +159,45 @@ int cluster_dataset_verdict(const char (*node)[64], const char (*sha)[CLUSTER_TO
 		return -EINVAL;
 	}
 	return 0;
+}
+
+/* text into path, atomically and durably (tmp, fsync, rename). */
+static int write_atomic(const char *path, const char *text)
+{
+	char tmp[1200];
+	snprintf(tmp, sizeof tmp, "%s.tmp", path);
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return -errno;
+	size_t n = strlen(text);
+	int rc = write(fd, text, n) == (ssize_t)n ? 0 : -EIO;
+	if (rc == 0 && fsync(fd) < 0)
+		rc = -errno;
+	close(fd);
+	if (rc == 0 && rename(tmp, path) < 0)
+		rc = -errno;
+	if (rc < 0)
+		unlink(tmp);
+	return rc;
+}
+
+int cluster_fence_open(cluster_attempt *a, const char *job_dir)
+{
+	char line[128];
+	if ((size_t)snprintf(a->fence, sizeof a->fence, "%s/attempt", job_dir) >= sizeof a->fence) {
+		a->fence[0] = '\0';
+		return -ENAMETOOLONG;
+	}
+	snprintf(line, sizeof line, "%s\n", a->slurm_name);
+	int rc = write_atomic(a->fence, line);
+	if (rc < 0)
+		a->fence[0] = '\0';
+	return rc;
+}
+
+int cluster_fence_close(const cluster_attempt *a)
+{
+	return a->fence[0] ? write_atomic(a->fence, "over\n") : 0;
 }
 
 void cluster_scancel(const cluster_attempt *a, const char *srun, const char *slurm_conf)
@@ -276,27 +326,36 @@ static int64_t mono_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-int cluster_sinfo(const char *srun, const char *slurm_conf, int timeout_ms, cluster_nodes *out, char *why,
-		  size_t cap)
+/* Runs the Slurm tool beside srun (else PATH's) with args (at most 8,
+ * NULL-ended) and SLURM_CONF=slurm_conf for at most timeout_ms. 0 with
+ * *text its stdout (caller frees); or a negative errno with why naming
+ * what failed (its exit status and first line of stderr, or the deadline). */
+static int run_tool(const char *srun, const char *tool, char *const args[], const char *slurm_conf,
+		    int timeout_ms, char **text, char *why, size_t cap)
 {
-	char bin[1100] = "sinfo", conf[1100] = "";
+	char bin[1100], conf[1100] = "";
 	const char *slash = srun ? strrchr(srun, '/') : NULL;
+	*text = NULL;
 	if (slash)
-		snprintf(bin, sizeof bin, "%.*s/sinfo", (int)(slash - srun), srun);
+		snprintf(bin, sizeof bin, "%.*s/%s", (int)(slash - srun), srun, tool);
+	else
+		snprintf(bin, sizeof bin, "%s", tool);
 	if (slurm_conf && *slurm_conf)
 		snprintf(conf, sizeof conf, "SLURM_CONF=%s", slurm_conf);
-	char *argv[] = {bin, "-h", "-N", "-o", "%N %t", NULL};
+	char *argv[10] = {bin};
+	for (int i = 0; i < 8 && args[i]; i++)
+		argv[i + 1] = args[i];
 	char *envp[] = {"PATH=/usr/bin:/bin", conf[0] ? conf : NULL, NULL};
 	int po[2], pe[2];
 	if (pipe2(po, O_CLOEXEC) < 0)
-		return snprintf(why, cap, "sinfo: pipe: %s", strerror(errno)), -EIO;
+		return snprintf(why, cap, "%s: pipe: %s", tool, strerror(errno)), -EIO;
 	if (pipe2(pe, O_CLOEXEC) < 0) {
 		int e = errno;
 		close(po[0]);
 		close(po[1]);
-		return snprintf(why, cap, "sinfo: pipe: %s", strerror(e)), -EIO;
+		return snprintf(why, cap, "%s: pipe: %s", tool, strerror(e)), -EIO;
 	}
-	/* posix_spawn, not fork: this runs on an HTTP thread of a daemon that
+	/* posix_spawn, not fork: this may run on an HTTP thread of a daemon that
 	 * may be large; its own process group, so a timeout kills all of it */
 	posix_spawn_file_actions_t fa;
 	posix_spawnattr_t at;
@@ -368,7 +427,7 @@ int cluster_sinfo(const char *srun, const char *slurm_conf, int timeout_ms, clus
 	}
 	close(po[0]);
 	close(pe[0]);
-	/* Output closed: sinfo still gets what is left of the deadline to exit
+	/* Output closed: the tool still gets what is left of the deadline to exit
 	 * (its pidfd; without one, the wait is unbounded as before pidfds). */
 	int pfd = timed_out || rc ? -1 : (int)syscall(SYS_pidfd_open, pid, 0);
 	if (pfd >= 0) {
@@ -402,8 +461,96 @@ int cluster_sinfo(const char *srun, const char *slurm_conf, int timeout_ms, clus
 		rc = -EIO;
 	} else {
 		o[n_o] = '\0';
-		rc = cluster_sinfo_parse(o, out, why, cap);
+		*text = o;
+		o = NULL;
 	}
 	free(o);
 	return rc;
+}
+
+int cluster_sinfo(const char *srun, const char *slurm_conf, int timeout_ms, cluster_nodes *out, char *why,
+		  size_t cap)
+{
+	char *args[] = {"-h", "-N", "-o", "%N %t", NULL}, *text = NULL;
+	int rc = run_tool(srun, "sinfo", args, slurm_conf, timeout_ms, &text, why, cap);
+	if (rc == 0)
+		rc = cluster_sinfo_parse(text, out, why, cap);
+	free(text);
+	return rc;
+}
+
+/* Whether a Slurm job state (squeue's %T, sacct's State) is final. */
+static bool state_final(const char *st)
+{
+	static const char *const live[] = {"PENDING", "RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED",
+					   "REQUEUED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", ""};
+	for (size_t i = 0; i < sizeof live / sizeof live[0]; i++)
+		if (strcmp(st, live[i]) == 0)
+			return false;
+	return true;
+}
+
+/* The first line of text as "STATE|REASON" into state and reason. */
+static void split_state(const char *text, char *state, size_t scap, char *reason, size_t rcap)
+{
+	char line[256];
+	first_line(text ? text : "", line, sizeof line);
+	char *bar = strchr(line, '|');
+	if (bar)
+		*bar = '\0';
+	char *sp = strchr(line, ' '); /* sacct: "CANCELLED by 0" */
+	if (sp)
+		*sp = '\0';
+	snprintf(state, scap, "%s", line);
+	snprintf(reason, rcap, "%s", bar ? bar + 1 : "");
+}
+
+int cluster_slurm_state(const cluster_attempt *a, const char *srun, const char *slurm_conf, int timeout_ms,
+			char *out, size_t cap)
+{
+	char name[128], why[300], state[64] = "", reason[128] = "", *text = NULL;
+	int64_t deadline = mono_ms() + timeout_ms;
+	snprintf(name, sizeof name, "--name=%s", a->slurm_name);
+	out[0] = '\0';
+	/* sacct where accounting is kept: the final state at once */
+	char *sacct[] = {"-n", "-X", "-P", name, "-o", "State,Reason", NULL};
+	if (run_tool(srun, "sacct", sacct, slurm_conf, timeout_ms, &text, why, sizeof why) == 0)
+		split_state(text, state, sizeof state, reason, sizeof reason);
+	free(text);
+	/* else slurmctld's record (kept MinJobAge after the end): squeue,
+	 * again while the job is still completing, up to the deadline */
+	char *squeue[] = {"-h", "-t", "all", name, "-o", "%T|%r", NULL};
+	while (!state_final(state)) {
+		int64_t left = deadline - mono_ms();
+		if (left <= 0)
+			break;
+		text = NULL;
+		int rc = run_tool(srun, "squeue", squeue, slurm_conf, (int)left, &text, why, sizeof why);
+		if (rc == 0)
+			split_state(text, state, sizeof state, reason, sizeof reason);
+		free(text);
+		if (rc < 0 || !state[0])
+			break;
+		if (!state_final(state))
+			poll(NULL, 0, 100);
+	}
+	if (!state[0])
+		return -ENOENT;
+	if (reason[0] && strcmp(reason, "None") != 0)
+		snprintf(out, cap, "%s (%s)", state, reason);
+	else
+		snprintf(out, cap, "%s", state);
+	return 0;
+}
+
+bool cluster_state_own(const char *state)
+{
+	static const char *const own[] = {"CANCELLED", "NODE_FAIL", "TIMEOUT", "PREEMPTED", "BOOT_FAIL",
+					  "DEADLINE", "OUT_OF_MEMORY"};
+	for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) {
+		size_t n = strlen(own[i]);
+		if (strncmp(state, own[i], n) == 0 && (state[n] == '\0' || state[n] == ' '))
+			return true;
+	}
+	return false;
 }

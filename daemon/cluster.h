@@ -28,19 +28,25 @@
 
 #define CLUSTER_TOKEN_HEX 64
 #define CLUSTER_ARGV_MAX 16
-#define CLUSTER_ENV_OWN 6
+#define CLUSTER_ENV_OWN 9
+#define CLUSTER_RELAY_TIMEOUT_MS 30000
 
 typedef struct cluster_attempt {
 	int listen_fd;                        /* relay listener, -1 when closed */
 	char addr[300];                       /* "host:port" the ranks connect to */
 	char token[CLUSTER_TOKEN_HEX + 1];    /* per attempt, hex */
-	char slurm_name[96];                  /* srun --job-name, unique per attempt */
+	char slurm_name[96];                  /* srun --job-name, unique per attempt; also the
+					       * attempt's name in the fence file */
+	char fence[1100];                     /* <job dir>/attempt once cluster_fence_open ran */
+	int relay_timeout_ms;                 /* the relay's keepalive bound (common/keepalive.h) */
 } cluster_attempt;
 
 /* Opens the relay listener of an attempt of job_id: binds relay_host when
  * it is a numeric address (else every address) on an ephemeral port, makes
  * the token and the Slurm job name. relay_host "" or NULL: advertised as
- * gethostname(). 0, or a negative errno (a->listen_fd stays -1). */
+ * gethostname(). relay_timeout_ms is CLUSTER_RELAY_TIMEOUT_MS (the caller
+ * may change it before cluster_srun_env). 0, or a negative errno
+ * (a->listen_fd stays -1). */
 int cluster_attempt_open(cluster_attempt *a, const char *relay_host, const char *job_id);
 
 /* Closes the listener (idempotent). */
@@ -49,17 +55,21 @@ void cluster_attempt_close(cluster_attempt *a);
 /* Whether token is the attempt's (compared in constant time). */
 bool cluster_token_ok(const cluster_attempt *a, const char *token);
 
-/* srun's argv (NULL-ended, pointing into out and the arguments). */
+/* srun's argv (NULL-ended, pointing into out and the arguments).
+ * gpus_per_node > 0 adds --gpus-per-node (a GPU job: Slurm hands each node's
+ * task that many GPUs where the cluster schedules them as GRES). */
 typedef struct cluster_argv {
-	char num[4][128];
+	char num[5][128];
 	char *argv[CLUSTER_ARGV_MAX];
 } cluster_argv;
-void cluster_srun_argv(cluster_argv *out, const char *srun, int nodes, int per_node, int immediate_s,
-		       const cluster_attempt *a, const char *worker_bin, const char *job_json);
+void cluster_srun_argv(cluster_argv *out, const char *srun, int nodes, int per_node, int gpus_per_node,
+		       int immediate_s, const cluster_attempt *a, const char *worker_bin, const char *job_json);
 
 /* srun's environment: base (a childenv's NULL-ended envp) plus
  * OMP_NUM_THREADS/OPENBLAS_NUM_THREADS (threads), BERTD_RELAY,
- * BERTD_RELAY_TOKEN and SLURM_CONF (slurm_conf not empty). *out is
+ * BERTD_RELAY_TOKEN, BERTD_RELAY_TIMEOUT_MS, SLURM_CONF (slurm_conf not
+ * empty) and, once cluster_fence_open ran, BERTD_ATTEMPT and BERTD_FENCE
+ * (worker/fence.h). *out is
  * caller-owned (free()), pointing into itself and base. 0 or -ENOMEM. */
 typedef struct cluster_env {
 	char own[CLUSTER_ENV_OWN][1100];
@@ -74,6 +84,16 @@ int cluster_srun_env(cluster_env **out, char *const base[], int threads, const c
  * side (the first node's digest against the first that differs). */
 int cluster_dataset_verdict(const char (*node)[64], const char (*sha)[CLUSTER_TOKEN_HEX + 1], int world,
 			    const char *dataset, char *why, size_t cap);
+
+/* The fence (docs/multinode.md, "The attempt fence"): <job_dir>/attempt
+ * names the attempt whose ranks may put checkpoints and exports into place
+ * (written atomically: tmp, fsync, rename). cluster_fence_open records the
+ * path in a and names a's attempt there; cluster_fence_close names none
+ * ("over"), so a rank of this attempt that is still running somewhere
+ * (its node cut off) writes nothing into the job directory any more.
+ * 0 or a negative errno. */
+int cluster_fence_open(cluster_attempt *a, const char *job_dir);
+int cluster_fence_close(const cluster_attempt *a);
 
 /* Runs `scancel --name=<a->slurm_name>` (SLURM_CONF=slurm_conf) detached:
  * what is left of the attempt's Slurm job on any node is killed. The
@@ -104,5 +124,19 @@ int cluster_sinfo_parse(const char *text, cluster_nodes *out, char *why, size_t 
  * stderr). Blocks its caller for up to timeout_ms. */
 int cluster_sinfo(const char *srun, const char *slurm_conf, int timeout_ms, cluster_nodes *out, char *why,
 		  size_t cap);
+
+/* Slurm's own state of the attempt's job after srun ended badly: sacct
+ * (where the cluster keeps accounting), else squeue's record of it, asked
+ * again while it is still completing; at most timeout_ms in all (blocks
+ * its caller that long at most). out: "NODE_FAIL", "CANCELLED",
+ * "TIMEOUT", "FAILED (NonZeroExitCode)", ... or, past the deadline, the
+ * last state seen. 0, or -ENOENT when Slurm has no record of it. */
+#define CLUSTER_STATE_TIMEOUT_MS 2000
+/* Whether state (cluster_slurm_state's out) is Slurm's own decision (node
+ * failure, cancel, time limit, preemption, boot failure, deadline, OOM),
+ * not the FAILED/COMPLETED that bertd ending srun itself leaves. */
+bool cluster_state_own(const char *state);
+int cluster_slurm_state(const cluster_attempt *a, const char *srun, const char *slurm_conf, int timeout_ms,
+			char *out, size_t cap);
 
 #endif

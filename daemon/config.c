@@ -118,6 +118,11 @@ static const config_key keys[] = {
 	    "refuse new jobs (507) while state_dir's file system is this percent full or more (0 = no ceiling)"),
 	STR(shared_group, "", "group that may read job files (exports, logs, TensorBoard events): job "
 	    "directories are made setgid to it and files group-readable (\"\" = owner only)"),
+	BOOL(slurm_gpus_per_node, "false",
+	     "pass --gpus-per-node to srun for a GPU multi-node job (clusters that schedule GPUs as GRES)"),
+	INT(relay_timeout_s, "30", 1, 3600,
+	    "seconds a multi-node rank's relay connection may go unanswered (a node cut off) before the "
+	    "daemon and the rank each count it lost"),
 };
 #define N_KEYS (sizeof keys / sizeof keys[0])
 

@@ -55,6 +55,8 @@ typedef struct config {
 	size_t disk_ceiling_bytes;     /* job files at or above this refuse new jobs (507); 0 = none */
 	int disk_ceiling_percent;      /* state_dir's file system this full refuses new jobs; 0 = none */
 	char shared_group[64];         /* group that may read job files (exports, logs, TensorBoard); "" = none */
+	int relay_timeout_s;     /* a relay connection unanswered this long is lost (both ends) */
+	bool slurm_gpus_per_node; /* srun --gpus-per-node for GPU multi-node jobs (GRES clusters) */
 	char config_file[1024];  /* where the file settings came from ("" none) */
 
 	/* Derived by config_finish: */

@@ -430,6 +430,8 @@ int main(int argc, char **argv)
 		.relay_host = d.cfg.relay_host,
 		.multinode_comm = d.cfg.multinode_comm,
 		.slurm_immediate_s = d.cfg.slurm_immediate_s,
+		.relay_timeout_ms = d.cfg.relay_timeout_s * 1000,
+		.slurm_gpus_per_node = d.cfg.slurm_gpus_per_node,
 	};
 	if ((rc = supervisor_create(&d.sup, &sc, d.lp, d.st, d.devs, d.ndev)) < 0) {
 		log_error("supervisor setup failed: %s", strerror(-rc));

@@ -55,6 +55,8 @@ typedef struct supervisor_config {
 	const char *multinode_comm;   /* "auto" (NULL, ""): ranks on one host share memory, else the
 				       * network backend; "net": the network backend always */
 	int slurm_immediate_s;
+	int relay_timeout_ms;         /* the relay's keepalive bound; <= 0: CLUSTER_RELAY_TIMEOUT_MS */
+	bool slurm_gpus_per_node;     /* srun --gpus-per-node for GPU jobs (the cluster has GPU GRES) */
 } supervisor_config;
 
 /* devices is copied. *out caller-owned (supervisor_destroy). -EINVAL for a

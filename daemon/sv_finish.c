@@ -45,6 +45,7 @@ void sv_finish_job(supervisor *sv, run *r)
 	free_dev_ids(sv, r);
 	if (r->multinode) {
 		sv_relay_close_all(sv, r);
+		cluster_fence_close(&r->ca); /* a rank still running somewhere writes nothing now */
 		/* srun is gone; whatever its step left on a node goes too */
 		cluster_scancel(&r->ca, sv->cfg.slurm_srun, sv->cfg.slurm_conf);
 	}

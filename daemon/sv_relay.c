@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "common/jobspec.h"
+#include "common/keepalive.h"
 #include "common/log.h"
 #include "common/msg.h"
 #include "daemon/cluster.h"
@@ -211,6 +212,7 @@ void sv_relay_on_accept(loop *l, int fd, uint32_t events, void *arg)
 		int cfd = accept4(fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 		if (cfd < 0)
 			return;
+		keepalive_set(cfd, r->ca.relay_timeout_ms); /* a cut-off rank is an error in bounded time */
 		relay_pending *p = calloc(1, sizeof *p);
 		if (!p || loop_add(l, cfd, EPOLLIN, on_relay_pending, p) < 0) {
 			free(p);

@@ -63,6 +63,8 @@ void sv_set_failure(run *r, bool retryable, const char *fmt, ...)
 		return; /* the first cause wins; the rest are consequences */
 	r->failed = true;
 	r->retryable = retryable;
+	if (r->multinode) /* a failed attempt's ranks put nothing in place any more */
+		cluster_fence_close(&r->ca);
 	va_list ap;
 	va_start(ap, fmt);
 	vsnprintf(r->reason, sizeof r->reason, fmt, ap);

@@ -57,11 +57,22 @@ void sv_slurm_launcher_exited(supervisor *sv, run *r, int status, const char *de
 		}
 	}
 	int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-	if (code == BERTD_EXIT_OK || code == BERTD_EXIT_STOPPED || r->killing)
+	bool bad = code != BERTD_EXIT_OK && code != BERTD_EXIT_STOPPED;
+	if ((!bad || r->killing) && !r->failed)
+		return; /* ended well, or as bertd asked (a cancel, a stop) */
+	/* what Slurm made of it: NODE_FAIL, CANCELLED, TIMEOUT, ... (blocks up to 2 s) */
+	char last[400], slurm[200] = "";
+	cluster_slurm_state(&r->ca, sv->cfg.slurm_srun, sv->cfg.slurm_conf, CLUSTER_STATE_TIMEOUT_MS, slurm,
+			    sizeof slurm);
+	if (r->failed) { /* a lost rank may be Slurm's doing: say so */
+		size_t n = strlen(r->reason);
+		if (cluster_state_own(slurm) && n < sizeof r->reason)
+			snprintf(r->reason + n, sizeof r->reason - n, "; Slurm job state %s", slurm);
 		return;
-	char last[400];
+	}
 	log_last_line(r->launch_log, last, sizeof last);
-	sv_set_failure(r, true, "srun ended with %s%s%s", desc, last[0] ? ": " : "", last);
+	sv_set_failure(r, true, "srun ended with %s%s%s%s%s", desc, last[0] ? ": " : "", last,
+		       slurm[0] ? "; Slurm job state " : "", slurm);
 }
 
 /* srun: whatever it sends (nothing, as a rule) is read as a rank's would
@@ -95,7 +106,11 @@ int sv_slurm_start_multinode(supervisor *sv, run *r, const store_job *j, const j
 	rc = r->rank_node && r->rank_sha ? cluster_attempt_open(&r->ca, sv->cfg.relay_host, r->id) : -ENOMEM;
 	if (rc == 0 && (rc = loop_add(sv->lp, r->ca.listen_fd, EPOLLIN, sv_relay_on_accept, r)) < 0)
 		cluster_attempt_close(&r->ca);
-	if (rc == 0 && (rc = sv_jobfile_write(sv, r, dataset_dir, resume)) < 0)
+	if (rc == 0 && sv->cfg.relay_timeout_ms > 0)
+		r->ca.relay_timeout_ms = sv->cfg.relay_timeout_ms;
+	if (rc == 0 && (rc = sv_jobfile_write(sv, r, dataset_dir, resume)) == 0)
+		rc = cluster_fence_open(&r->ca, r->dir); /* this attempt's ranks may write */
+	if (rc < 0)
 		sv_relay_close_all(sv, r);
 	if (rc < 0) {
 		snprintf(reason, sizeof reason, "cannot set up the multi-node attempt: %s", strerror(-rc));
@@ -126,8 +141,9 @@ int sv_slurm_start_multinode(supervisor *sv, run *r, const store_job *j, const j
 	snprintf(worker_bin, sizeof worker_bin, "%s/bertd-worker", sv->bin_dir);
 	snprintf(r->launch_log, sizeof r->launch_log, "%s/logs/srun.log", r->dir);
 	cluster_argv av;
-	cluster_srun_argv(&av, sv->cfg.slurm_srun, r->nodes, r->per_node, sv->cfg.slurm_immediate_s, &r->ca,
-			  worker_bin, job_json);
+	bool gres = sv->cfg.slurm_gpus_per_node && strcmp(sv_jobfile_multinode_kind(sv, r), "cuda") == 0;
+	cluster_srun_argv(&av, sv->cfg.slurm_srun, r->nodes, r->per_node, gres ? r->per_node : 0,
+			  sv->cfg.slurm_immediate_s, &r->ca, worker_bin, job_json);
 	childenv *henv = NULL;
 	cluster_env *env = NULL;
 	/* a rank there gets the threads a rank here would (nodes are alike) */

@@ -1,6 +1,7 @@
 /* checkpoint — see checkpoint.h. */
 #include "worker/checkpoint.h"
 #include "worker/best.h"
+#include "worker/fence.h"
 #include "worker/safetensors.h"
 
 #include <dirent.h>
@@ -244,6 +245,9 @@ int checkpoint_save_scaled(const char *root, long step, const bert_model *m, con
         snprintf(err, errlen, "write %s/state.json: %s", tmpdir, strerror(-rc));
         goto out;
     }
+    // a multi-node rank whose attempt is over (its node cut off) puts nothing in place
+    if ((rc = fence_check(err, errlen)) < 0)
+        goto out;
     remove_tree(final); // an incomplete directory of the same step (no DONE)
     if (rename(tmpdir, final) < 0) {
         rc = -errno;

@@ -13,6 +13,7 @@
 #include "common/fsutil.h"
 #include "common/log.h"
 #include "loader/batch.h"
+#include "worker/fence.h"
 #include "worker/hf.h"
 #include "worker/loop.h"
 #include "worker/worker.h"
@@ -181,7 +182,8 @@ static int save_checkpoint(worker *w, const loop_device *dev, const char *what)
 	json_decref(extra);
 	if (rc < 0) {
 		json_decref(best);
-		return worker_fail(w, BERTD_EXIT_IO, "writing %s: %s", what, err);
+		return worker_fail(w, rc == -ESTALE ? BERTD_EXIT_PEER_LOST : BERTD_EXIT_IO, "writing %s: %s", what,
+				   err);
 	}
 	checkpoint_prune(w->checkpoint_dir, ta->save_total_limit, w->best.step);
 	char path[PATH_MAX];
@@ -385,6 +387,10 @@ static int write_export(worker *w, long step, const char *source)
 	if (hf_export(w->tr->model, tmp, sh ? sh->vocab_path : NULL, sh ? sh->vocab.lowercase : true, err,
 		      sizeof err) < 0)
 		return worker_fail(w, BERTD_EXIT_IO, "exporting the model: %s", err);
+	if (fence_check(err, sizeof err) < 0) { /* this attempt is over: the job dir is another's */
+		fs_remove_tree(tmp);
+		return worker_fail(w, BERTD_EXIT_PEER_LOST, "not exporting: %s", err);
+	}
 	int rc = fs_remove_tree(w->export_dir);
 	if ((rc < 0 && rc != -ENOENT) || rename(tmp, w->export_dir) < 0)
 		return worker_fail(w, BERTD_EXIT_IO, "putting the export in place at %s: %s", w->export_dir,

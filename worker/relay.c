@@ -13,10 +13,12 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include "common/keepalive.h"
 #include "common/msg.h"
 #include "common/sha256.h"
 
 #define CONNECT_TIMEOUT_S 30
+#define RELAY_TIMEOUT_MS 30000 /* without BERTD_RELAY_TIMEOUT_MS: the daemon's default */
 
 int relay_wanted(void)
 {
@@ -162,6 +164,10 @@ int relay_connect(const char *job_path, int rank, char *err, size_t cap)
 		}
 	}
 	freeaddrinfo(ai);
+	if (fd >= 0) { /* the daemon cut off from this node: an error, not silence forever */
+		const char *t = getenv("BERTD_RELAY_TIMEOUT_MS");
+		keepalive_set(fd, t && atoi(t) > 0 ? atoi(t) : RELAY_TIMEOUT_MS);
+	}
 	if (fd < 0) {
 		snprintf(err, cap, "cannot reach the daemon's relay %s: %s", addr, strerror(-rc));
 		return rc;

@@ -8,10 +8,12 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/exitcodes.h"
 #include "common/log.h"
 #include "common/msg.h"
+#include "worker/relay.h"
 
 double worker_now_s(void)
 {
@@ -70,6 +72,16 @@ void worker_poll(worker *w)
 		long n = msg_reader_fill(&w->rd, w->daemon_fd);
 		if (n == 0) { /* the daemon is gone: stop cleanly, keep the checkpoint */
 			w->stop_requested = true;
+			w->daemon_fd = -1;
+			return;
+		}
+		if (n < 0 && n != -EAGAIN && relay_wanted()) {
+			/* the relay broke (its keepalive bound passed: this node is cut
+			 * off, or the daemon reset it): stop; the attempt fence keeps
+			 * a stop checkpoint of an attempt that is over out of the job */
+			log_error("the relay connection failed: %s; stopping", strerror((int)-n));
+			w->stop_requested = true;
+			close(w->daemon_fd);
 			w->daemon_fd = -1;
 			return;
 		}

@@ -326,6 +326,18 @@ static int comm_address(worker *w, comm_net_opts *o, char *buf, size_t cap)
 	return 0;
 }
 
+/* The network backend's bound on every wait: BERTD_COMM_TIMEOUT_MS from
+ * the rank's environment (1 ms .. 1 h; reaches ranks through pass_env),
+ * else the loop's LOOP_COMM_TIMEOUT_MS. A rank whose peer was cut off by
+ * the network, not killed, waits this long before it exits peer_lost. */
+static int net_timeout_ms(void)
+{
+	const char *t = getenv("BERTD_COMM_TIMEOUT_MS");
+	char *end;
+	long v = t && *t ? strtol(t, &end, 10) : 0;
+	return t && *t && !*end && v > 0 && v <= 3600000 ? (int)v : LOOP_COMM_TIMEOUT_MS;
+}
+
 /* The group of the job's ranks (world > 1): the loop's per-step sums, the
  * replica check, eval, the barrier, and the CPU device's gradients. Shared
  * memory when every rank is on this host, the network backend otherwise
@@ -351,7 +363,7 @@ static int join_ranks(worker *w, const char *pick)
 	}
 	if (net) {
 		char addr[INET6_ADDRSTRLEN + 8];
-		comm_net_opts o = {.timeout_ms = LOOP_COMM_TIMEOUT_MS};
+		comm_net_opts o = {.timeout_ms = net_timeout_ms()};
 		comm_kv kv = {.ctx = w, .set = kv_set, .get = kv_get};
 		if ((rc = comm_address(w, &o, addr, sizeof addr)) < 0)
 			return worker_fail(w, BERTD_EXIT_BAD_CONFIG,

@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -137,7 +138,7 @@ static void relay_and_srun(void **state)
 	close(fd);
 
 	cluster_argv av;
-	cluster_srun_argv(&av, "/usr/bin/srun", 2, 8, 60, &a, "/opt/bertd/bertd-worker", "/s/jobs/j/job.json");
+	cluster_srun_argv(&av, "/usr/bin/srun", 2, 8, 0, 60, &a, "/opt/bertd/bertd-worker", "/s/jobs/j/job.json");
 	const char *want[] = {"/usr/bin/srun", "--nodes=2", "--ntasks-per-node=8", "--immediate=60", NULL,
 			      "/opt/bertd/bertd-worker", "--job", "/s/jobs/j/job.json"};
 	for (int i = 0; i < 8; i++)
@@ -170,6 +171,58 @@ static void relay_and_srun(void **state)
 	free(henv); /* e's entries point into it (its PATH) */
 	cluster_attempt_close(&a);
 	assert_int_equal(a.listen_fd, -1);
+}
+
+/* A GPU job's srun asks for the GPUs (--gpus-per-node); the fence file
+ * names the attempt while it runs and "over" after; the ranks are told
+ * the attempt, the fence and the relay's keepalive bound. */
+static void gpus_fence_and_timeout(void **state)
+{
+	(void)state;
+	cluster_attempt a;
+	assert_int_equal(cluster_attempt_open(&a, "127.0.0.1", "job-77"), 0);
+	assert_int_equal(a.relay_timeout_ms, CLUSTER_RELAY_TIMEOUT_MS);
+	cluster_argv av;
+	cluster_srun_argv(&av, "/usr/bin/srun", 2, 4, 4, 60, &a, "/w", "/j.json");
+	assert_string_equal(av.argv[5], "--gpus-per-node=4");
+	assert_string_equal(av.argv[6], "/w");
+	assert_null(av.argv[9]);
+
+	char dir[] = "/tmp/bertd-fence-XXXXXX", path[64], line[128] = "";
+	assert_non_null(mkdtemp(dir));
+	assert_int_equal(cluster_fence_open(&a, dir), 0);
+	snprintf(path, sizeof path, "%s/attempt", dir);
+	assert_string_equal(a.fence, path);
+	FILE *f = fopen(path, "r");
+	assert_non_null(f);
+	assert_non_null(fgets(line, sizeof line, f));
+	fclose(f);
+	char want[128];
+	snprintf(want, sizeof want, "%s\n", a.slurm_name);
+	assert_string_equal(line, want);
+
+	a.relay_timeout_ms = 5000;
+	char *base[] = {NULL};
+	cluster_env *e = NULL;
+	assert_int_equal(cluster_srun_env(&e, base, 1, &a, ""), 0);
+	bool attempt = false, fence = false, timeout = false;
+	for (char **p = e->envp; *p; p++) {
+		attempt |= strncmp(*p, "BERTD_ATTEMPT=bertd-job-77-", 27) == 0;
+		fence |= strncmp(*p, "BERTD_FENCE=", 12) == 0 && strcmp(*p + 12, path) == 0;
+		timeout |= strcmp(*p, "BERTD_RELAY_TIMEOUT_MS=5000") == 0;
+	}
+	assert_true(attempt && fence && timeout);
+	free(e);
+
+	assert_int_equal(cluster_fence_close(&a), 0);
+	f = fopen(path, "r");
+	assert_non_null(f);
+	assert_non_null(fgets(line, sizeof line, f));
+	fclose(f);
+	assert_string_equal(line, "over\n");
+	unlink(path);
+	rmdir(dir);
+	cluster_attempt_close(&a);
 }
 
 /* sinfo -h -N -o "%N %t": a node listed once per partition counts once;
@@ -269,14 +322,77 @@ static void sinfo_run(void **state)
 	rmdir(dir);
 }
 
+static void fake_tool(const char *dir, const char *tool, const char *body)
+{
+	char p[300];
+	snprintf(p, sizeof p, "%s/%s", dir, tool);
+	FILE *f = fopen(p, "w");
+	assert_non_null(f);
+	fprintf(f, "#!/bin/sh\n%s\n", body);
+	fclose(f);
+	assert_int_equal(chmod(p, 0700), 0);
+}
+
+/* Slurm's job state of an attempt: sacct's where accounting is kept; else
+ * squeue's record, asked again while the job is completing; only Slurm's
+ * own decisions count as its own (not the FAILED bertd's kill leaves). */
+static void slurm_state(void **state)
+{
+	(void)state;
+	char dir[] = "/tmp/bertd-sacct-XXXXXX", srun[300], out[200], p[300];
+	assert_non_null(mkdtemp(dir));
+	snprintf(srun, sizeof srun, "%s/srun", dir);
+	cluster_attempt a = {.listen_fd = -1};
+	snprintf(a.slurm_name, sizeof a.slurm_name, "bertd-job-9-abcd");
+	fake_tool(dir, "sacct",
+		  "[ \"$*\" = '-n -X -P --name=bertd-job-9-abcd -o State,Reason' ] || exit 3\n"
+		  "echo 'NODE_FAIL|None'");
+	assert_int_equal(cluster_slurm_state(&a, srun, "", 5000, out, sizeof out), 0);
+	assert_string_equal(out, "NODE_FAIL");
+	assert_true(cluster_state_own(out));
+
+	/* no accounting: squeue, until the job is no longer completing */
+	fake_tool(dir, "sacct", "echo 'Slurm accounting storage is disabled' >&2; exit 1");
+	char body[600];
+	snprintf(body, sizeof body,
+		 "[ \"$*\" = '-h -t all --name=bertd-job-9-abcd -o %%T|%%r' ] || exit 3\n"
+		 "if [ -e %s/seen ]; then echo 'CANCELLED|None'; else touch %s/seen; echo 'COMPLETING|None'; fi",
+		 dir, dir);
+	fake_tool(dir, "squeue", body);
+	assert_int_equal(cluster_slurm_state(&a, srun, "", 5000, out, sizeof out), 0);
+	assert_string_equal(out, "CANCELLED");
+	assert_true(cluster_state_own(out));
+	fake_tool(dir, "squeue", "echo 'TIMEOUT|TimeLimit'");
+	assert_int_equal(cluster_slurm_state(&a, srun, "", 5000, out, sizeof out), 0);
+	assert_string_equal(out, "TIMEOUT (TimeLimit)");
+	assert_true(cluster_state_own(out));
+	fake_tool(dir, "squeue", "echo 'FAILED|JobLaunchFailure'");
+	assert_int_equal(cluster_slurm_state(&a, srun, "", 5000, out, sizeof out), 0);
+	assert_false(cluster_state_own(out)); /* what srun ended by bertd leaves */
+	assert_false(cluster_state_own("CANCELLEDX"));
+	fake_tool(dir, "squeue", "true"); /* no record */
+	assert_int_equal(cluster_slurm_state(&a, srun, "", 5000, out, sizeof out), -ENOENT);
+	fake_tool(dir, "squeue", "echo 'COMPLETING|None'"); /* still completing at the deadline */
+	assert_int_equal(cluster_slurm_state(&a, srun, "", 300, out, sizeof out), 0);
+	assert_string_equal(out, "COMPLETING");
+	const char *names[] = {"sacct", "squeue", "seen"};
+	for (int i = 0; i < 3; i++) {
+		snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+		unlink(p);
+	}
+	rmdir(dir);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(spec_nodes),
 		cmocka_unit_test(dataset_verdict),
 		cmocka_unit_test(relay_and_srun),
+		cmocka_unit_test(gpus_fence_and_timeout),
 		cmocka_unit_test(sinfo_parse),
 		cmocka_unit_test(sinfo_run),
+		cmocka_unit_test(slurm_state),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

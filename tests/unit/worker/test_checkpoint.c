@@ -15,9 +15,14 @@
  *    with the saved config and bit-identical parameters; an incomplete
  *    checkpoint, a directory with no model and unparsable JSON are -EINVAL
  *    with a message naming the path and what is missing, never quoting the
- *    file's bytes.
+ *    file's bytes;
+ *  - the attempt fence (worker/fence.c): a multi-node rank whose attempt the
+ *    fence file no longer names ("over", another attempt, no file) puts no
+ *    checkpoint in place (-ESTALE / -EIO, the directory is left as it was);
+ *    the attempt it names, or no fence at all, writes as before.
  */
 #include "worker/checkpoint.h"
+#include "worker/fence.h"
 #include "worker/hf.h"
 
 #include <errno.h>
@@ -201,6 +206,46 @@ typedef struct bad_case {
     const char *want;
 } bad_case;
 
+static void write_fence(const fixture *f, const char *text)
+{
+    char path[128];
+    snprintf(path, sizeof path, "%s/attempt", f->dir);
+    FILE *fp = fopen(path, "w");
+    assert_non_null(fp);
+    fputs(text, fp);
+    fclose(fp);
+}
+
+static void test_fence_refuses_an_attempt_that_is_over(void **state)
+{
+    fixture *f = *state;
+    char err[256], path[256], fence[128];
+    snprintf(fence, sizeof fence, "%s/attempt", f->dir);
+    setenv("BERTD_FENCE", fence, 1);
+    setenv("BERTD_ATTEMPT", "bertd-job-1-aaaa", 1);
+    write_fence(f, "bertd-job-1-aaaa\n"); /* this attempt's: written */
+    assert_int_equal(checkpoint_save(f->dir, 10, f->m, f->o, NULL, 0, err, sizeof err), 0);
+    write_fence(f, "bertd-job-1-bbbb\n"); /* the next attempt's */
+    assert_int_equal(checkpoint_save(f->dir, 20, f->m, f->o, NULL, 0, err, sizeof err), -ESTALE);
+    assert_non_null(strstr(err, "attempt bertd-job-1-aaaa is over"));
+    assert_non_null(strstr(err, "bertd-job-1-bbbb"));
+    write_fence(f, "over\n"); /* the job between attempts */
+    assert_int_equal(checkpoint_save(f->dir, 30, f->m, f->o, NULL, 0, err, sizeof err), -ESTALE);
+    unlink(fence); /* the shared directory unreadable: not writing is the safe side */
+    assert_int_equal(fence_check(err, sizeof err), -EIO);
+    assert_int_equal(checkpoint_save(f->dir, 40, f->m, f->o, NULL, 0, err, sizeof err), -EIO);
+    long step = -1;
+    assert_int_equal(checkpoint_latest(f->dir, &step, path, sizeof path), 0);
+    assert_int_equal(step, 10);
+    for (long s = 20; s <= 40; s += 10) {
+        ckpt_path(f, s, path, sizeof path);
+        assert_int_equal(access(path, F_OK), -1);
+    }
+    unsetenv("BERTD_ATTEMPT"); /* a single-node worker: never fenced */
+    assert_int_equal(checkpoint_save(f->dir, 50, f->m, f->o, NULL, 0, err, sizeof err), 0);
+    unsetenv("BERTD_FENCE");
+}
+
 static void test_malformed_is_a_clear_error(void **state)
 {
     fixture *f = *state;
@@ -378,6 +423,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_malformed_is_a_clear_error, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unsavable_scale_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_init_from_checkpoint, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fence_refuses_an_attempt_that_is_over, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
