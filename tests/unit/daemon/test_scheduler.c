@@ -16,7 +16,7 @@ static void test_priority_then_fifo(void **state)
 {
 	(void)state;
 	sched_job q[] = {
-		{"a", 0, 3, 1}, {"b", 5, 9, 1}, {"c", 5, 4, 1}, {"d", -1, 1, 1},
+		{"a", 0, 3, 1, 0}, {"b", 5, 9, 1, 0}, {"c", 5, 4, 1, 0}, {"d", -1, 1, 1, 0},
 	};
 	bool busy[4] = {false, false, false, false};
 	size_t j;
@@ -29,7 +29,7 @@ static void test_priority_then_fifo(void **state)
 static void test_head_waits_no_backfill(void **state)
 {
 	(void)state;
-	sched_job q[] = {{"big", 0, 1, 2}, {"small", 0, 2, 1}};
+	sched_job q[] = {{"big", 0, 1, 2, 0}, {"small", 0, 2, 1, 0}};
 	bool busy[2] = {true, false};
 	size_t j = 99;
 	int dev[2];
@@ -44,7 +44,7 @@ static void test_head_waits_no_backfill(void **state)
 static void test_lowest_free_devices(void **state)
 {
 	(void)state;
-	sched_job q[] = {{"x", 0, 1, 2}};
+	sched_job q[] = {{"x", 0, 1, 2, 0}};
 	bool busy[4] = {true, false, true, false};
 	size_t j;
 	int dev[4];
@@ -56,7 +56,7 @@ static void test_lowest_free_devices(void **state)
 static void test_impossible(void **state)
 {
 	(void)state;
-	sched_job q[] = {{"ok", 9, 1, 1}, {"huge", 0, 2, 8}};
+	sched_job q[] = {{"ok", 9, 1, 1, 0}, {"huge", 0, 2, 8, 0}};
 	bool busy[2] = {false, false};
 	size_t j;
 	int dev[2];
