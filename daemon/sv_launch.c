@@ -5,7 +5,7 @@
  * with its environment (daemon/childenv.h). A multi-node job is handed to
  * sv_slurm after the common part.
  *
- * Never picks devices (the tick and sched_decide do) and never decides how an
+ * Never picks devices (the tick and sched_pick do) and never decides how an
  * attempt ends; a job that cannot start fails here, before any process.
  */
 #include "daemon/sv_internal.h"
