@@ -83,9 +83,10 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	sched_job *q = calloc((size_t)n, sizeof *q);
+	int64_t *lim = calloc((size_t)n, sizeof *lim); /* (n,) run-time bounds, ms */
 	char (*ids)[16] = calloc((size_t)n, sizeof *ids);
 	double *t = calloc((size_t)reps, sizeof *t);
-	if (!q || !ids || !t)
+	if (!q || !lim || !ids || !t)
 		return 1;
 	/* a team's queue: mostly 1- and 2-GPU jobs, some 4 and 8, three
 	 * priorities, three quarters with a run-time bound (10 min .. 3 h) */
@@ -94,13 +95,14 @@ int main(int argc, char **argv)
 	for (int i = 0; i < n; i++) {
 		seed = seed * 6364136223846793005ull + 1442695040888963407ull;
 		snprintf(ids[i], sizeof ids[i], "j%d", i);
-		q[i] = (sched_job){ids[i], (int)((seed >> 40) % 3), i, sizes[(seed >> 33) % 7],
-				   (seed >> 50) % 4 ? (int64_t)(600 + (seed >> 20) % 10200) * 1000 : 0};
+		q[i] = (sched_job){ids[i], (int)((seed >> 40) % 3), i, sizes[(seed >> 33) % 7]};
+		lim[i] = (seed >> 50) % 4 ? (int64_t)(600 + (seed >> 20) % 10200) * 1000 : 0;
 	}
 	/* The worst case for one decision: the head (an 8-GPU job, top
 	 * priority) waits for a 4-GPU run on {0,1,2,3} that ends in 20 min, so
 	 * every other job is examined for backfill onto {4..7}. */
-	q[n / 2] = (sched_job){ids[n / 2], 9, 0, 8, 0};
+	q[n / 2] = (sched_job){ids[n / 2], 9, 0, 8};
+	lim[n / 2] = 0;
 	bool busy[NDEV] = {true, true, true, true, false, false, false, false};
 	sched_running rs[] = {{0x0f, 1200000}};
 	sched_machine m = {.ndev = NDEV, .busy = busy, .peers = peers, .running = rs, .nrunning = 1, .now_ms = 0};
@@ -108,7 +110,7 @@ int main(int argc, char **argv)
 	int starts = 0;
 	for (int r = 0; r < reps; r++) {
 		double t0 = now_us();
-		sched_decide(q, (size_t)n, &m, &d);
+		sched_decide(q, lim, (size_t)n, &m, &d);
 		t[r] = now_us() - t0;
 	}
 	stats backfill = summarize(t, reps);
@@ -127,10 +129,12 @@ int main(int argc, char **argv)
 	 * taken, decide again, until nothing starts; each repeat from the same
 	 * machine state (started jobs leave the queue copy). */
 	sched_job *qq = calloc((size_t)n, sizeof *qq);
-	if (!qq)
+	int64_t *ll = calloc((size_t)n, sizeof *ll);
+	if (!qq || !ll)
 		return 1;
 	for (int r = 0; r < reps; r++) {
 		memcpy(qq, q, (size_t)n * sizeof *qq);
+		memcpy(ll, lim, (size_t)n * sizeof *ll);
 		size_t nq = (size_t)n;
 		bool b[NDEV];
 		memcpy(b, busy, sizeof b);
@@ -139,7 +143,7 @@ int main(int argc, char **argv)
 		starts = 0;
 		double t0 = now_us();
 		for (;;) {
-			sched_decide(qq, nq, &mm, &d);
+			sched_decide(qq, ll, nq, &mm, &d);
 			if (d.verdict != SCHED_START)
 				break;
 			uint64_t devs = 0;
@@ -147,8 +151,9 @@ int main(int argc, char **argv)
 				b[d.dev[i]] = true;
 				devs |= (uint64_t)1 << d.dev[i];
 			}
-			rr[mm.nrunning++] = (sched_running){devs, qq[d.job_idx].limit_ms ? qq[d.job_idx].limit_ms : SCHED_NEVER};
+			rr[mm.nrunning++] = (sched_running){devs, ll[d.job_idx] ? ll[d.job_idx] : SCHED_NEVER};
 			qq[d.job_idx] = qq[--nq];
+			ll[d.job_idx] = ll[nq];
 			starts++;
 		}
 		t[r] = now_us() - t0;
@@ -166,7 +171,9 @@ int main(int argc, char **argv)
 	       "pass_starts=%d strict_median_us=%.1f\n",
 	       n, backfill.median, backfill.max, pass.median, pass.max, starts, strict.median);
 	free(qq);
+	free(ll);
 	free(q);
+	free(lim);
 	free(ids);
 	free(t);
 	return 0;

@@ -118,7 +118,8 @@ static uint64_t reserve(const sched_machine *m, uint64_t free, int want, int64_t
 	return 0;
 }
 
-void sched_decide(const sched_job *queued, size_t n, const sched_machine *m, sched_decision *out)
+void sched_decide(const sched_job *queued, const int64_t *limit_ms, size_t n, const sched_machine *m,
+		  sched_decision *out)
 {
 	out->verdict = SCHED_NONE;
 	out->job_idx = 0;
@@ -171,7 +172,8 @@ void sched_decide(const sched_job *queued, size_t n, const sched_machine *m, sch
 			if (i == head || (best < n && !before(&queued[i], &queued[best])))
 				continue;
 			const sched_job *j = &queued[i];
-			int cls = j->limit_ms > 0 && j->limit_ms <= shadow - m->now_ms ? 0 : 1;
+			int64_t limit = limit_ms ? limit_ms[i] : 0;
+			int cls = limit > 0 && limit <= shadow - m->now_ms ? 0 : 1;
 			if (!placed[cls][j->want]) {
 				uint64_t allowed = cls == 0 ? free : free & ~resv;
 				place_of[cls][j->want] = sched_place(j->want, allowed, m->peers, ndev,

@@ -36,8 +36,6 @@ typedef struct sched_job {
 	int priority;       /* higher first */
 	int64_t seq;        /* submission order (store seq), lower first */
 	int want;           /* devices asked for (resources.gpus) */
-	int64_t limit_ms;   /* the longest it can run once started (what is left of
-			     * stopping_condition.max_runtime_seconds); 0 = no bound */
 } sched_job;
 
 /* A job holding devices now. */
@@ -75,10 +73,13 @@ typedef struct sched_decision {
 	uint64_t reserved;            /* bit d: device d is held for the head at head_start_ms */
 } sched_decision;
 
-/* Decides one start among n queued jobs (any order) on machine m. At most
- * one job is started per call; the caller acts, updates busy and running
- * and calls again until SCHED_NONE. */
-void sched_decide(const sched_job *queued, size_t n, const sched_machine *m, sched_decision *out);
+/* Decides one start among n queued jobs (any order) on machine m. limit_ms
+ * (n,): the longest each can run once started (what is left of its
+ * stopping_condition.max_runtime_seconds), 0 for no bound; NULL when none
+ * has one. At most one job is started per call; the caller acts, updates
+ * busy and running and calls again until SCHED_NONE. */
+void sched_decide(const sched_job *queued, const int64_t *limit_ms, size_t n, const sched_machine *m,
+		  sched_decision *out);
 
 /* Strict priority without backfill or topology, kept for callers that only
  * know which devices are busy: the queue's head on the lowest free devices.

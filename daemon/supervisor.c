@@ -371,6 +371,14 @@ static void tick_schedule(supervisor *sv)
 		/* restarting jobs that are still being torn down are not candidates */
 		sched_job *q = calloc(n ? n : 1, sizeof *q);
 		size_t *map = calloc(n ? n : 1, sizeof *map);
+		int64_t *limits = calloc(n ? n : 1, sizeof *limits); /* (nq,) run-time bounds */
+		if (!q || !map || !limits) { /* out of memory: the next tick tries again */
+			free(q);
+			free(map);
+			free(limits);
+			store_jobs_free(jobs, n);
+			return;
+		}
 		size_t nq = 0;
 		for (size_t i = 0; i < n; i++) {
 			if (sv_find_run(sv, jobs[i].id))
@@ -400,7 +408,8 @@ static void tick_schedule(supervisor *sv)
 				sv_launch_start_job(sv, &jobs[i], NULL, 0, jobs[i].state == JOB_RESTARTING);
 				continue;
 			}
-			q[nq] = (sched_job){jobs[i].id, jobs[i].priority, jobs[i].seq, want, limit_ms};
+			q[nq] = (sched_job){jobs[i].id, jobs[i].priority, jobs[i].seq, want};
+			limits[nq] = limit_ms;
 			map[nq++] = i;
 		}
 		size_t nd = sv->ndev ? sv->ndev : 1;
@@ -409,11 +418,11 @@ static void tick_schedule(supervisor *sv)
 		sched_running *rs = calloc(nd, sizeof *rs);
 		sched_decision *dec = calloc(1, sizeof *dec);
 		bool again = false;
-		if (!busy || !peers || !rs || !dec || !q || !map)
+		if (!busy || !peers || !rs || !dec)
 			goto next; /* out of memory: the next tick tries again */
 		sched_machine m;
 		machine_view(sv, busy, peers, rs, &m);
-		sched_decide(q, nq, &m, dec);
+		sched_decide(q, limits, nq, &m, dec);
 		if (dec->verdict == SCHED_IMPOSSIBLE) {
 			char why[200];
 			snprintf(why, sizeof why, "asks for %d devices; this machine has %zu", q[dec->job_idx].want,
@@ -435,6 +444,7 @@ static void tick_schedule(supervisor *sv)
 		free(busy);
 		free(q);
 		free(map);
+		free(limits);
 		store_jobs_free(jobs, n);
 		if (!again)
 			return;

@@ -23,7 +23,7 @@ static void test_priority_then_fifo(void **state)
 {
 	(void)state;
 	sched_job q[] = {
-		{"a", 0, 3, 1, 0}, {"b", 5, 9, 1, 0}, {"c", 5, 4, 1, 0}, {"d", -1, 1, 1, 0},
+		{"a", 0, 3, 1}, {"b", 5, 9, 1}, {"c", 5, 4, 1}, {"d", -1, 1, 1},
 	};
 	bool busy[4] = {false, false, false, false};
 	size_t j;
@@ -36,7 +36,7 @@ static void test_priority_then_fifo(void **state)
 static void test_head_waits_no_backfill(void **state)
 {
 	(void)state;
-	sched_job q[] = {{"big", 0, 1, 2, 0}, {"small", 0, 2, 1, 0}};
+	sched_job q[] = {{"big", 0, 1, 2}, {"small", 0, 2, 1}};
 	bool busy[2] = {true, false};
 	size_t j = 99;
 	int dev[2];
@@ -51,7 +51,7 @@ static void test_head_waits_no_backfill(void **state)
 static void test_lowest_free_devices(void **state)
 {
 	(void)state;
-	sched_job q[] = {{"x", 0, 1, 2, 0}};
+	sched_job q[] = {{"x", 0, 1, 2}};
 	bool busy[4] = {true, false, true, false};
 	size_t j;
 	int dev[4];
@@ -63,7 +63,7 @@ static void test_lowest_free_devices(void **state)
 static void test_impossible(void **state)
 {
 	(void)state;
-	sched_job q[] = {{"ok", 9, 1, 1, 0}, {"huge", 0, 2, 8, 0}};
+	sched_job q[] = {{"ok", 9, 1, 1}, {"huge", 0, 2, 8}};
 	bool busy[2] = {false, false};
 	size_t j;
 	int dev[2];
@@ -162,15 +162,15 @@ static void test_decide_topology(void **state)
 	bool busy[8] = {false, false, true, false, false, false, false, false}; /* 2 taken */
 	sched_running rs[] = {{M(2), 1000}};
 	sched_machine m = {.ndev = (size_t)n, .busy = busy, .peers = peers, .running = rs, .nrunning = 1, .now_ms = 0};
-	sched_job q[] = {{"four", 0, 1, 4, 0}};
+	sched_job q[] = {{"four", 0, 1, 4}};
 	sched_decision d;
-	sched_decide(q, 1, &m, &d);
+	sched_decide(q, NULL, 1, &m, &d);
 	assert_int_equal(d.verdict, SCHED_START);
 	assert_int_equal(mask_of(d.dev, d.ndev), M(4, 5, 6, 7));
 	assert_true(d.connected);
 	assert_false(d.backfill);
 	m.peers = NULL; /* same machine without topology: lowest free */
-	sched_decide(q, 1, &m, &d);
+	sched_decide(q, NULL, 1, &m, &d);
 	assert_int_equal(mask_of(d.dev, d.ndev), M(0, 1, 3, 4));
 	assert_false(d.connected);
 }
@@ -184,14 +184,15 @@ static void test_backfill_bounded_before_head(void **state)
 	bool busy[4] = {true, true, false, false};
 	sched_running rs[] = {{M(0, 1), 100}};
 	sched_machine m = {.ndev = 4, .busy = busy, .running = rs, .nrunning = 1, .now_ms = 10};
-	sched_job q[] = {
-		{"head", 5, 1, 4, 0},
-		{"long", 0, 2, 1, 500},   /* would run past the head's start on its devices */
-		{"open", 0, 3, 1, 0},     /* no bound: could run forever */
-		{"short", 0, 4, 2, 90},   /* 10 + 90 = 100: done when the head may start */
+	sched_job q[] = {{"head", 5, 1, 4}, {"long", 0, 2, 1}, {"open", 0, 3, 1}, {"short", 0, 4, 2}};
+	int64_t limit[] = {
+		0,
+		500,   /* long: would run past the head's start on its devices */
+		0,     /* open: no bound, could run forever */
+		90,    /* short: 10 + 90 = 100, done when the head may start */
 	};
 	sched_decision d;
-	sched_decide(q, 4, &m, &d);
+	sched_decide(q, limit, 4, &m, &d);
 	assert_int_equal(d.verdict, SCHED_START);
 	assert_string_equal(q[d.job_idx].id, "short");
 	assert_true(d.backfill);
@@ -199,12 +200,12 @@ static void test_backfill_bounded_before_head(void **state)
 	assert_int_equal(d.reserved, M(0, 1, 2, 3));
 	assert_int_equal(mask_of(d.dev, d.ndev), M(2, 3));
 	/* without it nothing may jump ahead */
-	sched_decide(q, 3, &m, &d);
+	sched_decide(q, limit, 3, &m, &d);
 	assert_int_equal(d.verdict, SCHED_NONE);
 	assert_int_equal(d.head_start_ms, 100);
 	/* 1 ms too long: it would delay the head */
-	q[3].limit_ms = 91;
-	sched_decide(q, 4, &m, &d);
+	limit[3] = 91;
+	sched_decide(q, limit, 4, &m, &d);
 	assert_int_equal(d.verdict, SCHED_NONE);
 }
 
@@ -217,14 +218,14 @@ static void test_backfill_beside_reservation(void **state)
 	bool busy[4] = {false, true, true, false};
 	sched_running rs[] = {{M(1, 2), 100}};
 	sched_machine m = {.ndev = 4, .busy = busy, .running = rs, .nrunning = 1, .now_ms = 0};
-	sched_job q[] = {{"head", 0, 1, 3, 0}, {"pair", 0, 2, 2, 0}, {"one", 0, 3, 1, 0}};
+	sched_job q[] = {{"head", 0, 1, 3}, {"pair", 0, 2, 2}, {"one", 0, 3, 1}};
 	sched_decision d;
-	sched_decide(q, 3, &m, &d);
+	sched_decide(q, NULL, 3, &m, &d);
 	assert_int_equal(d.verdict, SCHED_START);
 	assert_string_equal(q[d.job_idx].id, "one");
 	assert_int_equal(d.dev[0], 3);
 	assert_int_equal(d.reserved, M(0, 1, 2));
-	sched_decide(q, 2, &m, &d);
+	sched_decide(q, NULL, 2, &m, &d);
 	assert_int_equal(d.verdict, SCHED_NONE);
 }
 
@@ -237,9 +238,9 @@ static void test_reservation_prefers_released_devices(void **state)
 	bool busy[4] = {false, true, true, true};
 	sched_running rs[] = {{M(1), SCHED_NEVER}, {M(2, 3), 50}};
 	sched_machine m = {.ndev = 4, .busy = busy, .running = rs, .nrunning = 2, .now_ms = 0};
-	sched_job q[] = {{"head", 0, 1, 2, 0}, {"one", 0, 2, 1, 0}};
+	sched_job q[] = {{"head", 0, 1, 2}, {"one", 0, 2, 1}};
 	sched_decision d;
-	sched_decide(q, 2, &m, &d);
+	sched_decide(q, NULL, 2, &m, &d);
 	assert_int_equal(d.verdict, SCHED_START);
 	assert_string_equal(q[d.job_idx].id, "one");
 	assert_int_equal(d.dev[0], 0);
@@ -253,13 +254,14 @@ static void test_no_estimate_no_backfill(void **state)
 	bool busy[2] = {true, false};
 	sched_running rs[] = {{M(0), SCHED_NEVER}};
 	sched_machine m = {.ndev = 2, .busy = busy, .running = rs, .nrunning = 1, .now_ms = 0};
-	sched_job q[] = {{"head", 0, 1, 2, 0}, {"short", 0, 2, 1, 1}};
+	sched_job q[] = {{"head", 0, 1, 2}, {"short", 0, 2, 1}};
+	int64_t limit[] = {0, 1};
 	sched_decision d;
-	sched_decide(q, 2, &m, &d);
+	sched_decide(q, limit, 2, &m, &d);
 	assert_int_equal(d.verdict, SCHED_NONE);
 	assert_true(d.head_start_ms == SCHED_NEVER);
 	rs[0].end_ms = 5; /* estimated now: the 1 ms job fits before */
-	sched_decide(q, 2, &m, &d);
+	sched_decide(q, limit, 2, &m, &d);
 	assert_int_equal(d.verdict, SCHED_START);
 	assert_string_equal(q[d.job_idx].id, "short");
 	assert_true(d.backfill);
@@ -303,10 +305,12 @@ static void simulate(const sim_job *in, int n, int ndev, const uint64_t *peers, 
 			bool busy[SIM_MAX] = {false};
 			sched_running rs[SIM_MAX];
 			sched_job q[SIM_MAX];
+			int64_t lim[SIM_MAX];
 			int qi[SIM_MAX], nq = 0, nr = 0;
 			for (int i = 0; i < n; i++) {
 				if (j[i].start < 0) {
-					q[nq] = (sched_job){ids[i], n - i, i, j[i].want, j[i].bounded ? j[i].dur : 0};
+					q[nq] = (sched_job){ids[i], n - i, i, j[i].want};
+					lim[nq] = j[i].bounded ? j[i].dur : 0;
 					qi[nq++] = i;
 				} else if (j[i].end > now) {
 					for (int d = 0; d < ndev; d++)
@@ -319,7 +323,7 @@ static void simulate(const sim_job *in, int n, int ndev, const uint64_t *peers, 
 				sched_machine m = {.ndev = (size_t)ndev, .busy = busy, .peers = peers, .running = rs,
 						   .nrunning = (size_t)nr, .now_ms = now};
 				sched_decision d;
-				sched_decide(q, (size_t)nq, &m, &d);
+				sched_decide(q, lim, (size_t)nq, &m, &d);
 				assert_int_not_equal(d.verdict, SCHED_IMPOSSIBLE);
 				if (d.verdict == SCHED_START) {
 					pick = qi[d.job_idx];
