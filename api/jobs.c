@@ -125,6 +125,42 @@ static void add_outcome(json_t *o, const store_job *j, const api_config *cfg)
 	json_decref(out);
 }
 
+/* "placement": the device table entries of the job's current or last run
+ * and whether each pair of them is directly linked (NVLink; CPU slots
+ * share memory), null when the topology is not known; null for a job that
+ * has not run on this machine's devices. */
+static void add_placement(json_t *o, const store_job *j, const api_config *cfg)
+{
+	json_t *devs = j->devices_json ? json_loads(j->devices_json, 0, NULL) : NULL;
+	json_t *ids = json_array();
+	bool known = true, linked = true;
+	size_t i;
+	json_t *e;
+	json_array_foreach(devs, i, e) {
+		json_int_t id = json_integer_value(json_object_get(e, "id"));
+		json_array_append_new(ids, json_integer(id));
+		if (id < 0 || (size_t)id >= cfg->n_devices || !cfg->devices[id].peers_known) {
+			known = false;
+			continue;
+		}
+		size_t k;
+		json_t *f;
+		json_array_foreach(devs, k, f) {
+			json_int_t other = json_integer_value(json_object_get(f, "id"));
+			if (other != id && (other < 0 || other >= 64 || !((cfg->devices[id].peers >> other) & 1)))
+				linked = false;
+		}
+	}
+	json_decref(devs);
+	if (json_array_size(ids) == 0) {
+		json_decref(ids);
+		json_object_set_new(o, "placement", json_null());
+		return;
+	}
+	json_object_set_new(o, "placement", json_pack("{s:o, s:o}", "devices", ids, "connected",
+						      known ? json_boolean(linked) : json_null()));
+}
+
 /* The job representation every endpoint answers with, from its row and
  * what store_job_extras_get read for it (window DIAG_WINDOW). The stored
  * spec is parsed once here for progress, diagnosis and the "spec" member.
@@ -151,6 +187,7 @@ static json_t *job_json(const store_job *j, const store_job_extras *x, const api
 		return NULL;
 	}
 	add_progress(o, j, spec, x);
+	add_placement(o, j, cfg);
 	if (j->state == JOB_COMPLETED) {
 		char path[1400];
 		snprintf(path, sizeof path, "%s/jobs/%s/export", cfg->state_dir, j->id);

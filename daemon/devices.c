@@ -25,7 +25,11 @@ typedef struct nvml_api {
 	int (*memory)(nvml_device, nvml_memory *);
 	int (*cc)(nvml_device, int *, int *);
 	int (*uuid)(nvml_device, char *, unsigned);
+	int (*p2p)(nvml_device, nvml_device, int, int *);
 } nvml_api;
+
+#define NVML_P2P_CAPS_INDEX_NVLINK 2
+#define NVML_P2P_STATUS_OK 0
 
 static int nvml_load(nvml_api *a)
 {
@@ -41,12 +45,37 @@ static int nvml_load(nvml_api *a)
 	*(void **)&a->memory = dlsym(a->lib, "nvmlDeviceGetMemoryInfo");
 	*(void **)&a->cc = dlsym(a->lib, "nvmlDeviceGetCudaComputeCapability");
 	*(void **)&a->uuid = dlsym(a->lib, "nvmlDeviceGetUUID");
+	*(void **)&a->p2p = dlsym(a->lib, "nvmlDeviceGetP2PStatus");
 	if (!a->init || !a->shutdown || !a->count || !a->handle || !a->name || !a->memory) {
 		dlclose(a->lib);
 		a->lib = NULL;
 		return -ENOSYS;
 	}
 	return 0;
+}
+
+/* Which pairs of GPUs NVLink joins directly (NVML's P2P status for the
+ * NVLink capability), into each device's peers. Unknown when this NVML
+ * lacks the call, a query fails, or there are more than 64 GPUs. */
+static void topology(const nvml_api *a, nvml_device *hs, device *d, size_t n)
+{
+	if (!a->p2p || n > 64)
+		return;
+	for (size_t i = 0; i < n; i++)
+		for (size_t j = i + 1; j < n; j++) {
+			int st = -1;
+			if (a->p2p(hs[i], hs[j], NVML_P2P_CAPS_INDEX_NVLINK, &st) != 0) {
+				for (size_t k = 0; k < n; k++)
+					d[k].peers = 0; /* no topology rather than half of one */
+				return;
+			}
+			if (st == NVML_P2P_STATUS_OK) {
+				d[i].peers |= (uint64_t)1 << j;
+				d[j].peers |= (uint64_t)1 << i;
+			}
+		}
+	for (size_t i = 0; i < n; i++)
+		d[i].peers_known = true;
 }
 
 static int discover_gpus(device **out, size_t *n)
@@ -65,7 +94,10 @@ static int discover_gpus(device **out, size_t *n)
 	if (a.count(&count) != 0 || count == 0)
 		goto out_shutdown;
 	*out = calloc(count, sizeof **out);
-	if (!*out) {
+	nvml_device *hs = calloc(count, sizeof *hs); /* (count,) handle of each table entry */
+	if (!*out || !hs) {
+		free(*out);
+		*out = NULL;
 		rc = -ENOMEM;
 		goto out_shutdown;
 	}
@@ -74,6 +106,7 @@ static int discover_gpus(device **out, size_t *n)
 		nvml_device h;
 		if (a.handle(i, &h) != 0)
 			continue;
+		hs[*n] = h;
 		d->kind = DEVICE_CUDA;
 		d->index = (int)i;
 		if (a.name(h, d->name, sizeof d->name) != 0)
@@ -89,6 +122,8 @@ static int discover_gpus(device **out, size_t *n)
 			d->uuid[0] = 0;
 		(*n)++;
 	}
+	topology(&a, hs, *out, *n);
+	free(hs);
 out_shutdown:
 	a.shutdown();
 out_close:
@@ -116,8 +151,10 @@ int devices_discover(const char *mode, int cpu_slots, device **out, size_t *n)
 	*out = calloc((size_t)slots, sizeof **out);
 	if (!*out)
 		return -ENOMEM;
+	uint64_t every = slots >= 64 ? ~(uint64_t)0 : (((uint64_t)1 << slots) - 1);
 	for (int i = 0; i < slots; i++) {
-		(*out)[i] = (device){.kind = DEVICE_CPU, .index = i};
+		(*out)[i] = (device){.kind = DEVICE_CPU, .index = i, .peers_known = slots <= 64,
+				     .peers = slots <= 64 ? every & ~((uint64_t)1 << i) : 0};
 		snprintf((*out)[i].name, sizeof (*out)[i].name, "cpu");
 	}
 	*n = (size_t)slots;

@@ -6,6 +6,7 @@
 #ifndef BERTD_DAEMON_DEVICES_H
 #define BERTD_DAEMON_DEVICES_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -18,6 +19,10 @@ typedef struct device {
 	char uuid[96];          /* NVML's "GPU-<uuid>"; "" for CPU slots or when NVML has none */
 	uint64_t mem_total;     /* bytes; 0 when unknown (CPU slots) */
 	int cc_major, cc_minor; /* compute capability; 0 for CPU */
+	uint64_t peers;         /* bit j: a direct link to the device table's entry j
+				 * (NVLink, from NVML's P2P status; CPU slots: all of
+				 * them, they share host memory); tables of <= 64 */
+	bool peers_known;       /* false: NVML could not say (peers is 0) */
 } device;
 
 /* Discovers devices. mode "auto": GPUs when NVML finds any, else CPU slots;

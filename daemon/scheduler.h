@@ -1,12 +1,25 @@
 /* scheduler — decides which queued job starts next and on which devices.
- * Pure: no I/O, no clock, no globals; the supervisor feeds it the queue and
- * the free devices and acts on its answer.
+ * Pure: no I/O, no clock, no globals, no allocation; the supervisor feeds
+ * it the queue, the devices (free or not, and which pairs are directly
+ * linked), the running jobs with their estimated ends and the time, and
+ * acts on its answer.
  *
- * Policy: strict priority, then submission order. The head of the queue
- * waits for enough free devices; jobs behind it do not jump ahead (no
- * backfill), so a big job is never starved by a stream of small ones. A job
- * that asks for more devices than the machine has can never run: it is
- * reported so the caller fails it with a reason instead of queueing forever.
+ * Policy: strict priority, then submission order, with EASY backfill (as
+ * Slurm's backfill plugin): the head of the queue gets a reservation, the
+ * earliest time enough devices are estimated to be free (running jobs
+ * ending in order of their estimated end) and the devices it would then
+ * take. A job behind the head may start now, on free devices, only when it
+ * cannot delay that reservation: its own run-time bound ends it before the
+ * head's estimated start, or it leaves the reserved devices alone. When the
+ * head's start cannot be estimated (a running job with no estimate holds
+ * devices it needs), nothing jumps ahead of it. A job that asks for more
+ * devices than the machine has can never run: it is reported so the caller
+ * fails it with a reason instead of queueing forever.
+ *
+ * Placement: a k-device job gets k devices that are pairwise directly
+ * linked (NVLink) when such a set is among the devices it may use (the
+ * first such set in index order), else the lowest free ones. Never
+ * reorders a job's devices: ranks map to ascending device indices.
  */
 #ifndef BERTD_DAEMON_SCHEDULER_H
 #define BERTD_DAEMON_SCHEDULER_H
@@ -15,6 +28,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#define SCHED_MAX_DEV 64        /* device table entries the scheduler handles */
+#define SCHED_NEVER INT64_MAX   /* an end or start time that is not known */
+
 typedef struct sched_job {
 	const char *id;
 	int priority;       /* higher first */
@@ -22,16 +38,60 @@ typedef struct sched_job {
 	int want;           /* devices asked for (resources.gpus) */
 } sched_job;
 
+/* A job holding devices now. */
+typedef struct sched_running {
+	uint64_t devs;      /* bit d: it holds device d */
+	int64_t end_ms;     /* estimated end, same clock as sched_machine.now_ms;
+			     * SCHED_NEVER when not known (it never ends, for the reservation) */
+} sched_running;
+
+typedef struct sched_machine {
+	size_t ndev;                  /* <= SCHED_MAX_DEV */
+	const bool *busy;             /* (ndev,) true = device taken */
+	const uint64_t *peers;        /* (ndev,) bit j of peers[i]: i and j directly linked;
+				       * NULL: topology not known (lowest free devices) */
+	const sched_running *running; /* (nrunning,) */
+	size_t nrunning;
+	int64_t now_ms;
+} sched_machine;
+
 enum sched_verdict {
 	SCHED_NONE = 0,     /* nothing can start now */
-	SCHED_START,        /* start *job_idx on the devices in dev_out */
-	SCHED_IMPOSSIBLE,   /* *job_idx wants more devices than exist */
+	SCHED_START,        /* start job_idx on the devices in dev */
+	SCHED_IMPOSSIBLE,   /* job_idx wants more devices than exist */
 };
 
-/* queued: n jobs in any order. busy: ndev flags, true = device taken.
- * On SCHED_START, dev_out[0..want) receives device indices (lowest free
- * first, so ranks map to devices stably). dev_out must hold ndev entries. */
+typedef struct sched_decision {
+	enum sched_verdict verdict;
+	size_t job_idx;
+	int ndev;                     /* SCHED_START: devices in dev (= the job's want) */
+	int dev[SCHED_MAX_DEV];       /* ascending device indices */
+	bool connected;               /* every pair of dev directly linked (false when peers is NULL and ndev > 1) */
+	bool backfill;                /* started ahead of a waiting head */
+	int64_t head_start_ms;        /* SCHED_NONE or backfill: the head's estimated start
+				       * (SCHED_NEVER: not known); else now_ms */
+	uint64_t reserved;            /* bit d: device d is held for the head at head_start_ms */
+} sched_decision;
+
+/* Decides one start among n queued jobs (any order) on machine m. limit_ms
+ * (n,): the longest each can run once started (what is left of its
+ * stopping_condition.max_runtime_seconds), 0 for no bound; NULL when none
+ * has one. At most one job is started per call; the caller acts, updates
+ * busy and running and calls again until SCHED_NONE. */
+void sched_decide(const sched_job *queued, const int64_t *limit_ms, size_t n, const sched_machine *m,
+		  sched_decision *out);
+
+/* Strict priority without backfill or topology, kept for callers that only
+ * know which devices are busy: the queue's head on the lowest free devices.
+ * On SCHED_START, dev_out[0..want) receives device indices. dev_out must
+ * hold ndev entries. */
 enum sched_verdict sched_pick(const sched_job *queued, size_t n, const bool *busy, size_t ndev,
 			      size_t *job_idx, int *dev_out);
+
+/* k devices out of allowed (bitmask), pairwise linked under peers when such
+ * a set exists (the first in index order), else the lowest k. Returns the
+ * set as a bitmask (0 when allowed has fewer than k) and *connected. peers
+ * NULL: the lowest k, connected only when k is 1. */
+uint64_t sched_place(int k, uint64_t allowed, const uint64_t *peers, size_t ndev, bool *connected);
 
 #endif

@@ -131,6 +131,55 @@ static bool job_data_preparing(supervisor *sv, json_t *ds, dataset_memo *memo)
 	return false;
 }
 
+/* When run r is estimated to end (monotonic ms, as sv_now_ms), for the
+ * scheduler's reservation: the steps left at its latest measured step time,
+ * or the end of its share of max_runtime_seconds, whichever comes first;
+ * SCHED_NEVER when neither is known (before its first metrics, no limit). */
+static int64_t run_estimated_end(supervisor *sv, const run *r, int64_t now)
+{
+	if (r->killing)
+		return now; /* on its way out */
+	int64_t end = r->max_runtime_ms > 0 && r->start_ms > 0 ? r->start_ms + r->max_runtime_ms : SCHED_NEVER;
+	store_metric m;
+	if (store_metric_latest(sv->st, r->id, &m) == 0) {
+		json_t *v = json_loads(m.values_json, 0, NULL);
+		json_t *st = json_object_get(v, "step_time_ms");
+		json_int_t max_steps =
+			json_integer_value(json_object_get(json_object_get(r->spec, "training_args"), "max_steps"));
+		if (json_is_number(st) && json_number_value(st) > 0 && max_steps >= m.step) {
+			double left = (double)(max_steps - m.step) * json_number_value(st);
+			if (left < 1e15 && now + (int64_t)left < end)
+				end = now + (int64_t)left;
+		}
+		json_decref(v);
+		free(m.values_json);
+	}
+	return end;
+}
+
+/* The scheduler's view of this machine's devices (busy, topology, what
+ * runs on them until when) into busy, peers and rs (each sized ndev). */
+static void machine_view(supervisor *sv, bool *busy, uint64_t *peers, sched_running *rs, sched_machine *m)
+{
+	bool topo = sv->ndev <= SCHED_MAX_DEV;
+	for (size_t d = 0; d < sv->ndev; d++) {
+		busy[d] = sv->dev_job[d] != NULL;
+		peers[d] = sv->devs[d].peers;
+		topo = topo && sv->devs[d].peers_known;
+	}
+	*m = (sched_machine){.ndev = sv->ndev, .busy = busy, .peers = topo ? peers : NULL, .running = rs,
+			     .nrunning = 0, .now_ms = sv_now_ms()};
+	for (run *r = sv->runs; r; r = r->next) {
+		if (r->is_dataset || r->multinode || r->ndev <= 0 || m->nrunning >= sv->ndev)
+			continue;
+		uint64_t devs = 0;
+		for (int i = 0; i < r->ndev; i++)
+			if (r->dev[i] >= 0 && r->dev[i] < SCHED_MAX_DEV)
+				devs |= (uint64_t)1 << r->dev[i];
+		rs[m->nrunning++] = (sched_running){devs, run_estimated_end(sv, r, m->now_ms)};
+	}
+}
+
 static void tick_schedule(supervisor *sv)
 {
 	for (;;) {
@@ -144,6 +193,14 @@ static void tick_schedule(supervisor *sv)
 		/* restarting jobs that are still being torn down are not candidates */
 		sched_job *q = calloc(n ? n : 1, sizeof *q);
 		size_t *map = calloc(n ? n : 1, sizeof *map);
+		int64_t *limits = calloc(n ? n : 1, sizeof *limits); /* (nq,) run-time bounds */
+		if (!q || !map || !limits) { /* out of memory: the next tick tries again */
+			free(q);
+			free(map);
+			free(limits);
+			store_jobs_free(jobs, n);
+			return;
+		}
 		size_t nq = 0;
 		for (size_t i = 0; i < n; i++) {
 			if (sv_find_run(sv, jobs[i].id))
@@ -159,6 +216,13 @@ static void tick_schedule(supervisor *sv)
 			bool waits = job_data_preparing(sv, json_object_get(js, "dataset"), &memo);
 			json_t *nodes = json_object_get(json_object_get(js, "resources"), "nodes");
 			bool multinode = json_is_integer(nodes) && json_integer_value(nodes) > 1;
+			/* its run-time bound, for backfill: what max_runtime_seconds leaves */
+			json_t *mr = json_object_get(json_object_get(js, "stopping_condition"), "max_runtime_seconds");
+			int64_t limit_ms = 0;
+			if (json_is_integer(mr) && json_integer_value(mr) > 0 && json_integer_value(mr) < INT64_MAX / 1000) {
+				limit_ms = (int64_t)json_integer_value(mr) * 1000 - jobs[i].runtime_ms;
+				limit_ms = limit_ms > 0 ? limit_ms : 1;
+			}
 			json_decref(js);
 			if (waits)
 				continue;
@@ -167,29 +231,42 @@ static void tick_schedule(supervisor *sv)
 				continue;
 			}
 			q[nq] = (sched_job){jobs[i].id, jobs[i].priority, jobs[i].seq, want};
+			limits[nq] = limit_ms;
 			map[nq++] = i;
 		}
-		bool *busy = calloc(sv->ndev ? sv->ndev : 1, sizeof *busy);
-		for (size_t d = 0; d < sv->ndev; d++)
-			busy[d] = sv->dev_job[d] != NULL;
-		int *dev = calloc(sv->ndev ? sv->ndev : 1, sizeof *dev);
-		size_t pick = 0;
-		enum sched_verdict v = sched_pick(q, nq, busy, sv->ndev, &pick, dev);
+		size_t nd = sv->ndev ? sv->ndev : 1;
+		bool *busy = calloc(nd, sizeof *busy);
+		uint64_t *peers = calloc(nd, sizeof *peers);
+		sched_running *rs = calloc(nd, sizeof *rs);
+		sched_decision *dec = calloc(1, sizeof *dec);
 		bool again = false;
-		if (v == SCHED_IMPOSSIBLE) {
+		if (!busy || !peers || !rs || !dec)
+			goto next; /* out of memory: the next tick tries again */
+		sched_machine m;
+		machine_view(sv, busy, peers, rs, &m);
+		sched_decide(q, limits, nq, &m, dec);
+		if (dec->verdict == SCHED_IMPOSSIBLE) {
 			char why[200];
-			snprintf(why, sizeof why, "asks for %d devices; this machine has %zu", q[pick].want, sv->ndev);
-			sv_fail_job_now(sv, q[pick].id, JOB_MASK(JOB_QUEUED) | JOB_MASK(JOB_RESTARTING), why);
+			snprintf(why, sizeof why, "asks for %d devices; this machine has %zu", q[dec->job_idx].want,
+				 sv->ndev);
+			sv_fail_job_now(sv, q[dec->job_idx].id, JOB_MASK(JOB_QUEUED) | JOB_MASK(JOB_RESTARTING), why);
 			again = true;
-		} else if (v == SCHED_START) {
-			store_job *j = &jobs[map[pick]];
-			sv_launch_start_job(sv, j, dev, q[pick].want, j->state == JOB_RESTARTING);
+		} else if (dec->verdict == SCHED_START) {
+			store_job *j = &jobs[map[dec->job_idx]];
+			if (dec->backfill)
+				log_info("job %s backfilled on %d device(s): the queue's head is estimated to start in %lld s",
+					 j->id, dec->ndev, (long long)((dec->head_start_ms - m.now_ms) / 1000));
+			sv_launch_start_job(sv, j, dec->dev, dec->ndev, j->state == JOB_RESTARTING);
 			again = true;
 		}
+	next:
+		free(rs);
+		free(peers);
+		free(dec);
 		free(busy);
-		free(dev);
 		free(q);
 		free(map);
+		free(limits);
 		store_jobs_free(jobs, n);
 		if (!again)
 			return;

@@ -53,6 +53,12 @@ static void test_full_run(void **state)
 	char *id = it_submit(&f->d, SPEC("full", "60", "2", "1", ""));
 	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
 	assert_int_equal(json_array_size(json_object_get(job, "devices")), 2);
+	/* two CPU slots: placed on both, which share memory */
+	json_t *pl = json_object_get(job, "placement");
+	assert_int_equal(json_array_size(json_object_get(pl, "devices")), 2);
+	assert_int_equal(json_integer_value(json_array_get(json_object_get(pl, "devices"), 0)), 0);
+	assert_int_equal(json_integer_value(json_array_get(json_object_get(pl, "devices"), 1)), 1);
+	assert_true(json_is_true(json_object_get(pl, "connected")));
 	json_t *m = it_metrics_of(&f->d, id);
 	assert_int_equal(json_array_size(m), 12); /* steps 5, 10, ..., 60 */
 	double first = json_number_value(json_object_get(json_array_get(m, 0), "loss"));
