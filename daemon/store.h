@@ -129,7 +129,8 @@ int store_schema_version(store *s);
 int store_schema_latest(void);
 
 /* Inserts a queued job and its first event ("submitted") in one transaction.
- * job->id, name, spec_json, priority are used; created_ms too when non-zero
+ * job->id, name, spec_json, priority and owner are used (and spec_json's
+ * "tags" fill the tag index); created_ms too when non-zero
  * (so the API's 201 body and later reads agree), else now; other times
  * are set here.
  * If idem_key is non-NULL the key is recorded with idem_hash (hex digest of

@@ -7,9 +7,13 @@
  *     such job, 409 for a finished one;
  *   - GET /v1/jobs?tag=&owner= with pagination, both orders, following
  *     PATCHes that add and remove a tag; 400 naming a bad tag;
+ *   - PATCHes racing a cancel: each is 200 (and has its event, before the
+ *     cancel's) or 409 (after it), never both orders at once, and the job
+ *     ends canceled with the priority of the last 200;
  *   - one CPU slot held by a running job (which can be changed too): of
  *     two queued jobs, the later one, raised by PATCH, starts first when
  *     the slot frees. */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -182,6 +186,77 @@ static void test_patch_fields(void **state)
 	free(id);
 }
 
+#define RACE_PATCHES 20
+
+typedef struct racer {
+	const bertd *d;
+	const char *id;
+	long status[RACE_PATCHES];
+} racer;
+
+static void *race_patches(void *arg)
+{
+	racer *rc = arg;
+	for (int k = 0; k < RACE_PATCHES; k++) {
+		char body[64], path[96];
+		http_resp r;
+		snprintf(body, sizeof body, "{\"priority\": %d}", k + 1);
+		snprintf(path, sizeof path, "/v1/jobs/%s", rc->id);
+		rc->status[k] = http_do(rc->d, "PATCH", path, body, strlen(body), NULL, H_AUTH, &r) == 0
+				? r.status : -1;
+		http_resp_free(&r);
+	}
+	return NULL;
+}
+
+static void test_patch_races_cancel(void **state)
+{
+	const bertd *d = *state;
+	for (int round = 0; round < 3; round++) {
+		char *spec = it_job_spec(NULL, "shakes", NULL);
+		char *id = it_submit(d, spec);
+		free(spec);
+		racer rc = {.d = d, .id = id};
+		pthread_t t;
+		assert_int_equal(pthread_create(&t, NULL, race_patches, &rc), 0);
+		/* the cancel lands somewhere among the PATCHes (or before or after all) */
+		char path[96];
+		http_resp r;
+		snprintf(path, sizeof path, "/v1/jobs/%s/cancel", id);
+		assert_int_equal(http_do(d, "POST", path, NULL, 0, NULL, H_AUTH, &r), 0);
+		assert_int_equal(r.status, 200);
+		http_resp_free(&r);
+		pthread_join(t, NULL);
+		int ok = 0;
+		for (int k = 0; k < RACE_PATCHES; k++) {
+			if (rc.status[k] == 200) {
+				assert_int_equal(ok, k); /* no 200 after a 409 */
+				ok++;
+			} else if (rc.status[k] != 409) {
+				fail_msg("PATCH %d of %s: %ld", k, id, rc.status[k]);
+			}
+		}
+		json_t *j = job_of(d, id);
+		assert_string_equal(it_jstr(j, "state"), "canceled");
+		assert_int_equal(json_integer_value(json_object_get(j, "priority")), ok);
+		json_decref(j);
+		/* every 200 wrote its event, all of them before the cancel's */
+		json_t *ev = it_events_of(d, id);
+		size_t n = json_array_size(ev), changed = 0;
+		const char *last = json_string_value(json_object_get(json_array_get(ev, n - 1), "reason"));
+		assert_string_equal(last, "canceled by user");
+		for (size_t i = 0; i < n; i++) {
+			const char *why = json_string_value(json_object_get(json_array_get(ev, i), "reason"));
+			changed += why && strstr(why, "changed by default: priority");
+		}
+		assert_int_equal(changed, ok);
+		json_decref(ev);
+		fprintf(stderr, "round %d: %d PATCHes before the cancel, %d after\n", round, ok,
+			RACE_PATCHES - ok);
+		free(id);
+	}
+}
+
 /* GET path: the ids of its "jobs" joined by ',' into out; the next_cursor
  * (caller frees) or NULL. */
 static char *page_ids(const bertd *d, const char *path, char *out, size_t cap)
@@ -311,6 +386,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_patch_fields, setup_hold, it_teardown),
 		cmocka_unit_test_setup_teardown(test_list_filters, setup_hold, it_teardown),
+		cmocka_unit_test_setup_teardown(test_patch_races_cancel, setup_hold, it_teardown),
 		cmocka_unit_test_setup_teardown(test_priority_raise_overtakes, setup_run, it_teardown),
 	};
 	return IT_RUN(tests, NULL, NULL);
