@@ -14,7 +14,9 @@
  *     two queued jobs, the later one, raised by PATCH, starts first when
  *     the slot frees. */
 #include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -192,6 +194,7 @@ typedef struct racer {
 	const bertd *d;
 	const char *id;
 	long status[RACE_PATCHES];
+	atomic_int answered;
 } racer;
 
 static void *race_patches(void *arg)
@@ -205,6 +208,7 @@ static void *race_patches(void *arg)
 		rc->status[k] = http_do(rc->d, "PATCH", path, body, strlen(body), NULL, H_AUTH, &r) == 0
 				? r.status : -1;
 		http_resp_free(&r);
+		atomic_fetch_add(&rc->answered, 1);
 	}
 	return NULL;
 }
@@ -217,9 +221,13 @@ static void test_patch_races_cancel(void **state)
 		char *id = it_submit(d, spec);
 		free(spec);
 		racer rc = {.d = d, .id = id};
+		atomic_init(&rc.answered, 0);
 		pthread_t t;
 		assert_int_equal(pthread_create(&t, NULL, race_patches, &rc), 0);
-		/* the cancel lands somewhere among the PATCHes (or before or after all) */
+		/* the cancel goes out once 0, 5, 10 PATCHes were answered, and races
+		 * the ones in flight */
+		while (atomic_load(&rc.answered) < 5 * round)
+			sched_yield();
 		char path[96];
 		http_resp r;
 		snprintf(path, sizeof path, "/v1/jobs/%s/cancel", id);
