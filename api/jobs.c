@@ -1,6 +1,7 @@
 /* jobs — the /v1/jobs resource: submit (validated by jobspec, idempotent
- * with Idempotency-Key), list with state filter and cursor paging, get,
- * cancel, delete, events.
+ * with Idempotency-Key), list with state, tag and owner filters and cursor
+ * paging, get, change (PATCH: priority, name, tags, notes), cancel,
+ * delete, events.
  *
  * Handlers only read and write through store_*; state changes are
  * compare-and-set transitions, so a handler racing the scheduler or the

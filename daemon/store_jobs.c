@@ -1,6 +1,8 @@
 /* store_jobs — the jobs table and what hangs off a job's row: its state
  * changes and events, devices, stall watch, training data record, outcome,
- * runtime, restarts, deletion, idempotency keys' pruning, per-state counts.
+ * runtime, restarts, deletion, idempotency keys' pruning, per-state counts,
+ * the tag index (job_tags) and changes after submit (name, priority, tags,
+ * notes).
  *
  * Inserting jobs is store_commit.c's (group commit); metrics and
  * checkpoints are store_metrics.c's.
