@@ -247,10 +247,15 @@ static int job_list(store *s, unsigned state_mask, const char *tag, const char *
 			      "ORDER BY job_seq DESC LIMIT ?11"
 			    : JOB_LIST_TAGGED "job_seq > ?1 AND " JOB_LIST_STATES
 			      "ORDER BY job_seq LIMIT ?11")
-		    : (desc ? "SELECT " JOB_COLS " FROM jobs WHERE ?12 IS NULL AND (?1 = 0 OR seq < ?1) AND "
-			      JOB_LIST_STATES "ORDER BY seq DESC LIMIT ?11"
-			    : "SELECT " JOB_COLS " FROM jobs WHERE ?12 IS NULL AND seq > ?1 AND "
-			      JOB_LIST_STATES "ORDER BY seq LIMIT ?11");
+		/* an owner alone walks jobs_owner_seq ("owner = ?13" outside an OR) */
+		: owner ? (desc ? "SELECT " JOB_COLS " FROM jobs WHERE ?12 IS NULL AND owner = ?13 AND "
+				  "(?1 = 0 OR seq < ?1) AND " JOB_LIST_STATES "ORDER BY seq DESC LIMIT ?11"
+				: "SELECT " JOB_COLS " FROM jobs WHERE ?12 IS NULL AND owner = ?13 AND seq > ?1 AND "
+				  JOB_LIST_STATES "ORDER BY seq LIMIT ?11")
+		: (desc ? "SELECT " JOB_COLS " FROM jobs WHERE ?12 IS NULL AND (?1 = 0 OR seq < ?1) AND "
+			  JOB_LIST_STATES "ORDER BY seq DESC LIMIT ?11"
+			: "SELECT " JOB_COLS " FROM jobs WHERE ?12 IS NULL AND seq > ?1 AND "
+			  JOB_LIST_STATES "ORDER BY seq LIMIT ?11");
 	int rc = store_locked_exec(s, TXN_NONE, sql, args, sizeof args / sizeof args[0], job_page_row,
 				   &pg);
 #undef JOB_LIST_TAGGED
