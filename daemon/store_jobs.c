@@ -641,8 +641,9 @@ static void tb_add(textbuf *b, const char *fmt, ...)
 	b->len += (size_t)n;
 }
 
-/* Notes as an event shows them: quoted, at most EVENT_NOTES_MAX bytes (cut on
- * a UTF-8 boundary, then "..."), or null. */
+/* Notes as an event shows them: quoted as in JSON (so the event, and the
+ * log line, stay one line), at most EVENT_NOTES_MAX bytes of them (cut on a
+ * UTF-8 boundary, then "..."), or null. */
 #define EVENT_NOTES_MAX 80
 static void tb_notes(textbuf *b, const char *notes)
 {
@@ -657,7 +658,19 @@ static void tb_notes(textbuf *b, const char *notes)
 		while (n > 0 && ((unsigned char)notes[n] & 0xC0) == 0x80)
 			n--;
 	}
-	tb_add(b, "\"%.*s%s\"", (int)n, notes, cut ? "..." : "");
+	tb_add(b, "\"");
+	for (size_t i = 0; i < n; i++) {
+		char c = notes[i];
+		if (c == '\n')
+			tb_add(b, "\\n");
+		else if (c == '\t')
+			tb_add(b, "\\t");
+		else if (c == '"' || c == '\\')
+			tb_add(b, "\\%c", c);
+		else
+			tb_add(b, "%c", c);
+	}
+	tb_add(b, "%s\"", cut ? "..." : "");
 }
 
 static bool str_eq(const char *a, const char *b)
