@@ -118,3 +118,18 @@ CREATE TABLE job_data (
 -- stopping_condition.max_runtime_seconds counts
 ALTER TABLE jobs ADD COLUMN outcome_json TEXT;
 ALTER TABLE jobs ADD COLUMN runtime_ms INTEGER NOT NULL DEFAULT 0 CHECK (runtime_ms >= 0);
+
+-- migration 7: who submitted a job (the name of the API token its request
+-- carried: "default" for the one shared token; NULL when unknown), free
+-- notes, and the job's tags as an index (the list filters by tag and pages
+-- by seq: the primary key (tag, job_seq) is that walk). The tags and notes
+-- themselves live in spec_json ("tags", "notes"); job_tags mirrors
+-- spec_json's "tags" and is written in the same transaction as it.
+ALTER TABLE jobs ADD COLUMN owner TEXT;
+CREATE INDEX jobs_owner_seq ON jobs (owner, seq);
+CREATE TABLE job_tags (
+	tag     TEXT    NOT NULL,
+	job_seq INTEGER NOT NULL REFERENCES jobs (seq) ON DELETE CASCADE,
+	PRIMARY KEY (tag, job_seq)
+) WITHOUT ROWID;
+CREATE INDEX job_tags_job ON job_tags (job_seq);

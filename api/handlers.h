@@ -19,6 +19,7 @@ enum MHD_Result jobs_create(api_request *req);
 enum MHD_Result jobs_list(api_request *req);
 enum MHD_Result jobs_get(api_request *req);
 enum MHD_Result jobs_delete(api_request *req);
+enum MHD_Result jobs_patch(api_request *req);
 enum MHD_Result jobs_cancel(api_request *req);
 enum MHD_Result jobs_events(api_request *req);
 

@@ -1,6 +1,7 @@
 /* jobs — the /v1/jobs resource: submit (validated by jobspec, idempotent
- * with Idempotency-Key), list with state filter and cursor paging, get,
- * cancel, delete, events.
+ * with Idempotency-Key), list with state, tag and owner filters and cursor
+ * paging, get, change (PATCH: priority, name, tags, notes), cancel,
+ * delete, events.
  *
  * Handlers only read and write through store_*; state changes are
  * compare-and-set transitions, so a handler racing the scheduler or the
@@ -103,6 +104,25 @@ static void add_progress(json_t *o, const store_job *j, const json_t *spec,
 	json_object_set_new(o, "last_checkpoint", last);
 }
 
+/* The job's tags ([] when none) and notes (null) as its spec holds them,
+ * and its owner (the name of the token it was submitted with; null when
+ * not known). */
+static void add_labels(json_t *o, const store_job *j, const json_t *spec)
+{
+	json_t *tags = json_object_get(spec, "tags"), *notes = json_object_get(spec, "notes");
+	json_object_set_new(o, "tags", json_is_array(tags) ? json_incref(tags) : json_array());
+	json_object_set_new(o, "notes", json_is_string(notes) ? json_incref(notes) : json_null());
+	json_object_set_new(o, "owner", j->owner ? json_string(j->owner) : json_null());
+}
+
+/* Who a request acts for: the name of the API token it carried. Today one
+ * shared token serves everyone, and it is named "default"; with named
+ * tokens this is where a request's owner comes from. NULL: not known. */
+static const char *request_owner(const api_request *req)
+{
+	return req->cfg->token && req->cfg->token[0] ? "default" : NULL;
+}
+
 /* What the job's end left and how long it ran: "export" ({"step",
  * "source"}: the checkpoint whose model GET /v1/jobs/{id}/export holds, and
  * why: "final", "best" (load_best_model_at_end), "stopped" (canceled or out
@@ -186,6 +206,7 @@ static json_t *job_json(const store_job *j, const store_job_extras *x, const api
 		json_decref(spec);
 		return NULL;
 	}
+	add_labels(o, j, spec);
 	add_progress(o, j, spec, x);
 	add_placement(o, j, cfg);
 	if (j->state == JOB_COMPLETED) {
@@ -1170,6 +1191,7 @@ typedef struct submit {
 	json_t *spec;
 	char *spec_text, *body, *key;
 	char *note; /* an event to add once the job is stored, or NULL */
+	const char *owner; /* request_owner's: a static string, or NULL */
 	char id[21], hash[65];
 } submit;
 
@@ -1204,17 +1226,23 @@ static int submit_prepare(submit *sb)
 		.priority = json_is_integer(prio) ? (int)json_integer_value(prio) : 0,
 		.created_ms = now,
 		.updated_ms = now,
+		.owner = (char *)sb->owner,
 	};
+	json_t *tags = json_object_get(sb->spec, "tags"), *notes = json_object_get(sb->spec, "notes");
 	free(sb->body);
 	json_int_t max_steps = json_integer_value(
 		json_object_get(json_object_get(sb->spec, "training_args"), "max_steps"));
-	sb->body = dump_line(json_pack("{s:s, s:s, s:s, s:i, s:o, s:o, s:n, s:n, s:i, s:n, s:[], "
-				       "s:{s:i, s:I}, s:n, s:s, s:O}",
+	sb->body = dump_line(json_pack("{s:s, s:s, s:s, s:i, s:o, s:o, s:n, s:n, s:i, s:n, s:o, s:o, "
+				       "s:o, s:[], s:{s:i, s:I}, s:n, s:s, s:O}",
 				       "id", sb->job.id, "name", sb->job.name, "state", "queued",
 				       "priority", sb->job.priority,
 				       "created_at", time_json(now), "updated_at", time_json(now),
 				       "started_at", "finished_at", "restart_count", 0,
-				       "failure_reason", "devices", "progress", "step", 0,
+				       "failure_reason",
+				       "tags", json_is_array(tags) ? json_incref(tags) : json_array(),
+				       "notes", json_is_string(notes) ? json_incref(notes) : json_null(),
+				       "owner", sb->owner ? json_string(sb->owner) : json_null(),
+				       "devices", "progress", "step", 0,
 				       "max_steps", max_steps, "last_checkpoint", "diagnosis",
 				       "no telemetry yet", "spec", sb->spec));
 	if (!sb->body)
@@ -1355,6 +1383,7 @@ enum MHD_Result jobs_create(api_request *req)
 	}
 	sha256_hex(req->body, req->body_len, sb->hash);
 	sb->conn = req->conn;
+	sb->owner = request_owner(req);
 	sb->spec = spec;
 	sb->spec_text = spec_text;
 	sb->note = note;
@@ -1452,6 +1481,8 @@ struct list_query {
 	int limit;
 	int64_t after_seq; /* with newest: the seq to stay below */
 	bool newest;       /* order=desc */
+	const char *tag;   /* only jobs carrying this tag; NULL: any */
+	const char *owner; /* only jobs of this owner; NULL: any */
 	const char *bad_field;
 	char detail[256];
 };
@@ -1472,6 +1503,30 @@ static int parse_states(const char *v, struct list_query *q)
 		q->state_mask |= JOB_MASK(s);
 	}
 	return 0;
+}
+
+/* A tag as the job spec takes it (jobspec's rule, so a filter can name
+ * every tag a job can carry and nothing else). */
+static bool tag_valid(const char *v)
+{
+	json_t *one = json_pack("[s]", v), *res = NULL;
+	jobspec_error err;
+	bool ok = one && jobspec_check_key("tags", one, &res, &err) == 0;
+	json_decref(one);
+	json_decref(res);
+	return ok;
+}
+
+#define OWNER_MAX 128
+static bool owner_valid(const char *v)
+{
+	size_t n = strlen(v);
+	if (n == 0 || n > OWNER_MAX)
+		return false;
+	for (; *v; v++)
+		if (*v < 0x21 || *v > 0x7e)
+			return false;
+	return true;
 }
 
 static int list_arg(void *cls, const char *key, const char *value)
@@ -1510,9 +1565,25 @@ static int list_arg(void *cls, const char *key, const char *value)
 			return -EINVAL;
 		}
 		q->newest = strcmp(value, "desc") == 0;
+	} else if (strcmp(key, "tag") == 0) {
+		if (!value || !tag_valid(value)) {
+			snprintf(q->detail, sizeof q->detail,
+				 "tag must be 1 to %d characters of A-Z a-z 0-9 . _ - : / @ + =, starting "
+				 "with a letter or digit", JOBSPEC_TAG_MAX);
+			return -EINVAL;
+		}
+		q->tag = value;
+	} else if (strcmp(key, "owner") == 0) {
+		if (!value || !owner_valid(value)) {
+			snprintf(q->detail, sizeof q->detail,
+				 "owner must be 1 to %d printable ASCII characters (a token's name)",
+				 OWNER_MAX);
+			return -EINVAL;
+		}
+		q->owner = value;
 	} else {
 		snprintf(q->detail, sizeof q->detail,
-			 "unknown query parameter; known: state, limit, cursor, order");
+			 "unknown query parameter; known: state, limit, cursor, order, tag, owner");
 		return -EINVAL;
 	}
 	q->bad_field = NULL;
@@ -1720,10 +1791,9 @@ enum MHD_Result jobs_list(api_request *req)
 	if (!w)
 		return api_reply_problem(req, API_P_INTERNAL, NULL, "out of memory");
 	*w = (list_work){.conn = req->conn, .st = req->st, .cfg = req->cfg};
-	int rc = q.newest ? store_job_list_newest(req->st, q.state_mask, q.after_seq, q.limit, &w->jobs, &w->n,
-						  &w->next_seq)
-			  : store_job_list(req->st, q.state_mask, q.after_seq, q.limit, &w->jobs, &w->n,
-					   &w->next_seq);
+	store_job_filter f = {.state_mask = q.state_mask, .tag = q.tag, .owner = q.owner};
+	int rc = store_job_list_filtered(req->st, &f, q.after_seq, q.newest, q.limit, &w->jobs, &w->n,
+					 &w->next_seq);
 	enum MHD_Result ret;
 	if (rc) {
 		ret = api_reply_store_error(req, rc, "listing jobs failed");
@@ -1897,4 +1967,92 @@ enum MHD_Result jobs_events(api_request *req)
 	}
 	store_events_free(ev, n);
 	return api_reply_json(req, MHD_HTTP_OK, arr ? json_pack("{s:o}", "events", arr) : NULL);
+}
+
+/* ------------------------------------------------------------ change */
+
+/* PATCH /v1/jobs/{id}: a merge-patch-like body {"priority", "name", "tags",
+ * "notes"} (each optional; null clears tags and notes) changes a job that
+ * is not finished. Every key is validated as the job spec validates it
+ * (jobspec_check_key) before anything is written; the store then applies
+ * all of them in one transaction that refuses a finished job, so a cancel
+ * racing the change either comes first (409) or sees the changed job. */
+enum MHD_Result jobs_patch(api_request *req)
+{
+	const char *id = req->args.v[0];
+	enum MHD_Result ret;
+	json_t *in = NULL, *name = NULL, *prio = NULL, *tags = NULL, *notes = NULL;
+	char *tags_text = NULL, *changed = NULL;
+	char detail[256];
+	if (!id_plausible(id))
+		return no_such_job(req, id);
+	if (req->body_len == 0)
+		return api_reply_problem(req, API_P_BAD_REQUEST, NULL,
+					 "the body must be a JSON object with any of priority, name, "
+					 "tags, notes");
+	int rc = api_json_parse(req->body, req->body_len, API_JSON_MAX_DEPTH, &in, detail,
+				sizeof detail);
+	if (rc)
+		return api_reply_problem(req, rc == -E2BIG ? API_P_JSON_TOO_DEEP : API_P_MALFORMED_JSON,
+					 NULL, "%s", detail);
+	if (!json_is_object(in)) {
+		ret = api_reply_problem(req, API_P_BAD_REQUEST, NULL,
+					"the body must be a JSON object with any of priority, name, "
+					"tags, notes");
+		goto out;
+	}
+	const char *key;
+	size_t klen;
+	json_t *v;
+	json_object_keylen_foreach(in, key, klen, v) {
+		json_t **slot = NULL;
+		if (klen == strlen(key)) /* a key holding a NUL is no key of ours */
+			slot = !strcmp(key, "priority") ? &prio : !strcmp(key, "name") ? &name
+			     : !strcmp(key, "tags") ? &tags : !strcmp(key, "notes") ? &notes : NULL;
+		if (!slot) {
+			ret = api_reply_problem(req, API_P_INVALID_REQUEST, key,
+						"unknown key; a job's priority, name, tags and notes "
+						"can be changed, nothing else");
+			goto out;
+		}
+		jobspec_error err = {0};
+		if (jobspec_check_key(key, v, slot, &err) < 0) {
+			ret = err.status == 500
+				? api_reply_problem(req, API_P_INTERNAL, NULL, "out of memory")
+				: api_reply_problem(req, API_P_INVALID_REQUEST, err.field, "%s", err.detail);
+			goto out;
+		}
+	}
+	if (tags && !(tags_text = json_dumps(tags, JSON_COMPACT))) {
+		ret = api_reply_problem(req, API_P_INTERNAL, NULL, "out of memory");
+		goto out;
+	}
+	store_job_change c = {
+		.name = name ? json_string_value(name) : NULL,
+		.set_priority = prio != NULL,
+		.priority = prio ? (int)json_integer_value(prio) : 0,
+		.tags_json = tags_text,
+		.set_notes = notes != NULL,
+		.notes = json_string_value(notes), /* NULL for null: cleared */
+		.by = request_owner(req),
+	};
+	enum job_state cur = JOB_QUEUED;
+	rc = store_job_change_apply(req->st, id, &c, &changed, &cur);
+	if (rc == -EBUSY)
+		ret = api_reply_problem(req, API_P_JOB_STATE_CONFLICT, NULL,
+					"job %s is already %s; a finished job cannot be changed", id,
+					job_state_name(cur));
+	else if (rc < 0)
+		ret = store_failed(req, rc, id, "changing job");
+	else
+		ret = reply_job(req, MHD_HTTP_OK, id);
+out:
+	json_decref(in);
+	json_decref(name);
+	json_decref(prio);
+	json_decref(tags);
+	json_decref(notes);
+	free(tags_text);
+	free(changed);
+	return ret;
 }

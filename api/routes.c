@@ -19,6 +19,7 @@ static const api_route routes[] = {
 	{"GET",    "/v1/jobs",              jobs_list,      0},
 	{"GET",    "/v1/jobs/{id}",         jobs_get,       0},
 	{"DELETE", "/v1/jobs/{id}",         jobs_delete,    0},
+	{"PATCH",  "/v1/jobs/{id}",         jobs_patch,     0},
 	{"POST",   "/v1/jobs/{id}/cancel",  jobs_cancel,    0},
 	{"GET",    "/v1/jobs/{id}/events",  jobs_events,    0},
 	{"GET",    "/v1/jobs/{id}/metrics", jobs_metrics,   0},

@@ -30,6 +30,9 @@ enum kind {
 	K_OBJECT,   /* any object, copied through unchanged */
 	K_SECTION,  /* nested object described by sub */
 	K_DATASET,  /* dataset: a K_NAME, or a mixture [{"name", "proportion"}, ...] */
+	K_TAGS,     /* array of at most JOBSPEC_MAX_TAGS distinct tags (tag_ok), default [] */
+	K_TEXT,     /* string of at most imax bytes, no control characters but \n and \t;
+		     * default null */
 };
 
 enum target { T_NONE, T_INT, T_I64, T_U64, T_DBL, T_BOOL, T_TRI, T_STR };
@@ -273,6 +276,11 @@ static const struct field top_fields[] = {
 	 .preset_dim = -1, .t = T_STR, OFF(init_from)},
 	ENUM("init_from_restore", restore_choices, "weights", init_from_restore),
 	INT("priority", -100, 100, 0, 0, T_INT, priority),
+	/* labels and a free text for people and list filters; never read by
+	 * the worker, and changeable after submit (PATCH /v1/jobs/{id}) */
+	{.key = "tags", .kind = K_TAGS, .imin = 1, .imax = JOBSPEC_TAG_MAX, .preset_dim = -1,
+	 .t = T_NONE},
+	{.key = "notes", .kind = K_TEXT, .imax = JOBSPEC_NOTES_MAX, .preset_dim = -1, .t = T_NONE},
 	SECTION("training_args", training_sec),
 	SECTION("mlm", mlm_sec),
 	SECTION("resources", resources_sec),
@@ -381,6 +389,56 @@ static bool name_ok(const char *s, size_t n, const struct field *f)
 			return false;
 	}
 	return true;
+}
+
+/* A tag: imin..imax bytes of A-Z a-z 0-9 and . _ - : / @ + =, starting
+ * with a letter or digit (a git sha, "exp:lr-sweep", "user@team"). */
+static bool tag_ok(const char *s, size_t n, const struct field *f)
+{
+	if ((long long)n < f->imin || (long long)n > f->imax)
+		return false;
+	for (size_t i = 0; i < n; i++) {
+		unsigned char c = (unsigned char)s[i];
+		bool alnum = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+		if (!alnum && (i == 0 || !strchr("._-:/@+=", c) || c == 0))
+			return false;
+	}
+	return true;
+}
+
+static int tags_normalize(const json_t *v, const struct field *f, const char *path,
+			  jobspec_error *err, json_t **res)
+{
+	if (!json_is_array(v))
+		return fail(err, 422, path, f->key, "must be an array of strings");
+	if (json_array_size(v) > JOBSPEC_MAX_TAGS)
+		return fail(err, 422, path, f->key, "must have at most %d tags", JOBSPEC_MAX_TAGS);
+	char sub[64];
+	for (size_t i = 0; i < json_array_size(v); i++) {
+		json_t *t = json_array_get(v, i);
+		snprintf(sub, sizeof sub, "%s[%zu]", f->key, i);
+		if (!json_is_string(t) || !tag_ok(json_string_value(t), json_string_length(t), f))
+			return fail(err, 422, path, sub,
+				    "must be a string of %lld to %lld characters of A-Z a-z 0-9 "
+				    ". _ - : / @ + =, starting with a letter or digit", f->imin, f->imax);
+		for (size_t j = 0; j < i; j++)
+			if (json_equal(t, json_array_get(v, j)))
+				return fail(err, 422, path, sub, "repeats %s[%zu]", f->key, j);
+	}
+	*res = json_deep_copy(v);
+	return *res ? 0 : fail_oom(err);
+}
+
+static const char *text_problem(const char *s, size_t n, const struct field *f)
+{
+	if ((long long)n > f->imax)
+		return "must be at most 4096 bytes";
+	for (size_t i = 0; i < n; i++) {
+		unsigned char c = (unsigned char)s[i];
+		if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f)
+			return "must not contain NUL or control characters other than newline and tab";
+	}
+	return NULL;
 }
 
 static const char *path_problem(const char *s, size_t n, const struct field *f)
@@ -667,6 +725,25 @@ static int field_normalize(const json_t *v, const struct field *f, const char *p
 			return fail(err, 422, path, f->key, "must be a string%s or null",
 				    f->kind == K_INIT ? ", an object {\"job\", \"checkpoint\"}" : "");
 		const char *why = path_problem(json_string_value(v), json_string_length(v), f);
+		if (why)
+			return fail(err, 422, path, f->key, "%s", why);
+		*res = json_stringn(json_string_value(v), json_string_length(v));
+		break;
+	}
+	case K_TAGS:
+		if (!v) {
+			*res = json_array();
+			break;
+		}
+		return tags_normalize(v, f, path, err, res);
+	case K_TEXT: {
+		if (!v) {
+			*res = json_null();
+			break;
+		}
+		if (!json_is_string(v))
+			return fail(err, 422, path, f->key, "must be a string or null");
+		const char *why = text_problem(json_string_value(v), json_string_length(v), f);
 		if (why)
 			return fail(err, 422, path, f->key, "%s", why);
 		*res = json_stringn(json_string_value(v), json_string_length(v));
@@ -1113,6 +1190,24 @@ int jobspec_normalize(const json_t *in, json_t **out, jobspec_error *err)
 	return 0;
 }
 
+int jobspec_check_key(const char *key, const json_t *v, json_t **out, jobspec_error *err)
+{
+	const struct field *f = key ? section_find(&top_sec, key, strlen(key)) : NULL;
+	struct ctx c = {.err = err, .preset = -1};
+	*out = NULL;
+	if (!f || (strcmp(key, "name") && strcmp(key, "priority") && strcmp(key, "tags") &&
+		   strcmp(key, "notes")))
+		return fail(err, 422, NULL, key, "cannot be changed after submit");
+	if (!v || (json_is_null(v) && (f->kind == K_NAME || f->kind == K_INT)))
+		return fail(err, 422, NULL, key, "must be %s", f->kind == K_INT ? "an integer" : "a string");
+	json_t *res = NULL;
+	int rc = field_normalize(v, f, NULL, &c, &res);
+	if (rc < 0)
+		return rc;
+	*out = res;
+	return 0;
+}
+
 /* ---- the table as a JSON Schema (docs/openapi.yaml JobSpecInput) ---- */
 
 /* Every key but a required one also takes null ("the default"). */
@@ -1201,6 +1296,16 @@ static json_t *field_schema(const struct field *f)
 			      "default", json_null());
 		break;
 	}
+	case K_TAGS:
+		o = json_pack("{s:o, s:i, s:b, s:{s:s, s:I, s:I, s:s}, s:[]}", "type", type_of("array", f),
+			      "maxItems", JOBSPEC_MAX_TAGS, "uniqueItems", 1, "items", "type", "string",
+			      "minLength", (json_int_t)f->imin, "maxLength", (json_int_t)f->imax, "pattern",
+			      "^[A-Za-z0-9][A-Za-z0-9._:/@+=-]*$", "default");
+		break;
+	case K_TEXT:
+		o = json_pack("{s:o, s:I, s:n}", "type", type_of("string", f), "maxLength",
+			      (json_int_t)f->imax, "default");
+		break;
 	case K_OBJECT:
 		o = json_pack("{s:o, s:{}}", "type", type_of("object", f), "default");
 		break;

@@ -41,6 +41,21 @@ typedef struct jobspec_error {
  * in == NULL is a 400. */
 int jobspec_normalize(const json_t *in, json_t **out, jobspec_error *err);
 
+/* "tags": at most JOBSPEC_MAX_TAGS distinct tags of 1..JOBSPEC_TAG_MAX
+ * bytes of A-Z a-z 0-9 . _ - : / @ + = (first a letter or digit); "notes":
+ * at most JOBSPEC_NOTES_MAX bytes, no control characters but newline and
+ * tab (docs/jobspec.md). */
+#define JOBSPEC_MAX_TAGS 16
+#define JOBSPEC_TAG_MAX 64
+#define JOBSPEC_NOTES_MAX 4096
+
+/* Validates one top-level key a job may change after submit ("name",
+ * "priority", "tags", "notes") as jobspec_normalize would, and returns its
+ * effective value in *out (caller owns; null for notes and [] for tags
+ * given null). -EINVAL with *err filled (field: the key, or "tags[2]")
+ * for any other key, null for name or priority, or a bad value; -ENOMEM. */
+int jobspec_check_key(const char *key, const json_t *v, json_t **out, jobspec_error *err);
+
 /* Tri-state for choices the worker makes from the hardware it finds. */
 enum { JOBSPEC_AUTO = -1 };
 

@@ -77,6 +77,8 @@ typedef struct store_job {
 	char *outcome_json;   /* {"export": {"step", "source"}, "best_model": {"step", "metric",
 			       * "value"}} as far as known; NULL before either */
 	int64_t runtime_ms;   /* wall time of the job's attempts so far (max_runtime_seconds) */
+	char *owner;          /* who submitted it: the name of the API token its request
+			       * carried ("default": the one shared token); NULL unknown */
 	uint64_t version;     /* set by store_job_get/list: two equal non-zero values mean
 			       * nothing of this job (row, metrics, checkpoints) was written
 			       * in between (a cache key; a write to another job may change
@@ -127,7 +129,8 @@ int store_schema_version(store *s);
 int store_schema_latest(void);
 
 /* Inserts a queued job and its first event ("submitted") in one transaction.
- * job->id, name, spec_json, priority are used; created_ms too when non-zero
+ * job->id, name, spec_json, priority and owner are used (and spec_json's
+ * "tags" fill the tag index); created_ms too when non-zero
  * (so the API's 201 body and later reads agree), else now; other times
  * are set here.
  * If idem_key is non-NULL the key is recorded with idem_hash (hex digest of
@@ -193,6 +196,44 @@ int store_job_list(store *s, unsigned state_mask, int64_t after_seq, int limit,
  * or 0 when there are no more rows. */
 int store_job_list_newest(store *s, unsigned state_mask, int64_t before_seq, int limit,
 			  store_job **out, size_t *n, int64_t *next_seq);
+
+/* What GET /v1/jobs?tag=&owner= keeps: a state_mask as store_job_list's,
+ * and when non-NULL one tag the job carries (spec_json's "tags") and its
+ * owner. */
+typedef struct store_job_filter {
+	unsigned state_mask;
+	const char *tag;
+	const char *owner;
+} store_job_filter;
+/* store_job_list (newest false: seq > seq_bound, oldest first) or
+ * store_job_list_newest (newest true) of the jobs f keeps (f NULL: all).
+ * A tag filter walks the tag's index in seq order, so a page costs its
+ * rows, not the table. Errors as store_job_list. */
+int store_job_list_filtered(store *s, const store_job_filter *f, int64_t seq_bound, bool newest,
+			    int limit, store_job **out, size_t *n, int64_t *next_seq);
+
+/* A change of a job after submit (PATCH /v1/jobs/{id}): each member given
+ * replaces the stored value, in the row (name, priority) and in spec_json
+ * alike ("name", "priority", "tags", "notes"); the caller has validated
+ * them (jobspec_check_key). */
+typedef struct store_job_change {
+	const char *name;      /* NULL: unchanged */
+	bool set_priority;
+	int priority;
+	const char *tags_json; /* compact JSON array of tag strings; NULL: unchanged */
+	bool set_notes;
+	const char *notes;     /* with set_notes: the new notes, NULL clears them */
+	const char *by;        /* who asks (a token's name), NULL unknown; for the event */
+} store_job_change;
+/* Applies c to a job that is not finished, in one transaction with one
+ * event (from == to == its state) whose reason says what changed, old ->
+ * new, and by whom: "changed by default: priority 0 -> 5; tags [] ->
+ * [\"x\"]". *changed (caller frees) gets that reason, or NULL when every
+ * value given equals the stored one (then nothing is written). -ENOENT no
+ * job, -EBUSY the job is completed, failed or canceled (nothing written;
+ * *cur, if non-NULL, gets its state either way), -EINVAL bad arguments. */
+int store_job_change_apply(store *s, const char *id, const store_job_change *c, char **changed,
+			   enum job_state *cur);
 
 /* Compare-and-set state change: succeeds only if the job's current state is
  * in from_mask; writes the new state, updated/started/finished times,

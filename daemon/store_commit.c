@@ -48,10 +48,11 @@ static int job_insert_txn(store *s, void *ctx)
 			return rc < 0 ? rc : -EEXIST;
 	}
 	if ((rc = store_sql_exec(s, "INSERT INTO jobs (id, name, spec_json, state, priority, created_ms, "
-				    "updated_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6)",
+				    "updated_ms, owner) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, ?7)",
 				 ARGS(ARG_TEXT(j->id), ARG_TEXT(j->name), ARG_TEXT(j->spec_json),
 				      ARG_TEXT(job_state_name(JOB_QUEUED)), ARG_I64(j->priority),
-				      ARG_I64(c->t)), NULL, NULL)) < 0 ||
+				      ARG_I64(c->t), ARG_TEXT(j->owner)), NULL, NULL)) < 0 ||
+	    (rc = store_job_tags_sync(s, j->id)) < 0 ||
 	    (rc = store_event_insert(s, j->id, c->t, JOB_QUEUED, JOB_QUEUED, "submitted")) < 0)
 		return rc;
 	if (!c->idem_key)

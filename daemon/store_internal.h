@@ -201,6 +201,9 @@ int store_int_row(sqlite3_stmt *st, void *out);
 /* In a write transaction: one job_events row. */
 int store_event_insert(store *s, const char *id, int64_t t, enum job_state from,
 		       enum job_state to, const char *reason);
+/* In a write transaction: makes job_tags hold exactly the "tags" of job
+ * id's spec_json (none when it has none). */
+int store_job_tags_sync(store *s, const char *id);
 /* A txn_fn over a job_rows: -ENOENT for no such job, else its rows. */
 int store_job_rows_txn(store *s, void *ctx);
 

@@ -1,6 +1,8 @@
 /* store_jobs — the jobs table and what hangs off a job's row: its state
  * changes and events, devices, stall watch, training data record, outcome,
- * runtime, restarts, deletion, idempotency keys' pruning, per-state counts.
+ * runtime, restarts, deletion, idempotency keys' pruning, per-state counts,
+ * the tag index (job_tags) and changes after submit (name, priority, tags,
+ * notes).
  *
  * Inserting jobs is store_commit.c's (group commit); metrics and
  * checkpoints are store_metrics.c's.
@@ -11,6 +13,8 @@
 #include "daemon/store_internal.h"
 
 #include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -99,7 +103,7 @@ int store_job_rows_txn(store *s, void *ctx)
 
 #define JOB_COLS "seq, id, name, spec_json, state, priority, restart_count, failure_reason, " \
 		 "created_ms, updated_ms, started_ms, finished_ms, devices_json, stall_json, outcome_json, " \
-		 "runtime_ms"
+		 "runtime_ms, owner"
 
 /* One JOB_COLS row into a store_job (a row_fn). */
 static int job_read(sqlite3_stmt *st, void *dst)
@@ -113,7 +117,8 @@ static int job_read(sqlite3_stmt *st, void *dst)
 	    (rc = store_dup_col(st, 7, &j->failure_reason)) < 0 ||
 	    (rc = store_dup_col(st, 12, &j->devices_json)) < 0 ||
 	    (rc = store_dup_col(st, 13, &j->stall_json)) < 0 ||
-	    (rc = store_dup_col(st, 14, &j->outcome_json)) < 0)
+	    (rc = store_dup_col(st, 14, &j->outcome_json)) < 0 ||
+	    (rc = store_dup_col(st, 16, &j->owner)) < 0)
 		goto out;
 	j->runtime_ms = sqlite3_column_int64(st, 15);
 	j->priority = sqlite3_column_int(st, 5);
@@ -139,6 +144,7 @@ void store_job_free(store_job *j)
 	free(j->devices_json);
 	free(j->stall_json);
 	free(j->outcome_json);
+	free(j->owner);
 	memset(j, 0, sizeof *j);
 }
 
@@ -207,9 +213,11 @@ static int job_page_row(sqlite3_stmt *st, void *ctx)
 
 /* One page of store_job_list (desc false: seq > seq_bound, oldest first) or
  * store_job_list_newest (desc true: seq < seq_bound or from the newest when
- * 0, newest first). */
-static int job_list(store *s, unsigned state_mask, int64_t seq_bound, bool desc, int limit,
-		    store_job **out, size_t *n, int64_t *next_seq)
+ * 0, newest first), of the jobs carrying tag and owned by owner where those
+ * are non-NULL. */
+static int job_list(store *s, unsigned state_mask, const char *tag, const char *owner,
+		    int64_t seq_bound, bool desc, int limit, store_job **out, size_t *n,
+		    int64_t *next_seq)
 {
 	*out = NULL;
 	*n = 0;
@@ -219,20 +227,38 @@ static int job_list(store *s, unsigned state_mask, int64_t seq_bound, bool desc,
 	/* The mask becomes eight bound parameters, NULL for states not wanted:
 	 * "state IN (NULL, ...)" never matches a NULL, so those drop out. */
 	_Static_assert(JOB_STATE_COUNT == 8, "the IN list below has one parameter per state");
-	sqlarg args[11] = {ARG_I64(seq_bound), ARG_I64(state_mask)};
+	sqlarg args[13] = {ARG_I64(seq_bound), ARG_I64(state_mask)};
 	for (int i = 0; i < JOB_STATE_COUNT; i++)
 		args[2 + i] = ARG_TEXT((state_mask & JOB_MASK(i)) ? job_state_names[i] : NULL);
 	args[10] = ARG_I64((int64_t)limit + 1);
+	args[11] = ARG_TEXT(tag);
+	args[12] = ARG_TEXT(owner);
 	store_external_peek(s);
 	job_page pg = {.r = ROWS(store_job, job_read, jobs_free_rows), .limit = (size_t)limit, .s = s,
 		       .g0 = store_version_now()};
-#define JOB_LIST_STATES "(?2 = 0 OR state IN (?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)) "
-	int rc = store_locked_exec(s, TXN_NONE,
-				   desc ? "SELECT " JOB_COLS " FROM jobs WHERE (?1 = 0 OR seq < ?1) AND " JOB_LIST_STATES
-					  "ORDER BY seq DESC LIMIT ?11"
-					: "SELECT " JOB_COLS " FROM jobs WHERE seq > ?1 AND " JOB_LIST_STATES
-					  "ORDER BY seq LIMIT ?11",
-				   args, sizeof args / sizeof args[0], job_page_row, &pg);
+#define JOB_LIST_STATES "(?2 = 0 OR state IN (?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)) " \
+			"AND (?13 IS NULL OR owner = ?13) "
+	/* With a tag, the walk is the tag's (tag, job_seq) index, each row
+	 * joined to its job: a page reads its rows, however few jobs carry it. */
+#define JOB_LIST_TAGGED "SELECT " JOB_COLS " FROM job_tags CROSS JOIN jobs ON seq = job_seq " \
+			"WHERE tag = ?12 AND "
+	const char *sql =
+		tag ? (desc ? JOB_LIST_TAGGED "(?1 = 0 OR job_seq < ?1) AND " JOB_LIST_STATES
+			      "ORDER BY job_seq DESC LIMIT ?11"
+			    : JOB_LIST_TAGGED "job_seq > ?1 AND " JOB_LIST_STATES
+			      "ORDER BY job_seq LIMIT ?11")
+		/* an owner alone walks jobs_owner_seq ("owner = ?13" outside an OR) */
+		: owner ? (desc ? "SELECT " JOB_COLS " FROM jobs WHERE ?12 IS NULL AND owner = ?13 AND "
+				  "(?1 = 0 OR seq < ?1) AND " JOB_LIST_STATES "ORDER BY seq DESC LIMIT ?11"
+				: "SELECT " JOB_COLS " FROM jobs WHERE ?12 IS NULL AND owner = ?13 AND seq > ?1 AND "
+				  JOB_LIST_STATES "ORDER BY seq LIMIT ?11")
+		: (desc ? "SELECT " JOB_COLS " FROM jobs WHERE ?12 IS NULL AND (?1 = 0 OR seq < ?1) AND "
+			  JOB_LIST_STATES "ORDER BY seq DESC LIMIT ?11"
+			: "SELECT " JOB_COLS " FROM jobs WHERE ?12 IS NULL AND seq > ?1 AND "
+			  JOB_LIST_STATES "ORDER BY seq LIMIT ?11");
+	int rc = store_locked_exec(s, TXN_NONE, sql, args, sizeof args / sizeof args[0], job_page_row,
+				   &pg);
+#undef JOB_LIST_TAGGED
 #undef JOB_LIST_STATES
 	*out = store_rows_take(&pg.r, rc, n);
 	if (rc < 0)
@@ -244,13 +270,22 @@ static int job_list(store *s, unsigned state_mask, int64_t seq_bound, bool desc,
 int store_job_list(store *s, unsigned state_mask, int64_t after_seq, int limit,
 		   store_job **out, size_t *n, int64_t *next_seq)
 {
-	return job_list(s, state_mask, after_seq, false, limit, out, n, next_seq);
+	return job_list(s, state_mask, NULL, NULL, after_seq, false, limit, out, n, next_seq);
 }
 
 int store_job_list_newest(store *s, unsigned state_mask, int64_t before_seq, int limit,
 			  store_job **out, size_t *n, int64_t *next_seq)
 {
-	return job_list(s, state_mask, before_seq, true, limit, out, n, next_seq);
+	return job_list(s, state_mask, NULL, NULL, before_seq, true, limit, out, n, next_seq);
+}
+
+int store_job_list_filtered(store *s, const store_job_filter *f, int64_t seq_bound, bool newest,
+			    int limit, store_job **out, size_t *n, int64_t *next_seq)
+{
+	store_job_filter all = {0};
+	if (!f)
+		f = &all;
+	return job_list(s, f->state_mask, f->tag, f->owner, seq_bound, newest, limit, out, n, next_seq);
 }
 
 typedef struct job_change {
@@ -533,5 +568,206 @@ int store_idem_prune(store *s, int64_t before_ms, int64_t *removed)
 		return rc;
 	if (removed)
 		*removed = rc;
+	return 0;
+}
+
+/* ---- tags, and changes after submit ---- */
+
+int store_job_tags_sync(store *s, const char *id)
+{
+	int rc = store_sql_exec(s, "DELETE FROM job_tags WHERE job_seq = (SELECT seq FROM jobs WHERE id = ?1)",
+				ARGS(ARG_TEXT(id)), NULL, NULL);
+	if (rc < 0)
+		return rc;
+	/* json_each of a missing "tags" is no rows; DISTINCT and OR IGNORE
+	 * keep a repeated tag (refused by the API anyway) from failing */
+	rc = store_sql_exec(s, "INSERT OR IGNORE INTO job_tags (tag, job_seq) "
+			       "SELECT DISTINCT t.value, jobs.seq FROM jobs, json_each(jobs.spec_json, '$.tags') t "
+			       "WHERE jobs.id = ?1 AND t.type = 'text'",
+			    ARGS(ARG_TEXT(id)), NULL, NULL);
+	return rc < 0 ? rc : 0;
+}
+
+/* The values a change compares against, read in its transaction. */
+typedef struct job_values {
+	enum job_state state;
+	char *name, *tags, *notes;
+	int priority;
+} job_values;
+
+static int job_values_row(sqlite3_stmt *st, void *ctx)
+{
+	job_values *v = ctx;
+	int rc = col_job_state(st, 0, &v->state);
+	if (rc == 0)
+		rc = store_dup_col(st, 1, &v->name);
+	if (rc == 0)
+		rc = store_dup_col(st, 3, &v->tags);
+	if (rc == 0)
+		rc = store_dup_col(st, 4, &v->notes);
+	v->priority = sqlite3_column_int(st, 2);
+	return rc;
+}
+
+/* A growing event text; on OOM it stays NULL and the caller fails. */
+typedef struct textbuf {
+	char *p;
+	size_t len, cap;
+	bool oom;
+} textbuf;
+
+__attribute__((format(printf, 2, 3)))
+static void tb_add(textbuf *b, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(NULL, 0, fmt, ap);
+	va_end(ap);
+	if (b->oom || n < 0)
+		return;
+	if (b->len + (size_t)n + 1 > b->cap) {
+		size_t cap = (b->len + (size_t)n + 1) * 2;
+		char *p = realloc(b->p, cap);
+		if (!p) {
+			b->oom = true;
+			return;
+		}
+		b->p = p;
+		b->cap = cap;
+	}
+	va_start(ap, fmt);
+	vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
+	va_end(ap);
+	b->len += (size_t)n;
+}
+
+/* Notes as an event shows them: quoted as in JSON (so the event, and the
+ * log line, stay one line), at most EVENT_NOTES_MAX bytes of them (cut on a
+ * UTF-8 boundary, then "..."), or null. */
+#define EVENT_NOTES_MAX 80
+static void tb_notes(textbuf *b, const char *notes)
+{
+	if (!notes) {
+		tb_add(b, "null");
+		return;
+	}
+	size_t n = strlen(notes);
+	bool cut = n > EVENT_NOTES_MAX;
+	if (cut) {
+		n = EVENT_NOTES_MAX;
+		while (n > 0 && ((unsigned char)notes[n] & 0xC0) == 0x80)
+			n--;
+	}
+	tb_add(b, "\"");
+	for (size_t i = 0; i < n; i++) {
+		char c = notes[i];
+		if (c == '\n')
+			tb_add(b, "\\n");
+		else if (c == '\t')
+			tb_add(b, "\\t");
+		else if (c == '"' || c == '\\')
+			tb_add(b, "\\%c", c);
+		else
+			tb_add(b, "%c", c);
+	}
+	tb_add(b, "%s\"", cut ? "..." : "");
+}
+
+static bool str_eq(const char *a, const char *b)
+{
+	return a == b || (a && b && strcmp(a, b) == 0);
+}
+
+typedef struct job_change_ctx {
+	const char *id;
+	const store_job_change *c;
+	enum job_state cur;
+	bool seen;
+	char *changed;
+	int64_t t;
+} job_change_ctx;
+
+static int job_change_txn(store *s, void *ctx)
+{
+	job_change_ctx *x = ctx;
+	const store_job_change *c = x->c;
+	job_values v = {0};
+	textbuf b = {0};
+	int rc = store_found(store_sql_exec(s, "SELECT state, name, priority, "
+					       "COALESCE(json_extract(spec_json, '$.tags'), '[]'), "
+					       "json_extract(spec_json, '$.notes') FROM jobs WHERE id = ?1",
+					    ARGS(ARG_TEXT(x->id)), job_values_row, &v), -ENOENT);
+	if (rc < 0)
+		goto out;
+	x->cur = v.state;
+	x->seen = true;
+	if (job_state_is_terminal(v.state)) {
+		rc = -EBUSY;
+		goto out;
+	}
+	tb_add(&b, "changed by %s:", c->by ? c->by : "(unknown)");
+	size_t head = b.len;
+	if (c->set_priority && c->priority != v.priority)
+		tb_add(&b, "%s priority %d -> %d", b.len > head ? ";" : "", v.priority, c->priority);
+	if (c->name && !str_eq(c->name, v.name))
+		tb_add(&b, "%s name \"%s\" -> \"%s\"", b.len > head ? ";" : "", v.name ? v.name : "",
+		       c->name);
+	if (c->tags_json && !str_eq(c->tags_json, v.tags))
+		tb_add(&b, "%s tags %s -> %s", b.len > head ? ";" : "", v.tags, c->tags_json);
+	if (c->set_notes && !str_eq(c->notes, v.notes)) {
+		tb_add(&b, "%s notes ", b.len > head ? ";" : "");
+		tb_notes(&b, v.notes);
+		tb_add(&b, " -> ");
+		tb_notes(&b, c->notes);
+	}
+	if (b.oom) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	if (b.len == head) /* every value as stored: nothing to write */
+		goto out;
+	const char *name = c->name ? c->name : v.name;
+	int priority = c->set_priority ? c->priority : v.priority;
+	const char *tags = c->tags_json ? c->tags_json : v.tags;
+	const char *notes = c->set_notes ? c->notes : v.notes;
+	/* json_set of a NULL is JSON null: cleared notes read as null */
+	rc = store_found(store_sql_exec(s, "UPDATE jobs SET name = ?2, priority = ?3, updated_ms = ?6, "
+					   "spec_json = json_set(spec_json, '$.name', ?2, '$.priority', ?3, "
+					   "'$.tags', json(?4), '$.notes', ?5) WHERE id = ?1",
+					ARGS(ARG_TEXT(x->id), ARG_TEXT(name), ARG_I64(priority), ARG_TEXT(tags),
+					     ARG_TEXT(notes), ARG_I64(x->t)), NULL, NULL), -ENOENT);
+	if (rc < 0)
+		goto out;
+	store_job_touch(s, x->id);
+	if ((rc = store_job_tags_sync(s, x->id)) < 0 ||
+	    (rc = store_event_insert(s, x->id, x->t, v.state, v.state, b.p)) < 0)
+		goto out;
+	x->changed = b.p;
+	b.p = NULL;
+out:
+	free(b.p);
+	free(v.name);
+	free(v.tags);
+	free(v.notes);
+	return rc;
+}
+
+int store_job_change_apply(store *s, const char *id, const store_job_change *c, char **changed,
+			   enum job_state *cur)
+{
+	*changed = NULL;
+	if (!id || !c)
+		return -EINVAL;
+	job_change_ctx x = {.id = id, .c = c, .t = store_now_ms()};
+	int rc = store_in_txn(s, TXN_WRITE, job_change_txn, &x);
+	if (cur && x.seen)
+		*cur = x.cur;
+	if (rc < 0) {
+		free(x.changed);
+		return rc;
+	}
+	*changed = x.changed;
+	if (x.changed)
+		log_info("job %s: %s", id, x.changed);
 	return 0;
 }

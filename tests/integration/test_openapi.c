@@ -159,8 +159,23 @@ static void test_answers_match_schema(void **state)
 	char id[32];
 	snprintf(id, sizeof id, "%s", it_jstr(r.json, "id"));
 	http_resp_free(&r);
+	/* PATCH: 200 while the job lives (409 if it already ended), then 409 and 422 */
+	snprintf(path, sizeof path, "/v1/jobs/%s", id);
+	static const char change[] = "{\"priority\": 3, \"tags\": [\"exp:openapi\"], \"notes\": \"n\"}";
+	assert_int_equal(http_do(&f->d, "PATCH", path, change, strlen(change), NULL, H_AUTH, &r), 0);
+	assert_true(r.status == 200 || r.status == 409);
+	expect_schema("/v1/jobs/{id}", "patch", &r, r.status == 200 ? "application/json" : "application/problem+json");
+	http_resp_free(&r);
 	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
 	json_decref(job);
+	assert_int_equal(http_do(&f->d, "PATCH", path, change, strlen(change), NULL, H_AUTH, &r), 0);
+	assert_int_equal(r.status, 409);
+	expect_schema("/v1/jobs/{id}", "patch", &r, "application/problem+json");
+	http_resp_free(&r);
+	assert_int_equal(http_do(&f->d, "PATCH", path, "{\"seed\": 1}", 11, NULL, H_AUTH, &r), 0);
+	assert_int_equal(r.status, 422);
+	expect_schema("/v1/jobs/{id}", "patch", &r, "application/problem+json");
+	http_resp_free(&r);
 
 	snprintf(path, sizeof path, "/v1/jobs/%s", id);
 	get_checked(f, path, "/v1/jobs/{id}", 200, &r);

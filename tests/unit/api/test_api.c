@@ -92,7 +92,7 @@ static void test_real_table_refuses(void **state)
 	assert_int_equal(match("PUT", "/v1/jobs", &r, &a, allow), M_405);
 	assert_string_equal(allow, "POST, GET, HEAD");
 	assert_int_equal(match("POST", "/v1/jobs/j", &r, &a, allow), M_405);
-	assert_string_equal(allow, "GET, HEAD, DELETE");
+	assert_string_equal(allow, "GET, HEAD, DELETE, PATCH");
 	assert_int_equal(match("GET", "/v1/jobs/j/cancel", &r, &a, allow), M_405);
 	assert_string_equal(allow, "POST");
 	assert_int_equal(match("DELETE", "/v1/healthz", &r, &a, allow), M_405);

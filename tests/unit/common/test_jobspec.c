@@ -179,7 +179,7 @@ static void test_minimal_gets_every_default(void **state)
 	(void)state;
 	json_t *o = normalize_ok("{\"dataset\": \"wiki.en-2\"}");
 	static const char *const top[] = {"name", "dataset", "model", "init_from", "init_from_restore", "priority",
-		"training_args", "mlm", "resources", "stopping_condition", "retry_policy", "profiler"};
+		"tags", "notes", "training_args", "mlm", "resources", "stopping_condition", "retry_policy", "profiler"};
 	expect_keys(o, top, sizeof top / sizeof top[0]);
 	static const char *const model[] = {"preset", "vocab_size", "hidden_size",
 		"num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
@@ -205,6 +205,9 @@ static void test_minimal_gets_every_default(void **state)
 	assert_string_equal(gets_(o, NULL, "name"), "wiki.en-2"); /* from the dataset */
 	assert_true(json_is_null(get(o, NULL, "init_from")));
 	assert_int_equal(geti(o, NULL, "priority"), 0);
+	assert_int_equal(json_array_size(get(o, NULL, "tags")), 0);
+	assert_true(json_is_array(get(o, NULL, "tags")));
+	assert_true(json_is_null(get(o, NULL, "notes")));
 	/* bert-base, BertConfig defaults */
 	assert_string_equal(gets_(o, "model", "preset"), "bert-base");
 	assert_true(json_is_null(get(o, "model", "vocab_size")));
@@ -1340,6 +1343,79 @@ static void test_mixture(void **state)
  * greater_is_better resolved from the metric (true only for accuracy);
  * load_best_model_at_end needs eval_strategy "steps" and save_steps a round
  * multiple of eval_steps (422 naming the key). */
+/* tags and notes: the documented limits (docs/jobspec.md), and
+ * jobspec_check_key, which PATCH /v1/jobs/{id} validates with. */
+static void test_tags_notes(void **state)
+{
+	(void)state;
+	json_t *o = normalize_ok("{\"dataset\":\"x\",\"tags\":[\"git:1a2b3c\",\"exp/lr-sweep\",\"a@b+c=d\"],"
+				 "\"notes\":\"line one\\n\\tline two\"}");
+	assert_int_equal(json_array_size(get(o, NULL, "tags")), 3);
+	assert_string_equal(json_string_value(json_array_get(get(o, NULL, "tags"), 1)), "exp/lr-sweep");
+	assert_string_equal(gets_(o, NULL, "notes"), "line one\n\tline two");
+	json_decref(o);
+	char many[2048] = "{\"dataset\":\"x\",\"tags\":[";
+	for (int i = 0; i < 17; i++)
+		snprintf(many + strlen(many), sizeof many - strlen(many), "%s\"t%d\"", i ? "," : "", i);
+	strcat(many, "]}");
+	char long_tag[200], long_notes[4200 + 64];
+	snprintf(long_tag, sizeof long_tag, "{\"dataset\":\"x\",\"tags\":[\"%065d\"]}", 0);
+	snprintf(long_notes, sizeof long_notes, "{\"dataset\":\"x\",\"notes\":\"%04097d\"}", 0);
+	const struct {
+		const char *spec;
+		const char *field;
+	} bad[] = {
+		{"{\"dataset\":\"x\",\"tags\":\"a\"}", "tags"},
+		{"{\"dataset\":\"x\",\"tags\":[\"a\",1]}", "tags[1]"},
+		{"{\"dataset\":\"x\",\"tags\":[\"\"]}", "tags[0]"},
+		{"{\"dataset\":\"x\",\"tags\":[\"-a\"]}", "tags[0]"},
+		{"{\"dataset\":\"x\",\"tags\":[\"a b\"]}", "tags[0]"},
+		{"{\"dataset\":\"x\",\"tags\":[\"a\",\"b\",\"a\"]}", "tags[2]"},
+		{many, "tags"},
+		{long_tag, "tags[0]"},
+		{"{\"dataset\":\"x\",\"notes\":5}", "notes"},
+		{"{\"dataset\":\"x\",\"notes\":\"bell\\u0007\"}", "notes"},
+		{long_notes, "notes"},
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		json_t *in = parse(bad[i].spec);
+		expect_bad_json(in, 422, bad[i].field);
+		json_decref(in);
+	}
+	/* exactly at the limits */
+	many[strlen(many) - 2 - strlen(",\"t16\"")] = 0;
+	strcat(many, "]}");
+	o = normalize_ok(many);
+	assert_int_equal(json_array_size(get(o, NULL, "tags")), 16);
+	json_decref(o);
+
+	jobspec_error err = {0};
+	json_t *v = parse("7"), *res = NULL;
+	assert_int_equal(jobspec_check_key("priority", v, &res, &err), 0);
+	assert_int_equal(json_integer_value(res), 7);
+	json_decref(res);
+	assert_int_equal(jobspec_check_key("model", v, &res, &err), -EINVAL);
+	assert_string_equal(err.field, "model");
+	assert_null(res);
+	json_decref(v);
+	v = parse("101");
+	assert_int_equal(jobspec_check_key("priority", v, &res, &err), -EINVAL);
+	assert_string_equal(err.field, "priority");
+	json_decref(v);
+	v = json_null();
+	assert_int_equal(jobspec_check_key("name", v, &res, &err), -EINVAL);
+	assert_int_equal(jobspec_check_key("notes", v, &res, &err), 0);
+	assert_true(json_is_null(res));
+	json_decref(res);
+	assert_int_equal(jobspec_check_key("tags", v, &res, &err), 0);
+	assert_true(json_is_array(res) && json_array_size(res) == 0);
+	json_decref(res);
+	v = parse("[\"a\",\"a\"]");
+	assert_int_equal(jobspec_check_key("tags", v, &res, &err), -EINVAL);
+	assert_string_equal(err.field, "tags[1]");
+	json_decref(v);
+}
+
 static void test_best_model_keys(void **state)
 {
 	(void)state;
@@ -1413,6 +1489,7 @@ int main(void)
 		cmocka_unit_test(test_sched_kwargs),
 		cmocka_unit_test(test_mixture),
 		cmocka_unit_test(test_best_model_keys),
+		cmocka_unit_test(test_tags_notes),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

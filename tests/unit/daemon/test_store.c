@@ -996,6 +996,111 @@ static void test_job_version(void **state)
 #undef VERSION_NOW
 }
 
+/* ---- changes after submit, tags, owners ---- */
+
+/* The ids of a filtered list, all pages of limit, joined by ','. */
+static void filtered_ids(store *s, const store_job_filter *f, bool newest, int limit, char *out,
+			 size_t cap)
+{
+	int64_t bound = 0, next = 0;
+	out[0] = 0;
+	do {
+		store_job *jobs;
+		size_t n;
+		assert_int_equal(store_job_list_filtered(s, f, bound, newest, limit, &jobs, &n, &next), 0);
+		assert_true(n <= (size_t)limit);
+		for (size_t i = 0; i < n; i++)
+			snprintf(out + strlen(out), cap - strlen(out), "%s%s", out[0] ? "," : "", jobs[i].id + 16);
+		store_jobs_free(jobs, n);
+		bound = next;
+	} while (next);
+}
+
+static void test_job_change_tags_owner(void **state)
+{
+	fixture *f = *state;
+	char id[6][32];
+	for (int i = 0; i < 6; i++) {
+		job_id(id[i], i);
+		/* 0, 2, 4 tagged "a"; 1..5 tagged "b"; 0..2 owned by "default" */
+		char spec[128];
+		snprintf(spec, sizeof spec, "{\"name\":\"demo\",\"priority\":0,\"tags\":[%s%s%s],\"notes\":null}",
+			 i % 2 == 0 ? "\"a\"" : "", i % 2 == 0 && i > 0 ? "," : "", i > 0 ? "\"b\"" : "");
+		store_job j = {.id = id[i], .name = (char *)"demo", .spec_json = spec,
+			       .owner = i < 3 ? (char *)"default" : NULL};
+		assert_int_equal(store_job_insert(f->s, &j, NULL, NULL, NULL, NULL, NULL, NULL), 0);
+	}
+	char got[256];
+	store_job_filter fa = {.tag = "a"}, fb = {.tag = "b", .owner = "default"}, fo = {.owner = "default"};
+	filtered_ids(f->s, &fa, false, 1, got, sizeof got);
+	assert_string_equal(got, "0000,0002,0004");
+	filtered_ids(f->s, &fa, true, 2, got, sizeof got);
+	assert_string_equal(got, "0004,0002,0000");
+	filtered_ids(f->s, &fb, false, 5, got, sizeof got);
+	assert_string_equal(got, "0001,0002");
+	filtered_ids(f->s, &fo, true, 1, got, sizeof got);
+	assert_string_equal(got, "0002,0001,0000");
+	store_job j;
+	assert_int_equal(store_job_get(f->s, id[0], &j), 0);
+	assert_string_equal(j.owner, "default");
+	store_job_free(&j);
+	assert_int_equal(store_job_get(f->s, id[5], &j), 0);
+	assert_null(j.owner);
+	store_job_free(&j);
+
+	/* a change: row, spec, tag index, one event, a new version */
+	uint64_t v0 = version_of(f->s, id[1]);
+	size_t ev0 = count_events(f->s, id[1]);
+	char *changed = NULL;
+	store_job_change c = {.name = "renamed", .set_priority = true, .priority = 9,
+			      .tags_json = "[\"a\"]", .set_notes = true, .notes = "x\ny", .by = "default"};
+	assert_int_equal(store_job_change_apply(f->s, id[1], &c, &changed, NULL), 0);
+	assert_string_equal(changed, "changed by default: priority 0 -> 9; name \"demo\" -> \"renamed\"; "
+				     "tags [\"b\"] -> [\"a\"]; notes null -> \"x\\ny\"");
+	free(changed);
+	assert_true(version_of(f->s, id[1]) != v0);
+	assert_int_equal(count_events(f->s, id[1]), ev0 + 1);
+	assert_int_equal(store_job_get(f->s, id[1], &j), 0);
+	assert_string_equal(j.name, "renamed");
+	assert_int_equal(j.priority, 9);
+	assert_non_null(strstr(j.spec_json, "\"priority\":9"));
+	assert_non_null(strstr(j.spec_json, "\"tags\":[\"a\"]"));
+	assert_non_null(strstr(j.spec_json, "\"notes\":\"x\\ny\""));
+	assert_non_null(strstr(j.spec_json, "\"name\":\"renamed\""));
+	store_job_free(&j);
+	filtered_ids(f->s, &fa, false, 10, got, sizeof got);
+	assert_string_equal(got, "0000,0001,0002,0004");
+	assert_int_equal(raw_int(f->path, "SELECT COUNT(*) FROM job_tags WHERE tag = 'b'", NULL), 4);
+
+	/* the same values again: nothing written */
+	v0 = version_of(f->s, id[1]);
+	assert_int_equal(store_job_change_apply(f->s, id[1], &c, &changed, NULL), 0);
+	assert_null(changed);
+	assert_true(version_of(f->s, id[1]) == v0);
+	assert_int_equal(count_events(f->s, id[1]), ev0 + 1);
+	/* notes cleared: JSON null in the spec */
+	store_job_change clear = {.set_notes = true, .notes = NULL};
+	assert_int_equal(store_job_change_apply(f->s, id[1], &clear, &changed, NULL), 0);
+	assert_string_equal(changed, "changed by (unknown): notes \"x\\ny\" -> null");
+	free(changed);
+	assert_int_equal(raw_int(f->path, "SELECT json_type(spec_json, '$.notes') = 'null' FROM jobs WHERE id = ?1",
+				 id[1]), 1);
+
+	/* finished: -EBUSY with its state, nothing written; none: -ENOENT */
+	assert_int_equal(store_job_transition(f->s, id[3], JOB_MASK(JOB_QUEUED), JOB_CANCELED, "x", NULL), 0);
+	enum job_state cur = JOB_QUEUED;
+	assert_int_equal(store_job_change_apply(f->s, id[3], &c, &changed, &cur), -EBUSY);
+	assert_null(changed);
+	assert_int_equal(cur, JOB_CANCELED);
+	assert_int_equal(store_job_get(f->s, id[3], &j), 0);
+	assert_int_equal(j.priority, 0);
+	store_job_free(&j);
+	assert_int_equal(store_job_change_apply(f->s, "job-ffffffffffffffff", &c, &changed, NULL), -ENOENT);
+	/* a deleted job takes its tags along */
+	assert_int_equal(store_job_delete(f->s, id[3]), 0);
+	assert_int_equal(raw_int(f->path, "SELECT COUNT(*) FROM job_tags WHERE tag = 'b'", NULL), 3);
+}
+
 /* ---- datasets, metrics, checkpoints ---- */
 
 static void test_datasets(void **state)
@@ -1596,6 +1701,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_group_commit, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_insert_async, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_job_version, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_job_change_tags_owner, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_datasets, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_metrics, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_checkpoints, setup, teardown),
