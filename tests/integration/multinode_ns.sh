@@ -145,18 +145,27 @@ link() {
 }
 
 start_node() { # start_node nK: slurmd in nK's namespaces, private /dev/shm and /tmp
-	local n=$1 shm=tmpfs shared
+	local n=$1 shm=tmpfs
+	[ -f "$dir/shared-dir" ] || return 1
 	[ -f "$dir/shared-shm" ] && shm=shared
-	shared=$(cat "$dir/shared-dir")
 	mkdir -p "$dir/spool/$n"
+	# What stays visible at its own path under the private /tmp: the shared
+	# directory and the paths in DIR/keep-dirs (the build and source trees,
+	# when they live under /tmp), outer ones first.
 	setsid nsenter --net="$(ns "$n")" --uts="$(ns "$n").uts" -- \
-		unshare -m --propagation private sh -c '
-			exec 9<"$1"
-			[ "$2" = tmpfs ] && { mount -t tmpfs -o mode=1777 shm /dev/shm || exit 1; }
+		unshare -m --propagation private bash -c '
+			shm=$1 n=$2 dir=$3; shift 3
+			fds=()
+			for p in "$@"; do exec {fd}<"$p" || exit 1; fds+=("$fd:$p"); done
+			[ "$shm" = tmpfs ] && { mount -t tmpfs -o mode=1777 shm /dev/shm || exit 1; }
 			mount -t tmpfs -o mode=1777 tmp /tmp || exit 1
-			mkdir -p "$1" && mount --no-canonicalize --bind /proc/self/fd/9 "$1" || exit 1
-			exec 9<&-
-			exec slurmd -D -f "$4/slurm.conf" -N "$3"' sh "$shared" "$shm" "$n" "$dir" \
+			for e in "${fds[@]}"; do
+				fd=${e%%:*} p=${e#*:}
+				mkdir -p "$p" && mount --no-canonicalize --bind "/proc/self/fd/$fd" "$p" || exit 1
+				exec {fd}<&-
+			done
+			exec slurmd -D -f "$dir/slurm.conf" -N "$n"' bash "$shm" "$n" "$dir" \
+		$(cat "$dir/shared-dir" "$dir/keep-dirs" | awk '{ print length($0) "\t" $0 }' | sort -n | cut -f2-) \
 		>"$dir/slurmd-$n.out" 2>&1 </dev/null &
 	echo $! >"$dir/slurmd-$n.pid"
 }
@@ -176,6 +185,12 @@ start)
 	printf '%s\n%s\n' "$owner" "$dir" >"$reg/$(basename "$dir")-$$.dir"
 	[ "$mode" = shared-shm ] && touch "$dir/shared-shm"
 	readlink -f "${BERTD_NS_SHARED:-$dir}" >"$dir/shared-dir"
+	# the trees the nodes run bertd-worker and read the sources from, kept
+	# visible when they are under /tmp (a clone there: the nodes' /tmp is their own)
+	here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)
+	for p in "$here" ${BERTD_BIN:+"$(dirname "$(readlink -f "$BERTD_BIN")")"}; do
+		case $p in /tmp/*) echo "$p" ;; esac
+	done | sort -u >"$dir/keep-dirs"
 	# the watcher: when the owner ends, however it ends, the cluster goes
 	setsid sh -c 'tail --pid="$1" -f /dev/null; exec "$2" stop "$3"' sh "$owner" "$self" "$dir" \
 		>/dev/null 2>&1 </dev/null &
