@@ -60,15 +60,19 @@ static int setup(void **state)
  * one rank, the worker building its batches. */
 static char *submit(fx *f, const char *dir, bool nsp, int steps, const char *lr)
 {
-	char spec[1024];
-	snprintf(spec, sizeof spec,
-		 "{\"dataset\":\"hfds\",\"init_from\":\"hf/%s\","
-		 "\"model\":{\"hidden_dropout_prob\":0,\"attention_probs_dropout_prob\":0},"
-		 "\"training_args\":{\"per_device_train_batch_size\":4,\"max_seq_length\":32,\"max_steps\":%d,"
-		 "\"logging_steps\":1,\"save_steps\":100,\"learning_rate\":%s,\"dataloader_num_workers\":0,"
-		 "\"seed\":7},\"mlm\":{\"nsp\":%s}}",
-		 dir, steps, lr, nsp ? "true" : "false");
-	return it_submit(&f->d, spec);
+	char init[300], targs[400];
+	snprintf(init, sizeof init, "\"hf/%s\"", dir);
+	snprintf(targs, sizeof targs,
+		 "{\"per_device_train_batch_size\":4,\"max_seq_length\":32,\"max_steps\":%d,\"logging_steps\":1,"
+		 "\"save_steps\":100,\"learning_rate\":%s,\"dataloader_num_workers\":0,\"seed\":7}",
+		 steps, lr);
+	char *spec = it_job_spec(NULL, "hfds", "init_from", init,
+				 "model", "{\"hidden_dropout_prob\":0,\"attention_probs_dropout_prob\":0}",
+				 "training_args", targs, "mlm", nsp ? "{\"nsp\":true}" : "{\"nsp\":false}",
+				 "resources", "null", NULL);
+	char *id = it_submit(&f->d, spec);
+	free(spec);
+	return id;
 }
 
 static double step1_loss(fx *f, const char *id)
