@@ -146,14 +146,21 @@ static void test_nsp_from_mlm_checkpoint(void **state)
 	free(id);
 }
 
+/* A job of only hfds, init_from (JSON text) and no NSP; caller frees. */
+static char *bare_spec(const char *init_from)
+{
+	return it_job_spec(NULL, "hfds", "init_from", init_from, "mlm", "{\"nsp\":false}", "model", "null",
+			   "training_args", "null", "resources", "null", NULL);
+}
+
 static void test_refusals(void **state)
 {
 	fx *f = *state;
 	it_wait_dataset_ready(&f->d, "hfds", DEADLINE_S);
 	http_resp r;
-	assert_int_equal(http_post_json(&f->d, "/v1/jobs",
-					"{\"dataset\":\"hfds\",\"init_from\":\"hf/tf_only\",\"mlm\":{\"nsp\":false}}", &r),
-			 0);
+	char *spec = bare_spec("\"hf/tf_only\"");
+	assert_int_equal(http_post_json(&f->d, "/v1/jobs", spec, &r), 0);
+	free(spec);
 	assert_int_equal(r.status, 422);
 	assert_string_equal(it_jstr(r.json, "field"), "init_from");
 	assert_non_null(strstr(it_jstr(r.json, "detail"), "from_tf=True"));
@@ -166,10 +173,9 @@ static void test_refusals(void **state)
 				   "cp '%s/hf/sharded/model-00001-of-00002.safetensors' '%s/hf/linkshard/'",
 				   f->data, f->data, f->data, f->data, f->data, f->data, f->data),
 			 0);
-	assert_int_equal(http_post_json(&f->d, "/v1/jobs",
-					"{\"dataset\":\"hfds\",\"init_from\":\"hf/linkshard\",\"mlm\":{\"nsp\":false}}",
-					&r),
-			 0);
+	spec = bare_spec("\"hf/linkshard\"");
+	assert_int_equal(http_post_json(&f->d, "/v1/jobs", spec, &r), 0);
+	free(spec);
 	assert_int_equal(r.status, 403);
 	assert_string_equal(it_jstr(r.json, "field"), "init_from");
 	print_message("linkshard: %s\n", it_jstr(r.json, "detail"));

@@ -123,11 +123,10 @@ static void test_logged_lr_matches_transformers(void **state)
 
 	/* a kwarg the schedule does not take is a 422 naming it */
 	http_resp r;
-	assert_int_equal(http_post_json(&f->d, "/v1/jobs",
-					"{\"dataset\":\"shakes\",\"training_args\":{\"lr_scheduler_type\":\"polynomial\","
-					"\"lr_scheduler_kwargs\":{\"powr\":0.5}}}",
-					&r),
-			 0);
+	spec = it_job_spec(NULL, "shakes", "model", "null", "resources", "null", "training_args",
+			   "{\"lr_scheduler_type\":\"polynomial\",\"lr_scheduler_kwargs\":{\"powr\":0.5}}", NULL);
+	assert_int_equal(http_post_json(&f->d, "/v1/jobs", spec, &r), 0);
+	free(spec);
 	if (r.status != 422)
 		fail_msg("unknown kwarg: expected 422, got %ld: %s", r.status, r.body);
 	assert_string_equal(it_jstr(r.json, "field"), "training_args.lr_scheduler_kwargs.powr");

@@ -257,13 +257,10 @@ static void test_slow_source_input_bound_until_enough_loaders(void **state)
 static void test_two_ranks_report_per_rank_times(void **state)
 {
 	fx *f = *state;
-	const char *spec =
-		"{\"name\":\"ranks\",\"dataset\":\"shakes\",\"model\":{\"preset\":\"bert-tiny\",\"hidden_size\":32,"
-		"\"num_hidden_layers\":1,\"num_attention_heads\":2,\"intermediate_size\":64,"
-		"\"max_position_embeddings\":64},\"training_args\":{\"per_device_train_batch_size\":8,"
-		"\"max_seq_length\":32,\"max_steps\":20,\"logging_steps\":5,\"save_steps\":100,"
-		"\"dataloader_num_workers\":0,\"seed\":7},\"resources\":{\"gpus\":2}}";
-	char *id = it_submit(&f->d, spec);
+	char *s = it_job_spec("ranks", "shakes", "training_args.save_steps", "100", "training_args.learning_rate", "null",
+			      "training_args.warmup_steps", "null", "resources.gpus", "2", NULL);
+	char *id = it_submit(&f->d, s);
+	free(s);
 	char path[128];
 	json_t *j = it_wait_job(&f->d, id, "completed|failed", DEADLINE_S);
 	assert_string_equal(it_jstr(j, "state"), "completed");
