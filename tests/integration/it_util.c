@@ -568,7 +568,11 @@ static void spec_set(json_t *o, const char *path, json_t *v)
 char *it_job_spec(const char *name, const char *dataset, ...)
 {
 	json_error_t err;
-	json_t *spec = json_loads(IT_TINY_SPEC("", "", "1", "8", "20", "5", "10", "0", IT_LR_WARMUP, ""), 0, &err);
+	json_t *spec = json_loads("{\"name\":\"\",\"dataset\":\"\"," IT_TINY_MODEL("1") ",\"training_args\":{"
+				  "\"per_device_train_batch_size\":8,\"max_seq_length\":32,\"max_steps\":20,"
+				  "\"logging_steps\":5,\"save_steps\":10,\"dataloader_num_workers\":0,\"seed\":7" IT_LR_WARMUP
+				  "},\"resources\":{\"gpus\":1}}",
+				  0, &err);
 	assert_non_null(spec);
 	if (name)
 		json_object_set_new(spec, "name", json_string(name));

@@ -174,29 +174,19 @@ int it_teardown(void **state);
 #define IT_TINY_MODEL(layers)                                                              \
 	"\"model\":{\"preset\":\"bert-tiny\",\"hidden_size\":32,\"num_hidden_layers\":" layers \
 	",\"num_attention_heads\":2,\"intermediate_size\":64,\"max_position_embeddings\":64}"
-/* A CPU job spec of IT_TINY_MODEL("1") (string literals all): gpus ranks,
- * max_seq_length 32, seed 7, the batch size, max_steps, logging_steps,
- * save_steps and dataloader_num_workers given; targs: more training_args
- * members, each after a comma ("" for none); top: more top-level members,
- * each after a comma. */
-#define IT_TINY_SPEC(name, dataset, gpus, batch, steps, logging, save, loaders, targs, top)          \
-	"{\"name\":\"" name "\",\"dataset\":\"" dataset "\"," IT_TINY_MODEL("1")                        \
-	",\"training_args\":{\"per_device_train_batch_size\":" batch ",\"max_seq_length\":32,"           \
-	"\"max_steps\":" steps ",\"logging_steps\":" logging ",\"save_steps\":" save                       \
-	",\"dataloader_num_workers\":" loaders ",\"seed\":7" targs "},\"resources\":{\"gpus\":" gpus "}" \
-	top "}"
-/* The learning rate and warm-up most of those jobs train with (targs). */
+/* The learning rate and warm-up most of the tiny jobs train with, as
+ * training_args members after a comma. */
 #define IT_LR_WARMUP ",\"learning_rate\":0.01,\"warmup_steps\":2"
 
-/* The job-spec builder: the tiny CPU job IT_TINY_SPEC makes with
- * IT_LR_WARMUP (IT_TINY_MODEL("1"); batch 8, max_seq_length 32, max_steps
+/* The job-spec builder every integration test submits its jobs with: the
+ * tiny CPU job (IT_TINY_MODEL("1"); batch 8, max_seq_length 32, max_steps
  * 20, logging_steps 5, save_steps 10, no loaders, seed 7, learning rate
  * 0.01, 2 warm-up steps; one rank), named name (no "name" when NULL) on
  * dataset, then the overrides: pairs of a dotted path
  * ("training_args.max_steps", "init_from") and its value as JSON text
- * ("40", "\"all\"", "{...}"), the list ended by NULL; the value "null"
- * removes the member. Returns compact JSON text (caller frees); a value
- * that is not JSON fails the test. */
+ * ("40", "\"all\"", "{...}"; a whole object replaces the member), the list
+ * ended by NULL; the value "null" removes the member. Returns compact JSON
+ * text (caller frees); a value that is not JSON fails the test. */
 char *it_job_spec(const char *name, const char *dataset, ...) __attribute__((sentinel));
 /* r must be a 422 naming field whose detail (printed) holds each
  * '|'-separated part of parts; else fails the test. Frees r. */

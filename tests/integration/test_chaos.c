@@ -89,16 +89,21 @@ static int setup(void **state)
 	return it_setup(state, &o, 0);
 }
 
-/* A model small enough to train in seconds on two cores (as in
- * test_recovery.c). */
-#define SPEC(name, steps, save, log, gpus, loaders, top) \
-	IT_TINY_SPEC(name, "shakes", gpus, "8", steps, log, save, loaders, IT_LR_WARMUP, top)
 #define STR_(x) #x
 #define STR(x) STR_(x)
-/* Two ranks and two loaders, a checkpoint every 10 steps, restarts enough
- * for every disturbance. */
-#define LONG_SPEC(name) \
-	SPEC(name, STR(MAX_STEPS), "10", "5", "2", "2", ",\"retry_policy\":{\"max_restarts\":50}")
+/* it_job_spec's tiny job on shakes (a model small enough to train in
+ * seconds on two cores) for MAX_STEPS steps: two ranks and two loaders, a
+ * checkpoint every 10 steps, restarts enough for every disturbance; submits
+ * it and returns its id (caller frees). */
+static char *submit_long(fx *f, const char *name)
+{
+	char *spec = it_job_spec(name, "shakes", "training_args.max_steps", STR(MAX_STEPS), "training_args.save_steps",
+				 "10", "resources.gpus", "2", "training_args.dataloader_num_workers", "2", "retry_policy",
+				 "{\"max_restarts\":50}", NULL);
+	char *id = it_submit(&f->d, spec);
+	free(spec);
+	return id;
+}
 
 /* ---- observing ---- */
 
@@ -266,11 +271,13 @@ static void *burst_main(void *arg)
 		bertd d = b->d;
 		int gen = b->generation;
 		pthread_mutex_unlock(&b->mu);
-		char spec[2048];
-		snprintf(spec, sizeof spec,
-			 SPEC("burst-%d", "6", "3", "3", "1", "0", ""), t);
+		char name[32];
+		snprintf(name, sizeof name, "burst-%d", t);
+		char *spec = it_job_spec(name, "shakes", "training_args.max_steps", "6", "training_args.save_steps", "3",
+					 "training_args.logging_steps", "3", NULL);
 		http_resp r;
 		int rc = http_post_json(&d, "/v1/jobs", spec, &r);
+		free(spec);
 		const char *id = rc == 0 && r.status == 201 ? json_string_value(json_object_get(r.json, "id")) : NULL;
 		bool acked = id != NULL;
 		pthread_mutex_lock(&b->mu);
@@ -528,7 +535,7 @@ static void test_chaos_job_and_burst(void **state)
 	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
 
 	/* the undisturbed run */
-	char *ref = it_submit(&f->d, LONG_SPEC("reference"));
+	char *ref = submit_long(f, "reference");
 	json_t *rj = it_wait_completed(&f->d, ref, DEADLINE_S);
 	assert_int_equal(job_restarts(rj), 0);
 	char ref_export[1100], ref_ckpt[1100];
@@ -537,7 +544,7 @@ static void test_chaos_job_and_burst(void **state)
 	json_decref(rj);
 
 	/* the same job under chaos */
-	char *id = it_submit(&f->d, LONG_SPEC("chaos"));
+	char *id = submit_long(f, "chaos");
 	round plan[ROUNDS + 2];
 	int nplan = plan_rounds(plan);
 	burst b = {0};

@@ -80,7 +80,8 @@ static void test_second_daemon_refused(void **state)
 
 static char *submit_job(bertd *d)
 {
-	const char *spec = "{\"name\":\"life\",\"dataset\":\"life\"}";
+	/* a name and a dataset only: the daemon's defaults for the rest */
+	char *spec = it_job_spec("life", "life", "model", "null", "training_args", "null", "resources", "null", NULL);
 	http_resp r;
 	assert_int_equal(http_post_json(d, "/v1/jobs", spec, &r), 0);
 	long status = r.status;
@@ -96,7 +97,9 @@ static char *submit_job(bertd *d)
 				 0);
 		it_wait_dataset_ready(d, "life", 120);
 	}
-	return it_submit(d, spec);
+	char *id = it_submit(d, spec);
+	free(spec);
+	return id;
 }
 
 /* The line of log holding needle; fails the test when there is none. */

@@ -528,7 +528,18 @@ static void check_list_desc(const bertd *d, char **ids, size_t n)
 	http_resp_free(&r);
 }
 
-#define MODEL IT_TINY_MODEL("1")
+/* The tiny job name on shakes that runs until stopped (logging every 10
+ * steps, no checkpoint, the default learning rate without warm-up, no seed,
+ * no resources), with eval_strategy, eval_steps and retry_policy (JSON
+ * text; "null": none); caller frees. */
+static char *endless_spec(const char *name, const char *eval_strategy, const char *eval_steps, const char *retry)
+{
+	return it_job_spec(name, "shakes", "training_args.max_steps", "1000000", "training_args.logging_steps", "10",
+			   "training_args.save_steps", "1000000", "training_args.seed", "null",
+			   "training_args.learning_rate", "null", "training_args.warmup_steps", "null",
+			   "training_args.eval_strategy", eval_strategy, "training_args.eval_steps", eval_steps,
+			   "resources", "null", "retry_policy", retry, NULL);
+}
 
 static void test_dashboard_150_jobs(void **state)
 {
@@ -542,10 +553,9 @@ static void test_dashboard_150_jobs(void **state)
 	char *ids[FILLERS + 2];
 	size_t n = 0;
 	/* a job that fails: its worker is killed and it may not restart */
-	ids[n++] = it_submit(d, "{\"name\":\"killed\",\"dataset\":\"shakes\"," MODEL ",\"training_args\":"
-				 "{\"per_device_train_batch_size\":8,\"max_seq_length\":32,\"max_steps\":1000000,"
-				 "\"logging_steps\":10,\"save_steps\":1000000,\"dataloader_num_workers\":0},"
-				 "\"retry_policy\":{\"max_restarts\":0}}");
+	char *spec = endless_spec("killed", "null", "null", "{\"max_restarts\":0}");
+	ids[n++] = it_submit(d, spec);
+	free(spec);
 	it_wait_step(d, ids[0], 20, DEADLINE_S);
 	pid_t worker;
 	assert_int_equal(it_find_pids("bertd-worker", ids[0], &worker, 1), 1);
@@ -556,16 +566,16 @@ static void test_dashboard_150_jobs(void **state)
 	json_decref(failed);
 	/* the training job, evaluating every 20 steps (where this build has
 	 * held-out evaluation); it runs until canceled */
-#define LIVE(eval)                                                                                       \
-	"{\"name\":\"live\",\"dataset\":\"shakes\"," MODEL ",\"training_args\":"                            \
-	"{\"per_device_train_batch_size\":8,\"max_seq_length\":32,\"max_steps\":1000000,"                 \
-	"\"logging_steps\":10," eval "\"save_steps\":1000000,\"dataloader_num_workers\":0}}"
 	http_resp r;
-	assert_int_equal(http_post_json(d, "/v1/jobs", LIVE("\"eval_strategy\":\"steps\",\"eval_steps\":20,"), &r), 0);
+	spec = endless_spec("live", "\"steps\"", "20", "null");
+	assert_int_equal(http_post_json(d, "/v1/jobs", spec, &r), 0);
+	free(spec);
 	if (r.status == 422 && strcmp(it_jstr(r.json, "field"), "training_args.eval_strategy") == 0) {
 		fprintf(stderr, "this build has no eval_strategy: the live job does not evaluate\n");
 		http_resp_free(&r);
-		assert_int_equal(http_post_json(d, "/v1/jobs", LIVE(""), &r), 0);
+		spec = endless_spec("live", "null", "null", "null");
+		assert_int_equal(http_post_json(d, "/v1/jobs", spec, &r), 0);
+		free(spec);
 	}
 	if (r.status != 201)
 		fail_msg("submit: %ld %s", r.status, r.body);
@@ -575,10 +585,12 @@ static void test_dashboard_150_jobs(void **state)
 	it_wait_step(d, live, 60, DEADLINE_S);
 	/* fillers: queued behind the live job on the one CPU slot, then canceled */
 	for (int i = 0; i < FILLERS; i++) {
-		char spec[256], path[96];
-		snprintf(spec, sizeof spec,
-			 "{\"name\":\"filler-%03d\",\"dataset\":\"shakes\",\"training_args\":{\"max_steps\":5}}", i);
+		char name[32], path[96];
+		snprintf(name, sizeof name, "filler-%03d", i);
+		spec = it_job_spec(name, "shakes", "model", "null", "training_args", "{\"max_steps\":5}", "resources",
+				   "null", NULL);
 		ids[n] = it_submit(d, spec);
+		free(spec);
 		snprintf(path, sizeof path, "/v1/jobs/%s/cancel", ids[n]);
 		assert_int_equal(http_post_json(d, path, "", &r), 0);
 		if (r.status != 200)

@@ -301,7 +301,11 @@ static void test_register(void **state)
 	http_resp_free(&r);
 
 	/* a job trains on it */
-	char *id = it_submit(&f->d, IT_TINY_SPEC("on-reg", "reg", "1", "4", "6", "3", "6", "1", IT_LR_WARMUP, ""));
+	char *spec = it_job_spec("on-reg", "reg", "training_args.per_device_train_batch_size", "4",
+				 "training_args.max_steps", "6", "training_args.logging_steps", "3",
+				 "training_args.save_steps", "6", "training_args.dataloader_num_workers", "1", NULL);
+	char *id = it_submit(&f->d, spec);
+	free(spec);
 	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
 	json_decref(job);
 	free(id);

@@ -39,8 +39,15 @@ static int setup(void **state)
 	return it_setup(state, &o, DEADLINE_S);
 }
 
-#define SPEC(name, steps) \
-	IT_TINY_SPEC(name, "shakes", "1", "8", steps, "5", "10", "0", IT_LR_WARMUP, "")
+/* Submits the tiny job name on shakes for steps steps; returns its id
+ * (caller frees). */
+static char *submit(const bertd *d, const char *name, const char *steps)
+{
+	char *spec = it_job_spec(name, "shakes", "training_args.max_steps", steps, NULL);
+	char *id = it_submit(d, spec);
+	free(spec);
+	return id;
+}
 
 static void save(const char *path, const http_resp *r)
 {
@@ -72,7 +79,7 @@ static void test_export_and_checkpoint(void **state)
 {
 	fx *f = *state;
 	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
-	char *id = it_submit(&f->d, SPEC("dl-job.v1", "20"));
+	char *id = submit(&f->d, "dl-job.v1", "20");
 	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
 	const char *model_dir = it_jstr(job, "model_dir");
 
@@ -187,7 +194,7 @@ static void test_no_export(void **state)
 	/* a job that runs long: no export while it lives; once canceled, the
 	 * stop checkpoint's when it got that far */
 	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
-	char *id = it_submit(&f->d, SPEC("long", "100000"));
+	char *id = submit(&f->d, "long", "100000");
 	snprintf(path, sizeof path, "/v1/jobs/%s/export", id);
 	assert_int_equal(http_get(&f->d, path, &r), 0);
 	assert_int_equal(r.status, 404);

@@ -46,7 +46,19 @@ static int setup(void **state)
 	return it_setup(state, &o, DEADLINE_S);
 }
 
-#define MODEL IT_TINY_MODEL("2")
+/* Submits the tiny job name on evalds with two layers and training_args
+ * (JSON text: the whole object), then the overrides (dotted path, JSON
+ * text) up to the NULL; returns its id (caller frees). */
+#define SUBMIT(f, name, targs, ...)                                                                   \
+	submit_spec(&(f)->d, it_job_spec(name, "evalds", "model.num_hidden_layers", "2", "training_args", \
+					 targs, __VA_ARGS__))
+
+static char *submit_spec(const bertd *d, char *spec)
+{
+	char *id = it_submit(d, spec);
+	free(spec);
+	return id;
+}
 
 static json_t *row_at(json_t *rows, long step)
 {
@@ -72,12 +84,12 @@ static void test_eval_matches_transformers(void **state)
 	fx *f = *state;
 	it_wait_dataset_ready(&f->d, "evalds", DEADLINE_S);
 	/* logging at 4, 8, 12; eval at 5, 10 and after the last step, 12 */
-	char *id = it_submit(&f->d, "{\"name\":\"eval-job\",\"dataset\":\"evalds\"," MODEL ","
-				     "\"training_args\":{\"per_device_train_batch_size\":4,\"max_seq_length\":32,"
-				     "\"max_steps\":12,\"logging_steps\":4,\"save_steps\":100,\"learning_rate\":0.01,"
-				     "\"dataloader_num_workers\":1,\"seed\":11,\"evaluation_strategy\":\"steps\","
-				     "\"eval_steps\":5,\"per_device_eval_batch_size\":5,\"max_eval_batches\":7},"
-				     "\"mlm\":{\"validation_split_percentage\":10},\"resources\":{\"gpus\":2}}");
+	char *id = SUBMIT(f, "eval-job",
+			  "{\"per_device_train_batch_size\":4,\"max_seq_length\":32,\"max_steps\":12,"
+			  "\"logging_steps\":4,\"save_steps\":100,\"learning_rate\":0.01,\"dataloader_num_workers\":1,"
+			  "\"seed\":11,\"evaluation_strategy\":\"steps\",\"eval_steps\":5,"
+			  "\"per_device_eval_batch_size\":5,\"max_eval_batches\":7}",
+			  "mlm", "{\"validation_split_percentage\":10}", "resources.gpus", "2", NULL);
 	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
 	json_t *spec = json_object_get(job, "spec");
 	assert_string_equal(json_string_value(json_object_get(json_object_get(spec, "training_args"),
@@ -170,9 +182,10 @@ static void test_no_eval_by_default(void **state)
 {
 	fx *f = *state;
 	it_wait_dataset_ready(&f->d, "evalds", DEADLINE_S);
-	char *id = it_submit(&f->d, "{\"name\":\"plain-job\",\"dataset\":\"evalds\"," MODEL ","
-				     "\"training_args\":{\"per_device_train_batch_size\":4,\"max_seq_length\":32,"
-				     "\"max_steps\":4,\"logging_steps\":2,\"dataloader_num_workers\":0}}");
+	char *id = SUBMIT(f, "plain-job",
+			  "{\"per_device_train_batch_size\":4,\"max_seq_length\":32,\"max_steps\":4,"
+			  "\"logging_steps\":2,\"dataloader_num_workers\":0}",
+			  "resources", "null", NULL);
 	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
 	assert_int_equal(json_integer_value(json_object_get(json_object_get(json_object_get(job, "spec"), "mlm"),
 							      "validation_split_percentage")), 0);
@@ -218,12 +231,12 @@ static void test_eval_gauges_while_running(void **state)
 	/* slowed down (a 150 ms data source) so it is still running after some
 	 * evaluations; eval_steps is not logging_steps, so the newest row is
 	 * mostly a training row without eval keys */
-	char *id = it_submit(&f->d, "{\"name\":\"eval-gauges\",\"dataset\":\"evalds\"," MODEL ","
-				     "\"training_args\":{\"per_device_train_batch_size\":4,\"max_seq_length\":32,"
-				     "\"max_steps\":400,\"logging_steps\":2,\"save_steps\":1000,"
-				     "\"dataloader_num_workers\":0,\"eval_strategy\":\"steps\",\"eval_steps\":5,"
-				     "\"max_eval_batches\":2},\"mlm\":{\"validation_split_percentage\":10},"
-				     "\"profiler\":{\"simulate_data_delay_ms\":150}}");
+	char *id = SUBMIT(f, "eval-gauges",
+			  "{\"per_device_train_batch_size\":4,\"max_seq_length\":32,\"max_steps\":400,"
+			  "\"logging_steps\":2,\"save_steps\":1000,\"dataloader_num_workers\":0,"
+			  "\"eval_strategy\":\"steps\",\"eval_steps\":5,\"max_eval_batches\":2}",
+			  "mlm", "{\"validation_split_percentage\":10}", "resources", "null",
+			  "profiler", "{\"simulate_data_delay_ms\":150}", NULL);
 	it_wait_step(&f->d, id, 6, DEADLINE_S);
 	http_resp r = {0};
 	assert_int_equal(http_get(&f->d, "/metrics", &r), 0);

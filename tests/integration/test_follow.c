@@ -51,8 +51,15 @@ static int start(void **state, bool hold)
 static int setup_run(void **state) { return start(state, false); }
 static int setup_hold(void **state) { return start(state, true); }
 
-#define SPEC(name, steps) \
-	IT_TINY_SPEC(name, "shakes", "1", "8", steps, "5", "50", "0", IT_LR_WARMUP, "")
+/* Submits the tiny job name on shakes for steps steps (saving every 50);
+ * returns its id (caller frees). */
+static char *submit(const bertd *d, const char *name, const char *steps)
+{
+	char *spec = it_job_spec(name, "shakes", "training_args.max_steps", steps, "training_args.save_steps", "50", NULL);
+	char *id = it_submit(d, spec);
+	free(spec);
+	return id;
+}
 
 /* ------------------------------------------------------------ a stream */
 
@@ -350,7 +357,7 @@ static void test_follow_job_to_its_end(void **state)
 {
 	fx *f = *state;
 	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
-	char *id = it_submit(&f->d, SPEC("follow-me", "200"));
+	char *id = submit(&f->d, "follow-me", "200");
 	stream *ev = stream_open(&f->d, NULL, "/v1/jobs/%s/events?follow=1", id);
 	stream *lg = stream_open(&f->d, NULL, "/v1/jobs/%s/logs?follow=1&offset=0", id);
 
@@ -468,7 +475,7 @@ static void test_bad_parameters(void **state)
 {
 	fx *f = *state;
 	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
-	char *id = it_submit(&f->d, SPEC("held", "20"));
+	char *id = submit(&f->d, "held", "20");
 	static const struct {
 		const char *query, *field;
 	} bad[] = {
@@ -552,8 +559,8 @@ static void test_limits_hangups_and_cancel(void **state)
 {
 	fx *f = *state;
 	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
-	char *a = it_submit(&f->d, SPEC("held-a", "20"));
-	char *b = it_submit(&f->d, SPEC("held-b", "20"));
+	char *a = submit(&f->d, "held-a", "20");
+	char *b = submit(&f->d, "held-b", "20");
 	char pa[160], pb[160];
 	snprintf(pa, sizeof pa, "/v1/jobs/%s/events?follow=1", a);
 	snprintf(pb, sizeof pb, "/v1/jobs/%s/logs?follow=1", b);
@@ -616,7 +623,7 @@ static void test_shutdown_ends_streams(void **state)
 {
 	fx *f = *state;
 	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
-	char *id = it_submit(&f->d, SPEC("held-c", "20"));
+	char *id = submit(&f->d, "held-c", "20");
 	stream *ev = stream_open(&f->d, NULL, "/v1/jobs/%s/events?follow=1", id);
 	stream *lg = stream_open(&f->d, NULL, "/v1/jobs/%s/logs?follow=1", id);
 	assert_true(stream_wait_for(ev, "id: 1\n"));

@@ -141,14 +141,25 @@ static size_t checkpoint_steps(const fx *f, const char *id, long *steps, size_t 
 	return n;
 }
 
-#define JOB(name, steps, save, targs, top)                                                               \
-	IT_TINY_SPEC(name, "shakes", "1", "8", steps, "5", save, "0", ",\"learning_rate\":0.01" targs, top)
+/* The tiny job name on shakes for steps steps saving every save, without
+ * warm-up; more overrides (dotted path, JSON text) before the NULL. */
+#define JOB(name, steps, save, ...)                                                                   \
+	it_job_spec(name, "shakes", "training_args.max_steps", steps, "training_args.save_steps", save, \
+		    "training_args.warmup_steps", "null", __VA_ARGS__)
+
+/* Submits spec and frees it; returns the job's id (caller frees). */
+static char *submit(const bertd *d, char *spec)
+{
+	char *id = it_submit(d, spec);
+	free(spec);
+	return id;
+}
 
 static void test_checkpoint_export(void **state)
 {
 	fx *f = *state;
 	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
-	char *id = it_submit(&f->d, JOB("cx", "20", "10", "", ""));
+	char *id = submit(&f->d, JOB("cx", "20", "10", NULL));
 	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
 	const char *model_dir = it_jstr(job, "model_dir");
 	json_t *ex = json_object_get(job, "export");
@@ -212,7 +223,7 @@ static void test_cancel_exports_last_checkpoint(void **state)
 {
 	fx *f = *state;
 	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
-	char *id = it_submit(&f->d, JOB("cancel-x", "1000000", "7", "", ""));
+	char *id = submit(&f->d, JOB("cancel-x", "1000000", "7", NULL));
 	it_wait_step(&f->d, id, 10, DEADLINE_S);
 	it_cancel_job(&f->d, id, DEADLINE_S);
 	json_t *job = it_wait_job(&f->d, id, "canceled", DEADLINE_S);
@@ -251,7 +262,7 @@ static void test_canceled_while_queued_exports_on_request(void **state)
 {
 	fx *f = *state;
 	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
-	char *id = it_submit(&f->d, JOB("queued-x", "1000000", "5", "", ""));
+	char *id = submit(&f->d, JOB("queued-x", "1000000", "5", NULL));
 	it_wait_step(&f->d, id, 10, DEADLINE_S);
 	/* a shutdown puts it back in the queue (no export: it will resume) */
 	assert_int_equal(bertd_stop(&f->d), 0);
@@ -315,18 +326,18 @@ static size_t eval_rows(const fx *f, const char *id, long *step, double *loss, s
 
 /* lr warmed up to 0.5 over the whole run: the first evaluation is the
  * best, the later ones are worse (the learning rate overshoots). */
-#define BEST_JOB(name, load_best)                                                                               \
-	IT_TINY_SPEC(name, "shakes", "1", "8", "20", "5", "5", "0",                                              \
-		     ",\"learning_rate\":0.5,\"warmup_steps\":20,\"eval_strategy\":\"steps\",\"eval_steps\":5,"     \
-		     "\"max_eval_batches\":4,\"save_total_limit\":1,\"load_best_model_at_end\":" load_best, "")
+#define BEST_JOB(name, load_best)                                                                       \
+	it_job_spec(name, "shakes", "training_args.save_steps", "5", "training_args.learning_rate", "0.5",     \
+		    "training_args.warmup_steps", "20", "training_args.eval_strategy", "\"steps\"",             \
+		    "training_args.eval_steps", "5", "training_args.max_eval_batches", "4",                     \
+		    "training_args.save_total_limit", "1", "training_args.load_best_model_at_end", load_best, NULL)
 
 static void test_best_checkpoint_kept_and_exported(void **state)
 {
 	fx *f = *state;
 	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
 	const char *const names[2] = {"best-at-end", "best-kept"};
-	char *ids[2] = {it_submit(&f->d, BEST_JOB("best-at-end", "true")),
-			it_submit(&f->d, BEST_JOB("best-kept", "false"))};
+	char *ids[2] = {submit(&f->d, BEST_JOB("best-at-end", "true")), submit(&f->d, BEST_JOB("best-kept", "false"))};
 	for (int k = 0; k < 2; k++) {
 		json_t *job = it_wait_job(&f->d, ids[k], "completed|failed|canceled", DEADLINE_S);
 		it_assert_completed(&f->d, job);
@@ -404,9 +415,8 @@ static void test_max_runtime_across_restart(void **state)
 	fx *f = *state;
 	const int budget_s = 20;
 	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
-	char *id = it_submit(&f->d, JOB("runtime", "100000000", "20", "",
-				      ",\"stopping_condition\":{\"max_runtime_seconds\":20},"
-				      "\"retry_policy\":{\"max_restarts\":2}"));
+	char *id = submit(&f->d, JOB("runtime", "100000000", "20", "stopping_condition", "{\"max_runtime_seconds\":20}",
+				     "retry_policy", "{\"max_restarts\":2}", NULL));
 	/* let the first attempt run about half the budget (from when it was
 	 * first seen running, by this clock), then kill its worker */
 	char path[160];

@@ -60,15 +60,19 @@ static int setup(void **state)
  * one rank, the worker building its batches. */
 static char *submit(fx *f, const char *dir, bool nsp, int steps, const char *lr)
 {
-	char spec[1024];
-	snprintf(spec, sizeof spec,
-		 "{\"dataset\":\"hfds\",\"init_from\":\"hf/%s\","
-		 "\"model\":{\"hidden_dropout_prob\":0,\"attention_probs_dropout_prob\":0},"
-		 "\"training_args\":{\"per_device_train_batch_size\":4,\"max_seq_length\":32,\"max_steps\":%d,"
-		 "\"logging_steps\":1,\"save_steps\":100,\"learning_rate\":%s,\"dataloader_num_workers\":0,"
-		 "\"seed\":7},\"mlm\":{\"nsp\":%s}}",
-		 dir, steps, lr, nsp ? "true" : "false");
-	return it_submit(&f->d, spec);
+	char init[300], targs[400];
+	snprintf(init, sizeof init, "\"hf/%s\"", dir);
+	snprintf(targs, sizeof targs,
+		 "{\"per_device_train_batch_size\":4,\"max_seq_length\":32,\"max_steps\":%d,\"logging_steps\":1,"
+		 "\"save_steps\":100,\"learning_rate\":%s,\"dataloader_num_workers\":0,\"seed\":7}",
+		 steps, lr);
+	char *spec = it_job_spec(NULL, "hfds", "init_from", init,
+				 "model", "{\"hidden_dropout_prob\":0,\"attention_probs_dropout_prob\":0}",
+				 "training_args", targs, "mlm", nsp ? "{\"nsp\":true}" : "{\"nsp\":false}",
+				 "resources", "null", NULL);
+	char *id = it_submit(&f->d, spec);
+	free(spec);
+	return id;
 }
 
 static double step1_loss(fx *f, const char *id)
@@ -142,14 +146,21 @@ static void test_nsp_from_mlm_checkpoint(void **state)
 	free(id);
 }
 
+/* A job of only hfds, init_from (JSON text) and no NSP; caller frees. */
+static char *bare_spec(const char *init_from)
+{
+	return it_job_spec(NULL, "hfds", "init_from", init_from, "mlm", "{\"nsp\":false}", "model", "null",
+			   "training_args", "null", "resources", "null", NULL);
+}
+
 static void test_refusals(void **state)
 {
 	fx *f = *state;
 	it_wait_dataset_ready(&f->d, "hfds", DEADLINE_S);
 	http_resp r;
-	assert_int_equal(http_post_json(&f->d, "/v1/jobs",
-					"{\"dataset\":\"hfds\",\"init_from\":\"hf/tf_only\",\"mlm\":{\"nsp\":false}}", &r),
-			 0);
+	char *spec = bare_spec("\"hf/tf_only\"");
+	assert_int_equal(http_post_json(&f->d, "/v1/jobs", spec, &r), 0);
+	free(spec);
 	assert_int_equal(r.status, 422);
 	assert_string_equal(it_jstr(r.json, "field"), "init_from");
 	assert_non_null(strstr(it_jstr(r.json, "detail"), "from_tf=True"));
@@ -162,10 +173,9 @@ static void test_refusals(void **state)
 				   "cp '%s/hf/sharded/model-00001-of-00002.safetensors' '%s/hf/linkshard/'",
 				   f->data, f->data, f->data, f->data, f->data, f->data, f->data),
 			 0);
-	assert_int_equal(http_post_json(&f->d, "/v1/jobs",
-					"{\"dataset\":\"hfds\",\"init_from\":\"hf/linkshard\",\"mlm\":{\"nsp\":false}}",
-					&r),
-			 0);
+	spec = bare_spec("\"hf/linkshard\"");
+	assert_int_equal(http_post_json(&f->d, "/v1/jobs", spec, &r), 0);
+	free(spec);
 	assert_int_equal(r.status, 403);
 	assert_string_equal(it_jstr(r.json, "field"), "init_from");
 	print_message("linkshard: %s\n", it_jstr(r.json, "detail"));

@@ -401,7 +401,12 @@ static void test_shared_group(void **state)
 	it_fx *f = it_daemon_start(&o, DEADLINE_S);
 	assert_non_null(f);
 	bertd *d = &f->d;
-	char *id = it_submit(d, IT_TINY_SPEC("shared", "shakes", "1", "4", "4", "2", "100", "0", "", ""));
+	char *spec = it_job_spec("shared", "shakes", "training_args.per_device_train_batch_size", "4",
+				 "training_args.max_steps", "4", "training_args.logging_steps", "2",
+				 "training_args.save_steps", "100", "training_args.learning_rate", "null",
+				 "training_args.warmup_steps", "null", NULL);
+	char *id = it_submit(d, spec);
+	free(spec);
 	json_t *j = it_wait_completed(d, id, DEADLINE_S);
 	json_decref(j);
 	char p[600], jd[400];

@@ -42,15 +42,23 @@ static const it_daemon_opts daemon_opts = {.cpu_slots = "2", .extra = daemon_arg
 
 static int setup(void **state) { return it_setup(state, &daemon_opts, DEADLINE_S); }
 
-/* A model small enough to train in seconds on two cores. */
-#define SPEC(name, steps, gpus, loaders, extra) \
-	IT_TINY_SPEC(name, "shakes", gpus, "8", steps, "5", "10", loaders, IT_LR_WARMUP extra, "")
+/* Submits it_job_spec's tiny job (a model small enough to train in
+ * seconds on two cores) name on shakes for steps steps on gpus ranks with
+ * loaders data loaders; returns its id (caller frees). */
+static char *submit(const bertd *d, const char *name, const char *steps, const char *gpus, const char *loaders)
+{
+	char *spec = it_job_spec(name, "shakes", "training_args.max_steps", steps, "resources.gpus", gpus,
+				 "training_args.dataloader_num_workers", loaders, NULL);
+	char *id = it_submit(d, spec);
+	free(spec);
+	return id;
+}
 
 static void test_full_run(void **state)
 {
 	fx *f = *state;
 	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
-	char *id = it_submit(&f->d, SPEC("full", "60", "2", "1", ""));
+	char *id = submit(&f->d, "full", "60", "2", "1");
 	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
 	assert_int_equal(json_array_size(json_object_get(job, "devices")), 2);
 	/* two CPU slots: placed on both, which share memory */
@@ -119,11 +127,11 @@ static void test_kill_worker_resumes_exactly(void **state)
 {
 	fx *f = *state;
 	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
-	char *ref = it_submit(&f->d, SPEC("ref", "150", "2", "1", ""));
+	char *ref = submit(&f->d, "ref", "150", "2", "1");
 	json_t *jref = it_wait_job(&f->d, ref, "completed|failed|canceled", DEADLINE_S);
 	assert_string_equal(it_jstr(jref, "state"), "completed");
 
-	char *id = it_submit(&f->d, SPEC("killed", "150", "2", "1", ""));
+	char *id = submit(&f->d, "killed", "150", "2", "1");
 	it_wait_step(&f->d, id, 15, DEADLINE_S); /* past the step-10 checkpoint */
 	it_kill_rank(id, 1);
 	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
@@ -162,7 +170,7 @@ static void test_kill_daemon_resumes(void **state)
 {
 	fx *f = *state;
 	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
-	char *id = it_submit(&f->d, SPEC("survivor", "150", "2", "1", ""));
+	char *id = submit(&f->d, "survivor", "150", "2", "1");
 	it_wait_step(&f->d, id, 15, DEADLINE_S);
 	bertd_kill9(&f->d);
 	/* children die with their parent (PR_SET_PDEATHSIG); wait for them */
@@ -191,7 +199,7 @@ static void test_cancel_running(void **state)
 {
 	fx *f = *state;
 	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
-	char *id = it_submit(&f->d, SPEC("cancel-me", "100000", "1", "0", ""));
+	char *id = submit(&f->d, "cancel-me", "100000", "1", "0");
 	it_wait_step(&f->d, id, 5, DEADLINE_S);
 	char path[128];
 	snprintf(path, sizeof path, "/v1/jobs/%s/cancel", id);
@@ -210,14 +218,12 @@ static void test_max_runtime(void **state)
 {
 	fx *f = *state;
 	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
-	const char *spec =
-		"{\"name\":\"timeboxed\",\"dataset\":\"shakes\","
-		"\"model\":{\"preset\":\"bert-tiny\",\"hidden_size\":32,\"num_hidden_layers\":1,"
-		"\"num_attention_heads\":2,\"intermediate_size\":64,\"max_position_embeddings\":64},"
-		"\"training_args\":{\"per_device_train_batch_size\":8,\"max_seq_length\":32,\"max_steps\":1000000,"
-		"\"logging_steps\":5,\"save_steps\":1000,\"dataloader_num_workers\":0},"
-		"\"stopping_condition\":{\"max_runtime_seconds\":2}}";
+	char *spec = it_job_spec("timeboxed", "shakes", "training_args.max_steps", "1000000", "training_args.save_steps",
+				 "1000", "training_args.seed", "null", "training_args.learning_rate", "null",
+				 "training_args.warmup_steps", "null", "resources", "null", "stopping_condition",
+				 "{\"max_runtime_seconds\":2}", NULL);
 	char *id = it_submit(&f->d, spec);
+	free(spec);
 	json_t *job = it_wait_job(&f->d, id, "canceled|failed|completed", DEADLINE_S);
 	assert_string_equal(it_jstr(job, "state"), "canceled");
 	assert_true(json_is_object(json_object_get(job, "last_checkpoint"))); /* work kept */
@@ -243,9 +249,9 @@ static void test_two_at_once_third_waits(void **state)
 {
 	fx *f = *state;
 	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
-	char *a = it_submit(&f->d, SPEC("a", "100000", "1", "0", ""));
-	char *b = it_submit(&f->d, SPEC("b", "100000", "1", "0", ""));
-	char *c = it_submit(&f->d, SPEC("c", "10", "1", "0", ""));
+	char *a = submit(&f->d, "a", "100000", "1", "0");
+	char *b = submit(&f->d, "b", "100000", "1", "0");
+	char *c = submit(&f->d, "c", "10", "1", "0");
 	json_t *ja = it_wait_job(&f->d, a, "running", DEADLINE_S);
 	json_t *jb = it_wait_job(&f->d, b, "running", DEADLINE_S);
 	/* disjoint slots */
@@ -279,7 +285,10 @@ static void test_missing_dataset_refused(void **state)
 {
 	fx *f = *state;
 	http_resp r;
-	assert_int_equal(http_post_json(&f->d, "/v1/jobs", "{\"dataset\":\"nope\",\"model\":{\"preset\":\"bert-tiny\"}}", &r), 0);
+	char *spec = it_job_spec(NULL, "nope", "model", "{\"preset\":\"bert-tiny\"}", "training_args", "null",
+				 "resources", "null", NULL);
+	assert_int_equal(http_post_json(&f->d, "/v1/jobs", spec, &r), 0);
+	free(spec);
 	if (r.status != 422)
 		fail_msg("unknown dataset -> %ld: %s", r.status, r.body);
 	assert_string_equal(it_jstr(r.json, "type"), "urn:bertd:problem:invalid-spec");
@@ -288,7 +297,9 @@ static void test_missing_dataset_refused(void **state)
 	assert_non_null(strstr(it_jstr(r.json, "detail"), "\"shakes\"")); /* names what exists */
 	http_resp_free(&r);
 	/* more devices than exist (2 CPU slots here) */
-	assert_int_equal(http_post_json(&f->d, "/v1/jobs", "{\"dataset\":\"shakes\",\"resources\":{\"gpus\":8}}", &r), 0);
+	spec = it_job_spec(NULL, "shakes", "model", "null", "training_args", "null", "resources.gpus", "8", NULL);
+	assert_int_equal(http_post_json(&f->d, "/v1/jobs", spec, &r), 0);
+	free(spec);
 	if (r.status != 422)
 		fail_msg("gpus 8 -> %ld: %s", r.status, r.body);
 	assert_string_equal(it_jstr(r.json, "field"), "resources.gpus");
@@ -316,20 +327,17 @@ static double loss_at(const bertd *d, const char *id, long step)
 	return loss;
 }
 
-/* Submits SPEC on dataset "cased" with init_from (JSON text, "" for none)
- * and returns the id; *resolved gets the path the API resolved it to. */
+/* Submits the tiny job name (20 steps, one loader) on dataset "cased" with
+ * init_from (JSON text, "" for none) and returns the id; *resolved gets
+ * the path the API resolved it to. */
 static char *submit_cased(const bertd *d, const char *name, const char *init_from, char *resolved,
 			  size_t cap)
 {
-	char spec[2048];
-	const char *base = SPEC("NAME", "20", "1", "1", "");
-	const char *at = strstr(base, "NAME\",\"dataset\":\"shakes\"");
-	assert_non_null(at);
-	snprintf(spec, sizeof spec, "%.*s%s\",\"dataset\":\"cased\"%s%s%s", (int)(at - base), base,
-		 name, init_from[0] ? ",\"init_from\":" : "", init_from,
-		 at + strlen("NAME\",\"dataset\":\"shakes\""));
+	char *spec = it_job_spec(name, "cased", "training_args.max_steps", "20", "training_args.dataloader_num_workers",
+				 "1", "init_from", init_from[0] ? init_from : "null", NULL);
 	http_resp r;
 	assert_int_equal(http_post_json(d, "/v1/jobs", spec, &r), 0);
+	free(spec);
 	if (r.status != 201)
 		fail_msg("submit %s: status %ld: %s", name, r.status, r.body);
 	json_t *v = json_object_get(json_object_get(r.json, "spec"), "init_from");
@@ -422,7 +430,7 @@ static void test_spec_from_older_bertd_runs(void **state)
 	const char *held[] = {"--data-roots", f->data, "--devices", "cpu", "--cpu-slots", "2",
 			      "--schedule", "false", NULL};
 	assert_int_equal(bertd_start(&f->d, held), 0);
-	char *id = it_submit(&f->d, SPEC("older", "10", "1", "0", ""));
+	char *id = submit(&f->d, "older", "10", "1", "0");
 	assert_int_equal(bertd_stop(&f->d), 0);
 	char cmd[1024];
 	snprintf(cmd, sizeof cmd,
@@ -449,7 +457,7 @@ static void test_sigterm_requeues(void **state)
 {
 	fx *f = *state;
 	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
-	char *id = it_submit(&f->d, SPEC("drained", "150", "2", "1", ""));
+	char *id = submit(&f->d, "drained", "150", "2", "1");
 	it_wait_step(&f->d, id, 15, DEADLINE_S);
 	assert_int_equal(bertd_stop(&f->d), 0); /* exit 0 after draining */
 	pid_t pids[8];
@@ -489,7 +497,7 @@ static void test_disk_full(void **state)
 		fprintf(stderr, "cannot mount a tmpfs (%s): skipping\n", strerror(errno));
 		skip();
 	}
-	char *id = it_submit(&f->d, SPEC("full-disk", "40", "1", "0", ""));
+	char *id = submit(&f->d, "full-disk", "40", "1", "0");
 	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
 	assert_string_equal(it_jstr(job, "state"), "failed");
 	const char *why = it_jstr(job, "failure_reason");
@@ -571,7 +579,7 @@ static void test_child_environment(void **state)
 	size_t len = environ_of(f->d.pid, buf, sizeof buf);
 	assert_non_null(env_in(buf, len, "IT_UNLISTED")); /* the daemon has it: its absence below means something */
 
-	char *id = it_submit(&f->d, SPEC("env", "100000", "1", "1", ""));
+	char *id = submit(&f->d, "env", "100000", "1", "1");
 	json_decref(it_wait_job(&f->d, id, "running", DEADLINE_S));
 	pid_t worker, loader;
 	assert_int_equal(it_find_pids("bertd-worker", id, &worker, 1), 1);

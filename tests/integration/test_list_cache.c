@@ -18,7 +18,16 @@
 #include "it_store.h"
 #include "it_util.h"
 
-#define SPEC(name) "{\"name\":\"" name "\",\"dataset\":\"" IT_SEEDED_DATASET "\"}"
+/* Submits a job of only a name and the seeded dataset (the queue is held:
+ * it stays queued); returns its id (caller frees). */
+static char *submit(const bertd *d, const char *name)
+{
+	char *spec = it_job_spec(name, IT_SEEDED_DATASET, "model", "null", "training_args", "null", "resources", "null",
+				 NULL);
+	char *id = it_submit(d, spec);
+	free(spec);
+	return id;
+}
 
 static int setup(void **state)
 {
@@ -61,8 +70,8 @@ static void assert_listed_state(const bertd *d, const char *id, const char *stat
 static void test_queued_changes_reach_the_list(void **state)
 {
 	bertd *d = *state;
-	char *a = it_submit(d, SPEC("lc-a")), *b = it_submit(d, SPEC("lc-b"));
-	char *c = it_submit(d, SPEC("lc-c")), *q = it_submit(d, SPEC("lc-d"));
+	char *a = submit(d, "lc-a"), *b = submit(d, "lc-b");
+	char *c = submit(d, "lc-c"), *q = submit(d, "lc-d");
 	json_t *first = list_page(d);
 	assert_int_equal(json_array_size(json_object_get(first, "jobs")), 4);
 	const char *ids[] = {a, b, c, q};

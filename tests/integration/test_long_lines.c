@@ -91,6 +91,17 @@ static json_int_t ival(json_t *o, const char *k)
 }
 
 /* Runs a job to completed and returns its representation (caller decrefs). */
+/* The tiny job name on longds: batch 4, 3 steps each logged, one loader,
+ * the default learning rate without warm-up, mlm (JSON text; "null": none)
+ * as its "mlm" (caller frees). */
+static char *job_spec(const char *name, const char *mlm)
+{
+	return it_job_spec(name, "longds", "training_args.per_device_train_batch_size", "4",
+			   "training_args.max_steps", "3", "training_args.logging_steps", "1",
+			   "training_args.save_steps", "100", "training_args.dataloader_num_workers", "1",
+			   "training_args.learning_rate", "null", "training_args.warmup_steps", "null", "mlm", mlm, NULL);
+}
+
 static json_t *run_job(fx *f, const char *spec, char *id, size_t cap)
 {
 	char *jid = it_submit(&f->d, spec);
@@ -118,8 +129,9 @@ static void test_every_token_and_the_warning(void **state)
 	json_decref(ds);
 
 	char id[64];
-	json_t *job = run_job(f, IT_TINY_SPEC("all-tokens", "longds", "1", "4", "3", "1", "100", "1", "", ""),
-			      id, sizeof id);
+	char *spec = job_spec("all-tokens", "null");
+	json_t *job = run_job(f, spec, id, sizeof id);
+	free(spec);
 	json_t *data = json_object_get(job, "data");
 	assert_true(json_is_object(data));
 	assert_int_equal(ival(data, "tokens_dropped"), 0);
@@ -132,9 +144,9 @@ static void test_every_token_and_the_warning(void **state)
 	json_decref(ev);
 	json_decref(job);
 
-	job = run_job(f, IT_TINY_SPEC("drops", "longds", "1", "4", "3", "1", "100", "1", "",
-				      ",\"mlm\":{\"drop_long_sentences\":true}"),
-		      id, sizeof id);
+	spec = job_spec("drops", "{\"drop_long_sentences\":true}");
+	job = run_job(f, spec, id, sizeof id);
+	free(spec);
 	data = json_object_get(job, "data");
 	assert_true(json_is_object(data));
 	json_int_t dropped = ival(data, "tokens_dropped");

@@ -147,14 +147,14 @@ static void test_mixture_resumes_identically(void **state)
  * (a name or a mixture); the job is canceled. */
 static long epochs_to_steps(fx *f, const char *ds, const char *epochs)
 {
-	char s[1024];
-	snprintf(s, sizeof s,
-		 "{\"name\":\"ep\",\"dataset\":%s," IT_TINY_MODEL("1")
-		 ",\"training_args\":{\"per_device_train_batch_size\":4,\"max_seq_length\":32,"
-		 "\"num_train_epochs\":%s,\"logging_steps\":5,\"save_steps\":1000,\"seed\":7},"
-		 "\"resources\":{\"gpus\":1}}",
-		 ds, epochs);
+	char targs[300];
+	snprintf(targs, sizeof targs,
+		 "{\"per_device_train_batch_size\":4,\"max_seq_length\":32,\"num_train_epochs\":%s,"
+		 "\"logging_steps\":5,\"save_steps\":1000,\"seed\":7}",
+		 epochs);
+	char *s = it_job_spec("ep", "", "dataset", ds, "training_args", targs, NULL);
 	char *id = it_submit(&f->d, s);
+	free(s);
 	char path[64];
 	snprintf(path, sizeof path, "/v1/jobs/%s", id);
 	json_t *j = it_get_json(&f->d, path);
@@ -201,12 +201,14 @@ static json_t *row_at(json_t *rows, long step)
 static void test_mixture_eval(void **state)
 {
 	fx *f = *state;
-	char *id = it_submit(&f->d, "{\"name\":\"mix-eval\",\"dataset\":" MIX_WB "," IT_TINY_MODEL("1")
-				     ",\"training_args\":{\"per_device_train_batch_size\":4,\"max_seq_length\":32,"
-				     "\"max_steps\":10,\"logging_steps\":5,\"save_steps\":100,\"learning_rate\":0.01,"
-				     "\"dataloader_num_workers\":1,\"seed\":11,\"eval_strategy\":\"steps\","
-				     "\"eval_steps\":5,\"per_device_eval_batch_size\":2,\"max_eval_batches\":6},"
-				     "\"mlm\":{\"validation_split_percentage\":10},\"resources\":{\"gpus\":1}}");
+	char *s = it_job_spec("mix-eval", "", "dataset", MIX_WB, "training_args",
+			      "{\"per_device_train_batch_size\":4,\"max_seq_length\":32,\"max_steps\":10,"
+			      "\"logging_steps\":5,\"save_steps\":100,\"learning_rate\":0.01,\"dataloader_num_workers\":1,"
+			      "\"seed\":11,\"eval_strategy\":\"steps\",\"eval_steps\":5,\"per_device_eval_batch_size\":2,"
+			      "\"max_eval_batches\":6}",
+			      "mlm", "{\"validation_split_percentage\":10}", NULL);
+	char *id = it_submit(&f->d, s);
+	free(s);
 	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
 	json_t *rows = it_metrics_of(&f->d, id);
 	json_t *r = row_at(rows, 10);

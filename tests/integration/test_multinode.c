@@ -125,22 +125,28 @@ static int teardown(void **state)
 	return rc;
 }
 
-/* A model small enough to train in seconds on two cores; res is the
- * resources object, top more top-level keys (leading comma) or "". */
-#define SPEC(name, steps, save, log, res, top)                                                            \
-	"{\"name\":\"" name "\",\"dataset\":\"shakes\","                                                  \
-	"\"model\":{\"preset\":\"bert-tiny\",\"hidden_size\":32,\"num_hidden_layers\":1,"                 \
-	"\"num_attention_heads\":2,\"intermediate_size\":64,\"max_position_embeddings\":64},"            \
-	"\"training_args\":{\"per_device_train_batch_size\":8,\"max_seq_length\":32,\"max_steps\":" steps \
-	",\"logging_steps\":" log ",\"save_steps\":" save ",\"learning_rate\":0.01,\"warmup_steps\":2,"   \
-	"\"dataloader_num_workers\":0,\"seed\":7},"                                                        \
-	"\"resources\":" res top "}"
+/* it_job_spec's tiny job on shakes (a model small enough to train in
+ * seconds on two cores): steps, save_steps and logging_steps given, res the
+ * resources object, then more overrides (dotted path, JSON text) up to the
+ * NULL; caller frees. */
+#define JOB(name, steps, save, log, res, ...)                                                               \
+	it_job_spec(name, "shakes", "training_args.max_steps", steps, "training_args.save_steps", save,       \
+		    "training_args.logging_steps", log, "resources", res, __VA_ARGS__)
 #define ONE_NODE "{\"gpus\":2}"
 #define TWO_NODES "{\"nodes\":2,\"gpus_per_node\":1,\"device\":\"cpu\"}"
 
-static void run_to_end(fx *f, const char *spec, char sha[65], char **id_out)
+/* Submits spec and frees it; returns the job's id (caller frees). */
+static char *submit(fx *f, char *spec)
 {
 	char *id = it_submit(&f->d, spec);
+	free(spec);
+	return id;
+}
+
+/* Runs spec (freed) to completed: the export's sha256 into sha. */
+static void run_to_end(fx *f, char *spec, char sha[65], char **id_out)
+{
+	char *id = submit(f, spec);
 	json_t *j = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
 	it_assert_completed(&f->d, j);
 	it_sha_of_export(j, sha);
@@ -157,8 +163,8 @@ static void two_nodes_equal_one_node(void **state)
 {
 	fx *f = *state;
 	char one[65], two[65], *id;
-	run_to_end(f, SPEC("eq-1x2", "8", "4", "2", ONE_NODE, ""), one, NULL);
-	run_to_end(f, SPEC("eq-2x1", "8", "4", "2", TWO_NODES, ""), two, &id);
+	run_to_end(f, JOB("eq-1x2", "8", "4", "2", ONE_NODE, NULL), one, NULL);
+	run_to_end(f, JOB("eq-2x1", "8", "4", "2", TWO_NODES, NULL), two, &id);
 	json_t *ev = it_events_of(&f->d, id);
 	if (!it_event_with(ev, "2 ranks joined: 0@n1 1@n2") || !it_event_with(ev, "starting on 2 nodes x 1 cpu (Slurm)")) {
 		fprintf(stderr, "%s\n", json_dumps(ev, JSON_INDENT(1)));
@@ -274,12 +280,12 @@ static void node_lost_fails_attempt_and_resumes(void **state)
  * batch (a slow source, no effect on the numbers) leaves the job running
  * for seconds after step 15, where the kill comes. */
 #define LOST_SPEC(name, res)                                                                          \
-	SPEC(name, "60", "10", "5", res,                                                              \
-	     ",\"retry_policy\":{\"max_restarts\":3},\"profiler\":{\"simulate_data_delay_ms\":100}")
+	JOB(name, "60", "10", "5", res, "retry_policy", "{\"max_restarts\":3}", "profiler",                 \
+	    "{\"simulate_data_delay_ms\":100}", NULL)
 	char ref[65];
 	run_to_end(f, LOST_SPEC("lost-ref", ONE_NODE), ref, NULL);
 
-	char *id = it_submit(&f->d, LOST_SPEC("lost-2x1", TWO_NODES));
+	char *id = submit(f, LOST_SPEC("lost-2x1", TWO_NODES));
 	it_wait_step(&f->d, id, 15, DEADLINE_S); /* past the checkpoint at step 10 */
 	pid_t r0 = rank_on(id, "n1"), r1 = rank_on(id, "n2");
 	if (r0 <= 0 || r1 <= 0) {
@@ -379,7 +385,7 @@ static long newest_on_disk(fx *f, const char *id)
 static void cancel_keeps_stop_checkpoint(void **state)
 {
 	fx *f = *state;
-	char *id = it_submit(&f->d, SPEC("cancel-2x1", "100000", "100000", "5", TWO_NODES, ""));
+	char *id = submit(f, JOB("cancel-2x1", "100000", "100000", "5", TWO_NODES, NULL));
 	it_wait_step(&f->d, id, 5, DEADLINE_S);
 	assert_int_equal(newest_on_disk(f, id), -1); /* no periodic one: save_steps 100000 */
 	it_cancel_job(&f->d, id, DEADLINE_S);
@@ -394,26 +400,29 @@ static void bad_resources_refused(void **state)
 {
 	fx *f = *state;
 	http_resp r = {0};
-	assert_int_equal(http_post_json(&f->d, "/v1/jobs", SPEC("bad-a", "4", "4", "2", "{\"nodes\":2}", ""), &r), 0);
+	char *spec = JOB("bad-a", "4", "4", "2", "{\"nodes\":2}", NULL);
+	assert_int_equal(http_post_json(&f->d, "/v1/jobs", spec, &r), 0);
+	free(spec);
 	assert_int_equal(r.status, 422);
 	assert_non_null(strstr(r.body, "gpus_per_node"));
 	http_resp_free(&r);
-	const char *loaders =
-		"{\"dataset\":\"shakes\",\"resources\":{\"nodes\":2,\"gpus_per_node\":1},"
-		"\"training_args\":{\"dataloader_num_workers\":2}}";
-	assert_int_equal(http_post_json(&f->d, "/v1/jobs", loaders, &r), 0);
+	spec = it_job_spec(NULL, "shakes", "model", "null", "resources", "{\"nodes\":2,\"gpus_per_node\":1}",
+			   "training_args", "{\"dataloader_num_workers\":2}", NULL);
+	assert_int_equal(http_post_json(&f->d, "/v1/jobs", spec, &r), 0);
+	free(spec);
 	assert_int_equal(r.status, 422);
 	assert_non_null(strstr(r.body, "dataloader_num_workers"));
 	http_resp_free(&r);
-	assert_int_equal(http_post_json(&f->d, "/v1/jobs",
-					SPEC("bad-b", "4", "4", "2", "{\"nodes\":40,\"gpus_per_node\":2}", ""), &r), 0);
+	spec = JOB("bad-b", "4", "4", "2", "{\"nodes\":40,\"gpus_per_node\":2}", NULL);
+	assert_int_equal(http_post_json(&f->d, "/v1/jobs", spec, &r), 0);
+	free(spec);
 	assert_int_equal(r.status, 422);
 	http_resp_free(&r);
 
 	/* more nodes than the cluster has: refused at submit (sinfo's count) */
-	assert_int_equal(http_post_json(&f->d, "/v1/jobs",
-					SPEC("three", "4", "4", "2",
-					     "{\"nodes\":3,\"gpus_per_node\":1,\"device\":\"cpu\"}", ""), &r), 0);
+	spec = JOB("three", "4", "4", "2", "{\"nodes\":3,\"gpus_per_node\":1,\"device\":\"cpu\"}", NULL);
+	assert_int_equal(http_post_json(&f->d, "/v1/jobs", spec, &r), 0);
+	free(spec);
 	if (r.status != 422 || !strstr(r.body, "asks for 3 nodes; the Slurm cluster has 2 (2 up)"))
 		fail_msg("a 3-node job on a 2-node cluster: %ld %s", (long)r.status, r.body);
 	http_resp_free(&r);
@@ -453,7 +462,7 @@ static void wait_node(fx *f, const char *node, const char *want)
 static void node_down_refused_at_submit(void **state)
 {
 	fx *f = *state;
-	const char *spec = SPEC("down-2x1", "4", "4", "2", TWO_NODES, "");
+	char *spec = JOB("down-2x1", "4", "4", "2", TWO_NODES, NULL);
 	node_state(f, "n2", "down");
 	wait_node(f, "n2", "down");
 	http_resp r = {0};
@@ -473,7 +482,7 @@ static void node_down_refused_at_submit(void **state)
 
 	node_state(f, "n2", "resume");
 	wait_node(f, "n2", "idle");
-	char *id = it_submit(&f->d, spec);
+	char *id = submit(f, spec);
 	j = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
 	it_assert_completed(&f->d, j);
 	json_decref(j);
@@ -515,7 +524,7 @@ static void dataset_differs_on_a_node(void **state)
 	assert_int_equal(st, 0);
 	wait_node(f, "n2", "idle");
 
-	char *id = it_submit(&f->d, SPEC("differs-2x1", "4", "4", "2", TWO_NODES, ""));
+	char *id = submit(f, JOB("differs-2x1", "4", "4", "2", TWO_NODES, NULL));
 	json_t *j = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
 	const char *why = json_string_value(json_object_get(j, "failure_reason"));
 	if (!why || !strstr(why, "dataset \"shakes\" differs between nodes: n1 has content digest") ||
@@ -533,7 +542,7 @@ static void dataset_differs_on_a_node(void **state)
 		 script(), f->slurm, alt, ds);
 	assert_int_equal(system(cmd), 0);
 	wait_node(f, "n2", "idle");
-	id = it_submit(&f->d, SPEC("missing-2x1", "4", "4", "2", TWO_NODES, ""));
+	id = submit(f, JOB("missing-2x1", "4", "4", "2", TWO_NODES, NULL));
 	j = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
 	why = json_string_value(json_object_get(j, "failure_reason"));
 	if (!why || !strstr(why, "dataset \"shakes\" is missing on node n2"))
@@ -548,15 +557,10 @@ static void dataset_differs_on_a_node(void **state)
 	wait_node(f, "n2", "idle");
 }
 
-/* The mixture form of SPEC: shakes 0.6 and shakes2 0.4 (one vocab). */
+/* The mixture form of JOB: shakes 0.6 and shakes2 0.4 (one vocab). */
 #define MIXSPEC(name, res)                                                                                  \
-	"{\"name\":\"" name "\",\"dataset\":[{\"name\":\"shakes\",\"proportion\":0.6},"                      \
-	"{\"name\":\"shakes2\",\"proportion\":0.4}],"                                                         \
-	"\"model\":{\"preset\":\"bert-tiny\",\"hidden_size\":32,\"num_hidden_layers\":1,"                 \
-	"\"num_attention_heads\":2,\"intermediate_size\":64,\"max_position_embeddings\":64},"            \
-	"\"training_args\":{\"per_device_train_batch_size\":8,\"max_seq_length\":32,\"max_steps\":8,"        \
-	"\"logging_steps\":2,\"save_steps\":4,\"learning_rate\":0.01,\"warmup_steps\":2,"                     \
-	"\"dataloader_num_workers\":0,\"seed\":7},\"resources\":" res "}"
+	JOB(name, "8", "4", "2", res, "dataset",                                                                    \
+	    "[{\"name\":\"shakes\",\"proportion\":0.6},{\"name\":\"shakes2\",\"proportion\":0.4}]", NULL)
 
 /* A mixture on 2 nodes x 1 rank trains what it trains on 1 node x 2 ranks;
  * n2 with another copy of the second dataset (root: a mount namespace):
@@ -576,7 +580,7 @@ static void mixture_on_two_nodes(void **state)
 	run_to_end(f, MIXSPEC("mix-1x2", ONE_NODE), one, NULL);
 	run_to_end(f, MIXSPEC("mix-2x1", TWO_NODES), two, NULL);
 	assert_string_equal(one, two);
-	run_to_end(f, SPEC("plain-1x2", "8", "4", "2", ONE_NODE, ""), plain, NULL);
+	run_to_end(f, JOB("plain-1x2", "8", "4", "2", ONE_NODE, NULL), plain, NULL);
 	assert_string_not_equal(one, plain); /* the mixture is trained on, not shakes alone */
 	if (getuid() != 0)
 		return;
@@ -597,7 +601,7 @@ static void mixture_on_two_nodes(void **state)
 	}
 	assert_int_equal(st, 0);
 	wait_node(f, "n2", "idle");
-	char *id = it_submit(&f->d, MIXSPEC("mix-differs-2x1", TWO_NODES));
+	char *id = submit(f, MIXSPEC("mix-differs-2x1", TWO_NODES));
 	json_t *j = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
 	const char *why = json_string_value(json_object_get(j, "failure_reason"));
 	if (!why || !strstr(why, "dataset \"shakes+shakes2\" differs between nodes: n1 has content digest"))

@@ -113,21 +113,17 @@ static int teardown(void **state)
 	return rc;
 }
 
-/* bert-tiny-sized; res is the resources object, top more top-level keys
- * (leading comma) or "". */
-#define SPEC_N(name, steps, res, top)                                                                     \
-	"{\"name\":\"" name "\",\"dataset\":\"shakes\","                                                  \
-	"\"model\":{\"preset\":\"bert-tiny\",\"hidden_size\":32,\"num_hidden_layers\":1,"                 \
-	"\"num_attention_heads\":2,\"intermediate_size\":64,\"max_position_embeddings\":64},"            \
-	"\"training_args\":{\"per_device_train_batch_size\":8,\"max_seq_length\":32,\"max_steps\":" steps \
-	",\"logging_steps\":5,\"save_steps\":10,\"learning_rate\":0.01,\"warmup_steps\":2,"              \
-	"\"dataloader_num_workers\":0,\"seed\":7},"                                                        \
-	"\"resources\":" res top "}"
-#define SPEC(name, res) SPEC_N(name, "20", res, "")
+/* it_job_spec's bert-tiny-sized job on shakes for steps steps; res is the
+ * resources object, then more overrides (dotted path, JSON text) up to the
+ * NULL; caller frees. */
+#define JOB(name, steps, res, ...) \
+	it_job_spec(name, "shakes", "training_args.max_steps", steps, "resources", res, __VA_ARGS__)
 
-static void run_to_end(fx *f, const char *spec, char sha[65], char **id_out)
+/* Runs spec (freed) to completed: the export's sha256 into sha. */
+static void run_to_end(fx *f, char *spec, char sha[65], char **id_out)
 {
 	char *id = it_submit(&f->d, spec);
+	free(spec);
 	json_t *j = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
 	it_assert_completed(&f->d, j);
 	it_sha_of_export(j, sha);
@@ -152,13 +148,13 @@ static int ranks_on_net(fx *f, const char *id)
 
 static void check_nodes_equal_one_node(fx *f, int n)
 {
-	char one[65], net[65], *id1, *idn, spec1[1200], specn[1200], name[32], res[128];
+	char one[65], net[65], *id1, *idn, name[32], res[128];
 	snprintf(name, sizeof name, "net-1x%d", n);
 	snprintf(res, sizeof res, "{\"gpus\":%d}", n);
-	snprintf(spec1, sizeof spec1, SPEC("%s", "%s"), name, res);
+	char *spec1 = JOB(name, "20", res, NULL);
 	snprintf(name, sizeof name, "net-%dx1", n);
 	snprintf(res, sizeof res, "{\"nodes\":%d,\"gpus_per_node\":1,\"device\":\"cpu\"}", n);
-	snprintf(specn, sizeof specn, SPEC("%s", "%s"), name, res);
+	char *specn = JOB(name, "20", res, NULL);
 	run_to_end(f, spec1, one, &id1);
 	run_to_end(f, specn, net, &idn);
 	assert_int_equal(ranks_on_net(f, idn), n);
@@ -243,11 +239,13 @@ static void rank_lost_resumes_over_net(void **state)
 {
 	fx *f = *state;
 #define LOST(name, res) \
-	SPEC_N(name, "60", res, ",\"retry_policy\":{\"max_restarts\":3},\"profiler\":{\"simulate_data_delay_ms\":100}")
+	JOB(name, "60", res, "retry_policy", "{\"max_restarts\":3}", "profiler", "{\"simulate_data_delay_ms\":100}", NULL)
 	char ref[65], sha[65], *rid;
 	run_to_end(f, LOST("net-lost-ref", "{\"gpus\":2}"), ref, &rid);
 	free(rid);
-	char *id = it_submit(&f->d, LOST("net-lost-2x1", "{\"nodes\":2,\"gpus_per_node\":1,\"device\":\"cpu\"}"));
+	char *spec = LOST("net-lost-2x1", "{\"nodes\":2,\"gpus_per_node\":1,\"device\":\"cpu\"}");
+	char *id = it_submit(&f->d, spec);
+	free(spec);
 	it_wait_step(&f->d, id, 15, DEADLINE_S); /* past the checkpoint at step 10 */
 	pid_t r0 = rank_on(id, "n1"), r1 = rank_on(id, "n2");
 	if (r0 <= 0 || r1 <= 0) {
@@ -304,7 +302,7 @@ static void auto_picks_by_shared_memory(void **state)
 	if (getuid() != 0)
 		skip(); /* a mount namespace per slurmd needs root */
 	char ref[65], sha[65], *id, cmd[1200], shm[300];
-	run_to_end(f, SPEC("auto-1x2", "{\"gpus\":2}"), ref, &id);
+	run_to_end(f, JOB("auto-1x2", "20", "{\"gpus\":2}", NULL), ref, &id);
 	free(id);
 	/* the same daemon state, now with the default multinode_comm=auto */
 	assert_int_equal(bertd_stop(&f->d), 0);
@@ -315,7 +313,7 @@ static void auto_picks_by_shared_memory(void **state)
 	assert_int_equal(bertd_start(&f->d, extra), 0);
 #define TWO "{\"nodes\":2,\"gpus_per_node\":1,\"device\":\"cpu\"}"
 	/* one /dev/shm for both nodes: shared memory */
-	run_to_end(f, SPEC("auto-2x1-shm", TWO), sha, &id);
+	run_to_end(f, JOB("auto-2x1-shm", "20", TWO, NULL), sha, &id);
 	assert_int_equal(ranks_on_net(f, id), 0);
 	assert_string_equal(ref, sha);
 	free(id);
@@ -333,7 +331,7 @@ static void auto_picks_by_shared_memory(void **state)
 	}
 	assert_int_equal(st, 0);
 	wait_node(f, "n2", "idle");
-	run_to_end(f, SPEC("auto-2x1-net", TWO), sha, &id);
+	run_to_end(f, JOB("auto-2x1-net", "20", TWO, NULL), sha, &id);
 	assert_int_equal(ranks_on_net(f, id), 2);
 	assert_string_equal(ref, sha);
 	free(id);

@@ -136,22 +136,32 @@ static int teardown(void **state)
 	return rc;
 }
 
-#define SPEC(name, steps, save, res, top)                                                                   \
-	"{\"name\":\"" name "\",\"dataset\":\"shakes\"," IT_TINY_MODEL("1")                                  \
-	",\"training_args\":{\"per_device_train_batch_size\":8,\"max_seq_length\":32,\"max_steps\":" steps \
-	",\"logging_steps\":5,\"save_steps\":" save IT_LR_WARMUP ",\"dataloader_num_workers\":0,\"seed\":7}," \
-	"\"resources\":" res top "}"
+/* it_job_spec's tiny job on shakes for steps steps saving every save; res
+ * is the resources object, then more overrides (dotted path, JSON text) up
+ * to the NULL; caller frees. */
+#define JOB(name, steps, save, res, ...)                                                                \
+	it_job_spec(name, "shakes", "training_args.max_steps", steps, "training_args.save_steps", save, \
+		    "resources", res, __VA_ARGS__)
 #define ONE_NODE "{\"gpus\":2}"
 #define TWO_NODES "{\"nodes\":2,\"gpus_per_node\":1,\"device\":\"cpu\"}"
 /* 60 steps, a checkpoint every 10; 100 ms more per batch (a slow source, no
  * effect on the numbers) keeps the job running for seconds after step 15,
  * where the faults come. */
 #define LONG_SPEC(name, res) \
-	SPEC(name, "60", "10", res, ",\"retry_policy\":{\"max_restarts\":3},\"profiler\":{\"simulate_data_delay_ms\":100}")
+	JOB(name, "60", "10", res, "retry_policy", "{\"max_restarts\":3}", "profiler", "{\"simulate_data_delay_ms\":100}", NULL)
 
-static void run_to_end(fx *f, const char *spec, char sha[65], char **id_out)
+/* Submits spec and frees it; returns the job's id (caller frees). */
+static char *submit(fx *f, char *spec)
 {
 	char *id = it_submit(&f->d, spec);
+	free(spec);
+	return id;
+}
+
+/* Runs spec (freed) to completed: the export's sha256 into sha. */
+static void run_to_end(fx *f, char *spec, char sha[65], char **id_out)
+{
+	char *id = submit(f, spec);
 	json_t *j = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
 	it_assert_completed(&f->d, j);
 	it_sha_of_export(j, sha);
@@ -288,9 +298,9 @@ static void loss_two_nodes_equal_one_node(void **state)
 {
 	fx *f = *state;
 	char one[65], two[65], *id;
-	run_to_end(f, SPEC("eq-1x2", "8", "4", ONE_NODE, ""), one, NULL);
+	run_to_end(f, JOB("eq-1x2", "8", "4", ONE_NODE, NULL), one, NULL);
 	assert_int_equal(ns(f, "loss", "n2 1"), 0);
-	id = it_submit(&f->d, SPEC("eq-2x1", "8", "4", TWO_NODES, ",\"retry_policy\":{\"max_restarts\":0}"));
+	id = submit(f, JOB("eq-2x1", "8", "4", TWO_NODES, "retry_policy", "{\"max_restarts\":0}", NULL));
 	json_t *j = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
 	assert_int_equal(ns(f, "clear", ""), 0);
 	if (strcmp(it_jstr(j, "state"), "completed") != 0) {
@@ -321,7 +331,7 @@ static void link_cut_fails_then_resumes(void **state)
 	if (f->no_plane[0]) /* fails at once: each attempt would wait for the join */
 		fail_msg("not run: the first 2-node job failed: %s", f->no_plane);
 	const char *ref = reference(f);
-	char *id = it_submit(&f->d, LONG_SPEC("cut-2x1", TWO_NODES));
+	char *id = submit(f, LONG_SPEC("cut-2x1", TWO_NODES));
 	it_wait_step(&f->d, id, 15, DEADLINE_S);
 	pid_t r1 = rank_on(id, "n2");
 	if (r1 <= 0) {
@@ -410,7 +420,7 @@ static void flaps_then_partition(void **state)
 	if (f->no_plane[0])
 		fail_msg("not run: the first 2-node job failed: %s", f->no_plane);
 	const char *ref = reference(f);
-	char *id = it_submit(&f->d, LONG_SPEC("flap-2x1", TWO_NODES));
+	char *id = submit(f, LONG_SPEC("flap-2x1", TWO_NODES));
 	it_wait_step(&f->d, id, 10, DEADLINE_S);
 	assert_int_equal(ns(f, "flap", "n2 1000 3"), 0); /* 3 x (1 s down, 1 s up) */
 	long after_flaps = restarts(f, id);
@@ -485,9 +495,8 @@ static void stranded_rank_writes_nothing(void **state)
 		skip();
 	if (f->no_plane[0])
 		fail_msg("not run: the first 2-node job failed: %s", f->no_plane);
-	char *id = it_submit(&f->d, SPEC("fence-2x1", "200", "1000", TWO_NODES,
-					 ",\"retry_policy\":{\"max_restarts\":3},"
-					 "\"profiler\":{\"simulate_data_delay_ms\":100}"));
+	char *id = submit(f, JOB("fence-2x1", "200", "1000", TWO_NODES, "retry_policy", "{\"max_restarts\":3}", "profiler",
+				 "{\"simulate_data_delay_ms\":100}", NULL));
 	it_wait_step(&f->d, id, 15, DEADLINE_S);
 	pid_t r0 = rank_on(id, "n1"), r1 = rank_on(id, "n2");
 	if (r0 <= 0 || r1 <= 0) {
@@ -535,9 +544,8 @@ static void slurm_cancel_is_reported(void **state)
 	fx *f = *state;
 	if (f->no_plane[0])
 		fail_msg("not run: the first 2-node job failed: %s", f->no_plane);
-	char *id = it_submit(&f->d, SPEC("scancel-2x1", "60", "10", TWO_NODES,
-					 ",\"retry_policy\":{\"max_restarts\":0},"
-					 "\"profiler\":{\"simulate_data_delay_ms\":100}"));
+	char *id = submit(f, JOB("scancel-2x1", "60", "10", TWO_NODES, "retry_policy", "{\"max_restarts\":0}", "profiler",
+				 "{\"simulate_data_delay_ms\":100}", NULL));
 	it_wait_step(&f->d, id, 5, DEADLINE_S);
 	char name[128], cmd[600];
 	pid_t r0 = rank_on(id, "n1");

@@ -122,21 +122,6 @@ static void test_checker_refuses_wrong_types(void **state)
 	json_decref(prob);
 }
 
-#define SPEC(name, extra_ta, gpus, loaders)                                                            \
-	"{\"name\":\"" name "\",\"dataset\":\"shakes\","                                                 \
-	IT_TINY_MODEL("1") ",\"training_args\":{\"per_device_train_batch_size\":8,\"max_seq_length\":32,"  \
-	"\"logging_steps\":5,\"save_steps\":5,\"learning_rate\":0.01,\"seed\":7,"                        \
-	"\"dataloader_num_workers\":" loaders extra_ta "},\"resources\":{\"gpus\":" gpus "}}"
-
-/* BERT's phase-1 sequence length, so the packing is the usual one (several
- * sentences a sample). */
-#define SPEC128(name, extra_ta)                                                                        \
-	"{\"name\":\"" name "\",\"dataset\":\"shakes\","                                                 \
-	"\"model\":{\"preset\":\"bert-tiny\",\"hidden_size\":32,\"num_hidden_layers\":1,"                \
-	"\"num_attention_heads\":2,\"intermediate_size\":64,\"max_position_embeddings\":128},"          \
-	"\"training_args\":{\"per_device_train_batch_size\":8,\"max_seq_length\":128,"                   \
-	"\"logging_steps\":5,\"save_steps\":1000,\"learning_rate\":0.01,\"seed\":7,"                     \
-	"\"dataloader_num_workers\":1" extra_ta "},\"resources\":{\"gpus\":1}}"
 
 static void test_answers_match_schema(void **state)
 {
@@ -153,7 +138,11 @@ static void test_answers_match_schema(void **state)
 	get_checked(f, "/v1/datasets", "/v1/datasets", 200, &r);
 	http_resp_free(&r);
 
-	assert_int_equal(http_post_json(&f->d, "/v1/jobs", SPEC("two", ",\"max_steps\":10", "2", "1"), &r), 0);
+	char *spec = it_job_spec("two", "shakes", "training_args.max_steps", "10", "training_args.save_steps", "5",
+				 "training_args.warmup_steps", "null", "training_args.dataloader_num_workers", "1",
+				 "resources.gpus", "2", NULL);
+	assert_int_equal(http_post_json(&f->d, "/v1/jobs", spec, &r), 0);
+	free(spec);
 	assert_int_equal(r.status, 201);
 	expect_schema("/v1/jobs", "post", &r, "application/json");
 	char id[32];
@@ -282,9 +271,14 @@ static void test_train_by_epochs(void **state)
 	long long want = (long long)ceil(2.0 * seqs / 8.0 - 1e-9); /* 2 epochs, batch 8, 1 rank */
 
 	http_resp r;
-	assert_int_equal(http_post_json(&f->d, "/v1/jobs",
-					SPEC128("epochs", ",\"num_train_epochs\":2"),
-					&r), 0);
+	/* BERT's phase-1 sequence length, so the packing is the usual one
+	 * (several sentences a sample); epochs, not steps */
+	char *spec = it_job_spec("epochs", "shakes", "model.max_position_embeddings", "128",
+				 "training_args.max_seq_length", "128", "training_args.save_steps", "1000",
+				 "training_args.dataloader_num_workers", "1", "training_args.warmup_steps", "null",
+				 "training_args.max_steps", "null", "training_args.num_train_epochs", "2", NULL);
+	assert_int_equal(http_post_json(&f->d, "/v1/jobs", spec, &r), 0);
+	free(spec);
 	if (r.status != 201)
 		fail_msg("%ld %s", r.status, r.body);
 	expect_schema("/v1/jobs", "post", &r, "application/json");

@@ -161,8 +161,10 @@ static void test_job_waits_for_its_dataset(void **state)
 	snprintf(p, sizeof p, "%s/vocab.fifo", f->data);
 	assert_int_equal(mkfifo(p, 0600), 0);
 	assert_int_equal(it_add_dataset(&f->d, "{\"name\":\"stuck\",\"source\":\"corpus.txt\",\"vocab\":{\"file\":\"vocab.fifo\"}}"), 0);
-	char *id = it_submit(&f->d, "{\"dataset\":\"stuck\",\"model\":{\"preset\":\"bert-tiny\"},"
-				    "\"training_args\":{\"max_steps\":2}}");
+	char *spec = it_job_spec(NULL, "stuck", "model", "{\"preset\":\"bert-tiny\"}", "training_args",
+				 "{\"max_steps\":2}", "resources", "null", NULL);
+	char *id = it_submit(&f->d, spec);
+	free(spec);
 	/* several scheduler ticks (a tick is a second): the job stays queued */
 	for (int i = 0; i < 25; i++) {
 		char path[128];

@@ -98,11 +98,12 @@ static void test_logged_lr_matches_transformers(void **state)
 {
 	fx *f = *state;
 	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
-	char *id = run_job(&f->d, IT_TINY_SPEC("poly", "shakes", "1", "8", "12", "1", "12", "1",
-					       ",\"learning_rate\":0.01,\"warmup_steps\":3,"
-					       "\"lr_scheduler_type\":\"polynomial\","
-					       "\"lr_scheduler_kwargs\":{\"power\":0.5,\"lr_end\":0.0001}",
-					       ""));
+	char *spec = it_job_spec("poly", "shakes", "training_args.max_steps", "12", "training_args.logging_steps", "1",
+				 "training_args.save_steps", "12", "training_args.dataloader_num_workers", "1",
+				 "training_args.warmup_steps", "3", "training_args.lr_scheduler_type", "\"polynomial\"",
+				 "training_args.lr_scheduler_kwargs", "{\"power\":0.5,\"lr_end\":0.0001}", NULL);
+	char *id = run_job(&f->d, spec);
+	free(spec);
 	char path[96], file[] = "/tmp/bertd-lr-XXXXXX";
 	snprintf(path, sizeof path, "/v1/jobs/%s", id);
 	json_t *job = it_get_json(&f->d, path);
@@ -122,11 +123,10 @@ static void test_logged_lr_matches_transformers(void **state)
 
 	/* a kwarg the schedule does not take is a 422 naming it */
 	http_resp r;
-	assert_int_equal(http_post_json(&f->d, "/v1/jobs",
-					"{\"dataset\":\"shakes\",\"training_args\":{\"lr_scheduler_type\":\"polynomial\","
-					"\"lr_scheduler_kwargs\":{\"powr\":0.5}}}",
-					&r),
-			 0);
+	spec = it_job_spec(NULL, "shakes", "model", "null", "resources", "null", "training_args",
+			   "{\"lr_scheduler_type\":\"polynomial\",\"lr_scheduler_kwargs\":{\"powr\":0.5}}", NULL);
+	assert_int_equal(http_post_json(&f->d, "/v1/jobs", spec, &r), 0);
+	free(spec);
 	if (r.status != 422)
 		fail_msg("unknown kwarg: expected 422, got %ld: %s", r.status, r.body);
 	assert_string_equal(it_jstr(r.json, "field"), "training_args.lr_scheduler_kwargs.powr");
@@ -141,22 +141,27 @@ static void test_two_phase_keeps_moments(void **state)
 {
 	fx *f = *state;
 	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
-	char *a = run_job(&f->d, IT_TINY_SPEC("phase1", "shakes", "1", "8", "10", "5", "10", "1",
-					      IT_LR_WARMUP ",\"weight_decay\":0.01", ""));
-	char s[2048], c1[1200], c2[1200];
+	char *spec = it_job_spec("phase1", "shakes", "training_args.max_steps", "10",
+				 "training_args.dataloader_num_workers", "1", "training_args.weight_decay", "0.01", NULL);
+	char *a = run_job(&f->d, spec);
+	free(spec);
+	char name[32], targs[600], init[200], c1[1200], c2[1200];
+	snprintf(init, sizeof init, "{\"job\":\"%s\",\"checkpoint\":10}", a);
 	ckpt_dir(&f->d, a, 10, c1, sizeof c1);
 	/* AdamW on, then LAMB from the same moments (they mean the same) */
 	static const char *const optims[] = {"adamw", "lamb"};
 	for (int k = 0; k < 2; k++) {
-		snprintf(s, sizeof s,
-			 "{\"name\":\"phase2-%s\",\"dataset\":\"shakes\"," IT_TINY_MODEL("1") ",\"training_args\":{"
-			 "\"max_seq_length\":64,\"per_device_train_batch_size\":4,\"gradient_accumulation_steps\":2,"
+		snprintf(name, sizeof name, "phase2-%s", optims[k]);
+		snprintf(targs, sizeof targs,
+			 "{\"max_seq_length\":64,\"per_device_train_batch_size\":4,\"gradient_accumulation_steps\":2,"
 			 "\"max_steps\":12,\"logging_steps\":1,\"save_steps\":1,\"dataloader_num_workers\":1,\"seed\":7,"
 			 "\"learning_rate\":0.005,\"lr_scheduler_type\":\"constant\",\"weight_decay\":0.0,"
-			 "\"optim\":\"%s\",\"adam_epsilon\":1e-6},\"resources\":{\"gpus\":1},"
-			 "\"init_from\":{\"job\":\"%s\",\"checkpoint\":10},\"init_from_restore\":\"all\"}",
-			 optims[k], optims[k], a);
-		char *b = run_job(&f->d, s);
+			 "\"optim\":\"%s\",\"adam_epsilon\":1e-6}",
+			 optims[k]);
+		spec = it_job_spec(name, "shakes", "training_args", targs, "init_from", init, "init_from_restore",
+				   "\"all\"", NULL);
+		char *b = run_job(&f->d, spec);
+		free(spec);
 		json_t *mb = it_metrics_of(&f->d, b);
 		assert_int_equal(json_array_size(mb), 2); /* steps 11 and 12: it went on from 10 */
 		assert_int_equal(json_integer_value(json_object_get(json_array_get(mb, 0), "step")), 11);
@@ -170,13 +175,11 @@ static void test_two_phase_keeps_moments(void **state)
 	}
 
 	/* the moments' averaging constants must stay: another beta2 is a 422 */
-	snprintf(s, sizeof s,
-		 "{\"dataset\":\"shakes\"," IT_TINY_MODEL("1") ",\"training_args\":{\"max_seq_length\":64,"
-		 "\"max_steps\":12,\"adam_beta2\":0.98},\"resources\":{\"gpus\":1},"
-		 "\"init_from\":{\"job\":\"%s\",\"checkpoint\":10},\"init_from_restore\":\"all\"}",
-		 a);
+	spec = it_job_spec(NULL, "shakes", "training_args", "{\"max_seq_length\":64,\"max_steps\":12,\"adam_beta2\":0.98}",
+			   "init_from", init, "init_from_restore", "\"all\"", NULL);
 	http_resp r;
-	assert_int_equal(http_post_json(&f->d, "/v1/jobs", s, &r), 0);
+	assert_int_equal(http_post_json(&f->d, "/v1/jobs", spec, &r), 0);
+	free(spec);
 	if (r.status != 422)
 		fail_msg("another adam_beta2: expected 422, got %ld: %s", r.status, r.body);
 	assert_string_equal(it_jstr(r.json, "field"), "training_args.adam_beta2");

@@ -66,10 +66,22 @@ static int setup_stall_slow(void **state)
 	return setup_with(state, "40");
 }
 
-/* A model small enough to train in seconds on two cores. top: more
- * top-level keys (with a leading comma) or "". */
-#define SPEC(name, steps, save, log, gpus, loaders, top) \
-	IT_TINY_SPEC(name, "shakes", gpus, "8", steps, log, save, loaders, IT_LR_WARMUP, top)
+/* A model small enough to train in seconds on two cores (it_job_spec's
+ * tiny job on shakes): steps, save_steps, logging_steps, ranks and loaders
+ * given, then more overrides (dotted path, JSON text) up to the NULL;
+ * caller frees. */
+#define JOB(name, steps, save, log, gpus, loaders, ...)                                                      \
+	it_job_spec(name, "shakes", "training_args.max_steps", steps, "training_args.save_steps", save,         \
+		    "training_args.logging_steps", log, "resources.gpus", gpus, "training_args.dataloader_num_workers", \
+		    loaders, __VA_ARGS__)
+
+/* Submits spec and frees it; returns the job's id (caller frees). */
+static char *submit(const bertd *d, char *spec)
+{
+	char *id = it_submit(d, spec);
+	free(spec);
+	return id;
+}
 
 /* The step of the last "resuming from checkpoint at step N" event; -1 if none. */
 static long resumed_step(json_t *ev)
@@ -162,16 +174,22 @@ static void drain_resumes_from_stop_checkpoint(fx *f, const char *ref_spec, cons
 
 static void test_drain_resumes_from_stop_checkpoint(void **state)
 {
-	drain_resumes_from_stop_checkpoint(*state, SPEC("ref", "200", "100000", "5", "2", "1", ""),
-					   SPEC("drained", "200", "100000", "5", "2", "1", ""));
+	char *ref = JOB("ref", "200", "100000", "5", "2", "1", NULL);
+	char *spec = JOB("drained", "200", "100000", "5", "2", "1", NULL);
+	drain_resumes_from_stop_checkpoint(*state, ref, spec);
+	free(ref);
+	free(spec);
 }
 
 /* One rank, its own batches: once the final checkpoint and export of a
  * stopped single-rank job made it look completed. */
 static void test_drain_one_rank_resumes(void **state)
 {
-	drain_resumes_from_stop_checkpoint(*state, SPEC("ref", "400", "100000", "5", "1", "0", ""),
-					   SPEC("drained", "400", "100000", "5", "1", "0", ""));
+	char *ref = JOB("ref", "400", "100000", "5", "1", "0", NULL);
+	char *spec = JOB("drained", "400", "100000", "5", "1", "0", NULL);
+	drain_resumes_from_stop_checkpoint(*state, ref, spec);
+	free(ref);
+	free(spec);
 }
 
 /* The stop checkpoint's record is lost (what a daemon that stopped reading
@@ -180,7 +198,7 @@ static void test_unrecorded_checkpoint_found(void **state)
 {
 	fx *f = *state;
 	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
-	char *id = it_submit(&f->d, SPEC("lost", "100000", "100000", "5", "1", "0", ""));
+	char *id = submit(&f->d, JOB("lost", "100000", "100000", "5", "1", "0", NULL));
 	it_wait_step(&f->d, id, 10, DEADLINE_S);
 	assert_int_equal(bertd_stop(&f->d), 0);
 	long stop_step = newest_on_disk(f, id);
@@ -217,9 +235,11 @@ static void test_truncated_newest_falls_back(void **state)
 	fx *f = *state;
 	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
 	char a[65], b[65];
-	reference(f, SPEC("ref", "300", "10", "5", "1", "1", ""), a);
+	char *ref = JOB("ref", "300", "10", "5", "1", "1", NULL);
+	reference(f, ref, a);
+	free(ref);
 
-	char *id = it_submit(&f->d, SPEC("truncated", "300", "10", "5", "1", "1", ""));
+	char *id = submit(&f->d, JOB("truncated", "300", "10", "5", "1", "1", NULL));
 	it_wait_step(&f->d, id, 25, DEADLINE_S); /* checkpoints 10 and 20 exist */
 	assert_int_equal(bertd_stop(&f->d), 0);
 	long newest = newest_on_disk(f, id);
@@ -271,7 +291,7 @@ static void test_nonfinite_loss_fails_once(void **state)
 {
 	fx *f = *state;
 	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
-	char *base = it_submit(&f->d, SPEC("base", "10", "10", "5", "1", "0", ""));
+	char *base = submit(&f->d, JOB("base", "10", "10", "5", "1", "0", NULL));
 	json_t *j = it_wait_completed(&f->d, base, DEADLINE_S);
 	json_decref(j);
 
@@ -303,13 +323,10 @@ static void test_nonfinite_loss_fails_once(void **state)
 	}
 	close(fd);
 
-	char spec[2048];
-	snprintf(spec, sizeof spec, "%s",
-		 SPEC("diverges", "40", "10", "5", "1", "0", ",\"init_from\":\"@\",\"retry_policy\":{\"max_restarts\":2}"));
-	char *at = strchr(spec, '@');
-	char full[2400];
-	snprintf(full, sizeof full, "%.*s%s%s", (int)(at - spec), spec, poison, at + 1);
-	char *id = it_submit(&f->d, full);
+	char init[310];
+	snprintf(init, sizeof init, "\"%s\"", poison);
+	char *id = submit(&f->d, JOB("diverges", "40", "10", "5", "1", "0", "init_from", init, "retry_policy",
+				     "{\"max_restarts\":2}", NULL));
 	json_t *job = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
 	assert_string_equal(it_jstr(job, "state"), "failed");
 	assert_int_equal(json_integer_value(json_object_get(job, "restart_count")), 0);
@@ -332,8 +349,7 @@ static void test_stopped_worker_is_a_stall(void **state)
 	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
 	/* long enough never to end on its own: a short one could finish
 	 * before the test finds its worker; canceled at the end */
-	char *id = it_submit(&f->d, SPEC("stuck", "1000000", "20", "1", "1", "0",
-					 ",\"retry_policy\":{\"max_restarts\":3}"));
+	char *id = submit(&f->d, JOB("stuck", "1000000", "20", "1", "1", "0", "retry_policy", "{\"max_restarts\":3}", NULL));
 	it_wait_step(&f->d, id, 30, DEADLINE_S); /* past the step-20 checkpoint */
 	pid_t pid;
 	assert_int_equal(it_find_pids("bertd-worker", id, &pid, 1), 1);
@@ -394,7 +410,7 @@ static void test_stopped_worker_is_suspected(void **state)
 {
 	fx *f = *state;
 	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
-	char *id = it_submit(&f->d, SPEC("paused", "1000000", "20", "1", "1", "0", "")); /* canceled at the end */
+	char *id = submit(&f->d, JOB("paused", "1000000", "20", "1", "1", "0", NULL)); /* canceled at the end */
 	it_wait_step(&f->d, id, 10, DEADLINE_S);
 	assert_null(stall_of(f, id)); /* reporting every step: nobody suspected */
 	pid_t pid;

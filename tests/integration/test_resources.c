@@ -62,6 +62,16 @@ static void expect_path_detail(const fx *f, const char *body, long status, const
 	http_resp_free(&r);
 }
 
+/* POST /v1/jobs of a job of only dataset and, unless NULL, init_from
+ * (JSON text) into r. */
+static void post_bare_job(const bertd *d, const char *dataset, const char *init_from, http_resp *r)
+{
+	char *spec = it_job_spec(NULL, dataset, "model", "null", "training_args", "null", "resources", "null",
+				 "init_from", init_from ? init_from : "null", NULL);
+	assert_int_equal(http_post_json(d, "/v1/jobs", spec, r), 0);
+	free(spec);
+}
+
 static void test_dataset_validation(void **state)
 {
 	fx *f = *state;
@@ -305,7 +315,7 @@ static void test_dataset_delete(void **state)
 	char path[160], dir[300];
 	snprintf(path, sizeof path, "/v1/datasets/%s", id);
 	/* a job may name a dataset that exists but is still preparing: it waits */
-	assert_int_equal(http_post_json(&f->d, "/v1/jobs", "{\"dataset\":\"gone\"}", &r), 0);
+	post_bare_job(&f->d, "gone", NULL, &r);
 	if (r.status != 201)
 		fail_msg("job on a preparing dataset -> %ld: %s", r.status, r.body);
 	char job[64];
@@ -343,7 +353,7 @@ static void test_dataset_delete(void **state)
 	assert_string_equal(it_jstr(r.json, "type"), "urn:bertd:problem:dataset-not-found");
 	http_resp_free(&r);
 	/* and the name is free again; a job naming it now is refused */
-	assert_int_equal(http_post_json(&f->d, "/v1/jobs", "{\"dataset\":\"gone\"}", &r), 0);
+	post_bare_job(&f->d, "gone", NULL, &r);
 	assert_int_equal(r.status, 422);
 	assert_string_equal(it_jstr(r.json, "field"), "dataset");
 	http_resp_free(&r);
@@ -355,7 +365,7 @@ static void test_job_subresources(void **state)
 	fx *f = *state;
 	http_resp r;
 	free(add_tiny(f, "tiny")); /* jobs must name a dataset that exists */
-	assert_int_equal(http_post_json(&f->d, "/v1/jobs", "{\"dataset\":\"tiny\"}", &r), 0);
+	post_bare_job(&f->d, "tiny", NULL, &r);
 	assert_int_equal(r.status, 201);
 	char id[64];
 	snprintf(id, sizeof id, "%s", it_jstr(r.json, "id"));
@@ -546,12 +556,12 @@ static void test_init_from_link_refused(void **state)
 		}
 		snprintf(p, sizeof p, "%s/%s/%s", f->data, dirs[k], k ? "params.safetensors" : "model.safetensors");
 		assert_int_equal(symlink("../../outside/secret.bin", p), 0);
-		char body[300];
-		snprintf(body, sizeof body, "{\"dataset\":\"none\",\"init_from\":\"%s\"}", dirs[k]);
+		char init[300];
+		snprintf(init, sizeof init, "\"%s\"", dirs[k]);
 		http_resp r;
-		assert_int_equal(http_post_json(&f->d, "/v1/jobs", body, &r), 0);
+		post_bare_job(&f->d, "none", init, &r);
 		if (r.status != 403)
-			fail_msg("%s -> %ld: %s", body, r.status, r.body);
+			fail_msg("init_from %s -> %ld: %s", init, r.status, r.body);
 		assert_string_equal(it_jstr(r.json, "type"), "urn:bertd:problem:path-forbidden");
 		assert_string_equal(it_jstr(r.json, "field"), "init_from");
 		const char *detail = it_jstr(r.json, "detail");
@@ -568,7 +578,7 @@ static void test_init_from_link_refused(void **state)
 	assert_int_equal(unlink(p), 0);
 	assert_int_equal(symlink("../real.safetensors", p), 0);
 	http_resp r;
-	assert_int_equal(http_post_json(&f->d, "/v1/jobs", "{\"dataset\":\"none\",\"init_from\":\"hf\"}", &r), 0);
+	post_bare_job(&f->d, "none", "\"hf\"", &r);
 	if (r.status != 422 || strcmp(it_jstr(r.json, "field"), "dataset") != 0)
 		fail_msg("in-root link -> %ld: %s", r.status, r.body);
 	http_resp_free(&r);

@@ -52,8 +52,15 @@ static int setup(void **state)
 	return it_setup(state, &o, DEADLINE_S);
 }
 
-#define SPEC(name, steps, loaders, profiler) \
-	IT_TINY_SPEC(name, "shakes", "1", "8", steps, "5", "20", loaders, "", profiler)
+/* The tiny job name on shakes for steps steps (saving every 20, the
+ * default learning rate without warm-up) with loaders data loaders and
+ * profiler (JSON text; "null": none) as its "profiler" (caller frees). */
+static char *spec(const char *name, const char *steps, const char *loaders, const char *profiler)
+{
+	return it_job_spec(name, "shakes", "training_args.max_steps", steps, "training_args.save_steps", "20",
+			   "training_args.dataloader_num_workers", loaders, "training_args.learning_rate", "null",
+			   "training_args.warmup_steps", "null", "profiler", profiler, NULL);
+}
 
 static json_t *rule(json_t *diag, const char *name)
 {
@@ -141,8 +148,9 @@ static json_t *run_diagnosed(const bertd *d, const char *spec, bool loaders, dou
 static void test_serial_job_diagnosed_from_its_phases(void **state)
 {
 	fx *f = *state;
-	char *id = it_submit(&f->d, SPEC("serial", "40", "0",
-				      ",\"profiler\":{\"rules\":{\"input_bound\":{\"max_data_wait_share\":0}}}"));
+	char *s = spec("serial", "40", "0", "{\"rules\":{\"input_bound\":{\"max_data_wait_share\":0}}}");
+	char *id = it_submit(&f->d, s);
+	free(s);
 	char path[128];
 	json_t *j = it_wait_job(&f->d, id, "completed|failed", DEADLINE_S);
 	assert_string_equal(it_jstr(j, "state"), "completed");
@@ -178,7 +186,9 @@ static void test_loader_job_verdict_follows_phases(void **state)
 {
 	fx *f = *state;
 	double share;
-	json_t *ib, *dg = run_diagnosed(&f->d, SPEC("loaders", "40", "2", ""), true, &share, &ib);
+	char *s = spec("loaders", "40", "2", "null");
+	json_t *ib, *dg = run_diagnosed(&f->d, s, true, &share, &ib);
+	free(s);
 	assert_true(num(ib, "threshold") == 0.15);
 	assert_string_equal(it_jstr(ib, "status"), share > 0.15 ? "issue" : "ok");
 	fprintf(stderr, "2 loaders: data wait share %.4f -> %s\n", share, it_jstr(ib, "status"));
@@ -204,17 +214,23 @@ static void test_loader_job_verdict_follows_phases(void **state)
  * Batch 32 x 64 keeps the step long against the few milliseconds of
  * scheduling noise a loaded machine adds to a window. 96 steps logged every
  * 4: the rules' 20-row window leaves out the first rows. */
-#define SLOW_SPEC(name, loaders)                                                                      \
-	"{\"name\":\"" name "\",\"dataset\":\"shakes\"," IT_TINY_MODEL("1") ","                          \
-	"\"training_args\":{\"per_device_train_batch_size\":32,\"max_seq_length\":64,\"max_steps\":96,"  \
-	"\"logging_steps\":4,\"save_steps\":40,\"dataloader_num_workers\":" loaders ",\"seed\":7},"      \
-	"\"profiler\":{\"simulate_data_delay_ms\":100}}"
+static char *slow_spec(const char *name, const char *loaders)
+{
+	return it_job_spec(name, "shakes", "training_args.per_device_train_batch_size", "32",
+			   "training_args.max_seq_length", "64", "training_args.max_steps", "96",
+			   "training_args.logging_steps", "4", "training_args.save_steps", "40",
+			   "training_args.dataloader_num_workers", loaders, "training_args.learning_rate", "null",
+			   "training_args.warmup_steps", "null", "resources", "null",
+			   "profiler", "{\"simulate_data_delay_ms\":100}", NULL);
+}
 
 static void test_slow_source_input_bound_until_enough_loaders(void **state)
 {
 	fx *f = *state;
 	double share;
-	json_t *ib, *dg = run_diagnosed(&f->d, SLOW_SPEC("slow-serial", "0"), false, &share, &ib);
+	char *s = slow_spec("slow-serial", "0");
+	json_t *ib, *dg = run_diagnosed(&f->d, s, false, &share, &ib);
+	free(s);
 	assert_true(num(ib, "threshold") == 0.15);
 	assert_string_equal(it_jstr(ib, "status"), "issue");
 	int want = 0;
@@ -227,7 +243,9 @@ static void test_slow_source_input_bound_until_enough_loaders(void **state)
 	fprintf(stderr, "slow source, 0 loaders: data wait share %.3f -> remedy %d loaders\n", share, want);
 	json_decref(dg);
 
-	dg = run_diagnosed(&f->d, SLOW_SPEC("slow-loaders", "24"), true, &share, &ib);
+	s = slow_spec("slow-loaders", "24");
+	dg = run_diagnosed(&f->d, s, true, &share, &ib);
+	free(s);
 	fprintf(stderr, "slow source, 24 loaders: data wait share %.3f -> %s\n", share, it_jstr(ib, "status"));
 	assert_string_equal(it_jstr(ib, "status"), "ok");
 	json_decref(dg);
@@ -239,13 +257,10 @@ static void test_slow_source_input_bound_until_enough_loaders(void **state)
 static void test_two_ranks_report_per_rank_times(void **state)
 {
 	fx *f = *state;
-	const char *spec =
-		"{\"name\":\"ranks\",\"dataset\":\"shakes\",\"model\":{\"preset\":\"bert-tiny\",\"hidden_size\":32,"
-		"\"num_hidden_layers\":1,\"num_attention_heads\":2,\"intermediate_size\":64,"
-		"\"max_position_embeddings\":64},\"training_args\":{\"per_device_train_batch_size\":8,"
-		"\"max_seq_length\":32,\"max_steps\":20,\"logging_steps\":5,\"save_steps\":100,"
-		"\"dataloader_num_workers\":0,\"seed\":7},\"resources\":{\"gpus\":2}}";
-	char *id = it_submit(&f->d, spec);
+	char *s = it_job_spec("ranks", "shakes", "training_args.save_steps", "100", "training_args.learning_rate", "null",
+			      "training_args.warmup_steps", "null", "resources.gpus", "2", NULL);
+	char *id = it_submit(&f->d, s);
+	free(s);
 	char path[128];
 	json_t *j = it_wait_job(&f->d, id, "completed|failed", DEADLINE_S);
 	assert_string_equal(it_jstr(j, "state"), "completed");
@@ -290,20 +305,20 @@ static void test_profiler_rules_validated(void **state)
 	static const struct {
 		const char *profiler, *field;
 	} bad[] = {
-		{",\"profiler\":{\"rules\":{\"nope\":{}}}", "profiler.rules.nope"},
-		{",\"profiler\":{\"rules\":{\"input_bound\":{\"max\":1}}}", "profiler.rules.input_bound.max"},
-		{",\"profiler\":{\"rules\":{\"straggler\":{\"max_ratio_to_median\":0.5}}}",
+		{"{\"rules\":{\"nope\":{}}}", "profiler.rules.nope"},
+		{"{\"rules\":{\"input_bound\":{\"max\":1}}}", "profiler.rules.input_bound.max"},
+		{"{\"rules\":{\"straggler\":{\"max_ratio_to_median\":0.5}}}",
 		 "profiler.rules.straggler.max_ratio_to_median"},
-		{",\"profiler\":{\"simulate_data_delay_ms\":-1}", "profiler.simulate_data_delay_ms"},
-		{",\"profiler\":{\"simulate_data_delay_ms\":10001}", "profiler.simulate_data_delay_ms"},
-		{",\"profiler\":{\"simulate_data_delay_ms\":1.5}", "profiler.simulate_data_delay_ms"},
-		{",\"profiler\":{\"simulate_data_delay_ms\":\"5\"}", "profiler.simulate_data_delay_ms"},
+		{"{\"simulate_data_delay_ms\":-1}", "profiler.simulate_data_delay_ms"},
+		{"{\"simulate_data_delay_ms\":10001}", "profiler.simulate_data_delay_ms"},
+		{"{\"simulate_data_delay_ms\":1.5}", "profiler.simulate_data_delay_ms"},
+		{"{\"simulate_data_delay_ms\":\"5\"}", "profiler.simulate_data_delay_ms"},
 	};
 	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-		char spec[2048];
-		snprintf(spec, sizeof spec, SPEC("bad", "10", "0", "%s"), bad[i].profiler);
+		char *s = spec("bad", "10", "0", bad[i].profiler);
 		http_resp r;
-		assert_int_equal(http_post_json(&f->d, "/v1/jobs", spec, &r), 0);
+		assert_int_equal(http_post_json(&f->d, "/v1/jobs", s, &r), 0);
+		free(s);
 		assert_int_equal(r.status, 422);
 		assert_string_equal(it_jstr(r.json, "field"), bad[i].field);
 		http_resp_free(&r);
@@ -463,7 +478,9 @@ static void test_prometheus_metrics(void **state)
 {
 	fx *f = *state;
 	/* long enough to scrape while it runs; canceled afterwards */
-	char *id = it_submit(&f->d, SPEC("prom", "100000", "1", ""));
+	char *s = spec("prom", "100000", "1", "null");
+	char *id = it_submit(&f->d, s);
+	free(s);
 	char path[128], key[256];
 	snprintf(path, sizeof path, "/v1/jobs/%s", id);
 	prom *p = calloc(1, sizeof *p);

@@ -29,12 +29,24 @@ static int setup(void **state)
 	return it_setup(state, &o, DEADLINE_S);
 }
 
-#define SPEC(name, loaders) IT_TINY_SPEC(name, "shakes", "1", "4", "12", "3", "100", loaders, "", "")
+/* Submits the tiny job name on shakes (batch 4, 12 steps logged every 3,
+ * no checkpoint, the default learning rate without warm-up) with loaders
+ * data loaders; returns its id (caller frees). */
+static char *submit(const bertd *d, const char *name, const char *loaders)
+{
+	char *spec = it_job_spec(name, "shakes", "training_args.per_device_train_batch_size", "4",
+				 "training_args.max_steps", "12", "training_args.logging_steps", "3",
+				 "training_args.save_steps", "100", "training_args.dataloader_num_workers", loaders,
+				 "training_args.learning_rate", "null", "training_args.warmup_steps", "null", NULL);
+	char *id = it_submit(d, spec);
+	free(spec);
+	return id;
+}
 
 static void test_tensorboard_reads_every_scalar(void **state)
 {
 	fx *f = *state;
-	char *ids[2] = {it_submit(&f->d, SPEC("tb-serial", "0")), it_submit(&f->d, SPEC("tb-loaders", "1"))};
+	char *ids[2] = {submit(&f->d, "tb-serial", "0"), submit(&f->d, "tb-loaders", "1")};
 	json_t *rows = json_object();
 	for (int i = 0; i < 2; i++) {
 		json_t *j = it_wait_job(&f->d, ids[i], "completed|failed", DEADLINE_S);
