@@ -2,7 +2,8 @@
  * supervisor's tick_schedule (daemon/supervisor.c) makes it at every tick:
  * the queued and restarting rows read from the store (at most `limit` of
  * them; the supervisor reads 1000), resources.gpus read from each stored
- * spec, then sched_pick over them. All 8 devices are busy (a full 8-GPU
+ * spec, then sched_pick over them (the tick now calls sched_decide, whose
+ * cost bench_sched measures: this bench is for the rows and spec parses). All 8 devices are busy (a full 8-GPU
  * server with a sweep waiting): nothing can start, so a pass is one pick,
  * the state a queued sweep spends its time in. It replicates the per-job
  * work of tick_schedule (not the dataset check, one lookup per distinct
