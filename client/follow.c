@@ -18,6 +18,8 @@
 
 enum { S_EVENTS, S_LOGS, S_N };
 
+#define IDLE_S 45 /* seconds without a byte (keep-alives included) before a stream counts as cut */
+
 typedef struct stream {
 	const cli *c;
 	const follow_opts *o;
@@ -35,6 +37,8 @@ typedef struct stream {
 	double retry_at;        /* when a waiting stream connects again */
 	double down_since;      /* first failure since the last good answer; 0 when up */
 	int attempts;
+	double last_rx;         /* when the connection last delivered a byte */
+	bool idle_cut;          /* dropped for silence (no keep-alive) */
 	int out_err;
 } stream;
 
@@ -124,6 +128,7 @@ static size_t on_body(char *b, size_t size, size_t nmemb, void *arg)
 	}
 	s->down_since = 0;
 	s->attempts = 0;
+	s->last_rx = now_s();
 	return sse_feed(&s->p, b, n) == 0 ? n : 0;
 }
 
@@ -157,10 +162,7 @@ static int connect_stream(stream *s, CURLM *m)
 	curl_easy_setopt(s->h, CURLOPT_CONNECTTIMEOUT, 10L);
 	curl_easy_setopt(s->h, CURLOPT_NOSIGNAL, 1L);
 	curl_easy_setopt(s->h, CURLOPT_PRIVATE, s);
-	/* a daemon that vanished without closing (a cut network) is noticed by
-	 * its missing keep-alives: no byte for 3 x the default 15 s */
-	curl_easy_setopt(s->h, CURLOPT_LOW_SPEED_LIMIT, 1L);
-	curl_easy_setopt(s->h, CURLOPT_LOW_SPEED_TIME, 45L);
+	s->last_rx = now_s();
 	if (s->c->verbose)
 		fprintf(stderr, "bertctl: GET %s%s%s\n", url, s->p.id[0] ? " Last-Event-ID: " : "", s->p.id);
 	return curl_multi_add_handle(m, s->h) == CURLM_OK ? 0 : -1;
@@ -257,6 +259,15 @@ int follow_job(const cli *c, const char *id, const follow_opts *o)
 			if (!s->h && t >= s->retry_at && connect_stream(s, m) < 0) {
 				rc = CLI_ERROR;
 				goto out;
+			}
+			/* a daemon that vanished without closing (a cut network) is
+			 * noticed by its missing keep-alives: no byte for 3 x the
+			 * default follow_keepalive_s of 15 s */
+			if (s->h && t - s->last_rx > IDLE_S) {
+				fprintf(stderr, "bertctl: %s stream silent for %d s; reconnecting\n",
+					s->kind == S_EVENTS ? "events" : "log", IDLE_S);
+				drop_handle(s, m);
+				s->retry_at = t;
 			}
 		}
 		if (!live)
