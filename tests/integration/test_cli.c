@@ -451,6 +451,30 @@ static void test_jobs_queue(void **state)
 	assert_int_equal(r.status, 3);
 	assert_non_null(strstr(r.err, "(field priority)"));
 	ctl_free(&r);
+	/* bash completion: the job ids come from the daemon, through bertctl */
+	const char *completion = getenv("BERTCTL_COMPLETION");
+	assert_non_null(completion);
+	char cmd[2048], bin_dir[600];
+	snprintf(bin_dir, sizeof bin_dir, "%s", getenv("BERTCTL_BIN"));
+	*strrchr(bin_dir, '/') = 0;
+	snprintf(cmd, sizeof cmd,
+		 "PATH='%s':\"$PATH\" BERTD_URL='%s' BERTD_TOKEN_FILE='%s/token' HOME='%s' bash -c '"
+		 ". \"$1\"; complete -p bertctl >/dev/null || exit 9; "
+		 "COMP_WORDS=(bertctl sh); COMP_CWORD=1; _bertctl; [ \"${COMPREPLY[*]}\" = show ] || exit 2; "
+		 "COMP_WORDS=(bertctl list --st); COMP_CWORD=2; _bertctl; [ \"${COMPREPLY[*]}\" = --state ] || exit 3; "
+		 "COMP_WORDS=(bertctl list --state ru); COMP_CWORD=3; _bertctl; [ \"${COMPREPLY[*]}\" = running ] || exit 4; "
+		 "COMP_WORDS=(bertctl patch job-); COMP_CWORD=2; _bertctl; printf \"%%s\\n\" \"${COMPREPLY[@]}\"' "
+		 "_ '%s' > '%s/completion.out'",
+		 bin_dir, d->base_url, d->state_dir, d->root, completion, d->root);
+	assert_int_equal(it_system("%s", cmd), 0);
+	char cpath[200];
+	snprintf(cpath, sizeof cpath, "%s/completion.out", d->root);
+	char *done = it_slurp(cpath, NULL);
+	assert_non_null(done);
+	assert_non_null(strstr(done, it_jstr(a, "id")));
+	assert_non_null(strstr(done, it_jstr(b, "id")));
+	free(done);
+
 	json_t *ev = it_events_of(d, it_jstr(a, "id"));
 	assert_non_null(it_event_with(ev, "priority 0 -> 9"));
 	json_decref(ev);
@@ -553,6 +577,11 @@ static void test_follow_download(void **state)
 	CTL(d, NULL, &r, "follow", id, "--json");
 	assert_int_equal(r.status, 0);
 	check_follow_output(d, id, r.out, "completed");
+	ctl_free(&r);
+	/* a rank the job does not have: refused, named */
+	CTL(d, NULL, &r, "follow", id, "--rank", "3");
+	assert_int_equal(r.status, 3);
+	assert_non_null(strstr(r.err, "(field rank)"));
 	ctl_free(&r);
 	/* the human form of a finished job: its events and lines, the end on stderr */
 	CTL(d, NULL, &r, "follow", id);
