@@ -38,7 +38,7 @@ typedef struct stream {
 	double down_since;      /* first failure since the last good answer; 0 when up */
 	int attempts;
 	double last_rx;         /* when the connection last delivered a byte */
-	bool idle_cut;          /* dropped for silence (no keep-alive) */
+	bool *any_up;           /* some stream of this follow got an answer once */
 	int out_err;
 } stream;
 
@@ -129,6 +129,7 @@ static size_t on_body(char *b, size_t size, size_t nmemb, void *arg)
 	s->down_since = 0;
 	s->attempts = 0;
 	s->last_rx = now_s();
+	*s->any_up = true;
 	return sse_feed(&s->p, b, n) == 0 ? n : 0;
 }
 
@@ -198,6 +199,14 @@ static int finished(stream *s, CURLM *m, CURLcode cr)
 		clihttp_report("GET", s->path, &r);
 		return CLI_HTTP_4XX;
 	}
+	if (status == 200)
+		*s->any_up = true;
+	if (status == 0 && !*s->any_up) {
+		/* never reached: a wrong URL or a daemon not started is said at
+		 * once, not after retry_s; only a daemon seen is waited for */
+		fprintf(stderr, "bertctl: GET %s: no answer: %s\n", s->path, msg);
+		return CLI_HTTP_5XX;
+	}
 	double t = now_s();
 	if (s->down_since == 0)
 		s->down_since = t;
@@ -221,6 +230,7 @@ int follow_job(const cli *c, const char *id, const follow_opts *o)
 {
 	int rc = CLI_OK;
 	char eid[200];
+	bool any_up = false;
 	stream ss[S_N];
 	memset(ss, 0, sizeof ss);
 	CURLM *m = curl_multi_init();
@@ -232,6 +242,7 @@ int follow_job(const cli *c, const char *id, const follow_opts *o)
 		s->c = c;
 		s->o = o;
 		s->kind = k;
+		s->any_up = &any_up;
 		sse_init(&s->p, on_event, s);
 	}
 	ss[S_EVENTS].on = o->events;

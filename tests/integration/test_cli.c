@@ -6,7 +6,7 @@
  *     the config file's url/token_file, and a token in a file others can
  *     read refused;
  *   - datasets create --wait / list / show / delete, a bad source a 3
- *     naming the field;
+ *     naming the field, a preparation that fails a 5 with its error;
  *   - submit from a file, from stdin and from flags (the effective spec
  *     holds each flag), an Idempotency-Key replayed, list with its filters
  *     and paging, show, patch, cancel, delete on a held queue;
@@ -270,6 +270,11 @@ static void test_errors_and_config(void **state)
 	snprintf(url, sizeof url, "http://127.0.0.1:%d", ntohs(a.sin_port));
 	ctl_env down = {.url = url};
 	CTL(d, &down, &r, "list");
+	assert_int_equal(r.status, 4);
+	assert_non_null(strstr(r.err, "no answer"));
+	ctl_free(&r);
+	/* a follow that never reached a daemon does not wait for one */
+	CTL(d, &down, &r, "follow", "job-0000000000000000");
 	close(s);
 	assert_int_equal(r.status, 4);
 	assert_non_null(strstr(r.err, "no answer"));
@@ -342,6 +347,17 @@ static void test_datasets(void **state)
 	assert_int_equal(r.status, 3);
 	assert_non_null(strstr(r.err, "422 invalid-request"));
 	assert_non_null(strstr(r.err, "(field source)"));
+	ctl_free(&r);
+
+	/* a preparation that fails: --wait exits 5 and shows why */
+	char bad[200];
+	snprintf(bad, sizeof bad, "%s/latin1.txt", f->data);
+	it_write_file(bad, "caf\xe9 au lait\n");
+	CTL(d, NULL, &r, "datasets", "create", "--name", "latin", "--source", "latin1.txt", "--vocab-size", "200",
+	    "--wait");
+	assert_int_equal(r.status, 5);
+	assert_non_null(strstr(r.out, "failed"));
+	assert_non_null(strstr(r.out, "not UTF-8"));
 	ctl_free(&r);
 
 	CTL(d, NULL, &r, "datasets", "delete", "more");
