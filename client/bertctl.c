@@ -16,7 +16,7 @@
 #include <unistd.h>
 #include <curl/curl.h>
 
-#include "client/bertctl.h"
+#include "client/cli.h"
 #include "client/clihttp.h"
 #include "client/follow.h"
 #include "client/table.h"

@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdio.h>
 
-#include "client/bertctl.h"
+#include "client/cli.h"
 
 /* Fills c's url and token: url_opt (--url) when not NULL, else
  * $BERTD_URL, else the config file's "url", else http://127.0.0.1:8420;

@@ -10,7 +10,7 @@
 
 #include <stdbool.h>
 
-#include "client/bertctl.h"
+#include "client/cli.h"
 
 typedef struct follow_opts {
 	bool events;     /* the events stream */

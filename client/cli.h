@@ -1,9 +1,9 @@
-/* bertctl — what the client's modules share: the exit codes (docs/cli.md
+/* cli — what bertctl's modules share: the exit codes (docs/cli.md
  * lists them; scripts depend on them, so a number never changes meaning),
  * the resolved connection (URL, token) and the output mode.
  * Must never hold the daemon's code: the client speaks only HTTP. */
-#ifndef BERTD_CLIENT_BERTCTL_H
-#define BERTD_CLIENT_BERTCTL_H
+#ifndef BERTD_CLIENT_CLI_H
+#define BERTD_CLIENT_CLI_H
 
 #include <stdbool.h>
 
