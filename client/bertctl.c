@@ -421,7 +421,10 @@ static int cmd_list(cli *c, args *a)
 	table_init(&t, "ID", "NAME", "STATE", "PRI", "STEP", "LOSS", "OWNER", "CREATED", NULL);
 	do {
 		char path[1024], e[300];
-		int n = snprintf(path, sizeof path, "/v1/jobs?limit=%ld", all || limit > 100 ? 100 : limit);
+		/* a page never holds more than is wanted, so the API's next_cursor
+		 * printed with --json points just after the last job listed */
+		long want = all ? 100 : limit - (long)json_array_size(jobs);
+		int n = snprintf(path, sizeof path, "/v1/jobs?limit=%ld", want > 100 ? 100 : want);
 		const char *keys[] = {"state", "tag", "owner", "order"};
 		for (size_t k = 0; k < 4; k++) {
 			const char *v = opt(a, keys[k]);
@@ -443,8 +446,6 @@ static int cmd_list(cli *c, args *a)
 		json_t *j;
 		json_array_foreach(json_object_get(page, "jobs"), i, j)
 		{
-			if (!all && (long)json_array_size(jobs) >= limit)
-				break;
 			json_array_append(jobs, j);
 			job_row(&t, j);
 		}

@@ -9,7 +9,8 @@
  *     naming the field, a preparation that fails a 5 with its error;
  *   - submit from a file, from stdin and from flags (the effective spec
  *     holds each flag), an Idempotency-Key replayed, list with its filters
- *     and paging, show, patch, cancel, delete on a held queue;
+ *     and across API pages, show, patch, cancel, delete on a held queue;
+ *     bash completion of commands, options and job ids;
  *   - follow of a job to its end: the events printed are the job's event
  *     list, each once, and the log lines are the worker's log, byte for
  *     byte (each line's offset the end of the one before); exit 0 for
@@ -513,6 +514,19 @@ static void test_jobs_queue(void **state)
 	CTL(d, NULL, &r, "show", it_jstr(a, "id"));
 	assert_int_equal(r.status, 3);
 	ctl_free(&r);
+
+	/* more than one API page (100): list follows next_cursor */
+	for (int i = 0; i < 100; i++)
+		free(it_submit(d, spec));
+	l = CTL_JSON(d, NULL, 0, "list", "--all", "--json");
+	assert_int_equal(json_array_size(json_object_get(l, "jobs")), 102);
+	assert_true(json_is_null(json_object_get(l, "next_cursor")));
+	json_decref(l);
+	l = CTL_JSON(d, NULL, 0, "list", "--limit", "101", "--state", "queued", "--json");
+	assert_int_equal(json_array_size(json_object_get(l, "jobs")), 101);
+	assert_string_equal(it_jstr(json_array_get(json_object_get(l, "jobs"), 0), "id"), it_jstr(b, "id"));
+	assert_true(json_is_string(json_object_get(l, "next_cursor"))); /* one more is left */
+	json_decref(l);
 
 	json_decref(a);
 	json_decref(b);
