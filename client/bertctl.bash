@@ -13,17 +13,17 @@ _bertctl() {
   cur=${COMP_WORDS[COMP_CWORD]}
   prev=${COMP_WORDS[COMP_CWORD-1]}
   local commands="submit list show follow cancel delete patch download datasets version help"
-  local global="--json --url --config --verbose --help"
+  local global="--json --url --cacert --config --verbose --help"
   cmd=""
   for ((i = 1; i < COMP_CWORD; i++)); do
     case ${COMP_WORDS[i]} in
-      --url|--config) ((i++)) ;;
+      --url|--config|--cacert) ((i++)) ;;
       -*) ;;
       *) cmd=${COMP_WORDS[i]}; break ;;
     esac
   done
   case $prev in
-    --config|-o|--output) COMPREPLY=($(compgen -f -- "$cur")); return ;;
+    --config|--cacert|-o|--output) COMPREPLY=($(compgen -f -- "$cur")); return ;;
     --state) COMPREPLY=($(compgen -W "queued starting running restarting stopping completed failed canceled" -- "$cur")); return ;;
     --order) COMPREPLY=($(compgen -W "asc desc" -- "$cur")); return ;;
     --format) COMPREPLY=($(compgen -W "text jsonl" -- "$cur")); return ;;

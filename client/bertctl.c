@@ -46,7 +46,7 @@ typedef struct command {
 } command;
 
 /* Options every command takes (consumed by main). */
-static const char global_opts[] = " json url= config= verbose help ";
+static const char global_opts[] = " json url= config= cacert= verbose help ";
 
 static bool opt_known(const char *spec, const char *name, bool *has_arg)
 {
@@ -904,6 +904,10 @@ static int cmd_version(cli *c, args *a)
 		rc = print_body(&r);
 	} else if (rc == CLI_OK) {
 		json_t *v = body_json("GET", "/v1/version", &r);
+		if (!v) {
+			clihttp_resp_free(&r);
+			return CLI_HTTP_5XX;
+		}
 		printf("bertctl %s\nbertd %s (api %s) at %s\n", BERTD_VERSION, jstr(v, "version"), jstr(v, "api"), c->url);
 		json_decref(v);
 	}
@@ -946,7 +950,7 @@ static const command commands[] = {
 
 static void usage(FILE *out)
 {
-	fprintf(out, "usage: bertctl [--url URL] [--config FILE] [--json] [-v] COMMAND [ARGS]\n\n");
+	fprintf(out, "usage: bertctl [--url URL] [--cacert FILE] [--config FILE] [--json] [-v] COMMAND [ARGS]\n\n");
 	for (size_t i = 0; i < NCOMMANDS; i++)
 		fprintf(out, "  bertctl %s\n", commands[i].usage);
 	fprintf(out, "\nThe daemon: --url, $BERTD_URL or the config file's url (default http://127.0.0.1:8420).\n"
@@ -1021,7 +1025,8 @@ int main(int argc, char **argv)
 	c.verbose = flag(&pre, "verbose") || flag(&a, "verbose");
 	const char *url = opt(&a, "url") ? opt(&a, "url") : opt(&pre, "url");
 	const char *config = opt(&a, "config") ? opt(&a, "config") : opt(&pre, "config");
-	if (cmd->run != cmd_help && (rc = clihttp_configure(&c, url, config)) != CLI_OK)
+	const char *cacert = opt(&a, "cacert") ? opt(&a, "cacert") : opt(&pre, "cacert");
+	if (cmd->run != cmd_help && (rc = clihttp_configure(&c, url, config, cacert)) != CLI_OK)
 		goto out;
 	if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
 		fprintf(stderr, "bertctl: libcurl could not start\n");

@@ -21,6 +21,7 @@ typedef struct cli {
 	char url[512];      /* base URL without a trailing slash */
 	char token[512];    /* bearer token, "" when none was configured */
 	char token_from[600]; /* where the token came from, for error messages */
+	char cacert[512];   /* CA certificates (PEM) an https daemon is verified with; "": the system's */
 	bool json;          /* --json: the API's JSON as is */
 	bool verbose;       /* -v: each request on stderr */
 } cli;

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <curl/curl.h>
 
 #define DEFAULT_URL "http://127.0.0.1:8420"
@@ -50,7 +51,7 @@ static int read_token_file(const char *path, char *out, size_t n)
 
 /* The config file's keys. */
 typedef struct conf {
-	char url[512], token[512], token_file[512];
+	char url[512], token[512], token_file[512], cacert[512];
 } conf;
 
 /* Reads "key = value" lines (# comments, blank lines) from path into k.
@@ -88,9 +89,10 @@ static int read_conf(const char *path, bool required, conf *k)
 		trim(val);
 		char *dst = strcmp(key, "url") == 0 ? k->url
 			  : strcmp(key, "token") == 0 ? k->token
-			  : strcmp(key, "token_file") == 0 ? k->token_file : NULL;
+			  : strcmp(key, "token_file") == 0 ? k->token_file
+			  : strcmp(key, "cacert") == 0 ? k->cacert : NULL;
 		if (!dst) {
-			fprintf(stderr, "bertctl: %s:%d: unknown key \"%s\" (url, token, token_file)\n", path,
+			fprintf(stderr, "bertctl: %s:%d: unknown key \"%s\" (url, token, token_file, cacert)\n", path,
 				lineno, key);
 			rc = CLI_USAGE;
 		} else if (strlen(val) >= sizeof k->url) {
@@ -109,7 +111,7 @@ static int read_conf(const char *path, bool required, conf *k)
 	return rc;
 }
 
-int clihttp_configure(cli *c, const char *url_opt, const char *config_opt)
+int clihttp_configure(cli *c, const char *url_opt, const char *config_opt, const char *cacert_opt)
 {
 	conf k = {0};
 	char path[1024];
@@ -139,6 +141,19 @@ int clihttp_configure(cli *c, const char *url_opt, const char *config_opt)
 	while (n && c->url[n - 1] == '/')
 		c->url[--n] = 0;
 
+	const char *ca = cacert_opt ? cacert_opt : getenv("BERTD_CACERT");
+	if (!ca || !*ca)
+		ca = k.cacert;
+	if (strlen(ca) >= sizeof c->cacert) {
+		fprintf(stderr, "bertctl: the CA file name is too long\n");
+		return CLI_USAGE;
+	}
+	snprintf(c->cacert, sizeof c->cacert, "%s", ca);
+	if (c->cacert[0] && access(c->cacert, R_OK) != 0) {
+		fprintf(stderr, "bertctl: cannot read the CA file %s: %s\n", c->cacert, strerror(errno));
+		return CLI_USAGE;
+	}
+
 	const char *env_tok = getenv("BERTD_TOKEN"), *env_file = getenv("BERTD_TOKEN_FILE");
 	c->token[0] = 0;
 	if (env_tok && *env_tok) {
@@ -161,6 +176,14 @@ int clihttp_configure(cli *c, const char *url_opt, const char *config_opt)
 }
 
 /* ---------------------------------------------------------------- requests */
+
+void clihttp_setup(const cli *c, void *h)
+{
+	if (c->cacert[0])
+		curl_easy_setopt(h, CURLOPT_CAINFO, c->cacert);
+	curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, 10L);
+	curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+}
 
 typedef struct sinkbuf {
 	clihttp_resp *r;
@@ -283,8 +306,7 @@ int clihttp_do(const cli *c, const char *method, const char *path, const char *b
 	curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
 	curl_easy_setopt(h, CURLOPT_HEADERDATA, &s);
 	curl_easy_setopt(h, CURLOPT_ERRORBUFFER, err);
-	curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, 10L);
-	curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+	clihttp_setup(c, h);
 	if (c->verbose)
 		fprintf(stderr, "bertctl: %s %s\n", method, url);
 	CURLcode cr = curl_easy_perform(h);

@@ -12,13 +12,18 @@
 
 /* Fills c's url and token: url_opt (--url) when not NULL, else
  * $BERTD_URL, else the config file's "url", else http://127.0.0.1:8420;
+ * the CA file of an https URL from cacert_opt (--cacert), $BERTD_CACERT or
+ * the config file's "cacert" (none: the system's CAs);
  * the token from $BERTD_TOKEN, else the file $BERTD_TOKEN_FILE, else the
  * config file's "token" or "token_file". The config file is config_opt
  * (--config), else $BERTCTL_CONFIG, else $XDG_CONFIG_HOME/bertctl/config
  * or ~/.config/bertctl/config (a missing default file is no error).
  * Returns CLI_OK or CLI_USAGE after printing why (unknown key, unreadable
  * token file, a config file holding a token that others can read). */
-int clihttp_configure(cli *c, const char *url_opt, const char *config_opt);
+int clihttp_configure(cli *c, const char *url_opt, const char *config_opt, const char *cacert_opt);
+/* The options every request of c gets on handle h (a void * so this header
+ * needs no libcurl): the CA file of an https daemon. */
+void clihttp_setup(const cli *c, void *h);
 
 typedef struct clihttp_resp {
 	long status;         /* HTTP status, 0 when no answer came */

@@ -160,8 +160,7 @@ static int connect_stream(stream *s, CURLM *m)
 	curl_easy_setopt(s->h, CURLOPT_WRITEFUNCTION, on_body);
 	curl_easy_setopt(s->h, CURLOPT_WRITEDATA, s);
 	curl_easy_setopt(s->h, CURLOPT_ERRORBUFFER, s->err);
-	curl_easy_setopt(s->h, CURLOPT_CONNECTTIMEOUT, 10L);
-	curl_easy_setopt(s->h, CURLOPT_NOSIGNAL, 1L);
+	clihttp_setup(s->c, s->h);
 	curl_easy_setopt(s->h, CURLOPT_PRIVATE, s);
 	s->last_rx = now_s();
 	if (s->c->verbose)

@@ -4,7 +4,8 @@
  *   - usage errors exit 2 (the token is refused as an argument), a refused
  *     request 3 with the problem's type and field on stderr, no daemon 4;
  *     the config file's url/token_file, and a token in a file others can
- *     read refused;
+ *     read refused; an https server's certificate verified against
+ *     --cacert (openssl s_server with a certificate made here);
  *   - datasets create --wait / list / show / delete, a bad source a 3
  *     naming the field, a preparation that fails a 5 with its error;
  *   - submit from a file, from stdin and from flags (the effective spec
@@ -229,6 +230,54 @@ static const char *spec_file(it_fx *f, const char *name, const char *spec)
 
 /* ------------------------------------------------------------ errors, config */
 
+/* An https server for the CA check: openssl s_server -WWW serving
+ * root/www/v1/version with a self-signed certificate for 127.0.0.1 (made
+ * here); its URL into url. Returns its pid, or 0 without openssl. */
+static pid_t tls_server(const bertd *d, char *url, size_t n, char *cert, size_t cn)
+{
+	if (it_system("command -v openssl >/dev/null") != 0)
+		return 0;
+	snprintf(cert, cn, "%s/cert.pem", d->root);
+	assert_int_equal(it_system("cd %s && mkdir -p www/v1 && printf '{\"version\":\"tls\",\"api\":\"v1\"}' "
+				   "> www/v1/version && openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj "
+				   "/CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1 -keyout key.pem -out cert.pem "
+				   "2>/dev/null",
+				   d->root),
+			 0);
+	int port = free_port();
+	assert_true(port > 0);
+	char p[16], www[200];
+	snprintf(p, sizeof p, "%d", port);
+	snprintf(www, sizeof www, "%s/www", d->root);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		if (chdir(www) != 0)
+			_exit(127);
+		int null = open("/dev/null", O_RDWR);
+		dup2(null, 0);
+		dup2(null, 1);
+		dup2(null, 2);
+		execlp("openssl", "openssl", "s_server", "-accept", p, "-4", "-cert", "../cert.pem", "-key", "../key.pem",
+		       "-WWW", "-quiet", (char *)NULL);
+		_exit(127);
+	}
+	/* bounded wait until it listens */
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+				.sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	bool up = false;
+	for (int i = 0; i < 100 && !up; i++) {
+		int s = socket(AF_INET, SOCK_STREAM, 0);
+		up = connect(s, (struct sockaddr *)&a, sizeof a) == 0;
+		close(s);
+		if (!up)
+			it_pause_ms(100);
+	}
+	assert_true(up);
+	snprintf(url, n, "https://127.0.0.1:%d", port);
+	return pid;
+}
+
 static void test_errors_and_config(void **state)
 {
 	it_fx *f = *state;
@@ -280,6 +329,25 @@ static void test_errors_and_config(void **state)
 	assert_int_equal(r.status, 4);
 	assert_non_null(strstr(r.err, "no answer"));
 	ctl_free(&r);
+
+	/* https: the daemon's certificate is verified, against --cacert's CAs */
+	char tls_url[64], cert[200];
+	pid_t tls = tls_server(d, tls_url, sizeof tls_url, cert, sizeof cert);
+	if (tls) {
+		ctl_env https = {.url = tls_url};
+		CTL(d, &https, &r, "version");
+		assert_int_equal(r.status, 4);
+		assert_non_null(strstr(r.err, "certificate"));
+		ctl_free(&r);
+		CTL(d, &https, &r, "version", "--cacert", cert);
+		assert_int_equal(r.status, 0);
+		assert_non_null(strstr(r.out, "bertd tls (api v1)"));
+		ctl_free(&r);
+		kill(tls, SIGTERM);
+		waitpid(tls, NULL, 0);
+	} else {
+		fprintf(stderr, "skipped: the https check (no openssl)\n");
+	}
 
 	/* the config file: url and token_file, no environment */
 	char dir[200], cfg[260], text[600];
