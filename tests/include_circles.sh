@@ -3,7 +3,7 @@
 #
 # Usage: include_circles.sh SOURCE_ROOT BUILD_DIR
 #
-# Two checks over api/ common/ daemon/ kernels/ loader/ worker/:
+# Two checks over api/ client/ common/ daemon/ kernels/ loader/ worker/:
 #  1. Headers: a.c reaches b.h (its own #includes, followed through the
 #     project's headers) while b.c reaches a.h. a.h / b.h are each file's own
 #     header (same path, .h); a file without one is seen by check 2.
@@ -23,7 +23,7 @@
 set -u
 src=$(cd "$1" && pwd) || exit 1
 build=$(cd "$2" && pwd) || exit 1
-dirs=(api common daemon kernels loader worker)
+dirs=(api client common daemon kernels loader worker)
 fail=0
 
 # ---- 1. headers ----
@@ -73,7 +73,7 @@ cd "$build" || exit 1
 syms=$(jq -r '.[] | [.output, .file] | @tsv' compile_commands.json |
 	while IFS=$'\t' read -r out file; do
 		f=$(realpath -m --relative-to="$src" "$build/$file")
-		case $f in api/* | common/* | daemon/* | kernels/* | loader/* | worker/*) ;; *) continue ;; esac
+		case $f in api/* | client/* | common/* | daemon/* | kernels/* | loader/* | worker/*) ;; *) continue ;; esac
 		[ -f "$out" ] || continue
 		nm -g "$out" 2>/dev/null | awk -v t="${out%/*}" -v f="$f" '
 			NF == 3 && $2 ~ /^[TDBRVW]$/ { print "D", t, $3, f }
