@@ -451,10 +451,16 @@ bool api_may_act_on(api_request *req, const char *owner, const char *what, enum 
 	if (req->who.role >= TOKENS_ROLE_ADMIN || (owner && strcmp(owner, req->who.name) == 0))
 		return true;
 	const char *action = req->route && req->route->action ? req->route->action : "act";
-	*ret = api_reply_forbidden(req, action,
-				   "role %s may %s only of its own; %s is %s's (an admin may %s any)",
-				   tokens_role_name(req->who.role), action, what,
-				   owner ? owner : "nobody's", action);
+	if (owner)
+		*ret = api_reply_forbidden(req, action,
+					   "role %s may %s only where its token submitted them; %s "
+					   "was submitted by %s", tokens_role_name(req->who.role), action,
+					   what, owner);
+	else
+		*ret = api_reply_forbidden(req, action,
+					   "role %s may %s only where its token submitted them; %s has "
+					   "no recorded owner (an admin may)", tokens_role_name(req->who.role),
+					   action, what);
 	return false;
 }
 
