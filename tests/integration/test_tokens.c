@@ -533,6 +533,48 @@ static void test_token_api(void **state)
 	free(s);
 }
 
+/* The one job that runs: a user's running job is its own to stop (202,
+ * "cancel requested by alice"), not another user's (403), on a daemon of
+ * its own whose queue runs. */
+static void test_cancel_running_job(void **state)
+{
+	(void)state;
+	it_daemon_opts o = {.cpu_slots = "1", .dataset = "shakes", .corpus = "shakes.txt",
+			    .corpus_lines = 400, .vocab_size = 200, .wait_ready = true};
+	it_fx *f = it_daemon_start(&o, DEADLINE_S);
+	assert_non_null(f);
+	const bertd *d = &f->d;
+	char *alice = add_token(d, "alice", "user"), *bob = add_token(d, "bob", "user");
+	char *spec = it_job_spec(NULL, "shakes", "training_args.max_steps", "100000",
+				 "training_args.save_steps", "100000", NULL);
+	http_resp r = call(d, alice, "POST", "/v1/jobs", spec);
+	assert_int_equal(r.status, 201);
+	char *id = strdup(it_jstr(r.json, "id"));
+	http_resp_free(&r);
+	free(spec);
+	json_decref(it_wait_job(d, id, "running", DEADLINE_S));
+
+	char path[96];
+	snprintf(path, sizeof path, "/v1/jobs/%s/cancel", id);
+	r = call(d, bob, "POST", path, NULL);
+	assert_forbidden(&r, "user", "cancel jobs");
+	http_resp_free(&r);
+	r = call(d, alice, "POST", path, NULL);
+	assert_int_equal(r.status, 202);
+	http_resp_free(&r);
+	json_t *ev = it_events_of(d, id);
+	assert_non_null(it_event_with(ev, "cancel requested by alice"));
+	json_decref(ev);
+	json_t *j = it_wait_job(d, id, "canceled|completed|failed", DEADLINE_S);
+	assert_string_equal(it_jstr(j, "state"), "canceled");
+	assert_string_equal(it_jstr(j, "owner"), "alice");
+	json_decref(j);
+	free(id);
+	free(alice);
+	free(bob);
+	assert_int_equal(it_daemon_stop(f), 0);
+}
+
 /* Last (it revokes the fixture's own token): the token file's token is
  * the admin "default" until revoked; then it is refused at once, the file
  * is gone, and named admin tokens go on working. */
@@ -558,6 +600,7 @@ int main(void)
 		cmocka_unit_test(test_owner_and_actor),
 		cmocka_unit_test(test_token_command),
 		cmocka_unit_test(test_token_api),
+		cmocka_unit_test(test_cancel_running_job),
 		cmocka_unit_test(test_revoke_default),
 	};
 	int rc = IT_RUN(tests, setup, it_teardown);
