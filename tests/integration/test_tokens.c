@@ -5,7 +5,8 @@
  * owner and the actor in jobs and events; a token revoked by the `bertd
  * token` command or the API refused by the very next request; the
  * command's add, list and revoke; the token file's "default" token. The
- * queue is held: no job trains, cancel and change act on queued jobs. */
+ * group's queue is held (cancel and change act on queued jobs); one job
+ * runs, on a daemon of its own, to be canceled by its owner. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
