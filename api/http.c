@@ -4,8 +4,9 @@
  * Request life: MHD calls on_request once with headers only. We refuse
  * early: the message framing (Host, Content-Length, Transfer-Encoding: 400,
  * 501), then the token on every path but the public ones (401 before 404
- * and 405, so no route can be probed without a token), then the route, 415,
- * and 413 when Content-Length already says too much. Then MHD calls once
+ * and 405, so no route can be probed without a token), then the route and
+ * whether the token's role may call it (403), 415, and 413 when
+ * Content-Length already says too much. Then MHD calls once
  * per body piece (counted against max_body_bytes as it arrives, chunked
  * uploads included), then once more with no data (we call the handler). libmicrohttpd 0.9.7x cannot queue a
  * reply while a body is still arriving, so a chunked body that crosses the

@@ -122,7 +122,7 @@ static const char *request_owner(const api_request *req)
 	return req->who.name[0] ? req->who.name : NULL;
 }
 
-/* For cancel, change and delete: whether the request's token may act on
+/* For cancel and change: whether the request's token may act on
  * job id (an admin on any, a user on its own: api_may_act_on). True also
  * when the job does not exist, so that the handler's own lookup answers
  * 404; a store error is replied (and false). */
@@ -1930,12 +1930,15 @@ enum MHD_Result jobs_delete(api_request *req)
 		return ret;
 	if (!id_plausible(id))
 		return no_such_job(req, id);
-	if (!may_act_on_job(req, id, &ret))
-		return ret;
 	store_job j = {0};
 	int rc = store_job_get(req->st, id, &j);
 	bool final = rc == 0 && job_state_is_terminal(j.state);
+	char what[64];
+	snprintf(what, sizeof what, "job %s", id);
+	bool allowed = rc != 0 || api_may_act_on(req, j.owner, what, &ret);
 	store_job_free(&j);
+	if (!allowed)
+		return ret;
 	if (rc < 0 && rc != -ENOENT)
 		return store_failed(req, rc, id, "deleting job");
 	int moved = 0;

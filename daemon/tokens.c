@@ -404,6 +404,24 @@ int tokens_list(tokens *t, tokens_entry **out, size_t *n)
 
 /* ---- changes: under <tokens_file>.lock, written whole and atomically ---- */
 
+/* Run as root (`sudo bertd token add`), a file made now would be root's
+ * and unreadable to the daemon, which would then refuse every named
+ * token: it goes to the owner of the directory it is in (the state dir's,
+ * bertd's) instead. Best effort: the daemon logs a file it cannot read. */
+static void give_to_dir_owner(const char *path)
+{
+	char dir[1100];
+	struct stat st;
+	if (geteuid() != 0 || snprintf(dir, sizeof dir, "%s", path) >= (int)sizeof dir)
+		return;
+	char *slash = strrchr(dir, '/');
+	if (!slash)
+		return;
+	*(slash == dir ? slash + 1 : slash) = 0;
+	if (stat(dir, &st) == 0 && st.st_uid != 0 && chown(path, st.st_uid, st.st_gid) < 0)
+		log_warn("cannot give %s to uid %ld: %s", path, (long)st.st_uid, strerror(errno));
+}
+
 static int lock_file(const tokens *t, int *fd)
 {
 	char path[1100];
@@ -412,6 +430,7 @@ static int lock_file(const tokens *t, int *fd)
 	int f = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
 	if (f < 0)
 		return -errno;
+	give_to_dir_owner(path);
 	while (flock(f, LOCK_EX) < 0) {
 		if (errno != EINTR) {
 			int rc = -errno;
@@ -441,6 +460,8 @@ static int write_tokens_file(const char *path, const entry *v, size_t n)
 	}
 	int rc = fs_write_atomic(path, buf, len, 0600);
 	free(buf);
+	if (rc == 0)
+		give_to_dir_owner(path);
 	return rc;
 }
 
