@@ -108,16 +108,21 @@ static void digest_of(const char *secret, uint8_t out[32])
 	sha256_final(&c, out);
 }
 
+static int nibble(char c)
+{
+	return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
+	     : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
 static int hex_digest(const char *hex, uint8_t out[32])
 {
 	if (strlen(hex) != 64)
 		return -EINVAL;
 	for (int i = 0; i < 32; i++) {
-		unsigned v;
-		if (!isxdigit((unsigned char)hex[2 * i]) || !isxdigit((unsigned char)hex[2 * i + 1]) ||
-		    sscanf(hex + 2 * i, "%2x", &v) != 1)
+		int hi = nibble(hex[2 * i]), lo = nibble(hex[2 * i + 1]);
+		if (hi < 0 || lo < 0)
 			return -EINVAL;
-		out[i] = (uint8_t)v;
+		out[i] = (uint8_t)(hi << 4 | lo);
 	}
 	return 0;
 }
