@@ -58,7 +58,7 @@ typedef struct daemon_ctx {
 	uint64_t ticks;
 	char addr_path[1100];
 	int lockfd; /* OFD lock on <state_dir>/bertd.lock, held for our life */
-	tokens *tok; /* the API's tokens; outlives the API server */
+	tokens *tok; /* the API's tokens; outlives the API server; tokens_reload(tok) re-reads them */
 } daemon_ctx;
 
 static void on_signal(loop *l, int fd, uint32_t events, void *arg)
