@@ -18,7 +18,10 @@ typedef struct api_config {
 	int port;                      /* 0 = any free port (see api_server_port) */
 	bool allow_remote;             /* must be true to bind a non-loopback address */
 	size_t max_body_bytes;         /* larger bodies get 413, counted while uploading */
-	const char *token;             /* bearer token every route but healthz requires */
+	const char *token;             /* with tokens NULL: the one bearer token (an admin named
+					* "default") every route but the public ones requires */
+	struct tokens *tokens;         /* the named tokens and roles (daemon/tokens.h; owned by the
+					* caller, outlives the server); NULL: token alone */
 	unsigned threads;              /* MHD thread pool size */
 	unsigned conn_timeout_s;       /* idle connection timeout */
 	unsigned conn_limit;           /* total concurrent connections */

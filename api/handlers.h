@@ -55,4 +55,9 @@ enum MHD_Result datasets_list(api_request *req);
 enum MHD_Result datasets_get(api_request *req);
 enum MHD_Result datasets_delete(api_request *req);
 
+/* tokens.c: named API tokens (admin only) */
+enum MHD_Result tokens_create(api_request *req);
+enum MHD_Result tokens_list_all(api_request *req);
+enum MHD_Result tokens_delete(api_request *req);
+
 #endif

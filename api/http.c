@@ -4,8 +4,9 @@
  * Request life: MHD calls on_request once with headers only. We refuse
  * early: the message framing (Host, Content-Length, Transfer-Encoding: 400,
  * 501), then the token on every path but the public ones (401 before 404
- * and 405, so no route can be probed without a token), then the route, 415,
- * and 413 when Content-Length already says too much. Then MHD calls once
+ * and 405, so no route can be probed without a token), then the route and
+ * whether the token's role may call it (403), 415, and 413 when
+ * Content-Length already says too much. Then MHD calls once
  * per body piece (counted against max_body_bytes as it arrives, chunked
  * uploads included), then once more with no data (we call the handler). libmicrohttpd 0.9.7x cannot queue a
  * reply while a body is still arriving, so a chunked body that crosses the
@@ -133,15 +134,21 @@ int api_query_each(api_request *req, int (*fn)(void *cls, const char *key, const
 	return it.rc;
 }
 
-bool api_auth_ok(const char *authorization, const char *token)
+const char *api_bearer(const char *authorization)
 {
-	if (!authorization || !token || !token[0])
-		return false;
-	if (strncasecmp(authorization, "Bearer ", 7) != 0)
-		return false;
+	if (!authorization || strncasecmp(authorization, "Bearer ", 7) != 0)
+		return NULL;
 	const char *given = authorization + 7;
 	while (*given == ' ')
 		given++;
+	return given;
+}
+
+bool api_auth_ok(const char *authorization, const char *token)
+{
+	const char *given = api_bearer(authorization);
+	if (!given || !token || !token[0])
+		return false;
 	size_t gl = strlen(given), tl = strlen(token);
 	/* Time depends only on the length of what the client sent, never on
 	 * where the first differing byte is or on the token's length. */
@@ -421,6 +428,43 @@ enum MHD_Result api_reply_problem(api_request *req, enum api_problem p, const ch
 			    api_problem_json(p, detail, field, req->path));
 }
 
+enum MHD_Result api_reply_forbidden(api_request *req, const char *action, const char *fmt, ...)
+{
+	char detail[512];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(detail, sizeof detail, fmt, ap);
+	va_end(ap);
+	const char *role = tokens_role_name(req->who.role);
+	log_info("%s %s: 403 for token %s (role %s): %s", req->method, req->path, req->who.name,
+		 role, detail);
+	json_t *p = api_problem_json(API_P_FORBIDDEN, detail, NULL, req->path);
+	if (p && (json_object_set_new(p, "role", json_string(role)) ||
+		  json_object_set_new(p, "action", json_string(action)))) {
+		json_decref(p);
+		p = NULL;
+	}
+	return reply_dumped(req, MHD_HTTP_FORBIDDEN, "application/problem+json", p);
+}
+
+bool api_may_act_on(api_request *req, const char *owner, const char *what, enum MHD_Result *ret)
+{
+	if (req->who.role >= TOKENS_ROLE_ADMIN || (owner && strcmp(owner, req->who.name) == 0))
+		return true;
+	const char *action = req->route && req->route->action ? req->route->action : "act";
+	if (owner)
+		*ret = api_reply_forbidden(req, action,
+					   "role %s may %s only where its token submitted them; %s "
+					   "was submitted by %s", tokens_role_name(req->who.role), action,
+					   what, owner);
+	else
+		*ret = api_reply_forbidden(req, action,
+					   "role %s may %s only where its token submitted them; %s has "
+					   "no recorded owner (an admin may)", tokens_role_name(req->who.role),
+					   action, what);
+	return false;
+}
+
 enum MHD_Result api_reply_store_error(api_request *req, int rc, const char *fmt, ...)
 {
 	char what[400];
@@ -522,13 +566,21 @@ static enum MHD_Result check_framing(api_request *req, const char *version)
 	return MHD_YES;
 }
 
-/* The token check: true when the request may go on; otherwise 401 is
- * queued (or queueing failed) and *ret says which. */
+/* The token check: true when the request may go on, with req->who set to
+ * the token's name and role; otherwise 401 is queued (or queueing failed)
+ * and *ret says which. A revoked token is unknown at once: tokens_check
+ * re-reads the token files whenever they changed. */
 static bool authorized(api_request *req, enum MHD_Result *ret)
 {
 	const char *auth = api_header(req, MHD_HTTP_HEADER_AUTHORIZATION);
-	if (api_auth_ok(auth, req->cfg->token))
+	const char *secret = api_bearer(auth);
+	if (req->cfg->tokens) {
+		if (secret && tokens_check(req->cfg->tokens, secret, &req->who) == 0)
+			return true;
+	} else if (api_auth_ok(auth, req->cfg->token)) {
+		req->who = (tokens_entry){.name = TOKENS_DEFAULT_NAME, .role = TOKENS_ROLE_ADMIN};
 		return true;
+	}
 	bool missing = auth == NULL;
 	if (api_add_header(req, MHD_HTTP_HEADER_WWW_AUTHENTICATE,
 			   missing ? "Bearer realm=\"bertd\""
@@ -539,7 +591,7 @@ static bool authorized(api_request *req, enum MHD_Result *ret)
 	*ret = api_reply_problem(req, API_P_UNAUTHORIZED, NULL, "%s",
 				 missing ? "send Authorization: Bearer <token> "
 					   "(the token is in the state directory)"
-					 : "the bearer token is not valid");
+					 : "the bearer token is not valid (unknown or revoked)");
 	return false;
 }
 
@@ -565,6 +617,13 @@ static enum MHD_Result begin(struct conn_ctx *c, const char *version)
 		return ret;
 	switch (m) {
 	case API_MATCH_OK:
+		req->route = c->route;
+		if (!is_public && req->who.role < c->route->role)
+			return api_reply_forbidden(req, c->route->action,
+						   "role %s may not %s (%s %s needs role %s or above)",
+						   tokens_role_name(req->who.role), c->route->action,
+						   req->method, c->route->path,
+						   tokens_role_name(c->route->role));
 		break;
 	case API_MATCH_NO_PATH:
 		return api_reply_problem(req, API_P_NOT_FOUND, NULL, "no route for %s", req->path);
@@ -1000,7 +1059,7 @@ int api_http_start(api_http **out, const api_config *cfg, store *st, struct foll
 	srv->cfg.token = srv->token;
 	srv->cfg.listen_addr = srv->listen_addr;
 	srv->cfg.state_dir = srv->state_dir;
-	if (!srv->token[0]) {
+	if (!srv->cfg.tokens && !srv->token[0]) {
 		log_error("api: refusing to start without a bearer token");
 		rc = -EINVAL;
 		goto out;

@@ -35,6 +35,9 @@ struct api_request {
 	const char *body;          /* NUL-terminated, body_len bytes; "" if none */
 	size_t body_len;
 	api_path_args args;        /* the route's {placeholders}, in order */
+	tokens_entry who;          /* whose token it carried (name, role) once auth passed;
+				    * name "" on a public route */
+	const api_route *route;    /* the matched route (its role and action) */
 	store *st;
 	const api_config *cfg;
 	struct follow_hub *follow; /* the server's follow streams (follow.h) */
@@ -161,6 +164,22 @@ bool api_query_known(api_request *req, const char *const *names, enum MHD_Result
  * are malformed. */
 int api_json_parse(const char *buf, size_t len, int max_depth, json_t **out, char *detail,
 		   size_t detail_len);
+
+/* 403 forbidden for the request's token: the problem names the token's
+ * role ("role") and what was refused ("action", e.g. "cancel jobs");
+ * detail is the human sentence. */
+enum MHD_Result api_reply_forbidden(api_request *req, const char *action, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+/* Whether the request's token may act on something owner made (a job):
+ * an admin on anything, anyone else only on their own (owner NULL: made
+ * before owners were recorded, an admin's). If not, replies 403 naming
+ * the route's action and sets *ret. */
+bool api_may_act_on(api_request *req, const char *owner, const char *what, enum MHD_Result *ret);
+
+/* The secret of an Authorization header value "Bearer <secret>" (scheme
+ * case-insensitive, spaces after it skipped), or NULL for anything else. */
+const char *api_bearer(const char *authorization);
 
 /* Constant-time bearer check of an Authorization header value against
  * token: true only for "Bearer <token>" (scheme case-insensitive). */

@@ -115,12 +115,34 @@ static void add_labels(json_t *o, const store_job *j, const json_t *spec)
 	json_object_set_new(o, "owner", j->owner ? json_string(j->owner) : json_null());
 }
 
-/* Who a request acts for: the name of the API token it carried. Today one
- * shared token serves everyone, and it is named "default"; with named
- * tokens this is where a request's owner comes from. NULL: not known. */
+/* Who a request acts for: the name of the API token it carried ("default":
+ * the token file's). Borrowed from req. NULL: not known. */
 static const char *request_owner(const api_request *req)
 {
-	return req->cfg->token && req->cfg->token[0] ? "default" : NULL;
+	return req->who.name[0] ? req->who.name : NULL;
+}
+
+/* For cancel and change: whether the request's token may act on
+ * job id (an admin on any, a user on its own: api_may_act_on). True also
+ * when the job does not exist, so that the handler's own lookup answers
+ * 404; a store error is replied (and false). */
+static bool may_act_on_job(api_request *req, const char *id, enum MHD_Result *ret)
+{
+	if (req->who.role >= TOKENS_ROLE_ADMIN)
+		return true;
+	store_job j = {0};
+	int rc = store_job_get(req->st, id, &j);
+	bool ok = true;
+	if (rc == 0) {
+		char what[64];
+		snprintf(what, sizeof what, "job %s", id);
+		ok = api_may_act_on(req, j.owner, what, ret);
+	} else if (rc != -ENOENT) {
+		*ret = api_reply_store_error(req, rc, "loading job %s", id);
+		ok = false;
+	}
+	store_job_free(&j);
+	return ok;
 }
 
 /* What the job's end left and how long it ran: "export" ({"step",
@@ -1191,7 +1213,7 @@ typedef struct submit {
 	json_t *spec;
 	char *spec_text, *body, *key;
 	char *note; /* an event to add once the job is stored, or NULL */
-	const char *owner; /* request_owner's: a static string, or NULL */
+	char owner[TOKENS_NAME_MAX + 1]; /* request_owner's, copied; "" not known */
 	char id[21], hash[65];
 } submit;
 
@@ -1226,7 +1248,7 @@ static int submit_prepare(submit *sb)
 		.priority = json_is_integer(prio) ? (int)json_integer_value(prio) : 0,
 		.created_ms = now,
 		.updated_ms = now,
-		.owner = (char *)sb->owner,
+		.owner = sb->owner[0] ? sb->owner : NULL,
 	};
 	json_t *tags = json_object_get(sb->spec, "tags"), *notes = json_object_get(sb->spec, "notes");
 	free(sb->body);
@@ -1241,7 +1263,7 @@ static int submit_prepare(submit *sb)
 				       "failure_reason",
 				       "tags", json_is_array(tags) ? json_incref(tags) : json_array(),
 				       "notes", json_is_string(notes) ? json_incref(notes) : json_null(),
-				       "owner", sb->owner ? json_string(sb->owner) : json_null(),
+				       "owner", sb->owner[0] ? json_string(sb->owner) : json_null(),
 				       "devices", "progress", "step", 0,
 				       "max_steps", max_steps, "last_checkpoint", "diagnosis",
 				       "no telemetry yet", "spec", sb->spec));
@@ -1383,7 +1405,7 @@ enum MHD_Result jobs_create(api_request *req)
 	}
 	sha256_hex(req->body, req->body_len, sb->hash);
 	sb->conn = req->conn;
-	sb->owner = request_owner(req);
+	snprintf(sb->owner, sizeof sb->owner, "%s", request_owner(req) ? request_owner(req) : "");
 	sb->spec = spec;
 	sb->spec_text = spec_text;
 	sb->note = note;
@@ -1835,15 +1857,22 @@ enum MHD_Result jobs_cancel(api_request *req)
 	const unsigned running = JOB_MASK(JOB_STARTING) | JOB_MASK(JOB_RUNNING) |
 				 JOB_MASK(JOB_RESTARTING);
 	enum job_state cur = JOB_QUEUED;
+	enum MHD_Result ret;
 	int rc;
+	char reason[TOKENS_NAME_MAX + 40], stopping[TOKENS_NAME_MAX + 40];
 	if (!id_plausible(id))
 		return no_such_job(req, id);
+	if (!may_act_on_job(req, id, &ret))
+		return ret;
+	const char *by = request_owner(req) ? request_owner(req) : "user";
+	snprintf(reason, sizeof reason, "canceled by %s", by);
+	snprintf(stopping, sizeof stopping, "cancel requested by %s", by);
 	/* Each step is a compare-and-set; if the scheduler moved the job in
 	 * between, look again. Bounded: every retry follows a real transition
 	 * by someone else, and the state machine only moves forward. */
 	for (int tries = 0; tries < 8; tries++) {
-		rc = store_job_transition(req->st, id, JOB_MASK(JOB_QUEUED), JOB_CANCELED,
-					  "canceled by user", &cur);
+		rc = store_job_transition(req->st, id, JOB_MASK(JOB_QUEUED), JOB_CANCELED, reason,
+					  &cur);
 		if (rc == 0) {
 			log_info("job %s canceled while queued", id);
 			telemetry_job_finished(JOB_CANCELED);
@@ -1857,8 +1886,7 @@ enum MHD_Result jobs_cancel(api_request *req)
 		if (cur == JOB_STOPPING)
 			return reply_job(req, MHD_HTTP_ACCEPTED, id);
 		if (JOB_MASK(cur) & running) {
-			rc = store_job_transition(req->st, id, running, JOB_STOPPING,
-						  "cancel requested by user", &cur);
+			rc = store_job_transition(req->st, id, running, JOB_STOPPING, stopping, &cur);
 			if (rc == 0) {
 				log_info("job %s stopping on user request", id);
 				return reply_job(req, MHD_HTTP_ACCEPTED, id);
@@ -1905,7 +1933,12 @@ enum MHD_Result jobs_delete(api_request *req)
 	store_job j = {0};
 	int rc = store_job_get(req->st, id, &j);
 	bool final = rc == 0 && job_state_is_terminal(j.state);
+	char what[64];
+	snprintf(what, sizeof what, "job %s", id);
+	bool allowed = rc != 0 || api_may_act_on(req, j.owner, what, &ret);
 	store_job_free(&j);
+	if (!allowed)
+		return ret;
 	if (rc < 0 && rc != -ENOENT)
 		return store_failed(req, rc, id, "deleting job");
 	int moved = 0;
@@ -1918,7 +1951,8 @@ enum MHD_Result jobs_delete(api_request *req)
 	if (moved == 1)
 		retention_detach_end(req->cfg->retention, id, rc == 0);
 	if (rc == 0) {
-		log_info("job %s deleted%s", id,
+		/* its events go with it: the daemon log keeps who deleted it */
+		log_info("job %s deleted by %s%s", id, request_owner(req) ? request_owner(req) : "user",
 			 keep ? " (files kept)" : moved == 1 ? "; removing its files" : "");
 		return api_reply_empty(req, MHD_HTTP_NO_CONTENT);
 	}
@@ -1986,6 +2020,8 @@ enum MHD_Result jobs_patch(api_request *req)
 	char detail[256];
 	if (!id_plausible(id))
 		return no_such_job(req, id);
+	if (!may_act_on_job(req, id, &ret))
+		return ret;
 	if (req->body_len == 0)
 		return api_reply_problem(req, API_P_BAD_REQUEST, NULL,
 					 "the body must be a JSON object with any of priority, name, "

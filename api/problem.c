@@ -54,6 +54,9 @@ static const struct {
 				      "Converting the checkpoint did not finish in time"},
 	[API_P_EXPORT_BUSY]        = {"export-busy", 503,
 				      "Other checkpoint conversions are running; retry", 2},
+	[API_P_FORBIDDEN]          = {"forbidden", 403, "The token's role does not allow this"},
+	[API_P_TOKEN_NOT_FOUND]    = {"token-not-found", 404, "No such API token"},
+	[API_P_TOKEN_EXISTS]       = {"token-exists", 409, "An API token with that name exists"},
 };
 
 static enum api_problem checked(enum api_problem p)

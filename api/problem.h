@@ -44,6 +44,9 @@ enum api_problem {
 	API_P_EXPORT_FAILED,       /* 500 converting a checkpoint into an HF model failed */
 	API_P_EXPORT_TIMEOUT,      /* 504 converting a checkpoint ran past its deadline */
 	API_P_EXPORT_BUSY,         /* 503 conversions at their limit (Retry-After) */
+	API_P_FORBIDDEN,           /* 403 the token's role may not do this (role, action members) */
+	API_P_TOKEN_NOT_FOUND,     /* 404 no such API token */
+	API_P_TOKEN_EXISTS,        /* 409 an API token with that name exists */
 	API_P_COUNT
 };
 

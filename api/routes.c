@@ -9,32 +9,46 @@
 
 #include "api/handlers.h"
 
+#define R TOKENS_ROLE_READER
+#define U TOKENS_ROLE_USER
+#define A TOKENS_ROLE_ADMIN
+
+/* Readers read everything; users also submit, add datasets and cancel,
+ * change and delete their own jobs (jobs.c checks the owner); admins do
+ * anything, and alone delete datasets and manage tokens. */
 static const api_route routes[] = {
-	{"GET",    "/",                     dashboard_get,  API_ROUTE_PUBLIC},
-	{"GET",    "/metrics",              prom_metrics,   0},
-	{"GET",    "/v1/healthz",           system_healthz, API_ROUTE_PUBLIC},
-	{"GET",    "/v1/version",           system_version, 0},
-	{"GET",    "/v1/system",            system_info,    0},
-	{"POST",   "/v1/jobs",              jobs_create,    0},
-	{"GET",    "/v1/jobs",              jobs_list,      0},
-	{"GET",    "/v1/jobs/{id}",         jobs_get,       0},
-	{"DELETE", "/v1/jobs/{id}",         jobs_delete,    0},
-	{"PATCH",  "/v1/jobs/{id}",         jobs_patch,     0},
-	{"POST",   "/v1/jobs/{id}/cancel",  jobs_cancel,    0},
-	{"GET",    "/v1/jobs/{id}/events",  jobs_events,    0},
-	{"GET",    "/v1/jobs/{id}/metrics", jobs_metrics,   0},
-	{"GET",    "/v1/jobs/{id}/checkpoints", jobs_checkpoints, 0},
-	{"GET",    "/v1/jobs/{id}/checkpoints/{step}", jobs_checkpoint_download, 0},
-	{"GET",    "/v1/jobs/{id}/checkpoints/{step}/export", jobs_checkpoint_export, 0},
-	{"GET",    "/v1/jobs/{id}/export",  jobs_export,    0},
-	{"GET",    "/v1/jobs/{id}/logs",    jobs_logs,      0},
-	{"GET",    "/v1/jobs/{id}/diagnosis", jobs_diagnosis, 0},
-	{"GET",    "/v1/devices",           devices_list,   0},
-	{"POST",   "/v1/datasets",          datasets_create, 0},
-	{"GET",    "/v1/datasets",          datasets_list,   0},
-	{"GET",    "/v1/datasets/{id}",     datasets_get,    0},
-	{"DELETE", "/v1/datasets/{id}",     datasets_delete, 0},
+	{"GET",    "/",                     dashboard_get,  API_ROUTE_PUBLIC, R, "read"},
+	{"GET",    "/metrics",              prom_metrics,   0, R, "read metrics"},
+	{"GET",    "/v1/healthz",           system_healthz, API_ROUTE_PUBLIC, R, "read"},
+	{"GET",    "/v1/version",           system_version, 0, R, "read"},
+	{"GET",    "/v1/system",            system_info,    0, R, "read"},
+	{"POST",   "/v1/jobs",              jobs_create,    0, U, "submit jobs"},
+	{"GET",    "/v1/jobs",              jobs_list,      0, R, "read"},
+	{"GET",    "/v1/jobs/{id}",         jobs_get,       0, R, "read"},
+	{"DELETE", "/v1/jobs/{id}",         jobs_delete,    0, U, "delete jobs"},
+	{"PATCH",  "/v1/jobs/{id}",         jobs_patch,     0, U, "change jobs"},
+	{"POST",   "/v1/jobs/{id}/cancel",  jobs_cancel,    0, U, "cancel jobs"},
+	{"GET",    "/v1/jobs/{id}/events",  jobs_events,    0, R, "read"},
+	{"GET",    "/v1/jobs/{id}/metrics", jobs_metrics,   0, R, "read"},
+	{"GET",    "/v1/jobs/{id}/checkpoints", jobs_checkpoints, 0, R, "read"},
+	{"GET",    "/v1/jobs/{id}/checkpoints/{step}", jobs_checkpoint_download, 0, R, "read"},
+	{"GET",    "/v1/jobs/{id}/checkpoints/{step}/export", jobs_checkpoint_export, 0, R, "read"},
+	{"GET",    "/v1/jobs/{id}/export",  jobs_export,    0, R, "read"},
+	{"GET",    "/v1/jobs/{id}/logs",    jobs_logs,      0, R, "read"},
+	{"GET",    "/v1/jobs/{id}/diagnosis", jobs_diagnosis, 0, R, "read"},
+	{"GET",    "/v1/devices",           devices_list,   0, R, "read"},
+	{"POST",   "/v1/datasets",          datasets_create, 0, U, "add datasets"},
+	{"GET",    "/v1/datasets",          datasets_list,   0, R, "read"},
+	{"GET",    "/v1/datasets/{id}",     datasets_get,    0, R, "read"},
+	{"DELETE", "/v1/datasets/{id}",     datasets_delete, 0, A, "delete datasets"},
+	{"POST",   "/v1/tokens",            tokens_create,   0, A, "add tokens"},
+	{"GET",    "/v1/tokens",            tokens_list_all, 0, A, "list tokens"},
+	{"DELETE", "/v1/tokens/{name}",     tokens_delete,   0, A, "revoke tokens"},
 };
+
+#undef R
+#undef U
+#undef A
 
 const api_route *api_route_table(size_t *n)
 {

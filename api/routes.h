@@ -4,6 +4,8 @@
  * segments and "{name}" placeholders, each matching one non-empty segment.
  * The matcher runs once per request and hands the handler its path
  * arguments in template order. It never looks at headers or bodies.
+ * Each route also says which role may call it (tokens.h: reader < user <
+ * admin); a handler may narrow that further (a user's own jobs).
  */
 #ifndef BERTD_API_ROUTES_H
 #define BERTD_API_ROUTES_H
@@ -11,6 +13,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <microhttpd.h>
+
+#include "daemon/tokens.h"
 
 #define API_MAX_PATH_ARGS 4
 #define API_PATH_ARG_MAX 128 /* bytes incl. NUL; longer segments do not match */
@@ -27,6 +31,8 @@ typedef struct api_route {
 	const char *path;    /* "/v1/jobs/{id}/events" */
 	api_handler handler;
 	unsigned flags;
+	enum tokens_role role; /* the least role whose token may call it (not public routes) */
+	const char *action;  /* what it does, for a 403: "cancel jobs" */
 } api_route;
 
 typedef struct api_path_args {

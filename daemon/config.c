@@ -63,6 +63,7 @@ static const config_key keys[] = {
 	STR(state_dir, "./var", "database, token, job logs and checkpoints (systemd: /var/lib/bertd)"),
 	STR(data_roots, "", "':'-separated directories corpora and datasets may live in (\"\" = <state_dir>/data)"),
 	STR(token_file, "", "bearer token file, created 0600 on first start (\"\" = <state_dir>/token)"),
+	STR(tokens_file, "", "named API tokens with roles, hashed (\"\" = <state_dir>/tokens)"),
 	STR(log_level, "info", "error | warn | info | debug"),
 	SIZE(max_body_bytes, "1048576", 1024, 1073741824LL, "largest request body accepted (bytes; 413 above)"),
 	INT(api_threads, "4", 1, 256, "HTTP worker threads"),
@@ -319,6 +320,17 @@ static int finish(config *cfg, FILE *err)
 	if (!cfg->token_file[0]) {
 		int n = snprintf(cfg->token_file, sizeof cfg->token_file, "%s/token", cfg->state_dir);
 		if (n < 0 || (size_t)n >= sizeof cfg->token_file) {
+			fprintf(err, "bertd: state_dir is too long\n");
+			return -EINVAL;
+		}
+	}
+	if (absolutize(cfg->tokens_file, sizeof cfg->tokens_file) < 0) {
+		fprintf(err, "bertd: tokens_file is too long once made absolute\n");
+		return -EINVAL;
+	}
+	if (!cfg->tokens_file[0]) {
+		int n = snprintf(cfg->tokens_file, sizeof cfg->tokens_file, "%s/tokens", cfg->state_dir);
+		if (n < 0 || (size_t)n >= sizeof cfg->tokens_file) {
 			fprintf(err, "bertd: state_dir is too long\n");
 			return -EINVAL;
 		}

@@ -23,6 +23,7 @@ typedef struct config {
 	char state_dir[1024];    /* database, token, logs, checkpoints; absolute after config_load */
 	char data_roots[4096];   /* ':'-separated allowed input/output roots */
 	char token_file[1024];   /* "" = <state_dir>/token */
+	char tokens_file[1024];  /* named tokens (daemon/tokens.h); "" = <state_dir>/tokens */
 	char log_level[16];
 	size_t max_body_bytes;
 	int api_threads;

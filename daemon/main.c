@@ -9,7 +9,8 @@
  *
  * `bertd backup FILE [options]` copies the job database of the state dir
  * the options name (a running daemon's too) into FILE and exits. `bertd
- * export CHECKPOINT_DIR OUT_DIR` runs bertd-worker's export mode.
+ * export CHECKPOINT_DIR OUT_DIR` runs bertd-worker's export mode. `bertd
+ * token add|list|revoke` manages the API tokens (daemon/token_cmd.h).
  */
 #include <errno.h>
 #include <grp.h>
@@ -36,7 +37,8 @@
 #include "daemon/retention.h"
 #include "daemon/store.h"
 #include "daemon/supervisor.h"
-#include "daemon/token.h"
+#include "daemon/token_cmd.h"
+#include "daemon/tokens.h"
 
 extern char **environ;
 
@@ -56,6 +58,7 @@ typedef struct daemon_ctx {
 	uint64_t ticks;
 	char addr_path[1100];
 	int lockfd; /* OFD lock on <state_dir>/bertd.lock, held for our life */
+	tokens *tok; /* the API's tokens; outlives the API server; tokens_reload(tok) re-reads them */
 } daemon_ctx;
 
 static void on_signal(loop *l, int fd, uint32_t events, void *arg)
@@ -239,6 +242,8 @@ int main(int argc, char **argv)
 		return backup_main(argc, argv);
 	if (argc > 1 && strcmp(argv[1], "export") == 0)
 		return export_main(argc, argv);
+	if (argc > 1 && strcmp(argv[1], "token") == 0)
+		return token_cmd_main(argc, argv, environ);
 	int rc = config_load(&d.cfg, argc, argv, environ, stdout, stderr);
 	if (rc == 1)
 		return BERTD_DAEMON_EXIT_OK;
@@ -255,7 +260,6 @@ int main(int argc, char **argv)
 		unsetenv(NCCL_LIB_ENV);
 
 	int exit_code = BERTD_DAEMON_EXIT_STARTUP;
-	char token[257];
 	/* With a shared group, what jobs write is group-readable (0640 files,
 	 * 0750 directories) and job directories carry the group (setgid);
 	 * the database and the token stay in the state dir, which the group
@@ -361,9 +365,10 @@ int main(int argc, char **argv)
 		log_error("retention setup: %s", strerror(-rc));
 		goto out;
 	}
-	int created = 0;
-	if ((rc = token_load_or_create(d.cfg.token_file, token, &created)) < 0) {
-		log_error("cannot use token file %s: %s", d.cfg.token_file, strerror(-rc));
+	bool created = false;
+	if ((rc = tokens_open(&d.tok, d.cfg.token_file, d.cfg.tokens_file, true, &created)) < 0) {
+		log_error("cannot use token files %s and %s: %s", d.cfg.token_file, d.cfg.tokens_file,
+			  strerror(-rc));
 		goto out;
 	}
 	if (created)
@@ -379,7 +384,7 @@ int main(int argc, char **argv)
 		.port = d.cfg.port,
 		.allow_remote = d.cfg.allow_remote,
 		.max_body_bytes = d.cfg.max_body_bytes,
-		.token = token,
+		.tokens = d.tok,
 		.threads = (unsigned)d.cfg.api_threads,
 		.conn_timeout_s = (unsigned)d.cfg.conn_timeout_s,
 		.conn_limit = (unsigned)d.cfg.conn_limit,
@@ -490,6 +495,7 @@ out:
 	supervisor_shutdown(d.sup);
 	supervisor_destroy(d.sup);
 	retention_destroy(d.ret);
+	tokens_close(d.tok); /* after the API server: its requests check tokens */
 	free(d.devs);
 	if (d.addr_path[0])
 		unlink(d.addr_path);

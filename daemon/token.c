@@ -12,7 +12,7 @@
 #include "common/fsutil.h"
 #include "common/log.h"
 
-static int read_token(const char *path, char out[257])
+int token_read(const char *path, char out[257])
 {
 	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
 	if (fd < 0)
@@ -56,13 +56,8 @@ out:
 	return rc;
 }
 
-int token_load_or_create(const char *path, char out[257], int *created)
+int token_generate(char out[TOKEN_HEX_LEN + 1])
 {
-	*created = 0;
-	int rc = read_token(path, out);
-	if (rc != -ENOENT)
-		return rc;
-
 	unsigned char rnd[TOKEN_HEX_LEN / 2];
 	for (size_t got = 0; got < sizeof rnd;) {
 		ssize_t n = getrandom(rnd + got, sizeof rnd - got, 0);
@@ -75,13 +70,24 @@ int token_load_or_create(const char *path, char out[257], int *created)
 	}
 	for (size_t i = 0; i < sizeof rnd; i++)
 		sprintf(out + 2 * i, "%02x", rnd[i]);
+	return 0;
+}
+
+int token_load_or_create(const char *path, char out[257], int *created)
+{
+	*created = 0;
+	int rc = token_read(path, out);
+	if (rc != -ENOENT)
+		return rc;
+	if ((rc = token_generate(out)) < 0)
+		return rc;
 	char line[TOKEN_HEX_LEN + 2];
 	snprintf(line, sizeof line, "%s\n", out);
 
 	int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
 	if (fd < 0) {
 		if (errno == EEXIST) /* another start raced us: use theirs */
-			return read_token(path, out);
+			return token_read(path, out);
 		return -errno;
 	}
 	rc = 0;

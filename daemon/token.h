@@ -1,5 +1,7 @@
-/* token — the API's bearer token, kept in a 0600 file in the state dir.
- * Created with 256 random bits (getrandom) on first start; reused after. */
+/* token — one API secret: 256 random bits (getrandom) as 64 hex digits,
+ * and the single-token file (0600, in the state dir) that holds the
+ * "default" admin token in plain, created on first start and reused after.
+ * The named tokens beside it are daemon/tokens.h's. Never logs a secret. */
 #ifndef BERTD_DAEMON_TOKEN_H
 #define BERTD_DAEMON_TOKEN_H
 
@@ -11,5 +13,13 @@
  * (-EINVAL) one whose content is not 32..256 printable characters.
  * *created is set to 1 when the file was made now. */
 int token_load_or_create(const char *path, char out[257], int *created);
+
+/* Reads an existing token file as token_load_or_create does, creating
+ * nothing: -ENOENT when it does not exist, -EPERM, -EINVAL as above. */
+int token_read(const char *path, char out[257]);
+
+/* A fresh secret: 256 bits from getrandom as 64 lowercase hex digits and a
+ * NUL. 0 or a negative errno. */
+int token_generate(char out[TOKEN_HEX_LEN + 1]);
 
 #endif

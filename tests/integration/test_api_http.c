@@ -714,7 +714,7 @@ static void test_cancel_and_events(void **state)
 	assert_string_equal(it_jstr(e0, "to"), "queued");
 	assert_string_equal(it_jstr(e1, "from"), "queued");
 	assert_string_equal(it_jstr(e1, "to"), "canceled");
-	assert_string_equal(it_jstr(e1, "reason"), "canceled by user");
+	assert_string_equal(it_jstr(e1, "reason"), "canceled by default");
 	assert_true(matches(it_jstr(e1, "time"), "^[0-9]{4}-[0-9]{2}-[0-9]{2}T.*Z$"));
 	assert_true(strcmp(it_jstr(e0, "time"), it_jstr(e1, "time")) <= 0);
 	http_resp_free(&r);
@@ -938,7 +938,7 @@ static void test_cancel_running_moves_to_stopping(void **state)
 	json_t *last = json_array_get(ev, 3);
 	assert_string_equal(it_jstr(last, "from"), "running");
 	assert_string_equal(it_jstr(last, "to"), "stopping");
-	assert_string_equal(it_jstr(last, "reason"), "cancel requested by user");
+	assert_string_equal(it_jstr(last, "reason"), "cancel requested by default");
 	http_resp_free(&r);
 
 	/* The supervisor finishes the stop; then the job is deletable. */

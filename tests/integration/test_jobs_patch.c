@@ -253,7 +253,7 @@ static void test_patch_races_cancel(void **state)
 		json_t *ev = it_events_of(d, id);
 		size_t n = json_array_size(ev), changed = 0;
 		const char *last = json_string_value(json_object_get(json_array_get(ev, n - 1), "reason"));
-		assert_string_equal(last, "canceled by user");
+		assert_string_equal(last, "canceled by default");
 		for (size_t i = 0; i < n; i++) {
 			const char *why = json_string_value(json_object_get(json_array_get(ev, i), "reason"));
 			changed += why && strstr(why, "changed by default: priority");

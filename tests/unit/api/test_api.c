@@ -106,9 +106,9 @@ static void test_two_placeholders_and_order(void **state)
 {
 	(void)state;
 	const api_route t[] = {
-		{"GET", "/a/{x}/b/{y}", h1, 0},
-		{"GET", "/a/lit/b/{y}", h2, 0}, /* shadowed: first match wins */
-		{"PATCH", "/a/{x}/b/{y}", h2, 0},
+		{"GET", "/a/{x}/b/{y}", h1, 0, TOKENS_ROLE_READER, "read"},
+		{"GET", "/a/lit/b/{y}", h2, 0, TOKENS_ROLE_READER, "read"}, /* shadowed: first match wins */
+		{"PATCH", "/a/{x}/b/{y}", h2, 0, TOKENS_ROLE_READER, "read"},
 	};
 	const api_route *r = NULL;
 	api_path_args a;
