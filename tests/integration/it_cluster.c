@@ -2,6 +2,7 @@
 #include "it_cluster.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <setjmp.h>
@@ -160,6 +161,18 @@ int it_cluster_ranks_on_net(const it_cluster *c, const char *id, const char *hos
 		n += strstr(line, want) != NULL;
 	if (fp)
 		fclose(fp);
+	return n;
+}
+
+int it_count_files(const char *dir, const char *prefix)
+{
+	DIR *d = opendir(dir);
+	int n = 0;
+	struct dirent *e;
+	while (d && (e = readdir(d)))
+		n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+	if (d)
+		closedir(d);
 	return n;
 }
 

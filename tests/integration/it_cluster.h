@@ -61,6 +61,10 @@ void it_cluster_wait_node(const it_cluster *c, const char *node, const char *wan
  * stderr), that they joined over the network from host. */
 int it_cluster_ranks_on_net(const it_cluster *c, const char *id, const char *host);
 
+/* How many entries of dir have a name starting with prefix (0 when dir
+ * cannot be read). */
+int it_count_files(const char *dir, const char *prefix);
+
 /* The value of name in /proc/pid/environ into out; 0 or -1. */
 int it_env_of(pid_t pid, const char *name, char *out, size_t cap);
 /* pid's parent, or -1. */

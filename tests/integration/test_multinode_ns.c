@@ -206,7 +206,8 @@ static void loss_two_nodes_equal_one_node(void **state)
 	char one[65], two[65], *id;
 	it_cluster_run_to_end(&f->c, JOB("eq-1x2", "8", "4", ONE_NODE, NULL), one, NULL, DEADLINE_S);
 	assert_int_equal(it_cluster_do(&f->c, NULL, "loss", "n2 1"), 0);
-	id = it_cluster_submit(&f->c, JOB("eq-2x1", "8", "4", TWO_NODES, "retry_policy", "{\"max_restarts\":0}", NULL));
+	id = it_cluster_submit(&f->c, JOB("eq-2x1", "8", "4", TWO_NODES, "retry_policy", "{\"max_restarts\":0}",
+						     "training_args.dataloader_num_workers", "2", NULL));
 	json_t *j = it_wait_job(&f->c.d, id, "completed|failed|canceled", DEADLINE_S);
 	assert_int_equal(it_cluster_do(&f->c, NULL, "clear", ""), 0);
 	if (strcmp(it_jstr(j, "state"), "completed") != 0) {
