@@ -846,8 +846,8 @@ static long long ival(json_t *spec, const char *sec, const char *key)
 /* resources.nodes x gpus_per_node (docs/multinode.md): the ranks are
  * nodes * gpus_per_node, written into gpus so that every count of ranks
  * downstream (epochs, the worker's world) stays one number. gpus_per_node
- * null: gpus on one node. Multi-node ranks build their own batches (no
- * per-node loaders yet). */
+ * null: gpus on one node. A multi-node job's loaders run on every node
+ * (the worker's nodeloaders.h). */
 static int check_nodes(json_t *o, jobspec_error *err)
 {
 	json_t *res = json_object_get(o, "resources");
@@ -866,10 +866,6 @@ static int check_nodes(json_t *o, jobspec_error *err)
 	if (gpus != 1 && gpus != world)
 		return fail(err, 422, "resources", "gpus",
 			    "must be resources.nodes * gpus_per_node (%lld) or left out", world);
-	if (nodes > 1 && ival(o, "training_args", "dataloader_num_workers") != 0)
-		return fail(err, 422, "training_args", "dataloader_num_workers",
-			    "must be 0 when resources.nodes is above 1 (each rank builds its own batches; "
-			    "per-node loaders are not built yet)");
 	if (json_object_set_new(res, "gpus", json_integer(world)) < 0)
 		return fail_oom(err);
 	return 0;

@@ -154,6 +154,47 @@ int batchjob_from_json(const json_t *job, batchjob *out)
 	return 0;
 }
 
+int batchjob_ring_on_node(batchjob *bj, uint32_t first, uint32_t count, const char *tag)
+{
+	ring_params *p = &bj->ring;
+	const jobspec_training *tr = &bj->spec.training;
+	size_t have = strlen(bj->shm_name), add = strlen(tag);
+	if (count == 0 || (uint64_t)first + count > bj->world_size) {
+		log_error("job: ranks %u..%u are not in a world of %u", first, first + count - 1, bj->world_size);
+		return -EINVAL;
+	}
+	if (!*tag || have + 1 + add >= sizeof bj->shm_name || strspn(tag, "abcdefghijklmnopqrstuvwxyz"
+		    "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") != add) {
+		log_error("job: \"%s\" cannot name a node's ring", tag);
+		return -EINVAL;
+	}
+	snprintf(bj->shm_name + have, sizeof bj->shm_name - have, "-%s", tag);
+	p->W = bj->world_size;
+	p->R0 = first;
+	p->G = count;
+	p->S = slots_for(tr->dataloader_num_workers, count);
+	uint64_t per_step = (uint64_t)p->M * count;
+	p->start_batch = (uint64_t)bj->start_step * per_step;
+	p->end_batch = (uint64_t)tr->max_steps * per_step;
+	if (p->end_batch < p->start_batch)
+		p->end_batch = p->start_batch;
+	return 0;
+}
+
+int batchjob_ring_from_env(batchjob *bj)
+{
+	const char *v = getenv("BERTD_RING_NODE");
+	unsigned first, count;
+	int used = 0;
+	if (!v || !*v)
+		return 0;
+	if (sscanf(v, "%u,%u,%n", &first, &count, &used) != 2 || used == 0) {
+		log_error("BERTD_RING_NODE=\"%s\" is not <first>,<count>,<tag>", v);
+		return -EINVAL;
+	}
+	return batchjob_ring_on_node(bj, first, count, v + used);
+}
+
 mlm_config batchjob_component_config(const batchjob *bj, uint32_t k, int split)
 {
 	mlm_config c = bj->mlm;

@@ -46,6 +46,18 @@ int batchjob_from_json(const json_t *job, batchjob *out);
 /* Reads and parses the job file at path, then batchjob_from_json. -errno
  * when it cannot be read, -EBADMSG when it is not JSON. */
 int batchjob_load(const char *path, batchjob *out);
+/* A multi-node job's ring on one node, fed by loaders started there: it
+ * carries world ranks first .. first + count - 1 (ring.h's W and R0), its
+ * start and end count that node's batches, and its name gets "-<tag>"
+ * (the attempt and the node: two nodes may share /dev/shm, and a killed
+ * attempt's ring must not be met again). 0, or -EINVAL (said in the log)
+ * for ranks outside the world or a tag that does not fit a ring name. */
+int batchjob_ring_on_node(batchjob *bj, uint32_t first, uint32_t count, const char *tag);
+/* BERTD_RING_NODE="<first>,<count>,<tag>" (set by the rank that starts a
+ * node's loaders, for them and its node's ranks) into batchjob_ring_on_node;
+ * 0 when it is not set, -EINVAL when it is malformed. */
+int batchjob_ring_from_env(batchjob *bj);
+
 /* Component k's MLM options: bj->mlm with the component's seed
  * (mix_component_seed) and the given split. */
 mlm_config batchjob_component_config(const batchjob *bj, uint32_t k, int split);

@@ -65,8 +65,8 @@ static int build(void *ctx, uint64_t global, void *slot)
 	if (b->bj)
 		batchjob_simulated_delay(b->bj);
 	if (b->data)
-		return batchjob_batch_build(b->data, &b->p->layout, b->p->G, b->p->M, global, slot);
-	return mlm_batch_build(b->ds, &b->p->layout, b->p->G, b->p->M, global, slot);
+		return batchjob_batch_build(b->data, &b->p->layout, ring_world(b->p), b->p->M, global, slot);
+	return mlm_batch_build(b->ds, &b->p->layout, ring_world(b->p), b->p->M, global, slot);
 }
 
 /* --write-batch: builds global batch n of the job as its ring would carry
@@ -80,7 +80,7 @@ static int write_batch(const mlm_dataset *ds, const batchjob *bj, uint64_t n, co
 		log_error("out of memory for a %u-byte slot", p->layout.slot_bytes);
 		return BERTD_EXIT_FAILURE;
 	}
-	int rc = mlm_batch_build(ds, &p->layout, p->G, p->M, n, slot);
+	int rc = mlm_batch_build(ds, &p->layout, ring_world(p), p->M, n, slot);
 	if (rc) {
 		log_error("cannot build batch %llu: %s", (unsigned long long)n, strerror(-rc));
 		status = rc == -EINVAL ? BERTD_EXIT_BAD_CONFIG : BERTD_EXIT_DATA;
@@ -254,6 +254,8 @@ int main(int argc, char **argv)
 
 	if (o.job) {
 		rc = batchjob_load(o.job, &bj);
+		if (rc == 0)
+			rc = batchjob_ring_from_env(&bj);
 		if (rc) {
 			report_error("bad_config", "cannot use job file %s: %s", o.job, strerror(-rc));
 			status = BERTD_EXIT_BAD_CONFIG;

@@ -22,7 +22,7 @@
 #include "common/procstat.h"
 
 #define RING_MAGIC 0x474E4952u /* "RING" */
-#define RING_VERSION 1u
+#define RING_VERSION 2u
 #define NONE UINT64_MAX
 #define CACHELINE 64
 
@@ -129,8 +129,22 @@ static void handle_init(ring *r)
 	r->me = -1;
 }
 
+uint64_t ring_world_batch(const ring_params *p, uint64_t n)
+{
+	if (p->W == 0)
+		return n;
+	return (n / p->G) * p->W + p->R0 + n % p->G;
+}
+
+uint32_t ring_world(const ring_params *p)
+{
+	return p->W ? p->W : p->G;
+}
+
 static int params_valid(const ring_params *p)
 {
+	if (p->W != 0 && (uint64_t)p->R0 + p->G > p->W)
+		return 0;
 	return !(p->G == 0 || p->S == 0 || p->M == 0 || p->start_batch % p->G != 0 || p->layout.slot_bytes == 0 ||
 	    p->layout.slot_bytes % BATCH_ALIGN != 0 || p->end_batch < p->start_batch);
 }
@@ -203,7 +217,7 @@ out:
 static int params_equal(const ring_params *a, const ring_params *b)
 {
 	const batch_layout *x = &a->layout, *y = &b->layout;
-	return a->G == b->G && a->S == b->S && a->M == b->M &&
+	return a->G == b->G && a->S == b->S && a->M == b->M && a->W == b->W && a->R0 == b->R0 &&
 	       (a->lease_ms ? a->lease_ms : 200) == (b->lease_ms ? b->lease_ms : 200) &&
 	       a->start_batch == b->start_batch && a->end_batch == b->end_batch && a->job_tag == b->job_tag &&
 	       x->B == y->B && x->T == y->T && x->P == y->P && x->slot_bytes == y->slot_bytes &&
@@ -649,7 +663,7 @@ int ring_produce(ring *r, ring_build_fn build, void *ctx, volatile sig_atomic_t 
 			return 0;
 		if (rc)
 			return rc;
-		rc = build(ctx, n, slot);
+		rc = build(ctx, ring_world_batch(&r->ctl->params, n), slot);
 		if (rc) {
 			log_error("ring: building batch %llu failed: %s", (unsigned long long)n, strerror(-rc));
 			ring_fail(r, rc);

@@ -7,7 +7,10 @@
  * (ring_slot_area) and cudaMemcpyAsync straight out of it.
  *
  * Protocol. Global batch n goes to rank n % G as that rank's sequence number
- * q = n / G, in slot q % S. A producer claims n (re-queued batches first,
+ * q = n / G, in slot q % S. A ring may carry only some ranks of a larger
+ * world (one node's ranks of a multi-node job: W world ranks, this ring's
+ * G from world rank R0 on): its batch numbers n are then its own, and the
+ * batch built for n is the world's ring_world_batch(n). A producer claims n (re-queued batches first,
  * then an atomic counter), waits until the consumer has released that slot
  * for q, fills it, and publishes q. The consumer of a rank waits for exactly
  * its next q. All waits are futexes on shared words (never FUTEX_PRIVATE).
@@ -44,6 +47,8 @@ typedef struct ring_params {
 	uint64_t start_batch;     /* first global batch: resume step * M * G */
 	uint64_t end_batch;       /* one past the last; UINT64_MAX = endless */
 	uint64_t job_tag;         /* opaque (e.g. config digest) loaders check */
+	uint32_t W;               /* world ranks the batches are numbered over; 0: G */
+	uint32_t R0;              /* the world rank of this ring's rank 0 (R0 + G <= W) */
 } ring_params;
 
 typedef struct ring_counters {
@@ -55,6 +60,12 @@ typedef struct ring_counters {
 } ring_counters;
 
 typedef struct ring ring;
+
+/* The world's global batch for this ring's batch n: n itself when the
+ * ring carries the whole world, else (n / G) * W + R0 + n % G. */
+uint64_t ring_world_batch(const ring_params *p, uint64_t n);
+/* The world's rank count: W, or G when the ring carries the whole world. */
+uint32_t ring_world(const ring_params *p);
 
 /* Writes the segment name for a job id ("/bertd-<id>", as the daemon names it). The id may hold
  * only [A-Za-z0-9_-]. Returns 0, or -EINVAL. */
@@ -123,7 +134,8 @@ void ring_unclaim(ring *r, uint64_t global);
 typedef int (*ring_build_fn)(void *ctx, uint64_t global, void *slot);
 
 /* The loader loop: register, then claim/build/publish until RING_END (returns
- * 0) or *stop (returns -EINTR, claim given back). A build error is reported
+ * 0) or *stop (returns -EINTR, claim given back); build gets the world's
+ * batch number (ring_world_batch). A build error is reported
  * to every consumer through ring_fail and returned. */
 int ring_produce(ring *r, ring_build_fn build, void *ctx, volatile sig_atomic_t *stop);
 

@@ -28,7 +28,9 @@ static int slot_to_batch(worker *w, const void *slot, int micro, bert_batch *b)
 {
 	const batch_header *h = slot;
 	const batch_layout *l = &w->bj.ring.layout;
-	if (batch_header_check(h, l) < 0)
+	const uint64_t M = (uint64_t)w->bj.spec.training.gradient_accumulation_steps;
+	uint64_t want = ((uint64_t)w->tr->step * M + (uint64_t)micro) * (uint64_t)w->world + (uint64_t)w->rank;
+	if (batch_header_check(h, l) < 0 || h->global != want || h->rank != (uint32_t)w->rank)
 		return -EPROTO;
 	const char *base = slot;
 	const int32_t *pos = (const int32_t *)(base + h->off_mlm_positions);
@@ -69,7 +71,10 @@ static int next_batch(worker *w, int k, bert_batch *b, bool *from_ring)
 	int rc;
 	*from_ring = false;
 	if (w->rg) {
-		while ((rc = ring_next(w->rg, (uint32_t)w->rank, RING_WAIT_MS, &slot)) == -ETIMEDOUT) {
+		while ((rc = ring_next(w->rg, (uint32_t)w->ring_rank, RING_WAIT_MS, &slot)) == -ETIMEDOUT) {
+			char why[300];
+			if (nodeloaders_check(&w->nl, why, sizeof why) < 0)
+				return worker_fail(w, BERTD_EXIT_DATA, "no batch from the loaders: %s", why);
 			worker_poll(w);
 			if (w->world == 1 && w->stop_requested)
 				return BERTD_EXIT_STOPPED;
@@ -90,7 +95,7 @@ static int next_batch(worker *w, int k, bert_batch *b, bool *from_ring)
 	}
 	if (slot_to_batch(w, slot, k, b) < 0) {
 		if (*from_ring)
-			ring_release(w->rg, (uint32_t)w->rank);
+			ring_release(w->rg, (uint32_t)w->ring_rank);
 		return worker_fail(w, BERTD_EXIT_DATA, "batch slot failed its header check");
 	}
 	return 0;
@@ -260,7 +265,7 @@ static void add_window_timing(worker *w, json_t *m)
 	}
 	if (w->rg) {
 		ring_counters c;
-		ring_get_counters(w->rg, (uint32_t)w->rank, &c);
+		ring_get_counters(w->rg, (uint32_t)w->ring_rank, &c);
 		json_object_set_new(
 			m, "loader",
 			json_pack("{s:f, s:f, s:I}", "consumer_wait_ms",
@@ -473,7 +478,7 @@ int loop_run(worker *w, const loop_device *dev)
 	const int64_t max_steps = ta->max_steps;
 	int rc, code;
 	if (w->rg)
-		ring_get_counters(w->rg, (uint32_t)w->rank, &w->ring_prev);
+		ring_get_counters(w->rg, (uint32_t)w->ring_rank, &w->ring_prev);
 	if ((code = eval_setup(w)) != 0)
 		return code;
 	double t_log = worker_now_s(), t_progress = 0;
@@ -501,7 +506,7 @@ int loop_run(worker *w, const loop_device *dev)
 				if (rc < 0)
 					return device_failed(w, rc, "uploading a batch", 0, err);
 				if (from_ring && !dev->reads_in_place)
-					ring_release(w->rg, (uint32_t)w->rank); /* the upload copied it out */
+					ring_release(w->rg, (uint32_t)w->ring_rank); /* the upload copied it out */
 				h2d_s += worker_now_s() - tb;
 			}
 			bert_dropout d = {.train = 1, .seed = w->tr->cfg.seed, .rank = w->tr->cfg.rank,
@@ -520,7 +525,7 @@ int loop_run(worker *w, const loop_device *dev)
 				h2d_s += worker_now_s() - tw;
 			}
 			if (from_ring && dev->reads_in_place)
-				ring_release(w->rg, (uint32_t)w->rank);
+				ring_release(w->rg, (uint32_t)w->ring_rank);
 		}
 		double loss = dev->loss(dev->ctx, M);
 		double t1 = worker_now_s();

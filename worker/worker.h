@@ -22,6 +22,7 @@
 #include "worker/checkpoint.h"
 #include "worker/comm.h"
 #include "worker/eval.h"
+#include "worker/nodeloaders.h"
 #include "worker/train.h"
 
 /* The training loop's logging window (loop.c), held in the worker. */
@@ -44,6 +45,8 @@ typedef struct worker {
 	/* batches */
 	batchjob_data data;        /* serial path (no loaders) */
 	ring *rg;                  /* loader path */
+	int ring_rank;             /* this rank's index in rg: rank, or its index on its node */
+	nodeloaders nl;            /* a multi-node job's loaders, on its node's first rank */
 	void *local_slot;          /* (M, slot_bytes) serial path batches */
 	int32_t *mlm_pos, *mlm_lab; /* (M*B*P,) flattened masked positions/labels */
 	/* training */

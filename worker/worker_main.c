@@ -93,7 +93,7 @@ static int open_job(worker *w, const char *job_path, const char **kind, bool *on
 
 /* The dataset is opened by every rank (its vocab sizes the model); batches
  * come from the ring when loaders run, else are built here. */
-static int open_batches(worker *w)
+static int open_batches(worker *w, const char *exe, const char *job_path)
 {
 	const batch_layout *l = &w->bj.ring.layout;
 	const int M = w->bj.spec.training.gradient_accumulation_steps;
@@ -110,6 +110,15 @@ static int open_batches(worker *w)
 	if (w->bj.spec.training.dataloader_num_workers == 0 &&
 	    posix_memalign(&w->local_slot, BATCH_ALIGN, (size_t)M * l->slot_bytes) != 0)
 		return worker_fail(w, BERTD_EXIT_OOM, "out of memory for batch slots");
+	w->ring_rank = w->rank;
+	if (w->bj.spec.training.dataloader_num_workers > 0 && w->world > 1 && relay_wanted()) {
+		char why[300];
+		bool first = false;
+		if (nodeloaders_plan(&w->bj, w->rank, &w->ring_rank, &first, why, sizeof why) < 0)
+			return worker_fail(w, BERTD_EXIT_BAD_CONFIG, "%s", why);
+		if (first && nodeloaders_start(&w->nl, &w->bj, exe, job_path, why, sizeof why) < 0)
+			return worker_fail(w, BERTD_EXIT_FAILURE, "%s", why);
+	}
 	if (w->bj.spec.training.dataloader_num_workers > 0 &&
 	    (rc = ring_open(&w->rg, w->bj.shm_name, &w->bj.ring)) < 0)
 		return worker_fail(w, BERTD_EXIT_DATA, "cannot open the batch ring %s: %s", w->bj.shm_name,
@@ -477,7 +486,7 @@ int main(int argc, char **argv)
 	if (code == 0)
 		code = open_job(&w, job_path, &kind, &on_gpu);
 	if (code == 0)
-		code = open_batches(&w);
+		code = open_batches(&w, argv[0], job_path);
 	if (code == 0)
 		report_data(&w);
 	if (code == 0)
@@ -507,6 +516,7 @@ int main(int argc, char **argv)
 	eval_set_destroy(w.eval);
 	if (w.rg)
 		ring_detach(w.rg);
+	nodeloaders_stop(&w.nl);
 	free(w.local_slot);
 	free(w.mlm_pos);
 	free(w.mlm_lab);

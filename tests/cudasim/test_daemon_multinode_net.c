@@ -28,16 +28,11 @@
 #include <cmocka.h>
 
 #include "harness.h"
-#include "it_util.h"
+#include "it_cluster.h"
 
 #define DEADLINE_S 600
 
-typedef struct fx {
-	bertd d;
-	char data[160];
-	char slurm[160];
-	char conf[200];
-} fx;
+typedef it_cluster fx;
 
 static const char *script(void)
 {
@@ -45,60 +40,25 @@ static const char *script(void)
 	return s ? s : "tests/integration/multinode_slurm.sh";
 }
 
-static int free_port(void)
-{
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	socklen_t len = sizeof a;
-	int port = -1;
-	if (fd >= 0 && bind(fd, (struct sockaddr *)&a, len) == 0 &&
-	    getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-		port = ntohs(a.sin_port);
-	if (fd >= 0)
-		close(fd);
-	return port;
-}
-
 static int setup(void **state)
 {
 	const char *bin = getenv("IT_CUDASIM_BIN_DIR");
 	fx *f = calloc(1, sizeof *f);
-	if (!bin || !f || bertd_init(&f->d))
+	if (!bin || !f || it_cluster_init(f, script()))
 		return -1;
 	*state = f;
-	snprintf(f->data, sizeof f->data, "%s/data", f->d.root);
-	snprintf(f->slurm, sizeof f->slurm, "%s/slurm", f->d.root);
-	snprintf(f->conf, sizeof f->conf, "%s/slurm.conf", f->slurm);
-	mkdir(f->data, 0700);
-	mkdir(f->slurm, 0700);
-	char cmd[700];
-	snprintf(cmd, sizeof cmd, "%s start %s %d %d %d >/dev/null", script(), f->slurm, free_port(), free_port(),
-		 free_port());
-	if (system(cmd) != 0) {
-		fprintf(stderr, "the private Slurm cluster did not start (%s)\n", cmd);
+	if (it_cluster_start_slurm(f, 2))
 		return -1;
-	}
-	const char *extra[] = {"--data-roots", f->data, "--devices", "cuda", "--bin-dir", bin,
-			       "--pass-env", "CUDASIM_*:LD_LIBRARY_PATH", "--schedule", "true",
-			       "--stop-timeout-s", "60", "--slurm-srun", "/usr/bin/srun", "--slurm-conf", f->conf,
+	const char *extra[] = {"--devices", "cuda", "--bin-dir", bin, "--pass-env", "CUDASIM_*:LD_LIBRARY_PATH",
 			       "--relay-host", "127.0.0.1", "--slurm-immediate-s", "30", "--multinode-comm", "net",
 			       NULL};
-	if (bertd_start(&f->d, extra))
-		return -1;
-	it_make_corpus(f->data, "shakes.txt", 3000);
-	if (it_add_dataset(&f->d,
-			   "{\"name\":\"shakes\",\"source\":\"shakes.txt\",\"vocab\":{\"train\":{\"vocab_size\":400}}}"))
-		return -1;
-	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
-	return 0;
+	return it_cluster_start_daemon(f, extra, DEADLINE_S);
 }
 
 static int teardown(void **state)
 {
 	fx *f = *state;
-	char cmd[600];
-	snprintf(cmd, sizeof cmd, "%s stop %s", script(), f->slurm);
-	if (system(cmd) != 0)
+	if (it_cluster_do(f, NULL, "stop", NULL) != 0)
 		fprintf(stderr, "stopping the private Slurm cluster failed\n");
 	int rc = it_daemon_finish(&f->d);
 	free(f);
@@ -116,29 +76,6 @@ static int teardown(void **state)
 	"\"dataloader_num_workers\":0,\"seed\":7,\"bf16\":false,\"fp16\":false,"                          \
 	"\"eval_strategy\":\"steps\",\"eval_steps\":10,\"per_device_eval_batch_size\":12},"              \
 	"\"mlm\":{\"validation_split_percentage\":10},\"resources\":" res "}"
-
-static char *run_to_end(fx *f, const char *spec, char sha[65])
-{
-	char *id = it_submit(&f->d, spec);
-	json_t *j = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, j);
-	it_sha_of_export(j, sha);
-	json_decref(j);
-	return id;
-}
-
-static int ranks_on_net(fx *f, const char *id)
-{
-	char path[400], line[1024];
-	snprintf(path, sizeof path, "%s/jobs/%s/logs/srun.log", f->d.state_dir, id);
-	FILE *fp = fopen(path, "r");
-	int n = 0;
-	while (fp && fgets(line, sizeof line, fp))
-		n += strstr(line, "comm over the network from 127.0.0.1") != NULL;
-	if (fp)
-		fclose(fp);
-	return n;
-}
 
 /* The last metrics row's eval_loss (step 20). */
 static double last_eval_loss(fx *f, const char *id)
@@ -159,11 +96,12 @@ static double last_eval_loss(fx *f, const char *id)
 static void gpu_nodes_over_net_equal_one_node(void **state)
 {
 	fx *f = *state;
-	char one[65], two[65];
-	char *id1 = run_to_end(f, SPEC("gpu-1x2", "{\"gpus\":2}"), one);
-	char *id2 = run_to_end(f, SPEC("gpu-2x1", "{\"nodes\":2,\"gpus_per_node\":1,\"device\":\"cuda\"}"), two);
-	assert_int_equal(ranks_on_net(f, id1), 0);
-	assert_int_equal(ranks_on_net(f, id2), 2);
+	char one[65], two[65], *id1, *id2;
+	it_cluster_run_to_end(f, strdup(SPEC("gpu-1x2", "{\"gpus\":2}")), one, &id1, DEADLINE_S);
+	it_cluster_run_to_end(f, strdup(SPEC("gpu-2x1", "{\"nodes\":2,\"gpus_per_node\":1,\"device\":\"cuda\"}")), two,
+			      &id2, DEADLINE_S);
+	assert_int_equal(it_cluster_ranks_on_net(f, id1, "127.0.0.1"), 0);
+	assert_int_equal(it_cluster_ranks_on_net(f, id2, "127.0.0.1"), 2);
 	assert_string_equal(one, two);
 	double e1 = last_eval_loss(f, id1), e2 = last_eval_loss(f, id2);
 	assert_true(e1 > 0);
@@ -174,15 +112,8 @@ static void gpu_nodes_over_net_equal_one_node(void **state)
 
 int main(void)
 {
-	char cmd[600];
-	snprintf(cmd, sizeof cmd, "%s check /nonexistent", script());
-	int st = system(cmd);
-	if (!WIFEXITED(st) || WEXITSTATUS(st) == 77)
+	if (it_cluster_skip(script(), true))
 		return 77;
-	if (getenv("BERTD_HAVE_GLOO") && strcmp(getenv("BERTD_HAVE_GLOO"), "1") != 0) {
-		fprintf(stderr, "skip: bertd-worker was built without libgloo-dev (no network comm backend)\n");
-		return 77;
-	}
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(gpu_nodes_over_net_equal_one_node),
 	};

@@ -45,16 +45,11 @@
 
 #include "common/msg.h"
 #include "harness.h"
-#include "it_util.h"
+#include "it_cluster.h"
 
 #define DEADLINE_S 300
 
-typedef struct fx {
-	bertd d;
-	char data[160];
-	char slurm[160];   /* the private cluster's directory */
-	char conf[200];    /* its slurm.conf */
-} fx;
+typedef it_cluster fx;
 
 static const char *script(void)
 {
@@ -62,64 +57,23 @@ static const char *script(void)
 	return s ? s : "tests/integration/multinode_slurm.sh";
 }
 
-static int free_port(void)
-{
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	socklen_t len = sizeof a;
-	int port = -1;
-	if (fd >= 0 && bind(fd, (struct sockaddr *)&a, len) == 0 &&
-	    getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-		port = ntohs(a.sin_port);
-	if (fd >= 0)
-		close(fd);
-	return port;
-}
-
-static int cluster(fx *f, const char *what)
-{
-	char cmd[600];
-	snprintf(cmd, sizeof cmd, "%s %s %s", script(), what, f->slurm);
-	int st = system(cmd);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 static int setup(void **state)
 {
 	fx *f = calloc(1, sizeof *f);
-	if (!f || bertd_init(&f->d))
+	if (!f || it_cluster_init(f, script()))
 		return -1;
 	*state = f;
-	snprintf(f->data, sizeof f->data, "%s/data", f->d.root);
-	snprintf(f->slurm, sizeof f->slurm, "%s/slurm", f->d.root);
-	snprintf(f->conf, sizeof f->conf, "%s/slurm.conf", f->slurm);
-	mkdir(f->data, 0700);
-	mkdir(f->slurm, 0700);
-	char cmd[700];
-	snprintf(cmd, sizeof cmd, "%s start %s %d %d %d >/dev/null", script(), f->slurm, free_port(), free_port(),
-		 free_port());
-	if (system(cmd) != 0) {
-		fprintf(stderr, "the private Slurm cluster did not start (%s)\n", cmd);
+	if (it_cluster_start_slurm(f, 2))
 		return -1;
-	}
-	const char *extra[] = {"--data-roots", f->data, "--devices", "cpu", "--cpu-slots", "2",
-			       "--schedule", "true", "--stop-timeout-s", "60", "--slurm-srun", "/usr/bin/srun",
-			       "--slurm-conf", f->conf, "--relay-host", "127.0.0.1",
+	const char *extra[] = {"--devices", "cpu", "--cpu-slots", "2", "--relay-host", "127.0.0.1",
 			       "--slurm-immediate-s", "30", NULL};
-	if (bertd_start(&f->d, extra))
-		return -1;
-	it_make_corpus(f->data, "shakes.txt", 3000);
-	if (it_add_dataset(&f->d,
-			   "{\"name\":\"shakes\",\"source\":\"shakes.txt\",\"vocab\":{\"train\":{\"vocab_size\":400}}}"))
-		return -1;
-	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
-	return 0;
+	return it_cluster_start_daemon(f, extra, DEADLINE_S);
 }
 
 static int teardown(void **state)
 {
 	fx *f = *state;
-	cluster(f, "stop"); /* first: its files are under the daemon's root */
+	it_cluster_do(f, NULL, "stop", NULL); /* first: its files are under the daemon's root */
 	int rc = it_daemon_finish(&f->d);
 	free(f);
 	return rc;
@@ -135,36 +89,16 @@ static int teardown(void **state)
 #define ONE_NODE "{\"gpus\":2}"
 #define TWO_NODES "{\"nodes\":2,\"gpus_per_node\":1,\"device\":\"cpu\"}"
 
-/* Submits spec and frees it; returns the job's id (caller frees). */
-static char *submit(fx *f, char *spec)
-{
-	char *id = it_submit(&f->d, spec);
-	free(spec);
-	return id;
-}
-
-/* Runs spec (freed) to completed: the export's sha256 into sha. */
-static void run_to_end(fx *f, char *spec, char sha[65], char **id_out)
-{
-	char *id = submit(f, spec);
-	json_t *j = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, j);
-	it_sha_of_export(j, sha);
-	json_decref(j);
-	if (id_out)
-		*id_out = id;
-	else
-		free(id);
-}
-
-/* 2 nodes x 1 rank == 1 node x 2 ranks, bit for bit; the ranks really ran
- * on n1 and n2 (the relay's note). */
+/* 2 nodes x 1 rank, fed by 2 loaders on each node, == 1 node x 2 ranks
+ * building their own batches, bit for bit; the ranks really ran on n1 and
+ * n2 (the relay's note). */
 static void two_nodes_equal_one_node(void **state)
 {
 	fx *f = *state;
 	char one[65], two[65], *id;
-	run_to_end(f, JOB("eq-1x2", "8", "4", "2", ONE_NODE, NULL), one, NULL);
-	run_to_end(f, JOB("eq-2x1", "8", "4", "2", TWO_NODES, NULL), two, &id);
+	it_cluster_run_to_end(f, JOB("eq-1x2", "8", "4", "2", ONE_NODE, NULL), one, NULL, DEADLINE_S);
+	it_cluster_run_to_end(f, JOB("eq-2x1", "8", "4", "2", TWO_NODES, "training_args.dataloader_num_workers", "2", NULL),
+			      two, &id, DEADLINE_S);
 	json_t *ev = it_events_of(&f->d, id);
 	if (!it_event_with(ev, "2 ranks joined: 0@n1 1@n2") || !it_event_with(ev, "starting on 2 nodes x 1 cpu (Slurm)")) {
 		fprintf(stderr, "%s\n", json_dumps(ev, JSON_INDENT(1)));
@@ -172,73 +106,15 @@ static void two_nodes_equal_one_node(void **state)
 	}
 	json_decref(ev);
 	assert_string_equal(one, two);
+	/* the 2-node job's batches came from 2 loaders on each node, and
+	 * their rings (one per node, in the /dev/shm the nodes share here)
+	 * went with the job */
+	char logs[400], shm[128];
+	snprintf(logs, sizeof logs, "%s/jobs/%s/logs", f->d.state_dir, id);
+	assert_int_equal(it_count_files(logs, "loader-"), 4);
+	snprintf(shm, sizeof shm, "bertd-%s-", id);
+	assert_int_equal(it_count_files("/dev/shm", shm), 0);
 	free(id);
-}
-
-/* The value of NAME in /proc/pid/environ into out; 0 or -1. */
-static int env_of(pid_t pid, const char *name, char *out, size_t cap)
-{
-	char path[64], buf[65536];
-	snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
-	FILE *fp = fopen(path, "r");
-	if (!fp)
-		return -1;
-	size_t n = fread(buf, 1, sizeof buf - 1, fp);
-	fclose(fp);
-	buf[n] = 0;
-	size_t nl = strlen(name);
-	for (size_t i = 0; i < n; i += strlen(buf + i) + 1) {
-		if (strncmp(buf + i, name, nl) == 0 && buf[i + nl] == '=') {
-			snprintf(out, cap, "%s", buf + i + nl + 1);
-			return 0;
-		}
-	}
-	return -1;
-}
-
-static pid_t ppid_of(pid_t pid)
-{
-	char path[64], buf[512];
-	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-	FILE *fp = fopen(path, "r");
-	if (!fp)
-		return -1;
-	size_t n = fread(buf, 1, sizeof buf - 1, fp);
-	fclose(fp);
-	buf[n] = 0;
-	char *rp = strrchr(buf, ')');
-	int pp = -1;
-	char st;
-	if (!rp || sscanf(rp + 1, " %c %d", &st, &pp) != 2)
-		return -1;
-	return pp;
-}
-
-static bool alive(pid_t pid)
-{
-	char path[64], buf[512];
-	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-	FILE *fp = fopen(path, "r");
-	if (!fp)
-		return false;
-	size_t n = fread(buf, 1, sizeof buf - 1, fp);
-	fclose(fp);
-	buf[n] = 0;
-	char *rp = strrchr(buf, ')');
-	return rp && rp[1] == ' ' && rp[2] != 'Z' && rp[2] != 'X';
-}
-
-/* The job's rank on node (SLURMD_NODENAME), or -1. */
-static pid_t rank_on(const char *id, const char *node)
-{
-	pid_t p[16];
-	int n = it_find_pids("bertd-worker", id, p, 16);
-	for (int i = 0; i < n; i++) {
-		char v[64];
-		if (env_of(p[i], "SLURMD_NODENAME", v, sizeof v) == 0 && strcmp(v, node) == 0)
-			return p[i];
-	}
-	return -1;
 }
 
 /* Connects to the relay at host:port and introduces itself with a wrong
@@ -283,11 +159,11 @@ static void node_lost_fails_attempt_and_resumes(void **state)
 	JOB(name, "60", "10", "5", res, "retry_policy", "{\"max_restarts\":3}", "profiler",                 \
 	    "{\"simulate_data_delay_ms\":100}", NULL)
 	char ref[65];
-	run_to_end(f, LOST_SPEC("lost-ref", ONE_NODE), ref, NULL);
+	it_cluster_run_to_end(f, LOST_SPEC("lost-ref", ONE_NODE), ref, NULL, DEADLINE_S);
 
-	char *id = submit(f, LOST_SPEC("lost-2x1", TWO_NODES));
+	char *id = it_cluster_submit(f, LOST_SPEC("lost-2x1", TWO_NODES));
 	it_wait_step(&f->d, id, 15, DEADLINE_S); /* past the checkpoint at step 10 */
-	pid_t r0 = rank_on(id, "n1"), r1 = rank_on(id, "n2");
+	pid_t r0 = it_rank_on(id, "n1"), r1 = it_rank_on(id, "n2");
 	if (r0 <= 0 || r1 <= 0) {
 		char p[128];
 		snprintf(p, sizeof p, "/v1/jobs/%s", id);
@@ -300,7 +176,7 @@ static void node_lost_fails_attempt_and_resumes(void **state)
 
 	/* the relay's credential: a wrong token is refused, the job goes on */
 	char relay[128];
-	assert_int_equal(env_of(r1, "BERTD_RELAY", relay, sizeof relay), 0);
+	assert_int_equal(it_env_of(r1, "BERTD_RELAY", relay, sizeof relay), 0);
 	assert_true(wrong_token_refused(relay));
 	char path[128];
 	snprintf(path, sizeof path, "/v1/jobs/%s", id);
@@ -309,7 +185,7 @@ static void node_lost_fails_attempt_and_resumes(void **state)
 	assert_int_equal(job_int(j, "restart_count"), 0);
 	json_decref(j);
 
-	pid_t stepd = ppid_of(r1);
+	pid_t stepd = it_ppid_of(r1);
 	assert_true(stepd > 1);
 	assert_int_equal(kill(r1, SIGKILL), 0);
 	assert_int_equal(kill(stepd, SIGKILL), 0);
@@ -319,7 +195,7 @@ static void node_lost_fails_attempt_and_resumes(void **state)
 		j = it_get_json(&f->d, path);
 		long restarts = job_int(j, "restart_count");
 		json_decref(j);
-		if (restarts >= 1 && !alive(r0))
+		if (restarts >= 1 && !it_alive(r0))
 			break;
 		it_pause_ms(100);
 	}
@@ -331,8 +207,8 @@ static void node_lost_fails_attempt_and_resumes(void **state)
 		fail_msg("the attempt did not fail and restart after node n2's processes were killed");
 	}
 	json_decref(j);
-	assert_false(alive(r0));
-	assert_false(alive(r1));
+	assert_false(it_alive(r0));
+	assert_false(it_alive(r1));
 
 	j = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
 	it_assert_completed(&f->d, j);
@@ -385,7 +261,7 @@ static long newest_on_disk(fx *f, const char *id)
 static void cancel_keeps_stop_checkpoint(void **state)
 {
 	fx *f = *state;
-	char *id = submit(f, JOB("cancel-2x1", "100000", "100000", "5", TWO_NODES, NULL));
+	char *id = it_cluster_submit(f, JOB("cancel-2x1", "100000", "100000", "5", TWO_NODES, NULL));
 	it_wait_step(&f->d, id, 5, DEADLINE_S);
 	assert_int_equal(newest_on_disk(f, id), -1); /* no periodic one: save_steps 100000 */
 	it_cancel_job(&f->d, id, DEADLINE_S);
@@ -406,13 +282,6 @@ static void bad_resources_refused(void **state)
 	assert_int_equal(r.status, 422);
 	assert_non_null(strstr(r.body, "gpus_per_node"));
 	http_resp_free(&r);
-	spec = it_job_spec(NULL, "shakes", "model", "null", "resources", "{\"nodes\":2,\"gpus_per_node\":1}",
-			   "training_args", "{\"dataloader_num_workers\":2}", NULL);
-	assert_int_equal(http_post_json(&f->d, "/v1/jobs", spec, &r), 0);
-	free(spec);
-	assert_int_equal(r.status, 422);
-	assert_non_null(strstr(r.body, "dataloader_num_workers"));
-	http_resp_free(&r);
 	spec = JOB("bad-b", "4", "4", "2", "{\"nodes\":40,\"gpus_per_node\":2}", NULL);
 	assert_int_equal(http_post_json(&f->d, "/v1/jobs", spec, &r), 0);
 	free(spec);
@@ -428,34 +297,6 @@ static void bad_resources_refused(void **state)
 	http_resp_free(&r);
 }
 
-/* scontrol update nodename=<node> state=<state> on the test cluster. */
-static void node_state(fx *f, const char *node, const char *state)
-{
-	char cmd[600];
-	snprintf(cmd, sizeof cmd, "SLURM_CONF=%s scontrol update nodename=%s state=%s%s", f->conf, node, state,
-		 strcmp(state, "down") == 0 ? " reason=test" : "");
-	assert_int_equal(system(cmd), 0);
-}
-
-/* sinfo's state of node (compact, "%t"), polled until it is want. */
-static void wait_node(fx *f, const char *node, const char *want)
-{
-	char cmd[600], got[64] = "";
-	snprintf(cmd, sizeof cmd, "SLURM_CONF=%s sinfo -h -n %s -o %%t", f->conf, node);
-	for (int i = 0; i < DEADLINE_S * 10; i++) {
-		FILE *p = popen(cmd, "r");
-		assert_non_null(p);
-		if (!fgets(got, sizeof got, p))
-			got[0] = '\0';
-		pclose(p);
-		got[strcspn(got, "\n")] = '\0';
-		if (strcmp(got, want) == 0)
-			return;
-		poll(NULL, 0, 100);
-	}
-	fail_msg("node %s stayed \"%s\", not \"%s\"", node, got, want);
-}
-
 /* A node down at submit: the 2-node job is refused (409) naming n2 and
  * how many nodes are up; once n2 is resumed the same submit is accepted
  * and the job runs on both nodes. */
@@ -463,8 +304,8 @@ static void node_down_refused_at_submit(void **state)
 {
 	fx *f = *state;
 	char *spec = JOB("down-2x1", "4", "4", "2", TWO_NODES, NULL);
-	node_state(f, "n2", "down");
-	wait_node(f, "n2", "down");
+	it_cluster_node_state(f, "n2", "down");
+	it_cluster_wait_node(f, "n2", "down", DEADLINE_S);
 	http_resp r = {0};
 	assert_int_equal(http_post_json(&f->d, "/v1/jobs", spec, &r), 0);
 	if (r.status != 409 || !strstr(r.body, "urn:bertd:problem:nodes-unavailable") ||
@@ -480,9 +321,9 @@ static void node_down_refused_at_submit(void **state)
 		assert_string_not_equal(it_jstr(j, "name"), "down-2x1"); /* nothing was stored */
 	json_decref(list);
 
-	node_state(f, "n2", "resume");
-	wait_node(f, "n2", "idle");
-	char *id = submit(f, spec);
+	it_cluster_node_state(f, "n2", "resume");
+	it_cluster_wait_node(f, "n2", "idle", DEADLINE_S);
+	char *id = it_cluster_submit(f, spec);
 	j = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
 	it_assert_completed(&f->d, j);
 	json_decref(j);
@@ -518,13 +359,13 @@ static void dataset_differs_on_a_node(void **state)
 	if (WIFEXITED(st) && WEXITSTATUS(st) == 77) {
 		snprintf(cmd, sizeof cmd, "%s node-start %s n2", script(), f->slurm);
 		assert_int_equal(system(cmd), 0);
-		wait_node(f, "n2", "idle");
+		it_cluster_wait_node(f, "n2", "idle", DEADLINE_S);
 		skip();
 	}
 	assert_int_equal(st, 0);
-	wait_node(f, "n2", "idle");
+	it_cluster_wait_node(f, "n2", "idle", DEADLINE_S);
 
-	char *id = submit(f, JOB("differs-2x1", "4", "4", "2", TWO_NODES, NULL));
+	char *id = it_cluster_submit(f, JOB("differs-2x1", "4", "4", "2", TWO_NODES, NULL));
 	json_t *j = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
 	const char *why = json_string_value(json_object_get(j, "failure_reason"));
 	if (!why || !strstr(why, "dataset \"shakes\" differs between nodes: n1 has content digest") ||
@@ -541,8 +382,8 @@ static void dataset_differs_on_a_node(void **state)
 	snprintf(cmd, sizeof cmd, "%s node-stop %s n2 && %s node-start-bind %s n2 '%s' '%s'", script(), f->slurm,
 		 script(), f->slurm, alt, ds);
 	assert_int_equal(system(cmd), 0);
-	wait_node(f, "n2", "idle");
-	id = submit(f, JOB("missing-2x1", "4", "4", "2", TWO_NODES, NULL));
+	it_cluster_wait_node(f, "n2", "idle", DEADLINE_S);
+	id = it_cluster_submit(f, JOB("missing-2x1", "4", "4", "2", TWO_NODES, NULL));
 	j = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
 	why = json_string_value(json_object_get(j, "failure_reason"));
 	if (!why || !strstr(why, "dataset \"shakes\" is missing on node n2"))
@@ -554,7 +395,7 @@ static void dataset_differs_on_a_node(void **state)
 	snprintf(cmd, sizeof cmd, "%s node-stop %s n2 && %s node-start %s n2", script(), f->slurm, script(),
 		 f->slurm);
 	assert_int_equal(system(cmd), 0);
-	wait_node(f, "n2", "idle");
+	it_cluster_wait_node(f, "n2", "idle", DEADLINE_S);
 }
 
 /* The mixture form of JOB: shakes 0.6 and shakes2 0.4 (one vocab). */
@@ -577,10 +418,10 @@ static void mixture_on_two_nodes(void **state)
 	assert_int_equal(it_add_dataset(&f->d, cmd), 0);
 	it_wait_dataset_ready(&f->d, "shakes2", DEADLINE_S);
 	char one[65], two[65], plain[65];
-	run_to_end(f, MIXSPEC("mix-1x2", ONE_NODE), one, NULL);
-	run_to_end(f, MIXSPEC("mix-2x1", TWO_NODES), two, NULL);
+	it_cluster_run_to_end(f, MIXSPEC("mix-1x2", ONE_NODE), one, NULL, DEADLINE_S);
+	it_cluster_run_to_end(f, MIXSPEC("mix-2x1", TWO_NODES), two, NULL, DEADLINE_S);
 	assert_string_equal(one, two);
-	run_to_end(f, JOB("plain-1x2", "8", "4", "2", ONE_NODE, NULL), plain, NULL);
+	it_cluster_run_to_end(f, JOB("plain-1x2", "8", "4", "2", ONE_NODE, NULL), plain, NULL, DEADLINE_S);
 	assert_string_not_equal(one, plain); /* the mixture is trained on, not shakes alone */
 	if (getuid() != 0)
 		return;
@@ -596,12 +437,12 @@ static void mixture_on_two_nodes(void **state)
 	if (WIFEXITED(st) && WEXITSTATUS(st) == 77) {
 		snprintf(cmd, sizeof cmd, "%s node-start %s n2", script(), f->slurm);
 		assert_int_equal(system(cmd), 0);
-		wait_node(f, "n2", "idle");
+		it_cluster_wait_node(f, "n2", "idle", DEADLINE_S);
 		return;
 	}
 	assert_int_equal(st, 0);
-	wait_node(f, "n2", "idle");
-	char *id = submit(f, MIXSPEC("mix-differs-2x1", TWO_NODES));
+	it_cluster_wait_node(f, "n2", "idle", DEADLINE_S);
+	char *id = it_cluster_submit(f, MIXSPEC("mix-differs-2x1", TWO_NODES));
 	json_t *j = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
 	const char *why = json_string_value(json_object_get(j, "failure_reason"));
 	if (!why || !strstr(why, "dataset \"shakes+shakes2\" differs between nodes: n1 has content digest"))
@@ -613,15 +454,12 @@ static void mixture_on_two_nodes(void **state)
 	snprintf(cmd, sizeof cmd, "%s node-stop %s n2 && %s node-start %s n2", script(), f->slurm, script(),
 		 f->slurm);
 	assert_int_equal(system(cmd), 0);
-	wait_node(f, "n2", "idle");
+	it_cluster_wait_node(f, "n2", "idle", DEADLINE_S);
 }
 
 int main(void)
 {
-	char cmd[600];
-	snprintf(cmd, sizeof cmd, "%s check /nonexistent", script());
-	int st = system(cmd);
-	if (!WIFEXITED(st) || WEXITSTATUS(st) == 77)
+	if (it_cluster_skip(script(), false))
 		return 77;
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(bad_resources_refused),

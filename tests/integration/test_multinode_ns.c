@@ -43,16 +43,13 @@
 #include <cmocka.h>
 
 #include "harness.h"
-#include "it_util.h"
+#include "it_cluster.h"
 
 #define DEADLINE_S 300
 #define RELAY_TIMEOUT_S "5"
 
 typedef struct fx {
-	bertd d;
-	char data[160];
-	char slurm[160]; /* the cluster's directory (namespaces under ns/) */
-	char conf[200];
+	it_cluster c;
 	char ref[65];    /* the undisturbed 1 x 2 run of LONG_SPEC, once made */
 	char no_plane[600]; /* why the first 2-node job failed, when it did: the rest would only wait */
 } fx;
@@ -69,68 +66,44 @@ static bool shared_shm(void)
 	return m && strcmp(m, "shared") == 0;
 }
 
-/* multinode_ns.sh <what> <cluster dir> <args>; its exit status. */
-static int ns(fx *f, const char *what, const char *args)
-{
-	char cmd[800];
-	snprintf(cmd, sizeof cmd, "%s %s %s %s", script(), what, f->slurm, args);
-	int st = system(cmd);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 static int setup(void **state)
 {
 	fx *f = calloc(1, sizeof *f);
-	if (!f || bertd_init(&f->d))
+	if (!f || it_cluster_init(&f->c, script()))
 		return -1;
 	*state = f;
-	snprintf(f->data, sizeof f->data, "%s/data", f->d.root);
-	snprintf(f->slurm, sizeof f->slurm, "%s/slurm", f->d.root);
-	snprintf(f->conf, sizeof f->conf, "%s/slurm.conf", f->slurm);
-	mkdir(f->data, 0700);
-	mkdir(f->slurm, 0700);
-	char cmd[800];
-	/* the cluster goes when this process goes, however it ends */
-	/* the network backend's waits: 10 s (Slurm's TaskProlog sets it in
-	 * every task), so a rank cut off from its peer gives up in seconds; a
-	 * 1 s flap still passes */
-	snprintf(cmd, sizeof cmd,
-		 "BERTD_NS_OWNER=%d BERTD_NS_SHARED=%s BERTD_NS_TASK_ENV=BERTD_COMM_TIMEOUT_MS=10000 %s start %s 2 %s "
-		 ">/dev/null", (int)getpid(), f->d.root, script(), f->slurm, shared_shm() ? "shared-shm" : "private-shm");
-	if (system(cmd) != 0) {
-		fprintf(stderr, "the namespaced cluster did not start (%s)\n", cmd);
+	/* the cluster goes when this process goes, however it ends; the
+	 * network backend's waits: 10 s (Slurm's TaskProlog sets it in every
+	 * task), so a rank cut off from its peer gives up in seconds; a 1 s
+	 * flap still passes */
+	char env[400];
+	snprintf(env, sizeof env, "BERTD_NS_OWNER=%d BERTD_NS_SHARED=%s BERTD_NS_TASK_ENV=BERTD_COMM_TIMEOUT_MS=10000",
+		 (int)getpid(), f->c.d.root);
+	if (it_cluster_do(&f->c, env, "start", shared_shm() ? "2 shared-shm >/dev/null" : "2 private-shm >/dev/null")) {
+		fprintf(stderr, "the namespaced cluster did not start (%s start %s)\n", script(), f->c.slurm);
 		return -1;
 	}
 	/* from here on this process, bertd and srun are on the head node */
-	snprintf(cmd, sizeof cmd, "%s/ns/head", f->slurm);
-	int fd = open(cmd, O_RDONLY | O_CLOEXEC);
+	char head[200];
+	snprintf(head, sizeof head, "%s/ns/head", f->c.slurm);
+	int fd = open(head, O_RDONLY | O_CLOEXEC);
 	if (fd < 0 || setns(fd, CLONE_NEWNET) < 0) {
-		fprintf(stderr, "cannot enter the head namespace %s: %s\n", cmd, strerror(errno));
+		fprintf(stderr, "cannot enter the head namespace %s: %s\n", head, strerror(errno));
 		return -1;
 	}
 	close(fd);
-	const char *extra[] = {"--data-roots", f->data, "--devices", "cpu", "--cpu-slots", "2",
-			       "--schedule", "true", "--stop-timeout-s", "60", "--slurm-srun", "/usr/bin/srun",
-			       "--slurm-conf", f->conf, "--relay-host", "10.213.77.1",
+	const char *extra[] = {"--devices", "cpu", "--cpu-slots", "2", "--relay-host", "10.213.77.1",
 			       "--relay-timeout-s", RELAY_TIMEOUT_S, "--slurm-immediate-s", "60", NULL};
-
-	if (bertd_start(&f->d, extra))
-		return -1;
-	it_make_corpus(f->data, "shakes.txt", 3000);
-	if (it_add_dataset(&f->d,
-			   "{\"name\":\"shakes\",\"source\":\"shakes.txt\",\"vocab\":{\"train\":{\"vocab_size\":400}}}"))
-		return -1;
-	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
-	return 0;
+	return it_cluster_start_daemon(&f->c, extra, DEADLINE_S);
 }
 
 static int teardown(void **state)
 {
 	fx *f = *state;
-	int rc = it_daemon_finish(&f->d); /* first: its srun and ranks */
-	char cmd[800];
-	snprintf(cmd, sizeof cmd, "BERTD_NS_OWNER=%d %s stop %s", (int)getpid(), script(), f->slurm);
-	if (system(cmd) != 0)
+	int rc = it_daemon_finish(&f->c.d); /* first: its srun and ranks */
+	char env[64];
+	snprintf(env, sizeof env, "BERTD_NS_OWNER=%d", (int)getpid());
+	if (it_cluster_do(&f->c, env, "stop", NULL) != 0)
 		rc = -1;
 	free(f);
 	return rc;
@@ -150,79 +123,12 @@ static int teardown(void **state)
 #define LONG_SPEC(name, res) \
 	JOB(name, "60", "10", res, "retry_policy", "{\"max_restarts\":3}", "profiler", "{\"simulate_data_delay_ms\":100}", NULL)
 
-/* Submits spec and frees it; returns the job's id (caller frees). */
-static char *submit(fx *f, char *spec)
-{
-	char *id = it_submit(&f->d, spec);
-	free(spec);
-	return id;
-}
-
-/* Runs spec (freed) to completed: the export's sha256 into sha. */
-static void run_to_end(fx *f, char *spec, char sha[65], char **id_out)
-{
-	char *id = submit(f, spec);
-	json_t *j = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, j);
-	it_sha_of_export(j, sha);
-	json_decref(j);
-	if (id_out)
-		*id_out = id;
-	else
-		free(id);
-}
-
 /* The undisturbed run the fault tests end equal to (made once). */
 static const char *reference(fx *f)
 {
 	if (!f->ref[0])
-		run_to_end(f, LONG_SPEC("ref-1x2", ONE_NODE), f->ref, NULL);
+		it_cluster_run_to_end(&f->c, LONG_SPEC("ref-1x2", ONE_NODE), f->ref, NULL, DEADLINE_S);
 	return f->ref;
-}
-
-static int env_of(pid_t pid, const char *name, char *out, size_t cap)
-{
-	char path[64], buf[65536];
-	snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
-	FILE *fp = fopen(path, "r");
-	if (!fp)
-		return -1;
-	size_t n = fread(buf, 1, sizeof buf - 1, fp);
-	fclose(fp);
-	buf[n] = 0;
-	size_t nl = strlen(name);
-	for (size_t i = 0; i < n; i += strlen(buf + i) + 1)
-		if (strncmp(buf + i, name, nl) == 0 && buf[i + nl] == '=') {
-			snprintf(out, cap, "%s", buf + i + nl + 1);
-			return 0;
-		}
-	return -1;
-}
-
-static bool alive(pid_t pid)
-{
-	char path[64], buf[512];
-	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-	FILE *fp = fopen(path, "r");
-	if (!fp)
-		return false;
-	size_t n = fread(buf, 1, sizeof buf - 1, fp);
-	fclose(fp);
-	buf[n] = 0;
-	char *rp = strrchr(buf, ')');
-	return rp && rp[1] == ' ' && rp[2] != 'Z' && rp[2] != 'X';
-}
-
-static pid_t rank_on(const char *id, const char *node)
-{
-	pid_t p[16];
-	int n = it_find_pids("bertd-worker", id, p, 16);
-	for (int i = 0; i < n; i++) {
-		char v[64];
-		if (env_of(p[i], "SLURMD_NODENAME", v, sizeof v) == 0 && strcmp(v, node) == 0)
-			return p[i];
-	}
-	return -1;
 }
 
 /* Whether pid's namespace of kind ("net", "uts", "mnt") is not this process's. */
@@ -244,7 +150,7 @@ static long restarts(fx *f, const char *id)
 {
 	char path[128];
 	snprintf(path, sizeof path, "/v1/jobs/%s", id);
-	json_t *j = it_get_json(&f->d, path);
+	json_t *j = it_get_json(&f->c.d, path);
 	long n = job_int(j, "restart_count");
 	json_decref(j);
 	return n;
@@ -262,7 +168,7 @@ static double mono_s(void)
 static double log_time_of(fx *f, const char *text)
 {
 	char path[300], line[1024];
-	snprintf(path, sizeof path, "%s/bertd.log", f->d.root);
+	snprintf(path, sizeof path, "%s/bertd.log", f->c.d.root);
 	FILE *fp = fopen(path, "r");
 	double t = -1;
 	while (fp && t < 0 && fgets(line, sizeof line, fp)) {
@@ -285,12 +191,12 @@ static double day_s(void)
 
 static void dump(fx *f, const char *id)
 {
-	json_t *ev = it_events_of(&f->d, id);
+	json_t *ev = it_events_of(&f->c.d, id);
 	char *s = json_dumps(ev, JSON_INDENT(1));
 	fprintf(stderr, "events: %s\n", s);
 	free(s);
 	json_decref(ev);
-	bertd_print_log(&f->d);
+	bertd_print_log(&f->c.d);
 }
 
 /* 1% loss on n2's link: 2 x 1 == 1 x 2 bit for bit, the ranks on n1 and n2. */
@@ -298,11 +204,12 @@ static void loss_two_nodes_equal_one_node(void **state)
 {
 	fx *f = *state;
 	char one[65], two[65], *id;
-	run_to_end(f, JOB("eq-1x2", "8", "4", ONE_NODE, NULL), one, NULL);
-	assert_int_equal(ns(f, "loss", "n2 1"), 0);
-	id = submit(f, JOB("eq-2x1", "8", "4", TWO_NODES, "retry_policy", "{\"max_restarts\":0}", NULL));
-	json_t *j = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
-	assert_int_equal(ns(f, "clear", ""), 0);
+	it_cluster_run_to_end(&f->c, JOB("eq-1x2", "8", "4", ONE_NODE, NULL), one, NULL, DEADLINE_S);
+	assert_int_equal(it_cluster_do(&f->c, NULL, "loss", "n2 1"), 0);
+	id = it_cluster_submit(&f->c, JOB("eq-2x1", "8", "4", TWO_NODES, "retry_policy", "{\"max_restarts\":0}",
+						     "training_args.dataloader_num_workers", "2", NULL));
+	json_t *j = it_wait_job(&f->c.d, id, "completed|failed|canceled", DEADLINE_S);
+	assert_int_equal(it_cluster_do(&f->c, NULL, "clear", ""), 0);
 	if (strcmp(it_jstr(j, "state"), "completed") != 0) {
 		const char *why = json_string_value(json_object_get(j, "failure_reason"));
 		snprintf(f->no_plane, sizeof f->no_plane, "%s", why ? why : it_jstr(j, "state"));
@@ -311,7 +218,7 @@ static void loss_two_nodes_equal_one_node(void **state)
 	}
 	it_sha_of_export(j, two);
 	json_decref(j);
-	json_t *ev = it_events_of(&f->d, id);
+	json_t *ev = it_events_of(&f->c.d, id);
 	if (!it_event_with(ev, "2 ranks joined: 0@n1 1@n2")) {
 		dump(f, id);
 		fail_msg("the 2-node job's events do not show its ranks on n1 and n2");
@@ -331,16 +238,16 @@ static void link_cut_fails_then_resumes(void **state)
 	if (f->no_plane[0]) /* fails at once: each attempt would wait for the join */
 		fail_msg("not run: the first 2-node job failed: %s", f->no_plane);
 	const char *ref = reference(f);
-	char *id = submit(f, LONG_SPEC("cut-2x1", TWO_NODES));
-	it_wait_step(&f->d, id, 15, DEADLINE_S);
-	pid_t r1 = rank_on(id, "n2");
+	char *id = it_cluster_submit(&f->c, LONG_SPEC("cut-2x1", TWO_NODES));
+	it_wait_step(&f->c.d, id, 15, DEADLINE_S);
+	pid_t r1 = it_rank_on(id, "n2");
 	if (r1 <= 0) {
 		dump(f, id);
 		fail_msg("the job's rank on n2 was not found");
 	}
 	/* the ranks reach the relay at relay_host, the head's address */
 	char relay[128];
-	assert_int_equal(env_of(r1, "BERTD_RELAY", relay, sizeof relay), 0);
+	assert_int_equal(it_env_of(r1, "BERTD_RELAY", relay, sizeof relay), 0);
 	assert_int_equal(strncmp(relay, "10.213.77.1:", 12), 0);
 	/* a node of its own: network, hostname and mount (its /dev/shm, /tmp) */
 	assert_true(other_ns(r1, "net"));
@@ -348,12 +255,12 @@ static void link_cut_fails_then_resumes(void **state)
 	assert_true(other_ns(r1, "mnt"));
 
 	double t0 = mono_s(), cut_at = day_s();
-	assert_int_equal(ns(f, "cut", "n2"), 0);
+	assert_int_equal(it_cluster_do(&f->c, NULL, "cut", "n2"), 0);
 	json_t *ev = NULL;
 	const char *why = NULL;
 	while (!why && restarts(f, id) < 1 && mono_s() - t0 < DEADLINE_S) {
 		json_decref(ev);
-		ev = it_events_of(&f->d, id);
+		ev = it_events_of(&f->c.d, id);
 		why = it_event_with(ev, "was lost");
 		if (!why)
 			it_pause_ms(100);
@@ -362,7 +269,7 @@ static void link_cut_fails_then_resumes(void **state)
 	while (restarts(f, id) < 1 && mono_s() - t0 < DEADLINE_S)
 		it_pause_ms(100);
 	double restarted_after = mono_s() - t0;
-	ev = it_events_of(&f->d, id);
+	ev = it_events_of(&f->c.d, id);
 	why = it_event_with(ev, "was lost");
 	if (!why) { /* the relay's bound, not the stall watch or srun, ended it */
 		json_decref(ev);
@@ -375,20 +282,20 @@ static void link_cut_fails_then_resumes(void **state)
 	       lost_at >= 0 ? lost_at - cut_at : -1.0, RELAY_TIMEOUT_S, restarted_after, why);
 	json_decref(ev);
 	/* out of Slurm's reach, n2's rank ends by itself */
-	while (alive(r1) && mono_s() - t0 < DEADLINE_S)
+	while (it_alive(r1) && mono_s() - t0 < DEADLINE_S)
 		it_pause_ms(100);
-	assert_false(alive(r1));
+	assert_false(it_alive(r1));
 	printf("link cut: n2's rank ended by itself %.1f s after the cut\n", mono_s() - t0);
 
-	assert_int_equal(ns(f, "heal", "n2"), 0);
-	json_t *j = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
+	assert_int_equal(it_cluster_do(&f->c, NULL, "heal", "n2"), 0);
+	json_t *j = it_wait_job(&f->c.d, id, "completed|failed|canceled", DEADLINE_S);
 	if (strcmp(it_jstr(j, "state"), "completed") != 0)
 		dump(f, id);
-	it_assert_completed(&f->d, j);
+	it_assert_completed(&f->c.d, j);
 	char sha[65];
 	it_sha_of_export(j, sha);
 	json_decref(j);
-	ev = it_events_of(&f->d, id);
+	ev = it_events_of(&f->c.d, id);
 	const char *resumed = it_event_with(ev, "resuming from checkpoint at step ");
 	if (!resumed) {
 		json_decref(ev);
@@ -400,7 +307,7 @@ static void link_cut_fails_then_resumes(void **state)
 	assert_string_equal(ref, sha);
 	/* the attempt fence names no attempt once the job is over */
 	char path[400], line[64] = "";
-	snprintf(path, sizeof path, "%s/jobs/%s/attempt", f->d.state_dir, id);
+	snprintf(path, sizeof path, "%s/jobs/%s/attempt", f->c.d.state_dir, id);
 	FILE *fp = fopen(path, "r");
 	assert_non_null(fp);
 	assert_non_null(fgets(line, sizeof line, fp));
@@ -420,48 +327,30 @@ static void flaps_then_partition(void **state)
 	if (f->no_plane[0])
 		fail_msg("not run: the first 2-node job failed: %s", f->no_plane);
 	const char *ref = reference(f);
-	char *id = submit(f, LONG_SPEC("flap-2x1", TWO_NODES));
-	it_wait_step(&f->d, id, 10, DEADLINE_S);
-	assert_int_equal(ns(f, "flap", "n2 1000 3"), 0); /* 3 x (1 s down, 1 s up) */
+	char *id = it_cluster_submit(&f->c, LONG_SPEC("flap-2x1", TWO_NODES));
+	it_wait_step(&f->c.d, id, 10, DEADLINE_S);
+	assert_int_equal(it_cluster_do(&f->c, NULL, "flap", "n2 1000 3"), 0); /* 3 x (1 s down, 1 s up) */
 	long after_flaps = restarts(f, id);
-	json_t *ev = it_events_of(&f->d, id);
+	json_t *ev = it_events_of(&f->c.d, id);
 	if (after_flaps != 0) {
 		json_decref(ev);
 		dump(f, id);
 		fail_msg("link flaps of 1 s (relay_timeout_s %s) failed an attempt", RELAY_TIMEOUT_S);
 	}
 	json_decref(ev);
-	assert_int_equal(ns(f, "partition", "n1 n2"), 0);
+	assert_int_equal(it_cluster_do(&f->c, NULL, "partition", "n1 n2"), 0);
 	it_pause_ms(8000); /* the partition lasts (the fault, not a wait for a result) */
-	assert_int_equal(ns(f, "clear", ""), 0);
-	json_t *j = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
+	assert_int_equal(it_cluster_do(&f->c, NULL, "clear", ""), 0);
+	json_t *j = it_wait_job(&f->c.d, id, "completed|failed|canceled", DEADLINE_S);
 	if (strcmp(it_jstr(j, "state"), "completed") != 0)
 		dump(f, id);
-	it_assert_completed(&f->d, j);
+	it_assert_completed(&f->c.d, j);
 	char sha[65];
 	it_sha_of_export(j, sha);
 	printf("partition n1|n2 for 8 s: %ld restart(s)\n", job_int(j, "restart_count"));
 	json_decref(j);
 	assert_string_equal(ref, sha);
 	free(id);
-}
-
-static pid_t ppid_of(pid_t pid)
-{
-	char path[64], buf[512];
-	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-	FILE *fp = fopen(path, "r");
-	if (!fp)
-		return -1;
-	size_t n = fread(buf, 1, sizeof buf - 1, fp);
-	fclose(fp);
-	buf[n] = 0;
-	char *rp = strrchr(buf, ')');
-	int pp = -1;
-	char st;
-	if (!rp || sscanf(rp + 1, " %c %d", &st, &pp) != 2)
-		return -1;
-	return pp;
 }
 
 /* How many entries of dir start with prefix (-1: no dir). */
@@ -495,25 +384,25 @@ static void stranded_rank_writes_nothing(void **state)
 		skip();
 	if (f->no_plane[0])
 		fail_msg("not run: the first 2-node job failed: %s", f->no_plane);
-	char *id = submit(f, JOB("fence-2x1", "200", "1000", TWO_NODES, "retry_policy", "{\"max_restarts\":3}", "profiler",
+	char *id = it_cluster_submit(&f->c, JOB("fence-2x1", "200", "1000", TWO_NODES, "retry_policy", "{\"max_restarts\":3}", "profiler",
 				 "{\"simulate_data_delay_ms\":100}", NULL));
-	it_wait_step(&f->d, id, 15, DEADLINE_S);
-	pid_t r0 = rank_on(id, "n1"), r1 = rank_on(id, "n2");
+	it_wait_step(&f->c.d, id, 15, DEADLINE_S);
+	pid_t r0 = it_rank_on(id, "n1"), r1 = it_rank_on(id, "n2");
 	if (r0 <= 0 || r1 <= 0) {
 		dump(f, id);
 		fail_msg("the job's ranks on n1 and n2 were not found");
 	}
-	pid_t stepd1 = ppid_of(r1);
+	pid_t stepd1 = it_ppid_of(r1);
 	assert_true(stepd1 > 1);
 	assert_int_equal(kill(stepd1, SIGSTOP), 0);
-	assert_int_equal(ns(f, "cut", "n1"), 0);
+	assert_int_equal(it_cluster_do(&f->c, NULL, "cut", "n1"), 0);
 	double t0 = mono_s();
-	while (alive(r0) && mono_s() - t0 < DEADLINE_S)
+	while (it_alive(r0) && mono_s() - t0 < DEADLINE_S)
 		it_pause_ms(100);
 	kill(stepd1, SIGCONT);
-	assert_false(alive(r0));
+	assert_false(it_alive(r0));
 	char dir[400], fence[400], line[64] = "";
-	snprintf(dir, sizeof dir, "%s/jobs/%s", f->d.state_dir, id);
+	snprintf(dir, sizeof dir, "%s/jobs/%s", f->c.d.state_dir, id);
 	snprintf(fence, sizeof fence, "%s/attempt", dir);
 	FILE *fp = fopen(fence, "r");
 	assert_non_null(fp);
@@ -530,9 +419,9 @@ static void stranded_rank_writes_nothing(void **state)
 		fail_msg("the stale rank put %d checkpoint(s) in place after its attempt was over", n);
 	}
 	assert_int_equal(count_entries(dir, "export$"), 0);
-	assert_int_equal(ns(f, "heal", "n1"), 0); /* and the job recovers */
-	json_t *j = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
-	it_assert_completed(&f->d, j);
+	assert_int_equal(it_cluster_do(&f->c, NULL, "heal", "n1"), 0); /* and the job recovers */
+	json_t *j = it_wait_job(&f->c.d, id, "completed|failed|canceled", DEADLINE_S);
+	it_assert_completed(&f->c.d, j);
 	json_decref(j);
 	free(id);
 }
@@ -544,16 +433,16 @@ static void slurm_cancel_is_reported(void **state)
 	fx *f = *state;
 	if (f->no_plane[0])
 		fail_msg("not run: the first 2-node job failed: %s", f->no_plane);
-	char *id = submit(f, JOB("scancel-2x1", "60", "10", TWO_NODES, "retry_policy", "{\"max_restarts\":0}", "profiler",
+	char *id = it_cluster_submit(&f->c, JOB("scancel-2x1", "60", "10", TWO_NODES, "retry_policy", "{\"max_restarts\":0}", "profiler",
 				 "{\"simulate_data_delay_ms\":100}", NULL));
-	it_wait_step(&f->d, id, 5, DEADLINE_S);
+	it_wait_step(&f->c.d, id, 5, DEADLINE_S);
 	char name[128], cmd[600];
-	pid_t r0 = rank_on(id, "n1");
+	pid_t r0 = it_rank_on(id, "n1");
 	assert_true(r0 > 0);
-	assert_int_equal(env_of(r0, "SLURM_JOB_NAME", name, sizeof name), 0);
-	snprintf(cmd, sizeof cmd, "SLURM_CONF=%s scancel --name=%s", f->conf, name);
+	assert_int_equal(it_env_of(r0, "SLURM_JOB_NAME", name, sizeof name), 0);
+	snprintf(cmd, sizeof cmd, "SLURM_CONF=%s scancel --name=%s", f->c.conf, name);
 	assert_int_equal(system(cmd), 0);
-	json_t *j = it_wait_job(&f->d, id, "completed|failed|canceled", DEADLINE_S);
+	json_t *j = it_wait_job(&f->c.d, id, "completed|failed|canceled", DEADLINE_S);
 	const char *why = json_string_value(json_object_get(j, "failure_reason"));
 	printf("scancel: %s: %s\n", it_jstr(j, "state"), why ? why : "(no reason)");
 	if (!why || !strstr(why, "Slurm job state CANCELLED")) {

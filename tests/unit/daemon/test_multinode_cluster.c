@@ -67,8 +67,6 @@ static void spec_nodes(void **state)
 
 	static const struct { const char *spec, *field; } bad[] = {
 		{"{\"dataset\":\"x\",\"resources\":{\"nodes\":2}}", "resources.gpus_per_node"},
-		{"{\"dataset\":\"x\",\"resources\":{\"nodes\":2,\"gpus_per_node\":1}}",
-		 "training_args.dataloader_num_workers"},
 		{"{\"dataset\":\"x\",\"resources\":{\"nodes\":2,\"gpus_per_node\":1,\"gpus\":3},"
 		 "\"training_args\":{\"dataloader_num_workers\":0}}", "resources.gpus"},
 		{"{\"dataset\":\"x\",\"resources\":{\"nodes\":9,\"gpus_per_node\":8},"

@@ -313,6 +313,49 @@ static void test_producer_error_reaches_consumer(void **state)
 	ring_unlink(name);
 }
 
+/* A node's ring (one node of a multi-node job): it carries world rank 1 of
+ * NG only; its batch q is the world's batch q*NG + 1, built by the
+ * producers as such (ring_world_batch), the bytes the whole world's ring
+ * would carry for rank 1. */
+static void test_node_ring_carries_its_ranks(void **state)
+{
+	(void)state;
+	char name[64];
+	ring_test_name(name, sizeof(name));
+	ring_params p = {.G = 1, .S = 4, .M = NM, .lease_ms = 50, .layout = fx.l, .start_batch = 0,
+			 .end_batch = NBATCH / NG, .W = NG, .R0 = 1};
+	ring *r = NULL;
+	assert_int_equal(ring_create(&r, name, &p), 0);
+	atomic_store(fx.die_flag, 0);
+	fx.die_at = UINT64_MAX;
+	pid_t pids[2] = {spawn(name), spawn(name)};
+	for (uint64_t q = 0; q < NBATCH / NG; q++) {
+		void *slot = NULL;
+		assert_int_equal(ring_next(r, 0, NEXT_TIMEOUT_MS, &slot), 0);
+		const batch_header *h = slot;
+		assert_int_equal(h->global, q * NG + 1);
+		assert_int_equal(h->rank, 1);
+		char hex[65];
+		sha256_hex(slot, fx.l.slot_bytes, hex);
+		assert_string_equal(hex, fx.ref[q * NG + 1]);
+		ring_release(r, 0);
+	}
+	void *slot;
+	assert_int_equal(ring_next(r, 0, 0, &slot), RING_END);
+	ring_shutdown(r);
+	for (int i = 0; i < 2; i++) {
+		int st;
+		assert_int_equal(waitpid(pids[i], &st, 0), pids[i]);
+		assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	}
+	ring_detach(r);
+	ring_unlink(name);
+	/* ranks outside the world are refused */
+	ring_params bad = p;
+	bad.R0 = NG;
+	assert_int_equal(ring_create(&r, name, &bad), -EINVAL);
+}
+
 static void test_segment_errors(void **state)
 {
 	(void)state;
@@ -419,6 +462,7 @@ int main(void)
 		cmocka_unit_test(test_kill_mid_write),
 		cmocka_unit_test(test_all_producers_dead_times_out),
 		cmocka_unit_test(test_producer_error_reaches_consumer),
+		cmocka_unit_test(test_node_ring_carries_its_ranks),
 		cmocka_unit_test(test_segment_errors),
 		cmocka_unit_test(test_open_race),
 	};
