@@ -5,7 +5,12 @@
  * Exit codes (common/exitcodes.h, bertd_daemon_exit): 0 clean shutdown; 1
  * bad configuration; 2 startup failure (state dir, database, token, bind);
  * 3 the state dir is locked by another bertd (nothing of it was touched);
- * 4 the job database is damaged (quick_check at start).
+ * 4 the job database is damaged (quick_check at start); 5 a restart under
+ * systemd left the running jobs running (sdunit.h, supervisor_detach_hook).
+ *
+ * SIGHUP reloads the configuration (reload.h; the hooks are setup_reload's).
+ * SIGTERM asks systemd whether it is a restart's (sdunit.h); SIGTERM
+ * otherwise, and SIGINT, stop the jobs with a checkpoint.
  *
  * `bertd backup FILE [options]` copies the job database of the state dir
  * the options name (a running daemon's too) into FILE and exits. `bertd
