@@ -5,6 +5,8 @@
  * plain HTTP on that port cleanly, and serves a replaced certificate after
  * SIGHUP (a key that does not match is refused, the old pair kept).
  *
+ * A reload while a job trains leaves its worker process alone.
+ *
  * The reload's outcome is read from the daemon's log ("reload:
  * configuration reloaded" / "reload refused"), polled with a deadline. */
 #include <errno.h>
@@ -229,11 +231,57 @@ static void test_https_and_cert_reload(void **state)
 	it_system("rm -rf '%s'", dir);
 }
 
+/* A reload while a job trains: the same worker process goes on stepping
+ * and the job completes; the new token counts at once. */
+static void test_reload_keeps_jobs_running(void **state)
+{
+	(void)state;
+	char conf[] = "/tmp/bertd-reload-conf-XXXXXX", path[200];
+	int fd = mkstemp(conf);
+	assert_true(fd >= 0);
+	close(fd);
+	it_write_file(conf, "retention_interval_s = 600\n");
+	const char *extra[] = {"--config", conf, NULL};
+	it_daemon_opts o = {.cpu_slots = "1", .extra = extra, .dataset = "shakes", .corpus = "shakes.txt",
+			    .corpus_lines = 1000, .vocab_size = 300, .wait_ready = true};
+	it_fx *f = it_daemon_start(&o, 180);
+	assert_non_null(f);
+	bertd *d = &f->d;
+	char *spec = it_job_spec(NULL, "shakes", "training_args.max_steps", "300", NULL);
+	char *id = it_submit(d, spec);
+	free(spec);
+	it_wait_step(d, id, 10, 180);
+	pid_t before[4], after[4];
+	int n = it_find_pids("bertd-worker", id, before, 4);
+	assert_int_equal(n, 1);
+
+	char new_token[] = "fedcba9876543210fedcba9876543210-while-training";
+	snprintf(path, sizeof path, "%s/token", d->state_dir);
+	it_write_file(path, new_token);
+	assert_int_equal(chmod(path, 0600), 0);
+	it_write_file(conf, "retention_interval_s = 300\nstall_timeout_s = 600\n");
+	assert_true(hup(d));
+	snprintf(d->token, sizeof d->token, "%s", new_token);
+	json_t *job = it_get_json(d, "/v1/jobs");
+	json_decref(job);
+	assert_int_equal(it_find_pids("bertd-worker", id, after, 4), 1);
+	assert_int_equal(after[0], before[0]); /* the same worker: nothing restarted */
+
+	job = it_wait_job(d, id, "completed|failed|canceled", 300);
+	it_assert_completed(d, job);
+	json_decref(job);
+	assert_int_equal(count_in_log(d, "daemon restarted"), 0);
+	free(id);
+	unlink(conf);
+	assert_int_equal(it_daemon_stop(f), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_reload_applies_and_refuses),
 		cmocka_unit_test(test_https_and_cert_reload),
+		cmocka_unit_test(test_reload_keeps_jobs_running),
 	};
 	return IT_RUN(tests, NULL, NULL);
 }
