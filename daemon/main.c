@@ -376,7 +376,7 @@ static int setup_reload(daemon_ctx *d, int argc, char **argv)
 		/* last: its check may create the token file */
 		{.name = "token", .check = check_token, .apply = apply_token, .arg = d},
 	};
-	if ((rc = reload_create(&d->rl, &d->cfg, argc, argv, environ)) < 0)
+	if ((rc = reload_create(&d->rl, &d->cfg, argc, argv, NULL)) < 0)
 		return rc;
 	for (size_t i = 0; i < sizeof hooks / sizeof hooks[0]; i++)
 		if ((rc = reload_register(d->rl, &hooks[i])) < 0)

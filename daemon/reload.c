@@ -8,6 +8,8 @@
 
 #include "common/log.h"
 
+extern char **environ;
+
 struct reload {
 	config cur;         /* in force */
 	int argc;
@@ -79,7 +81,8 @@ static int load_next(reload *r, config *next, char *why, size_t cap)
 	if (!err)
 		return -ENOMEM;
 	FILE *out = fopen("/dev/null", "w");
-	int rc = config_load(next, r->argc, r->argv, r->envp, out ? out : err, err);
+	/* environ as it is now: a setenv since start may have moved it */
+	int rc = config_load(next, r->argc, r->argv, r->envp ? r->envp : environ, out ? out : err, err);
 	if (out)
 		fclose(out);
 	fclose(err);

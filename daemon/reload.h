@@ -43,7 +43,8 @@ typedef struct reload reload;
 
 /* running: the configuration the daemon started with (copied, then kept as
  * the one in force); argc/argv/envp: what config_load read it from
- * (borrowed: main's, alive for the process). *out caller-owned
+ * (borrowed: main's, alive for the process; envp NULL = the process's
+ * environment as it is at each reload). *out caller-owned
  * (reload_destroy). 0 or -ENOMEM. */
 int reload_create(reload **out, const config *running, int argc, char **argv, char **envp);
 void reload_destroy(reload *r);
