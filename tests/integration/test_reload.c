@@ -247,7 +247,7 @@ static void test_reload_keeps_jobs_running(void **state)
 	it_fx *f = it_daemon_start(&o, 180);
 	assert_non_null(f);
 	bertd *d = &f->d;
-	char *spec = it_job_spec(NULL, "shakes", "training_args.max_steps", "300", NULL);
+	char *spec = it_job_spec(NULL, "shakes", "training_args.max_steps", "150", NULL);
 	char *id = it_submit(d, spec);
 	free(spec);
 	it_wait_step(d, id, 10, 180);
