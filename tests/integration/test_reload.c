@@ -1,7 +1,8 @@
 /* Reload (SIGHUP) and HTTPS: a changed configuration file takes effect in
  * the running daemon (body limit, bearer token); a bad one changes nothing
  * and the error names the key; a restart-only key is reported, not applied;
- * the daemon serves HTTPS with a certificate made here (openssl), refuses
+ * retention and the disk ceiling change GET /v1/system's "disk"; the
+ * daemon serves HTTPS with a certificate made here (openssl), refuses
  * plain HTTP on that port cleanly, and serves a replaced certificate after
  * SIGHUP (a key that does not match is refused, the old pair kept).
  *
@@ -115,6 +116,9 @@ static void test_reload_applies_and_refuses(void **state)
 	it_fx *f = start_with_conf("max_body_bytes = 2048\n", conf, sizeof conf);
 	bertd *d = &f->d;
 	assert_int_equal(post_bytes(d, 3000), 413);
+	json_t *sys0 = it_get_json(d, "/v1/system"); /* no ceiling yet */
+	assert_true(json_is_null(json_object_get(json_object_get(sys0, "disk"), "ceiling_bytes")));
+	json_decref(sys0);
 
 	/* a reloadable key: the limit is the new one at once */
 	it_write_file(conf, "max_body_bytes = 1048576\n");
@@ -139,12 +143,20 @@ static void test_reload_applies_and_refuses(void **state)
 
 	/* fixed, with a restart-only key changed too: the token and the limit
 	 * are applied, the port is reported and kept */
-	it_write_file(conf, "max_body_bytes = 4096\napi_threads = 2\n");
+	json_t *sys;
+	it_write_file(conf, "max_body_bytes = 4096\napi_threads = 2\nretention_checkpoint_days = 3\n"
+			    "disk_ceiling_bytes = 123456789\n");
 	assert_true(hup(d));
 	assert_log_has(d, "reload: api_threads changed in the configuration but is read at start only");
 	assert_int_equal(get_jobs(d), 200);
 	assert_int_not_equal(post_bytes(d, 3000), 413);
 	assert_int_equal(post_bytes(d, 5000), 413);
+	/* the retention policy and the ceiling in force, as GET /v1/system shows them */
+	sys = it_get_json(d, "/v1/system");
+	json_t *disk = json_object_get(sys, "disk");
+	assert_int_equal(json_integer_value(json_object_get(disk, "ceiling_bytes")), 123456789);
+	assert_int_equal(json_integer_value(json_object_get(json_object_get(disk, "retention"), "checkpoint_days")), 3);
+	json_decref(sys);
 	snprintf(d->token, sizeof d->token, "%s", old_token);
 	assert_int_equal(get_jobs(d), 401);
 	snprintf(d->token, sizeof d->token, "%s", new_token);
