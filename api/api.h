@@ -43,6 +43,8 @@ typedef struct api_config {
 	const char *bin_dir;          /* where bertd-worker is (checkpoint exports: daemon/hfexport.h) */
 	const char *nccl_version;     /* "2.21.5", or NULL: NCCL cannot be loaded (common/nccl_lib.h) */
 	const char *nccl_problem;     /* why not, when nccl_version is NULL */
+	const char *tls_cert;         /* PEM certificate chain file: serve HTTPS; NULL or "" = plain */
+	const char *tls_key;          /* its PEM private key file (with tls_cert) */
 } api_config;
 
 typedef struct api_server api_server;
@@ -53,6 +55,23 @@ typedef struct api_server api_server;
 int api_server_start(api_server **out, const api_config *cfg, store *st);
 /* The TCP port actually bound (useful with port 0). */
 int api_server_port(const api_server *srv);
+/* Whether srv serves HTTPS. */
+bool api_server_tls(const api_server *srv);
+
+/* What a configuration reload (daemon/reload.h) changes in a running
+ * server, from any thread, without closing the listener or a connection:
+ * the bearer token (1..256 characters; -EINVAL otherwise), the limits
+ * (api_config's meaning; 0 = default), and the TLS credentials (loaded and
+ * checked beforehand with api/tls.h's api_tls_creds_load; taken over on 0;
+ * -EINVAL, not taken, when srv is plain HTTP: turning TLS on or off needs a
+ * restart). Each takes effect for requests and handshakes that start after
+ * it. */
+struct api_tls_creds;
+int api_server_set_token(api_server *srv, const char *token);
+void api_server_set_limits(api_server *srv, size_t max_body_bytes, unsigned per_ip_limit,
+			   unsigned request_timeout_s);
+int api_server_set_tls(api_server *srv, struct api_tls_creds *creds);
+
 /* Stops accepting, waits for in-flight requests, frees srv. NULL is fine. */
 void api_server_stop(api_server *srv);
 

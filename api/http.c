@@ -34,6 +34,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "api/tls.h"
 #include "common/log.h"
 #include "daemon/telemetry.h"
 
@@ -68,8 +69,15 @@ struct api_http {
 	bool stopping, sweeping;
 	unsigned deferred;        /* api_defer replies not sent yet (under mu; wake) */
 	pthread_t sweeper;
-	api_config cfg;   /* strings point at the copies below */
+	api_config cfg;   /* strings point at the copies below; cfg.token is the token at start */
 	char *token, *listen_addr, *state_dir;
+	/* What a reload changes (api_http_set_*): the token every request is
+	 * checked against and the body limit, under live_mu; per_ip_limit and
+	 * request_timeout_s in cfg, under mu like their readers. */
+	pthread_rwlock_t live_mu;
+	char live_token[257];
+	size_t live_max_body;
+	bool tls;         /* serving HTTPS: credentials installed (tls.h) */
 	char **roots;     /* n_data_roots copies */
 	store *st;
 	struct follow_hub *follow; /* handed to every request; its owner (server.c) stops it first */
@@ -566,10 +574,20 @@ static enum MHD_Result check_framing(api_request *req, const char *version)
 	return MHD_YES;
 }
 
+/* The body limit in force (a reload may change it). */
+static size_t live_max_body(api_http *srv)
+{
+	pthread_rwlock_rdlock(&srv->live_mu);
+	size_t max = srv->live_max_body;
+	pthread_rwlock_unlock(&srv->live_mu);
+	return max;
+}
+
 /* The token check: true when the request may go on, with req->who set to
  * the token's name and role; otherwise 401 is queued (or queueing failed)
  * and *ret says which. A revoked token is unknown at once: tokens_check
- * re-reads the token files whenever they changed. */
+ * re-reads the token files whenever they changed. Without named tokens
+ * (cfg.tokens NULL) the single token in force is the admin "default". */
 static bool authorized(api_request *req, enum MHD_Result *ret)
 {
 	const char *auth = api_header(req, MHD_HTTP_HEADER_AUTHORIZATION);
@@ -577,9 +595,15 @@ static bool authorized(api_request *req, enum MHD_Result *ret)
 	if (req->cfg->tokens) {
 		if (secret && tokens_check(req->cfg->tokens, secret, &req->who) == 0)
 			return true;
-	} else if (api_auth_ok(auth, req->cfg->token)) {
-		req->who = (tokens_entry){.name = TOKENS_DEFAULT_NAME, .role = TOKENS_ROLE_ADMIN};
-		return true;
+	} else {
+		api_http *srv = req->srv;
+		pthread_rwlock_rdlock(&srv->live_mu);
+		bool ok = api_auth_ok(auth, srv->live_token);
+		pthread_rwlock_unlock(&srv->live_mu);
+		if (ok) {
+			req->who = (tokens_entry){.name = TOKENS_DEFAULT_NAME, .role = TOKENS_ROLE_ADMIN};
+			return true;
+		}
 	}
 	bool missing = auth == NULL;
 	if (api_add_header(req, MHD_HTTP_HEADER_WWW_AUTHENTICATE,
@@ -645,17 +669,18 @@ static enum MHD_Result begin(struct conn_ctx *c, const char *version)
 						 "Content-Type is %s; send application/json",
 						 ct ? ct : "missing");
 	}
-	if (has_len && len > req->cfg->max_body_bytes)
+	size_t max_body = live_max_body(req->srv);
+	if (has_len && len > max_body)
 		return api_reply_problem(req, API_P_BODY_TOO_LARGE, NULL,
 					 "body of %llu bytes is over the limit of %zu bytes",
-					 (unsigned long long)len, req->cfg->max_body_bytes);
+					 (unsigned long long)len, max_body);
 	return MHD_YES;
 }
 
 /* A body piece: keep it, or once over the limit, count and drop it. */
 static enum MHD_Result take_piece(struct conn_ctx *c, const char *data, size_t n)
 {
-	size_t max = c->req.cfg->max_body_bytes;
+	size_t max = live_max_body(c->req.srv);
 	if (!c->too_large && n > max - c->len) {
 		c->too_large = true;
 		c->dropped = c->len;
@@ -711,6 +736,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 		c->req.body = "";
 		c->req.st = srv->st;
 		c->req.cfg = &srv->cfg;
+		c->req.srv = srv;
 		c->req.follow = srv->follow;
 		enum MHD_Result ret = begin(c, version);
 		if (c->req.replied)
@@ -732,7 +758,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 	if (c->too_large)
 		return api_reply_problem(&c->req, API_P_BODY_TOO_LARGE, NULL,
 					 "body is over the limit of %zu bytes",
-					 c->req.cfg->max_body_bytes);
+					 live_max_body(c->req.srv));
 	if (c->body) {
 		c->req.body = c->body;
 		c->req.body_len = c->len;
@@ -921,9 +947,9 @@ static void track_request(api_http *srv, struct MHD_Connection *conn, bool recei
 static void *sweep_main(void *arg)
 {
 	api_http *srv = arg;
-	int64_t limit_ms = (int64_t)srv->cfg.request_timeout_s * 1000;
 	pthread_mutex_lock(&srv->mu);
 	while (!srv->stopping) {
+		int64_t limit_ms = (int64_t)srv->cfg.request_timeout_s * 1000; /* under mu: reloadable */
 		int64_t now = mono_ms();
 		for (struct track *t = srv->conns; t; t = t->next)
 			if (!t->received && !t->shut && now - t->since_ms >= limit_ms) {
@@ -1021,6 +1047,9 @@ static void server_free(api_http *srv)
 	free(srv->roots);
 	pthread_mutex_destroy(&srv->mu);
 	pthread_cond_destroy(&srv->wake);
+	pthread_rwlock_destroy(&srv->live_mu);
+	if (srv->tls)
+		api_tls_uninstall(); /* MHD is stopped (or never ran): no handshake left */
 	free(srv);
 }
 
@@ -1032,6 +1061,7 @@ int api_http_start(api_http **out, const api_config *cfg, store *st, struct foll
 		return -ENOMEM;
 	pthread_mutex_init(&srv->mu, NULL);
 	pthread_cond_init(&srv->wake, NULL);
+	pthread_rwlock_init(&srv->live_mu, NULL);
 	srv->cfg = *cfg;
 	srv->st = st;
 	srv->follow = follow;
@@ -1059,13 +1089,26 @@ int api_http_start(api_http **out, const api_config *cfg, store *st, struct foll
 	srv->cfg.token = srv->token;
 	srv->cfg.listen_addr = srv->listen_addr;
 	srv->cfg.state_dir = srv->state_dir;
-	if (!srv->cfg.tokens && !srv->token[0]) {
-		log_error("api: refusing to start without a bearer token");
+	if ((!srv->cfg.tokens && !srv->token[0]) || strlen(srv->token) >= sizeof srv->live_token) {
+		log_error("api: refusing to start without a bearer token of 1 to %zu characters or named tokens",
+			  sizeof srv->live_token - 1);
 		rc = -EINVAL;
 		goto out;
 	}
+	snprintf(srv->live_token, sizeof srv->live_token, "%s", srv->token);
 	if (!srv->cfg.max_body_bytes)
 		srv->cfg.max_body_bytes = DEFAULT_MAX_BODY;
+	srv->live_max_body = srv->cfg.max_body_bytes;
+	if (cfg->tls_cert && cfg->tls_cert[0]) {
+		api_tls_creds *creds;
+		char why[1200];
+		if ((rc = api_tls_creds_load(&creds, cfg->tls_cert, cfg->tls_key, why, sizeof why)) < 0) {
+			log_error("api: %s", why);
+			goto out;
+		}
+		api_tls_install(creds);
+		srv->tls = true;
+	}
 	if (!srv->cfg.threads)
 		srv->cfg.threads = DEFAULT_THREADS;
 	if (!srv->cfg.conn_timeout_s)
@@ -1101,6 +1144,10 @@ int api_http_start(api_http **out, const api_config *cfg, store *st, struct foll
 	 * thread back instead of spinning (follow.c). */
 	unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG |
 			 MHD_ALLOW_SUSPEND_RESUME;
+	/* The certificate comes from tls.c at every handshake (not MEM_CERT,
+	 * which MHD reads once): a reload replaces it with api_http_set_tls. */
+	if (srv->tls)
+		flags |= MHD_USE_TLS;
 	if (strchr(srv->listen_addr, ':'))
 		flags |= MHD_USE_IPv6;
 	/* conn_limit and per_ip_limit are on_accept's; MHD's own limit is
@@ -1118,6 +1165,7 @@ int api_http_start(api_http **out, const api_config *cfg, store *st, struct foll
 		MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)srv->cfg.conn_memory,
 		MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
 		MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv,
+		srv->tls ? MHD_OPTION_HTTPS_CERT_CALLBACK : MHD_OPTION_END, api_tls_retrieve,
 		MHD_OPTION_END);
 	if (!srv->mhd) {
 		/* MHD may already have closed fd on some failure paths; leaking
@@ -1126,8 +1174,9 @@ int api_http_start(api_http **out, const api_config *cfg, store *st, struct foll
 		rc = -ENOMEM;
 		goto out;
 	}
-	log_info("api listening on %s port %d (%u threads, max body %zu bytes)",
-		 srv->listen_addr, srv->port, srv->cfg.threads, srv->cfg.max_body_bytes);
+	log_info("api listening on %s port %d (%s, %u threads, max body %zu bytes)",
+		 srv->listen_addr, srv->port, srv->tls ? "HTTPS" : "plain HTTP", srv->cfg.threads,
+		 srv->cfg.max_body_bytes);
 	*out = srv;
 	return 0;
 out:
@@ -1138,6 +1187,42 @@ out:
 int api_http_port(const api_http *srv)
 {
 	return srv->port;
+}
+
+bool api_http_tls(const api_http *srv)
+{
+	return srv->tls;
+}
+
+int api_http_set_token(api_http *srv, const char *token)
+{
+	if (!token || !token[0] || strlen(token) >= sizeof srv->live_token)
+		return -EINVAL;
+	pthread_rwlock_wrlock(&srv->live_mu);
+	snprintf(srv->live_token, sizeof srv->live_token, "%s", token);
+	pthread_rwlock_unlock(&srv->live_mu);
+	return 0;
+}
+
+void api_http_set_limits(api_http *srv, size_t max_body_bytes, unsigned per_ip_limit,
+			 unsigned request_timeout_s)
+{
+	pthread_rwlock_wrlock(&srv->live_mu);
+	srv->live_max_body = max_body_bytes ? max_body_bytes : DEFAULT_MAX_BODY;
+	pthread_rwlock_unlock(&srv->live_mu);
+	pthread_mutex_lock(&srv->mu);
+	srv->cfg.per_ip_limit = per_ip_limit ? per_ip_limit : DEFAULT_PER_IP;
+	srv->cfg.request_timeout_s = request_timeout_s ? request_timeout_s : DEFAULT_REQUEST_TIMEOUT_S;
+	pthread_cond_broadcast(&srv->wake); /* the sweeper picks the new deadline up */
+	pthread_mutex_unlock(&srv->mu);
+}
+
+int api_http_set_tls(api_http *srv, api_tls_creds *creds)
+{
+	if (!srv->tls)
+		return -EINVAL;
+	api_tls_install(creds);
+	return 0;
 }
 
 void api_http_stop(api_http *srv)

@@ -39,7 +39,8 @@ struct api_request {
 				    * name "" on a public route */
 	const api_route *route;    /* the matched route (its role and action) */
 	store *st;
-	const api_config *cfg;
+	const api_config *cfg;     /* as at start: reloadable limits are read through http.c */
+	struct api_http *srv;      /* the server (http.c's own) */
 	struct follow_hub *follow; /* the server's follow streams (follow.h) */
 	/* Headers every reply of this request carries (Location, Allow, ...). */
 	size_t n_hdrs;
@@ -62,6 +63,20 @@ typedef struct api_http api_http;
 int api_http_start(api_http **out, const api_config *cfg, store *st, struct follow_hub *follow);
 /* The TCP port actually bound. */
 int api_http_port(const api_http *srv);
+/* Whether it serves HTTPS (cfg->tls_cert was set at start). */
+bool api_http_tls(const api_http *srv);
+/* Reload: the bearer token every later request is checked against
+ * (copied; 1..256 characters, else -EINVAL). Any thread. */
+int api_http_set_token(api_http *srv, const char *token);
+/* Reload: body limit, per-address connection limit and request deadline
+ * for requests and connections from now on (0 = the default). Any thread. */
+void api_http_set_limits(api_http *srv, size_t max_body_bytes, unsigned per_ip_limit,
+			 unsigned request_timeout_s);
+/* Reload: creds (api_tls_creds_load) for every later handshake; takes
+ * ownership. -EINVAL (creds not taken) when the server is plain HTTP:
+ * switching needs a restart. */
+struct api_tls_creds;
+int api_http_set_tls(api_http *srv, struct api_tls_creds *creds);
 /* Refuses new requests, waits for deferred replies, stops MHD (joining its
  * threads) and frees srv. No connection may be suspended. NULL is fine. */
 void api_http_stop(api_http *srv);

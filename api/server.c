@@ -11,10 +11,12 @@
 #include "api/api.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "api/follow.h"
 #include "api/http.h"
+#include "api/tls.h"
 
 #define DEFAULT_FOLLOW_PER_JOB 8
 #define DEFAULT_FOLLOW_TOTAL 32
@@ -49,6 +51,27 @@ out:
 int api_server_port(const api_server *s)
 {
 	return api_http_port(s->http);
+}
+
+bool api_server_tls(const api_server *s)
+{
+	return api_http_tls(s->http);
+}
+
+int api_server_set_token(api_server *s, const char *token)
+{
+	return api_http_set_token(s->http, token);
+}
+
+void api_server_set_limits(api_server *s, size_t max_body_bytes, unsigned per_ip_limit,
+			   unsigned request_timeout_s)
+{
+	api_http_set_limits(s->http, max_body_bytes, per_ip_limit, request_timeout_s);
+}
+
+int api_server_set_tls(api_server *s, struct api_tls_creds *creds)
+{
+	return api_http_set_tls(s->http, creds);
 }
 
 void api_server_stop(api_server *s)

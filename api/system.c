@@ -48,7 +48,9 @@ enum MHD_Result system_version(api_request *req)
 static json_t *disk_json(retention *r)
 {
 	retention_usage u;
-	const retention_config *rc = retention_config_of(r);
+	retention_config policy;
+	retention_config_get(r, &policy); /* a reload may change it meanwhile */
+	const retention_config *rc = &policy;
 	if (retention_usage_get(r, &u) < 0)
 		return NULL;
 	char at[32];

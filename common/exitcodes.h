@@ -25,6 +25,8 @@ enum bertd_daemon_exit {
 	BERTD_DAEMON_EXIT_STARTUP = 2,    /* state dir, database, token, bind failed; backup failed */
 	BERTD_DAEMON_EXIT_LOCKED = 3,     /* the state dir is in use by another bertd */
 	BERTD_DAEMON_EXIT_DB_DAMAGED = 4, /* the job database is damaged: restore it (not retried) */
+	BERTD_DAEMON_EXIT_DETACHED = 5,   /* clean exit that left running jobs running (a restart):
+					   * the next bertd adopts them; the unit keeps them alive */
 };
 
 #endif

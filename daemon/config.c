@@ -30,6 +30,16 @@ typedef struct config_key {
 	int (*check)(const char *v, char *why, size_t cap);
 } config_key;
 
+/* The keys a reload (SIGHUP) applies to the running daemon; every other key
+ * is read at start only (docs/operations.md lists both). A key belongs here
+ * only when each of its readers takes a change while running. */
+static const char *const reloadable_keys[] = {
+	"log_level", "max_body_bytes", "per_ip_limit", "request_timeout_s",
+	"stop_timeout_s", "stall_timeout_s", "schedule",
+	"retention_checkpoint_days", "retention_keep_exports", "retention_interval_s",
+	"disk_ceiling_bytes", "disk_ceiling_percent", "tls_cert", "tls_key",
+};
+
 #define STR(f, def, help) {#f, C_STR, def, 0, 0, offsetof(config, f), sizeof(((config *)0)->f), help, NULL}
 #define STRV(f, def, check, help) {#f, C_STR, def, 0, 0, offsetof(config, f), sizeof(((config *)0)->f), help, check}
 #define INT(f, def, lo, hi, help) {#f, C_INT, def, lo, hi, offsetof(config, f), 0, help, NULL}
@@ -124,6 +134,9 @@ static const config_key keys[] = {
 	INT(relay_timeout_s, "30", 1, 3600,
 	    "seconds a multi-node rank's relay connection may go unanswered (a node cut off) before the "
 	    "daemon and the rank each count it lost"),
+	STR(tls_cert, "", "PEM certificate (chain) file: the API speaks HTTPS with it (\"\" = plain "
+	    "HTTP); reread on SIGHUP"),
+	STR(tls_key, "", "PEM private key file of tls_cert (set both or neither); reread on SIGHUP"),
 };
 #define N_KEYS (sizeof keys / sizeof keys[0])
 
@@ -262,16 +275,18 @@ static int load_file(config *cfg, const char *path, bool must_exist, FILE *err)
 	return rc;
 }
 
-/* Finds --config in argv (it decides which file is read before the rest). */
+/* Finds --config in argv (it decides which file is read before the rest);
+ * given more than once, the last one counts, as for every other option. */
 static const char *argv_config(int argc, char **argv)
 {
+	const char *file = NULL;
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--config") == 0 && i + 1 < argc)
-			return argv[i + 1];
-		if (strncmp(argv[i], "--config=", 9) == 0)
-			return argv[i] + 9;
+			file = argv[++i];
+		else if (strncmp(argv[i], "--config=", 9) == 0)
+			file = argv[i] + 9;
 	}
-	return NULL;
+	return file;
 }
 
 /* Makes a relative path absolute against the daemon's cwd, once, at start:
@@ -310,6 +325,16 @@ static int finish(config *cfg, FILE *err)
 	}
 	if (!cfg->state_dir[0]) {
 		fprintf(err, "bertd: state_dir must not be empty\n");
+		return -EINVAL;
+	}
+	if (!cfg->tls_cert[0] != !cfg->tls_key[0]) {
+		fprintf(err, "bertd: %s is set but %s is not: HTTPS needs both (or neither, for plain HTTP)\n",
+			cfg->tls_cert[0] ? "tls_cert" : "tls_key", cfg->tls_cert[0] ? "tls_key" : "tls_cert");
+		return -EINVAL;
+	}
+	if (absolutize(cfg->tls_cert, sizeof cfg->tls_cert) < 0 ||
+	    absolutize(cfg->tls_key, sizeof cfg->tls_key) < 0) {
+		fprintf(err, "bertd: tls_cert or tls_key is too long once made absolute\n");
 		return -EINVAL;
 	}
 	if (absolutize(cfg->state_dir, sizeof cfg->state_dir) < 0 ||
@@ -474,7 +499,7 @@ void config_print_help(FILE *out, const char *prog)
 		fprintf(out, "  --%-16s %s\n  %-18s default: \"%s\"", k->name, k->help, "", k->def);
 		if (k->type == C_INT || k->type == C_SIZE)
 			fprintf(out, ", range %lld..%lld", k->min, k->max);
-		fprintf(out, "\n");
+		fprintf(out, "%s\n", config_key_reloadable(k->name) ? "; reloaded on SIGHUP" : "");
 	}
 }
 
@@ -520,4 +545,50 @@ int config_root_check(const char *root, bool need_write, char *why, size_t cap)
 	if (rc == 0 && cap)
 		why[0] = 0;
 	return rc;
+}
+
+bool config_key_reloadable(const char *key)
+{
+	for (size_t i = 0; i < sizeof reloadable_keys / sizeof reloadable_keys[0]; i++)
+		if (strcmp(reloadable_keys[i], key) == 0)
+			return true;
+	return false;
+}
+
+static bool same_value(const config_key *k, const config *a, const config *b)
+{
+	const char *fa = (const char *)a + k->offset, *fb = (const char *)b + k->offset;
+	switch (k->type) {
+	case C_STR: return strcmp(fa, fb) == 0;
+	case C_INT: return *(const int *)fa == *(const int *)fb;
+	case C_SIZE: return *(const size_t *)fa == *(const size_t *)fb;
+	case C_BOOL: return *(const bool *)fa == *(const bool *)fb;
+	}
+	return false;
+}
+
+int config_each_change(const config *a, const config *b,
+		       void (*fn)(void *arg, const char *key, bool reloadable), void *arg)
+{
+	int n = 0;
+	for (size_t i = 0; i < N_KEYS; i++) {
+		if (same_value(&keys[i], a, b))
+			continue;
+		n++;
+		if (fn)
+			fn(arg, keys[i].name, config_key_reloadable(keys[i].name));
+	}
+	return n;
+}
+
+void config_copy_reloadable(config *dst, const config *src)
+{
+	for (size_t i = 0; i < N_KEYS; i++) {
+		const config_key *k = &keys[i];
+		if (!config_key_reloadable(k->name))
+			continue;
+		size_t size = k->type == C_STR ? k->cap : k->type == C_INT ? sizeof(int)
+			      : k->type == C_SIZE ? sizeof(size_t) : sizeof(bool);
+		memcpy((char *)dst + k->offset, (const char *)src + k->offset, size);
+	}
 }

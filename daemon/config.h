@@ -58,6 +58,8 @@ typedef struct config {
 	char shared_group[64];         /* group that may read job files (exports, logs, TensorBoard); "" = none */
 	int relay_timeout_s;     /* a relay connection unanswered this long is lost (both ends) */
 	bool slurm_gpus_per_node; /* srun --gpus-per-node for GPU multi-node jobs (GRES clusters) */
+	char tls_cert[1024];     /* PEM certificate chain of the HTTPS listener; "" = plain HTTP */
+	char tls_key[1024];      /* PEM private key of tls_cert; set both or neither */
 	char config_file[1024];  /* where the file settings came from ("" none) */
 
 	/* Derived by config_finish: */
@@ -78,6 +80,17 @@ int config_load(config *cfg, int argc, char **argv, char **envp, FILE *out, FILE
 void config_print_help(FILE *out, const char *prog);
 /* Prints the effective configuration, "key = value" per line. */
 void config_print(const config *cfg, FILE *out);
+
+/* Whether key (a config key name) takes effect on a reload (SIGHUP): the
+ * table's reloadable flag. Unknown names are false. */
+bool config_key_reloadable(const char *key);
+/* Calls fn once for every key whose value differs between a and b, in the
+ * table's order, with whether it is reloadable. Returns how many differ. */
+int config_each_change(const config *a, const config *b,
+		       void (*fn)(void *arg, const char *key, bool reloadable), void *arg);
+/* Copies the values of the reloadable keys from src into dst, leaving the
+ * others (the restart-only ones) as dst has them. */
+void config_copy_reloadable(config *dst, const config *src);
 
 /* Checks one data root as it is now (roots are not required to exist at
  * start, so this is a warning, not a load error): 0 when it is a directory

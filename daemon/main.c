@@ -5,7 +5,12 @@
  * Exit codes (common/exitcodes.h, bertd_daemon_exit): 0 clean shutdown; 1
  * bad configuration; 2 startup failure (state dir, database, token, bind);
  * 3 the state dir is locked by another bertd (nothing of it was touched);
- * 4 the job database is damaged (quick_check at start).
+ * 4 the job database is damaged (quick_check at start); 5 a restart under
+ * systemd left the running jobs running (sdunit.h, supervisor_detach_hook).
+ *
+ * SIGHUP reloads the configuration (reload.h; the hooks are setup_reload's).
+ * SIGTERM asks systemd whether it is a restart's (sdunit.h); SIGTERM
+ * otherwise, and SIGINT, stop the jobs with a checkpoint.
  *
  * `bertd backup FILE [options]` copies the job database of the state dir
  * the options name (a running daemon's too) into FILE and exits. `bertd
@@ -27,6 +32,7 @@
 #include <unistd.h>
 
 #include "api/api.h"
+#include "api/tls.h"
 #include "common/exitcodes.h"
 #include "common/fsutil.h"
 #include "common/log.h"
@@ -34,7 +40,9 @@
 #include "daemon/config.h"
 #include "daemon/devices.h"
 #include "daemon/loop.h"
+#include "daemon/reload.h"
 #include "daemon/retention.h"
+#include "daemon/sdunit.h"
 #include "daemon/store.h"
 #include "daemon/supervisor.h"
 #include "daemon/token_cmd.h"
@@ -59,20 +67,40 @@ typedef struct daemon_ctx {
 	char addr_path[1100];
 	int lockfd; /* OFD lock on <state_dir>/bertd.lock, held for our life */
 	tokens *tok; /* the API's tokens; outlives the API server; tokens_reload(tok) re-reads them */
+	reload *rl; /* SIGHUP: the configuration in force and who applies it */
+	bool restart; /* the SIGTERM is a restart's (sdunit.h): leave jobs running if we can */
 } daemon_ctx;
+
+/* SIGHUP: reload the configuration, telling systemd while it runs
+ * (RELOADING=1 ... READY=1), whatever the outcome: a refused reload leaves
+ * the daemon running as it was. */
+static void do_reload(daemon_ctx *d)
+{
+	char why[1400];
+	sd_notify(0, "RELOADING=1\nSTATUS=reloading the configuration");
+	int rc = reload_run(d->rl, why, sizeof why);
+	if (rc < 0)
+		sd_notifyf(0, "READY=1\nSTATUS=reload refused, configuration unchanged: %s",
+			   rc == -EINVAL ? why : strerror(-rc));
+	else
+		sd_notify(0, "READY=1\nSTATUS=configuration reloaded");
+}
 
 static void on_signal(loop *l, int fd, uint32_t events, void *arg)
 {
 	(void)events;
-	(void)arg;
 	struct signalfd_siginfo si;
 	while (read(fd, &si, sizeof si) == (ssize_t)sizeof si) {
+		daemon_ctx *d = arg;
 		if (si.ssi_signo == SIGTERM || si.ssi_signo == SIGINT) {
 			log_info("received %s, shutting down", si.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT");
-			sd_notify(0, "STOPPING=1\nSTATUS=shutting down");
+			/* systemd sends SIGTERM for a stop and for a restart alike */
+			d->restart = si.ssi_signo == SIGTERM && sdunit_stop_is_restart();
+			sd_notify(0, d->restart ? "STOPPING=1\nSTATUS=restarting" : "STOPPING=1\nSTATUS=shutting down");
 			loop_stop(l);
 		} else if (si.ssi_signo == SIGHUP) {
-			log_info("SIGHUP ignored: restart bertd to change its configuration");
+			log_info("received SIGHUP, reloading the configuration");
+			do_reload(d);
 		}
 	}
 }
@@ -157,7 +185,8 @@ static int write_addr_file(daemon_ctx *d, int port)
 	char line[160];
 	const char *host = d->cfg.listen;
 	bool v6 = strchr(host, ':') != NULL;
-	snprintf(line, sizeof line, "http://%s%s%s:%d\n", v6 ? "[" : "", host, v6 ? "]" : "", port);
+	snprintf(line, sizeof line, "%s://%s%s%s:%d\n", d->cfg.tls_cert[0] ? "https" : "http", v6 ? "[" : "",
+		 host, v6 ? "]" : "", port);
 	snprintf(d->addr_path, sizeof d->addr_path, "%s/bertd.addr", d->cfg.state_dir);
 	return fs_write_atomic(d->addr_path, line, strlen(line), 0644);
 }
@@ -232,6 +261,133 @@ static int export_main(int argc, char **argv)
 	execv(bin, wargv);
 	log_error("cannot run %s: %s", bin, strerror(errno));
 	return BERTD_DAEMON_EXIT_STARTUP;
+}
+
+/* ---- what a reload applies (reload.h's hooks) ---- */
+
+static void apply_log(void *arg, const config *next, void *staged)
+{
+	(void)arg;
+	(void)staged;
+	enum log_level lvl = LOG_LVL_INFO;
+	log_level_parse(next->log_level, &lvl); /* config_load checked it */
+	log_set_level(lvl);
+}
+
+static void apply_api_limits(void *arg, const config *next, void *staged)
+{
+	(void)staged;
+	daemon_ctx *d = arg;
+	api_server_set_limits(d->api, next->max_body_bytes, (unsigned)next->per_ip_limit,
+			      (unsigned)next->request_timeout_s);
+}
+
+static void apply_supervisor(void *arg, const config *next, void *staged)
+{
+	(void)staged;
+	daemon_ctx *d = arg;
+	supervisor_set_limits(d->sup, next->stop_timeout_s * 1000, next->stall_timeout_s * 1000,
+			      !next->schedule);
+	if (next->schedule != reload_config(d->rl)->schedule)
+		log_warn("schedule = %s: %s", next->schedule ? "true" : "false",
+			 next->schedule ? "queued jobs start again" : "jobs are queued but none is started");
+}
+
+static void apply_retention(void *arg, const config *next, void *staged)
+{
+	(void)staged;
+	daemon_ctx *d = arg;
+	retention_config rc = {
+		.checkpoint_days = next->retention_checkpoint_days,
+		.keep_exports = next->retention_keep_exports,
+		.interval_s = next->retention_interval_s,
+		.ceiling_bytes = next->disk_ceiling_bytes,
+		.ceiling_percent = next->disk_ceiling_percent,
+	};
+	retention_set_policy(d->ret, &rc);
+}
+
+/* The certificate and key are read again on every reload (renewed files
+ * keep their names); switching between HTTPS and plain HTTP is refused. */
+static int check_tls(void *arg, const config *running, const config *next, void **staged, char *why,
+		     size_t cap)
+{
+	(void)arg;
+	if (!running->tls_cert[0] != !next->tls_cert[0]) {
+		snprintf(why, cap, "tls_cert: turning HTTPS %s needs a restart (systemctl restart bertd)",
+			 next->tls_cert[0] ? "on" : "off");
+		return -EINVAL;
+	}
+	if (!next->tls_cert[0])
+		return 0;
+	return api_tls_creds_load((api_tls_creds **)staged, next->tls_cert, next->tls_key, why, cap);
+}
+
+static void apply_tls(void *arg, const config *next, void *staged)
+{
+	daemon_ctx *d = arg;
+	if (staged && api_server_set_tls(d->api, staged) == 0)
+		log_info("reload: serving the certificate %s", next->tls_cert);
+}
+
+static void discard_tls(void *arg, void *staged)
+{
+	(void)arg;
+	api_tls_creds_free(staged);
+}
+
+/* The token files, read again now (they are also read again by the first
+ * request after they change, so this hook has nothing to check first). A
+ * file that cannot be used refuses its tokens until it is fixed (tokens.h);
+ * the error is logged. */
+static void apply_tokens(void *arg, const config *next, void *staged)
+{
+	(void)next;
+	(void)staged;
+	daemon_ctx *d = arg;
+	int rc = tokens_reload(d->tok);
+	if (rc < 0)
+		log_error("reload: the token files %s and %s: %s (their tokens are refused until fixed)",
+			  d->cfg.token_file, d->cfg.tokens_file, strerror(-rc));
+}
+
+static int setup_reload(daemon_ctx *d, int argc, char **argv)
+{
+	int rc;
+	const reload_hook hooks[] = {
+		{.name = "log", .apply = apply_log},
+		{.name = "api limits", .apply = apply_api_limits, .arg = d},
+		{.name = "supervisor", .apply = apply_supervisor, .arg = d},
+		{.name = "retention", .apply = apply_retention, .arg = d},
+		{.name = "tls", .check = check_tls, .apply = apply_tls, .discard = discard_tls, .arg = d},
+		{.name = "tokens", .apply = apply_tokens, .arg = d},
+	};
+	if ((rc = reload_create(&d->rl, &d->cfg, argc, argv, NULL)) < 0)
+		return rc;
+	for (size_t i = 0; i < sizeof hooks / sizeof hooks[0]; i++)
+		if ((rc = reload_register(d->rl, &hooks[i])) < 0)
+			return rc;
+	return 0;
+}
+
+/* A restart under systemd: leave the jobs running for the next bertd,
+ * through the supervisor's detach exit where this build has one. Without
+ * it the jobs are stopped with a checkpoint, as on a stop (false). */
+static bool leave_jobs_running(daemon_ctx *d)
+{
+	if (!supervisor_detach_hook) {
+		log_warn("restart: this bertd cannot leave its jobs running; stopping them with a "
+			 "checkpoint as on a stop (they resume when bertd is back)");
+		return false;
+	}
+	int rc = supervisor_detach_hook(d->sup);
+	if (rc < 0) {
+		log_warn("restart: cannot leave the jobs running (%s); stopping them with a checkpoint",
+			 strerror(-rc));
+		return false;
+	}
+	log_info("restart: jobs left running for the next bertd to adopt");
+	return true;
 }
 
 int main(int argc, char **argv)
@@ -460,6 +616,8 @@ int main(int argc, char **argv)
 	ac.bin_dir = bin_dir;
 	ac.slurm_srun = d.cfg.slurm_srun;
 	ac.slurm_conf = d.cfg.slurm_conf;
+	ac.tls_cert = d.cfg.tls_cert;
+	ac.tls_key = d.cfg.tls_key;
 	if ((rc = api_server_start(&d.api, &ac, d.api_st)) < 0) {
 		if (rc == -EPERM)
 			log_error("refusing to listen on %s: not a loopback address (set allow_remote = true)",
@@ -473,8 +631,12 @@ int main(int argc, char **argv)
 		log_error("cannot write %s: %s", d.addr_path, strerror(-rc));
 		goto out;
 	}
-	log_info("bertd %s listening on http://%s:%d (state %s)", BERTD_VERSION, d.cfg.listen, port,
-		 d.cfg.state_dir);
+	log_info("bertd %s listening on %s://%s:%d (state %s)", BERTD_VERSION,
+		 d.cfg.tls_cert[0] ? "https" : "http", d.cfg.listen, port, d.cfg.state_dir);
+	if ((rc = setup_reload(&d, argc, argv)) < 0) {
+		log_error("reload setup: %s", strerror(-rc));
+		goto out;
+	}
 	/* The unit's IP filter is a cgroup BPF program bertd cannot read
 	 * without privileges, so it cannot tell whether a drop-in opened it;
 	 * under systemd (INVOCATION_ID, systemd.exec(5)) it says where to look. */
@@ -492,8 +654,12 @@ int main(int argc, char **argv)
 	exit_code = BERTD_DAEMON_EXIT_OK;
 out:
 	api_server_stop(d.api); /* no new work while running jobs drain */
-	supervisor_shutdown(d.sup);
+	if (exit_code == BERTD_DAEMON_EXIT_OK && d.restart && leave_jobs_running(&d))
+		exit_code = BERTD_DAEMON_EXIT_DETACHED;
+	else
+		supervisor_shutdown(d.sup);
 	supervisor_destroy(d.sup);
+	reload_destroy(d.rl);
 	retention_destroy(d.ret);
 	tokens_close(d.tok); /* after the API server: its requests check tokens */
 	free(d.devs);

@@ -241,12 +241,17 @@ static int detach_sub(retention *r, const char *id, const char *sub)
  * their checkpoint rows forgotten. */
 static void apply_policy(retention *r)
 {
-	if (r->cfg.checkpoint_days < 0)
+	/* the policy as it is now (a reload may change it between passes) */
+	pthread_mutex_lock(&r->mu);
+	int days = r->cfg.checkpoint_days;
+	bool keep_exports = r->cfg.keep_exports;
+	pthread_mutex_unlock(&r->mu);
+	if (days < 0)
 		return;
 	DIR *d = opendir(r->jobs_dir);
 	if (!d)
 		return;
-	int64_t cutoff = now_ms() - (int64_t)r->cfg.checkpoint_days * DAY_MS;
+	int64_t cutoff = now_ms() - (int64_t)days * DAY_MS;
 	uint64_t dropped = 0;
 	struct dirent *e;
 	while ((e = readdir(d)) && !atomic_load(&r->stopping)) {
@@ -262,7 +267,7 @@ static void apply_policy(retention *r)
 		if (detach_sub(r, e->d_name, "checkpoints") == 1) {
 			dropped++;
 			log_info("retention: job %s finished over %d day(s) ago: checkpoints removed",
-				 e->d_name, r->cfg.checkpoint_days);
+				 e->d_name, days);
 		}
 		/* every pass, not only after a move: a crash between the move and
 		 * the rows leaves rows of checkpoints no longer there */
@@ -273,7 +278,7 @@ static void apply_policy(retention *r)
 				store_checkpoint_delete(r->st, e->d_name, cks[i].step);
 			store_checkpoints_free(cks, n);
 		}
-		if (!r->cfg.keep_exports && detach_sub(r, e->d_name, "export") == 1)
+		if (!keep_exports && detach_sub(r, e->d_name, "export") == 1)
 			log_info("retention: job %s: export removed (retention_keep_exports = false)",
 				 e->d_name);
 	}
@@ -419,9 +424,24 @@ void retention_kick(retention *r)
 	pthread_mutex_unlock(&r->mu);
 }
 
-const retention_config *retention_config_of(const retention *r)
+void retention_config_get(retention *r, retention_config *out)
 {
-	return &r->cfg;
+	pthread_mutex_lock(&r->mu);
+	*out = r->cfg;
+	pthread_mutex_unlock(&r->mu);
+}
+
+void retention_set_policy(retention *r, const retention_config *cfg)
+{
+	pthread_mutex_lock(&r->mu);
+	r->cfg.checkpoint_days = cfg->checkpoint_days;
+	r->cfg.keep_exports = cfg->keep_exports;
+	r->cfg.interval_s = cfg->interval_s < 1 ? 1 : cfg->interval_s;
+	r->cfg.ceiling_bytes = cfg->ceiling_bytes;
+	r->cfg.ceiling_percent = cfg->ceiling_percent;
+	r->kicked = true; /* a pass under the new policy now */
+	pthread_cond_signal(&r->cv);
+	pthread_mutex_unlock(&r->mu);
 }
 
 int retention_usage_get(retention *r, retention_usage *out)
@@ -445,26 +465,26 @@ int retention_usage_get(retention *r, retention_usage *out)
 
 int retention_over_ceiling(retention *r, retention_ceiling *c)
 {
-	if (r->cfg.ceiling_bytes) {
-		pthread_mutex_lock(&r->mu);
-		uint64_t u = r->cur.total_bytes;
-		pthread_mutex_unlock(&r->mu);
-		if (u >= r->cfg.ceiling_bytes) {
-			*c = (retention_ceiling){.key = "disk_ceiling_bytes", .unit = "bytes of job files",
-						 .ceiling = r->cfg.ceiling_bytes, .used = u};
-			return 1;
-		}
+	pthread_mutex_lock(&r->mu);
+	uint64_t u = r->cur.total_bytes;
+	uint64_t ceiling_bytes = r->cfg.ceiling_bytes;
+	int ceiling_percent = r->cfg.ceiling_percent;
+	pthread_mutex_unlock(&r->mu);
+	if (ceiling_bytes && u >= ceiling_bytes) {
+		*c = (retention_ceiling){.key = "disk_ceiling_bytes", .unit = "bytes of job files",
+					 .ceiling = ceiling_bytes, .used = u};
+		return 1;
 	}
 	struct statvfs vs;
-	if (r->cfg.ceiling_percent > 0 && statvfs(r->state_dir, &vs) == 0) {
+	if (ceiling_percent > 0 && statvfs(r->state_dir, &vs) == 0) {
 		/* as df counts it: used over what a non-root user could have */
 		uint64_t usedb = (uint64_t)(vs.f_blocks - vs.f_bfree);
 		uint64_t avail = usedb + (uint64_t)vs.f_bavail;
 		uint64_t pct = avail ? (usedb * 100 + avail - 1) / avail : 0;
-		if (pct >= (uint64_t)r->cfg.ceiling_percent) {
+		if (pct >= (uint64_t)ceiling_percent) {
 			*c = (retention_ceiling){.key = "disk_ceiling_percent",
 						 .unit = "percent of the file system",
-						 .ceiling = (uint64_t)r->cfg.ceiling_percent, .used = pct};
+						 .ceiling = (uint64_t)ceiling_percent, .used = pct};
 			return 1;
 		}
 	}

@@ -77,8 +77,13 @@ void retention_detach_end(retention *r, const char *id, bool row_deleted);
 /* Wakes the thread for a pass now. */
 void retention_kick(retention *r);
 
-/* The configuration r runs with (borrowed, as long as r lives). */
-const retention_config *retention_config_of(const retention *r);
+/* A copy of the configuration r runs with now (its state_dir borrowed, as
+ * long as r lives). */
+void retention_config_get(retention *r, retention_config *out);
+/* Replaces the policy (checkpoint_days, keep_exports, interval_s and both
+ * ceilings of cfg; its state_dir and shared_gid are not used) and starts a
+ * pass under it: what a configuration reload changes. Any thread. */
+void retention_set_policy(retention *r, const retention_config *cfg);
 /* A copy of the latest measurements (caller frees out->jobs). */
 int retention_usage_get(retention *r, retention_usage *out);
 /* A ceiling that is reached. */

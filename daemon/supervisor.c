@@ -424,3 +424,12 @@ void supervisor_destroy(supervisor *sv)
 	}
 	free(sv);
 }
+
+void supervisor_set_limits(supervisor *sv, int stop_timeout_ms, int stall_timeout_ms, bool hold_queue)
+{
+	sv->cfg.stop_timeout_ms = stop_timeout_ms > 0 ? stop_timeout_ms : 120000;
+	sv->cfg.stall_timeout_ms = stall_timeout_ms > 0 ? stall_timeout_ms : 300000;
+	sv->cfg.hold_queue = hold_queue;
+}
+
+int (*supervisor_detach_hook)(supervisor *sv) = NULL;

@@ -84,4 +84,18 @@ size_t supervisor_devices(supervisor *sv, const device **devs, const char *const
 void supervisor_shutdown(supervisor *sv);
 void supervisor_destroy(supervisor *sv);
 
+/* A configuration reload (daemon/reload.h): the stop grace, the stall
+ * timeout (both ms, <= 0 = the default) and whether the queue is held, for
+ * whatever the supervisor does from now on (a stop already under way keeps
+ * its deadline). Loop thread only, like every supervisor call. */
+void supervisor_set_limits(supervisor *sv, int stop_timeout_ms, int stall_timeout_ms, bool hold_queue);
+
+/* The daemon's exit that leaves running jobs running (their workers outlive
+ * it and the next bertd adopts them), for a restart under systemd
+ * (daemon/sdunit.h): NULL where this build cannot do that; the code that
+ * can sets it. Returns 0 when every job was left running and detached (then
+ * supervisor_shutdown must not be called), or a negative errno (nothing was
+ * detached; the caller stops the jobs with supervisor_shutdown). */
+extern int (*supervisor_detach_hook)(supervisor *sv);
+
 #endif
