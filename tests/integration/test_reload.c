@@ -1,5 +1,5 @@
 /* Reload (SIGHUP) and HTTPS: a changed configuration file takes effect in
- * the running daemon (body limit, bearer token); a bad one changes nothing
+ * the running daemon (body limit, token files); a bad one changes nothing
  * and the error names the key; a restart-only key is reported, not applied;
  * retention and the disk ceiling change GET /v1/system's "disk"; the
  * daemon serves HTTPS with a certificate made here (openssl), refuses
@@ -126,20 +126,12 @@ static void test_reload_applies_and_refuses(void **state)
 	assert_int_not_equal(post_bytes(d, 3000), 413);
 	assert_log_has(d, "max_body_bytes changed");
 
-	/* a bad file with a new token beside it: nothing changes, the error
-	 * names the key */
-	char old_token[256], new_token[] = "0123456789abcdef0123456789abcdef-reloaded-token";
-	snprintf(old_token, sizeof old_token, "%s", d->token);
-	snprintf(path, sizeof path, "%s/token", d->state_dir);
-	it_write_file(path, new_token);
-	assert_int_equal(chmod(path, 0600), 0);
+	/* a bad file: nothing changes, the error names the key */
 	it_write_file(conf, "max_body_bytes = 2048\nretention_interval_s = 0\n");
 	assert_false(hup(d));
 	assert_log_has(d, "retention_interval_s must be an integer in [1, 86400]");
-	assert_int_equal(get_jobs(d), 200);            /* the old token still counts */
-	assert_int_not_equal(post_bytes(d, 3000), 413); /* and the old limit */
-	snprintf(d->token, sizeof d->token, "%s", new_token);
-	assert_int_equal(get_jobs(d), 401);
+	assert_int_equal(get_jobs(d), 200);
+	assert_int_not_equal(post_bytes(d, 3000), 413); /* the old limit */
 
 	/* fixed, with a restart-only key changed too: the token and the limit
 	 * are applied, the port is reported and kept */
@@ -157,6 +149,17 @@ static void test_reload_applies_and_refuses(void **state)
 	assert_int_equal(json_integer_value(json_object_get(disk, "ceiling_bytes")), 123456789);
 	assert_int_equal(json_integer_value(json_object_get(json_object_get(disk, "retention"), "checkpoint_days")), 3);
 	json_decref(sys);
+
+	/* the token files are read again: a new token counts, the old one
+	 * gets 401 */
+	char old_token[256], new_token[] = "0123456789abcdef0123456789abcdef-reloaded-token";
+	snprintf(old_token, sizeof old_token, "%s", d->token);
+	snprintf(path, sizeof path, "%s/token", d->state_dir);
+	it_write_file(path, new_token);
+	assert_int_equal(chmod(path, 0600), 0);
+	assert_true(hup(d));
+	snprintf(d->token, sizeof d->token, "%s", new_token);
+	assert_int_equal(get_jobs(d), 200);
 	snprintf(d->token, sizeof d->token, "%s", old_token);
 	assert_int_equal(get_jobs(d), 401);
 	snprintf(d->token, sizeof d->token, "%s", new_token);
