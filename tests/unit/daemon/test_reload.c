@@ -173,7 +173,7 @@ static void test_config_table_helpers(void **state)
 	assert_int_equal(config_load(&a, 5, argv1, envp, null, null), 0);
 	assert_int_equal(config_load(&b, 7, argv2, envp, null, null), 0);
 	int n[2] = {0, 0};
-	assert_int_equal(config_each_change(&a, &b, count_change, n), 3); /* + token_file, derived */
+	assert_int_equal(config_each_change(&a, &b, count_change, n), 4); /* + token_file and tokens_file, derived */
 	assert_int_equal(n[0], 1);
 	assert_int_equal(n[1], 1);
 	config c = a;
