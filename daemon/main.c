@@ -58,6 +58,8 @@ typedef struct daemon_ctx {
 	int lockfd; /* OFD lock on <state_dir>/bertd.lock, held for our life */
 } daemon_ctx;
 
+static bool detach_jobs; /* SIGQUIT: exit without stopping the jobs (supervisor_shutdown_detach) */
+
 static void on_signal(loop *l, int fd, uint32_t events, void *arg)
 {
 	(void)events;
@@ -67,6 +69,12 @@ static void on_signal(loop *l, int fd, uint32_t events, void *arg)
 		if (si.ssi_signo == SIGTERM || si.ssi_signo == SIGINT) {
 			log_info("received %s, shutting down", si.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT");
 			sd_notify(0, "STOPPING=1\nSTATUS=shutting down");
+			loop_stop(l);
+		} else if (si.ssi_signo == SIGQUIT) {
+			/* the exit that leaves jobs running, for a restart or an upgrade */
+			log_info("received SIGQUIT, exiting and leaving running jobs to the next daemon");
+			sd_notify(0, "STOPPING=1\nSTATUS=exiting, jobs left running");
+			detach_jobs = true;
 			loop_stop(l);
 		} else if (si.ssi_signo == SIGHUP) {
 			log_info("SIGHUP ignored: restart bertd to change its configuration");
@@ -121,6 +129,7 @@ static int setup_signals(daemon_ctx *d)
 	sigaddset(&mask, SIGTERM);
 	sigaddset(&mask, SIGINT);
 	sigaddset(&mask, SIGHUP);
+	sigaddset(&mask, SIGQUIT);
 	if (sigprocmask(SIG_BLOCK, &mask, NULL) < 0)
 		return -errno;
 	signal(SIGPIPE, SIG_IGN);
@@ -487,7 +496,10 @@ int main(int argc, char **argv)
 	exit_code = BERTD_DAEMON_EXIT_OK;
 out:
 	api_server_stop(d.api); /* no new work while running jobs drain */
-	supervisor_shutdown(d.sup);
+	if (detach_jobs)
+		supervisor_shutdown_detach(d.sup);
+	else
+		supervisor_shutdown(d.sup);
 	supervisor_destroy(d.sup);
 	retention_destroy(d.ret);
 	free(d.devs);

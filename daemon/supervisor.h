@@ -82,6 +82,11 @@ size_t supervisor_devices(supervisor *sv, const device **devs, const char *const
  * child, reading what the workers report meanwhile (the stop checkpoint's
  * row). Blocks up to about stop_timeout_ms. */
 void supervisor_shutdown(supervisor *sv);
+/* The exit that leaves jobs running (SIGQUIT; a restart or an upgrade):
+ * the jobs' workers and loaders are let go, untouched, still running in
+ * the store, for the next daemon to adopt (daemon/adopt.c); dataset
+ * preparations are stopped as supervisor_shutdown stops them. */
+void supervisor_shutdown_detach(supervisor *sv);
 void supervisor_destroy(supervisor *sv);
 
 #endif

@@ -68,6 +68,9 @@ void sv_finish_job(supervisor *sv, run *r)
 	if (r->shutdown) {
 		store_job_transition(sv->st, r->id, live, JOB_QUEUED, "daemon shutting down; resumes on next start",
 				     NULL);
+	} else if (r->requeue && state != JOB_STOPPING) {
+		/* an attempt this daemon would not adopt: resumed, no restart counted */
+		store_job_transition(sv->st, r->id, live, JOB_RESTARTING, r->reason, NULL);
 	} else if (state == JOB_STOPPING && (!r->failed || r->stop_sent)) {
 		if (store_job_transition(sv->st, r->id, JOB_MASK(JOB_STOPPING), JOB_CANCELED,
 					 r->reason[0] && !r->stop_sent ? r->reason

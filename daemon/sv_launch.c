@@ -300,6 +300,10 @@ int sv_launch_start_job(supervisor *sv, const store_job *j, const int *dev, int 
 		sv_run_maybe_finish(sv, r);
 		return 0;
 	}
+	/* who runs the attempt, for a daemon that starts while they run */
+	if ((rc = sv_child_record_write(sv, r)) < 0)
+		log_warn("job %s: cannot write its attempt.json (%s): a daemon restart will not adopt it", j->id,
+			 strerror(-rc));
 	log_info("job %s: %s", j->id, reason);
 	return 0;
 }
