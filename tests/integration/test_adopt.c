@@ -108,11 +108,17 @@ static void test_kill9_daemon_job_adopted(void **state)
 	for (i = 0; i < DEADLINE_S * 10 && newest_checkpoint(f, id) <= before; i++)
 		it_pause_ms(100);
 	assert_true(newest_checkpoint(f, id) > before);
-	assert_true(it_find_pids(id, "bertd-worker", pids, 8) == 2); /* both ranks still run */
-
+	assert_int_equal(it_find_pids(id, "bertd-worker", pids, 8), 2); /* both ranks still run */
+	/* held while the daemon starts, so that it surely finds them running */
+	for (int k = 0; k < 2; k++)
+		assert_int_equal(kill(pids[k], SIGSTOP), 0);
 	assert_int_equal(it_daemon_run(f, NULL), 0);
+	json_t *j0 = it_wait_job(&f->d, id, "running", DEADLINE_S);
+	json_decref(j0);
+	assert_true(has_event(&f->d, id, "adopted the running attempt (3 process(es) running, 0 ended"));
+	for (int k = 0; k < 2; k++)
+		assert_int_equal(kill(pids[k], SIGCONT), 0);
 	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
-	assert_true(has_event(&f->d, id, "adopted the running attempt"));
 	assert_false(has_event(&f->d, id, "resuming from checkpoint"));
 	assert_int_equal(json_integer_value(json_object_get(job, "restart_count")), 0);
 
