@@ -21,6 +21,7 @@
  */
 #include "daemon/sv_internal.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -72,6 +73,44 @@ static void kill_recorded(json_t *rec)
 			proc_stop(&p, SIGKILL, 0);
 		proc_close(&p);
 	}
+}
+
+/* Kills every process whose command line names dir/job.json (a worker or
+ * loader of that job; spawned, say, just before the daemon died and
+ * before its attempt.json named it), through a pidfd, and waits for it. */
+static void kill_strays(const char *dir)
+{
+	char want[1100];
+	snprintf(want, sizeof want, "%s/job.json", dir);
+	DIR *d = opendir("/proc");
+	struct dirent *e;
+	while (d && (e = readdir(d))) {
+		char *end;
+		long pid = strtol(e->d_name, &end, 10);
+		if (*end || pid <= 1 || pid == (long)getpid())
+			continue;
+		char path[64], cmd[4096];
+		snprintf(path, sizeof path, "/proc/%ld/cmdline", pid);
+		int fd = open(path, O_RDONLY | O_CLOEXEC);
+		if (fd < 0)
+			continue;
+		ssize_t n = read(fd, cmd, sizeof cmd - 1);
+		close(fd);
+		bool match = false;
+		for (ssize_t k = 0; k < n; k += (ssize_t)strlen(cmd + k) + 1) {
+			cmd[n] = 0;
+			if (strcmp(cmd + k, want) == 0)
+				match = true;
+		}
+		proc p;
+		if (!match || proc_adopt(&p, (pid_t)pid) < 0)
+			continue;
+		log_warn("killing pid %ld, left of %s's attempt", pid, dir);
+		proc_stop(&p, SIGKILL, 0);
+		proc_close(&p);
+	}
+	if (d)
+		closedir(d);
 }
 
 static int connect_chan(const char *base)
@@ -233,15 +272,19 @@ static void adopt_run(supervisor *sv, const store_job *j, json_t *rec)
 
 int sv_adopt_job(supervisor *sv, const store_job *j)
 {
-	char path[1200], why[300];
-	snprintf(path, sizeof path, "%s/jobs/%s/attempt.json", sv->state_dir, j->id);
+	char dir[1100], path[1200], why[300];
+	snprintf(dir, sizeof dir, "%s/jobs/%s", sv->state_dir, j->id);
+	snprintf(path, sizeof path, "%s/attempt.json", dir);
 	json_t *rec = json_load_file(path, 0, NULL);
-	if (!rec)
-		return 0;
 	int rc = 0;
+	if (!rec) {
+		kill_strays(dir);
+		return 0;
+	}
 	if (!adoptable(sv, rec, why, sizeof why)) {
 		log_info("job %s: its attempt is not adopted: %s", j->id, why);
 		kill_recorded(rec);
+		kill_strays(dir);
 		goto out;
 	}
 	adopt_run(sv, j, rec);

@@ -261,6 +261,8 @@ int sv_launch_start_job(supervisor *sv, const store_job *j, const int *dev, int 
 	sv->runs = r;
 
 	char job_json[1200], worker_bin[1100], loader_bin[1100];
+	snprintf(job_json, sizeof job_json, "%s/attempt.json", r->dir);
+	unlink(job_json); /* an earlier attempt's: these processes are not it */
 	snprintf(job_json, sizeof job_json, "%s/job.json", r->dir);
 	snprintf(worker_bin, sizeof worker_bin, "%s/bertd-worker", sv->bin_dir);
 	snprintf(loader_bin, sizeof loader_bin, "%s/bertd-loader", sv->bin_dir);
