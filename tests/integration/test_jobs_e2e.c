@@ -477,7 +477,7 @@ static void test_sigterm_requeues(void **state)
 	json_t *e;
 	json_array_foreach(json_object_get(r.json, "events"), i, e) {
 		requeued |= !strcmp(it_jstr(e, "to"), "queued") && strstr(it_jstr(e, "reason"), "shutting down");
-		resumed |= strstr(it_jstr(e, "reason"), "adopted the running attempt") != NULL;
+		resumed |= strstr(it_jstr(e, "reason"), "resuming from checkpoint") != NULL;
 	}
 	assert_true(requeued);
 	assert_true(resumed);
