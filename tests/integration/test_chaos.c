@@ -515,9 +515,19 @@ static void disturb(fx *f, const char *id, int kind, long step, int before, bool
 			tally.loader_kills++;
 		break;
 	}
-	case KILL_DAEMON:
+	case KILL_DAEMON: {
 		kill_daemon_and_restart(f);
+		/* its workers outlived it and the new daemon adopted them: the job
+		 * goes on, two logging windows further, without a restart */
+		json_t *j = wait_live_at(f, id, "running", step + 10, endgame);
+		if (job_restarts(j) != before) {
+			bertd_print_log(&f->d);
+			fail_msg("job %s restarted after a kill -9 of the daemon at step %ld (%d -> %d restarts)", id,
+				 step, before, job_restarts(j));
+		}
+		json_decref(j);
 		break;
+	}
 	case STOP_WORKER: {
 		pid_t pid = pick_process(f, "bertd-worker", id, false);
 		assert_int_equal(kill(pid, SIGSTOP), 0);
