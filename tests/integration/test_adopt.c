@@ -10,7 +10,12 @@
  *     processes ended with exit records and marks it completed, with its
  *     export, and its metrics have no gap;
  *   - SIGQUIT: the daemon exits 0 leaving the job running; the next one
- *     adopts it and it completes.
+ *     adopts it and it completes;
+ *   - workers that speak a worker protocol version the daemon does not
+ *     know (a bertd-worker built with another CHAN_PROTO) are refused after
+ *     a kill -9 of the daemon: an event names both versions, the attempt
+ *     is killed and the job resumes from its checkpoint, no restart
+ *     counted, and completes.
  * Waiting is polling with a deadline; the tests assert on states and
  * files, never on timing. */
 #include <dirent.h>
@@ -196,12 +201,50 @@ static void test_sigquit_leaves_job_running(void **state)
 	free(id);
 }
 
+static void test_unknown_protocol_refused(void **state)
+{
+	fx *f = *state;
+	const char *w99 = getenv("IT_PROTO_WORKER"), *loader = getenv("IT_LOADER");
+	if (!w99 || !loader)
+		fail_msg("IT_PROTO_WORKER or IT_LOADER is not set (tests/integration/meson.build)");
+	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
+	char bin[300], link[400];
+	snprintf(bin, sizeof bin, "%s/bin99", f->d.root);
+	assert_int_equal(mkdir(bin, 0700), 0);
+	snprintf(link, sizeof link, "%s/bertd-worker", bin);
+	assert_int_equal(symlink(w99, link), 0);
+	snprintf(link, sizeof link, "%s/bertd-loader", bin);
+	assert_int_equal(symlink(loader, link), 0);
+	assert_int_equal(bertd_stop(&f->d), 0);
+	const char *extra[] = {"--stop-timeout-s", "60", "--bin-dir", bin, NULL};
+	it_daemon_opts o = daemon_opts;
+	o.extra = extra;
+	assert_int_equal(it_daemon_run(f, &o), 0);
+
+	char *id = submit(&f->d, "proto99", "200");
+	it_wait_step(&f->d, id, 15, DEADLINE_S); /* past the step-10 checkpoint */
+	bertd_kill9(&f->d);
+	assert_int_equal(it_daemon_run(f, NULL), 0);
+	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
+	json_t *ev = it_events_of(&f->d, id);
+	const char *why = it_event_with(ev, "worker protocol version 99");
+	assert_non_null(why);
+	assert_non_null(strstr(why, "adopts versions 1 to 1"));
+	assert_non_null(it_event_with(ev, "resuming from checkpoint"));
+	json_decref(ev);
+	assert_int_equal(json_integer_value(json_object_get(job, "restart_count")), 0);
+	assert_metrics_complete(&f->d, id, 200);
+	json_decref(job);
+	free(id);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_kill9_daemon_job_adopted, setup, it_teardown),
 		cmocka_unit_test_setup_teardown(test_job_completes_without_daemon, setup, it_teardown),
 		cmocka_unit_test_setup_teardown(test_sigquit_leaves_job_running, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_unknown_protocol_refused, setup, it_teardown),
 	};
 	return IT_RUN(tests, NULL, NULL);
 }
