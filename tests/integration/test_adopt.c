@@ -11,6 +11,9 @@
  *     export, and its metrics have no gap;
  *   - SIGQUIT: the daemon exits 0 leaving the job running; the next one
  *     adopts it and it completes;
+ *   - kill -9 of the daemon, then a newer bertd on the state dir (built
+ *     with one more schema migration): it migrates the store, adopts the
+ *     job, and the job completes with every step logged once;
  *   - workers that speak a worker protocol version the daemon does not
  *     know (a bertd-worker built with another CHAN_PROTO) are refused after
  *     a kill -9 of the daemon: an event names both versions, the attempt
@@ -201,6 +204,50 @@ static void test_sigquit_leaves_job_running(void **state)
 	free(id);
 }
 
+/* PRAGMA user_version of d's store, through the sqlite3 CLI. */
+static long user_version(const bertd *d)
+{
+	char cmd[400], out[64] = "";
+	snprintf(cmd, sizeof cmd, "sqlite3 '%s/bertd.db' 'PRAGMA user_version'", d->state_dir);
+	FILE *p = popen(cmd, "r"); /* the sqlite3 CLI comes with scripts/setup */
+	assert_non_null(p);
+	assert_non_null(fgets(out, sizeof out, p));
+	assert_int_equal(pclose(p), 0);
+	return strtol(out, NULL, 10);
+}
+
+static void test_newer_daemon_adopts(void **state)
+{
+	fx *f = *state;
+	const char *next = getenv("IT_BERTD_NEXT"), *bin = getenv("BERTD_BIN");
+	if (!next || !bin)
+		fail_msg("IT_BERTD_NEXT or BERTD_BIN is not set (tests/integration/meson.build)");
+	char *old_bin = strdup(bin), dir[400];
+	snprintf(dir, sizeof dir, "%s", old_bin);
+	*strrchr(dir, '/') = 0; /* the workers beside the older bertd */
+	it_wait_dataset_ready(&f->d, "shakes", DEADLINE_S);
+	char *id = submit(&f->d, "upgraded", "200");
+	it_wait_step(&f->d, id, 15, DEADLINE_S);
+	bertd_kill9(&f->d);
+	long before = user_version(&f->d);
+
+	setenv("BERTD_BIN", next, 1);
+	const char *extra[] = {"--stop-timeout-s", "60", "--bin-dir", dir, NULL};
+	it_daemon_opts o = daemon_opts;
+	o.extra = extra;
+	int rc = it_daemon_run(f, &o);
+	setenv("BERTD_BIN", old_bin, 1);
+	assert_int_equal(rc, 0);
+	assert_int_equal(user_version(&f->d), before + 1); /* the newer one's migration ran */
+	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
+	assert_true(has_event(&f->d, id, "adopted the running attempt"));
+	assert_int_equal(json_integer_value(json_object_get(job, "restart_count")), 0);
+	assert_metrics_complete(&f->d, id, 200);
+	json_decref(job);
+	free(id);
+	free(old_bin);
+}
+
 static void test_unknown_protocol_refused(void **state)
 {
 	fx *f = *state;
@@ -244,6 +291,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_kill9_daemon_job_adopted, setup, it_teardown),
 		cmocka_unit_test_setup_teardown(test_job_completes_without_daemon, setup, it_teardown),
 		cmocka_unit_test_setup_teardown(test_sigquit_leaves_job_running, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_newer_daemon_adopts, setup, it_teardown),
 		cmocka_unit_test_setup_teardown(test_unknown_protocol_refused, setup, it_teardown),
 	};
 	return IT_RUN(tests, NULL, NULL);
