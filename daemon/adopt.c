@@ -221,6 +221,8 @@ static void adopt_run(supervisor *sv, const store_job *j, json_t *rec)
 	r->stepping = true; /* the stall watch counts from now */
 	r->stall_noted = -1;
 	r->saw_running = j->state != JOB_STARTING;
+	if (j->state == JOB_STOPPING) /* a cancel the earlier daemon had asked for: the tick asks again */
+		r->stop_why = "canceled by user";
 	unsigned nvidx[64];
 	int ngpu = 0;
 	for (int k = 0; k < r->ndev; k++)

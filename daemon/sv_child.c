@@ -165,6 +165,14 @@ void sv_child_ended(supervisor *sv, run *r, child *c)
 	bool stopped = WIFEXITED(st) && WEXITSTATUS(st) == BERTD_EXIT_STOPPED;
 	if (c->role == ROLE_LOADER && r->killing)
 		ok = true; /* loaders are told to go when the workers are done */
+	if (stopped && c->role == ROLE_WORKER && !r->stop_sent && !r->stop_why && !r->shutdown && !r->killing) {
+		/* stopped with nobody asking: a rank no daemon could adopt stops when
+		 * its daemon goes (common/chan.h); its checkpoint is the way on */
+		r->requeue = true;
+		sv_set_failure(r, true, "rank %d stopped when its daemon went (it could not be adopted); resuming "
+			       "from its checkpoint", c->index);
+		stopped = false;
+	}
 	if (!ok && !stopped && !r->killing) {
 		int xc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 		bool retry = !WIFEXITED(st) || xc == BERTD_EXIT_FAILURE || xc == BERTD_EXIT_PEER_LOST;
