@@ -5,12 +5,14 @@
  * Exit codes (common/exitcodes.h, bertd_daemon_exit): 0 clean shutdown; 1
  * bad configuration; 2 startup failure (state dir, database, token, bind);
  * 3 the state dir is locked by another bertd (nothing of it was touched);
- * 4 the job database is damaged (quick_check at start); 5 a restart under
- * systemd left the running jobs running (sdunit.h, supervisor_detach_hook).
+ * 4 the job database is damaged (quick_check at start); 5 the running jobs
+ * were left running for the next bertd to adopt (a restart under systemd,
+ * or SIGQUIT; supervisor_shutdown_detach, daemon/adopt.c).
  *
  * SIGHUP reloads the configuration (reload.h; the hooks are setup_reload's).
- * SIGTERM asks systemd whether it is a restart's (sdunit.h); SIGTERM
- * otherwise, and SIGINT, stop the jobs with a checkpoint.
+ * SIGTERM asks systemd whether it is a restart's (sdunit.h), which leaves
+ * the jobs running, as SIGQUIT does; SIGTERM otherwise, and SIGINT, stop
+ * the jobs with a checkpoint.
  *
  * `bertd backup FILE [options]` copies the job database of the state dir
  * the options name (a running daemon's too) into FILE and exits. `bertd
@@ -68,7 +70,8 @@ typedef struct daemon_ctx {
 	int lockfd; /* OFD lock on <state_dir>/bertd.lock, held for our life */
 	tokens *tok; /* the API's tokens; outlives the API server; tokens_reload(tok) re-reads them */
 	reload *rl; /* SIGHUP: the configuration in force and who applies it */
-	bool restart; /* the SIGTERM is a restart's (sdunit.h): leave jobs running if we can */
+	bool restart; /* the SIGTERM is a restart's (sdunit.h): leave the jobs running */
+	bool detach;  /* SIGQUIT: exit leaving the jobs running (an upgrade by hand) */
 } daemon_ctx;
 
 /* SIGHUP: reload the configuration, telling systemd while it runs
@@ -97,6 +100,12 @@ static void on_signal(loop *l, int fd, uint32_t events, void *arg)
 			/* systemd sends SIGTERM for a stop and for a restart alike */
 			d->restart = si.ssi_signo == SIGTERM && sdunit_stop_is_restart();
 			sd_notify(0, d->restart ? "STOPPING=1\nSTATUS=restarting" : "STOPPING=1\nSTATUS=shutting down");
+			loop_stop(l);
+		} else if (si.ssi_signo == SIGQUIT) {
+			/* the exit that leaves jobs running, for a restart or an upgrade */
+			log_info("received SIGQUIT, exiting and leaving running jobs to the next daemon");
+			sd_notify(0, "STOPPING=1\nSTATUS=exiting, jobs left running");
+			d->detach = true;
 			loop_stop(l);
 		} else if (si.ssi_signo == SIGHUP) {
 			log_info("received SIGHUP, reloading the configuration");
@@ -152,6 +161,7 @@ static int setup_signals(daemon_ctx *d)
 	sigaddset(&mask, SIGTERM);
 	sigaddset(&mask, SIGINT);
 	sigaddset(&mask, SIGHUP);
+	sigaddset(&mask, SIGQUIT);
 	if (sigprocmask(SIG_BLOCK, &mask, NULL) < 0)
 		return -errno;
 	signal(SIGPIPE, SIG_IGN);
@@ -368,26 +378,6 @@ static int setup_reload(daemon_ctx *d, int argc, char **argv)
 		if ((rc = reload_register(d->rl, &hooks[i])) < 0)
 			return rc;
 	return 0;
-}
-
-/* A restart under systemd: leave the jobs running for the next bertd,
- * through the supervisor's detach exit where this build has one. Without
- * it the jobs are stopped with a checkpoint, as on a stop (false). */
-static bool leave_jobs_running(daemon_ctx *d)
-{
-	if (!supervisor_detach_hook) {
-		log_warn("restart: this bertd cannot leave its jobs running; stopping them with a "
-			 "checkpoint as on a stop (they resume when bertd is back)");
-		return false;
-	}
-	int rc = supervisor_detach_hook(d->sup);
-	if (rc < 0) {
-		log_warn("restart: cannot leave the jobs running (%s); stopping them with a checkpoint",
-			 strerror(-rc));
-		return false;
-	}
-	log_info("restart: jobs left running for the next bertd to adopt");
-	return true;
 }
 
 int main(int argc, char **argv)
@@ -654,8 +644,11 @@ int main(int argc, char **argv)
 	exit_code = BERTD_DAEMON_EXIT_OK;
 out:
 	api_server_stop(d.api); /* no new work while running jobs drain */
-	if (exit_code == BERTD_DAEMON_EXIT_OK && d.restart && leave_jobs_running(&d))
+	if (exit_code == BERTD_DAEMON_EXIT_OK && (d.restart || d.detach)) {
+		supervisor_shutdown_detach(d.sup);
+		log_info("%s: jobs left running for the next bertd to adopt", d.restart ? "restart" : "SIGQUIT");
 		exit_code = BERTD_DAEMON_EXIT_DETACHED;
+	}
 	else
 		supervisor_shutdown(d.sup);
 	supervisor_destroy(d.sup);

@@ -19,16 +19,22 @@ static int pidfd_open_(pid_t pid)
 }
 
 /* In the child between fork and exec: only async-signal-safe calls. */
-static void child(int sock, int errpipe, int logfd, char *const argv[], char *const envp[])
+static void child(int sock, int errpipe, int logfd, char *const argv[], char *const envp[], bool outlive)
 {
 	int e;
 	sigset_t none;
 	sigemptyset(&none);
 	sigprocmask(SIG_SETMASK, &none, NULL); /* the daemon blocks signals for signalfd */
 	signal(SIGPIPE, SIG_DFL);
-	setpgid(0, 0);
-	if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0)
-		goto fail;
+	if (outlive) {
+		/* its own session: no terminal's or daemon's group signal reaches it */
+		if (setsid() < 0)
+			goto fail;
+	} else {
+		setpgid(0, 0);
+		if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0)
+			goto fail;
+	}
 	int devnull = open("/dev/null", O_RDONLY);
 	if (devnull < 0 || dup2(devnull, 0) < 0)
 		goto fail;
@@ -41,7 +47,7 @@ static void child(int sock, int errpipe, int logfd, char *const argv[], char *co
 		goto fail;
 	}
 	/* The parent may have died between fork and PR_SET_PDEATHSIG. */
-	if (getppid() == 1)
+	if (!outlive && getppid() == 1)
 		_exit(127);
 	execve(argv[0], argv, envp);
 fail:
@@ -52,6 +58,11 @@ fail:
 }
 
 int proc_spawn(proc *p, char *const argv[], char *const envp[], const char *log_path)
+{
+	return proc_spawn_outliving(p, argv, envp, log_path, false);
+}
+
+int proc_spawn_outliving(proc *p, char *const argv[], char *const envp[], const char *log_path, bool outlive)
 {
 	memset(p, 0, sizeof *p);
 	p->pidfd = p->sock = -1;
@@ -76,9 +87,10 @@ int proc_spawn(proc *p, char *const argv[], char *const envp[], const char *log_
 	if (pid == 0) {
 		close(sv[0]);
 		close(ep[0]);
-		child(sv[1], ep[1], logfd, argv, envp);
+		child(sv[1], ep[1], logfd, argv, envp, outlive);
 	}
-	setpgid(pid, pid); /* also in the parent: no race with proc_signal */
+	if (!outlive)
+		setpgid(pid, pid); /* also in the parent: no race with proc_signal */
 	close(ep[1]);
 	ep[1] = -1;
 	int child_errno = 0;
@@ -123,8 +135,24 @@ int proc_signal(const proc *p, int sig)
 {
 	if (p->pid <= 0 || p->reaped)
 		return -ESRCH;
+	/* through the pidfd first: the leader itself, never a recycled pid */
+	if (p->pidfd >= 0 && syscall(SYS_pidfd_send_signal, p->pidfd, sig, NULL, 0) < 0 && errno == ESRCH)
+		return -ESRCH;
 	if (kill(-p->pid, sig) < 0 && kill(p->pid, sig) < 0)
 		return -errno;
+	return 0;
+}
+
+int proc_adopt(proc *p, pid_t pid)
+{
+	memset(p, 0, sizeof *p);
+	p->sock = -1;
+	p->pidfd = pidfd_open_(pid);
+	if (p->pidfd < 0)
+		return -errno;
+	fcntl(p->pidfd, F_SETFD, FD_CLOEXEC);
+	p->pid = pid;
+	p->adopted = true;
 	return 0;
 }
 
@@ -134,6 +162,14 @@ int proc_reap(proc *p)
 		return 1;
 	if (p->pid <= 0)
 		return -ESRCH;
+	if (p->adopted) { /* not ours to wait for: its pidfd says it ended */
+		struct pollfd pfd = {.fd = p->pidfd, .events = POLLIN};
+		if (poll(&pfd, 1, 0) <= 0)
+			return 0;
+		p->reaped = true;
+		p->status = 0; /* unknown here: the caller reads its exit record */
+		return 1;
+	}
 	siginfo_t si = {0};
 	if (waitid(P_PID, (id_t)p->pid, &si, WEXITED | WNOHANG | WNOWAIT) < 0)
 		return -errno;
@@ -166,6 +202,12 @@ int proc_stop(proc *p, int sig, int timeout_ms)
 	while (r < 0 && errno == EINTR);
 	if (r == 0)
 		proc_signal(p, SIGKILL);
+	if (p->adopted) {
+		pfd.revents = 0;
+		while (poll(&pfd, 1, -1) < 0 && errno == EINTR) {
+		}
+		return proc_reap(p) < 0 ? -ECHILD : 0;
+	}
 	siginfo_t si;
 	while (waitid(P_PID, (id_t)p->pid, &si, WEXITED | WNOWAIT) < 0)
 		if (errno != EINTR)

@@ -4,7 +4,9 @@
  *   - fd 3: its end of a socketpair to the daemon (common/msg.h frames),
  *   - stdin /dev/null, stdout+stderr appended to a log file,
  *   - its own process group (so the whole subtree can be signalled),
- *   - PR_SET_PDEATHSIG SIGKILL, so it dies if the daemon dies,
+ *   - PR_SET_PDEATHSIG SIGKILL, so it dies if the daemon dies; or, spawned
+ *     to outlive the daemon (proc_spawn_outliving: a job's workers and
+ *     loaders), its own session and no death signal,
  * and the daemon gets a pidfd to watch its exit on the event loop.
  * No SQLite connection or CUDA context ever crosses the fork: the child
  * execs at once.
@@ -22,6 +24,7 @@ typedef struct proc {
 	int pidfd;   /* readable when the child has exited */
 	int sock;    /* daemon's end of the socketpair, non-blocking */
 	bool reaped;
+	bool adopted; /* not the daemon's child (proc_adopt): watched through its pidfd only */
 	int status;  /* waitpid status once reaped */
 } proc;
 
@@ -32,7 +35,16 @@ typedef struct proc {
  * a close-on-exec pipe before the call returns). */
 int proc_spawn(proc *p, char *const argv[], char *const envp[], const char *log_path);
 
-/* Sends sig to the child's whole process group. */
+/* proc_spawn, with outlive: the child gets its own session (it is its
+ * group's leader) and no PR_SET_PDEATHSIG, so it outlives the daemon. */
+int proc_spawn_outliving(proc *p, char *const argv[], char *const envp[], const char *log_path, bool outlive);
+
+/* Watches pid, a process another daemon started (identity checked by the
+ * caller): a pidfd, no socket, never waited for (its exit status is not
+ * ours: proc_reap leaves status 0, the caller knows better). 0 or -errno. */
+int proc_adopt(proc *p, pid_t pid);
+
+/* Sends sig to the child (through its pidfd) and its whole process group. */
 int proc_signal(const proc *p, int sig);
 
 /* Reaps the child if it has exited (non-blocking). Returns 1 when reaped

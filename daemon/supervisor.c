@@ -1,7 +1,8 @@
 /* supervisor — see supervisor.h. This file: the supervisor object, the
  * one-second tick (stop requests, run-time limits, the stall check,
  * scheduling queued jobs), the telemetry sampling timer, and recovery at
- * start. It is the top of the supervisor's files (daemon/sv_internal.h
+ * start (adopting the attempts whose processes outlived the daemon before,
+ * daemon/adopt.c). It is the top of the supervisor's files (daemon/sv_internal.h
  * gives their call order); none of them calls it:
  *   sv_run.c       a run's small helpers: clock, verdict, kill, run list, free
  *   sv_jobfile.c   the job.json a job's processes read
@@ -336,6 +337,9 @@ static void recover(supervisor *sv)
 	if (store_job_list(sv->st, mask, 0, 100000, &jobs, &n, &next) < 0)
 		return;
 	for (size_t i = 0; i < n; i++) {
+		/* its workers may have outlived the daemon before: adopted */
+		if (sv_adopt_job(sv, &jobs[i]) == 1)
+			continue;
 		char shm[120];
 		sv_shm_name_for(jobs[i].id, shm, sizeof shm);
 		shm_unlink(shm); /* segments left by the previous daemon's job */
@@ -431,5 +435,3 @@ void supervisor_set_limits(supervisor *sv, int stop_timeout_ms, int stall_timeou
 	sv->cfg.stall_timeout_ms = stall_timeout_ms > 0 ? stall_timeout_ms : 300000;
 	sv->cfg.hold_queue = hold_queue;
 }
-
-int (*supervisor_detach_hook)(supervisor *sv) = NULL;

@@ -82,6 +82,11 @@ size_t supervisor_devices(supervisor *sv, const device **devs, const char *const
  * child, reading what the workers report meanwhile (the stop checkpoint's
  * row). Blocks up to about stop_timeout_ms. */
 void supervisor_shutdown(supervisor *sv);
+/* The exit that leaves jobs running (SIGQUIT; a restart or an upgrade):
+ * the jobs' workers and loaders are let go, untouched, still running in
+ * the store, for the next daemon to adopt (daemon/adopt.c); dataset
+ * preparations are stopped as supervisor_shutdown stops them. */
+void supervisor_shutdown_detach(supervisor *sv);
 void supervisor_destroy(supervisor *sv);
 
 /* A configuration reload (daemon/reload.h): the stop grace, the stall
@@ -89,13 +94,5 @@ void supervisor_destroy(supervisor *sv);
  * whatever the supervisor does from now on (a stop already under way keeps
  * its deadline). Loop thread only, like every supervisor call. */
 void supervisor_set_limits(supervisor *sv, int stop_timeout_ms, int stall_timeout_ms, bool hold_queue);
-
-/* The daemon's exit that leaves running jobs running (their workers outlive
- * it and the next bertd adopts them), for a restart under systemd
- * (daemon/sdunit.h): NULL where this build cannot do that; the code that
- * can sets it. Returns 0 when every job was left running and detached (then
- * supervisor_shutdown must not be called), or a negative errno (nothing was
- * detached; the caller stops the jobs with supervisor_shutdown). */
-extern int (*supervisor_detach_hook)(supervisor *sv);
 
 #endif

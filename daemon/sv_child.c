@@ -4,7 +4,10 @@
  * bertd-prepare's progress lines: sv_prepare), a relayed rank's lost
  * connection to on_lost, and its exit: its kind's on_exit (srun's:
  * sv_slurm), then a bad one sets the run's verdict and takes the run's
- * other children down; workers done, the loaders are told to go.
+ * other children down; workers done, the loaders are told to go. A job's
+ * workers and loaders are spawned to outlive the daemon (common/chan.h),
+ * recorded in the job's attempt.json, and their exit records read when
+ * they end (an adopted child's only word on how it ended).
  *
  * Calls only sv_run: what depends on a child's kind comes through its
  * child_ops, set by whoever spawned it. Never interprets a message itself
@@ -17,13 +20,19 @@
 #include <errno.h>
 #include <signal.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/epoll.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <sys/wait.h>
 
+#include "common/chan.h"
 #include "common/exitcodes.h"
 #include "common/log.h"
 #include "common/msg.h"
+#include "common/procstat.h"
 #include "daemon/proc.h"
 
 /* Reads and handles everything c has sent that is there now (until EAGAIN
@@ -68,18 +77,77 @@ void sv_child_on_sock(loop *l, int fd, uint32_t events, void *arg)
 	}
 }
 
-static void on_child_exit(loop *l, int fd, uint32_t events, void *arg)
+/* Appends m as one frame to c's reader, as if it had just been read. */
+static void feed(child *c, json_t *m)
 {
-	(void)events;
-	child *c = arg;
-	run *r = c->owner;
-	supervisor *sv = r->sv;
-	if (proc_reap(&c->p) <= 0)
+	char *text = json_dumps(m, JSON_COMPACT);
+	size_t n = text ? strlen(text) : 0;
+	if (!n || n > MSG_MAX_BYTES) {
+		free(text);
 		return;
-	loop_del(l, fd);
-	loop_del(l, c->p.sock); /* may already be gone */
+	}
+	if (c->rd.len + 4 + n > c->rd.cap) {
+		size_t cap = c->rd.len + 4 + n;
+		unsigned char *b = realloc(c->rd.buf, cap);
+		if (!b) {
+			free(text);
+			return;
+		}
+		c->rd.buf = b;
+		c->rd.cap = cap;
+	}
+	unsigned char *p = c->rd.buf + c->rd.len;
+	p[0] = (unsigned char)n;
+	p[1] = (unsigned char)(n >> 8);
+	p[2] = (unsigned char)(n >> 16);
+	p[3] = (unsigned char)(n >> 24);
+	memcpy(p + 4, text, n);
+	c->rd.len += 4 + n;
+	free(text);
+}
+
+/* <chan_base>.exit of c (common/chan.h): its messages that no daemon
+ * acknowledged are handled (those already handled are skipped by seq),
+ * and *code is its exit code; false when it left no record. */
+static bool read_exit_record(supervisor *sv, run *r, child *c, int *code)
+{
+	char path[320];
+	if (!c->chan_base[0])
+		return false;
+	snprintf(path, sizeof path, "%s.exit", c->chan_base);
+	json_t *rec = json_load_file(path, 0, NULL);
+	json_t *pid = json_object_get(rec, "pid"), *st = json_object_get(rec, "start_time");
+	/* a record of this process, not of one before it on the same path */
+	if (!rec || json_integer_value(pid) != c->p.pid || (uint64_t)json_integer_value(st) != c->start_time) {
+		json_decref(rec);
+		return false;
+	}
+	*code = (int)json_integer_value(json_object_get(rec, "code"));
+	if (c->role == ROLE_WORKER) {
+		size_t i;
+		json_t *m;
+		json_array_foreach(json_object_get(rec, "frames"), i, m)
+			feed(c, m);
+		if (c->rd.len)
+			c->ops->on_input(sv, r, c);
+	}
+	json_decref(rec);
+	return true;
+}
+
+void sv_child_ended(supervisor *sv, run *r, child *c)
+{
+	if (c->watched) {
+		loop_del(sv->lp, c->p.pidfd);
+		if (c->p.sock >= 0)
+			loop_del(sv->lp, c->p.sock); /* may already be gone */
+	}
 	/* Drain whatever it said last (its error message comes before exit). */
 	sv_child_drain(sv, r, c);
+	int code = 0;
+	bool recorded = read_exit_record(sv, r, c, &code);
+	if (c->p.adopted) /* not our child: its own record says how it ended */
+		c->p.status = recorded ? W_EXITCODE(code & 0xff, 0) : W_EXITCODE(0, SIGKILL);
 	proc_close(&c->p);
 	c->exited = true;
 	r->alive--;
@@ -87,6 +155,8 @@ static void on_child_exit(loop *l, int fd, uint32_t events, void *arg)
 	int st = c->p.status;
 	char desc[96];
 	proc_describe(st, desc, sizeof desc);
+	if (c->p.adopted && !recorded)
+		snprintf(desc, sizeof desc, "no exit record (killed, or gone while no daemon watched)");
 	if (c->ops->on_exit)
 		c->ops->on_exit(sv, r, st, desc);
 	const char *who = c->role == ROLE_WORKER ? "rank" : c->role == ROLE_LOADER ? "loader"
@@ -95,9 +165,17 @@ static void on_child_exit(loop *l, int fd, uint32_t events, void *arg)
 	bool stopped = WIFEXITED(st) && WEXITSTATUS(st) == BERTD_EXIT_STOPPED;
 	if (c->role == ROLE_LOADER && r->killing)
 		ok = true; /* loaders are told to go when the workers are done */
+	if (stopped && c->role == ROLE_WORKER && !r->stop_sent && !r->stop_why && !r->shutdown && !r->killing) {
+		/* stopped with nobody asking: a rank no daemon could adopt stops when
+		 * its daemon goes (common/chan.h); its checkpoint is the way on */
+		r->requeue = true;
+		sv_set_failure(r, true, "rank %d stopped when its daemon went (it could not be adopted); resuming "
+			       "from its checkpoint", c->index);
+		stopped = false;
+	}
 	if (!ok && !stopped && !r->killing) {
-		int code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-		bool retry = !WIFEXITED(st) || code == BERTD_EXIT_FAILURE || code == BERTD_EXIT_PEER_LOST;
+		int xc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+		bool retry = !WIFEXITED(st) || xc == BERTD_EXIT_FAILURE || xc == BERTD_EXIT_PEER_LOST;
 		if (c->role == ROLE_PREPARE && !WIFEXITED(st))
 			r->prep_signaled = true;
 		sv_set_failure(r, retry, "%s %d ended with %s", who, c->index, desc);
@@ -119,32 +197,127 @@ static void on_child_exit(loop *l, int fd, uint32_t events, void *arg)
 	sv_run_maybe_finish(sv, r);
 }
 
+static void on_child_exit(loop *l, int fd, uint32_t events, void *arg)
+{
+	(void)l;
+	(void)fd;
+	(void)events;
+	child *c = arg;
+	if (proc_reap(&c->p) <= 0)
+		return;
+	sv_child_ended(c->owner->sv, c->owner, c);
+}
+
+child *sv_child_new(run *r, enum child_role role, int index, const child_ops *ops)
+{
+	if (r->nkids == MAX_CHILDREN)
+		return NULL;
+	child *c = calloc(1, sizeof *c);
+	if (!c)
+		return NULL;
+	c->role = role;
+	c->index = index;
+	c->owner = r;
+	c->ops = ops;
+	c->p.pidfd = c->p.sock = -1;
+	c->last_msg_ms = sv_now_ms();
+	msg_reader_init(&c->rd);
+	r->kids[r->nkids++] = c;
+	r->alive++;
+	return c;
+}
+
+int sv_child_watch(supervisor *sv, child *c)
+{
+	int rc = loop_add(sv->lp, c->p.pidfd, EPOLLIN, on_child_exit, c);
+	if (rc == 0 && c->p.sock >= 0 && (rc = loop_add(sv->lp, c->p.sock, EPOLLIN, sv_child_on_sock, c)) < 0)
+		loop_del(sv->lp, c->p.pidfd);
+	c->watched = rc == 0;
+	return rc;
+}
+
 int sv_child_spawn(supervisor *sv, run *r, enum child_role role, int index, const child_ops *ops,
 		   char *const argv[], char *const envp[], const char *log_path)
 {
 	if (r->nkids == MAX_CHILDREN)
 		return -E2BIG;
-	child *c = calloc(1, sizeof *c);
-	if (!c)
+	/* a local job's workers and loaders outlive the daemon: a later daemon
+	 * adopts them on their socket in the job directory (daemon/adopt.c) */
+	bool outlive = !r->is_dataset && (role == ROLE_WORKER || role == ROLE_LOADER);
+	char base[300] = "", var[340];
+	size_t n = 0;
+	while (envp[n])
+		n++;
+	char **env = calloc(n + 2, sizeof *env);
+	if (!env)
 		return -ENOMEM;
-	c->role = role;
-	c->index = index;
-	c->owner = r;
-	c->ops = ops;
-	c->last_msg_ms = sv_now_ms();
-	msg_reader_init(&c->rd);
-	int rc = proc_spawn(&c->p, argv, envp, log_path);
-	if (rc < 0) {
-		free(c);
-		return rc;
+	memcpy(env, envp, n * sizeof *env);
+	if (outlive) {
+		char chdir_[1100];
+		snprintf(chdir_, sizeof chdir_, "%s/ch", r->dir);
+		mkdir(chdir_, 0750);
+		snprintf(base, sizeof base, "%s/%s-%d", chdir_, role == ROLE_WORKER ? "rank" : "loader", index);
+		char old[320];
+		snprintf(old, sizeof old, "%s.exit", base); /* an earlier attempt's */
+		unlink(old);
+		snprintf(var, sizeof var, "%s=%s", CHAN_ENV, base);
+		env[n++] = var;
 	}
-	r->kids[r->nkids++] = c;
-	r->alive++;
-	if ((rc = loop_add(sv->lp, c->p.pidfd, EPOLLIN, on_child_exit, c)) < 0 ||
-	    (rc = loop_add(sv->lp, c->p.sock, EPOLLIN, sv_child_on_sock, c)) < 0) {
+	proc p;
+	int rc = proc_spawn_outliving(&p, argv, env, log_path, outlive);
+	free(env);
+	if (rc < 0)
+		return rc;
+	child *c = sv_child_new(r, role, index, ops);
+	if (!c) {
+		proc_signal(&p, SIGKILL);
+		proc_stop(&p, 0, 0);
+		proc_close(&p);
+		return -ENOMEM;
+	}
+	c->p = p;
+	snprintf(c->chan_base, sizeof c->chan_base, "%s", base);
+	char state;
+	c->start_time = procstat_starttime(p.pid, &state);
+	if ((rc = sv_child_watch(sv, c)) < 0) {
 		proc_signal(&c->p, SIGKILL);
 		return rc;
 	}
-	c->watched = true;
 	return 0;
+}
+
+int sv_child_record_write(supervisor *sv, run *r)
+{
+	(void)sv;
+	char boot[64], path[1100], tmp[1110];
+	chan_boot_id(boot, sizeof boot);
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	int64_t now_unix = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+	json_t *kids = json_array(), *devs = json_array();
+	for (int i = 0; i < r->nkids; i++) {
+		child *c = r->kids[i];
+		if (!c->chan_base[0])
+			continue;
+		json_array_append_new(kids, json_pack("{s:s, s:i, s:i, s:I, s:s}", "role",
+						       c->role == ROLE_WORKER ? "worker" : "loader", "index", c->index,
+						       "pid", (int)c->p.pid, "start_time", (json_int_t)c->start_time,
+						       "chan", c->chan_base));
+	}
+	for (int i = 0; i < r->ndev; i++)
+		json_array_append_new(devs, json_integer(r->dev[i]));
+	json_t *rec = json_pack("{s:i, s:i, s:s, s:s, s:I, s:I, s:I, s:i, s:o, s:o}", "format", 1, "proto",
+				CHAN_PROTO, "boot_id", boot, "job", r->id, "started_unix_ms",
+				(json_int_t)(now_unix - (sv_now_ms() - r->start_ms)), "runtime_base_ms",
+				(json_int_t)r->runtime_base_ms, "max_runtime_ms", (json_int_t)r->max_runtime_ms,
+				"world", r->world, "devices", devs, "children", kids);
+	snprintf(path, sizeof path, "%s/attempt.json", r->dir);
+	snprintf(tmp, sizeof tmp, "%s.tmp", path);
+	int rc = 0;
+	if (!rec)
+		rc = -ENOMEM;
+	else if (json_dump_file(rec, tmp, JSON_COMPACT) < 0 || rename(tmp, path) < 0)
+		rc = -EIO;
+	json_decref(rec);
+	return rc;
 }

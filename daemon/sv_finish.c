@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "common/jobspec.h"
 #include "common/log.h"
@@ -50,6 +51,9 @@ void sv_finish_job(supervisor *sv, run *r)
 		cluster_scancel(&r->ca, sv->cfg.slurm_srun, sv->cfg.slurm_conf);
 	}
 	sv_stall_note(sv, r, NULL, 0, 0, false); /* the attempt is over: nothing is silent now */
+	char rec[1100];
+	snprintf(rec, sizeof rec, "%s/attempt.json", r->dir);
+	unlink(rec); /* nothing of it to adopt */
 	sv_note_runtime(sv, r);
 
 	store_job cur;
@@ -68,6 +72,9 @@ void sv_finish_job(supervisor *sv, run *r)
 	if (r->shutdown) {
 		store_job_transition(sv->st, r->id, live, JOB_QUEUED, "daemon shutting down; resumes on next start",
 				     NULL);
+	} else if (r->requeue && state != JOB_STOPPING) {
+		/* an attempt this daemon would not adopt: resumed, no restart counted */
+		store_job_transition(sv->st, r->id, live, JOB_RESTARTING, r->reason, NULL);
 	} else if (state == JOB_STOPPING && (!r->failed || r->stop_sent)) {
 		if (store_job_transition(sv->st, r->id, JOB_MASK(JOB_STOPPING), JOB_CANCELED,
 					 r->reason[0] && !r->stop_sent ? r->reason

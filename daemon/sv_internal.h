@@ -8,6 +8,7 @@
  * it (tests/include_circles.sh checks that no two call each other):
  *
  *   supervisor.c   sv_shutdown.c                    (the tick; shutdown)
+ *   adopt.c                                         (attempts of an earlier daemon)
  *   sv_launch.c                                     (starts a job's attempt)
  *   sv_slurm.c     sv_prepare.c                     (multi-node; datasets)
  *   sv_finish.c                                     (a job attempt's end)
@@ -76,6 +77,12 @@ struct child {
 	bool said_bye;         /* relayed: it said it is exiting (EOF is then no loss) */
 	struct run *owner;
 	const child_ops *ops;
+	/* its line that outlives the daemon (common/chan.h): <chan_base>.sock
+	 * and .exit; "" for none (bertd-prepare, srun, relayed ranks) */
+	char chan_base[300];
+	uint64_t start_time;   /* /proc/<pid>/stat field 22, its identity with the pid */
+	uint64_t seq_done;     /* the last message seq handled (and stored) */
+	uint64_t seq_acked;    /* the last seq acknowledged to it */
 };
 
 /* A relay connection that has not said who it is yet (multi-node). */
@@ -103,6 +110,8 @@ struct run {
 	int64_t runtime_base_ms; /* wall time of the job's earlier attempts */
 	bool saw_running;
 	int hellos;
+	bool adopted;          /* an attempt a daemon before this one started (daemon/adopt.c) */
+	bool requeue;          /* end as restarting from the checkpoint, no restart counted (a refused worker protocol) */
 	/* verdict, decided when the first child fails */
 	bool failed, retryable;
 	char reason[512];
@@ -197,6 +206,19 @@ run *sv_find_run(supervisor *sv, const char *id);
  * watched is killed, and counts as alive). */
 int sv_child_spawn(supervisor *sv, run *r, enum child_role role, int index, const child_ops *ops,
 		   char *const argv[], char *const envp[], const char *log_path);
+/* Makes c, r's child (role, index, ops), with no process yet: calloc'd
+ * and listed in r (counted alive). NULL when out of memory or r is full. */
+child *sv_child_new(run *r, enum child_role role, int index, const child_ops *ops);
+/* Registers c's pidfd and socket (when it has one) with the loop. */
+int sv_child_watch(supervisor *sv, child *c);
+/* c's process is gone (its pidfd said so, or adoption found it gone):
+ * its last messages and its exit record's read, then the common handling
+ * (the verdict, the loaders told to go, the run's end). An adopted child's
+ * status is its exit record's code, or SIGKILL without a record. */
+void sv_child_ended(supervisor *sv, run *r, child *c);
+/* Writes <r->dir>/attempt.json: who runs r (docs/formats.md), for a daemon
+ * that starts while they run. 0 or negative errno. */
+int sv_child_record_write(supervisor *sv, run *r);
 /* Reads and handles everything c has sent that is there now. */
 void sv_child_drain(supervisor *sv, run *r, child *c);
 /* The loop's callback for a child's socket (arg: the child). */
@@ -234,6 +256,15 @@ int sv_jobfile_write(supervisor *sv, run *r, const char *dataset_dir, const char
  * memory, devices, relay and Slurm step released, the job's next state
  * (queued, canceled, completed, restarting or failed). Frees r. */
 void sv_finish_job(supervisor *sv, run *r);
+
+/* ---- adopt.c: attempts an earlier daemon started ---- */
+
+/* At start, for j (starting, running or stopping in the store): adopts
+ * its attempt when its attempt.json's processes are still the recorded
+ * ones or ended with exit records: 1 (a run now; ended ones accounted
+ * for). 0: nothing adoptable (what was left of it is killed); the caller
+ * recovers the job as before. */
+int sv_adopt_job(supervisor *sv, const store_job *j);
 
 /* ---- sv_launch.c: starting an attempt ---- */
 

@@ -261,6 +261,8 @@ int sv_launch_start_job(supervisor *sv, const store_job *j, const int *dev, int 
 	sv->runs = r;
 
 	char job_json[1200], worker_bin[1100], loader_bin[1100];
+	snprintf(job_json, sizeof job_json, "%s/attempt.json", r->dir);
+	unlink(job_json); /* an earlier attempt's: these processes are not it */
 	snprintf(job_json, sizeof job_json, "%s/job.json", r->dir);
 	snprintf(worker_bin, sizeof worker_bin, "%s/bertd-worker", sv->bin_dir);
 	snprintf(loader_bin, sizeof loader_bin, "%s/bertd-loader", sv->bin_dir);
@@ -300,6 +302,10 @@ int sv_launch_start_job(supervisor *sv, const store_job *j, const int *dev, int 
 		sv_run_maybe_finish(sv, r);
 		return 0;
 	}
+	/* who runs the attempt, for a daemon that starts while they run */
+	if ((rc = sv_child_record_write(sv, r)) < 0)
+		log_warn("job %s: cannot write its attempt.json (%s): a daemon restart will not adopt it", j->id,
+			 strerror(-rc));
 	log_info("job %s: %s", j->id, reason);
 	return 0;
 }

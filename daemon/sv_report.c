@@ -21,6 +21,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/chan.h"
 #include "common/exitcodes.h"
 #include "common/log.h"
 #include "common/msg.h"
@@ -278,13 +279,65 @@ void sv_report_handle_job_message(supervisor *sv, run *r, child *c, json_t *m)
 	}
 }
 
+/* {"type":"attach"}: a child this daemon adopts names its protocol and
+ * who it is (common/chan.h). A version this daemon does not know, or an
+ * identity that is not the recorded one, ends the attempt: the job goes
+ * back to restarting, from its last checkpoint. */
+static void attach_check(supervisor *sv, run *r, child *c, json_t *m)
+{
+	json_int_t proto = json_integer_value(json_object_get(m, "proto"));
+	json_int_t pid = json_integer_value(json_object_get(m, "pid"));
+	uint64_t st = (uint64_t)json_integer_value(json_object_get(m, "start_time"));
+	char note[400] = "";
+	if (proto < CHAN_PROTO_MIN || proto > CHAN_PROTO)
+		snprintf(note, sizeof note,
+			 "%s %d speaks worker protocol version %lld; this bertd adopts versions %d to %d: not adopted, "
+			 "restarting from the last checkpoint",
+			 c->role == ROLE_LOADER ? "loader" : "rank", c->index, (long long)proto, CHAN_PROTO_MIN, CHAN_PROTO);
+	else if (pid != c->p.pid || st != c->start_time)
+		snprintf(note, sizeof note, "rank %d's socket answered as pid %lld, not the recorded pid %d: not "
+			 "adopted, restarting from the last checkpoint", c->index, (long long)pid, (int)c->p.pid);
+	if (!note[0]) {
+		log_info("job %s: rank %d attached (protocol %lld, %lld bytes it kept meanwhile)", r->id, c->index,
+			 (long long)proto, (long long)json_integer_value(json_object_get(m, "queued")));
+		return;
+	}
+	log_warn("job %s: %s", r->id, note);
+	store_job_note(sv->st, r->id, note);
+	r->requeue = true;
+	sv_set_failure(r, true, "%s", note);
+	sv_run_kill_all(r, SIGKILL);
+}
+
 int sv_report_input(supervisor *sv, run *r, child *c)
 {
 	json_t *m;
 	int rc;
 	while ((rc = msg_reader_next(&c->rd, &m)) == 1) {
-		sv_report_handle_job_message(sv, r, c, m);
+		/* a message kept by a child that outlives the daemon carries its
+		 * seq: one already handled (sent again after an adoption) is skipped */
+		json_t *js = json_object_get(m, "seq");
+		uint64_t seq = json_is_integer(js) ? (uint64_t)json_integer_value(js) : 0;
+		const char *type = json_string_value(json_object_get(m, "type"));
+		if (type && strcmp(type, "attach") == 0) {
+			json_int_t acked = json_integer_value(json_object_get(m, "acked"));
+			if ((uint64_t)acked > c->seq_done)
+				c->seq_done = c->seq_acked = (uint64_t)acked;
+			attach_check(sv, r, c, m);
+		} else if (seq == 0 || seq > c->seq_done) {
+			json_object_del(m, "seq");
+			sv_report_handle_job_message(sv, r, c, m);
+			if (seq)
+				c->seq_done = seq;
+		}
 		json_decref(m);
+	}
+	/* handled and stored: the child may forget them */
+	if (c->seq_done > c->seq_acked && c->p.sock >= 0 && !c->sock_eof && !c->exited) {
+		json_t *ack = json_pack("{s:s, s:I}", "type", "ack", "seq", (json_int_t)c->seq_done);
+		if (ack && msg_send(c->p.sock, ack) == 0)
+			c->seq_acked = c->seq_done;
+		json_decref(ack);
 	}
 	return rc < 0 ? rc : 0;
 }

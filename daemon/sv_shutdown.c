@@ -3,6 +3,9 @@
  * while they write their stop checkpoints, then whatever is left stopped
  * and every run ended (jobs back to queued, to resume at the next start).
  *
+ * supervisor_shutdown_detach is the other exit: the jobs' processes are
+ * let go, running, for the next daemon to adopt.
+ *
  * The only supervisor code that blocks the loop: it polls the workers'
  * pidfds and sockets itself, up to stop_timeout_ms. Never fails a job.
  */
@@ -113,4 +116,32 @@ void supervisor_shutdown(supervisor *sv)
 		}
 		sv_run_maybe_finish(sv, r);
 	}
+}
+
+void supervisor_shutdown_detach(supervisor *sv)
+{
+	if (!sv)
+		return;
+	for (run **pp = &sv->runs; *pp;) {
+		run *r = *pp;
+		if (r->is_dataset || r->multinode) { /* stopped below, as at a plain shutdown */
+			pp = &r->next;
+			continue;
+		}
+		/* its processes run on; their lines close, they keep what they say */
+		for (int i = 0; i < r->nkids; i++) {
+			child *c = r->kids[i];
+			if (c->watched && !c->exited) {
+				loop_del(sv->lp, c->p.pidfd);
+				if (c->p.sock >= 0)
+					loop_del(sv->lp, c->p.sock);
+			}
+			if (!c->exited)
+				proc_close(&c->p);
+		}
+		sv_note_runtime(sv, r);
+		*pp = r->next;
+		sv_run_free(r); /* its devices: this daemon ends */
+	}
+	supervisor_shutdown(sv);
 }

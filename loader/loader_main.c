@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "common/exitcodes.h"
+#include "common/chan.h"
 #include "common/log.h"
 #include "common/msg.h"
 #include "loader/batchjob.h"
@@ -227,11 +228,18 @@ int main(int argc, char **argv)
 	if (parse(argc, argv, &o) != 0)
 		return BERTD_EXIT_BAD_CONFIG;
 
-	/* Die with the process that spawned us; comparing getppid with its
-	 * value at start closes the window where it died before prctl (not
-	 * "ppid == 1": the daemon may itself be PID 1 in a container). SIGTERM
-	 * (not KILL) so an unfinished claim is handed back. */
-	if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != parent) {
+	/* A loader of a daemon's job (BERTD_CHANNEL set) outlives the daemon,
+	 * as its workers do, and leaves an exit record for a daemon that was
+	 * not there to see it end (common/chan.h). Otherwise it dies with the
+	 * process that spawned it; comparing getppid with its value at start
+	 * closes the window where it died before prctl (not "ppid == 1": the
+	 * daemon may itself be PID 1 in a container). SIGTERM (not KILL) so an
+	 * unfinished claim is handed back. */
+	const char *chan_base = getenv(CHAN_ENV);
+	chan ch;
+	chan_open(&ch, -1, chan_base, false, "loader", 0);
+	signal(SIGPIPE, SIG_IGN); /* a report to a daemon that is gone is EPIPE, not death */
+	if (!chan_base && (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != parent)) {
 		log_error("parent is gone; not starting");
 		return BERTD_EXIT_OK;
 	}
@@ -387,5 +395,6 @@ out:
 		shard_dataset_close(sd);
 	if (o.job)
 		batchjob_data_close(&data);
+	chan_close(&ch, status);
 	return status;
 }

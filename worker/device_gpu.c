@@ -152,7 +152,7 @@ static int nccl_id_send(void *ctx, const void *id, size_t len)
 {
 	gpu_device *g = ctx;
 	char hex[2 * 512 + 1];
-	if (g->w->daemon_fd < 0 || len > 512)
+	if (g->w->ch.fd < 0 || len > 512)
 		return -ENOTCONN; /* run by hand: nobody relays the id */
 	for (size_t i = 0; i < len; i++)
 		snprintf(hex + 2 * i, 3, "%02x", ((const unsigned char *)id)[i]);

@@ -13,7 +13,6 @@
 #include "common/exitcodes.h"
 #include "common/log.h"
 #include "common/msg.h"
-#include "worker/relay.h"
 
 double worker_now_s(void)
 {
@@ -24,8 +23,8 @@ double worker_now_s(void)
 
 int worker_send(worker *w, json_t *m)
 {
-	int rc = !m ? -ENOMEM : w->daemon_fd >= 0 ? msg_send(w->daemon_fd, m) : 0;
-	json_decref(m);
+	const char *t = m ? json_string_value(json_object_get(m, "type")) : NULL;
+	int rc = chan_send(&w->ch, m, t && strcmp(t, "progress") == 0);
 	return rc < 0 ? rc : 0;
 }
 
@@ -66,46 +65,41 @@ static bool take_stop(worker *w, json_t *m)
 
 void worker_poll(worker *w)
 {
-	if (w->daemon_fd < 0)
-		return;
-	for (;;) {
-		long n = msg_reader_fill(&w->rd, w->daemon_fd);
-		if (n == 0) { /* the daemon is gone: stop cleanly, keep the checkpoint */
-			w->stop_requested = true;
-			w->daemon_fd = -1;
-			return;
-		}
-		if (n < 0 && n != -EAGAIN && relay_wanted()) {
-			/* the relay broke (its keepalive bound passed: this node is cut
-			 * off, or the daemon reset it): stop; the attempt fence keeps
-			 * a stop checkpoint of an attempt that is over out of the job */
-			log_error("the relay connection failed: %s; stopping", strerror((int)-n));
-			w->stop_requested = true;
-			close(w->daemon_fd);
-			w->daemon_fd = -1;
-			return;
-		}
-		if (n < 0)
-			break;
-	}
 	json_t *m;
-	while (msg_reader_next(&w->rd, &m) == 1) {
+	int rc;
+	while ((rc = chan_next(&w->ch, &m)) == 1) {
 		take_stop(w, m);
 		json_decref(m);
+	}
+	if (rc == -EPIPE && w->ch.had_daemon && !w->stop_requested) {
+		/* no daemon can adopt this rank: stop cleanly, keep the checkpoint
+		 * (a relayed rank: its relay broke or the daemon reset it; the
+		 * attempt fence keeps a stop checkpoint of an attempt that is over
+		 * out of the job) */
+		log_error("the daemon's line is gone and no other can attach; stopping");
+		w->stop_requested = true;
 	}
 }
 
 int worker_await(worker *w, const char *type, int timeout_ms, json_t **out)
 {
-	if (w->daemon_fd < 0)
+	if (w->ch.fd < 0 && !w->ch.had_daemon)
 		return -ENOTCONN;
 	double deadline = worker_now_s() + timeout_ms / 1000.0;
 	for (;;) {
 		json_t *m;
-		int left_ms = (int)((deadline - worker_now_s()) * 1000.0);
-		int rc = msg_recv(w->daemon_fd, &w->rd, left_ms > 0 ? left_ms : 0, &m);
-		if (rc <= 0)
-			return rc == 0 ? -EPIPE : rc; /* 0: the daemon is gone */
+		int rc = chan_next(&w->ch, &m);
+		if (rc < 0)
+			return rc; /* the daemon is gone */
+		if (rc == 0) {
+			int left_ms = (int)((deadline - worker_now_s()) * 1000.0);
+			if (left_ms <= 0)
+				return -ETIMEDOUT;
+			if (w->ch.fd < 0 && w->ch.listen_fd < 0)
+				return -EPIPE;
+			chan_wait(&w->ch, left_ms);
+			continue;
+		}
 		const char *t = json_string_value(json_object_get(m, "type"));
 		if (take_stop(w, m)) {
 			json_decref(m);

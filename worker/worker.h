@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/chan.h"
 #include "common/msg.h"
 #include "loader/batchjob.h"
 #include "loader/ring.h"
@@ -38,8 +39,7 @@ typedef struct worker {
 	batchjob bj;
 	json_t *job;               /* the job file */
 	const char *checkpoint_dir, *export_dir, *resume_from;
-	int daemon_fd;             /* -1 when run by hand without a daemon */
-	msg_reader rd;
+	chan ch;                   /* the line to the daemon (common/chan.h); ch.fd -1 without one */
 	bool stop_requested;
 	bool stop_ends_job;        /* the stop was a cancel: export the stop checkpoint's model */
 	/* batches */
@@ -75,14 +75,18 @@ typedef struct worker {
 	best_state best;             /* rank 0: the best checkpoint by metric_for_best_model */
 } worker;
 
-/* Sends m to the daemon (dropped when run by hand) and releases it.
+/* Sends m to the daemon and releases it: queued until a daemon acknowledges
+ * it (chan.h), so a daemon that comes back later gets it; a "progress"
+ * heartbeat goes only to a connected daemon; dropped when run by hand.
  * 0, or a negative errno (-ENOMEM for a NULL m). */
 int worker_send(worker *w, json_t *m);
 /* Logs and tells the daemon why (an error message, its code named after the
  * exit code), then returns code: the exit code to use, not BERTD_EXIT_OK. */
 int worker_fail(worker *w, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-/* Non-blocking look at the daemon's socket: sets w->stop_requested (and
- * w->stop_ends_job for a cancel); the daemon gone is a stop too. */
+/* Non-blocking look at the daemon's line: sets w->stop_requested (and
+ * w->stop_ends_job for a cancel); a new daemon's connection is taken. The
+ * daemon gone is a stop only for a rank no daemon can adopt (a relayed
+ * rank, one without its socket): the others train on. */
 void worker_poll(worker *w);
 /* Waits up to timeout_ms for the daemon's next message of `type` (caller
  * owns *out); others are dropped. -ECANCELED on a stop, -ENOTCONN run by

@@ -6,11 +6,13 @@
  * model, picks the device (device_cpu.c, or device_gpu.c for kind "cuda" in
  * CUDA builds), joins the job's ranks and runs the training loop (loop.c).
  *
- * This file is the process: arguments, the daemon socket (fd 3; its
- * messages, hello, metrics, checkpoints, errors, go through worker.c),
+ * This file is the process: arguments, the daemon's line (fd 3 and the
+ * socket a later daemon adopts it on, common/chan.h; its messages, hello,
+ * metrics, checkpoints, errors, go through worker.c),
  * signals, the exit code (common/exitcodes.h).
  * Stopping: a {"type":"stop"} from the daemon (cancel, shutdown), or the
- * daemon gone, sets stop_requested; the loop agrees on it across ranks,
+ * line gone for a rank no daemon can adopt, sets stop_requested (a local
+ * rank trains on without a daemon, keeping its messages); the loop agrees on it across ranks,
  * rank 0 checkpoints and every rank exits 6. `bertd-worker --export` is
  * the other mode: a checkpoint into an HF model directory (convert.h).
  * Never touches SQLite; never exits from anywhere but main.
@@ -73,8 +75,8 @@ static int open_job(worker *w, const char *job_path, const char **kind, bool *on
 	if (w->rank >= w->world || !w->checkpoint_dir || !w->export_dir || !*kind)
 		return worker_fail(w, BERTD_EXIT_BAD_CONFIG,
 				   "job file lacks rank %d's device or its directories", w->rank);
-	worker_send(w, json_pack("{s:s, s:i, s:i, s:s}", "type", "hello", "rank", w->rank, "pid", (int)getpid(),
-				 "device", *kind));
+	worker_send(w, json_pack("{s:s, s:i, s:i, s:s, s:i}", "type", "hello", "rank", w->rank, "pid",
+				 (int)getpid(), "device", *kind, "proto", CHAN_PROTO));
 #ifdef BERTD_CUDA
 	*on_gpu = strcmp(*kind, "cuda") == 0;
 	const char *built_for = "trains on \"cpu\" or \"cuda\"";
@@ -324,7 +326,7 @@ static int comm_address(worker *w, comm_net_opts *o, char *buf, size_t cap)
 	}
 	struct sockaddr_storage sa;
 	socklen_t sl = sizeof sa;
-	if (getsockname(w->daemon_fd, (struct sockaddr *)&sa, &sl) < 0)
+	if (getsockname(w->ch.fd, (struct sockaddr *)&sa, &sl) < 0)
 		return -errno;
 	if (sa.ss_family != AF_INET && sa.ss_family != AF_INET6)
 		return -EAFNOSUPPORT; /* fd 3 is a socketpair: set BERTD_COMM_ADDR */
@@ -442,7 +444,8 @@ static int join_relay(worker *w, const char *job_path, char *comm_pick, size_t c
 		log_error("%s", err);
 		return BERTD_EXIT_PEER_LOST;
 	}
-	w->daemon_fd = fd;
+	w->ch.fd = fd;
+	w->ch.had_daemon = true;
 	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
 	json_t *go = NULL;
 	int rc = worker_await(w, "go", RELAY_GO_TIMEOUT_MS, &go);
@@ -457,7 +460,7 @@ int main(int argc, char **argv)
 {
 	char name[32] = "bertd-worker";
 	log_init(name, LOG_LVL_INFO);
-	worker w = {.daemon_fd = -1, .last_eval_step = -1, .best = best_none()};
+	worker w = {.last_eval_step = -1, .best = best_none()};
 	loop_device dev = {0};
 	const char *job_path;
 	if (argc > 1 && strcmp(argv[1], "--export") == 0) /* a checkpoint into an HF model (convert.h) */
@@ -472,17 +475,22 @@ int main(int argc, char **argv)
 	snprintf(name, sizeof name, "bertd-worker[%d]", w.rank);
 	log_init(name, LOG_LVL_INFO);
 	signal(SIGPIPE, SIG_IGN);
+	int dfd = -1;
 	if (fcntl(DAEMON_FD, F_GETFD) >= 0) {
-		w.daemon_fd = DAEMON_FD;
+		dfd = DAEMON_FD;
 		fcntl(DAEMON_FD, F_SETFL, fcntl(DAEMON_FD, F_GETFL) | O_NONBLOCK);
 	}
-	msg_reader_init(&w.rd);
+	/* a local rank of a daemon's job listens for a later daemon to adopt it
+	 * (common/chan.h); a multi-node rank's relay is not adoptable */
+	const char *base = dfd >= 0 && !relay_wanted() ? getenv(CHAN_ENV) : NULL;
+	if (chan_open(&w.ch, dfd, base, true, "worker", w.rank) < 0)
+		log_warn("cannot listen on %s.sock: a daemon restart will not adopt this rank", base ? base : "?");
 
 	const char *kind = NULL;
 	bool on_gpu = false;
 	train_config tc;
 	char comm_pick[16] = ""; /* the daemon's choice of data plane, in "go" */
-	int code = w.daemon_fd < 0 && relay_wanted() ? join_relay(&w, job_path, comm_pick, sizeof comm_pick) : 0;
+	int code = dfd < 0 && relay_wanted() ? join_relay(&w, job_path, comm_pick, sizeof comm_pick) : 0;
 	if (code == 0)
 		code = open_job(&w, job_path, &kind, &on_gpu);
 	if (code == 0)
@@ -524,7 +532,7 @@ int main(int argc, char **argv)
 	batchjob_data_close(&w.data);
 	if (relay_wanted()) /* the relay's EOF after this is an exit, not a lost rank */
 		worker_send(&w, json_pack("{s:s, s:i}", "type", "bye", "code", code));
-	msg_reader_free(&w.rd);
+	chan_close(&w.ch, code);
 	json_decref(w.job);
 	return code;
 }

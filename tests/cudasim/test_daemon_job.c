@@ -15,6 +15,10 @@
  *   - the metrics carry the h2d and all-reduce phases (>= 0, time measured)
  *     and NVML samples of both GPUs; the CPU job's claim no h2d (exactly 0)
  *     and no devices; both diagnoses judge communication_bound;
+ *   - kill -9 of the daemon after the step-10 checkpoint: the GPU workers
+ *     outlive it, the next daemon adopts them (an event, no restart), the
+ *     job completes, logs every step once with the uninterrupted run's
+ *     losses, and its export is bit-identical to the uninterrupted run's;
  *   - nothing is left: no process naming the job, nothing in /dev/shm naming
  *     the job or an NCCL segment of one of its workers.
  * The stand-in runs CUDASIM_STREAMS=deferred (meson.build): the device
@@ -487,11 +491,59 @@ static void test_gpu_kill_worker_resumes(void **state)
 	free(id);
 }
 
+static void test_gpu_daemon_kill9_adopted(void **state)
+{
+	fx *f = *state;
+	bertd *d = &f->gpu->d;
+	it_wait_dataset_ready(d, "shakes", DEADLINE_S);
+	if (!f->ref_gpu) { /* run alone (IT_ONLY) */
+		f->ref_gpu = it_submit(d, SPEC("gpu", "2", "1"));
+		f->ref_job = run_to_end(d, f->ref_gpu, NULL);
+	}
+	char *id = it_submit(d, SPEC("adopted", "2", "1"));
+	seen_pids sp = {0};
+	json_decref(it_poll_job(d, id, NULL, 15, DEADLINE_S, note_workers, &sp)); /* past the step-10 checkpoint */
+	bertd_kill9(d);
+	pid_t pids[4];
+	char worker[400];
+	snprintf(worker, sizeof worker, "%s/bertd-worker", getenv("IT_CUDASIM_BIN_DIR"));
+	int alive = it_find_pids(worker, id, pids, 4);
+	/* held while the daemon starts (if not done yet), so that it finds them running */
+	for (int k = 0; k < alive; k++)
+		kill(pids[k], SIGSTOP);
+	assert_int_equal(it_daemon_run(f->gpu, NULL), 0);
+	json_t *ev = it_events_of(d, id);
+	assert_non_null(it_event_with(ev, "adopted the running attempt"));
+	json_decref(ev);
+	for (int k = 0; k < alive; k++)
+		kill(pids[k], SIGCONT);
+	json_t *job = run_to_end(d, id, &sp);
+	assert_int_equal(json_integer_value(json_object_get(job, "restart_count")), 0);
+	assert_devices(job, "cuda", 2);
+	json_t *ma = it_metrics_of(d, f->ref_gpu), *mb = it_metrics_of(d, id);
+	assert_rows_complete(mb);
+	for (size_t k = 0; k < ROWS; k++)
+		if (num_at(ma, k, "loss") != num_at(mb, k, "loss"))
+			fail_msg("step %zu: loss %.9f, reference %.9f", 5 * (k + 1), num_at(mb, k, "loss"),
+				 num_at(ma, k, "loss"));
+	json_decref(ma);
+	json_decref(mb);
+	char a[65], b[65];
+	it_sha_of_export(f->ref_job, a);
+	it_sha_of_export(job, b);
+	assert_string_equal(a, b);
+	fprintf(stderr, "adopted: export bit-identical (sha256 %s), %d worker(s) found running\n", a, alive);
+	assert_nothing_left(id, &sp);
+	json_decref(job);
+	free(id);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_gpu_matches_cpu),
 		cmocka_unit_test(test_gpu_kill_worker_resumes),
+		cmocka_unit_test(test_gpu_daemon_kill9_adopted),
 	};
 	return IT_RUN(tests, group_setup, group_teardown);
 }

@@ -8,8 +8,10 @@
  *     an undisturbed run of the same spec (CPU resume is exact, from
  *     whichever checkpoint the restart picked);
  *   - a SIGSTOP shorter than stall_timeout_s restarts nothing;
- *   - no process of the test's daemon is left, after every kill -9 of the
- *     daemon and at the end, and nothing of its jobs is left in /dev/shm;
+ *   - a kill -9 of the daemon leaves the job running (its workers and
+ *     loaders outlive it; the next daemon adopts them, no restart), and no
+ *     bertd-prepare of it is left; at the end no process of the test's
+ *     daemon is left, and nothing of its jobs is left in /dev/shm;
  *   - a dataset whose bertd-prepare (or daemon) was killed ends ready or
  *     failed with a reason, never stuck preparing, and leaves no working
  *     directory of bertd-prepare (".<name>.partial") in the data root.
@@ -179,12 +181,12 @@ static json_t *wait_restarts_or_end(fx *f, const char *id, int before)
  * its workers, loaders and bertd-prepare all do: state dir, job.json,
  * dataset dir). Waits for them to go, at most deadline_s; fails the test
  * naming the first one left. */
-static void assert_no_processes(fx *f, const char *when, int deadline_s)
+static void assert_none_of(fx *f, const char *what, const char *when, int deadline_s)
 {
 	pid_t pids[16];
 	int n = 0;
 	for (int i = 0; i < deadline_s * 50; i++) {
-		if ((n = it_find_pids(f->d.root, NULL, pids, 16)) == 0)
+		if ((n = it_find_pids(f->d.root, what, pids, 16)) == 0)
 			return;
 		it_pause_ms(20);
 	}
@@ -202,12 +204,18 @@ static void assert_no_processes(fx *f, const char *when, int deadline_s)
 	fail_msg("%s: %d process(es) left after %d s, e.g. pid %d: %s", when, n, deadline_s, (int)pids[0], cmd);
 }
 
-/* kill -9 of the daemon: its children die with it (PR_SET_PDEATHSIG),
- * none is left, and a new daemon starts on the same state dir. */
+static void assert_no_processes(fx *f, const char *when, int deadline_s)
+{
+	assert_none_of(f, NULL, when, deadline_s);
+}
+
+/* kill -9 of the daemon: bertd-prepare dies with it (PR_SET_PDEATHSIG),
+ * a job's workers and loaders outlive it, and a new daemon starts on the
+ * same state dir (and adopts them). */
 static void kill_daemon_and_restart(fx *f)
 {
 	bertd_kill9(&f->d);
-	assert_no_processes(f, "after kill -9 of the daemon", 30);
+	assert_none_of(f, "bertd-prepare", "after kill -9 of the daemon", 30);
 	assert_int_equal(it_daemon_run(f, NULL), 0);
 	tally.daemon_kills++;
 }
@@ -507,9 +515,19 @@ static void disturb(fx *f, const char *id, int kind, long step, int before, bool
 			tally.loader_kills++;
 		break;
 	}
-	case KILL_DAEMON:
+	case KILL_DAEMON: {
 		kill_daemon_and_restart(f);
+		/* its workers outlived it and the new daemon adopted them: the job
+		 * goes on, two logging windows further, without a restart */
+		json_t *j = wait_live_at(f, id, "running", step + 10, endgame);
+		if (job_restarts(j) != before) {
+			bertd_print_log(&f->d);
+			fail_msg("job %s restarted after a kill -9 of the daemon at step %ld (%d -> %d restarts)", id,
+				 step, before, job_restarts(j));
+		}
+		json_decref(j);
 		break;
+	}
 	case STOP_WORKER: {
 		pid_t pid = pick_process(f, "bertd-worker", id, false);
 		assert_int_equal(kill(pid, SIGSTOP), 0);
