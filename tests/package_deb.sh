@@ -34,7 +34,10 @@ if [ ! -f "$pbuild/build.ninja" ]; then
 		>"$work/setup.log" 2>&1 || fail "meson setup of $pbuild: $(tail -n 5 "$work/setup.log")"
 fi
 cuda_arg=()
-if readelf -d "$build/worker/bertd-worker" 2>/dev/null | grep -q 'NEEDED.*libcudart\.'; then
+# (whole outputs in variables, then grep: with pipefail, grep -q ending a
+# pipe early makes the writer's SIGPIPE the pipe's status)
+needed=$(readelf -d "$build/worker/bertd-worker" 2>/dev/null || true)
+if grep -q 'NEEDED.*libcudart\.' <<<"$needed"; then
 	cuda_arg=(--cuda-worker "$build/worker/bertd-worker")
 fi
 rm -rf "$work/deb"
@@ -54,7 +57,7 @@ for f in /usr/bin/bertd /usr/bin/bertd-worker /usr/bin/bertd-loader /usr/bin/ber
 	grep -qx "$f" <<<"$contents" || fail "the package lacks $f"
 done
 [ "$(dpkg-deb -I "$deb" conffiles)" = /etc/bertd/bertd.conf ] || fail "conffiles is not /etc/bertd/bertd.conf"
-if dpkg-deb -f "$deb" Depends | grep -Eiq 'cuda|cublas|nccl|nvidia'; then
+if grep -Eiq 'cuda|cublas|nccl|nvidia' <<<"$(dpkg-deb -f "$deb" Depends)"; then
 	fail "the CPU package depends on NVIDIA packages: $(dpkg-deb -f "$deb" Depends)"
 fi
 
@@ -114,7 +117,7 @@ if [ -n "$cdeb" ]; then
 	chroot "$root" dpkg -i --force-depends "/tmp/${cdeb##*/}" >>"$work/dpkg.log" 2>&1 ||
 		fail "dpkg -i bertd-cuda: $(tail -n 5 "$work/dpkg.log")"
 	[ "$(sha256sum <"$root/usr/bin/bertd-worker.cpu")" = "$cpu_sum" ] || fail "bertd-cuda did not divert the CPU worker"
-	readelf -d "$root/usr/bin/bertd-worker" | grep -q 'NEEDED.*libcudart\.' || fail "bertd-cuda's worker is not the CUDA one"
+	grep -q 'NEEDED.*libcudart\.' <<<"$(readelf -d "$root/usr/bin/bertd-worker")" || fail "bertd-cuda's worker is not the CUDA one"
 	chroot "$root" dpkg -r bertd-cuda >>"$work/dpkg.log" 2>&1 || fail "dpkg -r bertd-cuda"
 	[ "$(sha256sum <"$root/usr/bin/bertd-worker")" = "$cpu_sum" ] && [ ! -e "$root/usr/bin/bertd-worker.cpu" ] ||
 		fail "removing bertd-cuda did not put the CPU worker back"
@@ -176,7 +179,7 @@ done
 step=$(api "$url/v1/jobs/$job" | jq -r .progress.step)
 [ "$step" = 10 ] || fail "job $job completed at step $step, not 10"
 api -o "$work/export.tar" "$url/v1/jobs/$job/export"
-tar -tf "$work/export.tar" | grep -q 'model.safetensors$' || fail "the export of job $job has no model.safetensors"
+grep -q 'model.safetensors$' <<<"$(tar -tf "$work/export.tar")" || fail "the export of job $job has no model.safetensors"
 # The job's files belong to the user the package created.
 owner=$(chroot "$root" stat -c %U "/var/lib/bertd/jobs/$job" 2>/dev/null || echo none)
 [ "$owner" = bertd ] || fail "the job directory belongs to $owner, not bertd"
