@@ -99,6 +99,17 @@ chroot "$root" getent passwd bertd >/dev/null || fail "postinst made no user ber
 # names as the root knows them (stat in the chroot)
 sdir=$(chroot "$root" stat -c '%U %a' /var/lib/bertd)
 [ "$sdir" = "bertd 700" ] || fail "/var/lib/bertd is $sdir, not bertd 700"
+# The tmpfiles entry as systemd would apply it at boot (host's
+# systemd-tmpfiles on the root): it must not undo the 0710 bertd gives the
+# state dir for a shared_group.
+if command -v systemd-tmpfiles >/dev/null; then
+	chmod 0710 "$root/var/lib/bertd"
+	systemd-tmpfiles --root="$root" --create "$root/usr/lib/tmpfiles.d/bertd.conf" ||
+		fail "systemd-tmpfiles refuses /usr/lib/tmpfiles.d/bertd.conf"
+	sdir=$(chroot "$root" stat -c '%U %a' /var/lib/bertd)
+	[ "$sdir" = "bertd 710" ] || fail "systemd-tmpfiles changed /var/lib/bertd to $sdir"
+	chmod 0700 "$root/var/lib/bertd"
+fi
 unit=$root/usr/lib/systemd/system/bertd.service
 exec_bin=$(sed -n 's/^ExecStart=\([^ ]*\).*/\1/p' "$unit")
 [ "$exec_bin" = /usr/bin/bertd ] && [ -x "$root$exec_bin" ] || fail "the unit's ExecStart names $exec_bin"
