@@ -11,7 +11,8 @@
 # BUILD's bertd-worker is a CUDA build, bertd-cuda is made from it too and
 # its diversion of the CPU worker checked (installed and removed; nothing
 # runs on a GPU). Exit 77 (skip) with the reason when root, a tool or the
-# network to deb.debian.org is missing. It must never touch the host's
+# network to the mirror is missing (BERTD_DEBIAN_MIRROR, default
+# http://deb.debian.org/debian). It must never touch the host's
 # /etc, users or services: everything happens in the root.
 set -uo pipefail
 src=$(cd "$1" && pwd) build=$(cd "$2" && pwd)
