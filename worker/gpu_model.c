@@ -269,6 +269,7 @@ static const struct {
 } lever_env[] = {
     {"BERTD_LEVER_LN_VEC", CUDA_LEVER_LN_VEC},
     {"BERTD_LEVER_OPT_ZERO", CUDA_LEVER_OPT_ZERO},
+    {"BERTD_LEVER_LT_TUNE", CUDA_LEVER_LT_TUNE},
 };
 
 int gpu_levers_from_env(unsigned *out, char *err, size_t errlen)

@@ -62,6 +62,11 @@ enum {
     /* zero_grad folded into the AdamW/LAMB kernels (worker/gpu_model.c
      * passes zero_g; the kernels themselves do not read this bit) */
     CUDA_LEVER_OPT_ZERO = 1u << 1,
+    /* cuBLASLt: the heuristic's first 4 algorithms per plan timed once per
+     * process on the real shapes, the fastest kept (lt.cu). Off by default:
+     * timing noise can pick other algorithms in a resumed process, whose
+     * results differ in the last bits, so resume is no longer bitwise */
+    CUDA_LEVER_LT_TUNE = 1u << 2,
 };
 #define CUDA_LEVERS_DEFAULT ((unsigned)(CUDA_LEVER_LN_VEC | CUDA_LEVER_OPT_ZERO))
 void cuda_levers_set(unsigned mask);
@@ -88,6 +93,9 @@ int cuda_lt_init(void);
 void cuda_lt_shutdown(void);
 /* Plans cached so far and heuristic queries made, for this thread. */
 void cuda_lt_stats(long *plans, long *heuristic_queries);
+/* Plans of this thread whose algorithm was picked by timing
+ * (CUDA_LEVER_LT_TUNE). */
+long cuda_lt_tuned_plans(void);
 /* out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias, all of type dt; bias (OC)
  * is in dt too (the GEMM's bias epilogue reads the output type) and may be
  * NULL. pre != NULL selects the GELU epilogue, which is the TANH form (HF
