@@ -1,6 +1,7 @@
 /* common.cuh — private helpers of the CUDA ops: error checks that report
  * file:line, element-type traits (fp32 / bf16 / fp16 with fp32 math), the
- * device Philox, warp/block reductions and the dtype dispatch. Included only
+ * device Philox, 16-byte pack loads/stores and the dropout mask of a pack,
+ * warp/block reductions and the dtype dispatch. Included only
  * by the .cu files of kernels/cuda/. Declares inline device code and one
  * file-local kernel (colsum_finish_kernel); defines no globals.
  */

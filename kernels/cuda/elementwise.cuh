@@ -1,5 +1,5 @@
 /* elementwise.cuh — the device code of kernels/cuda/elementwise.cu (the
- * 16-byte pack helpers and the pointwise kernels) with its launch geometry,
+ * pointwise kernels, on common.cuh's 16-byte packs) with its launch geometry,
  * kept apart from the host launchers so that
  * tests/unit/kernels/test_elementwise_emu can compile these very lines on
  * the CPU under the SIMT emulator (tests/unit/kernels/cuda_emu.h) and run
