@@ -1065,8 +1065,10 @@ int gpu_model_eval(gpu_model *g, const bert_batch *b, bert_eval_sums *acc, char 
 
 void gpu_model_zero_grad(gpu_model *g)
 {
-    if (g->grads_zero)
-        return; // the optimizer left them zero (lever CUDA_LEVER_OPT_ZERO), or nothing wrote them
+    /* lever CUDA_LEVER_OPT_ZERO: nothing to do when the optimizer (or a
+     * previous zero_grad, or create) left them zero; off: always the memset */
+    if ((g->levers & CUDA_LEVER_OPT_ZERO) && g->grads_zero)
+        return;
     cudaError_t e = cudaMemsetAsync(g->grads_memory, 0, g->num_params * 4, g->compute);
     if (e != cudaSuccess)
         fprintf(stderr, "gpu_model: zero_grad: %s\n", cudaGetErrorString(e));

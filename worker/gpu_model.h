@@ -222,9 +222,10 @@ float gpu_model_loss(gpu_model *g);
  * -EINVAL with err for a batch the model cannot take (another T, bad ids),
  * -ENOMEM, -EIO for a CUDA error. */
 int gpu_model_eval(gpu_model *g, const bert_batch *b, bert_eval_sums *acc, char *err, size_t errlen);
-/* Zeroes the gradients (one memset on the compute stream), unless they are
- * known to be zero already: fresh, or cleared by the optimizer (lever
- * CUDA_LEVER_OPT_ZERO); a backward or a skipped step makes them nonzero. */
+/* Zeroes the gradients (one memset on the compute stream). With the lever
+ * CUDA_LEVER_OPT_ZERO on, nothing when they are known to be zero already:
+ * fresh, or cleared by the optimizer or an earlier zero_grad (a backward or
+ * a skipped step makes them nonzero). */
 void gpu_model_zero_grad(gpu_model *g);
 /* Accumulates (+=) into grads the gradient of loss_scale * loss of the last
  * forward, which must have been a training forward. */
