@@ -14,7 +14,10 @@
  * starting "BENCH gpu_train seq=" for scripts. A later row that crashes or
  * hangs cannot take back a row already printed. --preset runs another model
  * size (bert-tiny: a quick check of this program on the CPU stand-in);
- * device-check's table and its reference are bert-base.
+ * device-check's table and its reference are bert-base. The speed levers
+ * (BERTD_LEVER_* in the environment, docs/perf.md) are the model's: the
+ * BENCH line names the mask it ran with (levers=0x...), so device-check runs
+ * this program once more per lever with that lever off.
  *
  * FLOPs per step (step_flops) are the model's useful work: encoder GEMMs and
  * attention on all tokens, MLM head on the masked 15%, x3 for forward +
@@ -62,6 +65,7 @@
 typedef struct result {
     double tok_s, step_ms, fwd_ms, bwd_ms, opt_ms, tflops, mfu;
     int ok;
+    unsigned levers; // the CUDA_LEVER_* mask the model ran with (BERTD_LEVER_*)
 } result;
 
 static double now_s(void)
@@ -143,6 +147,7 @@ static result bench_bertd(const bert_config *c, const float *params, kdtype dt, 
         fprintf(stderr, "gpu_bench: gpu_model_create B=%d T=%d failed (%d): %s\n", B, T, rc, err);
         goto out;
     }
+    r.levers = g->levers;
     MCHECK(gpu_model_set_params(g, params));
     for (int i = 0; i < 4; i++)
         BCHECK(cudaEventCreate(&ev[i]));
@@ -250,8 +255,8 @@ static void row(int T, int B, const char *preset, kdtype dt, const char *device,
     else
         printf("%5d %5d %-16s %12s\n", T, B, name, "failed");
     printf("BENCH gpu_train seq=%d batch=%d impl=bertd preset=%s precision=%s device=\"%s\" "
-           "peak_tflops=%.0f status=%s",
-           T, B, preset, kdtype_name(dt), device, peak, r->ok ? "ok" : "failed");
+           "peak_tflops=%.0f levers=0x%x status=%s",
+           T, B, preset, kdtype_name(dt), device, peak, r->levers, r->ok ? "ok" : "failed");
     if (r->ok)
         printf(" tok_s=%.0f step_ms=%.3f fwd_ms=%.3f bwd_ms=%.3f opt_ms=%.3f tflops=%.2f mfu=%.4f",
                r->tok_s, r->step_ms, r->fwd_ms, r->bwd_ms, r->opt_ms, r->tflops, r->mfu);

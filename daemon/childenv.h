@@ -5,8 +5,8 @@
  *     OPENBLAS_NUM_THREADS, and NCCL_SOCKET_IFNAME=lo unless the operator
  *     passes their own;
  *   - for a worker, bertd's own switches of the CUDA path (BERTD_GEMM,
- *     BERTD_ATTENTION, BERTD_DDP_OVERLAP, docs/cuda.md) when the daemon has
- *     them;
+ *     BERTD_ATTENTION, BERTD_DDP_OVERLAP, the speed levers BERTD_LEVER_*,
+ *     docs/cuda.md) when the daemon has them;
  *   - the variables of the daemon's environment that the pass_env setting
  *     names, so that a box's dynamic-loader path and NCCL / libfabric / CUDA
  *     tuning reach the workers while the rest of the daemon's environment
@@ -62,8 +62,8 @@ typedef struct childenv {
 /* The environment of the bertd-worker on device d: PATH=/usr/bin:/bin,
  * CUDA_VISIBLE_DEVICES (d's NVML UUID, else its NVML index; -1 for a CPU
  * slot), CUDA_DEVICE_ORDER=PCI_BUS_ID, OMP_NUM_THREADS and
- * OPENBLAS_NUM_THREADS = threads, then BERTD_GEMM, BERTD_ATTENTION and
- * BERTD_DDP_OVERLAP where src has them, then what pass lets through of src
+ * OPENBLAS_NUM_THREADS = threads, then BERTD_GEMM, BERTD_ATTENTION,
+ * BERTD_DDP_OVERLAP and BERTD_LEVER_* where src has them, then what pass lets through of src
  * (a NULL-ended "NAME=value" array, usually environ), and last
  * NCCL_SOCKET_IFNAME=lo unless what passed sets it (a worker of this
  * machine's job; multi-node ranks get the helper environment through srun

@@ -260,6 +260,38 @@ static int gemm_pick(gpu_model *g, char *err, size_t errlen)
     return 0;
 }
 
+/* The speed levers (docs/perf.md, "GPU speed levers"): BERTD_LEVER_<NAME>
+ * set to 1/on or 0/off turns one on or off; unset keeps its default
+ * (CUDA_LEVERS_DEFAULT). Anything else is refused, naming the variable. */
+static const struct {
+    const char *env;
+    unsigned bit;
+} lever_env[] = {
+    {"BERTD_LEVER_LN_VEC", CUDA_LEVER_LN_VEC},
+    {"BERTD_LEVER_OPT_ZERO", CUDA_LEVER_OPT_ZERO},
+    {"BERTD_LEVER_LT_TUNE", CUDA_LEVER_LT_TUNE},
+};
+
+int gpu_levers_from_env(unsigned *out, char *err, size_t errlen)
+{
+    unsigned mask = CUDA_LEVERS_DEFAULT;
+    for (size_t i = 0; i < sizeof lever_env / sizeof lever_env[0]; i++) {
+        const char *v = getenv(lever_env[i].env);
+        if (!v || !*v)
+            continue;
+        if (strcmp(v, "1") == 0 || strcmp(v, "on") == 0) {
+            mask |= lever_env[i].bit;
+        } else if (strcmp(v, "0") == 0 || strcmp(v, "off") == 0) {
+            mask &= ~lever_env[i].bit;
+        } else {
+            snprintf(err, errlen, "%s=\"%s\": expected 1, on, 0 or off", lever_env[i].env, v);
+            return -EINVAL;
+        }
+    }
+    *out = mask;
+    return 0;
+}
+
 int gpu_model_create(gpu_model **out, const bert_config *cfg, kdtype dt, int device, int max_B,
                      int T, int max_M, const optim_config *oc, char *err, size_t errlen)
 {
@@ -370,6 +402,10 @@ int gpu_model_create_reserving(gpu_model **out, const bert_config *cfg, kdtype d
     rc = gemm_pick(g, err, errlen);
     if (rc < 0)
         goto out;
+    rc = gpu_levers_from_env(&g->levers, err, errlen);
+    if (rc < 0)
+        goto out;
+    cuda_levers_set(g->levers);
 
     size_t n = g->num_params, lp_bytes = dt == KDT_F32 ? 0 : n * kdtype_size(dt);
     // the 16-bit copy starts at the next 256-byte boundary after the fp32 span
@@ -383,6 +419,7 @@ int gpu_model_create_reserving(gpu_model **out, const bert_config *cfg, kdtype d
     GPU_TRY(cudaMalloc(&g->acts_memory, acts));
     GPU_TRY(cudaMemset(g->params_alloc, 0, align256(n * 4) + lp_bytes));
     GPU_TRY(cudaMemset(g->grads_memory, 0, n * 4));
+    g->grads_zero = 1;
     GPU_TRY(cudaMemset(g->opt_memory, 0, 2 * n * 4));
     point_params(&g->params, g->params_memory, g->param_sizes);
     point_params(&g->grads, g->grads_memory, g->param_sizes);
@@ -1028,9 +1065,15 @@ int gpu_model_eval(gpu_model *g, const bert_batch *b, bert_eval_sums *acc, char 
 
 void gpu_model_zero_grad(gpu_model *g)
 {
+    /* lever CUDA_LEVER_OPT_ZERO: nothing to do when the optimizer (or a
+     * previous zero_grad, or create) left them zero; off: always the memset */
+    if ((g->levers & CUDA_LEVER_OPT_ZERO) && g->grads_zero)
+        return;
     cudaError_t e = cudaMemsetAsync(g->grads_memory, 0, g->num_params * 4, g->compute);
     if (e != cudaSuccess)
         fprintf(stderr, "gpu_model: zero_grad: %s\n", cudaGetErrorString(e));
+    else
+        g->grads_zero = 1;
 }
 
 /* Enqueues ranges [first, last) of bucket b (bert_grad_bucket) through the
@@ -1071,6 +1114,7 @@ int gpu_model_backward(gpu_model *g)
     const int32_t *ids = a->slot[s], *tt = ids + N, *lens = tt + N, *pos = lens + B,
                   *cls_rows = pos + 2 * (size_t)M + B;
 
+    g->grads_zero = 0;
     GPU_TRY(cudaMemsetAsync(a->d_res, 0, NC * kdtype_size(dt), st)); // d hidden, scattered below
     if (M > 0) {
         /* a->logits holds d(loss_scale * loss)/d logits since forward */
@@ -1308,14 +1352,19 @@ int gpu_model_step(gpu_model *g, double *lr_out, double *gnorm_out, int *skipped
     g->t++;
     float *m = g->opt_memory, *v = g->opt_memory + g->num_params;
     void *plp = g->dt == KDT_F32 ? NULL : g->params_lp_memory;
+    /* lever CUDA_LEVER_OPT_ZERO: the kernel clears each gradient as it reads
+     * it, so the next zero_grad has nothing to do (a skipped step keeps its
+     * gradients, and the next zero_grad clears them with a memset) */
+    int zero_g = (g->levers & CUDA_LEVER_OPT_ZERO) != 0;
     if (c->kind == OPTIM_ADAMW)
         cuda_adamw_step(g->params_memory, plp, g->dt, g->grads_memory, m, v, g->chunks,
                         g->num_chunks, g->seg_decay, lr, c->beta1, c->beta2, c->eps,
-                        c->weight_decay, gmul, g->t, st);
+                        c->weight_decay, gmul, g->t, zero_g, st);
     else
         cuda_lamb_step(g->params_memory, plp, g->dt, g->grads_memory, m, v, g->chunks,
                        g->num_chunks, g->seg_decay, g->seg_norms, g->num_segs, lr, c->beta1,
-                       c->beta2, c->eps, c->weight_decay, gmul, g->t, st);
+                       c->beta2, c->eps, c->weight_decay, gmul, g->t, zero_g, st);
+    g->grads_zero = zero_g;
     if (g->scaler.enabled && ++g->scaler.good_steps >= g->scaler.growth_interval) {
         g->scaler.scale = scale * 2.0f;
         g->scaler.good_steps = 0;

@@ -24,6 +24,10 @@
  * BERTD_GEMM=cublas in the environment forces the cuBLAS path (read at
  * create; "cublaslt" requires cuBLASLt; unset or "auto" prefers it).
  *
+ * Speed levers: BERTD_LEVER_<NAME> (1/on, 0/off; unset: the default) picks
+ * the kernels' CUDA_LEVER_* mask at create (gpu_levers_from_env), which the
+ * kernels then use process-wide (one model per process).
+ *
  * Streams: `compute` runs every kernel; `copy` runs H2D batch copies, ordered
  * with events (a slot is rewritten only after the step that read it is done).
  * A communication hook (gpu_model_set_allreduce) runs between backward and
@@ -89,6 +93,8 @@ typedef struct gpu_model {
     bert_config cfg;
     kdtype dt;                     // activation / GEMM operand type
     int gemm_lt;                   // 1: linear layers through cuBLASLt epilogues (BERTD_GEMM)
+    unsigned levers;               // CUDA_LEVER_* mask in force (BERTD_LEVER_*)
+    int grads_zero;                // 1: grads_memory is known to be all zero
     int device;
     size_t param_sizes[BERT_NUM_PARAM_TENSORS];
     size_t num_params;
@@ -145,6 +151,10 @@ typedef struct gpu_model {
  * memory first: when the whole does not fit in free device memory, returns
  * -ENOMEM with err naming what was needed, what is free and the largest
  * max_B that fits (max_M scaled with it). Caller owns; gpu_model_destroy. */
+/* The CUDA_LEVER_* mask the environment asks for: CUDA_LEVERS_DEFAULT with
+ * each BERTD_LEVER_<NAME> that is set (1/on, 0/off) applied. 0, or -EINVAL
+ * with err naming the variable and its bad value. */
+int gpu_levers_from_env(unsigned *out, char *err, size_t errlen);
 int gpu_model_create(gpu_model **out, const bert_config *cfg, kdtype dt, int device, int max_B,
                      int T, int max_M, const optim_config *oc, char *err, size_t errlen);
 /* The same, keeping `reserve` bytes free besides for what is created later
@@ -162,6 +172,9 @@ void gpu_model_destroy(gpu_model *g);
  * and out. Synchronous. */
 int gpu_model_set_params(gpu_model *g, const float *host);
 int gpu_model_get_params(gpu_model *g, float *host);
+/* The gradients as they are now: after gpu_model_step with the lever
+ * CUDA_LEVER_OPT_ZERO on (the default) they are all zero, since the
+ * optimizer cleared them; read them between backward and step. */
 int gpu_model_get_grads(gpu_model *g, float *host);
 /* Optimizer state (2*num_params: m then v) in and out, for checkpoints. */
 int gpu_model_get_opt_state(gpu_model *g, float *host);
@@ -209,6 +222,10 @@ float gpu_model_loss(gpu_model *g);
  * -EINVAL with err for a batch the model cannot take (another T, bad ids),
  * -ENOMEM, -EIO for a CUDA error. */
 int gpu_model_eval(gpu_model *g, const bert_batch *b, bert_eval_sums *acc, char *err, size_t errlen);
+/* Zeroes the gradients (one memset on the compute stream). With the lever
+ * CUDA_LEVER_OPT_ZERO on, nothing when they are known to be zero already:
+ * fresh, or cleared by the optimizer or an earlier zero_grad (a backward or
+ * a skipped step makes them nonzero). */
 void gpu_model_zero_grad(gpu_model *g);
 /* Accumulates (+=) into grads the gradient of loss_scale * loss of the last
  * forward, which must have been a training forward. */

@@ -1,6 +1,7 @@
 /* common.cuh — private helpers of the CUDA ops: error checks that report
  * file:line, element-type traits (fp32 / bf16 / fp16 with fp32 math), the
- * device Philox, warp/block reductions and the dtype dispatch. Included only
+ * device Philox, 16-byte pack loads/stores and the dropout mask of a pack,
+ * warp/block reductions and the dtype dispatch. Included only
  * by the .cu files of kernels/cuda/. Declares inline device code and one
  * file-local kernel (colsum_finish_kernel); defines no globals.
  */
@@ -116,6 +117,69 @@ __device__ __forceinline__ uint32_t philox_u32(const philox_dev &s, uint64_t i)
     default: return r.w;
     }
 }
+
+/* ---- 16-byte packs: P elements of T moved by one vector load or store ---- */
+namespace {
+
+template <typename T> struct pack {
+    static constexpr int n = 16 / sizeof(T);
+    T v[n];
+};
+
+/* Loads elements [i, i+P) of x; lanes past n read 0. */
+template <typename T> __device__ __forceinline__ void load_pack(float *out, const T *x, size_t i,
+                                                                size_t n)
+{
+    constexpr int P = pack<T>::n;
+    if (i + P <= n && ((uintptr_t)(x + i) & 15) == 0) {
+        int4 raw = *reinterpret_cast<const int4 *>(x + i);
+        const T *e = reinterpret_cast<const T *>(&raw);
+#pragma unroll
+        for (int k = 0; k < P; k++)
+            out[k] = to_f(e[k]);
+    } else {
+#pragma unroll
+        for (int k = 0; k < P; k++)
+            out[k] = i + k < n ? to_f(x[i + k]) : 0.0f;
+    }
+}
+
+template <typename T> __device__ __forceinline__ void store_pack(T *x, const float *in, size_t i,
+                                                                 size_t n)
+{
+    constexpr int P = pack<T>::n;
+    if (i + P <= n && ((uintptr_t)(x + i) & 15) == 0) {
+        int4 raw;
+        T *e = reinterpret_cast<T *>(&raw);
+#pragma unroll
+        for (int k = 0; k < P; k++)
+            e[k] = from_f<T>(in[k]);
+        *reinterpret_cast<int4 *>(x + i) = raw;
+    } else {
+#pragma unroll
+        for (int k = 0; k < P; k++)
+            if (i + k < n)
+                x[i + k] = from_f<T>(in[k]);
+    }
+}
+
+/* Keep multipliers for elements [i, i+P): 0 or keep_scale. i is a multiple of
+ * 4 (P is 4 or 8), so whole Philox groups are used. */
+template <int P> __device__ __forceinline__ void dropout_mask(float *mk, const philox_dev &s,
+                                                              size_t i, uint32_t thresh,
+                                                              float keep_scale)
+{
+#pragma unroll
+    for (int g = 0; g < P / 4; g++) {
+        uint4 r = philox_group(s, (uint32_t)((i >> 2) + g));
+        mk[4 * g + 0] = r.x >= thresh ? keep_scale : 0.0f;
+        mk[4 * g + 1] = r.y >= thresh ? keep_scale : 0.0f;
+        mk[4 * g + 2] = r.z >= thresh ? keep_scale : 0.0f;
+        mk[4 * g + 3] = r.w >= thresh ? keep_scale : 0.0f;
+    }
+}
+
+} // namespace
 
 /* ---- reductions ---- */
 __device__ __forceinline__ float warp_sum(float v)

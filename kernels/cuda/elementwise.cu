@@ -7,7 +7,20 @@
  */
 #include "kernels/cuda/elementwise.cuh"
 
+/* the speed levers' mask (kernels_cuda.h): process-wide, set before launches */
+static unsigned g_levers = CUDA_LEVERS_DEFAULT;
+
 extern "C" {
+
+void cuda_levers_set(unsigned mask)
+{
+    g_levers = mask;
+}
+
+unsigned cuda_levers(void)
+{
+    return g_levers;
+}
 
 size_t kdtype_size(kdtype dt)
 {

@@ -1,5 +1,5 @@
 /* elementwise.cuh — the device code of kernels/cuda/elementwise.cu (the
- * 16-byte pack helpers and the pointwise kernels) with its launch geometry,
+ * pointwise kernels, on common.cuh's 16-byte packs) with its launch geometry,
  * kept apart from the host launchers so that
  * tests/unit/kernels/test_elementwise_emu can compile these very lines on
  * the CPU under the SIMT emulator (tests/unit/kernels/cuda_emu.h) and run
@@ -13,48 +13,6 @@
 #include <math.h>
 
 namespace {
-
-template <typename T> struct pack {
-    static constexpr int n = 16 / sizeof(T);
-    T v[n];
-};
-
-/* Loads elements [i, i+P) of x; lanes past n read 0. */
-template <typename T> __device__ __forceinline__ void load_pack(float *out, const T *x, size_t i,
-                                                                size_t n)
-{
-    constexpr int P = pack<T>::n;
-    if (i + P <= n && ((uintptr_t)(x + i) & 15) == 0) {
-        int4 raw = *reinterpret_cast<const int4 *>(x + i);
-        const T *e = reinterpret_cast<const T *>(&raw);
-#pragma unroll
-        for (int k = 0; k < P; k++)
-            out[k] = to_f(e[k]);
-    } else {
-#pragma unroll
-        for (int k = 0; k < P; k++)
-            out[k] = i + k < n ? to_f(x[i + k]) : 0.0f;
-    }
-}
-
-template <typename T> __device__ __forceinline__ void store_pack(T *x, const float *in, size_t i,
-                                                                 size_t n)
-{
-    constexpr int P = pack<T>::n;
-    if (i + P <= n && ((uintptr_t)(x + i) & 15) == 0) {
-        int4 raw;
-        T *e = reinterpret_cast<T *>(&raw);
-#pragma unroll
-        for (int k = 0; k < P; k++)
-            e[k] = from_f<T>(in[k]);
-        *reinterpret_cast<int4 *>(x + i) = raw;
-    } else {
-#pragma unroll
-        for (int k = 0; k < P; k++)
-            if (i + k < n)
-                x[i + k] = from_f<T>(in[k]);
-    }
-}
 
 #define PACK_LOOP(T, i, count)                                                            \
     for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * pack<T>::n;          \
@@ -70,22 +28,6 @@ __device__ __forceinline__ float gelu_grad_f(float x)
     float cdf = 0.5f * (1.0f + erff(x * (float)M_SQRT1_2));
     float pdf = inv_sqrt_2pi * expf(-0.5f * x * x);
     return cdf + x * pdf;
-}
-
-/* Keep multipliers for elements [i, i+P): 0 or keep_scale. i is a multiple of
- * 4 (P is 4 or 8), so whole Philox groups are used. */
-template <int P> __device__ __forceinline__ void dropout_mask(float *mk, const philox_dev &s,
-                                                              size_t i, uint32_t thresh,
-                                                              float keep_scale)
-{
-#pragma unroll
-    for (int g = 0; g < P / 4; g++) {
-        uint4 r = philox_group(s, (uint32_t)((i >> 2) + g));
-        mk[4 * g + 0] = r.x >= thresh ? keep_scale : 0.0f;
-        mk[4 * g + 1] = r.y >= thresh ? keep_scale : 0.0f;
-        mk[4 * g + 2] = r.z >= thresh ? keep_scale : 0.0f;
-        mk[4 * g + 3] = r.w >= thresh ? keep_scale : 0.0f;
-    }
 }
 
 /* The element-wise pattern once: out = op(a[, b]) in 16-byte packs of T,

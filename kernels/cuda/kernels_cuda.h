@@ -47,6 +47,36 @@ typedef enum kdtype { KDT_F32 = 0, KDT_BF16 = 1, KDT_F16 = 2 } kdtype;
 size_t kdtype_size(kdtype dt);
 const char *kdtype_name(kdtype dt);
 
+/* ---- speed levers (docs/perf.md, "GPU speed levers") ----
+ * Process-wide switches of alternative kernels that compute the same op
+ * faster (expected; none measured on a GPU yet). Each is a bit of the mask;
+ * worker/gpu_model.c sets the mask from BERTD_LEVER_* when a model is
+ * created, tests set it directly. Launchers read it at launch time; a lever
+ * whose preconditions a call does not meet falls back to the plain kernel
+ * for that call. Not thread-safe against concurrent launches: set it before
+ * the first launch. */
+enum {
+    /* LayerNorm and residual+dropout+LayerNorm rows in 16-byte packs kept
+     * in registers, one Philox call per 4 elements (the same mask bits) */
+    CUDA_LEVER_LN_VEC = 1u << 0,
+    /* zero_grad folded into the AdamW/LAMB kernels (worker/gpu_model.c
+     * passes zero_g; the kernels themselves do not read this bit) */
+    CUDA_LEVER_OPT_ZERO = 1u << 1,
+    /* cuBLASLt: the heuristic's first 4 algorithms per plan timed once per
+     * process on the real shapes, the fastest kept (lt.cu). Off by default:
+     * timing noise can pick other algorithms in a resumed process, whose
+     * results differ in the last bits, so resume is no longer bitwise */
+    CUDA_LEVER_LT_TUNE = 1u << 2,
+};
+#define CUDA_LEVERS_DEFAULT ((unsigned)(CUDA_LEVER_LN_VEC | CUDA_LEVER_OPT_ZERO))
+void cuda_levers_set(unsigned mask);
+unsigned cuda_levers(void);
+/* 1 when LayerNorm rows of width C in dt take the vectorized kernel (the
+ * lever is on, C is a multiple of the 16-byte pack of dt and C <= 1024),
+ * given 16-byte aligned tensors (cudaMalloc's are; a call on less aligned
+ * pointers falls back on its own). */
+int cuda_layernorm_vectorized(int C, kdtype dt);
+
 /* ---- library state: one cuBLAS handle per thread, bound to a stream ---- */
 /* Creates the calling thread's cuBLAS handle and workspace if needed.
  * Returns 0 or -EIO (message logged to stderr). */
@@ -63,6 +93,9 @@ int cuda_lt_init(void);
 void cuda_lt_shutdown(void);
 /* Plans cached so far and heuristic queries made, for this thread. */
 void cuda_lt_stats(long *plans, long *heuristic_queries);
+/* Plans of this thread whose algorithm was picked by timing
+ * (CUDA_LEVER_LT_TUNE). */
+long cuda_lt_tuned_plans(void);
 /* out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias, all of type dt; bias (OC)
  * is in dt too (the GEMM's bias epilogue reads the output type) and may be
  * NULL. pre != NULL selects the GELU epilogue, which is the TANH form (HF
@@ -285,18 +318,21 @@ void cuda_scale(float *x, float s, size_t n, cudaStream_t stream);
  * CPU bit for bit) over every chunk: g is multiplied by clip first (pass 1.0
  * for none). decay[seg] (device) says whether weight decay applies; t is the
  * 1-based step for bias correction. Chunks are device memory.
- * p_lp (may be NULL) receives p converted to lp_dt. */
-void cuda_adamw_step(float *p, void *p_lp, kdtype lp_dt, const float *g, float *m, float *v,
+ * p_lp (may be NULL) receives p converted to lp_dt. zero_g != 0 folds
+ * zero_grad in: g is left all zero (chunks must cover it), each element
+ * cleared right after it is read; 0 leaves g untouched. */
+void cuda_adamw_step(float *p, void *p_lp, kdtype lp_dt, float *g, float *m, float *v,
                      const cuda_chunk *chunks, int num_chunks, const uint8_t *decay,
                      double lr, float beta1, float beta2, float eps, float weight_decay,
-                     float clip, long t, cudaStream_t stream);
+                     float clip, long t, int zero_g, cudaStream_t stream);
 /* One LAMB step (apex FusedLAMB, as worker/optim.c). norms: device scratch of
  * 2 * num_segs doubles. chunks must be in segment order (every segment's
- * chunks in a row, segments ascending), as gpu_model cuts them. */
-void cuda_lamb_step(float *p, void *p_lp, kdtype lp_dt, const float *g, float *m, float *v,
+ * chunks in a row, segments ascending), as gpu_model cuts them. zero_g as
+ * for cuda_adamw_step. */
+void cuda_lamb_step(float *p, void *p_lp, kdtype lp_dt, float *g, float *m, float *v,
                     const cuda_chunk *chunks, int num_chunks, const uint8_t *decay,
                     double *norms, int num_segs, double lr, float beta1, float beta2, float eps,
-                    float weight_decay, float clip, long t, cudaStream_t stream);
+                    float weight_decay, float clip, long t, int zero_g, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

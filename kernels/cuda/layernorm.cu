@@ -1,6 +1,8 @@
 /* layernorm — LayerNorm forward/backward on the GPU, one warp per row, fp32
  * statistics; plus the fused residual + dropout + LayerNorm of every
  * post-LN BERT sublayer (forward and backward), and the embedding sum.
+ * The row kernels have a vectorized form (lever CUDA_LEVER_LN_VEC,
+ * layernorm.cuh), taken per call where it fits.
  * Parameter gradients (LayerNorm weight/bias, embeddings) are summed in a
  * fixed order, never with float atomics, so their bits do not depend on
  * scheduling: a job resumed from a checkpoint ends bit-identical to an
@@ -27,9 +29,15 @@ void ln_backward_launch(void *dinp, void *dy, float *dweight, float *dbias, cons
                         const float *mean, const float *rstd, drop_args d, int N, int C,
                         cudaStream_t stream)
 {
-    KLAUNCH(ln_grid(N, backward_blocks()), LN_BLOCK, 0, stream, layernorm_backward_kernel<T, FUSED>)(
-        (T *)dinp, (T *)dy, (const T *)dout, (const T *)dout2, (const T *)inp, weight, mean, rstd,
-        d, N, C);
+    unsigned grid = ln_grid(N, backward_blocks());
+    if ((cuda_levers() & CUDA_LEVER_LN_VEC) && ln_vec_fits<T>(C, dinp, dy, dout, dout2, inp))
+        KLAUNCH(grid, LN_BLOCK, 0, stream, layernorm_backward_vec_kernel<T, FUSED>)(
+            (T *)dinp, (T *)dy, (const T *)dout, (const T *)dout2, (const T *)inp, weight, mean,
+            rstd, d, N, C);
+    else
+        KLAUNCH(grid, LN_BLOCK, 0, stream, layernorm_backward_kernel<T, FUSED>)(
+            (T *)dinp, (T *)dy, (const T *)dout, (const T *)dout2, (const T *)inp, weight, mean,
+            rstd, d, N, C);
     LAUNCH_CHECK();
     float *partial = nullptr; // (2, COLSUM_CHUNKS, C), stream-ordered
     CUDA_CHECK(cudaMallocAsync((void **)&partial, 2 * (size_t)COLSUM_CHUNKS * C * 4, stream));
@@ -42,9 +50,31 @@ void ln_backward_launch(void *dinp, void *dy, float *dweight, float *dbias, cons
     CUDA_CHECK(cudaFreeAsync(partial, stream));
 }
 
+template <typename T, bool RES>
+void ln_forward_launch(void *out, void *res, float *mean, float *rstd, const void *x,
+                       const void *y, drop_args d, const float *weight, const float *bias, int N,
+                       int C, float eps, cudaStream_t stream)
+{
+    unsigned grid = ln_grid(N, 1 << 20);
+    if ((cuda_levers() & CUDA_LEVER_LN_VEC) && ln_vec_fits<T>(C, out, res, x, y))
+        KLAUNCH(grid, LN_BLOCK, 0, stream, layernorm_forward_vec_kernel<T, RES>)(
+            (T *)out, (T *)res, mean, rstd, (const T *)x, (const T *)y, d, weight, bias, N, C, eps);
+    else
+        KLAUNCH(grid, LN_BLOCK, 0, stream, layernorm_forward_kernel<T, RES>)(
+            (T *)out, (T *)res, mean, rstd, (const T *)x, (const T *)y, d, weight, bias, N, C, eps);
+    LAUNCH_CHECK();
+}
+
 } // namespace
 
 extern "C" {
+
+int cuda_layernorm_vectorized(int C, kdtype dt)
+{
+    int fits = 0;
+    DT_DISPATCH(dt, fits = ln_vec_fits<T>(C, nullptr));
+    return (cuda_levers() & CUDA_LEVER_LN_VEC) && fits;
+}
 
 void cuda_layernorm_forward_dt(void *out, float *mean, float *rstd, const void *inp,
                                const float *weight, const float *bias, int N, int C, float eps,
@@ -53,10 +83,8 @@ void cuda_layernorm_forward_dt(void *out, float *mean, float *rstd, const void *
     if (N <= 0)
         return;
     drop_args d = {};
-    DT_DISPATCH(dt, KLAUNCH(ln_grid(N, 1 << 20), LN_BLOCK, 0, stream, layernorm_forward_kernel<T, false>)(
-                        (T *)out, nullptr, mean, rstd, (const T *)inp, nullptr, d, weight, bias,
-                        N, C, eps));
-    LAUNCH_CHECK();
+    DT_DISPATCH(dt, (ln_forward_launch<T, false>(out, nullptr, mean, rstd, inp, nullptr, d, weight,
+                                                 bias, N, C, eps, stream)));
 }
 
 void cuda_layernorm_backward_dt(void *dinp, float *dweight, float *dbias, const void *dout,
@@ -79,10 +107,8 @@ void cuda_residual_dropout_layernorm_forward_dt(void *out, void *res, float *mea
     if (N <= 0)
         return;
     drop_args d = make_drop(rng, p);
-    DT_DISPATCH(dt, KLAUNCH(ln_grid(N, 1 << 20), LN_BLOCK, 0, stream, layernorm_forward_kernel<T, true>)(
-                        (T *)out, (T *)res, mean, rstd, (const T *)x, (const T *)y, d, weight,
-                        bias, N, C, eps));
-    LAUNCH_CHECK();
+    DT_DISPATCH(dt, (ln_forward_launch<T, true>(out, res, mean, rstd, x, y, d, weight, bias, N, C,
+                                                eps, stream)));
 }
 
 void cuda_residual_dropout_layernorm_backward_dt(void *dres, void *dy, float *dweight,

@@ -121,6 +121,187 @@ layernorm_backward_kernel(T *dinp, T *dy, const T *dout, const T *dout2, const T
     }
 }
 
+/* ---- the vectorized row kernels (lever CUDA_LEVER_LN_VEC) ----
+ * The same ops as the two kernels above, one warp per row, but lane l moves
+ * the row in 16-byte packs (P = 4 fp32 or 8 bf16/fp16): packs l, l + 32,
+ * ... (consecutive lanes, consecutive 16 bytes: one 512-byte transaction
+ * per warp and pack), kept in registers between the statistics and the
+ * output, so a row is read once instead of three times. The dropout mask is
+ * drawn one Philox call per 4 elements (dropout_mask): for element i it is
+ * word i & 3 of the call for group i >> 2, exactly philox_stream_u32(s, i),
+ * so the mask is the same function of (seed, rank, step, micro, layer,
+ * site, i) as the scalar kernels' and the CPU's. Only the order in which a
+ * row's sums are added differs (a lane sums its packs, then the warp), so
+ * results can differ from the scalar kernels in the last bits; for the same
+ * inputs they are the same bits on every run. Preconditions (ln_vec_fits):
+ * C % P == 0, C <= 32 * LNV_PER_LANE, every T pointer 16-byte aligned. */
+constexpr int LNV_PER_LANE = 32; // elements a lane holds: rows up to 1024 wide
+
+template <typename T> __host__ __device__ constexpr int lnv_packs()
+{
+    return LNV_PER_LANE / pack<T>::n;
+}
+
+template <typename T> static bool ln_vec_fits(int C, const void *a, const void *b = nullptr,
+                                              const void *c = nullptr, const void *d = nullptr,
+                                              const void *e = nullptr)
+{
+    const void *ptrs[5] = {a, b, c, d, e};
+    if (C <= 0 || C % pack<T>::n || C > 32 * LNV_PER_LANE)
+        return false;
+    for (const void *p : ptrs)
+        if (((uintptr_t)p & 15) != 0)
+            return false;
+    return true;
+}
+
+/* P consecutive fp32 parameters from c on (16-byte loads when aligned) */
+template <int P> __device__ __forceinline__ void load_params(float *out, const float *w, int c)
+{
+    if (((uintptr_t)(w + c) & 15) == 0) {
+#pragma unroll
+        for (int k = 0; k < P; k += 4) {
+            float4 q = *reinterpret_cast<const float4 *>(w + c + k);
+            out[k] = q.x;
+            out[k + 1] = q.y;
+            out[k + 2] = q.z;
+            out[k + 3] = q.w;
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < P; k++)
+            out[k] = w[c + k];
+    }
+}
+
+template <typename T, bool RES>
+__global__ void __launch_bounds__(LN_BLOCK)
+layernorm_forward_vec_kernel(T *out, T *res, float *mean, float *rstd, const T *x, const T *y,
+                             drop_args d, const float *weight, const float *bias, int N, int C,
+                             float eps)
+{
+    constexpr int P = pack<T>::n, K = lnv_packs<T>();
+    int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    for (int row = blockIdx.x * warps + (threadIdx.x >> 5); row < N; row += gridDim.x * warps) {
+        size_t base = (size_t)row * C, end = base + C;
+        float v[K][P];
+        float sum = 0.0f;
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            int c = (k * 32 + lane) * P;
+            if (c >= C)
+                break;
+            load_pack(v[k], x, base + c, end);
+            if (RES) {
+                float yv[P], mk[P];
+                load_pack(yv, y, base + c, end);
+                if (d.on)
+                    dropout_mask<P>(mk, d.s, base + c, d.thresh, d.keep_scale);
+#pragma unroll
+                for (int j = 0; j < P; j++) // what is stored is what is normalized
+                    v[k][j] = to_f(from_f<T>(v[k][j] + yv[j] * (d.on ? mk[j] : 1.0f)));
+                store_pack(res, v[k], base + c, end);
+            }
+#pragma unroll
+            for (int j = 0; j < P; j++)
+                sum += v[k][j];
+        }
+        float m = warp_sum(sum) / C;
+        float var = 0.0f;
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            int c = (k * 32 + lane) * P;
+            if (c >= C)
+                break;
+#pragma unroll
+            for (int j = 0; j < P; j++) {
+                float dv = v[k][j] - m;
+                var += dv * dv;
+            }
+        }
+        float s = rsqrtf(warp_sum(var) / C + eps);
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            int c = (k * 32 + lane) * P;
+            if (c >= C)
+                break;
+            float w[P], b[P], o[P];
+            load_params<P>(w, weight, c);
+            load_params<P>(b, bias, c);
+#pragma unroll
+            for (int j = 0; j < P; j++)
+                o[j] = (v[k][j] - m) * s * w[j] + b[j];
+            store_pack(out, o, base + c, end);
+        }
+        if (lane == 0) {
+            mean[row] = m;
+            rstd[row] = s;
+        }
+    }
+}
+
+template <typename T, bool FUSED>
+__global__ void __launch_bounds__(LN_BLOCK)
+layernorm_backward_vec_kernel(T *dinp, T *dy, const T *dout, const T *dout2, const T *inp,
+                              const float *weight, const float *mean, const float *rstd,
+                              drop_args d, int N, int C)
+{
+    constexpr int P = pack<T>::n, K = lnv_packs<T>();
+    int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    for (int row = blockIdx.x * warps + (threadIdx.x >> 5); row < N; row += gridDim.x * warps) {
+        size_t base = (size_t)row * C, end = base + C;
+        float m = mean[row], s = rstd[row];
+        float dn[K][P], xh[K][P]; // weight * g and xhat, kept for the second pass
+        float a = 0.0f, b = 0.0f;
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            int c = (k * 32 + lane) * P;
+            if (c >= C)
+                break;
+            float g[P], w[P];
+            load_pack(g, dout, base + c, end);
+            if (dout2) {
+                float g2[P];
+                load_pack(g2, dout2, base + c, end);
+#pragma unroll
+                for (int j = 0; j < P; j++)
+                    g[j] += g2[j];
+            }
+            load_pack(xh[k], inp, base + c, end);
+            load_params<P>(w, weight, c);
+#pragma unroll
+            for (int j = 0; j < P; j++) {
+                xh[k][j] = (xh[k][j] - m) * s;
+                dn[k][j] = w[j] * g[j];
+                a += dn[k][j];
+                b += dn[k][j] * xh[k][j];
+            }
+        }
+        a = warp_sum(a) / C;
+        b = warp_sum(b) / C;
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            int c = (k * 32 + lane) * P;
+            if (c >= C)
+                break;
+            float di[P];
+#pragma unroll
+            for (int j = 0; j < P; j++)
+                di[j] = (dn[k][j] - a - xh[k][j] * b) * s;
+            store_pack(dinp, di, base + c, end);
+            if (FUSED) {
+                float mk[P];
+                if (d.on)
+                    dropout_mask<P>(mk, d.s, base + c, d.thresh, d.keep_scale);
+#pragma unroll
+                for (int j = 0; j < P; j++)
+                    di[j] *= d.on ? mk[j] : 1.0f;
+                store_pack(dy, di, base + c, end);
+            }
+        }
+    }
+}
+
 /* Pass 1 of dweight (C) += sum_n xhat*g, dbias (C) += sum_n g, g = dout
  * (+ dout2), deterministic: a pass of its own that reads g and inp once more
  * (docs/cuda.md counts the bytes), chunk r's sums into partial (2,

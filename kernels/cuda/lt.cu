@@ -16,6 +16,12 @@
  * documented rule for regular types: bias type = D type), i.e. the caller's
  * dt copy of the bias; the bias gradient of dW comes out in fp32 (dW's type).
  *
+ * With the lever CUDA_LEVER_LT_TUNE (off by default) a plan keeps the
+ * heuristic's first LT_TUNE_ALGOS answers and times them at its first run
+ * (tune): the algorithm is then the fastest measured in this process, which
+ * may differ from run to run (see docs/cuda.md: bitwise resume needs the
+ * same algorithms).
+ *
  * Plans: one matmul descriptor, three layouts and the heuristic's algorithm
  * per (direction, dtype, epilogue, m, n, k, pointer alignments), made the
  * first time a shape is seen and cached for the thread, so the training step
@@ -49,13 +55,15 @@ constexpr size_t LT_WORKSPACE = 32u << 20;        // what Hopper's kernels ask f
 constexpr size_t LT_BGRAD_FLOATS = 256u << 10;    // 1 MiB: OC up to 262144 (vocab sizes)
 constexpr size_t LT_SCRATCH_BYTES = LT_BGRAD_FLOATS * sizeof(float); // keeps 256 B alignment
 constexpr size_t LT_MAX_PLANS = 4096;
+constexpr int LT_TUNE_ALGOS = 4; // lever CUDA_LEVER_LT_TUNE: candidates timed per plan
+constexpr int LT_TUNE_REPS = 3;  // timed runs of each
 
 enum lt_dir { DIR_FWD = 0, DIR_DINP = 1, DIR_DWEIGHT = 2 };
 
 /* Everything the heuristic's answer depends on. Only 4-byte fields: no
  * padding, so the bytes hash and compare. */
 struct lt_key {
-    int32_t dir, dt, epilogue;
+    int32_t dir, dt, epilogue, tune; // tune: made under CUDA_LEVER_LT_TUNE
     int32_t m, n, k;                                      // column-major GEMM dims
     uint32_t al_a, al_b, al_c, al_bias, al_aux;           // pointer alignments, bytes
     bool operator==(const lt_key &o) const { return memcmp(this, &o, sizeof o) == 0; }
@@ -77,6 +85,13 @@ struct lt_plan {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr; // D uses c's layout
     cublasLtMatmulAlgo_t algo;
     size_t ws = 0;
+    /* lever CUDA_LEVER_LT_TUNE: the heuristic's first answers, timed once
+     * at the plan's first run (tune), which then keeps the fastest in algo */
+    cublasLtMatmulAlgo_t cand[LT_TUNE_ALGOS];
+    int ncand = 0;
+    bool tuned = true;
+    int m = 0, n = 0;
+    size_t d_elt = 0; // bytes per element of D
 };
 
 typedef std::unordered_map<lt_key, lt_plan, lt_key_hash> plan_map;
@@ -86,6 +101,7 @@ struct lt_state {
     char *mem = nullptr;          // [bias-grad scratch | workspace]
     plan_map *plans = nullptr;
     long queries = 0;             // heuristic queries made (tests read it)
+    long tuned = 0;               // plans whose algorithm was picked by timing
     /* no destructor: at process exit the driver may be gone already (as the
      * cuBLAS handle in matmul.cu); cuda_lt_shutdown frees explicitly */
 };
@@ -168,8 +184,8 @@ bool plan_make(const lt_key &k, lt_plan *p, const void *bias, const void *aux)
     cublasOperation_t tb = k.dir == DIR_DWEIGHT ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasLtEpilogue_t epi = (cublasLtEpilogue_t)k.epilogue;
     uint64_t ws = LT_WORKSPACE;
-    cublasLtMatmulHeuristicResult_t res;
-    int found = 0;
+    cublasLtMatmulHeuristicResult_t res[LT_TUNE_ALGOS];
+    int found = 0, want = k.tune ? LT_TUNE_ALGOS : 1;
     /* stored (rows, cols, ld) of A and B before op() */
     uint64_t ar = k.dir == DIR_FWD ? k.k : k.m, ac = k.dir == DIR_FWD ? k.m : k.k;
     uint64_t br = k.dir == DIR_DWEIGHT ? k.n : k.k, bc = k.dir == DIR_DWEIGHT ? k.k : k.n;
@@ -213,14 +229,21 @@ bool plan_make(const lt_key &k, lt_plan *p, const void *bias, const void *aux)
     LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                 &k.al_c, sizeof k.al_c));
     lt.queries++;
-    LT_TRY(cublasLtMatmulAlgoGetHeuristic(lt.handle, p->desc, p->a, p->b, p->c, p->c, pref, 1, &res,
-                                          &found));
-    if (found < 1 || res.state != CUBLAS_STATUS_SUCCESS) {
+    LT_TRY(cublasLtMatmulAlgoGetHeuristic(lt.handle, p->desc, p->a, p->b, p->c, p->c, pref, want,
+                                          res, &found));
+    if (found < 1 || res[0].state != CUBLAS_STATUS_SUCCESS) {
         st = CUBLAS_STATUS_NOT_SUPPORTED;
         goto out;
     }
-    p->algo = res.algo;
-    p->ws = res.workspaceSize;
+    p->algo = res[0].algo;
+    p->ws = res[0].workspaceSize;
+    for (int i = 0; i < found && i < want; i++)
+        if (res[i].state == CUBLAS_STATUS_SUCCESS)
+            p->cand[p->ncand++] = res[i].algo;
+    p->tuned = !k.tune;
+    p->m = k.m;
+    p->n = k.n;
+    p->d_elt = k.dir == DIR_DWEIGHT ? 4 : kdtype_size((kdtype)k.dt);
     p->ok = true;
 out:
     if (pref)
@@ -266,6 +289,7 @@ lt_key key_of(lt_dir dir, kdtype dt, cublasLtEpilogue_t epi, int m, int n, int k
     key.dir = dir;
     key.dt = dt;
     key.epilogue = (int32_t)epi;
+    key.tune = (cuda_levers() & CUDA_LEVER_LT_TUNE) != 0;
     key.m = m;
     key.n = n;
     key.k = k;
@@ -275,6 +299,52 @@ lt_key key_of(lt_dir dir, kdtype dt, cublasLtEpilogue_t epi, int m, int n, int k
     key.al_bias = bias ? align_of(bias) : 0;
     key.al_aux = aux ? align_of(aux) : 0;
     return key;
+}
+
+/* Lever CUDA_LEVER_LT_TUNE, at a plan's first run: every candidate the
+ * heuristic offered runs LT_TUNE_REPS times on the real operands into a
+ * scratch D (beta 0: nothing the step accumulates is touched; an epilogue's
+ * outputs, the bias-gradient scratch and the aux matrix, are rewritten by the
+ * real run that follows), timed with events on the stream, and the fastest
+ * becomes the plan's algorithm. The host waits for the stream here, once per
+ * plan. A candidate that fails is skipped; if none runs, or the scratch
+ * cannot be had, the heuristic's first answer stays. */
+void tune(lt_plan *p, const void *A, const void *B, cudaStream_t stream)
+{
+    const float alpha = 1.0f, beta = 0.0f;
+    void *scratch = nullptr;
+    cudaEvent_t ev[2] = {nullptr, nullptr};
+    float best_ms = 0.0f;
+    int best = -1;
+    p->tuned = true;
+    lt.tuned++;
+    if (cudaMallocAsync(&scratch, (size_t)p->m * p->n * p->d_elt, stream) != cudaSuccess ||
+        cudaEventCreate(&ev[0]) != cudaSuccess || cudaEventCreate(&ev[1]) != cudaSuccess) {
+        cudaGetLastError(); // not sticky: the step goes on with the heuristic's choice
+        goto out;
+    }
+    for (int c = 0; c < p->ncand; c++) {
+        bool ran = cudaEventRecord(ev[0], stream) == cudaSuccess;
+        for (int r = 0; r < LT_TUNE_REPS && ran; r++)
+            ran = cublasLtMatmul(lt.handle, p->desc, &alpha, A, p->a, B, p->b, &beta, scratch, p->c,
+                                 scratch, p->c, &p->cand[c], workspace(), LT_WORKSPACE,
+                                 stream) == CUBLAS_STATUS_SUCCESS;
+        float ms = 0.0f;
+        if (ran && cudaEventRecord(ev[1], stream) == cudaSuccess &&
+            cudaEventSynchronize(ev[1]) == cudaSuccess &&
+            cudaEventElapsedTime(&ms, ev[0], ev[1]) == cudaSuccess && (best < 0 || ms < best_ms)) {
+            best = c;
+            best_ms = ms;
+        }
+    }
+    if (best >= 0)
+        p->algo = p->cand[best];
+out:
+    if (scratch)
+        cudaFreeAsync(scratch, stream);
+    for (cudaEvent_t e : ev)
+        if (e)
+            cudaEventDestroy(e);
 }
 
 /* D = alpha op(A) op(B) + beta C with C = D. A failure here (after the
@@ -290,6 +360,8 @@ bool plan_run(lt_plan *p, const void *bias, const void *aux, const void *A, cons
     if (aux)
         LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
                                               &aux, sizeof aux));
+    if (!p->tuned)
+        tune(p, A, B, stream);
     LT_TRY(cublasLtMatmul(lt.handle, p->desc, &alpha, A, p->a, B, p->b, &beta, D, p->c, D, p->c,
                           &p->algo, workspace(), LT_WORKSPACE, stream));
 out:
@@ -353,6 +425,11 @@ void cuda_lt_shutdown(void)
     if (lt.handle)
         cublasLtDestroy(lt.handle);
     lt = lt_state();
+}
+
+long cuda_lt_tuned_plans(void)
+{
+    return lt.tuned;
 }
 
 void cuda_lt_stats(long *plans, long *heuristic_queries)

@@ -2,7 +2,9 @@
  * (multi-tensor: the span is cut into chunks that each belong to one
  * tensor), the global sum of squares with a non-finite flag (gradient
  * clipping and fp16 overflow detection in one pass), and AdamW / LAMB with
- * an optional refresh of the 16-bit weight copy in the same pass.
+ * an optional refresh of the 16-bit weight copy in the same pass, and
+ * optionally zero_grad folded in (each gradient element set to 0 by the
+ * thread that read it: no memset pass before the next step).
  * The arithmetic follows worker/optim.c operation by operation with
  * explicitly rounded intrinsics (no FMA contraction), so fp32 results match
  * the CPU reference exactly for AdamW and up to the norm sums for LAMB.
@@ -26,14 +28,15 @@ void cuda_sumsq_check(double *sumsq, int *nonfinite, const float *x, size_t n,
     LAUNCH_CHECK();
 }
 
-void cuda_adamw_step(float *p, void *p_lp, kdtype lp_dt, const float *g, float *m, float *v,
+void cuda_adamw_step(float *p, void *p_lp, kdtype lp_dt, float *g, float *m, float *v,
                      const cuda_chunk *chunks, int num_chunks, const uint8_t *decay, double lr,
                      float beta1, float beta2, float eps, float weight_decay, float clip, long t,
-                     cudaStream_t stream)
+                     int zero_g, cudaStream_t stream)
 {
     if (num_chunks <= 0)
         return;
     adamw_args a = adamw_args_make(lr, beta1, beta2, eps, weight_decay, clip, t);
+    a.gz = zero_g ? g : nullptr;
     if (!p_lp)
         lp_dt = KDT_F32;
     DT_DISPATCH(lp_dt, KLAUNCH(num_chunks, OPT_BLOCK, 0, stream, adamw_kernel<T>)(
@@ -41,14 +44,15 @@ void cuda_adamw_step(float *p, void *p_lp, kdtype lp_dt, const float *g, float *
     LAUNCH_CHECK();
 }
 
-void cuda_lamb_step(float *p, void *p_lp, kdtype lp_dt, const float *g, float *m, float *v,
+void cuda_lamb_step(float *p, void *p_lp, kdtype lp_dt, float *g, float *m, float *v,
                     const cuda_chunk *chunks, int num_chunks, const uint8_t *decay,
                     double *norms, int num_segs, double lr, float beta1, float beta2, float eps,
-                    float weight_decay, float clip, long t, cudaStream_t stream)
+                    float weight_decay, float clip, long t, int zero_g, cudaStream_t stream)
 {
     if (num_chunks <= 0)
         return;
     lamb_args a = lamb_args_make(lr, beta1, beta2, eps, weight_decay, clip, t);
+    a.gz = zero_g ? g : nullptr;
     if (num_chunks > LAMB_MAX_CHUNKS) {
         /* a model past ~2e9 parameters: more chunks than the scratch holds */
         fprintf(stderr, "cuda_lamb_step: %d chunks, at most %d\n", num_chunks, LAMB_MAX_CHUNKS);

@@ -71,6 +71,7 @@ template <typename TL> __device__ __forceinline__ void store_lp(void *p_lp, size
 struct adamw_args {
     float decay_on, decay_off; // (float)(1 - lr*wd), 1
     float b1w, b2, b2w, step_size, bc2_sqrt, eps, clip;
+    float *gz; // the gradient span itself, zeroed after it is read (zero_grad folded in); or NULL
 };
 
 template <typename TL>
@@ -82,6 +83,8 @@ __global__ void adamw_kernel(float *p, void *p_lp, const float *g, float *m, flo
     for (uint32_t k = threadIdx.x; k < ch.len; k += blockDim.x) {
         size_t i = ch.off + k;
         float gi = __fmul_rn(g[i], a.clip);
+        if (a.gz)
+            a.gz[i] = 0.0f; // the thread's own element, already read
         float pi = __fmul_rn(p[i], dec);
         float mi = __fadd_rn(m[i], __fmul_rn(a.b1w, __fsub_rn(gi, m[i])));
         float vi = __fadd_rn(__fmul_rn(v[i], a.b2), __fmul_rn(__fmul_rn(a.b2w, gi), gi));
@@ -97,6 +100,7 @@ __global__ void adamw_kernel(float *p, void *p_lp, const float *g, float *m, flo
 struct lamb_args {
     float b1, b2, b1w, b2w, bc1, bc2, eps, wd, clip;
     double lr;
+    float *gz; // as adamw_args.gz: zeroed by the moments pass, the only one reading g
 };
 
 __device__ __forceinline__ float lamb_update(float mi, float vi, float pi, float fwd,
@@ -117,6 +121,8 @@ __global__ void lamb_moments_kernel(const float *p, const float *g, float *m, fl
     for (uint32_t k = threadIdx.x; k < ch.len; k += blockDim.x) {
         size_t i = ch.off + k;
         float gi = __fmul_rn(g[i], a.clip);
+        if (a.gz)
+            a.gz[i] = 0.0f;
         float mi = __fadd_rn(__fmul_rn(m[i], a.b1), __fmul_rn(gi, a.b1w));
         float vi = __fadd_rn(__fmul_rn(v[i], a.b2), __fmul_rn(__fmul_rn(gi, gi), a.b2w));
         m[i] = mi;
@@ -215,6 +221,7 @@ static adamw_args adamw_args_make(double lr, float beta1, float beta2, float eps
     a.bc2_sqrt = (float)sqrt(bc2);
     a.eps = eps;
     a.clip = clip;
+    a.gz = nullptr;
     return a;
 }
 
@@ -232,6 +239,7 @@ static lamb_args lamb_args_make(double lr, float beta1, float beta2, float eps,
     a.wd = weight_decay;
     a.clip = clip;
     a.lr = lr;
+    a.gz = nullptr;
     return a;
 }
 

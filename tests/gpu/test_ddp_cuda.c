@@ -210,6 +210,10 @@ int main(void)
         printf("SKIP: no CUDA device\n");
         return 77;
     }
+    /* every rank reads each step's reduced gradients after gpu_model_step,
+     * which the zero_grad-folding lever clears; its correctness is
+     * test_model_cuda's (and the parameters compared here would show it too) */
+    setenv("BERTD_LEVER_OPT_ZERO", "0", 1);
     bert_config c = gpu_test_config(4, 0);
     bert_model *tmp = NULL;
     if (bert_model_create(&tmp, &c) != 0)

@@ -17,7 +17,8 @@
  * decline them, which must leave the outputs untouched) and bert-base's
  * QKV (768 -> 2304), FC1 (768 -> 3072) and FC2 (3072 -> 768) at N = 1024.
  * Also: the plan cache (a shape seen before makes no heuristic query), and
- * gpu_model's switch on a small BERT with nonzero biases: BERTD_GEMM=cublas
+ * gpu_model's switch on a small BERT with nonzero biases (and the lever
+ * BERTD_LEVER_LT_TUNE=1, algorithms timed per plan): BERTD_GEMM=cublas
  * vs the default (cuBLASLt) vs the CPU model, loss and every gradient, and a
  * bad BERTD_GEMM refused.
  *
@@ -402,6 +403,45 @@ static void test_model_switch(kdtype dt)
         }
         off += sz;
     }
+
+    /* the algorithm-timing lever: a model created under BERTD_LEVER_LT_TUNE=1
+     * times its plans' candidates at their first run (into scratch: the
+     * gradients it accumulates must not see the timed runs) and agrees with
+     * the untimed cuBLASLt path and the CPU as closely as the paths above */
+    long tuned0 = cuda_lt_tuned_plans();
+    optim_config oc;
+    optim_config_default(&oc, OPTIM_ADAMW);
+    setenv("BERTD_LEVER_LT_TUNE", "1", 1);
+    gpu_model *gtu = NULL;
+    rc = gpu_model_create(&gtu, &c, dt, 0, SB, ST, SM, &oc, err, sizeof err);
+    unsetenv("BERTD_LEVER_LT_TUNE");
+    float *gt = malloc(n * 4), lt_loss = NAN;
+    if (rc != 0 || gpu_model_set_params(gtu, cpu->params_memory) != 0 ||
+        gpu_model_upload(gtu, &bt, err, sizeof err) != 0) {
+        printf("FAIL gpu_model with BERTD_LEVER_LT_TUNE=1: %s\n", err);
+        gpu_failures++;
+    } else {
+        gpu_model_zero_grad(gtu);
+        gpu_model_forward(gtu, &d, 1.0f);
+        lt_loss = gpu_model_loss(gtu);
+        gpu_model_backward(gtu);
+        if (gpu_model_get_grads(gtu, gt) != 0)
+            abort();
+        long tuned = cuda_lt_tuned_plans() - tuned0;
+        int ok = (gtu->levers & CUDA_LEVER_LT_TUNE) && tuned > 0;
+        printf("%-4s %-44s %-4s %ld plans timed\n", ok ? "ok" : "FAIL",
+               "BERTD_LEVER_LT_TUNE=1: plans timed", kdtype_name(dt), tuned);
+        gpu_failures += !ok;
+        r = fabs((double)lt_loss - loss[1]) / fabs((double)loss[1]);
+        report(isfinite(lt_loss) && r <= ltol, "model loss: timed vs untimed cuBLASLt", dt, r, ltol);
+        check_close("all grads: timed vs untimed cuBLASLt", dt, gt, gg[1], n, gtol);
+        check_close("all grads: timed cuBLASLt vs CPU", dt, gt, cpu->grads_memory, n, gtol);
+    }
+    unsigned m = 0;
+    if (gpu_levers_from_env(&m, err, sizeof err) == 0)
+        cuda_levers_set(m); /* the levers of the environment again, for what follows */
+    free(gt);
+    gpu_model_destroy(gtu);
     free(gg[0]);
     free(gg[1]);
     bert_model_destroy(cpu);

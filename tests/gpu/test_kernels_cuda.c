@@ -281,9 +281,9 @@ static void test_bias_gelu(kdtype dt)
 }
 
 /* fused residual+dropout+LN vs the CPU composition of the same three ops */
-static void test_res_drop_ln(kdtype dt)
+static void test_res_drop_ln(kdtype dt, int C)
 {
-    int N = 29, C = 72;
+    int N = 29;
     size_t n = (size_t)N * C;
     philox_stream s;
     philox_stream_init(&s, 11, 0, 3, 1, 4, DROPOUT_SITE_ATTN_OUT);
@@ -421,7 +421,9 @@ static cuda_chunk *make_chunks(const size_t *sizes, int nseg, int *count)
     return d;
 }
 
-static void test_optim(optim_kind kind)
+/* zero: with zero_grad folded in (lever CUDA_LEVER_OPT_ZERO): the same
+ * results, and every gradient element left exactly 0 */
+static void test_optim(optim_kind kind, int zero)
 {
     size_t sizes[4] = {2500, 7, 4099, 300};
     int decays[4] = {1, 0, 1, 0};
@@ -477,12 +479,21 @@ static void test_optim(optim_kind kind)
         long t = o->t + 1;
         if (kind == OPTIM_ADAMW)
             cuda_adamw_step(dp, dlp, KDT_BF16, dg, dm, dv, dch, nch, ddec, lr, c.beta1, c.beta2,
-                            c.eps, c.weight_decay, clip, t, 0);
+                            c.eps, c.weight_decay, clip, t, zero, 0);
         else
             cuda_lamb_step(dp, dlp, KDT_BF16, dg, dm, dv, dch, nch, ddec, norms, 4, lr, c.beta1,
-                           c.beta2, c.eps, c.weight_decay, clip, t, 0);
+                           c.beta2, c.eps, c.weight_decay, clip, t, zero, 0);
         if (optim_step(o, p, g, NULL, NULL) != 0)
             abort();
+        dev_to(g, dg, n, KDT_F32);
+        size_t left = 0; // elements the step left nonzero (all of them without zero)
+        for (size_t i = 0; i < n; i++)
+            left += g[i] != 0.0f;
+        int zok = zero ? left == 0 : left > n / 2;
+        printf("%-4s %-44s      zero_g=%d nonzero after=%zu of %zu\n", zok ? "ok" : "FAIL",
+               kind == OPTIM_ADAMW ? "adamw gradients after the step" : "lamb gradients after the step",
+               zero, left, n);
+        gpu_failures += !zok;
         free(g);
         cudaFree(dg);
     }
@@ -566,7 +577,7 @@ static void test_optim_deterministic(void)
         TCHECK(cudaMemset(dm, 0, n * 4));
         TCHECK(cudaMemset(dv, 0, n * 4));
         cuda_lamb_step(dp, NULL, KDT_F32, dg, dm, dv, dch, nch, ddec, norms, 3, 1e-3, 0.9f, 0.999f,
-                       1e-6f, 0.01f, 1.0f, 1, 0);
+                       1e-6f, 0.01f, 1.0f, 1, 0, 0);
         TCHECK(cudaMemcpy(r == 0 ? first : got, dp, n * 4, cudaMemcpyDeviceToHost));
         if (r > 0)
             same &= memcmp(first, got, n * 4) == 0;
@@ -576,6 +587,28 @@ static void test_optim_deterministic(void)
     gpu_failures += !same;
     free(g); free(p); free(first); free(got);
     cudaFree(dg); cudaFree(sumsq); cudaFree(nonfinite); cudaFree(dch); cudaFree(ddec); cudaFree(norms);
+}
+
+/* The LayerNorm family with the vectorized-rows lever off and on: the same
+ * CPU references and tolerances either way. C = 72 and 768 fit its packs in
+ * every type (the lever's kernel runs, checked), C = 70 does not (the plain
+ * kernel runs with the lever on). */
+static void test_ln_levers(kdtype dt)
+{
+    unsigned saved = cuda_levers();
+    for (int on = 0; on <= 1; on++) {
+        cuda_levers_set(on ? saved | CUDA_LEVER_LN_VEC : saved & ~(unsigned)CUDA_LEVER_LN_VEC);
+        int vec72 = cuda_layernorm_vectorized(72, dt), vec70 = cuda_layernorm_vectorized(70, dt);
+        int ok = vec72 == on && vec70 == 0 && cuda_layernorm_vectorized(768, dt) == on;
+        printf("%-4s %-44s %-4s lever=%d C=72:%d C=70:%d\n", ok ? "ok" : "FAIL",
+               "layernorm vectorized rows where they fit", kdtype_name(dt), on, vec72, vec70);
+        gpu_failures += !ok;
+        test_layernorm(dt, 37, 72);
+        test_layernorm(dt, 2048, 768);
+        test_res_drop_ln(dt, 72);
+        test_res_drop_ln(dt, 70);
+    }
+    cuda_levers_set(saved);
 }
 
 int main(void)
@@ -590,8 +623,7 @@ int main(void)
         if (dt == KDT_BF16 && !gpu_has_bf16())
             continue;
         test_embeddings(dt);
-        test_layernorm(dt, 37, 72);
-        test_layernorm(dt, 2048, 768);
+        test_ln_levers(dt);
         test_matmul(dt, 37, 72, 101);
         test_matmul(dt, 1024, 768, 3072);
         test_attention(dt, 3, 13, 48, 4, 0.0f);
@@ -599,12 +631,13 @@ int main(void)
         test_attention(dt, 3, 72, 96, 3, P_DROP); // T % 4 == 0: one Philox group per 4 keys
         test_pointwise(dt);
         test_bias_gelu(dt);
-        test_res_drop_ln(dt);
         test_gather(dt);
         test_xent(dt);
     }
-    test_optim(OPTIM_ADAMW);
-    test_optim(OPTIM_LAMB);
+    test_optim(OPTIM_ADAMW, 0);
+    test_optim(OPTIM_LAMB, 0);
+    test_optim(OPTIM_ADAMW, 1);
+    test_optim(OPTIM_LAMB, 1);
     test_optim_deterministic();
     TCHECK(cudaDeviceSynchronize());
     printf("%d failure(s)\n", gpu_failures);

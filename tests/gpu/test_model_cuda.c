@@ -603,6 +603,55 @@ static void test_buckets_final_and_complete(int nsp)
     bert_model_destroy(cpu);
 }
 
+/* BERTD_LEVER_*: 1/on and 0/off set and clear their lever, unset keeps the
+ * default, anything else is refused naming the variable; a created model
+ * records the mask and hands it to the kernels. The suite also runs this
+ * whole test with every lever off (cudasim_model_cuda_levers_off_*). */
+static void test_lever_switches(void)
+{
+    static const char *const vars[] = {"BERTD_LEVER_LN_VEC", "BERTD_LEVER_OPT_ZERO"};
+    enum { NV = sizeof vars / sizeof vars[0] };
+    char *saved[NV];
+    for (int i = 0; i < NV; i++) { /* this test's own settings; the caller's come back after */
+        const char *v = getenv(vars[i]);
+        saved[i] = v ? strdup(v) : NULL;
+        unsetenv(vars[i]);
+    }
+    char err[160] = "";
+    unsigned m = 0;
+    int ok = gpu_levers_from_env(&m, err, sizeof err) == 0 && m == CUDA_LEVERS_DEFAULT;
+    setenv("BERTD_LEVER_LN_VEC", "0", 1);
+    ok &= gpu_levers_from_env(&m, err, sizeof err) == 0 && m == (CUDA_LEVERS_DEFAULT & ~CUDA_LEVER_LN_VEC);
+    setenv("BERTD_LEVER_OPT_ZERO", "off", 1);
+    setenv("BERTD_LEVER_LN_VEC", "on", 1);
+    ok &= gpu_levers_from_env(&m, err, sizeof err) == 0 && (m & CUDA_LEVER_LN_VEC) &&
+          !(m & CUDA_LEVER_OPT_ZERO);
+    setenv("BERTD_LEVER_LN_VEC", "fast", 1);
+    int bad = gpu_levers_from_env(&m, err, sizeof err);
+    ok &= bad == -EINVAL && strstr(err, "BERTD_LEVER_LN_VEC") && strstr(err, "fast");
+    char refused[160];
+    snprintf(refused, sizeof refused, "%s", err);
+    /* a model created under BERTD_LEVER_LN_VEC=0 turns the kernels' lever off */
+    setenv("BERTD_LEVER_LN_VEC", "0", 1);
+    bert_config c = gpu_test_config(4, 0);
+    optim_config oc = test_optim_config();
+    gpu_model *g = NULL;
+    int rc = gpu_model_create(&g, &c, KDT_F32, 0, TB, TT, TM, &oc, err, sizeof err);
+    ok &= rc == 0 && g && !(g->levers & CUDA_LEVER_LN_VEC) && !(cuda_levers() & CUDA_LEVER_LN_VEC);
+    gpu_model_destroy(g);
+    for (int i = 0; i < NV; i++) {
+        if (saved[i])
+            setenv(vars[i], saved[i], 1);
+        else
+            unsetenv(vars[i]);
+        free(saved[i]);
+    }
+    if (gpu_levers_from_env(&m, err, sizeof err) == 0)
+        cuda_levers_set(m); /* back to what the rest of the test runs with */
+    printf("%-4s %-44s      refused: \"%s\"\n", ok ? "ok" : "FAIL", "BERTD_LEVER_* switches", refused);
+    gpu_failures += !ok;
+}
+
 int main(void)
 {
     gpu_require_device();
@@ -614,6 +663,7 @@ int main(void)
         return 1;
     }
     printf("auto precision: %s\n", kdtype_name(best));
+    test_lever_switches();
     test_forward_backward_steps(KDT_F32, 0);
     test_forward_backward_steps(KDT_F32, 1);
     if (best == KDT_BF16) {

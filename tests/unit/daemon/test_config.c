@@ -344,7 +344,7 @@ static char *daemon_env[] = {
 	"CUDA_VISIBLE_DEVICES=7", "CUDA_DEVICE_ORDER=FASTEST_FIRST", "CUDA_CACHE_PATH=/var/cache/cuda",
 	"OMP_NUM_THREADS=64", "OPENBLAS_NUM_THREADS=64",
 	"BERTD_GEMM=cublas", "BERTD_DDP_OVERLAP=0", "BERTD_PORT=9000", "BERTD_CONFIG=/etc/x.conf",
-	NULL};
+	"BERTD_LEVER_LN_VEC=0", NULL};
 
 static void test_worker_env(void **state)
 {
@@ -372,6 +372,7 @@ static void test_worker_env(void **state)
 	assert_env(e, "CUDA_CACHE_PATH", "/var/cache/cuda");
 	assert_env(e, "BERTD_GEMM", "cublas");
 	assert_env(e, "BERTD_DDP_OVERLAP", "0");
+	assert_env(e, "BERTD_LEVER_LN_VEC", "0"); /* a speed lever switched off */
 	/* and nothing unlisted */
 	const char *out[] = {"HOME", "NOTIFY_SOCKET", "LD_PRELOAD", "SECRET_TOKEN", "BERTD_PORT",
 			     "BERTD_CONFIG", "BERTD_ATTENTION"};
@@ -381,7 +382,7 @@ static void test_worker_env(void **state)
 	size_t n = 0;
 	while (e[n])
 		n++;
-	assert_int_equal(n, 5 + 2 + 6); /* own + switches + passed */
+	assert_int_equal(n, 5 + 3 + 6); /* own + switches + passed */
 	free(ce);
 
 	/* no UUID from NVML: its index, which CUDA reads in PCI bus order */

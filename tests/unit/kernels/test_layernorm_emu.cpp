@@ -18,6 +18,9 @@
  * The parameter gradients are run twice (the emulator shuffles block and
  * thread order on every launch) and must come out bit-identical.
  *
+ * Every case runs with the plain row kernels and again with the packed ones
+ * of the lever CUDA_LEVER_LN_VEC where C fits their packs ("packed rows").
+ *
  * Shown to fail: with `base + c` replaced by `base + c + 1` in the dropout
  * index of layernorm_forward_kernel, and with the dweight partial
  * `sw += xhat * g` changed to `sw += g`, this test fails (checked by hand;
@@ -59,14 +62,22 @@ std::vector<float> rand_f(size_t n, float lo, float hi)
     return v;
 }
 
+/* The speed lever CUDA_LEVER_LN_VEC as the launchers read it: the packed
+ * row kernels where they fit (main runs every case with it off and on). */
+bool g_vec = false;
+
 /* ---- the launchers of layernorm.cu, with emu::launch for <<<>>> ---- */
 template <typename T, bool RES>
 void ln_forward(T *out, T *res, float *mean, float *rstd, const T *x, const T *y,
                 const philox_stream *rng, float p, const float *w, const float *b, int N, int C)
 {
     drop_args d = RES ? make_drop(rng, p) : drop_args{};
-    emu::launch(ln_grid(N, 1 << 20), LN_BLOCK, 0, layernorm_forward_kernel<T, RES>, out, res,
-                mean, rstd, x, y, d, w, b, N, C, EPS);
+    if (g_vec && ln_vec_fits<T>(C, out, res, x, y))
+        emu::launch(ln_grid(N, 1 << 20), LN_BLOCK, 0, layernorm_forward_vec_kernel<T, RES>, out,
+                    res, mean, rstd, x, y, d, w, b, N, C, EPS);
+    else
+        emu::launch(ln_grid(N, 1 << 20), LN_BLOCK, 0, layernorm_forward_kernel<T, RES>, out, res,
+                    mean, rstd, x, y, d, w, b, N, C, EPS);
 }
 
 template <typename T, bool FUSED>
@@ -75,8 +86,12 @@ void ln_backward(T *dinp, T *dy, float *dw, float *db, const T *dout, const T *d
                  const philox_stream *rng, float p, int N, int C)
 {
     drop_args d = FUSED ? make_drop(rng, p) : drop_args{};
-    emu::launch(ln_grid(N, BWD_MAX_BLOCKS), LN_BLOCK, 0, layernorm_backward_kernel<T, FUSED>,
-                dinp, dy, dout, dout2, inp, w, mean, rstd, d, N, C);
+    if (g_vec && ln_vec_fits<T>(C, dinp, dy, dout, dout2, inp))
+        emu::launch(ln_grid(N, BWD_MAX_BLOCKS), LN_BLOCK, 0, layernorm_backward_vec_kernel<T, FUSED>,
+                    dinp, dy, dout, dout2, inp, w, mean, rstd, d, N, C);
+    else
+        emu::launch(ln_grid(N, BWD_MAX_BLOCKS), LN_BLOCK, 0, layernorm_backward_kernel<T, FUSED>,
+                    dinp, dy, dout, dout2, inp, w, mean, rstd, d, N, C);
     std::vector<float> partial(2 * (size_t)COLSUM_CHUNKS * C);
     emu::launch(dim3((C + 31) / 32, COLSUM_CHUNKS), dim3(32, COLSUM_PHASES), 0,
                 layernorm_param_backward_kernel<T>, partial.data(), dout, dout2, inp, mean, rstd,
@@ -106,7 +121,8 @@ void emb_backward(float *dwte, float *dwpe, float *dwtt, const T *dout, const in
 
 template <typename T> void layernorm_case(int N, int C)
 {
-    printf("--- layernorm N%d C%d %s\n", N, C, emu::tname<T>());
+    printf("--- layernorm N%d C%d %s%s\n", N, C, emu::tname<T>(),
+           g_vec && C % pack<T>::n == 0 ? " (packed rows)" : "");
     size_t n = (size_t)N * C;
     std::vector<T> x, dout;
     std::vector<float> xf, doutf;
@@ -151,8 +167,9 @@ template <typename T> void layernorm_case(int N, int C)
 
 template <typename T> void fused_case(int N, int C, float p, bool two_grads)
 {
-    printf("--- residual_dropout_layernorm N%d C%d p%.1f dout2 %s %s\n", N, C, p,
-           two_grads ? "yes" : "no", emu::tname<T>());
+    printf("--- residual_dropout_layernorm N%d C%d p%.1f dout2 %s %s%s\n", N, C, p,
+           two_grads ? "yes" : "no", emu::tname<T>(),
+           g_vec && C % pack<T>::n == 0 ? " (packed rows)" : "");
     size_t n = (size_t)N * C;
     philox_stream rs;
     philox_stream_init(&rs, 77, 0, 5, 2, 3, DROPOUT_SITE_FFN_OUT);
@@ -266,9 +283,12 @@ template <typename T> void run_type()
 
 int main()
 {
-    run_type<float>();
-    run_type<__nv_bfloat16>();
-    run_type<__half>();
+    for (int vec = 0; vec <= 1; vec++) {
+        g_vec = vec;
+        run_type<float>();
+        run_type<__nv_bfloat16>();
+        run_type<__half>();
+    }
     printf("%d failure(s)\n", emu::failures);
     return emu::failures ? 1 : 0;
 }
