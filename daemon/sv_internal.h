@@ -8,6 +8,7 @@
  * it (tests/include_circles.sh checks that no two call each other):
  *
  *   supervisor.c   sv_shutdown.c                    (the tick; shutdown)
+ *   sv_preempt.c                                    (the tick's preemption)
  *   sv_launch.c                                     (starts a job's attempt)
  *   sv_slurm.c     sv_prepare.c                     (multi-node; datasets)
  *   sv_finish.c                                     (a job attempt's end)
@@ -37,6 +38,7 @@
 #include "daemon/cluster.h"
 #include "daemon/proc.h"
 #include "daemon/relaykv.h"
+#include "daemon/scheduler.h"
 #include "daemon/supervisor.h"
 #include "daemon/telemetry_sampler.h"
 
@@ -115,6 +117,8 @@ struct run {
 	int stall_noted;       /* rank recorded as suspect in the store; -1 none */
 	tsampler *ts;          /* device/host samples between metrics rows; NULL if none */
 	const char *stop_why;   /* reason recorded when a stop ends the job */
+	char preempted_by[40];  /* the job it was told to stop for (sv_preempt.c); "" when not:
+				 * its end queues it again (sv_finish.c) */
 	/* multi-node (docs/multinode.md): world ranks started by srun */
 	bool multinode;
 	int world;              /* ranks: ndev, or nodes * gpus_per_node */
@@ -157,6 +161,12 @@ struct supervisor {
 	} prep_kills[16];
 	int prep_kills_next;
 	int sample_fd;         /* timerfd: telemetry samples every TELEMETRY_SAMPLE_MS (supervisor.c); -1 if none */
+	/* jobs preempted for a job that has not started yet: held in the queue
+	 * until it has (sv_preempt.c); in memory only */
+	struct preempt_hold {
+		char victim[40], by[40];
+	} preempt_holds[64];
+	int npreempt_holds;
 };
 
 /* ---- sv_run.c: a run's small helpers ---- */
@@ -234,6 +244,17 @@ int sv_jobfile_write(supervisor *sv, run *r, const char *dataset_dir, const char
  * memory, devices, relay and Slurm step released, the job's next state
  * (queued, canceled, completed, restarting or failed). Frees r. */
 void sv_finish_job(supervisor *sv, run *r);
+
+/* ---- sv_preempt.c: the tick's preemption ---- */
+
+/* held (nq,): true for the jobs of q (the tick's queue, before
+ * sched_decide) that were preempted for a job that has not started yet;
+ * forgets the holds whose preemptor has started or is gone. */
+void sv_preempt_hold(supervisor *sv, const sched_job *q, size_t nq, bool *held);
+/* When sched_decide started nothing: asks sched_preempt whether q's head
+ * should preempt running jobs (m: the machine as sched_decide saw it) and
+ * tells the chosen ones' workers to checkpoint and stop. */
+void sv_preempt_consider(supervisor *sv, const sched_job *q, size_t nq, const sched_machine *m);
 
 /* ---- sv_launch.c: starting an attempt ---- */
 
