@@ -14,7 +14,8 @@
  * The jobs' batches are slowed (profiler.simulate_data_delay_ms: timing
  * only, the numbers do not change) so they are still running when the
  * higher-priority job arrives. States are polled from the API with a
- * deadline; nothing asserts on timing. */
+ * deadline; nothing asserts on timing. A preempted job's representation
+ * is checked against docs/openapi.yaml's schema of GET /v1/jobs/{id}. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -25,6 +26,7 @@
 
 #include "harness.h"
 #include "it_util.h"
+#include "openapi_check.h"
 
 #define DEADLINE_S 400
 #define L_STEPS 60
@@ -79,6 +81,22 @@ static json_t *wait_preempted(const bertd *d, const char *id, json_int_t n)
 	return NULL;
 }
 
+/* job (GET /v1/jobs/{id}'s answer) against docs/openapi.yaml. */
+static void expect_job_schema(const json_t *job)
+{
+	const char *root = getenv("BERTD_SOURCE_ROOT");
+	char path[4096], err[1024];
+	snprintf(path, sizeof path, "%s/docs/openapi.yaml", root ? root : ".");
+	json_t *doc = openapi_load(path, err, sizeof err);
+	if (!doc)
+		fail_msg("%s", err);
+	json_t *s = openapi_response_schema(doc, "/v1/jobs/{id}", "get", "200", "application/json");
+	assert_non_null(s);
+	if (openapi_check(doc, s, (json_t *)job, err, sizeof err) != 0)
+		fail_msg("a preempted job disagrees with docs/openapi.yaml at %s", err);
+	json_decref(doc);
+}
+
 /* The steps of the "resuming from checkpoint at step N" events, in order,
  * into steps (at most cap); returns how many. times gets their times. */
 static int resumes(json_t *ev, long *steps, const char **times, int cap)
@@ -125,6 +143,7 @@ static void test_preempted_twice_resumes_exactly(void **state)
 		json_t *p = json_object_get(jl, "preemption");
 		assert_string_equal(it_jstr(p, "by"), hs[k]);
 		assert_int_equal(json_integer_value(json_object_get(jl, "restart_count")), 0);
+		expect_job_schema(jl);
 		json_t *ev = it_events_of(d, low);
 		char want[80];
 		snprintf(want, sizeof want, "preempted by %s", hs[k]);
