@@ -79,6 +79,8 @@ static void tick_running(supervisor *sv)
 			r->stop_why = "stopped at stopping_condition.max_runtime_seconds (checkpoint kept)";
 			stop = true;
 		}
+		if (stop && r->preempted_by[0])
+			sv_preempt_canceled(sv, r); /* canceled while stopping for a preemption */
 		if (stop && !r->stop_sent) {
 			json_t *m = json_pack("{s:s, s:s}", "type", "stop", "reason", "cancel");
 			for (int i = 0; i < r->nkids; i++)

@@ -79,6 +79,20 @@ static void preempt_run(supervisor *sv, run *r, const char *by, int by_priority,
 	log_info("job %s: %s", r->id, note);
 }
 
+void sv_preempt_canceled(supervisor *sv, run *r)
+{
+	json_t *m = json_pack("{s:s, s:s}", "type", "stop", "reason", "cancel");
+	for (int i = 0; i < r->nkids; i++)
+		if (r->kids[i]->role == ROLE_WORKER && !r->kids[i]->exited)
+			msg_send(r->kids[i]->p.sock, m);
+	json_decref(m);
+	char note[200];
+	snprintf(note, sizeof note, "canceled while stopping for %s: it ends canceled, not queued", r->preempted_by);
+	store_job_note(sv->st, r->id, note);
+	log_info("job %s: %s", r->id, note);
+	r->preempted_by[0] = 0;
+}
+
 void sv_preempt_consider(supervisor *sv, const sched_job *q, size_t nq, const sched_machine *m)
 {
 	sched_victim v[SCHED_MAX_DEV];
