@@ -255,7 +255,8 @@ void sv_preempt_hold(supervisor *sv, const sched_job *q, size_t nq, bool *held);
  * should preempt running jobs (m: the machine as sched_decide saw it) and
  * tells the chosen ones' workers to checkpoint and stop. */
 void sv_preempt_consider(supervisor *sv, const sched_job *q, size_t nq, const sched_machine *m);
-/* r, stopping for a preemption, was canceled meanwhile: its workers get the
+/* r, stopping for a preemption, was canceled meanwhile (by a user or
+ * max_runtime_seconds: its state is stopping): its workers get the
  * cancel's stop too (rank 0 exports if it has not exited yet) and r is no
  * longer preempted (its end is the cancel's). */
 void sv_preempt_canceled(supervisor *sv, run *r);

@@ -87,7 +87,8 @@ void sv_preempt_canceled(supervisor *sv, run *r)
 			msg_send(r->kids[i]->p.sock, m);
 	json_decref(m);
 	char note[200];
-	snprintf(note, sizeof note, "canceled while stopping for %s: it ends canceled, not queued", r->preempted_by);
+	snprintf(note, sizeof note, "stopped (a cancel or max_runtime_seconds) while stopping for %s: it ends "
+		 "canceled, not queued", r->preempted_by);
 	store_job_note(sv->st, r->id, note);
 	log_info("job %s: %s", r->id, note);
 	r->preempted_by[0] = 0;
