@@ -128,7 +128,7 @@ void sv_preempt_consider(supervisor *sv, const sched_job *q, size_t nq, const sc
 	if (!p.preempt)
 		return;
 	const sched_job *head = &q[p.job_idx];
-	char note[200];
+	char note[80 + SCHED_MAX_DEV * 24]; /* every victim's id */
 	int n = snprintf(note, sizeof note, "preempting %zu running job(s) to start:", p.nvictims);
 	for (size_t k = 0; k < p.nvictims; k++) {
 		run *r = who[p.victim[k]];
