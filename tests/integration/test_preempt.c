@@ -7,7 +7,7 @@
  *     its preemptor, and resumes from that checkpoint (step > 0). It
  *     completes with model.safetensors byte for byte the same as the same
  *     spec run uninterrupted, and its metrics hold every step 1..max_steps
- *     exactly once;
+ *     exactly once; so does a 2-rank job preempted by a 1-slot job;
  *   - a job without "preemptible" (false by default) is never preempted:
  *     the higher-priority job waits for its end;
  *   - a preemptible job of equal priority is never preempted either.
@@ -43,18 +43,19 @@ static json_t *job_of(const bertd *d, const char *id)
 	return it_get_json(d, path);
 }
 
-/* The low-priority job's spec: logged every step, slowed batches. */
-static char *low_spec(const char *preemptible, const char *priority)
+/* The low-priority job's spec on gpus ranks: logged every step, slowed
+ * batches. */
+static char *low_spec(const char *preemptible, const char *priority, const char *gpus)
 {
 	return it_job_spec("low", "shakes", "training_args.max_steps", "60", "training_args.logging_steps", "1",
 			   "training_args.save_steps", "1000", "profiler", "{\"simulate_data_delay_ms\":40}",
-			   "preemptible", preemptible, "priority", priority, NULL);
+			   "preemptible", preemptible, "priority", priority, "resources.gpus", gpus, NULL);
 }
 
-/* A short 2-slot job of priority prio. */
-static char *high_spec(const char *name, const char *prio)
+/* A short job of priority prio on gpus slots. */
+static char *high_spec(const char *name, const char *prio, const char *gpus)
 {
-	return it_job_spec(name, "shakes", "training_args.max_steps", "4", "resources.gpus", "2", "priority", prio,
+	return it_job_spec(name, "shakes", "training_args.max_steps", "4", "resources.gpus", gpus, "priority", prio,
 			   NULL);
 }
 
@@ -116,12 +117,15 @@ static int resumes(json_t *ev, long *steps, const char **times, int cap)
 	return n;
 }
 
-static void test_preempted_twice_resumes_exactly(void **state)
+/* The low-priority job on low_gpus slots, preempted times (at most 2)
+ * by jobs on high_gpus slots; whichever of the two is on one slot, the
+ * other needs both, so the low job resumes only after each preemptor has
+ * finished. */
+static void preempted_resumes_exactly(it_fx *f, const char *low_gpus, const char *high_gpus, int times)
 {
-	it_fx *f = *state;
 	bertd *d = &f->d;
 	it_wait_dataset_ready(d, "shakes", DEADLINE_S);
-	char *spec = low_spec("true", "0");
+	char *spec = low_spec("true", "0", low_gpus);
 
 	/* the same spec, uninterrupted */
 	char ref_sha[65], sha[65];
@@ -134,9 +138,9 @@ static void test_preempted_twice_resumes_exactly(void **state)
 	char *low = it_submit(d, spec);
 	char *hs[2] = {NULL, NULL};
 	long at = 5;
-	for (int k = 0; k < 2; k++) {
+	for (int k = 0; k < times; k++) {
 		it_wait_step(d, low, at, DEADLINE_S); /* a step of this attempt: later than any before */
-		char *sh = high_spec(k == 0 ? "high1" : "high2", "5");
+		char *sh = high_spec(k == 0 ? "high1" : "high2", "5", high_gpus);
 		hs[k] = it_submit(d, sh);
 		free(sh);
 		json_t *jl = wait_preempted(d, low, k + 1);
@@ -164,23 +168,23 @@ static void test_preempted_twice_resumes_exactly(void **state)
 
 	json_t *jl = it_wait_completed(d, low, DEADLINE_S);
 	json_t *p = json_object_get(jl, "preemption");
-	assert_int_equal(json_integer_value(json_object_get(p, "count")), 2);
-	assert_string_equal(it_jstr(p, "by"), hs[1]);
+	assert_int_equal(json_integer_value(json_object_get(p, "count")), times);
+	assert_string_equal(it_jstr(p, "by"), hs[times - 1]);
 	assert_int_equal(json_integer_value(json_object_get(jl, "restart_count")), 0);
 
 	/* resumed twice, from stop checkpoints (step > 0), each after its
 	 * preemptor had finished: the preemptor needed both slots */
 	json_t *ev = it_events_of(d, low);
 	long steps[4];
-	const char *times[4];
-	assert_int_equal(resumes(ev, steps, times, 4), 2);
-	for (int k = 0; k < 2; k++) {
+	const char *at_[4];
+	assert_int_equal(resumes(ev, steps, at_, 4), times);
+	for (int k = 0; k < times; k++) {
 		assert_true(steps[k] > 0);
+		assert_true(k == 0 || steps[k] > steps[k - 1]);
 		json_t *jh = job_of(d, hs[k]);
-		assert_true(strcmp(times[k], it_jstr(jh, "finished_at")) >= 0);
+		assert_true(strcmp(at_[k], it_jstr(jh, "finished_at")) >= 0);
 		json_decref(jh);
 	}
-	assert_true(steps[1] > steps[0]);
 
 	/* one series: every step once */
 	json_t *rows = it_metrics_of(d, low);
@@ -200,16 +204,28 @@ static void test_preempted_twice_resumes_exactly(void **state)
 	free(hs[1]);
 }
 
+/* One rank, preempted twice by 2-slot jobs. */
+static void test_preempted_twice_resumes_exactly(void **state)
+{
+	preempted_resumes_exactly(*state, "1", "2", 2);
+}
+
+/* Two ranks (the stop they agree on), preempted once by a 1-slot job. */
+static void test_two_ranks_preempted_resume_exactly(void **state)
+{
+	preempted_resumes_exactly(*state, "2", "1", 1);
+}
+
 /* low (priority low_prio, preemptible as given) runs; a 2-slot job of
  * priority 5 arrives and must wait for low's end instead of preempting it. */
 static void never_preempted(it_fx *f, const char *preemptible, const char *low_prio)
 {
 	bertd *d = &f->d;
 	it_wait_dataset_ready(d, "shakes", DEADLINE_S);
-	char *sl = low_spec(preemptible, low_prio);
+	char *sl = low_spec(preemptible, low_prio, "1");
 	char *low = it_submit(d, sl);
 	it_wait_step(d, low, 3, DEADLINE_S);
-	char *sh = high_spec("high", "5");
+	char *sh = high_spec("high", "5", "2");
 	char *high = it_submit(d, sh);
 	json_t *jl = it_wait_completed(d, low, DEADLINE_S);
 	json_t *jh = it_wait_completed(d, high, DEADLINE_S);
@@ -249,6 +265,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_preempted_twice_resumes_exactly, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_two_ranks_preempted_resume_exactly, setup, it_teardown),
 		cmocka_unit_test_setup_teardown(test_not_preemptible_never_preempted, setup, it_teardown),
 		cmocka_unit_test_setup_teardown(test_equal_priority_never_preempts, setup, it_teardown),
 	};
