@@ -15,7 +15,9 @@
  * only, the numbers do not change) so they are still running when the
  * higher-priority job arrives. States are polled from the API with a
  * deadline; nothing asserts on timing. A preempted job's representation
- * is checked against docs/openapi.yaml's schema of GET /v1/jobs/{id}. */
+ * is checked against docs/openapi.yaml's schema of GET /v1/jobs/{id}, and
+ * its TensorBoard series read back with TensorBoard's reader (tb_read.py,
+ * when installed): each step once. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -96,6 +98,31 @@ static void expect_job_schema(const json_t *job)
 	if (openapi_check(doc, s, (json_t *)job, err, sizeof err) != 0)
 		fail_msg("a preempted job disagrees with docs/openapi.yaml at %s", err);
 	json_decref(doc);
+}
+
+/* TensorBoard's own reader (tb_read.py) finds one run per job of this
+ * daemon (the n in ids), each scalar once per metrics row, at its step: a
+ * step written twice into the event files fails it. Skipped (a message)
+ * when /usr/bin/python3 has no tensorboard. */
+static void expect_tensorboard_series(it_fx *f, char *const *ids, int n)
+{
+	json_t *rows = json_object();
+	for (int i = 0; i < n; i++)
+		json_object_set_new(rows, ids[i], it_metrics_of(&f->d, ids[i]));
+	char rows_path[160], cmd[1400];
+	snprintf(rows_path, sizeof rows_path, "%s/rows.json", f->d.root);
+	assert_int_equal(json_dump_file(rows, rows_path, 0), 0);
+	json_decref(rows);
+	const char *src = getenv("BERTD_SOURCE_ROOT");
+	assert_non_null(src);
+	snprintf(cmd, sizeof cmd, "/usr/bin/python3 '%s/tests/integration/tb_read.py' '%s/jobs' '%s'", src,
+		 f->d.state_dir, rows_path);
+	int st = it_system("%s", cmd);
+	if (st == 77) {
+		printf("TensorBoard check skipped: /usr/bin/python3 has no tensorboard\n");
+		return;
+	}
+	assert_int_equal(st, 0);
 }
 
 /* The steps of the "resuming from checkpoint at step N" events, in order,
@@ -195,6 +222,8 @@ static void preempted_resumes_exactly(it_fx *f, const char *low_gpus, const char
 
 	it_sha_of_export(jl, sha);
 	assert_string_equal(ref_sha, sha); /* bit-identical to the uninterrupted run */
+	char *all[4] = {ref, low, hs[0], hs[1]};
+	expect_tensorboard_series(f, all, 2 + times);
 	json_decref(ev);
 	json_decref(jl);
 	free(spec);
