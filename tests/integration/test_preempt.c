@@ -216,8 +216,10 @@ static void preempted_resumes_exactly(it_fx *f, const char *low_gpus, const char
 	/* one series: every step once */
 	json_t *rows = it_metrics_of(d, low);
 	assert_int_equal(json_array_size(rows), L_STEPS);
-	for (size_t i = 0; i < json_array_size(rows); i++)
-		assert_int_equal(json_integer_value(json_object_get(json_array_get(rows, i), "step")), (json_int_t)i + 1);
+	for (size_t i = 0; i < json_array_size(rows); i++) {
+		json_t *row = json_array_get(rows, i);
+		assert_int_equal(json_integer_value(json_object_get(row, "step")), (json_int_t)i + 1);
+	}
 	json_decref(rows);
 
 	it_sha_of_export(jl, sha);

@@ -179,7 +179,8 @@ static void test_minimal_gets_every_default(void **state)
 	(void)state;
 	json_t *o = normalize_ok("{\"dataset\": \"wiki.en-2\"}");
 	static const char *const top[] = {"name", "dataset", "model", "init_from", "init_from_restore", "priority",
-		"preemptible", "tags", "notes", "training_args", "mlm", "resources", "stopping_condition", "retry_policy", "profiler"};
+		"preemptible", "tags", "notes", "training_args", "mlm", "resources", "stopping_condition",
+		"retry_policy", "profiler"};
 	expect_keys(o, top, sizeof top / sizeof top[0]);
 	static const char *const model[] = {"preset", "vocab_size", "hidden_size",
 		"num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
