@@ -31,7 +31,8 @@
 #include "openapi_check.h"
 
 #define DEADLINE_S 400
-#define L_STEPS 60
+#define L_STEPS 100 /* the low job's max_steps (L_STEPS_S in its spec) */
+#define L_STEPS_S "100"
 
 static const it_daemon_opts daemon_opts = {.cpu_slots = "2", .dataset = "shakes", .corpus = "shakes.txt",
 					   .corpus_lines = 2000, .vocab_size = 300};
@@ -49,8 +50,8 @@ static json_t *job_of(const bertd *d, const char *id)
  * batches. */
 static char *low_spec(const char *preemptible, const char *priority, const char *gpus)
 {
-	return it_job_spec("low", "shakes", "training_args.max_steps", "60", "training_args.logging_steps", "1",
-			   "training_args.save_steps", "1000", "profiler", "{\"simulate_data_delay_ms\":40}",
+	return it_job_spec("low", "shakes", "training_args.max_steps", L_STEPS_S, "training_args.logging_steps", "1",
+			   "training_args.save_steps", "1000", "profiler", "{\"simulate_data_delay_ms\":60}",
 			   "preemptible", preemptible, "priority", priority, "resources.gpus", gpus, NULL);
 }
 
