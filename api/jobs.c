@@ -167,6 +167,25 @@ static void add_outcome(json_t *o, const store_job *j, const api_config *cfg)
 	json_decref(out);
 }
 
+/* "preemption": {"count", "by", "at"} (how often the job was preempted,
+ * by which job the last time, and when its workers had stopped for it),
+ * null when it never was. A job preempted and waiting is "queued" with
+ * this set; the record stays after it resumes. */
+static void add_preemption(json_t *o, const store_job *j)
+{
+	json_t *out = j->outcome_json ? json_loads(j->outcome_json, 0, NULL) : NULL;
+	json_t *p = json_object_get(out, "preemption");
+	if (json_is_object(p))
+		json_object_set_new(o, "preemption",
+				    json_pack("{s:I, s:s?, s:o}", "count",
+					      json_integer_value(json_object_get(p, "count")), "by",
+					      json_string_value(json_object_get(p, "by")), "at",
+					      time_json(json_integer_value(json_object_get(p, "at_ms")))));
+	else
+		json_object_set_new(o, "preemption", json_null());
+	json_decref(out);
+}
+
 /* "placement": the device table entries of the job's current or last run
  * and whether each pair of them is directly linked (NVLink; CPU slots
  * share memory), null when the topology is not known; null for a job that
@@ -237,6 +256,7 @@ static json_t *job_json(const store_job *j, const store_job_extras *x, const api
 		json_object_set_new(o, "model_dir", json_string(path));
 	}
 	add_outcome(o, j, cfg);
+	add_preemption(o, j);
 	diag_report rep;
 	if (api_diagnose_rows(j, spec, x->tail, x->n_tail, x->first, x->n_first, now, &rep) == 0)
 		json_object_set_new(o, "diagnosis", json_string(rep.summary));

@@ -276,6 +276,9 @@ static const struct field top_fields[] = {
 	 .preset_dim = -1, .t = T_STR, OFF(init_from)},
 	ENUM("init_from_restore", restore_choices, "weights", init_from_restore),
 	INT("priority", -100, 100, 0, 0, T_INT, priority),
+	/* a running job of lower priority than a waiting one may be stopped at
+	 * a checkpoint and queued again (daemon/scheduler.h); opt-in */
+	BOOL("preemptible", 0, 0, T_BOOL, preemptible),
 	/* labels and a free text for people and list filters; never read by
 	 * the worker, and changeable after submit (PATCH /v1/jobs/{id}) */
 	{.key = "tags", .kind = K_TAGS, .imin = 1, .imax = JOBSPEC_TAG_MAX, .preset_dim = -1,

@@ -138,6 +138,8 @@ typedef struct jobspec {
 	char init_from_restore[8];     /* "weights" | "all": also the optimizer, scheduler,
 	                                * loss scaler and data position (start at its step) */
 	int priority;                  /* -100..100, higher runs first */
+	bool preemptible;              /* a waiting job of higher priority may stop it at a
+	                                * checkpoint; it is queued again and resumes */
 	jobspec_model model;
 	jobspec_training training;
 	jobspec_mlm mlm;

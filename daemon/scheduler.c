@@ -15,6 +15,17 @@ static bool before(const sched_job *a, const sched_job *b)
 	return a->seq < b->seq;
 }
 
+/* The first of the n queued jobs in scheduling order, those held (held
+ * NULL: none) skipped; n when every one is held. */
+static size_t head_of(const sched_job *queued, size_t n, const bool *held)
+{
+	size_t head = n;
+	for (size_t i = 0; i < n; i++)
+		if (!(held && held[i]) && (head == n || before(&queued[i], &queued[head])))
+			head = i;
+	return head;
+}
+
 static uint64_t all_of(size_t ndev)
 {
 	return ndev >= 64 ? ~(uint64_t)0 : (((uint64_t)1 << ndev) - 1);
@@ -140,10 +151,9 @@ void sched_decide(const sched_job *queued, const int64_t *limit_ms, size_t n, co
 			return;
 		}
 	}
-	size_t head = 0;
-	for (size_t i = 1; i < n; i++)
-		if (before(&queued[i], &queued[head]))
-			head = i;
+	size_t head = head_of(queued, n, m->held);
+	if (head == n)
+		return; /* every queued job is held */
 	uint64_t free = 0;
 	for (size_t d = 0; d < ndev; d++)
 		if (!m->busy[d])
@@ -169,7 +179,8 @@ void sched_decide(const sched_job *queued, const int64_t *limit_ms, size_t n, co
 		memset(placed, 0, sizeof placed);
 		size_t best = n;
 		for (size_t i = 0; i < n; i++) {
-			if (i == head || (best < n && !before(&queued[i], &queued[best])))
+			if (i == head || (m->held && m->held[i]) ||
+			    (best < n && !before(&queued[i], &queued[best])))
 				continue;
 			const sched_job *j = &queued[i];
 			int64_t limit = limit_ms ? limit_ms[i] : 0;
@@ -210,10 +221,7 @@ enum sched_verdict sched_pick(const sched_job *queued, size_t n, const bool *bus
 			return SCHED_IMPOSSIBLE;
 		}
 	}
-	size_t head = 0;
-	for (size_t i = 1; i < n; i++)
-		if (before(&queued[i], &queued[head]))
-			head = i;
+	size_t head = head_of(queued, n, NULL);
 	int got = 0;
 	for (size_t d = 0; d < ndev && got < queued[head].want; d++)
 		if (!busy[d])
@@ -222,4 +230,76 @@ enum sched_verdict sched_pick(const sched_job *queued, size_t n, const bool *bus
 		return SCHED_NONE;
 	*job_idx = head;
 	return SCHED_START;
+}
+
+/* Whether victim a is preempted before victim b: lower priority first,
+ * then the later start, then the lower index (a stable answer). */
+static bool victim_first(const sched_victim *v, size_t a, size_t b)
+{
+	if (v[a].priority != v[b].priority)
+		return v[a].priority < v[b].priority;
+	if (v[a].start_ms != v[b].start_ms)
+		return v[a].start_ms > v[b].start_ms;
+	return a < b;
+}
+
+void sched_preempt(const sched_job *queued, size_t n, const sched_machine *m, const sched_victim *victims,
+		   size_t nv, sched_preemption *out)
+{
+	out->preempt = false;
+	out->job_idx = 0;
+	out->nvictims = 0;
+	size_t ndev = m->ndev < SCHED_MAX_DEV ? m->ndev : SCHED_MAX_DEV;
+	size_t head = head_of(queued, n, m->held);
+	if (head == n || queued[head].want < 1 || (size_t)queued[head].want > ndev)
+		return;
+	const int want = queued[head].want;
+	uint64_t avail = 0; /* free now, or soon: held by a job already leaving */
+	for (size_t d = 0; d < ndev; d++)
+		if (!m->busy[d])
+			avail |= (uint64_t)1 << d;
+	for (size_t i = 0; i < nv; i++)
+		if (victims[i].leaving)
+			avail |= victims[i].devs & all_of(ndev);
+	bool conn;
+	if (sched_place(want, avail, m->peers, ndev, &conn))
+		return; /* it starts once those are gone: stopping more gains nothing */
+	/* The eligible victims, in the order they are taken (insertion sort:
+	 * at most one per device). */
+	size_t order[SCHED_MAX_DEV], ne = 0;
+	for (size_t i = 0; i < nv && ne < SCHED_MAX_DEV; i++) {
+		const sched_victim *v = &victims[i];
+		if (v->leaving || !v->preemptible || v->priority >= queued[head].priority ||
+		    !(v->devs & all_of(ndev)))
+			continue;
+		size_t k = ne++;
+		while (k > 0 && victim_first(victims, i, order[k - 1])) {
+			order[k] = order[k - 1];
+			k--;
+		}
+		order[k] = i;
+	}
+	size_t take = 0;
+	uint64_t with = avail;
+	while (take < ne && !sched_place(want, with, m->peers, ndev, &conn))
+		with |= victims[order[take++]].devs & all_of(ndev);
+	if (!sched_place(want, with, m->peers, ndev, &conn))
+		return; /* even with every eligible victim gone it could not start */
+	/* Leave running whoever is not needed now that later victims are in:
+	 * the last taken are tried first, so lower priorities stay preferred. */
+	bool keep[SCHED_MAX_DEV];
+	for (size_t k = 0; k < take; k++)
+		keep[k] = true;
+	for (size_t k = take; k-- > 0;) {
+		uint64_t without = with & ~(victims[order[k]].devs & all_of(ndev));
+		if (sched_place(want, without, m->peers, ndev, &conn)) {
+			keep[k] = false;
+			with = without;
+		}
+	}
+	for (size_t k = 0; k < take; k++)
+		if (keep[k])
+			out->victim[out->nvictims++] = order[k];
+	out->preempt = true;
+	out->job_idx = head;
 }

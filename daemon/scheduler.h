@@ -20,6 +20,14 @@
  * linked (NVLink) when such a set is among the devices it may use (the
  * first such set in index order), else the lowest free ones. Never
  * reorders a job's devices: ranks map to ascending device indices.
+ *
+ * Preemption (sched_preempt): when the head cannot start, it may stop
+ * running jobs of strictly lower priority that are preemptible: the fewest
+ * needed, lowest priority first, the most recently started first, and only
+ * when it can be placed once they are gone. A job it preempted is held
+ * (sched_machine.held) until it has started, so a victim never starts ahead of
+ * its preemptor, and nothing of equal priority is ever preempted, so two
+ * jobs cannot take turns stopping each other.
  */
 #ifndef BERTD_DAEMON_SCHEDULER_H
 #define BERTD_DAEMON_SCHEDULER_H
@@ -53,6 +61,9 @@ typedef struct sched_machine {
 	const sched_running *running; /* (nrunning,) */
 	size_t nrunning;
 	int64_t now_ms;
+	const bool *held;             /* (n queued,) true: that job may not start now, a job it was
+				       * preempted for has not started yet (neither the head nor
+				       * backfilled; still reported when impossible); NULL: none */
 } sched_machine;
 
 enum sched_verdict {
@@ -81,8 +92,9 @@ typedef struct sched_decision {
 void sched_decide(const sched_job *queued, const int64_t *limit_ms, size_t n, const sched_machine *m,
 		  sched_decision *out);
 
-/* Strict priority without backfill or topology, kept for callers that only
- * know which devices are busy: the queue's head on the lowest free devices.
+/* Strict priority without backfill, topology or holds, kept for callers
+ * that only know which devices are busy: the queue's head on the lowest
+ * free devices.
  * On SCHED_START, dev_out[0..want) receives device indices. dev_out must
  * hold ndev entries. */
 enum sched_verdict sched_pick(const sched_job *queued, size_t n, const bool *busy, size_t ndev,
@@ -93,5 +105,36 @@ enum sched_verdict sched_pick(const sched_job *queued, size_t n, const bool *bus
  * set as a bitmask (0 when allowed has fewer than k) and *connected. peers
  * NULL: the lowest k, connected only when k is 1. */
 uint64_t sched_place(int k, uint64_t allowed, const uint64_t *peers, size_t ndev, bool *connected);
+
+/* A running job as a possible victim of preemption. */
+typedef struct sched_victim {
+	uint64_t devs;      /* bit d: it holds device d */
+	int priority;       /* its priority now */
+	int64_t start_ms;   /* when its attempt started (any clock): the latest is preempted first */
+	bool preemptible;   /* its spec says "preemptible": true */
+	bool leaving;       /* already on its way out (stopping, preempted, killed): its
+			     * devices count as coming free, it is not preempted again */
+} sched_victim;
+
+typedef struct sched_preemption {
+	bool preempt;                  /* true: stop victim[0..nvictims) for queued[job_idx] */
+	size_t job_idx;
+	size_t nvictims;
+	size_t victim[SCHED_MAX_DEV];  /* indices into the victims array, in the order chosen */
+} sched_preemption;
+
+/* Whether the head of the n queued jobs (held ones skipped) should preempt
+ * some of the nv running jobs in victims (every job holding devices on m,
+ * leaving or not) to start: only when it cannot be placed on the free
+ * devices plus those of leaving victims; then the fewest victims of
+ * strictly lower priority with preemptible set, chosen lowest priority
+ * first and among equals the most recently started first (a victim that
+ * turns out not to be needed once later ones are in is left running), such
+ * that the head can be placed once they are gone. No preemption when the
+ * head waits for leaving victims, wants more devices than exist, or could
+ * not be placed even with every eligible victim gone. m->running is not
+ * read. */
+void sched_preempt(const sched_job *queued, size_t n, const sched_machine *m, const sched_victim *victims,
+		   size_t nv, sched_preemption *out);
 
 #endif

@@ -14,6 +14,7 @@
  *   sv_prepare.c   dataset preparations (bertd-prepare)
  *   sv_slurm.c     a multi-node attempt: srun and its end
  *   sv_launch.c    starting an attempt: resume point, local ranks
+ *   sv_preempt.c   preempting running jobs for the queue's head
  *   sv_shutdown.c  draining at shutdown
  * Never blocks the loop (only supervisor_shutdown does, in sv_shutdown.c)
  * and never interprets a child's messages itself (sv_report, sv_prepare).
@@ -28,6 +29,9 @@
  *       left --> restarting (resumes from the last checkpoint), else failed.
  *   workers silent past the stall limit --> killed, as a retryable failure
  *       (sv_stall.c).
+ *   preempted for a job of higher priority (sv_preempt.c) --> workers get
+ *       {"type":"stop","reason":"preempt"}, checkpoint, exit 6 --> queued,
+ *       held until that job has started, then resumed.
  *   a loss or gradient norm that is not finite --> failed, never retried.
  */
 #include "daemon/sv_internal.h"
@@ -76,6 +80,8 @@ static void tick_running(supervisor *sv)
 			r->stop_why = "stopped at stopping_condition.max_runtime_seconds (checkpoint kept)";
 			stop = true;
 		}
+		if (stop && r->preempted_by[0])
+			sv_preempt_canceled(sv, r); /* canceled while stopping for a preemption */
 		if (stop && !r->stop_sent) {
 			json_t *m = json_pack("{s:s, s:s}", "type", "stop", "reason", "cancel");
 			for (int i = 0; i < r->nkids; i++)
@@ -138,7 +144,7 @@ static bool job_data_preparing(supervisor *sv, json_t *ds, dataset_memo *memo)
  * SCHED_NEVER when neither is known (before its first metrics, no limit). */
 static int64_t run_estimated_end(supervisor *sv, const run *r, int64_t now)
 {
-	if (r->killing)
+	if (r->killing || r->preempted_by[0])
 		return now; /* on its way out */
 	int64_t end = r->max_runtime_ms > 0 && r->start_ms > 0 ? r->start_ms + r->max_runtime_ms : SCHED_NEVER;
 	store_metric m;
@@ -240,11 +246,14 @@ static void tick_schedule(supervisor *sv)
 		uint64_t *peers = calloc(nd, sizeof *peers);
 		sched_running *rs = calloc(nd, sizeof *rs);
 		sched_decision *dec = calloc(1, sizeof *dec);
+		bool *held = calloc(nq ? nq : 1, sizeof *held); /* (nq,) waits for its preemptor */
 		bool again = false;
-		if (!busy || !peers || !rs || !dec)
+		if (!busy || !peers || !rs || !dec || !held)
 			goto next; /* out of memory: the next tick tries again */
 		sched_machine m;
 		machine_view(sv, busy, peers, rs, &m);
+		sv_preempt_hold(sv, q, nq, held);
+		m.held = held;
 		sched_decide(q, limits, nq, &m, dec);
 		if (dec->verdict == SCHED_IMPOSSIBLE) {
 			char why[200];
@@ -259,8 +268,11 @@ static void tick_schedule(supervisor *sv)
 					 j->id, dec->ndev, (long long)((dec->head_start_ms - m.now_ms) / 1000));
 			sv_launch_start_job(sv, j, dec->dev, dec->ndev, j->state == JOB_RESTARTING);
 			again = true;
+		} else {
+			sv_preempt_consider(sv, q, nq, &m);
 		}
 	next:
+		free(held);
 		free(rs);
 		free(peers);
 		free(dec);

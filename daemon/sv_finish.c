@@ -2,9 +2,9 @@
  * (sv_run_maybe_finish through the run's on_end, which sv_launch sets):
  * its shared memory removed, its devices freed, a multi-node attempt's
  * relay closed and its Slurm step canceled, the stall suspect cleared, its
- * wall time recorded, and the job's next state: queued again (shutdown),
- * canceled, completed, restarting (a retryable failure with restarts
- * left) or failed. Frees the run.
+ * wall time recorded, and the job's next state: queued again (shutdown,
+ * or preempted: sv_preempt.c), canceled, completed, restarting (a
+ * retryable failure with restarts left) or failed. Frees the run.
  *
  * Calls sv_relay, sv_stall and sv_run only; never signals a process or
  * reads a child's messages (the attempt is over when it runs).
@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include <time.h>
 
 #include "common/jobspec.h"
 #include "common/log.h"
@@ -32,6 +33,27 @@ static void free_dev_ids(supervisor *sv, run *r)
 		}
 	}
 	r->ndev = 0;
+}
+
+/* r was preempted and its workers stopped: back to queued (from live),
+ * the event naming its preemptor, and the job's "preemption" record
+ * (count, by, at_ms) in its outcome; count: preemptions before this one. */
+static void requeue_preempted(supervisor *sv, run *r, unsigned live, json_int_t count)
+{
+	char why[200];
+	snprintf(why, sizeof why, "preempted by %s; resumes from its checkpoint", r->preempted_by);
+	if (store_job_transition(sv->st, r->id, live, JOB_QUEUED, why, NULL) < 0)
+		return;
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	json_t *patch = json_pack("{s:{s:I, s:s, s:I}}", "preemption", "count", count + 1, "by", r->preempted_by,
+				  "at_ms", (json_int_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
+	char *text = patch ? json_dumps(patch, JSON_COMPACT) : NULL;
+	if (text)
+		store_job_merge_outcome(sv->st, r->id, text);
+	free(text);
+	json_decref(patch);
+	log_info("job %s: %s", r->id, why);
 }
 
 /* A job's run, unlinked, with no child left (sv_run_maybe_finish): the
@@ -63,11 +85,18 @@ void sv_finish_job(supervisor *sv, run *r)
 	}
 	enum job_state state = cur.state;
 	int restarts = cur.restart_count;
+	json_t *outcome = cur.outcome_json ? json_loads(cur.outcome_json, 0, NULL) : NULL;
+	json_int_t preemptions =
+		json_integer_value(json_object_get(json_object_get(outcome, "preemption"), "count"));
+	json_decref(outcome);
 	store_job_free(&cur);
 	unsigned live = JOB_MASK(JOB_STARTING) | JOB_MASK(JOB_RUNNING) | JOB_MASK(JOB_STOPPING);
 	jobspec spec;
 	jobspec_error jerr;
-	int max_restarts = jobspec_from_json(r->spec, &spec, &jerr) == 0 ? spec.max_restarts : 0;
+	bool spec_ok = jobspec_from_json(r->spec, &spec, &jerr) == 0;
+	int max_restarts = spec_ok ? spec.max_restarts : 0;
+	/* its last step was logged: it finished before the preemption's stop reached it */
+	bool all_steps = spec_ok && r->last_step >= spec.training.max_steps;
 
 	if (r->shutdown) {
 		store_job_transition(sv->st, r->id, live, JOB_QUEUED, "daemon shutting down; resumes on next start",
@@ -80,6 +109,8 @@ void sv_finish_job(supervisor *sv, run *r)
 					 r->reason[0] && !r->stop_sent ? r->reason
 					 : r->stop_why ? r->stop_why : "canceled by user", NULL) == 0)
 			telemetry_job_finished(JOB_CANCELED);
+	} else if (r->preempted_by[0] && !r->failed && !all_steps) {
+		requeue_preempted(sv, r, live, preemptions);
 	} else if (!r->failed) {
 		if (store_job_transition(sv->st, r->id, live, JOB_COMPLETED, "training finished", NULL) == 0)
 			telemetry_job_finished(JOB_COMPLETED);

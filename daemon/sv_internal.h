@@ -9,6 +9,7 @@
  *
  *   supervisor.c   sv_shutdown.c                    (the tick; shutdown)
  *   adopt.c                                         (attempts of an earlier daemon)
+ *   sv_preempt.c                                    (the tick's preemption)
  *   sv_launch.c                                     (starts a job's attempt)
  *   sv_slurm.c     sv_prepare.c                     (multi-node; datasets)
  *   sv_finish.c                                     (a job attempt's end)
@@ -38,6 +39,7 @@
 #include "daemon/cluster.h"
 #include "daemon/proc.h"
 #include "daemon/relaykv.h"
+#include "daemon/scheduler.h"
 #include "daemon/supervisor.h"
 #include "daemon/telemetry_sampler.h"
 
@@ -124,6 +126,8 @@ struct run {
 	int stall_noted;       /* rank recorded as suspect in the store; -1 none */
 	tsampler *ts;          /* device/host samples between metrics rows; NULL if none */
 	const char *stop_why;   /* reason recorded when a stop ends the job */
+	char preempted_by[40];  /* the job it was told to stop for (sv_preempt.c); "" when not:
+				 * its end queues it again (sv_finish.c) */
 	/* multi-node (docs/multinode.md): world ranks started by srun */
 	bool multinode;
 	int world;              /* ranks: ndev, or nodes * gpus_per_node */
@@ -166,6 +170,12 @@ struct supervisor {
 	} prep_kills[16];
 	int prep_kills_next;
 	int sample_fd;         /* timerfd: telemetry samples every TELEMETRY_SAMPLE_MS (supervisor.c); -1 if none */
+	/* jobs preempted for a job that has not started yet: held in the queue
+	 * until it has (sv_preempt.c); in memory only */
+	struct preempt_hold {
+		char victim[40], by[40];
+	} preempt_holds[64];
+	int npreempt_holds;
 };
 
 /* ---- sv_run.c: a run's small helpers ---- */
@@ -265,6 +275,22 @@ void sv_finish_job(supervisor *sv, run *r);
  * for). 0: nothing adoptable (what was left of it is killed); the caller
  * recovers the job as before. */
 int sv_adopt_job(supervisor *sv, const store_job *j);
+
+/* ---- sv_preempt.c: the tick's preemption ---- */
+
+/* held (nq,): true for the jobs of q (the tick's queue, before
+ * sched_decide) that were preempted for a job that has not started yet;
+ * forgets the holds whose preemptor has started or is gone. */
+void sv_preempt_hold(supervisor *sv, const sched_job *q, size_t nq, bool *held);
+/* When sched_decide started nothing: asks sched_preempt whether q's head
+ * should preempt running jobs (m: the machine as sched_decide saw it) and
+ * tells the chosen ones' workers to checkpoint and stop. */
+void sv_preempt_consider(supervisor *sv, const sched_job *q, size_t nq, const sched_machine *m);
+/* r, stopping for a preemption, was canceled meanwhile (by a user or
+ * max_runtime_seconds: its state is stopping): its workers get the
+ * cancel's stop too (rank 0 exports if it has not exited yet) and r is no
+ * longer preempted (its end is the cancel's). */
+void sv_preempt_canceled(supervisor *sv, run *r);
 
 /* ---- sv_launch.c: starting an attempt ---- */
 

@@ -179,7 +179,8 @@ static void test_minimal_gets_every_default(void **state)
 	(void)state;
 	json_t *o = normalize_ok("{\"dataset\": \"wiki.en-2\"}");
 	static const char *const top[] = {"name", "dataset", "model", "init_from", "init_from_restore", "priority",
-		"tags", "notes", "training_args", "mlm", "resources", "stopping_condition", "retry_policy", "profiler"};
+		"preemptible", "tags", "notes", "training_args", "mlm", "resources", "stopping_condition",
+		"retry_policy", "profiler"};
 	expect_keys(o, top, sizeof top / sizeof top[0]);
 	static const char *const model[] = {"preset", "vocab_size", "hidden_size",
 		"num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
@@ -205,6 +206,7 @@ static void test_minimal_gets_every_default(void **state)
 	assert_string_equal(gets_(o, NULL, "name"), "wiki.en-2"); /* from the dataset */
 	assert_true(json_is_null(get(o, NULL, "init_from")));
 	assert_int_equal(geti(o, NULL, "priority"), 0);
+	assert_true(json_is_false(get(o, NULL, "preemptible"))); /* opt-in */
 	assert_int_equal(json_array_size(get(o, NULL, "tags")), 0);
 	assert_true(json_is_array(get(o, NULL, "tags")));
 	assert_true(json_is_null(get(o, NULL, "notes")));

@@ -3,7 +3,10 @@
  * (only what cannot delay the head's reservation, checked case by case and
  * in scripted simulations against strict priority); placement on the
  * p3.16xlarge's NVLink matrix (tests/fixtures/topo/p3.16xlarge.txt, as
- * nvidia-smi topo -m prints it). And CPU-slot discovery; the executable
+ * nvidia-smi topo -m prints it); preemption (the fewest victims of lower
+ * priority that are preemptible, only when the head then starts, never of
+ * equal priority, held victims wait for their preemptor). And CPU-slot
+ * discovery; the executable
  * that runs against the stand-in NVML (fake_nvml.c, FAKE_NVML_TOPO) also
  * checks that discovery reads the NVLink pairs. */
 #include <errno.h>
@@ -477,6 +480,173 @@ static void test_discover_nvlink(void **state)
 	free(d);
 }
 
+
+/* ---- preemption (sched_preempt) ---- */
+
+/* Four devices, all busy; the victims' order: lowest priority first, then
+ * the most recently started. */
+static void test_preempt_lowest_then_latest(void **state)
+{
+	(void)state;
+	bool busy[4] = {true, true, true, true};
+	sched_machine m = {.ndev = 4, .busy = busy};
+	sched_victim v[] = {
+		{M(0), 0, 10, true, false},  /* a: priority 0, started first */
+		{M(1), 0, 20, true, false},  /* b: priority 0, started last */
+		{M(2), -1, 5, true, false},  /* c: the lowest priority */
+		{M(3), 3, 30, true, false},  /* d: priority 3 */
+	};
+	sched_job q[] = {{"low", -5, 1, 1}, {"head", 5, 2, 2}};
+	sched_preemption p;
+	sched_preempt(q, 2, &m, v, 4, &p);
+	assert_true(p.preempt);
+	assert_string_equal(q[p.job_idx].id, "head");
+	assert_int_equal(p.nvictims, 2);
+	assert_int_equal(p.victim[0], 2); /* c */
+	assert_int_equal(p.victim[1], 1); /* b, started after a */
+	/* one device wanted: one victim, c */
+	q[1].want = 1;
+	sched_preempt(q, 2, &m, v, 4, &p);
+	assert_true(p.preempt);
+	assert_int_equal(p.nvictims, 1);
+	assert_int_equal(p.victim[0], 2);
+	/* all four: d (priority 3) is below 5 too */
+	q[1].want = 4;
+	sched_preempt(q, 2, &m, v, 4, &p);
+	assert_true(p.preempt);
+	assert_int_equal(p.nvictims, 4);
+	assert_int_equal(p.victim[3], 3);
+}
+
+/* Equal priority never preempts, nor does a lower one; a job that is not
+ * preemptible is never chosen. */
+static void test_preempt_only_lower_and_preemptible(void **state)
+{
+	(void)state;
+	bool busy[2] = {true, true};
+	sched_machine m = {.ndev = 2, .busy = busy};
+	sched_victim v[] = {{M(0), 5, 10, true, false}, {M(1), 2, 20, false, false}};
+	sched_job q[] = {{"head", 5, 1, 1}};
+	sched_preemption p;
+	sched_preempt(q, 1, &m, v, 2, &p);
+	assert_false(p.preempt); /* 5 vs 5: equal; 2 is lower but not preemptible */
+	q[0].priority = 6;
+	sched_preempt(q, 1, &m, v, 2, &p);
+	assert_true(p.preempt);
+	assert_int_equal(p.nvictims, 1);
+	assert_int_equal(p.victim[0], 0);
+	/* the preempted job, queued again below its preemptor, cannot take
+	 * its devices back: the preemptor runs at a higher priority */
+	sched_victim after[] = {{M(0), 6, 40, true, false}, {M(1), 2, 20, false, false}};
+	sched_job back[] = {{"victim", 5, 0, 1}};
+	sched_preempt(back, 1, &m, after, 2, &p);
+	assert_false(p.preempt);
+}
+
+/* Nothing is preempted for a job that could not start with every eligible
+ * victim gone, nor when it already fits on free devices. */
+static void test_preempt_only_when_it_then_starts(void **state)
+{
+	(void)state;
+	bool busy[4] = {true, true, true, true};
+	sched_machine m = {.ndev = 4, .busy = busy};
+	sched_victim v[] = {{M(0, 1), 0, 10, true, false}, {M(2, 3), 0, 20, false, false}};
+	sched_job q[] = {{"head", 9, 1, 4}};
+	sched_preemption p;
+	sched_preempt(q, 1, &m, v, 2, &p);
+	assert_false(p.preempt); /* {2,3} stays: 2 devices at most */
+	q[0].want = 8;           /* more than exist */
+	sched_preempt(q, 1, &m, v, 2, &p);
+	assert_false(p.preempt);
+	q[0].want = 2;
+	busy[0] = busy[1] = false;
+	sched_victim w[] = {{M(2, 3), 0, 20, true, false}};
+	sched_preempt(q, 1, &m, w, 1, &p);
+	assert_false(p.preempt); /* {0,1} are free */
+	/* one free device and one taken: one 1-device victim is enough */
+	busy[0] = true;
+	sched_victim x[] = {{M(0), 0, 30, true, false}, {M(2, 3), 0, 20, true, false}};
+	q[0].want = 2;
+	sched_preempt(q, 1, &m, x, 2, &p);
+	assert_true(p.preempt);
+	assert_int_equal(p.nvictims, 1);
+	assert_int_equal(p.victim[0], 0);
+}
+
+/* The fewest victims: a low-priority job taken first but not needed once a
+ * larger one is in stays running. */
+static void test_preempt_fewest(void **state)
+{
+	(void)state;
+	bool busy[4] = {true, true, true, true};
+	sched_machine m = {.ndev = 4, .busy = busy};
+	sched_victim v[] = {
+		{M(0), 0, 10, true, false},     /* one device, lowest priority */
+		{M(1, 2), 1, 10, true, false},  /* two devices */
+		{M(3), 50, 10, true, false},    /* above the head */
+	};
+	sched_job q[] = {{"head", 5, 1, 2}};
+	sched_preemption p;
+	sched_preempt(q, 1, &m, v, 3, &p);
+	assert_true(p.preempt);
+	assert_int_equal(p.nvictims, 1);
+	assert_int_equal(p.victim[0], 1);
+}
+
+/* Victims already leaving are waited for, never preempted again; when
+ * their devices are not enough, only what is missing is preempted. */
+static void test_preempt_waits_for_leaving(void **state)
+{
+	(void)state;
+	bool busy[3] = {true, true, true};
+	sched_machine m = {.ndev = 3, .busy = busy};
+	sched_victim v[] = {{M(0, 1), 0, 10, true, true}, {M(2), 0, 20, true, false}};
+	sched_job q[] = {{"head", 5, 1, 2}};
+	sched_preemption p;
+	sched_preempt(q, 1, &m, v, 2, &p);
+	assert_false(p.preempt); /* {0,1} are on their way out */
+	q[0].want = 3;
+	sched_preempt(q, 1, &m, v, 2, &p);
+	assert_true(p.preempt);
+	assert_int_equal(p.nvictims, 1);
+	assert_int_equal(p.victim[0], 1);
+}
+
+/* A held job (preempted for a job that has not started yet) neither
+ * starts, nor is backfilled, nor preempts; the preemptor starts first. */
+static void test_held_job_waits_for_its_preemptor(void **state)
+{
+	(void)state;
+	bool busy[2] = {false, false};
+	const bool held[2] = {true, false};
+	sched_machine m = {.ndev = 2, .busy = busy, .held = held};
+	sched_job q[] = {{"victim", 0, 1, 1}};
+	sched_decision d;
+	sched_decide(q, NULL, 1, &m, &d);
+	assert_int_equal(d.verdict, SCHED_NONE);
+	m.held = NULL; /* not held: it starts */
+	sched_decide(q, NULL, 1, &m, &d);
+	assert_int_equal(d.verdict, SCHED_START);
+	m.held = held;
+	sched_job q2[] = {{"victim", 0, 1, 1}, {"preemptor", 5, 2, 2}};
+	sched_decide(q2, NULL, 2, &m, &d);
+	assert_int_equal(d.verdict, SCHED_START);
+	assert_string_equal(q2[d.job_idx].id, "preemptor");
+	/* a held job is not backfilled beside a waiting head either */
+	busy[0] = true;
+	sched_running rs[] = {{M(0), 1000}};
+	m.running = rs;
+	m.nrunning = 1;
+	int64_t limit[] = {1, 0};
+	sched_decide(q2, limit, 2, &m, &d);
+	assert_int_equal(d.verdict, SCHED_NONE);
+	/* nor does it preempt */
+	sched_victim v[] = {{M(0), -3, 10, true, false}};
+	sched_preemption p;
+	sched_preempt(q, 1, &m, v, 1, &p);
+	assert_false(p.preempt);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -492,6 +662,12 @@ int main(void)
 		cmocka_unit_test(test_no_estimate_no_backfill),
 		cmocka_unit_test(test_simulation_team_server),
 		cmocka_unit_test(test_simulation_random_queues),
+		cmocka_unit_test(test_preempt_lowest_then_latest),
+		cmocka_unit_test(test_preempt_only_lower_and_preemptible),
+		cmocka_unit_test(test_preempt_only_when_it_then_starts),
+		cmocka_unit_test(test_preempt_fewest),
+		cmocka_unit_test(test_preempt_waits_for_leaving),
+		cmocka_unit_test(test_held_job_waits_for_its_preemptor),
 		cmocka_unit_test(test_cpu_slots),
 		cmocka_unit_test(test_discover_nvlink),
 	};
