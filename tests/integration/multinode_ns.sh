@@ -192,9 +192,9 @@ need_delay() {
 		{ echo "skip: no delay fault: NFQUEUE does not work here (needs CONFIG_NETFILTER_XT_TARGET_NFQUEUE, CONFIG_NETFILTER_NETLINK_QUEUE): $why"; exit 77; }
 }
 
-delay_rules() { # delay_rules NODE -A|-D: NODE's eth0 both ways to queue 0
-	in_ns "$1" iptables-legacy -w "$2" INPUT -i eth0 -j NFQUEUE --queue-num 0 &&
-		in_ns "$1" iptables-legacy -w "$2" OUTPUT -o eth0 -j NFQUEUE --queue-num 0
+delay_rules() { # delay_rules NODE: NODE's eth0, both ways, to queue 0
+	in_ns "$1" iptables-legacy -w -A INPUT -i eth0 -j NFQUEUE --queue-num 0 &&
+		in_ns "$1" iptables-legacy -w -A OUTPUT -o eth0 -j NFQUEUE --queue-num 0
 }
 
 # undelay NODE: its rules out, then its helper stopped (it lets go what it
@@ -202,7 +202,8 @@ delay_rules() { # delay_rules NODE -A|-D: NODE's eth0 both ways to queue 0
 undelay() {
 	local n=$1 p
 	[ -f "$dir/delay-$n.pid" ] || return 0
-	while delay_rules "$n" -D 2>/dev/null; do :; done
+	while in_ns "$n" iptables-legacy -w -D INPUT -i eth0 -j NFQUEUE --queue-num 0 2>/dev/null; do :; done
+	while in_ns "$n" iptables-legacy -w -D OUTPUT -o eth0 -j NFQUEUE --queue-num 0 2>/dev/null; do :; done
 	p=$(cat "$dir/delay-$n.pid")
 	if [ -n "$p" ] && grep -qs nfq "/proc/$p/comm"; then
 		kill -TERM "$p" 2>/dev/null
@@ -330,7 +331,7 @@ delay)
 		sleep 0.1
 	done
 	grep -qx ready "$dir/delay-$n.out" 2>/dev/null || { echo "nfq-delay did not start: $(cat "$dir/delay-$n.log")"; undelay "$n"; exit 1; }
-	delay_rules "$n" -A || { echo "iptables-legacy in $n failed"; undelay "$n"; exit 1; }
+	delay_rules "$n" || { echo "iptables-legacy in $n failed"; undelay "$n"; exit 1; }
 	;;
 clear)
 	dir=${2:?}
