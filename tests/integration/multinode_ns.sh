@@ -12,7 +12,8 @@
 # addresses (10.213.77.0/24) exist only inside them, the root namespace has
 # no route to them and is never used to reach them.
 #
-#   multinode_ns.sh check                     exit 0, or 77 with why (root, nft, Slurm)
+#   multinode_ns.sh check [delay]             exit 0, or 77 with why (root, nft, Slurm;
+#                                             with delay: what the delay fault needs)
 #   multinode_ns.sh start DIR NNODES [shared-shm]   prints DIR/slurm.conf; OWNER pid
 #                                             in $BERTD_NS_OWNER (default: the caller);
 #                                             $BERTD_NS_TASK_ENV ("NAME=value ...") goes
@@ -22,7 +23,10 @@
 #   multinode_ns.sh partition DIR A B         drop every frame between A and B only
 #   multinode_ns.sh loss DIR NODE PCT         drop PCT% of NODE's frames, both ways
 #   multinode_ns.sh rate DIR NODE KBIT        tbf on NODE's link (towards NODE)
-#   multinode_ns.sh clear DIR                 no partition, loss or rate limit
+#   multinode_ns.sh delay DIR NODE MS         hold each packet into and out of NODE
+#                                             MS ms (a round trip through NODE's link
+#                                             gains 2 x MS); needs $BERTD_NFQ_DELAY
+#   multinode_ns.sh clear DIR                 no partition, loss, rate limit or delay
 #   multinode_ns.sh flap DIR NODE DOWN_MS COUNT   COUNT times: down DOWN_MS, up DOWN_MS
 #   multinode_ns.sh in DIR NS CMD...          CMD in namespace NS (head, sw, nK)
 #
@@ -33,7 +37,14 @@
 # process ends (killed included); and start first stops the clusters of
 # owners that are gone (a registry under /run/bertd-nsnodes).
 #
-# tc netem is not built into this kernel, so there is no delay fault.
+# tc netem is not built into this kernel, so the delay fault is NFQUEUE:
+# iptables-legacy rules in the node's network namespace send what crosses
+# its eth0 (INPUT and OUTPUT) to queue 0 there, and nfq-delay
+# ($BERTD_NFQ_DELAY, tests/integration/nfq_delay.c), run in that namespace,
+# holds each packet MS ms and lets it go, in order. iptables-nft would need
+# nft's queue support (CONFIG_NFT_QUEUE), which this kernel lacks. The
+# helper lives in the node's namespace, so stop kills it with the rest;
+# clear removes the rules first, then stops it (it lets what it holds go).
 set -u
 cmd=${1:?}
 PATH=/usr/sbin:/usr/bin:/sbin:/bin:$PATH
@@ -172,8 +183,38 @@ start_node() { # start_node nK: slurmd in nK's namespaces, private /dev/shm and 
 
 nft_rule() { sw nft add rule bridge bertd faults "$@"; }
 
+# need_delay: what the delay fault needs, or exit 77 saying what is missing.
+need_delay() {
+	command -v iptables-legacy >/dev/null || { echo "skip: no delay fault: iptables-legacy not installed (Debian's iptables)"; exit 77; }
+	[ -x "${BERTD_NFQ_DELAY:-}" ] || { echo "skip: no delay fault: BERTD_NFQ_DELAY (the nfq-delay helper) not set"; exit 77; }
+	local why
+	why=$(unshare -n sh -c 'iptables-legacy -A OUTPUT -o lo -j NFQUEUE --queue-num 0 2>&1 && "$1" --probe 0 2>&1' sh "$BERTD_NFQ_DELAY") ||
+		{ echo "skip: no delay fault: NFQUEUE does not work here (needs CONFIG_NETFILTER_XT_TARGET_NFQUEUE, CONFIG_NETFILTER_NETLINK_QUEUE): $why"; exit 77; }
+}
+
+delay_rules() { # delay_rules NODE: NODE's eth0, both ways, to queue 0
+	in_ns "$1" iptables-legacy -w -A INPUT -i eth0 -j NFQUEUE --queue-num 0 &&
+		in_ns "$1" iptables-legacy -w -A OUTPUT -o eth0 -j NFQUEUE --queue-num 0
+}
+
+# undelay NODE: its rules out, then its helper stopped (it lets go what it
+# holds) and waited for; SIGKILL after 5 s.
+undelay() {
+	local n=$1 p
+	[ -f "$dir/delay-$n.pid" ] || return 0
+	while in_ns "$n" iptables-legacy -w -D INPUT -i eth0 -j NFQUEUE --queue-num 0 2>/dev/null; do :; done
+	while in_ns "$n" iptables-legacy -w -D OUTPUT -o eth0 -j NFQUEUE --queue-num 0 2>/dev/null; do :; done
+	p=$(cat "$dir/delay-$n.pid")
+	if [ -n "$p" ] && grep -qs nfq "/proc/$p/comm"; then
+		kill -TERM "$p" 2>/dev/null
+		for _ in $(seq 50); do grep -qs nfq "/proc/$p/comm" || break; sleep 0.1; done
+		kill -KILL "$p" 2>/dev/null
+	fi
+	rm -f "$dir/delay-$n.pid"
+}
+
 case $cmd in
-check) need ;;
+check) need; [ "${2:-}" = delay ] && need_delay; exit 0 ;;
 start)
 	dir=${2:?}; nodes=${3:?}; mode=${4:-private-shm}
 	need
@@ -276,12 +317,29 @@ loss)
 		nft_rule oifname "v$n" numgen random mod 100 "<" "$pct" drop
 	;;
 rate) dir=${2:?}; sw tc qdisc replace dev "v${3:?}" root tbf rate "${4:?}kbit" burst 32kbit latency 400ms ;;
+delay)
+	dir=${2:?}; n=${3:?}; ms=${4:?}
+	need_delay
+	case $ms in '' | *[!0-9]*) echo "delay: MS must be a whole number of milliseconds, not '$ms'"; exit 2 ;; esac
+	[ -e "$(ns "$n")" ] || { echo "no node $n"; exit 1; }
+	undelay "$n"
+	setsid nsenter --net="$(ns "$n")" -- "$BERTD_NFQ_DELAY" 0 "$ms" >"$dir/delay-$n.out" 2>"$dir/delay-$n.log" </dev/null &
+	echo $! >"$dir/delay-$n.pid"
+	for _ in $(seq 100); do
+		grep -qx ready "$dir/delay-$n.out" 2>/dev/null && break
+		kill -0 "$!" 2>/dev/null || break
+		sleep 0.1
+	done
+	grep -qx ready "$dir/delay-$n.out" 2>/dev/null || { echo "nfq-delay did not start: $(cat "$dir/delay-$n.log")"; undelay "$n"; exit 1; }
+	delay_rules "$n" || { echo "iptables-legacy in $n failed"; undelay "$n"; exit 1; }
+	;;
 clear)
 	dir=${2:?}
 	sw nft flush chain bridge bertd faults
 	for f in "$dir"/ns/n*; do
 		case $f in *.uts) continue ;; esac
 		sw tc qdisc del dev "v$(basename "$f")" root 2>/dev/null
+		undelay "$(basename "$f")"
 	done
 	exit 0
 	;;

@@ -5,8 +5,12 @@
  * process enters the head namespace, so bertd and srun run there too, and
  * the network faults happen on the bridge (link down, nftables) while
  * every process lives on:
- *   - 1% loss on n2's link: 2 nodes x 1 rank trains bit for bit what
- *     1 node x 2 ranks trains, rank 0 on n1, rank 1 on n2;
+ *   - 1% loss and 20 ms delay on n2's link (each packet into and out of
+ *     n2 held 20 ms: multinode_ns.sh delay, NFQUEUE and nfq-delay; a TCP
+ *     round trip from the head to n2 measured before and with it, to show
+ *     the delay is in effect): 2 nodes x 1 rank trains bit for bit what
+ *     1 node x 2 ranks trains, rank 0 on n1, rank 1 on n2 (without what
+ *     the delay needs, loss alone, saying so);
  *   - n2's link cut mid-training: the attempt fails through the relay's
  *     keepalive bound (relay_timeout_s, "rank 1 on node n2 was lost"), not
  *     the stall watch; n2's rank, out of Slurm's reach, ends by itself; the
@@ -25,8 +29,11 @@
  * only; skips (77) elsewhere or without Slurm, nftables or namespaces.
  * Waiting is polling with deadlines; assertions are on states, events,
  * processes and bytes. */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -36,6 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <setjmp.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -47,6 +55,9 @@
 
 #define DEADLINE_S 300
 #define RELAY_TIMEOUT_S "5"
+#define N2_ADDR "10.213.77.12"
+#define DELAY_MS 20
+#define RTT_PROBES 5
 
 typedef struct fx {
 	it_cluster c;
@@ -199,20 +210,100 @@ static void dump(fx *f, const char *id)
 	bertd_print_log(&f->c.d);
 }
 
-/* 1% loss on n2's link: 2 x 1 == 1 x 2 bit for bit, the ranks on n1 and n2. */
-static void loss_two_nodes_equal_one_node(void **state)
+/* Whether the cluster script can stage the delay fault here (`check
+ * delay`); when not, its reason into why. */
+static bool delay_possible(char *why, size_t cap)
+{
+	char cmd[600];
+	snprintf(cmd, sizeof cmd, "%s check delay 2>&1", script());
+	FILE *p = popen(cmd, "r");
+	why[0] = '\0';
+	if (p && !fgets(why, (int)cap, p))
+		why[0] = '\0';
+	int st = p ? pclose(p) : -1;
+	why[strcspn(why, "\n")] = '\0';
+	return st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+/* The shortest of RTT_PROBES TCP round trips from here (the head) to n2:
+ * a connect to a port nothing listens on there (the SYN in, n2's RST
+ * out), each bounded to 3 s (a lost SYN waits for its 1 s retransmit, or
+ * is left out). Milliseconds, or -1 when none came back. */
+static double rtt_to_n2_ms(void)
+{
+	struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons(9)};
+	inet_pton(AF_INET, N2_ADDR, &to.sin_addr);
+	double best = -1;
+	for (int i = 0; i < RTT_PROBES; i++) {
+		int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+		assert_true(fd >= 0);
+		double t0 = mono_s();
+		int rc = connect(fd, (struct sockaddr *)&to, sizeof to);
+		if (rc < 0 && errno == EINPROGRESS) {
+			struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+			rc = poll(&pfd, 1, 3000) == 1 ? 0 : -1;
+		}
+		double ms = (mono_s() - t0) * 1000;
+		int err = 0;
+		socklen_t len = sizeof err;
+		getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+		close(fd);
+		if (rc == 0 && err == ECONNREFUSED && (best < 0 || ms < best))
+			best = ms;
+	}
+	return best;
+}
+
+/* How many packets nfq-delay held on node n (its exit line in
+ * DIR/delay-n.log), or -1. */
+static long delayed_packets(fx *f, const char *n)
+{
+	char path[300], line[400];
+	snprintf(path, sizeof path, "%s/delay-%s.log", f->c.slurm, n);
+	FILE *fp = fopen(path, "r");
+	long held = -1;
+	while (fp && fgets(line, sizeof line, fp))
+		sscanf(line, "nfq-delay: queue %*u: %ld packets held", &held);
+	if (fp)
+		fclose(fp);
+	return held;
+}
+
+/* 1% loss and DELAY_MS each way on n2's link: 2 x 1 == 1 x 2 bit for bit,
+ * the ranks on n1 and n2; the delay shown in effect by a round trip to n2
+ * (no timing asserted on the training). Loss alone when the delay fault
+ * cannot be staged here (said in the output). */
+static void loss_delay_two_nodes_equal_one_node(void **state)
 {
 	fx *f = *state;
-	char one[65], two[65], *id;
+	char one[65], two[65], *id, why[400];
 	it_cluster_run_to_end(&f->c, JOB("eq-1x2", "8", "4", ONE_NODE, NULL), one, NULL, DEADLINE_S);
+	bool delay = delay_possible(why, sizeof why);
+	double before = delay ? rtt_to_n2_ms() : -1;
 	assert_int_equal(it_cluster_do(&f->c, NULL, "loss", "n2 1"), 0);
+	if (delay) {
+		char args[32];
+		snprintf(args, sizeof args, "n2 %d", DELAY_MS);
+		assert_int_equal(it_cluster_do(&f->c, NULL, "delay", args), 0);
+		double with = rtt_to_n2_ms();
+		printf("delay: a TCP round trip head -> n2: %.2f ms before, %.2f ms with %d ms each way on n2's link\n",
+		       before, with, DELAY_MS);
+		/* the SYN is held into n2, its RST out of n2: 2 x DELAY_MS at least */
+		if (before < 0 || with < 2 * DELAY_MS) {
+			it_cluster_do(&f->c, NULL, "clear", ""); /* the next tests run without it */
+			fail_msg("the delay is not in effect: round trip %.2f ms with %d ms each way (%.2f ms before)",
+				 with, DELAY_MS, before);
+		}
+	} else {
+		printf("loss only, no delay fault here: %s\n", why);
+	}
 	id = it_cluster_submit(&f->c, JOB("eq-2x1", "8", "4", TWO_NODES, "retry_policy", "{\"max_restarts\":0}",
 						     "training_args.dataloader_num_workers", "2", NULL));
 	json_t *j = it_wait_job(&f->c.d, id, "completed|failed|canceled", DEADLINE_S);
 	assert_int_equal(it_cluster_do(&f->c, NULL, "clear", ""), 0);
 	if (strcmp(it_jstr(j, "state"), "completed") != 0) {
-		const char *why = json_string_value(json_object_get(j, "failure_reason"));
-		snprintf(f->no_plane, sizeof f->no_plane, "%s", why ? why : it_jstr(j, "state"));
+		const char *fr = json_string_value(json_object_get(j, "failure_reason"));
+		snprintf(f->no_plane, sizeof f->no_plane, "%s", fr ? fr : it_jstr(j, "state"));
 		fail_msg("2 namespaced nodes did not train (%s /dev/shm): %s", shared_shm() ? "shared" : "private",
 			 f->no_plane);
 	}
@@ -224,6 +315,11 @@ static void loss_two_nodes_equal_one_node(void **state)
 		fail_msg("the 2-node job's events do not show its ranks on n1 and n2");
 	}
 	json_decref(ev);
+	if (delay) { /* the job's own traffic went through the delay, not only the probes' */
+		long held = delayed_packets(f, "n2");
+		printf("delay: %ld packets held on n2's link\n", held);
+		assert_true(held > 2 * RTT_PROBES);
+	}
 	assert_string_equal(one, two);
 	free(id);
 }
@@ -462,7 +558,7 @@ int main(void)
 	if (!WIFEXITED(st) || WEXITSTATUS(st) == 77)
 		return 77;
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(loss_two_nodes_equal_one_node),
+		cmocka_unit_test(loss_delay_two_nodes_equal_one_node),
 		cmocka_unit_test(link_cut_fails_then_resumes),
 		cmocka_unit_test(flaps_then_partition),
 		cmocka_unit_test(slurm_cancel_is_reported),
