@@ -1338,15 +1338,6 @@ enum MHD_Result jobs_create(api_request *req)
 	}
 	if (json_is_object(in) && !init_from_resolve(req, in, true, &ret))
 		goto out;
-	/* Before the spec's checks: a full disk is the answer whatever the spec. */
-	retention_ceiling ceil;
-	if (req->cfg->retention && retention_over_ceiling(req->cfg->retention, &ceil) == 1) {
-		ret = api_reply_problem(req, API_P_DB_FULL, ceil.key,
-					"the disk-usage ceiling is %llu %s and %llu are in use; delete "
-					"jobs (DELETE /v1/jobs/{id}) or raise %s", (unsigned long long)ceil.ceiling,
-					ceil.unit, (unsigned long long)ceil.used, ceil.key);
-		goto out;
-	}
 	jobspec_error err = {0};
 	if (jobspec_normalize(in, &spec, &err)) {
 		ret = api_reply_problem(req,
@@ -1366,6 +1357,16 @@ enum MHD_Result jobs_create(api_request *req)
 	if (diag_config_parse(json_object_get(json_object_get(spec, "profiler"), "rules"), &dcfg, dfield,
 			      sizeof dfield, ddetail, sizeof ddetail) < 0) {
 		ret = api_reply_problem(req, API_P_INVALID_SPEC, dfield, "%s", ddetail);
+		goto out;
+	}
+	/* After every check of the spec: an invalid spec is the client's to fix
+	 * (422) whatever the disk; a valid one is refused over the ceiling. */
+	retention_ceiling ceil;
+	if (req->cfg->retention && retention_over_ceiling(req->cfg->retention, &ceil) == 1) {
+		ret = api_reply_problem(req, API_P_DB_FULL, ceil.key,
+					"the disk-usage ceiling is %llu %s and %llu are in use; delete "
+					"jobs (DELETE /v1/jobs/{id}) or raise %s", (unsigned long long)ceil.ceiling,
+					ceil.unit, (unsigned long long)ceil.used, ceil.key);
 		goto out;
 	}
 	spec_text = api_json_dumps(spec, false);
