@@ -157,6 +157,7 @@ struct supervisor {
 	} prep_kills[16];
 	int prep_kills_next;
 	int sample_fd;         /* timerfd: telemetry samples every TELEMETRY_SAMPLE_MS (supervisor.c); -1 if none */
+	struct jobqueue *jq;   /* the queue as the tick last read it (supervisor.c); NULL before the first pass */
 };
 
 /* ---- sv_run.c: a run's small helpers ---- */
