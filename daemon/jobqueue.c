@@ -1,6 +1,9 @@
 /* jobqueue — see jobqueue.h. The entries are one array sorted by seq; a
  * refresh merges the changed rows (also in seq order) into it in one pass,
- * O(queue + changes), and parses only the changed rows' specs. */
+ * O(queue + changes), and parses only the changed rows' specs. A whole
+ * queue (the first refresh) of more than JOBQUEUE_SLICE rows is parsed a
+ * slice per refresh, so no single call holds its caller (the event loop)
+ * for the whole queue's parses. */
 #include "daemon/jobqueue.h"
 
 #include <errno.h>
@@ -14,6 +17,12 @@ struct jobqueue {
 	int64_t rev;       /* store_queue_changes revision the entries are at; 0 none */
 	char **names;      /* (nnames,) dataset names the entries refer to */
 	int nnames, capnames;
+	/* A whole queue being parsed, JOBQUEUE_SLICE rows a refresh: the rows
+	 * of one snapshot at pend_rev, parsed up to pend_at (e has room for
+	 * npend entries meanwhile). NULL when none. */
+	store_queue_row *pend;
+	size_t npend, pend_at;
+	int64_t pend_rev;
 };
 
 int jobqueue_create(jobqueue **out)
@@ -32,6 +41,9 @@ static void entry_free(jobqueue_entry *e)
 /* Forgets every entry and name: the next refresh reads the whole queue. */
 static void clear(jobqueue *q)
 {
+	store_queue_rows_free(q->pend, q->npend);
+	q->pend = NULL;
+	q->npend = q->pend_at = 0;
 	for (size_t i = 0; i < q->n; i++)
 		entry_free(&q->e[i]);
 	free(q->e);
@@ -135,6 +147,30 @@ static bool in_queue(const store_queue_row *r)
 	return r->spec_json && (r->state == JOB_QUEUED || r->state == JOB_RESTARTING);
 }
 
+/* Parses the next JOBQUEUE_SLICE rows of the whole queue being read;
+ * after the last, the entries are at its revision. -ENOMEM (q cleared). */
+static int parse_slice(jobqueue *q)
+{
+	size_t end = q->pend_at + JOBQUEUE_SLICE < q->npend ? q->pend_at + JOBQUEUE_SLICE : q->npend;
+	for (; q->pend_at < end; q->pend_at++) {
+		store_queue_row *r = &q->pend[q->pend_at];
+		if (!in_queue(r))
+			continue;
+		if (entry_from_row(q, r, &q->e[q->n]) < 0) {
+			clear(q);
+			return -ENOMEM;
+		}
+		q->n++;
+	}
+	if (q->pend_at == q->npend) {
+		store_queue_rows_free(q->pend, q->npend);
+		q->pend = NULL;
+		q->npend = q->pend_at = 0;
+		q->rev = q->pend_rev;
+	}
+	return 0;
+}
+
 int jobqueue_refresh(jobqueue *q, store *st, size_t *nread)
 {
 	store_queue_row *rows = NULL;
@@ -144,6 +180,8 @@ int jobqueue_refresh(jobqueue *q, store *st, size_t *nread)
 	jobqueue_entry *out = NULL;
 	if (nread)
 		*nread = 0;
+	if (q->pend)
+		return parse_slice(q);
 	int rc = store_queue_changes(st, q->rev, &rows, &nr, &full, &rev);
 	if (rc < 0)
 		return rc;
@@ -151,6 +189,16 @@ int jobqueue_refresh(jobqueue *q, store *st, size_t *nread)
 		*nread = nr;
 	if (full)
 		clear(q);
+	if (full && nr > JOBQUEUE_SLICE) { /* parsed over several refreshes */
+		if (!(q->e = malloc(nr * sizeof *q->e))) {
+			store_queue_rows_free(rows, nr);
+			return -ENOMEM;
+		}
+		q->pend = rows;
+		q->npend = nr;
+		q->pend_rev = rev;
+		return parse_slice(q);
+	}
 	if (nr == 0) {
 		q->rev = rev;
 		goto out;
@@ -191,6 +239,11 @@ int jobqueue_refresh(jobqueue *q, store *st, size_t *nread)
 out:
 	store_queue_rows_free(rows, nr);
 	return rc;
+}
+
+bool jobqueue_loading(const jobqueue *q)
+{
+	return q->pend != NULL;
 }
 
 const jobqueue_entry *jobqueue_entries(const jobqueue *q, size_t *n)

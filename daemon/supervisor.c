@@ -193,8 +193,8 @@ static void tick_schedule(supervisor *sv)
 		return; /* out of memory: the next tick tries again */
 	for (bool first = true;; first = false) {
 		size_t nread = 0, n = 0;
-		if (jobqueue_refresh(sv->jq, sv->st, &nread) < 0)
-			return;
+		if (jobqueue_refresh(sv->jq, sv->st, &nread) < 0 || jobqueue_loading(sv->jq))
+			return; /* a long queue read at start: parsed a slice per tick, decided on whole */
 		if (!first && nread == 0)
 			return; /* what was acted on did not reach the store: deciding again gives the same */
 		const jobqueue_entry *e = jobqueue_entries(sv->jq, &n);

@@ -1,7 +1,7 @@
 /* jobqueue: the scheduler's view of the queue over a real SQLite file — the
  * whole queue however long (no cap: the 10,001st job is decided on like the
- * first), only changed rows read again (a pass over an unchanged queue reads
- * none), and every change that matters reaching it: a submission, a
+ * first), parsed in slices when read whole, only changed rows read again (a
+ * pass over an unchanged queue reads none), and every change that matters reaching it: a submission, a
  * priority change, a cancel, a start, a requeue, the runtime of a
  * restarting job, and rows changed or deleted by another process. */
 #include <setjmp.h>
@@ -122,8 +122,18 @@ static void test_whole_queue(void **state)
 	add_jobs(f->s, 10001, 1, 9,
 		 "{\"dataset\":[{\"name\":\"wiki\",\"proportion\":0.5},{\"name\":\"books\",\"proportion\":0.5}],"
 		 "\"resources\":{\"gpus\":2},\"stopping_condition\":{\"max_runtime_seconds\":60}}");
+	/* read in one go, parsed a slice per refresh: nothing to decide on
+	 * until the whole queue is parsed */
 	assert_int_equal(refresh(f), 10001);
 	size_t n;
+	int calls = 1;
+	while (jobqueue_loading(f->q)) {
+		jobqueue_entries(f->q, &n);
+		assert_int_equal(n, (size_t)calls * JOBQUEUE_SLICE);
+		assert_int_equal(refresh(f), 0);
+		calls++;
+	}
+	assert_int_equal(calls, (10001 + JOBQUEUE_SLICE - 1) / JOBQUEUE_SLICE);
 	const jobqueue_entry *e = jobqueue_entries(f->q, &n);
 	assert_int_equal(n, 10001);
 	for (size_t i = 1; i < n; i++)
@@ -229,12 +239,39 @@ static void test_other_process(void **state)
 	assert_int_equal(refresh(f), 0);
 }
 
+/* A change written while the whole queue is parsed in slices is read by
+ * the first refresh after it: the slices are of one snapshot, the changes
+ * after it come as changes. */
+static void test_change_while_loading(void **state)
+{
+	fixture *f = *state;
+	add_jobs(f->s, 1, JOBQUEUE_SLICE + 10, 0, SPEC_1);
+	assert_int_equal(refresh(f), JOBQUEUE_SLICE + 10);
+	assert_true(jobqueue_loading(f->q));
+	char id[32];
+	job_id(id, sizeof id, JOBQUEUE_SLICE + 5); /* not parsed yet */
+	store_job_change c = {.set_priority = true, .priority = 3};
+	char *changed = NULL;
+	assert_int_equal(store_job_change_apply(f->s, id, &c, &changed, NULL), 0);
+	free(changed);
+	job_id(id, sizeof id, 1); /* parsed already */
+	assert_int_equal(store_job_transition(f->s, id, JOB_MASK(JOB_QUEUED), JOB_CANCELED, "x", NULL), 0);
+	assert_int_equal(refresh(f), 0);
+	assert_false(jobqueue_loading(f->q));
+	assert_int_equal(entry(f, JOBQUEUE_SLICE + 5)->priority, 0); /* the snapshot's */
+	assert_non_null(entry(f, 1));
+	assert_int_equal(refresh(f), 2);
+	assert_int_equal(entry(f, JOBQUEUE_SLICE + 5)->priority, 3);
+	assert_null(entry(f, 1));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_whole_queue, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_changes, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_other_process, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_change_while_loading, setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
