@@ -1641,18 +1641,40 @@ static void list_work_free(void *arg)
 	free(w);
 }
 
+/* Drops what a read of w's page gathered. */
+static void list_work_reset(list_work *w)
+{
+	for (size_t i = 0; w->texts && i < w->n; i++)
+		rtext_put(w->texts[i]);
+	free(w->texts);
+	store_jobs_free(w->jobs, w->n);
+	w->texts = NULL;
+	w->jobs = NULL;
+	w->n = 0;
+	w->next_seq = 0;
+}
+
 /* The page of w: its rows, the kept texts, the others rendered; sets w->rc
- * (a store error, -ENOMEM, or 0). Pages asked for at once (many clients
- * polling the same first page) are rendered once: those read after it
- * find the texts it kept. */
+ * (a store error, -ENOMEM, or 0). The page's keys are read first (id,
+ * state, version: no spec, no record copied); only when a text is not kept
+ * are the whole rows read, and the page made from that read. Pages asked
+ * for at once (many clients polling the same first page) are rendered
+ * once: those read after it find the texts it kept. */
 static void list_work_run(list_work *w)
 {
-	int rc = store_job_list_filtered(w->st, &w->f, w->seq_bound, w->newest, w->limit, &w->jobs, &w->n,
-					 &w->next_seq);
+	int rc = store_job_list_keys(w->st, &w->f, w->seq_bound, w->newest, w->limit, &w->jobs, &w->n,
+				     &w->next_seq);
 	if (rc == 0 && !(w->texts = calloc(w->n ? w->n : 1, sizeof *w->texts)))
 		rc = -ENOMEM;
-	if (rc == 0 && jobs_texts_kept(w->jobs, w->n, w->cfg, w->texts))
-		rc = jobs_texts_render(w->st, w->jobs, w->n, w->cfg, w->texts);
+	if (rc == 0 && jobs_texts_kept(w->jobs, w->n, w->cfg, w->texts)) {
+		list_work_reset(w);
+		rc = store_job_list_filtered(w->st, &w->f, w->seq_bound, w->newest, w->limit, &w->jobs, &w->n,
+					     &w->next_seq);
+		if (rc == 0 && !(w->texts = calloc(w->n ? w->n : 1, sizeof *w->texts)))
+			rc = -ENOMEM;
+		if (rc == 0 && jobs_texts_kept(w->jobs, w->n, w->cfg, w->texts))
+			rc = jobs_texts_render(w->st, w->jobs, w->n, w->cfg, w->texts);
+	}
 	w->rc = rc;
 }
 

@@ -212,6 +212,12 @@ typedef struct store_job_filter {
 int store_job_list_filtered(store *s, const store_job_filter *f, int64_t seq_bound, bool newest,
 			    int limit, store_job **out, size_t *n, int64_t *next_seq);
 
+/* store_job_list_filtered reading only seq, id, state and version of each
+ * job (the other members NULL or 0): the page's keys, for a caller that
+ * keeps what it made of each job by version. */
+int store_job_list_keys(store *s, const store_job_filter *f, int64_t seq_bound, bool newest, int limit,
+			store_job **out, size_t *n, int64_t *next_seq);
+
 /* A change of a job after submit (PATCH /v1/jobs/{id}): each member given
  * replaces the stored value, in the row (name, priority) and in spec_json
  * alike ("name", "priority", "tags", "notes"); the caller has validated
