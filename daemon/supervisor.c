@@ -191,7 +191,12 @@ static void tick_schedule(supervisor *sv)
 {
 	if (!sv->jq && jobqueue_create(&sv->jq) < 0)
 		return; /* out of memory: the next tick tries again */
-	for (bool first = true;; first = false) {
+	/* Decisions per tick: every device started, and as many jobs failed at
+	 * their start (a missing binary fails each queued job in turn); the
+	 * rest wait for the next tick, so a long queue of such jobs never holds
+	 * the event loop (signals, workers' messages) for all of them. */
+	int budget = (int)sv->ndev + 16;
+	for (bool first = true; budget-- > 0; first = false) {
 		size_t nread = 0, n = 0;
 		if (jobqueue_refresh(sv->jq, sv->st, &nread) < 0 || jobqueue_loading(sv->jq))
 			return; /* a long queue read at start: parsed a slice per tick, decided on whole */
