@@ -133,3 +133,38 @@ CREATE TABLE job_tags (
 	PRIMARY KEY (tag, job_seq)
 ) WITHOUT ROWID;
 CREATE INDEX job_tags_job ON job_tags (job_seq);
+
+-- migration 8: the scheduler reads the queue by its changes. sched_clock
+-- (one row) counts every change of a queued or restarting job's row that
+-- the scheduler reads (its state, priority, spec, runtime: a submission, a
+-- PATCH, a cancel, a start, a requeue), and jobs.sched_rev holds the count
+-- of the row's last such change; the supervisor's tick keeps what it
+-- parsed of each queued job and reads only rows with sched_rev above the
+-- count it last saw. Triggers keep both, so a change written by another
+-- process (an operator's sqlite3) counts too; deleting a queued or
+-- restarting row (only another process does) sets reload_rev, after which
+-- the tick reads the whole queue again.
+ALTER TABLE jobs ADD COLUMN sched_rev INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX jobs_sched_rev ON jobs (sched_rev);
+CREATE TABLE sched_clock (
+	id         INTEGER PRIMARY KEY CHECK (id = 1),
+	rev        INTEGER NOT NULL,
+	reload_rev INTEGER NOT NULL
+);
+INSERT INTO sched_clock (id, rev, reload_rev) VALUES (1, 0, 0);
+CREATE TRIGGER jobs_sched_insert AFTER INSERT ON jobs
+BEGIN
+	UPDATE sched_clock SET rev = rev + 1;
+	UPDATE jobs SET sched_rev = (SELECT rev FROM sched_clock) WHERE seq = NEW.seq;
+END;
+CREATE TRIGGER jobs_sched_update AFTER UPDATE OF state, priority, spec_json, runtime_ms ON jobs
+	WHEN OLD.state IN ('queued', 'restarting') OR NEW.state IN ('queued', 'restarting')
+BEGIN
+	UPDATE sched_clock SET rev = rev + 1;
+	UPDATE jobs SET sched_rev = (SELECT rev FROM sched_clock) WHERE seq = NEW.seq;
+END;
+CREATE TRIGGER jobs_sched_delete AFTER DELETE ON jobs
+	WHEN OLD.state IN ('queued', 'restarting')
+BEGIN
+	UPDATE sched_clock SET rev = rev + 1, reload_rev = rev + 1;
+END;

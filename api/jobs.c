@@ -8,10 +8,11 @@
  * supervisor never overwrites a state it did not see. Cancel of a job that
  * is already starting or running only moves it to `stopping`: the
  * supervisor owns processes and finishes the stop (checkpoint, then
- * canceled). List pages are copied from kept job texts; a page with jobs
- * to render is rendered by this file's render threads, never on the server
- * thread that read the request (so health checks on that thread do not
- * wait). Must never touch child processes or daemon state directly.
+ * canceled). List pages are copied from kept job texts; every page is read
+ * from the store (and its jobs without a kept text rendered) by this
+ * file's page threads, never on the server thread that read the request
+ * (so health checks on that thread do not wait). Must never touch child
+ * processes or daemon state directly.
  */
 #include <errno.h>
 #include <limits.h>
@@ -1380,15 +1381,6 @@ enum MHD_Result jobs_create(api_request *req)
 	}
 	if (json_is_object(in) && !init_from_resolve(req, in, true, &ret))
 		goto out;
-	/* Before the spec's checks: a full disk is the answer whatever the spec. */
-	retention_ceiling ceil;
-	if (req->cfg->retention && retention_over_ceiling(req->cfg->retention, &ceil) == 1) {
-		ret = api_reply_problem(req, API_P_DB_FULL, ceil.key,
-					"the disk-usage ceiling is %llu %s and %llu are in use; delete "
-					"jobs (DELETE /v1/jobs/{id}) or raise %s", (unsigned long long)ceil.ceiling,
-					ceil.unit, (unsigned long long)ceil.used, ceil.key);
-		goto out;
-	}
 	jobspec_error err = {0};
 	if (jobspec_normalize(in, &spec, &err)) {
 		ret = api_reply_problem(req,
@@ -1408,6 +1400,16 @@ enum MHD_Result jobs_create(api_request *req)
 	if (diag_config_parse(json_object_get(json_object_get(spec, "profiler"), "rules"), &dcfg, dfield,
 			      sizeof dfield, ddetail, sizeof ddetail) < 0) {
 		ret = api_reply_problem(req, API_P_INVALID_SPEC, dfield, "%s", ddetail);
+		goto out;
+	}
+	/* After every check of the spec: an invalid spec is the client's to fix
+	 * (422) whatever the disk; a valid one is refused over the ceiling. */
+	retention_ceiling ceil;
+	if (req->cfg->retention && retention_over_ceiling(req->cfg->retention, &ceil) == 1) {
+		ret = api_reply_problem(req, API_P_DB_FULL, ceil.key,
+					"the disk-usage ceiling is %llu %s and %llu are in use; delete "
+					"jobs (DELETE /v1/jobs/{id}) or raise %s", (unsigned long long)ceil.ceiling,
+					ceil.unit, (unsigned long long)ceil.used, ceil.key);
 		goto out;
 	}
 	spec_text = api_json_dumps(spec, false);
@@ -1632,14 +1634,16 @@ static int list_arg(void *cls, const char *key, const char *value)
 	return 0;
 }
 
-/* ---- list pages rendered off the server threads ----
+/* ---- list pages read and rendered off the server threads ----
  *
- * A page whose texts are all kept is copied together on the server thread
- * that read the request. A page with jobs to render (running ones, or the
- * first look at a sweep just submitted: ~0.1-0.3 ms each) is handed to the
- * render threads while its connection is suspended (api_defer), so a
- * server thread never spends a page's rendering time with its other
- * connections waiting: /v1/healthz on the same thread answers meanwhile. */
+ * Every page is read from the store (its rows, ~1-2 ms for 100 jobs with
+ * their specs) and its texts gathered on the page threads, never on the
+ * server thread that read the request: that thread's other connections
+ * (/v1/healthz above all) would wait behind it. Kept texts are shared; jobs
+ * to render (running ones, or the first look at a sweep just submitted:
+ * ~0.1-0.3 ms each) are rendered there too. The connection is suspended
+ * meanwhile (api_defer), so a server thread only parses requests and sends
+ * bodies. */
 #define RENDER_THREADS 2
 
 /* One page to render: the rows read, their texts (references), the answer. */
@@ -1648,6 +1652,11 @@ typedef struct list_work {
 	struct MHD_Connection *conn;
 	store *st;
 	const api_config *cfg;
+	store_job_filter f;        /* the page asked for; tag and owner point at the copies below */
+	char *tag, *owner;         /* owned */
+	int64_t seq_bound;
+	bool newest;
+	int limit;
 	store_job *jobs;           /* (n) rows, owned */
 	size_t n;
 	rtext **texts;             /* (n) owned references, NULL until rendered */
@@ -1669,7 +1678,46 @@ static void list_work_free(void *arg)
 		rtext_put(w->texts[i]);
 	free(w->texts);
 	store_jobs_free(w->jobs, w->n);
+	free(w->tag);
+	free(w->owner);
 	free(w);
+}
+
+/* Drops what a read of w's page gathered. */
+static void list_work_reset(list_work *w)
+{
+	for (size_t i = 0; w->texts && i < w->n; i++)
+		rtext_put(w->texts[i]);
+	free(w->texts);
+	store_jobs_free(w->jobs, w->n);
+	w->texts = NULL;
+	w->jobs = NULL;
+	w->n = 0;
+	w->next_seq = 0;
+}
+
+/* The page of w: its rows, the kept texts, the others rendered; sets w->rc
+ * (a store error, -ENOMEM, or 0). The page's keys are read first (id,
+ * state, version: no spec, no record copied); only when a text is not kept
+ * are the whole rows read, and the page made from that read. Pages asked
+ * for at once (many clients polling the same first page) are rendered
+ * once: those read after it find the texts it kept. */
+static void list_work_run(list_work *w)
+{
+	int rc = store_job_list_keys(w->st, &w->f, w->seq_bound, w->newest, w->limit, &w->jobs, &w->n,
+				     &w->next_seq);
+	if (rc == 0 && !(w->texts = calloc(w->n ? w->n : 1, sizeof *w->texts)))
+		rc = -ENOMEM;
+	if (rc == 0 && jobs_texts_kept(w->jobs, w->n, w->cfg, w->texts)) {
+		list_work_reset(w);
+		rc = store_job_list_filtered(w->st, &w->f, w->seq_bound, w->newest, w->limit, &w->jobs, &w->n,
+					     &w->next_seq);
+		if (rc == 0 && !(w->texts = calloc(w->n ? w->n : 1, sizeof *w->texts)))
+			rc = -ENOMEM;
+		if (rc == 0 && jobs_texts_kept(w->jobs, w->n, w->cfg, w->texts))
+			rc = jobs_texts_render(w->st, w->jobs, w->n, w->cfg, w->texts);
+	}
+	w->rc = rc;
 }
 
 /* A render thread: renders each queued page, then resumes its connection,
@@ -1686,12 +1734,7 @@ static void *render_main(void *arg)
 		if (!render_q.head)
 			render_q.tail = NULL;
 		pthread_mutex_unlock(&render_q.mu);
-		/* Pages asked for at once (many clients polling the same first
-		 * page) are rendered once: those queued after it find the texts. */
-		for (size_t i = 0; i < w->n; i++)
-			if (!w->texts[i])
-				w->texts[i] = render_get(&w->jobs[i], w->cfg);
-		w->rc = jobs_texts_render(w->st, w->jobs, w->n, w->cfg, w->texts);
+		list_work_run(w);
 		api_conn_resume(w->conn);
 	}
 	return NULL;
@@ -1786,6 +1829,8 @@ static enum MHD_Result list_reply(api_request *req, void *arg)
 			rc = -ENOMEM;
 	if (rc < 0 && rc != -ENOMEM)
 		return api_reply_store_error(req, rc, "listing jobs failed");
+	if (!w->texts)
+		rc = -ENOMEM;
 	size_t npiece = 2 + (w->n ? 2 * w->n - 1 : 0);
 	page_body *b = rc == 0 ? calloc(1, sizeof *b + npiece * sizeof b->piece[0]) : NULL;
 	if (!b)
@@ -1832,33 +1877,20 @@ enum MHD_Result jobs_list(api_request *req)
 	list_work *w = calloc(1, sizeof *w);
 	if (!w)
 		return api_reply_problem(req, API_P_INTERNAL, NULL, "out of memory");
-	*w = (list_work){.conn = req->conn, .st = req->st, .cfg = req->cfg};
-	store_job_filter f = {.state_mask = q.state_mask, .tag = q.tag, .owner = q.owner};
-	int rc = store_job_list_filtered(req->st, &f, q.after_seq, q.newest, q.limit, &w->jobs, &w->n,
-					 &w->next_seq);
-	enum MHD_Result ret;
-	if (rc) {
-		ret = api_reply_store_error(req, rc, "listing jobs failed");
-		goto out;
+	*w = (list_work){.conn = req->conn, .st = req->st, .cfg = req->cfg, .seq_bound = q.after_seq,
+			 .newest = q.newest, .limit = q.limit};
+	if ((q.tag && !(w->tag = strdup(q.tag))) || (q.owner && !(w->owner = strdup(q.owner)))) {
+		list_work_free(w);
+		return api_reply_problem(req, API_P_INTERNAL, NULL, "out of memory");
 	}
-	if (!(w->texts = calloc(w->n ? w->n : 1, sizeof *w->texts))) {
-		ret = api_reply_problem(req, API_P_INTERNAL, NULL, "out of memory");
-		goto out;
-	}
-	if (jobs_texts_kept(w->jobs, w->n, w->cfg, w->texts) == 0) {
-		ret = list_reply(req, w);
-		goto out;
-	}
-	/* The reply (list_reply) comes when a render thread resumes us. */
+	w->f = (store_job_filter){.state_mask = q.state_mask, .tag = w->tag, .owner = w->owner};
+	/* The reply (list_reply) comes when a page thread resumes us. */
 	api_defer(req, list_reply, w, list_work_free);
 	if (render_enqueue(w) < 0) {
-		w->rc = jobs_texts_render(w->st, w->jobs, w->n, w->cfg, w->texts);
+		list_work_run(w);
 		api_conn_resume(req->conn);
 	}
 	return MHD_YES;
-out:
-	list_work_free(w);
-	return ret;
 }
 
 /* ------------------------------------------------------------ one job */

@@ -23,7 +23,9 @@
 # daemons hold their queue).
 # CASES: the case names to run (space-separated; default all).
 # BERTD_* variables (e.g. BERTD_API_THREADS) reach both daemons.
-# Last lines: "BENCH api <label> <case> rps=... p50_ms=... p99_ms=...".
+# Last lines: "BENCH api <label> <case> rps=... p50_ms=... p99_ms=...", the
+# cases of one wrk also with cpu_ms_per_req= (the daemon's CPU time, user +
+# system, per request: what the machine's other load does not move much).
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
@@ -86,6 +88,24 @@ summarize() {
 	             bad ? " non2xx=" bad : "", err ? " errors=" err : "" }'
 }
 
+# the daemon's CPU time so far (ms: user + system, from /proc)
+cpu_ms() {
+	awk -v t="$(getconf CLK_TCK)" '{printf "%d\n", ($14 + $15) * 1000 / t}' "/proc/$pid/stat"
+}
+
+# one wrk run of path (extra wrk options before it) -> summarize's line
+# and the daemon's CPU per request, which the machine's other load barely
+# moves (latency and req/s swing with it)
+measure() { # path [wrk options...]
+	path=$1; shift
+	c0=$(cpu_ms)
+	out=$(wrk -t2 -c"$conns" -d"${secs}s" --timeout 30s --latency "$@" "$url$path")
+	c1=$(cpu_ms)
+	reqs=$(echo "$out" | awk '/requests in/ {print $1}')
+	echo "$(echo "$out" | summarize) cpu_ms_per_req=$(awk -v c=$((c1 - c0)) -v r="${reqs:-0}" \
+		'BEGIN {printf "%.3f", (r > 0 ? c / r : 0)}')"
+}
+
 want() { # case name: run it?
 	case " ${CASES:-$1} " in *" $1 "*) return 0 ;; esac
 	return 1
@@ -142,8 +162,7 @@ run_one() { # label bin
 		 "healthz:/v1/healthz"; do
 		name=${c%%:*} path=${c#*:}
 		want "$name" || continue
-		r=$(wrk -t2 -c"$conns" -d"${secs}s" --timeout 30s --latency -H "$auth" "$url$path" | summarize)
-		echo "BENCH api $label $name $r"
+		echo "BENCH api $label $name $(measure "$path" -H "$auth")"
 	done
 	want healthz_under_list && healthz_under healthz_under_list "/v1/jobs?limit=100"
 	# submissions: every 201 is a committed (fsynced) job
@@ -175,8 +194,7 @@ run_queued() { # label bin
 	for c in "list_queued:/v1/jobs?limit=100" "list_queued_state:/v1/jobs?state=queued&limit=100"; do
 		name=${c%%:*} path=${c#*:}
 		want "$name" || continue
-		r=$(wrk -t2 -c"$conns" -d"${secs}s" --timeout 30s --latency -H "$auth" "$url$path" | summarize)
-		echo "BENCH api $label $name $r"
+		echo "BENCH api $label $name $(measure "$path" -H "$auth")"
 	done
 	want healthz_under_list_queued && healthz_under healthz_under_list_queued "/v1/jobs?limit=100"
 	stop_daemon

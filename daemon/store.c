@@ -371,12 +371,14 @@ void store_close(store *s)
 	}
 	store_insert_queue_stop(s->queue);
 	for (size_t i = 0; i < s->n_readers; i++) {
+		store_stmts_finalize(s->readers[i].db);
 		if (s->readers[i].db && sqlite3_close(s->readers[i].db) != SQLITE_OK)
 			log_error("store: close: %s", sqlite3_errmsg(s->readers[i].db));
 		pthread_mutex_destroy(&s->readers[i].mu);
 	}
 	free(s->readers);
 	free(s->stamps);
+	store_stmts_finalize(s->db);
 	if (s->db && sqlite3_close(s->db) != SQLITE_OK)
 		log_error("store: close: %s", sqlite3_errmsg(s->db));
 	pthread_mutex_destroy(&s->own_mu);

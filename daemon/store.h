@@ -212,6 +212,12 @@ typedef struct store_job_filter {
 int store_job_list_filtered(store *s, const store_job_filter *f, int64_t seq_bound, bool newest,
 			    int limit, store_job **out, size_t *n, int64_t *next_seq);
 
+/* store_job_list_filtered reading only seq, id, state and version of each
+ * job (the other members NULL or 0): the page's keys, for a caller that
+ * keeps what it made of each job by version. */
+int store_job_list_keys(store *s, const store_job_filter *f, int64_t seq_bound, bool newest, int limit,
+			store_job **out, size_t *n, int64_t *next_seq);
+
 /* A change of a job after submit (PATCH /v1/jobs/{id}): each member given
  * replaces the stored value, in the row (name, priority) and in spec_json
  * alike ("name", "priority", "tags", "notes"); the caller has validated
@@ -419,6 +425,34 @@ typedef struct store_job_extras {
 int store_job_extras_get(store *s, const store_job *jobs, size_t n, int window,
 			 store_job_extras **out);
 void store_job_extras_free(store_job_extras *x, size_t n);
+
+/* ---- the queue as the scheduler reads it ---- */
+
+/* A job row as the scheduler reads it: spec_json only while the job is
+ * queued or restarting (NULL otherwise: it left the queue). Strings are
+ * heap-owned by the row. */
+typedef struct store_queue_row {
+	char *id;
+	int64_t seq;
+	enum job_state state;
+	int priority;
+	int64_t runtime_ms;
+	char *spec_json;
+} store_queue_row;
+
+/* The rows of the queue that changed after revision since_rev, in seq order,
+ * read in one snapshot with the revision it is at (*rev: pass it next
+ * time). A changed row may have left the queue (any state; then spec_json
+ * is NULL). *full is true when *out is instead every queued and restarting
+ * job (since_rev <= 0, or a change the revisions cannot name: a queued row
+ * deleted by another process, another database): the caller's view is
+ * replaced, not patched. Revisions count changes of state, priority, spec
+ * and runtime of queued and restarting jobs, whoever writes them (schema.sql,
+ * migration 8). *out is caller-owned (store_queue_rows_free). A store
+ * error. */
+int store_queue_changes(store *s, int64_t since_rev, store_queue_row **out, size_t *n, bool *full,
+			int64_t *rev);
+void store_queue_rows_free(store_queue_row *r, size_t n);
 
 /* For tests and tools: store_open with the given migration text instead of
  * the embedded schema.sql (same "-- migration N" format). */

@@ -165,6 +165,9 @@ int store_db_errno(sqlite3 *db, int rc);
 /* rc as a store.h error (0 for OK/ROW/DONE, -EEXIST, -ENOENT for constraints);
  * logs real failures naming what, and marks the store damaged on damage. */
 int store_sqlerr(store *s, int rc, const char *what);
+/* Finalizes every statement store_sql_exec keeps prepared on db (before
+ * sqlite3_close). */
+void store_stmts_finalize(sqlite3 *db);
 /* Runs parameterless SQL whose rows are not wanted (BEGIN, PRAGMA settings). */
 int store_exec_sql(store *s, const char *sql);
 /* Prepares sql, binds args, steps it to the end handing each row to row(st,

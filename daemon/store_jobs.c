@@ -211,13 +211,54 @@ static int job_page_row(sqlite3_stmt *st, void *ctx)
 	return rc;
 }
 
+/* The SQL of a list page: with a tag, the walk is the tag's (tag, job_seq)
+ * index, each row joined to its job, so a page reads its rows however few
+ * jobs carry it; an owner alone walks jobs_owner_seq ("owner = ?13" outside
+ * an OR). Indexed [tag][owner][desc]; COLS the columns read. */
+#define JOB_LIST_STATES "(?2 = 0 OR state IN (?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)) " \
+			"AND (?13 IS NULL OR owner = ?13) "
+#define JOB_LIST_TAGGED(COLS) "SELECT " COLS " FROM job_tags CROSS JOIN jobs ON seq = job_seq " \
+			      "WHERE tag = ?12 AND "
+#define JOB_LIST_SQL(COLS) { \
+	{{"SELECT " COLS " FROM jobs WHERE ?12 IS NULL AND seq > ?1 AND " JOB_LIST_STATES \
+	  "ORDER BY seq LIMIT ?11", \
+	  "SELECT " COLS " FROM jobs WHERE ?12 IS NULL AND (?1 = 0 OR seq < ?1) AND " JOB_LIST_STATES \
+	  "ORDER BY seq DESC LIMIT ?11"}, \
+	 {"SELECT " COLS " FROM jobs WHERE ?12 IS NULL AND owner = ?13 AND seq > ?1 AND " JOB_LIST_STATES \
+	  "ORDER BY seq LIMIT ?11", \
+	  "SELECT " COLS " FROM jobs WHERE ?12 IS NULL AND owner = ?13 AND (?1 = 0 OR seq < ?1) AND " \
+	  JOB_LIST_STATES "ORDER BY seq DESC LIMIT ?11"}}, \
+	{{JOB_LIST_TAGGED(COLS) "job_seq > ?1 AND " JOB_LIST_STATES "ORDER BY job_seq LIMIT ?11", \
+	  JOB_LIST_TAGGED(COLS) "(?1 = 0 OR job_seq < ?1) AND " JOB_LIST_STATES "ORDER BY job_seq DESC LIMIT ?11"}, \
+	 {JOB_LIST_TAGGED(COLS) "job_seq > ?1 AND " JOB_LIST_STATES "ORDER BY job_seq LIMIT ?11", \
+	  JOB_LIST_TAGGED(COLS) "(?1 = 0 OR job_seq < ?1) AND " JOB_LIST_STATES "ORDER BY job_seq DESC LIMIT ?11"}}}
+static const char *const job_list_sql[2][2][2] = JOB_LIST_SQL(JOB_COLS);
+/* store_job_list_keys': only what names a job and its version */
+#define JOB_KEY_COLS "seq, id, state"
+static const char *const job_keys_sql[2][2][2] = JOB_LIST_SQL(JOB_KEY_COLS);
+#undef JOB_LIST_SQL
+#undef JOB_LIST_TAGGED
+#undef JOB_LIST_STATES
+
+/* One JOB_KEY_COLS row into a store_job (a row_fn): seq, id, state. */
+static int job_key_read(sqlite3_stmt *st, void *dst)
+{
+	store_job *j = dst;
+	memset(j, 0, sizeof *j);
+	j->seq = sqlite3_column_int64(st, 0);
+	int rc = store_dup_col(st, 1, &j->id);
+	if (rc == 0 && (rc = col_job_state(st, 2, &j->state)) < 0)
+		store_job_free(j);
+	return rc;
+}
+
 /* One page of store_job_list (desc false: seq > seq_bound, oldest first) or
  * store_job_list_newest (desc true: seq < seq_bound or from the newest when
  * 0, newest first), of the jobs carrying tag and owned by owner where those
- * are non-NULL. */
+ * are non-NULL; keys: only seq, id, state (and version) of each. */
 static int job_list(store *s, unsigned state_mask, const char *tag, const char *owner,
 		    int64_t seq_bound, bool desc, int limit, store_job **out, size_t *n,
-		    int64_t *next_seq)
+		    int64_t *next_seq, bool keys)
 {
 	*out = NULL;
 	*n = 0;
@@ -234,32 +275,11 @@ static int job_list(store *s, unsigned state_mask, const char *tag, const char *
 	args[11] = ARG_TEXT(tag);
 	args[12] = ARG_TEXT(owner);
 	store_external_peek(s);
-	job_page pg = {.r = ROWS(store_job, job_read, jobs_free_rows), .limit = (size_t)limit, .s = s,
-		       .g0 = store_version_now()};
-#define JOB_LIST_STATES "(?2 = 0 OR state IN (?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)) " \
-			"AND (?13 IS NULL OR owner = ?13) "
-	/* With a tag, the walk is the tag's (tag, job_seq) index, each row
-	 * joined to its job: a page reads its rows, however few jobs carry it. */
-#define JOB_LIST_TAGGED "SELECT " JOB_COLS " FROM job_tags CROSS JOIN jobs ON seq = job_seq " \
-			"WHERE tag = ?12 AND "
-	const char *sql =
-		tag ? (desc ? JOB_LIST_TAGGED "(?1 = 0 OR job_seq < ?1) AND " JOB_LIST_STATES
-			      "ORDER BY job_seq DESC LIMIT ?11"
-			    : JOB_LIST_TAGGED "job_seq > ?1 AND " JOB_LIST_STATES
-			      "ORDER BY job_seq LIMIT ?11")
-		/* an owner alone walks jobs_owner_seq ("owner = ?13" outside an OR) */
-		: owner ? (desc ? "SELECT " JOB_COLS " FROM jobs WHERE ?12 IS NULL AND owner = ?13 AND "
-				  "(?1 = 0 OR seq < ?1) AND " JOB_LIST_STATES "ORDER BY seq DESC LIMIT ?11"
-				: "SELECT " JOB_COLS " FROM jobs WHERE ?12 IS NULL AND owner = ?13 AND seq > ?1 AND "
-				  JOB_LIST_STATES "ORDER BY seq LIMIT ?11")
-		: (desc ? "SELECT " JOB_COLS " FROM jobs WHERE ?12 IS NULL AND (?1 = 0 OR seq < ?1) AND "
-			  JOB_LIST_STATES "ORDER BY seq DESC LIMIT ?11"
-			: "SELECT " JOB_COLS " FROM jobs WHERE ?12 IS NULL AND seq > ?1 AND "
-			  JOB_LIST_STATES "ORDER BY seq LIMIT ?11");
+	job_page pg = {.r = ROWS(store_job, keys ? job_key_read : job_read, jobs_free_rows),
+		       .limit = (size_t)limit, .s = s, .g0 = store_version_now()};
+	const char *sql = (keys ? job_keys_sql : job_list_sql)[tag != NULL][owner != NULL][desc];
 	int rc = store_locked_exec(s, TXN_NONE, sql, args, sizeof args / sizeof args[0], job_page_row,
 				   &pg);
-#undef JOB_LIST_TAGGED
-#undef JOB_LIST_STATES
 	*out = store_rows_take(&pg.r, rc, n);
 	if (rc < 0)
 		return rc;
@@ -270,13 +290,13 @@ static int job_list(store *s, unsigned state_mask, const char *tag, const char *
 int store_job_list(store *s, unsigned state_mask, int64_t after_seq, int limit,
 		   store_job **out, size_t *n, int64_t *next_seq)
 {
-	return job_list(s, state_mask, NULL, NULL, after_seq, false, limit, out, n, next_seq);
+	return job_list(s, state_mask, NULL, NULL, after_seq, false, limit, out, n, next_seq, false);
 }
 
 int store_job_list_newest(store *s, unsigned state_mask, int64_t before_seq, int limit,
 			  store_job **out, size_t *n, int64_t *next_seq)
 {
-	return job_list(s, state_mask, NULL, NULL, before_seq, true, limit, out, n, next_seq);
+	return job_list(s, state_mask, NULL, NULL, before_seq, true, limit, out, n, next_seq, false);
 }
 
 int store_job_list_filtered(store *s, const store_job_filter *f, int64_t seq_bound, bool newest,
@@ -285,7 +305,18 @@ int store_job_list_filtered(store *s, const store_job_filter *f, int64_t seq_bou
 	store_job_filter all = {0};
 	if (!f)
 		f = &all;
-	return job_list(s, f->state_mask, f->tag, f->owner, seq_bound, newest, limit, out, n, next_seq);
+	return job_list(s, f->state_mask, f->tag, f->owner, seq_bound, newest, limit, out, n, next_seq,
+			false);
+}
+
+int store_job_list_keys(store *s, const store_job_filter *f, int64_t seq_bound, bool newest, int limit,
+			store_job **out, size_t *n, int64_t *next_seq)
+{
+	store_job_filter all = {0};
+	if (!f)
+		f = &all;
+	return job_list(s, f->state_mask, f->tag, f->owner, seq_bound, newest, limit, out, n, next_seq,
+			true);
 }
 
 typedef struct job_change {

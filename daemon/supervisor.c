@@ -50,6 +50,7 @@
 #include "common/jobspec.h"
 #include "common/log.h"
 #include "common/msg.h"
+#include "daemon/jobqueue.h"
 #include "daemon/proc.h"
 #include "daemon/scheduler.h"
 #include "daemon/telemetry_sampler.h"
@@ -99,41 +100,28 @@ static void tick_running(supervisor *sv)
 	}
 }
 
-/* Whether the dataset named name is still being prepared (or waits in the
- * preparation queue). memo keeps the last answer: the queued jobs of a tick
- * mostly name the same dataset. */
-typedef struct {
-	char name[256];
-	bool preparing;
-} dataset_memo;
-
-static bool dataset_preparing(supervisor *sv, const char *name, dataset_memo *memo)
+/* Whether the queue's dataset name i is still being prepared (or waits in
+ * the preparation queue), asked of the store once per pass: asked (the
+ * queue's ndatasets,) 0 not yet, 1 no, 2 yes. */
+static bool dataset_preparing(supervisor *sv, int i, unsigned char *asked)
 {
-	if (!name)
-		return false;
-	if (strcmp(memo->name, name) == 0)
-		return memo->preparing;
-	store_dataset ds;
-	bool preparing = false;
-	if (store_dataset_get_by_name(sv->st, name, &ds) == 0) {
-		preparing = ds.state == DATASET_PREPARING;
-		store_dataset_free(&ds);
+	if (!asked[i]) {
+		store_dataset ds;
+		bool preparing = false;
+		if (store_dataset_get_by_name(sv->st, jobqueue_dataset(sv->jq, i), &ds) == 0) {
+			preparing = ds.state == DATASET_PREPARING;
+			store_dataset_free(&ds);
+		}
+		asked[i] = preparing ? 2 : 1;
 	}
-	snprintf(memo->name, sizeof memo->name, "%s", name);
-	memo->preparing = preparing;
-	return preparing;
+	return asked[i] == 2;
 }
 
-/* A job's "dataset": one name, or a mixture's entries; true while any of
- * them is preparing. */
-static bool job_data_preparing(supervisor *sv, json_t *ds, dataset_memo *memo)
+/* A job waits for its datasets while any of them is queued or preparing. */
+static bool job_data_preparing(supervisor *sv, const jobqueue_entry *e, unsigned char *asked)
 {
-	if (!json_is_array(ds))
-		return dataset_preparing(sv, json_string_value(ds), memo);
-	size_t i;
-	json_t *e;
-	json_array_foreach(ds, i, e)
-		if (dataset_preparing(sv, json_string_value(json_object_get(e, "name")), memo))
+	for (int k = 0; k < e->ndatasets; k++)
+		if (dataset_preparing(sv, e->datasets[k], asked))
 			return true;
 	return false;
 }
@@ -187,69 +175,74 @@ static void machine_view(supervisor *sv, bool *busy, uint64_t *peers, sched_runn
 	}
 }
 
+/* Starts queued entry e (dev: its devices; NULL for a multi-node job) from
+ * its row as it is now; false when the row could not be read or the job
+ * left the queue meanwhile (a cancel: the next refresh sees it). */
+static bool start_entry(supervisor *sv, const jobqueue_entry *e, const int *dev, int ndev)
+{
+	store_job j;
+	if (store_job_get(sv->st, e->id, &j) < 0)
+		return false;
+	bool queued = j.state == JOB_QUEUED || j.state == JOB_RESTARTING;
+	if (queued)
+		sv_launch_start_job(sv, &j, dev, ndev, j.state == JOB_RESTARTING);
+	store_job_free(&j);
+	return queued;
+}
+
+/* One scheduling pass over the whole queue: the queue as the jobqueue keeps
+ * it (only rows changed since the last pass are read and their specs
+ * parsed), sched_decide, act, and again after each start until nothing
+ * starts or nothing changed. */
 static void tick_schedule(supervisor *sv)
 {
-	for (;;) {
-		dataset_memo memo = {.name = ""};
-		store_job *jobs = NULL;
-		size_t n = 0;
-		int64_t next = 0;
-		if (store_job_list(sv->st, JOB_MASK(JOB_QUEUED) | JOB_MASK(JOB_RESTARTING), 0, 1000, &jobs, &n,
-				   &next) < 0)
-			return;
-		/* restarting jobs that are still being torn down are not candidates */
+	if (!sv->jq && jobqueue_create(&sv->jq) < 0)
+		return; /* out of memory: the next tick tries again */
+	/* Decisions per tick: every device started, and as many jobs failed at
+	 * their start (a missing binary fails each queued job in turn); the
+	 * rest wait for the next tick, so a long queue of such jobs never holds
+	 * the event loop (signals, workers' messages) for all of them. */
+	int budget = (int)sv->ndev + 16;
+	for (bool first = true; budget-- > 0; first = false) {
+		size_t nread = 0, n = 0;
+		if (jobqueue_refresh(sv->jq, sv->st, &nread) < 0 || jobqueue_loading(sv->jq))
+			return; /* a long queue read at start: parsed a slice per tick, decided on whole */
+		if (!first && nread == 0)
+			return; /* what was acted on did not reach the store: deciding again gives the same */
+		const jobqueue_entry *e = jobqueue_entries(sv->jq, &n);
+		int nds = jobqueue_ndatasets(sv->jq);
 		sched_job *q = calloc(n ? n : 1, sizeof *q);
 		size_t *map = calloc(n ? n : 1, sizeof *map);
 		int64_t *limits = calloc(n ? n : 1, sizeof *limits); /* (nq,) run-time bounds */
-		if (!q || !map || !limits) { /* out of memory: the next tick tries again */
-			free(q);
-			free(map);
-			free(limits);
-			store_jobs_free(jobs, n);
-			return;
-		}
-		size_t nq = 0;
-		for (size_t i = 0; i < n; i++) {
-			if (sv_find_run(sv, jobs[i].id))
-				continue;
-			/* Only resources.gpus is needed here, every tick, for every
-			 * queued job: read it without validating the whole spec
-			 * (sv_launch_start_job does that). A spec without it asks for 1. */
-			json_t *js = json_loads(jobs[i].spec_json, 0, NULL);
-			json_t *g = json_object_get(json_object_get(js, "resources"), "gpus");
-			int want = json_is_integer(g) && json_integer_value(g) >= 1 && json_integer_value(g) <= 64
-					   ? (int)json_integer_value(g) : 1;
-			/* a job waits for its dataset while it is queued or preparing */
-			bool waits = job_data_preparing(sv, json_object_get(js, "dataset"), &memo);
-			json_t *nodes = json_object_get(json_object_get(js, "resources"), "nodes");
-			bool multinode = json_is_integer(nodes) && json_integer_value(nodes) > 1;
-			/* its run-time bound, for backfill: what max_runtime_seconds leaves */
-			json_t *mr = json_object_get(json_object_get(js, "stopping_condition"), "max_runtime_seconds");
-			int64_t limit_ms = 0;
-			if (json_is_integer(mr) && json_integer_value(mr) > 0 && json_integer_value(mr) < INT64_MAX / 1000) {
-				limit_ms = (int64_t)json_integer_value(mr) * 1000 - jobs[i].runtime_ms;
-				limit_ms = limit_ms > 0 ? limit_ms : 1;
-			}
-			json_decref(js);
-			if (waits)
-				continue;
-			if (multinode) { /* Slurm places it, not this machine's device table */
-				sv_launch_start_job(sv, &jobs[i], NULL, 0, jobs[i].state == JOB_RESTARTING);
-				continue;
-			}
-			q[nq] = (sched_job){jobs[i].id, jobs[i].priority, jobs[i].seq, want};
-			limits[nq] = limit_ms;
-			map[nq++] = i;
-		}
+		bool *skip = calloc(n ? n : 1, sizeof *skip);
+		unsigned char *asked = calloc(nds ? (size_t)nds : 1, 1);
 		size_t nd = sv->ndev ? sv->ndev : 1;
 		bool *busy = calloc(nd, sizeof *busy);
 		uint64_t *peers = calloc(nd, sizeof *peers);
 		sched_running *rs = calloc(nd, sizeof *rs);
 		sched_decision *dec = calloc(1, sizeof *dec);
-		bool *held = calloc(nq ? nq : 1, sizeof *held); /* (nq,) waits for its preemptor */
+		bool *held = calloc(n ? n : 1, sizeof *held); /* (nq,) waits for its preemptor */
 		bool again = false;
-		if (!busy || !peers || !rs || !dec || !held)
+		if (!q || !map || !limits || !skip || !asked || !busy || !peers || !rs || !dec || !held)
 			goto next; /* out of memory: the next tick tries again */
+		/* jobs whose attempt is still being torn down are not candidates */
+		for (run *r = sv->runs; r; r = r->next) {
+			long k = r->is_dataset ? -1 : jobqueue_find(sv->jq, r->id);
+			if (k >= 0)
+				skip[k] = true;
+		}
+		size_t nq = 0;
+		for (size_t i = 0; i < n; i++) {
+			if (skip[i] || job_data_preparing(sv, &e[i], asked))
+				continue;
+			if (e[i].multinode) { /* Slurm places it, not this machine's device table */
+				again |= start_entry(sv, &e[i], NULL, 0);
+				continue;
+			}
+			q[nq] = (sched_job){e[i].id, e[i].priority, e[i].seq, e[i].want};
+			limits[nq] = jobqueue_limit_ms(&e[i]);
+			map[nq++] = i;
+		}
 		sched_machine m;
 		machine_view(sv, busy, peers, rs, &m);
 		sv_preempt_hold(sv, q, nq, held);
@@ -262,11 +255,11 @@ static void tick_schedule(supervisor *sv)
 			sv_fail_job_now(sv, q[dec->job_idx].id, JOB_MASK(JOB_QUEUED) | JOB_MASK(JOB_RESTARTING), why);
 			again = true;
 		} else if (dec->verdict == SCHED_START) {
-			store_job *j = &jobs[map[dec->job_idx]];
+			const jobqueue_entry *j = &e[map[dec->job_idx]];
 			if (dec->backfill)
 				log_info("job %s backfilled on %d device(s): the queue's head is estimated to start in %lld s",
 					 j->id, dec->ndev, (long long)((dec->head_start_ms - m.now_ms) / 1000));
-			sv_launch_start_job(sv, j, dec->dev, dec->ndev, j->state == JOB_RESTARTING);
+			start_entry(sv, j, dec->dev, dec->ndev);
 			again = true;
 		} else {
 			sv_preempt_consider(sv, q, nq, &m);
@@ -280,7 +273,8 @@ static void tick_schedule(supervisor *sv)
 		free(q);
 		free(map);
 		free(limits);
-		store_jobs_free(jobs, n);
+		free(skip);
+		free(asked);
 		if (!again)
 			return;
 	}
@@ -434,6 +428,7 @@ void supervisor_destroy(supervisor *sv)
 		free((char *)(sv->dev_job ? sv->dev_job[d] : NULL));
 	free(sv->dev_job);
 	free(sv->devs);
+	jobqueue_destroy(sv->jq);
 	if (sv->sample_fd >= 0) {
 		loop_del(sv->lp, sv->sample_fd);
 		close(sv->sample_fd);

@@ -176,6 +176,7 @@ struct supervisor {
 		char victim[40], by[40];
 	} preempt_holds[64];
 	int npreempt_holds;
+	struct jobqueue *jq;   /* the queue as the tick last read it (supervisor.c); NULL before the first pass */
 };
 
 /* ---- sv_run.c: a run's small helpers ---- */

@@ -26,6 +26,7 @@
 #define DEADLINE_S 240
 #define HOLD "--schedule", "false"
 #define SPEC_OK "{\"name\":\"it-job\",\"dataset\":\"wikitext2\"}"
+#define SPEC_BAD "{\"name\":\"it-job\",\"dataset\":\"wikitext2\",\"training_args\":{\"learning_rate\":-1}}"
 #define JOB_A "job-00000000000000a1"   /* completed: deleted */
 #define JOB_B "job-00000000000000b2"   /* completed: deleted with keep_files */
 #define JOB_Q "job-00000000000000c3"   /* queued: never touched */
@@ -327,6 +328,13 @@ static void test_ceiling(void **state)
 	it_fx *f = start_seeded(ids, final, 1, extra);
 	bertd *d = &f->d;
 	http_resp r;
+	/* an invalid spec is the client's to fix first: 422 naming its field,
+	 * whatever the disk */
+	assert_int_equal(http_post_json(d, "/v1/jobs", SPEC_BAD, &r), 0);
+	if (r.status != 422)
+		fail_msg("invalid spec over the ceiling: %ld %s", r.status, r.body);
+	assert_string_equal(it_jstr(r.json, "field"), "training_args.learning_rate");
+	http_resp_free(&r);
 	assert_int_equal(http_post_json(d, "/v1/jobs", SPEC_OK, &r), 0);
 	if (r.status != 507)
 		fail_msg("submit over the ceiling: %ld %s", r.status, r.body);
@@ -361,6 +369,10 @@ static void test_ceiling(void **state)
 	 * reached (the percent rounds up) */
 	const char *pct[] = {HOLD, "--disk-ceiling-percent", "1", NULL};
 	assert_int_equal(it_daemon_run(f, &(it_daemon_opts){.plain = true, .extra = pct}), 0);
+	assert_int_equal(http_post_json(d, "/v1/jobs", SPEC_BAD, &r), 0);
+	if (r.status != 422)
+		fail_msg("invalid spec over the percent ceiling: %ld %s", r.status, r.body);
+	http_resp_free(&r);
 	assert_int_equal(http_post_json(d, "/v1/jobs", SPEC_OK, &r), 0);
 	if (r.status != 507)
 		fail_msg("submit over the percent ceiling: %ld %s", r.status, r.body);

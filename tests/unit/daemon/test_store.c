@@ -1677,6 +1677,43 @@ static void test_backup(void **state)
 	assert_int_equal(access(dst, F_OK), -1); /* no file that looks like a backup */
 }
 
+/* store_job_list_keys: the same page as store_job_list_filtered (rows,
+ * order, next cursor, versions), with nothing but seq, id and state read. */
+static void test_list_keys(void **state)
+{
+	fixture *f = *state;
+	char id[32];
+	for (int i = 0; i < 7; i++) {
+		job_id(id, i);
+		assert_int_equal(add_job(f->s, id, 0), 0);
+	}
+	job_id(id, 2);
+	assert_int_equal(store_job_transition(f->s, id, JOB_MASK(JOB_QUEUED), JOB_CANCELED, "x", NULL), 0);
+	for (int newest = 0; newest < 2; newest++) {
+		store_job_filter flt = {.state_mask = JOB_MASK(JOB_QUEUED) | JOB_MASK(JOB_CANCELED)};
+		store_job *a = NULL, *b = NULL;
+		size_t na = 0, nb = 0;
+		int64_t nexta = 0, nextb = 0;
+		assert_int_equal(store_job_list_filtered(f->s, &flt, 0, newest, 4, &a, &na, &nexta), 0);
+		assert_int_equal(store_job_list_keys(f->s, &flt, 0, newest, 4, &b, &nb, &nextb), 0);
+		assert_int_equal(na, 4);
+		assert_int_equal(nb, na);
+		assert_int_equal(nextb, nexta);
+		assert_true(nexta != 0);
+		for (size_t i = 0; i < na; i++) {
+			assert_int_equal(b[i].seq, a[i].seq);
+			assert_string_equal(b[i].id, a[i].id);
+			assert_int_equal(b[i].state, a[i].state);
+			assert_true(a[i].version != 0);
+			assert_int_equal(b[i].version, a[i].version);
+			assert_null(b[i].spec_json);
+			assert_null(b[i].name);
+		}
+		store_jobs_free(a, na);
+		store_jobs_free(b, nb);
+	}
+}
+
 int main(void)
 {
 	/* The refusals under test log their errors; those lines are expected. */
@@ -1712,6 +1749,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_locked_is_busy, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_full_is_enospc, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_backup, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_list_keys, setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
