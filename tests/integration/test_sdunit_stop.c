@@ -9,7 +9,6 @@
  * (the name=systemd one, or cgroup2 mounted at /sys/fs/cgroup); skips
  * otherwise. */
 #include <errno.h>
-#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -23,77 +22,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
-#include <systemd/sd-bus.h>
 
 #include "harness.h"
 #include "it_util.h"
+#include "../fakesd.h"
 
 static char root[] = "/tmp/bertd-sdstop-XXXXXX";
-static char address[200], unit[80], cgroup_dir[600], wrapper[200], real_bin[512];
-static pid_t bus_pid;
-static char job_type[32]; /* what the stand-in answers */
-
-static pthread_t server;
-static volatile bool server_stop;
-static volatile int server_ready;
-
-static int get_job(sd_bus *bus, const char *path, const char *iface, const char *prop,
-		   sd_bus_message *reply, void *ud, sd_bus_error *err)
-{
-	(void)bus; (void)path; (void)iface; (void)prop; (void)ud; (void)err;
-	return sd_bus_message_append(reply, "(uo)", 7u, "/org/freedesktop/systemd1/job/7");
-}
-
-static int get_job_type(sd_bus *bus, const char *path, const char *iface, const char *prop,
-			sd_bus_message *reply, void *ud, sd_bus_error *err)
-{
-	(void)bus; (void)path; (void)iface; (void)prop; (void)ud; (void)err;
-	return sd_bus_message_append(reply, "s", job_type);
-}
-
-static const sd_bus_vtable unit_vtable[] = {
-	SD_BUS_VTABLE_START(0),
-	SD_BUS_PROPERTY("Job", "(uo)", get_job, 0, 0),
-	SD_BUS_VTABLE_END,
-};
-static const sd_bus_vtable job_vtable[] = {
-	SD_BUS_VTABLE_START(0),
-	SD_BUS_PROPERTY("JobType", "s", get_job_type, 0, 0),
-	SD_BUS_VTABLE_END,
-};
-
-static void *serve(void *arg)
-{
-	(void)arg;
-	sd_bus *bus = NULL;
-	char *path = NULL;
-	int rc;
-	if ((rc = sd_bus_new(&bus)) < 0 || (rc = sd_bus_set_address(bus, address)) < 0 ||
-	    (rc = sd_bus_set_bus_client(bus, 1)) < 0 || (rc = sd_bus_start(bus)) < 0 ||
-	    (rc = sd_bus_path_encode("/org/freedesktop/systemd1/unit", unit, &path)) < 0 ||
-	    (rc = sd_bus_add_object_vtable(bus, NULL, path, "org.freedesktop.systemd1.Unit", unit_vtable,
-					   NULL)) < 0 ||
-	    (rc = sd_bus_add_object_vtable(bus, NULL, "/org/freedesktop/systemd1/job/7",
-					   "org.freedesktop.systemd1.Job", job_vtable, NULL)) < 0 ||
-	    (rc = sd_bus_request_name(bus, "org.freedesktop.systemd1", 0)) < 0) {
-		fprintf(stderr, "stand-in systemd: %s\n", strerror(-rc));
-		server_ready = -1;
-		free(path);
-		sd_bus_unref(bus);
-		return NULL;
-	}
-	free(path);
-	server_ready = 1;
-	while (!server_stop) {
-		rc = sd_bus_process(bus, NULL);
-		if (rc < 0)
-			break;
-		if (rc == 0)
-			sd_bus_wait(bus, 100 * 1000);
-	}
-	sd_bus_flush_close_unref(bus);
-	return NULL;
-}
+static char cgroup_dir[600], wrapper[200], real_bin[512];
+static fakesd sd = {.job_id = 7}; /* its unit: this test's own name; job_type: what it answers */
 
 /* A new cgroup named unit in each of systemd's hierarchies that we can
  * write (libsystemd reads the unified one where it is mounted, else the
@@ -108,7 +44,7 @@ static void make_cgroup(void)
 		snprintf(probe, sizeof probe, "%s/cgroup.procs", bases[i]);
 		if (access(probe, W_OK) != 0)
 			continue;
-		snprintf(dir, sizeof dir, "%s/%s", bases[i], unit);
+		snprintf(dir, sizeof dir, "%s/%s", bases[i], sd.unit);
 		if (mkdir(dir, 0755) == 0) {
 			size_t used = strlen(cgroup_dir);
 			snprintf(cgroup_dir + used, sizeof cgroup_dir - used, "%s%s", used ? " " : "", dir);
@@ -119,31 +55,13 @@ static void make_cgroup(void)
 static int setup(void **state)
 {
 	(void)state;
-	if (geteuid() != 0 || it_system("command -v dbus-daemon >/dev/null") != 0)
+	if (geteuid() != 0 || !fakesd_available())
 		return 0;
-	snprintf(unit, sizeof unit, "bertd-sdtest-%ld.service", (long)getpid());
+	snprintf(sd.unit, sizeof sd.unit, "bertd-sdtest-%ld.service", (long)getpid());
 	make_cgroup();
 	if (!cgroup_dir[0] || !mkdtemp(root))
 		return 0;
-	char sock[160];
-	snprintf(sock, sizeof sock, "%s/bus", root);
-	snprintf(address, sizeof address, "unix:path=%s", sock);
-	bus_pid = fork();
-	if (bus_pid == 0) {
-		char listen[220];
-		snprintf(listen, sizeof listen, "--address=%s", address);
-		execlp("dbus-daemon", "dbus-daemon", "--session", "--nofork", "--nopidfile", listen,
-		       (char *)NULL);
-		_exit(127);
-	}
-	struct stat st;
-	for (int i = 0; i < 200 && stat(sock, &st) < 0; i++)
-		it_pause_ms(50);
-	if (stat(sock, &st) < 0 || pthread_create(&server, NULL, serve, NULL) != 0)
-		return -1;
-	for (int i = 0; i < 200 && !server_ready; i++)
-		it_pause_ms(50);
-	if (server_ready != 1)
+	if (fakesd_start(&sd, root) < 0)
 		return -1;
 	/* bertd, started through a wrapper that puts it into the unit's cgroup */
 	snprintf(real_bin, sizeof real_bin, "%s", getenv("BERTD_BIN"));
@@ -161,12 +79,8 @@ static int setup(void **state)
 static int teardown(void **state)
 {
 	(void)state;
-	if (bus_pid) {
-		server_stop = true;
-		if (server_ready)
-			pthread_join(server, NULL);
-		kill(bus_pid, SIGTERM);
-		waitpid(bus_pid, NULL, 0);
+	if (sd.bus_pid) {
+		fakesd_stop(&sd);
 		it_system("rm -rf '%s'", root);
 	}
 	if (cgroup_dir[0])
@@ -179,10 +93,10 @@ static int teardown(void **state)
  * want_exit (5: jobs left running; 0: stopped). */
 static char *run_and_term(const char *type, int want_exit)
 {
-	snprintf(job_type, sizeof job_type, "%s", type);
+	snprintf(sd.job_type, sizeof sd.job_type, "%s", type);
 	setenv("BERTD_BIN", wrapper, 1);
 	setenv("INVOCATION_ID", "0123456789abcdef0123456789abcdef", 1);
-	setenv("DBUS_SYSTEM_BUS_ADDRESS", address, 1);
+	setenv("DBUS_SYSTEM_BUS_ADDRESS", sd.address, 1);
 	it_daemon_opts o = {.plain = true};
 	it_fx *f = it_daemon_start(&o, 30);
 	setenv("BERTD_BIN", real_bin, 1);
@@ -212,7 +126,7 @@ static void fail_with_log(const char *what, const char *want, const char *log)
 
 static void need_env(void)
 {
-	if (!bus_pid) {
+	if (!sd.bus_pid) {
 		fprintf(stderr, "needs root, dbus-daemon and a writable systemd cgroup hierarchy: skip\n");
 		skip();
 	}
@@ -224,7 +138,7 @@ static void test_restart_takes_detach_path(void **state)
 	need_env();
 	char *log = run_and_term("restart", 5);
 	char want[160];
-	snprintf(want, sizeof want, "systemd job of %s: restart", unit);
+	snprintf(want, sizeof want, "systemd job of %s: restart", sd.unit);
 	if (!strstr(log, want) || !strstr(log, "restart: "))
 		fail_with_log("the log lacks the restart's job type and exit", want, log);
 	free(log);
@@ -236,7 +150,7 @@ static void test_stop_stops(void **state)
 	need_env();
 	char *log = run_and_term("stop", 0);
 	char want[160];
-	snprintf(want, sizeof want, "systemd job of %s: stop", unit);
+	snprintf(want, sizeof want, "systemd job of %s: stop", sd.unit);
 	if (!strstr(log, want) || strstr(log, "restart: "))
 		fail_with_log("want the stop's job type and no restart exit", want, log);
 	free(log);
