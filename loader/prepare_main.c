@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -172,9 +173,14 @@ static void daemon_open(int *progress_fd)
 		return;
 	/* chan reads it without waiting (chan_next) */
 	fcntl(*progress_fd, F_SETFL, fcntl(*progress_fd, F_GETFL) | O_NONBLOCK);
+	pid_t parent = getppid();
 	int rc = chan_open(&dl.ch, *progress_fd, base, true, "prepare", 0);
-	if (rc < 0)
+	if (rc < 0) {
+		/* no daemon could adopt it: it goes with this one, as before */
 		log_warn("cannot listen on %s.sock (%s): this preparation ends with the daemon", base, strerror(-rc));
+		if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+			raise(SIGKILL);
+	}
 	dl.on = true;
 	int p[2];
 	if (pipe2(p, O_CLOEXEC) < 0) {
