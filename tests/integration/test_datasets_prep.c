@@ -15,6 +15,9 @@
  *   - SIGQUIT (the exit that leaves jobs running) while bertd-prepare is
  *     midway: it finishes with no daemon, writing its exit record; the next
  *     daemon marks the dataset ready from it, the same bytes;
+ *   - a stop (SIGTERM) still stops bertd-prepare: gone with the daemon,
+ *     nothing left to adopt; the next daemon prepares the dataset again,
+ *     resuming from its finished shards;
  *   - a dataset prepared elsewhere is registered ({"prepared": dir}), is
  *     ready at once and a job trains on it; a tampered copy is a 422 naming
  *     the file; other keys beside "prepared" are 422s; a copy at
@@ -377,6 +380,30 @@ static void test_done_without_daemon(void **state)
 	it_system("rm -rf '%s'", ref);
 }
 
+static void test_stop_stops_prepare(void **state)
+{
+	fx *f = *state;
+	make_inputs(f);
+	post_expect(f, "{\"name\":\"stopped\",\"source\":\"corpus.txt\",\"vocab\":{\"file\":\"vocab.txt\"},"
+		       "\"shard_tokens\":" SHARD_TOKENS "}", 201, NULL, NULL);
+	json_t *ds = it_get_json(&f->d, "/v1/datasets/stopped");
+	char id[64], rec[400];
+	snprintf(id, sizeof id, "%s", it_jstr(ds, "id"));
+	json_decref(ds);
+	pid_t pid = prepare_pid(f, "stopped");
+	int kept = throttle(f, pid, "stopped", 2);
+	assert_int_equal(bertd_stop(&f->d), 0);
+	char ps = proc_state(pid); /* stopped with the daemon, not left for the next one */
+	assert_true(ps == 0 || ps == 'Z');
+	snprintf(rec, sizeof rec, "%s/datasets/ch/%s.attempt.json", f->d.state_dir, id);
+	assert_int_equal(access(rec, F_OK), -1);
+	assert_int_equal(it_daemon_run(f, NULL), 0);
+	ds = wait_ready(f, "stopped");
+	assert_int_equal(log_count(f, "(stopped): preparing into"), 2);
+	assert_true(json_integer_value(json_object_get(json_object_get(ds, "stats"), "resumed_shards")) >= kept);
+	json_decref(ds);
+}
+
 static void test_register(void **state)
 {
 	fx *f = *state;
@@ -448,6 +475,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_options, setup, it_teardown),
 		cmocka_unit_test_setup_teardown(test_kill_resume, setup, it_teardown),
 		cmocka_unit_test_setup_teardown(test_done_without_daemon, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_stop_stops_prepare, setup, it_teardown),
 		cmocka_unit_test_setup_teardown(test_register, setup, it_teardown),
 	};
 	return IT_RUN(tests, NULL, NULL);
