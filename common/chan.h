@@ -1,5 +1,5 @@
-/* chan — a child's line to the daemon that outlives the daemon (workers;
- * loaders only for their exit record). Frames are common/msg.h's. The
+/* chan — a child's line to the daemon that outlives the daemon (workers,
+ * bertd-prepare; loaders only for their exit record). Frames are common/msg.h's. The
  * first daemon's line is the inherited socketpair (fd 3); besides it the
  * child listens on a unix socket, <base>.sock, in its job's directory, and a
  * daemon started later connects there to adopt it (docs/architecture.md,
@@ -48,7 +48,7 @@ typedef struct chan {
 	int fd;                   /* the connected daemon; -1 none */
 	int listen_fd;            /* <base>.sock; -1 when not adoptable */
 	char base[256];           /* "" without a base (run by hand, a relayed rank) */
-	const char *role;         /* "worker", "loader" */
+	const char *role;         /* "worker", "loader", "prepare" */
 	int index;
 	msg_reader rd;
 	chan_frame *head, *tail;  /* unacknowledged, oldest first */

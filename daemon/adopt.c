@@ -16,8 +16,13 @@
  *     is killed and the caller recovers the job as before (restarting from
  *     its last checkpoint).
  *
- * Calls sv_child, sv_finish (as the run's on_end) and sv_run; never starts
- * a process and never decides a job's next state itself.
+ * The same for a dataset the store has preparing: its bertd-prepare, named
+ * by <state_dir>/datasets/ch/<id>.attempt.json, is adopted (a run of
+ * sv_prepare's) or killed, and the dataset then queued again.
+ *
+ * Calls sv_prepare (a dataset's run and ops), sv_child, sv_finish (as the
+ * run's on_end) and sv_run; never starts a process and never decides a
+ * job's or a dataset's next state itself.
  */
 #include "daemon/sv_internal.h"
 
@@ -75,13 +80,12 @@ static void kill_recorded(json_t *rec)
 	}
 }
 
-/* Kills every process whose command line names dir/job.json (a worker or
- * loader of that job; spawned, say, just before the daemon died and
- * before its attempt.json named it), through a pidfd, and waits for it. */
-static void kill_strays(const char *dir)
+/* Kills every process one of whose arguments is want (dir/job.json: a
+ * worker or loader of that job; a dataset's output directory: its
+ * bertd-prepare; spawned, say, just before the daemon died and before its
+ * attempt record named it), through a pidfd, and waits for it. */
+static void kill_strays(const char *want)
 {
-	char want[1100];
-	snprintf(want, sizeof want, "%s/job.json", dir);
 	DIR *d = opendir("/proc");
 	struct dirent *e;
 	while (d && (e = readdir(d))) {
@@ -105,7 +109,7 @@ static void kill_strays(const char *dir)
 		proc p;
 		if (!match || proc_adopt(&p, (pid_t)pid) < 0)
 			continue;
-		log_warn("killing pid %ld, left of %s's attempt", pid, dir);
+		log_warn("killing pid %ld, left of %s's attempt", pid, want);
 		proc_stop(&p, SIGKILL, 0);
 		proc_close(&p);
 	}
@@ -279,14 +283,15 @@ int sv_adopt_job(supervisor *sv, const store_job *j)
 	snprintf(path, sizeof path, "%s/attempt.json", dir);
 	json_t *rec = json_load_file(path, 0, NULL);
 	int rc = 0;
+	snprintf(path, sizeof path, "%s/job.json", dir);
 	if (!rec) {
-		kill_strays(dir);
+		kill_strays(path);
 		return 0;
 	}
 	if (!adoptable(sv, rec, why, sizeof why)) {
 		log_info("job %s: its attempt is not adopted: %s", j->id, why);
 		kill_recorded(rec);
-		kill_strays(dir);
+		kill_strays(path);
 		goto out;
 	}
 	adopt_run(sv, j, rec);
@@ -294,4 +299,78 @@ int sv_adopt_job(supervisor *sv, const store_job *j)
 out:
 	json_decref(rec);
 	return rc;
+}
+
+/* ds's bertd-prepare, as its attempt record names it: adopted (a run of
+ * sv_prepare's, its process watched, its socket connected; or, ended
+ * meanwhile, accounted for from its exit record), or killed if anything
+ * of it is left (the dataset is then queued again by sv_prepare_recover). */
+static void adopt_dataset(supervisor *sv, const store_dataset *ds)
+{
+	char path[1200], outdir[1200], why[300] = "out of memory";
+	sv_prepare_record_path(sv, ds->id, ".attempt.json", path, sizeof path);
+	snprintf(outdir, sizeof outdir, "%s/datasets/%s", sv->dataset_root, ds->name);
+	json_t *rec = json_load_file(path, 0, NULL);
+	run *r = NULL;
+	if (!rec) {
+		/* "queued": no daemon started it; else it may have died before the record */
+		if (!ds->phase || strcmp(ds->phase, "queued") != 0)
+			kill_strays(outdir);
+		return;
+	}
+	if (!adoptable(sv, rec, why, sizeof why) || !(r = sv_prepare_run_new(sv, ds)) || !r->spec) {
+		log_info("dataset %s: its bertd-prepare is not adopted: %s; preparing it again", ds->id,
+			 r ? "its stored request is unreadable" : why);
+		if (r)
+			sv_run_free(r);
+		kill_recorded(rec);
+		kill_strays(outdir);
+		unlink(path);
+		goto out;
+	}
+	r->adopted = true;
+	r->next = sv->runs;
+	sv->runs = r;
+	json_t *e = json_array_get(json_object_get(rec, "children"), 0);
+	child *c = sv_child_new(r, ROLE_PREPARE, 0, &sv_prepare_ops);
+	if (!c) { /* out of memory: it ends as killed, and is prepared again */
+		kill_recorded(rec);
+		sv_set_failure(r, true, "out of memory adopting its bertd-prepare");
+		r->prep_signaled = true;
+		sv_run_maybe_finish(sv, r);
+		goto out;
+	}
+	pid_t pid = (pid_t)json_integer_value(json_object_get(e, "pid"));
+	c->start_time = (uint64_t)json_integer_value(json_object_get(e, "start_time"));
+	snprintf(c->chan_base, sizeof c->chan_base, "%s", json_string_value(json_object_get(e, "chan")));
+	/* the pidfd first, the identity after: then the pidfd is that process */
+	if (proc_adopt(&c->p, pid) < 0 || !procstat_alive(pid, c->start_time)) {
+		proc_close(&c->p);
+		c->p = (proc){.pid = pid, .pidfd = -1, .sock = -1, .reaped = true, .adopted = true};
+		log_info("dataset %s: daemon restarted; its bertd-prepare (pid %d) ended meanwhile", r->id, (int)pid);
+		sv_child_ended(sv, r, c); /* its exit record: ready, or failed (r is freed) */
+		goto out;
+	}
+	int fd = connect_chan(c->chan_base);
+	if (fd < 0)
+		log_warn("dataset %s: bertd-prepare's socket %s.sock: %s; watching its process only", r->id,
+			 c->chan_base, strerror(-fd));
+	c->p.sock = fd;
+	if (sv_child_watch(sv, c) < 0)
+		log_warn("dataset %s: cannot watch its bertd-prepare", r->id);
+	log_info("dataset %s: daemon restarted; adopted its running bertd-prepare (pid %d)", r->id, (int)pid);
+out:
+	json_decref(rec);
+}
+
+void sv_adopt_datasets(supervisor *sv)
+{
+	store_dataset *ds = NULL;
+	size_t n = 0;
+	if (store_dataset_list(sv->st, &ds, &n) < 0)
+		return;
+	for (size_t i = 0; i < n; i++)
+		if (ds[i].state == DATASET_PREPARING)
+			adopt_dataset(sv, &ds[i]);
+	store_datasets_free(ds, n);
 }

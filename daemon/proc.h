@@ -6,7 +6,7 @@
  *   - its own process group (so the whole subtree can be signalled),
  *   - PR_SET_PDEATHSIG SIGKILL, so it dies if the daemon dies; or, spawned
  *     to outlive the daemon (proc_spawn_outliving: a job's workers and
- *     loaders), its own session and no death signal,
+ *     loaders, bertd-prepare), its own session and no death signal,
  * and the daemon gets a pidfd to watch its exit on the event loop.
  * No SQLite connection or CUDA context ever crosses the fork: the child
  * execs at once.

@@ -335,6 +335,7 @@ void supervisor_tick(supervisor *sv)
 
 static void recover(supervisor *sv)
 {
+	sv_adopt_datasets(sv); /* bertd-prepare outlives the daemon: adopted, or queued again below */
 	sv_prepare_recover(sv);
 	store_job *jobs = NULL;
 	size_t n = 0;

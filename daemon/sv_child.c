@@ -5,8 +5,9 @@
  * connection to on_lost, and its exit: its kind's on_exit (srun's:
  * sv_slurm), then a bad one sets the run's verdict and takes the run's
  * other children down; workers done, the loaders are told to go. A job's
- * workers and loaders are spawned to outlive the daemon (common/chan.h),
- * recorded in the job's attempt.json, and their exit records read when
+ * workers and loaders, and bertd-prepare, are spawned to outlive the
+ * daemon (common/chan.h), recorded in the job's attempt.json (a
+ * preparation's record: sv_prepare), and their exit records read when
  * they end (an adopted child's only word on how it ended).
  *
  * Calls only sv_run: what depends on a child's kind comes through its
@@ -63,14 +64,10 @@ void sv_child_on_sock(loop *l, int fd, uint32_t events, void *arg)
 		return;
 	}
 	int rc = c->ops->on_input(sv, r, c);
-	if (c->role == ROLE_PREPARE) {
-		if (c->rd.len == c->rd.cap) /* a line longer than the buffer: drop it */
-			c->rd.len = 0;
-		return;
-	}
 	if (rc < 0) {
-		log_warn("job %s: %s %d broke the message protocol; stopping the job", r->id,
-			 c->role == ROLE_LOADER ? "loader" : "rank", c->index);
+		log_warn("%s %s: %s %d broke the message protocol; stopping it", r->is_dataset ? "dataset" : "job",
+			 r->id, c->role == ROLE_PREPARE ? "bertd-prepare" : c->role == ROLE_LOADER ? "loader" : "rank",
+			 c->index);
 		sv_set_failure(r, false, "protocol error from a child process");
 		loop_del(l, fd);
 		sv_run_kill_all(r, SIGKILL);
@@ -123,7 +120,7 @@ static bool read_exit_record(supervisor *sv, run *r, child *c, int *code)
 		return false;
 	}
 	*code = (int)json_integer_value(json_object_get(rec, "code"));
-	if (c->role == ROLE_WORKER) {
+	if (c->role == ROLE_WORKER || c->role == ROLE_PREPARE) { /* a loader's has none */
 		size_t i;
 		json_t *m;
 		json_array_foreach(json_object_get(rec, "frames"), i, m)
@@ -241,9 +238,9 @@ int sv_child_spawn(supervisor *sv, run *r, enum child_role role, int index, cons
 {
 	if (r->nkids == MAX_CHILDREN)
 		return -E2BIG;
-	/* a local job's workers and loaders outlive the daemon: a later daemon
-	 * adopts them on their socket in the job directory (daemon/adopt.c) */
-	bool outlive = !r->is_dataset && (role == ROLE_WORKER || role == ROLE_LOADER);
+	/* a local job's workers and loaders, and bertd-prepare, outlive the
+	 * daemon: a later daemon adopts them on their socket (daemon/adopt.c) */
+	bool outlive = r->is_dataset ? role == ROLE_PREPARE : role == ROLE_WORKER || role == ROLE_LOADER;
 	char base[300] = "", var[340];
 	size_t n = 0;
 	while (envp[n])
@@ -254,9 +251,15 @@ int sv_child_spawn(supervisor *sv, run *r, enum child_role role, int index, cons
 	memcpy(env, envp, n * sizeof *env);
 	if (outlive) {
 		char chdir_[1100];
-		snprintf(chdir_, sizeof chdir_, "%s/ch", r->dir);
+		if (r->is_dataset) /* its output directory is not there until it is done */
+			snprintf(chdir_, sizeof chdir_, "%s/datasets/ch", sv->state_dir);
+		else
+			snprintf(chdir_, sizeof chdir_, "%s/ch", r->dir);
 		mkdir(chdir_, 0750);
-		snprintf(base, sizeof base, "%s/%s-%d", chdir_, role == ROLE_WORKER ? "rank" : "loader", index);
+		if (r->is_dataset)
+			snprintf(base, sizeof base, "%s/%s", chdir_, r->id);
+		else
+			snprintf(base, sizeof base, "%s/%s-%d", chdir_, role == ROLE_WORKER ? "rank" : "loader", index);
 		char old[320];
 		snprintf(old, sizeof old, "%s.exit", base); /* an earlier attempt's */
 		unlink(old);

@@ -80,7 +80,7 @@ struct child {
 	struct run *owner;
 	const child_ops *ops;
 	/* its line that outlives the daemon (common/chan.h): <chan_base>.sock
-	 * and .exit; "" for none (bertd-prepare, srun, relayed ranks) */
+	 * and .exit; "" for none (srun, relayed ranks) */
 	char chan_base[300];
 	uint64_t start_time;   /* /proc/<pid>/stat field 22, its identity with the pid */
 	uint64_t seq_done;     /* the last message seq handled (and stored) */
@@ -276,6 +276,12 @@ void sv_finish_job(supervisor *sv, run *r);
  * for). 0: nothing adoptable (what was left of it is killed); the caller
  * recovers the job as before. */
 int sv_adopt_job(supervisor *sv, const store_job *j);
+/* At start, for every dataset the store has preparing: adopts its
+ * bertd-prepare when its attempt record's process is still the recorded
+ * one or ended with an exit record (a run now; one that ended is
+ * accounted for: ready, or failed with its error). Otherwise what is left
+ * of it is killed and sv_prepare_recover queues it again. */
+void sv_adopt_datasets(supervisor *sv);
 
 /* ---- sv_preempt.c: the tick's preemption ---- */
 
@@ -327,10 +333,18 @@ void sv_relay_close_all(supervisor *sv, run *r);
 
 /* ---- sv_prepare.c: dataset preparations ---- */
 
-/* Handles the whole lines bertd-prepare c has sent (in c->rd); its
- * child's on_input (child_ops). Always 0: a line that is not JSON is
- * skipped. */
-int sv_prepare_drain_lines(supervisor *sv, run *r, child *c);
+/* A bertd-prepare child's ops: its messages (seqs, acknowledgements, an
+ * adopted one's attach); its exit is the common one. */
+extern const child_ops sv_prepare_ops;
+/* A dataset's run for ds (is_dataset, on_end, dir: where its output goes),
+ * not linked, no child; spec NULL when the stored request is unreadable.
+ * NULL when out of memory. Caller owns (sv_run_free). */
+run *sv_prepare_run_new(supervisor *sv, const store_dataset *ds);
+/* <state_dir>/datasets/ch/<id><ext> into buf: "" its channel's base,
+ * ".attempt.json" its attempt record, ".exit" its exit record. */
+void sv_prepare_record_path(supervisor *sv, const char *id, const char *ext, char *buf, size_t cap);
+/* Removes r's attempt record and exit record (its attempt is over). */
+void sv_prepare_forget(supervisor *sv, const run *r);
 /* r, a dataset's, unlinked and with no child left: its dataset's next
  * state (ready, failed, or queued again after an outside kill). Frees r.
  * A dataset's run->on_end. */

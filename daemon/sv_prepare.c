@@ -3,7 +3,10 @@
  * lines into the dataset's row; its end (ready; failed or canceled, its
  * output removed; started again, resuming, after a kill the daemon did not
  * send); a preparation whose row is no longer preparing stopped; datasets
- * an earlier daemon left preparing queued again.
+ * an earlier daemon left preparing (and no one adopted: daemon/adopt.c)
+ * queued again. bertd-prepare outlives the daemon (common/chan.h): its
+ * messages carry seqs, acknowledged once stored, and its attempt record
+ * <state_dir>/datasets/ch/<id>.attempt.json names it for a later daemon.
  *
  * Never touches jobs, the device table or the relay; a run it handles is
  * always a dataset's (is_dataset). Calls sv_child and sv_run only; its
@@ -19,7 +22,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
+#include "common/chan.h"
 #include "common/fsutil.h"
 #include "common/log.h"
 #include "daemon/childenv.h"
@@ -53,26 +59,109 @@ static void handle_prepare_message(supervisor *sv, run *r, json_t *m)
 	free(st);
 }
 
-/* Reads line-delimited JSON from bertd-prepare's progress channel. */
-int sv_prepare_drain_lines(supervisor *sv, run *r, child *c)
+/* {"type":"attach"}: an adopted bertd-prepare names its protocol and who
+ * it is. A version this daemon does not know, or another identity than
+ * the recorded one: killed, and the dataset prepared again (resuming from
+ * its finished shards). */
+static void prepare_attach(supervisor *sv, run *r, child *c, json_t *m)
 {
-	for (;;) {
-		unsigned char *nl = memchr(c->rd.buf, '\n', c->rd.len);
-		if (!nl)
-			break;
-		size_t n = (size_t)(nl - c->rd.buf);
-		json_t *m = json_loadb((const char *)c->rd.buf, n, 0, NULL);
-		if (m && json_is_object(m))
-			handle_prepare_message(sv, r, m);
-		json_decref(m);
-		memmove(c->rd.buf, nl + 1, c->rd.len - n - 1);
-		c->rd.len -= n + 1;
+	(void)sv;
+	json_int_t proto = json_integer_value(json_object_get(m, "proto"));
+	json_int_t pid = json_integer_value(json_object_get(m, "pid"));
+	uint64_t st = (uint64_t)json_integer_value(json_object_get(m, "start_time"));
+	char why[300] = "";
+	if (proto < CHAN_PROTO_MIN || proto > CHAN_PROTO)
+		snprintf(why, sizeof why, "bertd-prepare speaks protocol version %lld; this bertd adopts versions %d "
+			 "to %d", (long long)proto, CHAN_PROTO_MIN, CHAN_PROTO);
+	else if (pid != c->p.pid || st != c->start_time)
+		snprintf(why, sizeof why, "bertd-prepare's socket answered as pid %lld, not the recorded pid %d",
+			 (long long)pid, (int)c->p.pid);
+	if (!why[0]) {
+		log_info("dataset %s: bertd-prepare (pid %d) attached (protocol %lld, %lld bytes it kept meanwhile)",
+			 r->id, (int)c->p.pid, (long long)proto, (long long)json_integer_value(json_object_get(m, "queued")));
+		return;
 	}
-	return 0;
+	log_warn("dataset %s: %s: not adopted, preparing it again", r->id, why);
+	sv_set_failure(r, true, "%s: not adopted", why);
+	r->prep_signaled = true; /* prepared again, as after a kill the daemon did not send */
+	sv_run_kill_all(r, SIGKILL);
 }
 
-/* bertd-prepare: its progress lines; its exit is the common one. */
-static const child_ops prepare_ops = {.on_input = sv_prepare_drain_lines};
+/* bertd-prepare's messages (common/msg.h frames; docs/formats.md): each
+ * handled once, by its seq, then acknowledged (as sv_report_input does a
+ * job's). Its child's on_input. */
+static int prepare_input(supervisor *sv, run *r, child *c)
+{
+	json_t *m;
+	int rc;
+	while ((rc = msg_reader_next(&c->rd, &m)) == 1) {
+		json_t *js = json_object_get(m, "seq");
+		uint64_t seq = json_is_integer(js) ? (uint64_t)json_integer_value(js) : 0;
+		const char *type = json_string_value(json_object_get(m, "type"));
+		if (type && strcmp(type, "attach") == 0) {
+			json_int_t acked = json_integer_value(json_object_get(m, "acked"));
+			if ((uint64_t)acked > c->seq_done)
+				c->seq_done = c->seq_acked = (uint64_t)acked;
+			prepare_attach(sv, r, c, m);
+		} else if (seq == 0 || seq > c->seq_done) {
+			handle_prepare_message(sv, r, m);
+			if (seq)
+				c->seq_done = seq;
+		}
+		json_decref(m);
+	}
+	/* stored: bertd-prepare may forget them */
+	if (c->seq_done > c->seq_acked && c->p.sock >= 0 && !c->sock_eof && !c->exited) {
+		json_t *ack = json_pack("{s:s, s:I}", "type", "ack", "seq", (json_int_t)c->seq_done);
+		if (ack && msg_send(c->p.sock, ack) == 0)
+			c->seq_acked = c->seq_done;
+		json_decref(ack);
+	}
+	return rc < 0 ? rc : 0;
+}
+
+const child_ops sv_prepare_ops = {.on_input = prepare_input};
+
+void sv_prepare_record_path(supervisor *sv, const char *id, const char *ext, char *buf, size_t cap)
+{
+	snprintf(buf, cap, "%s/datasets/ch/%s%s", sv->state_dir, id, ext);
+}
+
+/* Writes r's attempt record (tmp + rename; docs/formats.md): who prepares
+ * it, for a daemon that starts while it runs. 0 or negative errno. */
+static int prepare_record_write(supervisor *sv, run *r)
+{
+	child *c = r->nkids ? r->kids[0] : NULL;
+	if (!c || !c->chan_base[0])
+		return -EINVAL;
+	char boot[64], path[1200], tmp[1210];
+	chan_boot_id(boot, sizeof boot);
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	int64_t now_unix = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+	json_t *rec = json_pack("{s:i, s:i, s:s, s:s, s:I, s:[{s:s, s:i, s:i, s:I, s:s}]}", "format", 1, "proto",
+				CHAN_PROTO, "boot_id", boot, "dataset", r->id, "started_unix_ms", (json_int_t)now_unix,
+				"children", "role", "prepare", "index", 0, "pid", (int)c->p.pid, "start_time",
+				(json_int_t)c->start_time, "chan", c->chan_base);
+	sv_prepare_record_path(sv, r->id, ".attempt.json", path, sizeof path);
+	snprintf(tmp, sizeof tmp, "%s.tmp", path);
+	int rc = 0;
+	if (!rec)
+		rc = -ENOMEM;
+	else if (json_dump_file(rec, tmp, JSON_COMPACT) < 0 || rename(tmp, path) < 0)
+		rc = -EIO;
+	json_decref(rec);
+	return rc;
+}
+
+void sv_prepare_forget(supervisor *sv, const run *r)
+{
+	char path[1200];
+	sv_prepare_record_path(sv, r->id, ".attempt.json", path, sizeof path);
+	unlink(path);
+	sv_prepare_record_path(sv, r->id, ".exit", path, sizeof path);
+	unlink(path);
+}
 
 #define PREPARE_MAX_KILLS 3
 
@@ -117,6 +206,7 @@ static void remove_prepare_output(supervisor *sv, run *r)
  * its dataset's next state. */
 void sv_prepare_finished(supervisor *sv, run *r)
 {
+	sv_prepare_forget(sv, r); /* its attempt is over, whatever comes next */
 	/* killed by a signal not ours (OOM killer, kill -9): prepared
 	 * again, continuing from its finished shards, a few times */
 	if (r->failed && r->prep_signaled && !r->canceled && !r->shutdown) {
@@ -175,16 +265,25 @@ static void remove_stale_prepare_tmp(supervisor *sv, const char *dsdir, const ch
 	closedir(d);
 }
 
-static int start_prepare(supervisor *sv, const store_dataset *ds)
+run *sv_prepare_run_new(supervisor *sv, const store_dataset *ds)
 {
 	run *r = calloc(1, sizeof *r);
 	if (!r)
-		return -ENOMEM;
+		return NULL;
 	r->is_dataset = true;
 	r->sv = sv;
 	r->on_end = sv_prepare_finished;
 	snprintf(r->id, sizeof r->id, "%s", ds->id);
+	snprintf(r->dir, sizeof r->dir, "%s/datasets/%s", sv->dataset_root, ds->name);
 	r->spec = json_loads(ds->spec_json, 0, NULL);
+	return r;
+}
+
+static int start_prepare(supervisor *sv, const store_dataset *ds)
+{
+	run *r = sv_prepare_run_new(sv, ds);
+	if (!r)
+		return -ENOMEM;
 	if (!r->spec) {
 		store_dataset_finish(sv->st, ds->id, DATASET_FAILED, "stored request is unreadable", NULL);
 		sv_run_free(r);
@@ -211,7 +310,6 @@ static int start_prepare(supervisor *sv, const store_dataset *ds)
 	if ((rc = fs_remove_tree(outdir)) < 0)
 		log_warn("dataset %s: cannot remove stale %s: %s", ds->name, outdir, strerror(-rc));
 	remove_stale_prepare_tmp(sv, dsdir, ds->name);
-	snprintf(r->dir, sizeof r->dir, "%s", outdir);
 	/* The request was validated by the API; pass it on as options. */
 	/* options, 64 roots, 64 sources, 64 include and 64 exclude patterns */
 	const char *argv[40 + 2 * 64 + 64 + 4 * 64];
@@ -322,13 +420,16 @@ static int start_prepare(supervisor *sv, const store_dataset *ds)
 	store_dataset_phase(sv->st, ds->id, "starting", 0.0);
 	rc = childenv_helper(&env, &sv->pass_env, environ);
 	if (rc == 0)
-		rc = sv_child_spawn(sv, r, ROLE_PREPARE, 0, &prepare_ops, (char *const *)argv, env->envp, logp);
+		rc = sv_child_spawn(sv, r, ROLE_PREPARE, 0, &sv_prepare_ops, (char *const *)argv, env->envp, logp);
 	free(env);
 	if (rc < 0) {
 		sv_set_failure(r, false, "cannot start bertd-prepare: %s", strerror(-rc));
 		sv_run_maybe_finish(sv, r);
 		return 0;
 	}
+	/* without it, a daemon started after this one's end kills it (daemon/adopt.c) */
+	if ((rc = prepare_record_write(sv, r)) < 0)
+		log_warn("dataset %s: cannot write its attempt record: %s", ds->id, strerror(-rc));
 	log_info("dataset %s (%s): preparing into %s", ds->id, ds->name, outdir);
 	return 0;
 }
@@ -368,9 +469,10 @@ void sv_prepare_tick(supervisor *sv)
 	store_datasets_free(ds, n);
 }
 
-/* Datasets left preparing by an earlier daemon are prepared again, each
- * when its turn in the queue comes (queued until then); bertd-prepare
- * continues from the shards the killed one finished. */
+/* Datasets left preparing by an earlier daemon whose bertd-prepare was
+ * not adopted are prepared again, each when its turn in the queue comes
+ * (queued until then); bertd-prepare continues from the shards the killed
+ * one finished. */
 void sv_prepare_recover(supervisor *sv)
 {
 	store_dataset *ds = NULL;
@@ -378,7 +480,7 @@ void sv_prepare_recover(supervisor *sv)
 	if (store_dataset_list(sv->st, &ds, &n) < 0)
 		return;
 	for (size_t i = 0; i < n; i++)
-		if (ds[i].state == DATASET_PREPARING)
+		if (ds[i].state == DATASET_PREPARING && !sv_find_run(sv, ds[i].id))
 			store_dataset_phase(sv->st, ds[i].id, "queued", 0.0);
 	store_datasets_free(ds, n);
 }

@@ -3,8 +3,8 @@
  * while they write their stop checkpoints, then whatever is left stopped
  * and every run ended (jobs back to queued, to resume at the next start).
  *
- * supervisor_shutdown_detach is the other exit: the jobs' processes are
- * let go, running, for the next daemon to adopt.
+ * supervisor_shutdown_detach is the other exit: the local jobs' processes
+ * and the preparations are let go, running, for the next daemon to adopt.
  *
  * The only supervisor code that blocks the loop: it polls the workers'
  * pidfds and sockets itself, up to stop_timeout_ms. Never fails a job.
@@ -109,7 +109,9 @@ void supervisor_shutdown(supervisor *sv)
 			r->alive--;
 		}
 		if (r->is_dataset) {
-			/* left preparing: the next start prepares it again from scratch */
+			/* left preparing: the next start prepares it again, from its
+			 * finished shards (nothing to adopt: its record goes) */
+			sv_prepare_forget(sv, r);
 			sv_unlink_run(sv, r);
 			sv_run_free(r);
 			continue;
@@ -124,7 +126,7 @@ void supervisor_shutdown_detach(supervisor *sv)
 		return;
 	for (run **pp = &sv->runs; *pp;) {
 		run *r = *pp;
-		if (r->is_dataset || r->multinode) { /* stopped below, as at a plain shutdown */
+		if (r->multinode) { /* stopped below, as at a plain shutdown */
 			pp = &r->next;
 			continue;
 		}

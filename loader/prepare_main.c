@@ -10,6 +10,13 @@
  * (reproducible-builds.org), so two preparations of the same corpus can
  * be compared byte for byte.
  *
+ * Run by the daemon (BERTD_CHANNEL set, --progress-fd its socket), it
+ * outlives the daemon: the progress lines travel as common/chan.h messages
+ * (kept until a daemon acknowledges them, sent again to a later daemon
+ * that connects to <BERTD_CHANNEL>.sock), and at exit it writes its exit
+ * record <BERTD_CHANNEL>.exit, so a daemon that was not there accounts for
+ * its end (docs/architecture.md, "Jobs outlive the daemon").
+ *
  * Exit codes are bertd's common ones (common/exitcodes.h): 0 done;
  * 1 internal error; 2 usage (bad options, or the output exists already);
  * 3 out of memory; 5 data error (no inputs, unreadable or malformed input,
@@ -20,14 +27,18 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <limits.h>
+#include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <jansson.h>
 
+#include "common/chan.h"
 #include "common/exitcodes.h"
 #include "common/log.h"
 #include "loader/prepare.h"
@@ -86,7 +97,139 @@ static int parse_u64(const char *s, uint64_t max, uint64_t *out)
 	return 0;
 }
 
-/* One JSON line on stdout and, when the daemon listens, on the progress fd. */
+/* The daemon's line when BERTD_CHANNEL is set (daemon_open): progress
+ * lines from prepare_run reach it through a pipe that a relay thread
+ * reads; the thread also takes a later daemon's connection and its
+ * acknowledgements. Only the relay thread uses ch while prepare_run runs,
+ * only main before and after. */
+static struct daemon_line {
+	bool on;
+	chan ch;
+	int pipe_rd, pipe_wr;  /* prepare_run writes its progress lines to pipe_wr */
+	pthread_t relay;
+	bool relaying;
+} dl = {.pipe_rd = -1, .pipe_wr = -1};
+
+/* Sends one progress object to the daemon (kept until acknowledged). */
+static void daemon_send(json_t *j)
+{
+	int rc = chan_send(&dl.ch, json_incref(j), false);
+	if (rc < 0)
+		log_debug("daemon channel: %s", strerror(-rc));
+}
+
+/* Takes what the daemon sent (acknowledgements, a new daemon's
+ * connection: chan_next); nothing else is expected of it. */
+static void daemon_poll(void)
+{
+	json_t *in;
+	while (chan_next(&dl.ch, &in) == 1)
+		json_decref(in);
+}
+
+static void *relay_main(void *arg)
+{
+	(void)arg;
+	char buf[8192];
+	size_t len = 0;
+	for (;;) {
+		struct pollfd p[3] = {{.fd = dl.pipe_rd, .events = POLLIN},
+				      {.fd = dl.ch.fd, .events = POLLIN},
+				      {.fd = dl.ch.listen_fd, .events = POLLIN}};
+		if (poll(p, 3, 1000) < 0 && errno != EINTR)
+			break;
+		daemon_poll();
+		if (!(p[0].revents & (POLLIN | POLLHUP)))
+			continue;
+		ssize_t n = read(dl.pipe_rd, buf + len, sizeof buf - len);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break; /* prepare_run is done */
+		len += (size_t)n;
+		char *nl;
+		while ((nl = memchr(buf, '\n', len))) {
+			size_t k = (size_t)(nl - buf);
+			json_t *m = json_loadb(buf, k, 0, NULL);
+			if (json_is_object(m))
+				daemon_send(m);
+			json_decref(m);
+			memmove(buf, nl + 1, len - k - 1);
+			len -= k + 1;
+		}
+		if (len == sizeof buf)
+			len = 0; /* not a progress line: prepare.c's are short */
+	}
+	return NULL;
+}
+
+/* With BERTD_CHANNEL set and fd the daemon's socket: the line that
+ * outlives the daemon, and *progress_fd the pipe prepare_run writes to.
+ * Without: nothing (the plain progress fd, run by hand). */
+static void daemon_open(int *progress_fd)
+{
+	const char *base = getenv(CHAN_ENV);
+	if (!base || !*base || *progress_fd < 0)
+		return;
+	/* chan reads it without waiting (chan_next) */
+	fcntl(*progress_fd, F_SETFL, fcntl(*progress_fd, F_GETFL) | O_NONBLOCK);
+	pid_t parent = getppid();
+	int rc = chan_open(&dl.ch, *progress_fd, base, true, "prepare", 0);
+	if (rc < 0) {
+		/* no daemon could adopt it: it goes with this one, as before */
+		log_warn("cannot listen on %s.sock (%s): this preparation ends with the daemon", base, strerror(-rc));
+		if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+			raise(SIGKILL);
+	}
+	dl.on = true;
+	int p[2];
+	if (pipe2(p, O_CLOEXEC) < 0) {
+		log_warn("pipe: %s; progress goes to the daemon at the end only", strerror(errno));
+		*progress_fd = -1;
+		return;
+	}
+	dl.pipe_rd = p[0];
+	dl.pipe_wr = p[1];
+	if (pthread_create(&dl.relay, NULL, relay_main, NULL) != 0) {
+		log_warn("cannot start the progress relay; progress goes to the daemon at the end only");
+		close(p[0]);
+		close(p[1]);
+		dl.pipe_rd = dl.pipe_wr = -1;
+		*progress_fd = -1;
+		return;
+	}
+	dl.relaying = true;
+	*progress_fd = dl.pipe_wr;
+}
+
+/* prepare_run is over: the relay passes on what is left in the pipe and
+ * stops; ch is main's again. */
+static void daemon_relay_stop(void)
+{
+	if (!dl.relaying)
+		return;
+	close(dl.pipe_wr);
+	dl.pipe_wr = -1;
+	pthread_join(dl.relay, NULL);
+	close(dl.pipe_rd);
+	dl.pipe_rd = -1;
+	dl.relaying = false;
+}
+
+/* The end: the exit record with code and whatever no daemon acknowledged. */
+static int daemon_close(int code)
+{
+	if (!dl.on)
+		return code;
+	daemon_relay_stop();
+	daemon_poll();
+	chan_close(&dl.ch, code);
+	dl.on = false;
+	return code;
+}
+
+/* One JSON line on stdout and, when the daemon listens, on the progress fd
+ * (or its channel). */
 static void emit_line(json_t *j, int progress_fd)
 {
 	char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
@@ -94,7 +237,10 @@ static void emit_line(json_t *j, int progress_fd)
 		return;
 	printf("%s\n", s);
 	fflush(stdout);
-	if (progress_fd >= 0) {
+	if (dl.on) {
+		daemon_relay_stop();
+		daemon_send(j);
+	} else if (progress_fd >= 0) {
 		size_t n = strlen(s);
 		s[n] = '\n';
 		int rc = prepare_write_line(progress_fd, s, n + 1);
@@ -109,7 +255,7 @@ static int fail_json(int code, const char *msg, int progress_fd)
 	json_t *j = json_pack("{s:b, s:s, s:i}", "ok", 0, "error", msg, "exit_code", code);
 	emit_line(j, progress_fd);
 	json_decref(j);
-	return code;
+	return daemon_close(code);
 }
 
 int main(int argc, char **argv)
@@ -268,6 +414,7 @@ int main(int argc, char **argv)
 	}
 	if (o.train_vocab_size && o.lowercase < 0)
 		o.lowercase = 1;
+	daemon_open(&o.progress_fd);
 	const char *sde = getenv("SOURCE_DATE_EPOCH");
 	if (!bad[0] && sde && *sde) {
 		if (parse_u64(sde, INT64_MAX, &v) || v == 0) {
@@ -323,19 +470,25 @@ int main(int argc, char **argv)
 	fflush(stdout);
 	free(js);
 	/* the daemon's progress channel ends with the same numbers under "stats" */
-	if (o.progress_fd >= 0) {
+	if (o.progress_fd >= 0 || dl.on) {
 		json_t *done = json_pack("{s:s, s:O}", "phase", "done", "stats", j);
-		char *ds = done ? json_dumps(done, JSON_COMPACT) : NULL;
-		if (ds) {
-			size_t n = strlen(ds);
-			ds[n] = '\n';
-			int wr = prepare_write_line(o.progress_fd, ds, n + 1);
-			if (wr < 0)
-				log_debug("progress fd: %s", strerror(-wr));
+		if (dl.on) {
+			daemon_relay_stop();
+			if (done)
+				daemon_send(done);
+		} else {
+			char *ds = done ? json_dumps(done, JSON_COMPACT) : NULL;
+			if (ds) {
+				size_t n = strlen(ds);
+				ds[n] = '\n';
+				int wr = prepare_write_line(o.progress_fd, ds, n + 1);
+				if (wr < 0)
+					log_debug("progress fd: %s", strerror(-wr));
+			}
+			free(ds);
 		}
-		free(ds);
 		json_decref(done);
 	}
 	json_decref(j);
-	return BERTD_EXIT_OK;
+	return daemon_close(BERTD_EXIT_OK);
 }

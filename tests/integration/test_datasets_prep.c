@@ -2,12 +2,22 @@
  *   - options: threads (default 1: bertd-prepare runs with --jobs 1),
  *     max_sentence_tokens and shard_tokens reach the manifest; bad values
  *     are 422s naming the field;
- *   - kill -9 of the daemon while bertd-prepare is midway, and separately
- *     kill -9 of bertd-prepare alone: after the restart (of the daemon; of
- *     bertd-prepare by the daemon) it continues from the shards finished
- *     (stats.resumed_shards) and every file of the dataset equals, byte for
- *     byte, an uninterrupted bertd-prepare run's (SOURCE_DATE_EPOCH passes
- *     through pass_env so "created" is the same);
+ *   - kill -9 of the daemon while bertd-prepare is midway: bertd-prepare
+ *     outlives it and the next daemon adopts it (its log says so, naming
+ *     the pid; no second bertd-prepare is started, nothing is resumed), the
+ *     dataset ends ready, and every file of it (the manifest's shard
+ *     digests included) equals, byte for byte, an uninterrupted
+ *     bertd-prepare run's (SOURCE_DATE_EPOCH passes through pass_env so
+ *     "created" is the same);
+ *   - kill -9 of bertd-prepare alone: the daemon starts it again, it
+ *     continues from the shards finished (stats.resumed_shards), the same
+ *     bytes;
+ *   - SIGQUIT (the exit that leaves jobs running) while bertd-prepare is
+ *     midway: it finishes with no daemon, writing its exit record; the next
+ *     daemon marks the dataset ready from it, the same bytes;
+ *   - a stop (SIGTERM) still stops bertd-prepare: gone with the daemon,
+ *     nothing left to adopt; the next daemon prepares the dataset again,
+ *     resuming from its finished shards;
  *   - a dataset prepared elsewhere is registered ({"prepared": dir}), is
  *     ready at once and a job trains on it; a tampered copy is a 422 naming
  *     the file; other keys beside "prepared" are 422s; a copy at
@@ -140,6 +150,59 @@ static int throttle(fx *f, pid_t pid, const char *name, int want)
 	}
 }
 
+/* How often text occurs in the daemon's log (appended across restarts). */
+static int log_count(fx *f, const char *text)
+{
+	char p[200];
+	snprintf(p, sizeof p, "%s/bertd.log", f->d.root);
+	size_t len;
+	char *log = it_slurp(p, &len);
+	int n = 0;
+	for (char *at = log; at && (at = strstr(at, text)); at += strlen(text))
+		n++;
+	free(log);
+	return n;
+}
+
+/* Polls the daemon's log for text (it is written at the daemon's start,
+ * before it answers; polled all the same). */
+static void wait_log(fx *f, const char *text)
+{
+	for (int i = 0; i < DEADLINE_S * 10 && log_count(f, text) == 0; i++)
+		it_pause_ms(100);
+	if (log_count(f, text) == 0) {
+		bertd_print_log(&f->d);
+		fail_msg("the daemon's log never said \"%s\"", text);
+	}
+}
+
+/* The manifest's shards (name, bin and idx digests) of dataset dir a and
+ * dir b are the same, and there are some. */
+static void assert_same_shards(const char *a, const char *b)
+{
+	char pa[600], pb[600];
+	snprintf(pa, sizeof pa, "%s/manifest.json", a);
+	snprintf(pb, sizeof pb, "%s/manifest.json", b);
+	json_t *ma = json_load_file(pa, 0, NULL), *mb = json_load_file(pb, 0, NULL);
+	assert_non_null(ma);
+	assert_non_null(mb);
+	json_t *sa = json_object_get(ma, "shards"), *sb = json_object_get(mb, "shards");
+	assert_true(json_array_size(sa) > 0);
+	assert_int_equal(json_array_size(sa), json_array_size(sb));
+	for (size_t i = 0; i < json_array_size(sa); i++) {
+		static const char *const keys[] = {"name", "bin_sha256", "idx_sha256"};
+		for (int k = 0; k < 3; k++) {
+			const char *x = json_string_value(json_object_get(json_array_get(sa, i), keys[k]));
+			const char *y = json_string_value(json_object_get(json_array_get(sb, i), keys[k]));
+			assert_non_null(x);
+			assert_non_null(y);
+			assert_string_equal(x, y);
+		}
+	}
+	json_decref(ma);
+	json_decref(mb);
+}
+
 /* What bertd-prepare alone makes of the same request, into tmp dir ref. */
 static void reference(fx *f, const char *ref)
 {
@@ -209,9 +272,10 @@ static void test_options(void **state)
 	json_decref(m);
 }
 
-/* kill -9 of the daemon (its bertd-prepare dies with it), restart, ready:
- * the same bytes as bertd-prepare alone; then kill -9 of bertd-prepare
- * alone: the daemon starts it again, the same bytes. */
+/* kill -9 of the daemon: its bertd-prepare outlives it and the next
+ * daemon adopts it, ready: the same bytes as bertd-prepare alone; then
+ * kill -9 of bertd-prepare alone: the daemon starts it again, the same
+ * bytes. */
 static void test_kill_resume(void **state)
 {
 	fx *f = *state;
@@ -221,7 +285,7 @@ static void test_kill_resume(void **state)
 	reference(f, ref);
 	static const char *const victims[2] = {"daemon", "prepare"};
 	for (int v = 0; v < 2; v++) {
-		char name[32], body[400];
+		char name[32], body[400], said[200];
 		snprintf(name, sizeof name, "kill-%s", victims[v]);
 		snprintf(body, sizeof body,
 			 "{\"name\":\"%s\",\"source\":\"corpus.txt\",\"vocab\":{\"file\":\"vocab.txt\"},"
@@ -232,28 +296,112 @@ static void test_kill_resume(void **state)
 		fprintf(stderr, "kill -9 of the %s with %d shards done\n", victims[v], kept);
 		if (v == 0) {
 			bertd_kill9(&f->d);
-			/* PR_SET_PDEATHSIG: gone, or a zombie nobody has reaped yet */
-			for (int i = 0; i < 3000 && proc_state(pid) && proc_state(pid) != 'Z'; i++)
-				it_pause_ms(10);
-			char ps = proc_state(pid);
-			assert_true(ps == 0 || ps == 'Z');
-			assert_true(journaled(f, name) >= kept); /* the work outlived them */
+			assert_true(is_stopped(pid)); /* outlived the daemon (held by the throttle) */
 			assert_int_equal(it_daemon_run(f, NULL), 0);
+			snprintf(said, sizeof said, "adopted its running bertd-prepare (pid %d)", (int)pid);
+			wait_log(f, said);
+			assert_int_equal(kill(pid, SIGCONT), 0); /* it goes on, under the new daemon */
 		} else {
 			assert_int_equal(kill(pid, SIGKILL), 0);
 		}
 		json_t *ds = wait_ready(f, name);
 		json_t *st = json_object_get(ds, "stats");
-		if (json_integer_value(json_object_get(st, "resumed_shards")) < kept)
-			fail_msg("%s: resumed_shards %lld < %d", name,
-				 (long long)json_integer_value(json_object_get(st, "resumed_shards")), kept);
+		long long resumed = json_integer_value(json_object_get(st, "resumed_shards"));
+		if (v == 0) {
+			/* the adopted process finished it: never started again */
+			assert_int_equal(resumed, 0);
+			snprintf(said, sizeof said, "(%s): preparing into", name);
+			assert_int_equal(log_count(f, said), 1);
+		} else if (resumed < kept) {
+			fail_msg("%s: resumed_shards %lld < %d", name, resumed, kept);
+		}
 		json_decref(ds);
-		assert_int_equal(it_system("diff -r '%s' '%s/datasets/%s'", ref, f->data, name), 0);
+		char out[500];
+		snprintf(out, sizeof out, "%s/datasets/%s", f->data, name);
+		assert_same_shards(ref, out);
+		assert_int_equal(it_system("diff -r '%s' '%s'", ref, out), 0);
 		char p[500];
 		snprintf(p, sizeof p, "%s/datasets/.%s.partial", f->data, name);
 		assert_int_equal(access(p, F_OK), -1);
 	}
 	it_system("rm -rf '%s'", ref);
+}
+
+/* SIGQUIT: the daemon exits 5 leaving bertd-prepare running; it finishes
+ * with no daemon (its exit record written), and the next daemon marks the
+ * dataset ready from that record: the same bytes as bertd-prepare alone. */
+static void test_done_without_daemon(void **state)
+{
+	fx *f = *state;
+	make_inputs(f);
+	char ref[500];
+	snprintf(ref, sizeof ref, "%s/../ref", f->data);
+	reference(f, ref);
+	post_expect(f, "{\"name\":\"alone\",\"source\":\"corpus.txt\",\"vocab\":{\"file\":\"vocab.txt\"},"
+		       "\"shard_tokens\":" SHARD_TOKENS "}", 201, NULL, NULL);
+	json_t *ds = it_get_json(&f->d, "/v1/datasets/alone");
+	char id[64], rec[400], said[200];
+	snprintf(id, sizeof id, "%s", it_jstr(ds, "id"));
+	json_decref(ds);
+	pid_t pid = prepare_pid(f, "alone");
+	throttle(f, pid, "alone", 2);
+	assert_int_equal(kill(f->d.pid, SIGQUIT), 0);
+	int wst;
+	assert_int_equal(waitpid(f->d.pid, &wst, 0), f->d.pid);
+	f->d.pid = 0;
+	assert_true(WIFEXITED(wst) && WEXITSTATUS(wst) == 5);
+	assert_true(is_stopped(pid)); /* left running */
+	assert_int_equal(kill(pid, SIGCONT), 0);
+	for (int i = 0; i < DEADLINE_S * 100 && proc_state(pid) && proc_state(pid) != 'Z'; i++)
+		it_pause_ms(10);
+	char ps = proc_state(pid);
+	assert_true(ps == 0 || ps == 'Z');
+	snprintf(rec, sizeof rec, "%s/datasets/ch/%s.exit", f->d.state_dir, id);
+	json_t *er = json_load_file(rec, 0, NULL);
+	assert_non_null(er);
+	assert_int_equal(json_integer_value(json_object_get(er, "code")), 0);
+	assert_int_equal(json_integer_value(json_object_get(er, "pid")), pid);
+	json_decref(er);
+
+	assert_int_equal(it_daemon_run(f, NULL), 0);
+	ds = wait_ready(f, "alone");
+	snprintf(said, sizeof said, "its bertd-prepare (pid %d) ended meanwhile", (int)pid);
+	wait_log(f, said);
+	assert_int_equal(log_count(f, "(alone): preparing into"), 1); /* never started again */
+	json_t *st = json_object_get(ds, "stats");
+	assert_int_equal(json_integer_value(json_object_get(st, "resumed_shards")), 0);
+	assert_true(json_integer_value(json_object_get(st, "tokens")) > 0);
+	json_decref(ds);
+	char out[500];
+	snprintf(out, sizeof out, "%s/datasets/alone", f->data);
+	assert_same_shards(ref, out);
+	assert_int_equal(it_system("diff -r '%s' '%s'", ref, out), 0);
+	assert_int_equal(access(rec, F_OK), -1); /* its records go with its end */
+	it_system("rm -rf '%s'", ref);
+}
+
+static void test_stop_stops_prepare(void **state)
+{
+	fx *f = *state;
+	make_inputs(f);
+	post_expect(f, "{\"name\":\"stopped\",\"source\":\"corpus.txt\",\"vocab\":{\"file\":\"vocab.txt\"},"
+		       "\"shard_tokens\":" SHARD_TOKENS "}", 201, NULL, NULL);
+	json_t *ds = it_get_json(&f->d, "/v1/datasets/stopped");
+	char id[64], rec[400];
+	snprintf(id, sizeof id, "%s", it_jstr(ds, "id"));
+	json_decref(ds);
+	pid_t pid = prepare_pid(f, "stopped");
+	int kept = throttle(f, pid, "stopped", 2);
+	assert_int_equal(bertd_stop(&f->d), 0);
+	char ps = proc_state(pid); /* stopped with the daemon, not left for the next one */
+	assert_true(ps == 0 || ps == 'Z');
+	snprintf(rec, sizeof rec, "%s/datasets/ch/%s.attempt.json", f->d.state_dir, id);
+	assert_int_equal(access(rec, F_OK), -1);
+	assert_int_equal(it_daemon_run(f, NULL), 0);
+	ds = wait_ready(f, "stopped");
+	assert_int_equal(log_count(f, "(stopped): preparing into"), 2);
+	assert_true(json_integer_value(json_object_get(json_object_get(ds, "stats"), "resumed_shards")) >= kept);
+	json_decref(ds);
 }
 
 static void test_register(void **state)
@@ -326,6 +474,8 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_options, setup, it_teardown),
 		cmocka_unit_test_setup_teardown(test_kill_resume, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_done_without_daemon, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_stop_stops_prepare, setup, it_teardown),
 		cmocka_unit_test_setup_teardown(test_register, setup, it_teardown),
 	};
 	return IT_RUN(tests, NULL, NULL);

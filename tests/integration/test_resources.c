@@ -4,6 +4,7 @@
  * state dir per test. */
 #include <limits.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -227,9 +228,10 @@ static void test_dataset_prepare(void **state)
 	free(id);
 }
 
-/* The daemon dies while a dataset is preparing (possibly after bertd-prepare
- * renamed its output into place): the next daemon prepares it again from
- * scratch, so no half dataset is ever ready. */
+/* The daemon dies while a dataset is preparing, and its bertd-prepare
+ * goes without an exit record (killed too; perhaps after renaming its
+ * output into place): the next daemon cannot adopt it and prepares it
+ * again from scratch, so no half dataset is ever ready. */
 static void test_dataset_restart(void **state)
 {
 	fx *f = *state;
@@ -247,9 +249,19 @@ static void test_dataset_restart(void **state)
 	snprintf(id, sizeof id, "%s", it_jstr(r.json, "id"));
 	http_resp_free(&r);
 	bertd_kill9(&f->d);
-	/* what a half-finished attempt could leave behind */
 	char dir[300], junk[400];
 	snprintf(dir, sizeof dir, "%s/datasets/again", f->data);
+	/* bertd-prepare outlives the daemon: killed here, and its exit record
+	 * (if it ended first) removed, so that nothing can be adopted */
+	pid_t pid[4];
+	for (int i = 0, n = it_find_pids("bertd-prepare", dir, pid, 4); i < n; i++)
+		kill(pid[i], SIGKILL);
+	for (int i = 0; i < 300 && it_find_pids("bertd-prepare", dir, pid, 4) > 0; i++)
+		it_pause_ms(100);
+	assert_int_equal(it_find_pids("bertd-prepare", dir, pid, 4), 0);
+	snprintf(junk, sizeof junk, "%s/datasets/ch/%s.exit", f->d.state_dir, id);
+	unlink(junk);
+	/* what a half-finished attempt could leave behind */
 	char parent[300];
 	snprintf(parent, sizeof parent, "%s/datasets", f->data);
 	mkdir(parent, 0700);
