@@ -20,6 +20,7 @@
 #include "client/clihttp.h"
 #include "client/follow.h"
 #include "client/table.h"
+#include "client/yaml2json.h"
 
 #ifndef BERTD_VERSION
 #define BERTD_VERSION "0"
@@ -234,17 +235,75 @@ static const char *short_time(const char *t, char *buf, size_t n)
 	return buf;
 }
 
-/* Reads a JSON document from path ("-": stdin). */
-static json_t *read_json_file(const char *path)
+/* The whole of f, NUL-terminated (caller frees), its length in *len. */
+static char *slurp(FILE *f, size_t *len)
 {
+	size_t cap = 4096, n = 0;
+	char *buf = malloc(cap);
+	while (buf) {
+		n += fread(buf + n, 1, cap - n - 1, f);
+		if (n < cap - 1)
+			break;
+		char *bigger = realloc(buf, cap *= 2);
+		if (!bigger)
+			free(buf);
+		buf = bigger;
+	}
+	if (buf && ferror(f)) {
+		free(buf);
+		buf = NULL;
+	}
+	if (buf)
+		buf[n] = 0;
+	*len = n;
+	return buf;
+}
+
+static int ends_with(const char *s, const char *tail)
+{
+	size_t n = strlen(s), t = strlen(tail);
+	return n >= t && strcmp(s + n - t, tail) == 0;
+}
+
+/* Reads a spec from path ("-": stdin) as a JSON object (caller owns). A
+ * .yaml or .yml file is YAML, a .json file JSON; anything else (stdin
+ * too) is read as JSON, and as YAML when it is not JSON. Prints why and
+ * returns NULL when it cannot. */
+static json_t *read_spec_file(const char *path)
+{
+	const char *name = strcmp(path, "-") ? path : "stdin";
+	int yaml = ends_with(path, ".yaml") || ends_with(path, ".yml");
+	int json = ends_with(path, ".json");
+	FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+	size_t len = 0;
+	char *buf = f ? slurp(f, &len) : NULL;
+	json_t *j = NULL;
 	json_error_t e;
-	json_t *j = strcmp(path, "-") == 0 ? json_loadf(stdin, JSON_REJECT_DUPLICATES, &e)
-					   : json_load_file(path, JSON_REJECT_DUPLICATES, &e);
-	if (!j)
-		fprintf(stderr, "bertctl: %s: %s (line %d, column %d)\n", strcmp(path, "-") ? path : "stdin", e.text,
-			e.line, e.column);
-	else if (!json_is_object(j)) {
-		fprintf(stderr, "bertctl: %s: not a JSON object\n", strcmp(path, "-") ? path : "stdin");
+	char yerr[300];
+	if (f && f != stdin)
+		fclose(f);
+	if (!buf) {
+		fprintf(stderr, "bertctl: %s: %s\n", name, strerror(errno));
+		return NULL;
+	}
+	if (!yaml)
+		j = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &e);
+	if (!j && !json) {
+		j = yaml2json_load(buf, len, yerr, sizeof yerr);
+		if (!j) {
+			/* neither: the error of the format it looks like */
+			const char *p = buf + strspn(buf, " \t\r\n");
+			if (!yaml && (*p == '{' || *p == '['))
+				fprintf(stderr, "bertctl: %s: %s (line %d, column %d)\n", name, e.text, e.line,
+					e.column);
+			else
+				fprintf(stderr, "bertctl: %s: YAML: %s\n", name, yerr);
+		}
+	} else if (!j)
+		fprintf(stderr, "bertctl: %s: %s (line %d, column %d)\n", name, e.text, e.line, e.column);
+	free(buf);
+	if (j && !json_is_object(j)) {
+		fprintf(stderr, "bertctl: %s: the spec is not an object (a JSON object or a YAML mapping)\n", name);
 		json_decref(j);
 		j = NULL;
 	}
@@ -340,7 +399,7 @@ static int cmd_submit(cli *c, args *a)
 	int rc = want_pos(a, 0, 1, "submit [FILE|-] [--dataset D] [--preset P] [--max-steps N] ...");
 	if (rc)
 		return rc;
-	json_t *spec = a->npos ? read_json_file(a->pos[0]) : json_object();
+	json_t *spec = a->npos ? read_spec_file(a->pos[0]) : json_object();
 	if (!spec)
 		return CLI_ERROR;
 	char *body = NULL, hdr[300];
@@ -801,7 +860,7 @@ static int ds_create(cli *c, args *a)
 	int rc = want_pos(a, 1, 2, "datasets create [FILE|-] --name N --source PATH ... (--vocab-file F | --vocab-size N) [--wait]");
 	if (rc)
 		return rc;
-	json_t *spec = a->npos == 2 ? read_json_file(a->pos[1]) : json_object();
+	json_t *spec = a->npos == 2 ? read_spec_file(a->pos[1]) : json_object();
 	if (!spec)
 		return CLI_ERROR;
 	char *body = NULL;

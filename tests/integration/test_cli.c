@@ -9,7 +9,9 @@
  *   - datasets create --wait / list / show / delete, a bad source a 3
  *     naming the field, a preparation that fails a 5 with its error;
  *   - submit from a file, from stdin and from flags (the effective spec
- *     holds each flag), an Idempotency-Key replayed, list with its filters
+ *     holds each flag); a recipe written as YAML here (a .yaml file and
+ *     stdin) gives the effective spec its JSON gives, a YAML .inf and a
+ *     repeated key refused naming line and column; an Idempotency-Key replayed, list with its filters
  *     and across API pages, show, patch, cancel, delete on a held queue;
  *     bash completion of commands, options and job ids;
  *   - follow of a job to its end: the events printed are the job's event
@@ -440,6 +442,73 @@ static void test_datasets(void **state)
 
 /* ------------------------------------------------------------ jobs on a held queue */
 
+/* j written as block-style YAML at depth (two spaces a level): keys and
+ * simple words plain, other strings double-quoted (JSON's escapes are
+ * YAML's), numbers as jansson prints them (1e-06: a float in YAML 1.2). */
+static void yaml_emit(FILE *f, const json_t *j, int depth)
+{
+	const char *k;
+	json_t *v;
+	size_t i;
+	if (json_is_object(j))
+		json_object_foreach((json_t *)j, k, v) {
+			fprintf(f, "\n%*s%s:", 2 * depth, "", k);
+			yaml_emit(f, v, depth + 1);
+		}
+	else if (json_is_array(j))
+		json_array_foreach(j, i, v) {
+			fprintf(f, "\n%*s-", 2 * depth, "");
+			yaml_emit(f, v, depth + 1);
+		}
+	else {
+		const char *s = json_string_value(j);
+		char *text = json_dumps(j, JSON_ENCODE_ANY);
+		int plain = s && s[0] >= 'a' && s[0] <= 'z' && strspn(s, "abcdefghijklmnopqrstuvwxyz-_") == strlen(s) &&
+			    strcmp(s, "true") && strcmp(s, "false") && strcmp(s, "null");
+		fprintf(f, " %s  # %s", plain ? s : text, json_is_string(j) ? "a string" : "typed");
+		free(text);
+	}
+}
+
+/* The recipe docs/recipes/NAME.json submitted as JSON, as YAML written
+ * from it here (a file and stdin), onto the held queue with the same
+ * flags: the three effective specs are equal. */
+static void check_yaml_submit(it_fx *f, const char *name)
+{
+	bertd *d = &f->d;
+	char src[600], ypath[300];
+	snprintf(src, sizeof src, "%s", getenv("BERTCTL_COMPLETION"));
+	*strstr(src, "/client/bertctl.bash") = 0;
+	snprintf(src + strlen(src), sizeof src - strlen(src), "/docs/recipes/%s.json", name);
+	json_t *recipe = json_load_file(src, 0, NULL);
+	assert_non_null(recipe);
+	snprintf(ypath, sizeof ypath, "%s/%s.yaml", d->root, name);
+	FILE *y = fopen(ypath, "w");
+	assert_non_null(y);
+	fprintf(y, "# %s, as YAML", name);
+	yaml_emit(y, recipe, 0);
+	fputc('\n', y);
+	fclose(y);
+	json_decref(recipe);
+	/* the recipe's dataset and GPUs are not this daemon's: the same flags on all */
+	json_t *js = CTL_JSON(d, NULL, 0, "submit", src, "--dataset", "shakes", "--set", "resources.gpus=1", "--json");
+	json_t *ys = CTL_JSON(d, NULL, 0, "submit", ypath, "--dataset", "shakes", "--set", "resources.gpus=1", "--json");
+	char *ytext = it_slurp(ypath, NULL);
+	ctl_env in = {.in = ytext};
+	json_t *ss = CTL_JSON(d, &in, 0, "submit", "-", "--dataset", "shakes", "--set", "resources.gpus=1", "--json");
+	assert_string_equal(it_jstr(ys, "state"), "queued");
+	if (!json_equal(json_object_get(js, "spec"), json_object_get(ys, "spec")) ||
+	    !json_equal(json_object_get(js, "spec"), json_object_get(ss, "spec")))
+		fail_msg("%s: the YAML's effective spec differs from the JSON's:\n%s\n%s\n%s", name,
+			 json_dumps(json_object_get(js, "spec"), JSON_COMPACT),
+			 json_dumps(json_object_get(ys, "spec"), JSON_COMPACT),
+			 json_dumps(json_object_get(ss, "spec"), JSON_COMPACT));
+	free(ytext);
+	json_decref(js);
+	json_decref(ys);
+	json_decref(ss);
+}
+
 static void test_jobs_queue(void **state)
 {
 	it_fx *f = *state;
@@ -595,6 +664,22 @@ static void test_jobs_queue(void **state)
 	assert_string_equal(it_jstr(json_array_get(json_object_get(l, "jobs"), 0), "id"), it_jstr(b, "id"));
 	assert_true(json_is_string(json_object_get(l, "next_cursor"))); /* one more is left */
 	json_decref(l);
+
+	/* YAML specs: the same effective spec as the JSON they were written
+	 * from; what JSON cannot hold refused with its line and column */
+	check_yaml_submit(f, "roberta-style");
+	char badyaml[300];
+	snprintf(badyaml, sizeof badyaml, "%s/bad.yml", d->root);
+	it_write_file(badyaml, "dataset: shakes\ntraining_args:\n  learning_rate: .inf\n");
+	CTL(d, NULL, &r, "submit", badyaml);
+	assert_int_equal(r.status, 1);
+	assert_non_null(strstr(r.err, "line 3, column 18: .inf: JSON has no infinity"));
+	ctl_free(&r);
+	ctl_env dup = {.in = "dataset: shakes\ndataset: more\n"};
+	CTL(d, &dup, &r, "submit", "-");
+	assert_int_equal(r.status, 1);
+	assert_non_null(strstr(r.err, "line 2, column 1: the key \"dataset\" appears twice"));
+	ctl_free(&r);
 
 	json_decref(a);
 	json_decref(b);
