@@ -76,7 +76,7 @@ done
 # The CPU image builds with Debian 12's packages: the ones it installs to
 # build must be ones scripts/setup installs (the list CI builds with).
 cpu=$src/packaging/container/Containerfile.cpu
-setup_pkgs=$(sed -n '/^pkgs=(/,/)/p' "$src/scripts/setup" | sed 's/#.*//' | tr -s ' ()' '\n' | grep -E '^[a-z0-9][a-z0-9.+-]+$')
+setup_pkgs=$(sed -n '/^pkgs=(/,/^[^#]*)/p' "$src/scripts/setup" | sed 's/#.*//' | tr -s ' ()' '\n' | grep -E '^[a-z0-9][a-z0-9.+-]+$')
 for p in $(sed -n '/^FROM .* AS build/,/^FROM /p' "$cpu" | grep -oE '\blib[a-z0-9.+-]+-dev\b' | sort -u); do
 	grep -qx "$p" <<<"$setup_pkgs" || { echo "$cpu installs $p, which scripts/setup does not"; status=1; }
 done
