@@ -324,3 +324,34 @@ int sv_child_record_write(supervisor *sv, run *r)
 	json_decref(rec);
 	return rc;
 }
+
+int sv_child_next_message(child *c, json_t **m, uint64_t *seq, bool *attach)
+{
+	int rc;
+	while ((rc = msg_reader_next(&c->rd, m)) == 1) {
+		json_t *js = json_object_get(*m, "seq");
+		const char *type = json_string_value(json_object_get(*m, "type"));
+		*seq = json_is_integer(js) ? (uint64_t)json_integer_value(js) : 0;
+		*attach = type && strcmp(type, "attach") == 0;
+		if (*attach) {
+			json_int_t acked = json_integer_value(json_object_get(*m, "acked"));
+			if ((uint64_t)acked > c->seq_done)
+				c->seq_done = c->seq_acked = (uint64_t)acked;
+			return 1;
+		}
+		if (*seq == 0 || *seq > c->seq_done)
+			return 1;
+		json_decref(*m);
+	}
+	return rc;
+}
+
+void sv_child_ack(child *c)
+{
+	if (c->seq_done <= c->seq_acked || c->p.sock < 0 || c->sock_eof || c->exited)
+		return;
+	json_t *ack = json_pack("{s:s, s:I}", "type", "ack", "seq", (json_int_t)c->seq_done);
+	if (ack && msg_send(c->p.sock, ack) == 0)
+		c->seq_acked = c->seq_done;
+	json_decref(ack);
+}

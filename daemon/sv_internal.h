@@ -234,6 +234,16 @@ int sv_child_record_write(supervisor *sv, run *r);
 void sv_child_drain(supervisor *sv, run *r, child *c);
 /* The loop's callback for a child's socket (arg: the child). */
 void sv_child_on_sock(loop *l, int fd, uint32_t events, void *arg);
+/* c's next message to handle (common/chan.h numbers them): 1 with *m
+ * (caller decrefs), its seq (0: not numbered) and whether it is the
+ * child's attach (whose "acked" is taken as handled here); 0 when none is
+ * left; negative errno. A numbered message handled before (sent again
+ * after an adoption) is skipped. After handling one, the caller sets
+ * c->seq_done to its seq. */
+int sv_child_next_message(child *c, json_t **m, uint64_t *seq, bool *attach);
+/* Tells c that every message up to c->seq_done is handled and stored (it
+ * may forget them); nothing when there is nothing new or no line. */
+void sv_child_ack(child *c);
 
 /* ---- sv_report.c: a job's messages ---- */
 

@@ -312,19 +312,13 @@ static void attach_check(supervisor *sv, run *r, child *c, json_t *m)
 int sv_report_input(supervisor *sv, run *r, child *c)
 {
 	json_t *m;
+	uint64_t seq;
+	bool attach;
 	int rc;
-	while ((rc = msg_reader_next(&c->rd, &m)) == 1) {
-		/* a message kept by a child that outlives the daemon carries its
-		 * seq: one already handled (sent again after an adoption) is skipped */
-		json_t *js = json_object_get(m, "seq");
-		uint64_t seq = json_is_integer(js) ? (uint64_t)json_integer_value(js) : 0;
-		const char *type = json_string_value(json_object_get(m, "type"));
-		if (type && strcmp(type, "attach") == 0) {
-			json_int_t acked = json_integer_value(json_object_get(m, "acked"));
-			if ((uint64_t)acked > c->seq_done)
-				c->seq_done = c->seq_acked = (uint64_t)acked;
+	while ((rc = sv_child_next_message(c, &m, &seq, &attach)) == 1) {
+		if (attach) {
 			attach_check(sv, r, c, m);
-		} else if (seq == 0 || seq > c->seq_done) {
+		} else {
 			json_object_del(m, "seq");
 			sv_report_handle_job_message(sv, r, c, m);
 			if (seq)
@@ -332,12 +326,6 @@ int sv_report_input(supervisor *sv, run *r, child *c)
 		}
 		json_decref(m);
 	}
-	/* handled and stored: the child may forget them */
-	if (c->seq_done > c->seq_acked && c->p.sock >= 0 && !c->sock_eof && !c->exited) {
-		json_t *ack = json_pack("{s:s, s:I}", "type", "ack", "seq", (json_int_t)c->seq_done);
-		if (ack && msg_send(c->p.sock, ack) == 0)
-			c->seq_acked = c->seq_done;
-		json_decref(ack);
-	}
+	sv_child_ack(c); /* handled and stored: the child may forget them */
 	return rc < 0 ? rc : 0;
 }
