@@ -31,6 +31,7 @@
 
 #include "common/chan.h"
 #include "common/exitcodes.h"
+#include "common/fsutil.h"
 #include "common/log.h"
 #include "common/msg.h"
 #include "common/procstat.h"
@@ -292,7 +293,7 @@ int sv_child_spawn(supervisor *sv, run *r, enum child_role role, int index, cons
 int sv_child_record_write(supervisor *sv, run *r)
 {
 	(void)sv;
-	char boot[64], path[1100], tmp[1110];
+	char boot[64], path[1100];
 	chan_boot_id(boot, sizeof boot);
 	struct timespec ts;
 	clock_gettime(CLOCK_REALTIME, &ts);
@@ -315,12 +316,14 @@ int sv_child_record_write(supervisor *sv, run *r)
 				(json_int_t)r->runtime_base_ms, "max_runtime_ms", (json_int_t)r->max_runtime_ms,
 				"world", r->world, "devices", devs, "children", kids);
 	snprintf(path, sizeof path, "%s/attempt.json", r->dir);
-	snprintf(tmp, sizeof tmp, "%s.tmp", path);
-	int rc = 0;
-	if (!rec)
-		rc = -ENOMEM;
-	else if (json_dump_file(rec, tmp, JSON_COMPACT) < 0 || rename(tmp, path) < 0)
-		rc = -EIO;
+	return sv_child_record_save(path, rec);
+}
+
+int sv_child_record_save(const char *path, json_t *rec)
+{
+	char *text = rec ? json_dumps(rec, JSON_COMPACT) : NULL;
+	int rc = text ? fs_write_atomic(path, text, strlen(text), 0600) : -ENOMEM;
+	free(text);
 	json_decref(rec);
 	return rc;
 }

@@ -230,6 +230,9 @@ void sv_child_ended(supervisor *sv, run *r, child *c);
 /* Writes <r->dir>/attempt.json: who runs r (docs/formats.md), for a daemon
  * that starts while they run. 0 or negative errno. */
 int sv_child_record_write(supervisor *sv, run *r);
+/* Writes rec (stolen) to path as compact JSON, atomically
+ * (fs_write_atomic, mode 0600): an attempt record. 0 or negative errno. */
+int sv_child_record_save(const char *path, json_t *rec);
 /* Reads and handles everything c has sent that is there now. */
 void sv_child_drain(supervisor *sv, run *r, child *c);
 /* The loop's callback for a child's socket (arg: the child). */

@@ -124,7 +124,7 @@ static int prepare_record_write(supervisor *sv, run *r)
 	child *c = r->nkids ? r->kids[0] : NULL;
 	if (!c || !c->chan_base[0])
 		return -EINVAL;
-	char boot[64], path[1200], tmp[1210];
+	char boot[64], path[1200];
 	chan_boot_id(boot, sizeof boot);
 	struct timespec ts;
 	clock_gettime(CLOCK_REALTIME, &ts);
@@ -134,14 +134,7 @@ static int prepare_record_write(supervisor *sv, run *r)
 				"children", "role", "prepare", "index", 0, "pid", (int)c->p.pid, "start_time",
 				(json_int_t)c->start_time, "chan", c->chan_base);
 	sv_prepare_record_path(sv, r->id, ".attempt.json", path, sizeof path);
-	snprintf(tmp, sizeof tmp, "%s.tmp", path);
-	int rc = 0;
-	if (!rec)
-		rc = -ENOMEM;
-	else if (json_dump_file(rec, tmp, JSON_COMPACT) < 0 || rename(tmp, path) < 0)
-		rc = -EIO;
-	json_decref(rec);
-	return rc;
+	return sv_child_record_save(path, rec);
 }
 
 void sv_prepare_forget(supervisor *sv, const run *r)
