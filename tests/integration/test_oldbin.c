@@ -39,8 +39,9 @@
 #include "it_util.h"
 
 #define DEADLINE_S 300
-#define STEPS 60
-#define STEPS_S "60"
+/* enough that the ranks are still far from the end when they are held, on a fast machine too */
+#define STEPS 200
+#define STEPS_S "200"
 
 typedef it_fx fx;
 
