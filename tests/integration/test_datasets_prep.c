@@ -15,6 +15,10 @@
  *   - SIGQUIT (the exit that leaves jobs running) while bertd-prepare is
  *     midway: it finishes with no daemon, writing its exit record; the next
  *     daemon marks the dataset ready from it, the same bytes;
+ *   - a bertd-prepare that speaks an unknown protocol version (built with
+ *     CHAN_PROTO 99) outlives a kill -9 of its daemon: the next daemon
+ *     refuses to adopt it (its log names both versions), kills it and
+ *     prepares the dataset again from its finished shards, the same bytes;
  *   - a stop (SIGTERM) still stops bertd-prepare: gone with the daemon,
  *     nothing left to adopt; the next daemon prepares the dataset again,
  *     resuming from its finished shards;
@@ -404,6 +408,74 @@ static void test_stop_stops_prepare(void **state)
 	json_decref(ds);
 }
 
+/* A bertd-prepare that speaks another protocol version (bertd-prepare-proto99,
+ * built with CHAN_PROTO 99) outlives a kill -9 of its daemon: the next
+ * daemon, whose bertd-prepare is this tree's, refuses to adopt it when it
+ * attaches (its log names both versions), kills it and prepares the dataset
+ * again, resuming from the finished shards: the same bytes as bertd-prepare
+ * alone. */
+static void test_unknown_protocol_refused(void **state)
+{
+	fx *f = *state;
+	const char *p99 = getenv("IT_PROTO_PREPARE");
+	if (!p99)
+		fail_msg("IT_PROTO_PREPARE is not set (tests/integration/meson.build)");
+	make_inputs(f);
+	char ref[500], bin[300], link[400], said[200];
+	snprintf(ref, sizeof ref, "%s/../ref", f->data);
+	reference(f, ref);
+	snprintf(bin, sizeof bin, "%s/bin99", f->d.root);
+	assert_int_equal(mkdir(bin, 0700), 0);
+	snprintf(link, sizeof link, "%s/bertd-prepare", bin);
+	assert_int_equal(symlink(p99, link), 0);
+	assert_int_equal(bertd_stop(&f->d), 0);
+	const char *const args99[] = {"--pass-env", "SOURCE_DATE_EPOCH", "--prepare-concurrency", "1", "--bin-dir", bin,
+				      NULL};
+	it_daemon_opts o = {.cpu_slots = "1", .extra = args99};
+	assert_int_equal(it_daemon_run(f, &o), 0);
+
+	post_expect(f, "{\"name\":\"proto99\",\"source\":\"corpus.txt\",\"vocab\":{\"file\":\"vocab.txt\"},"
+		       "\"shard_tokens\":" SHARD_TOKENS "}", 201, NULL, NULL);
+	pid_t pid = prepare_pid(f, "proto99");
+	int kept = throttle(f, pid, "proto99", 2);
+	bertd_kill9(&f->d);
+	assert_true(is_stopped(pid)); /* outlived the daemon (held by the throttle) */
+	o.extra = extra; /* this tree's bertd-prepare, beside bertd */
+	assert_int_equal(it_daemon_run(f, &o), 0);
+	snprintf(said, sizeof said, "adopted its running bertd-prepare (pid %d)", (int)pid);
+	wait_log(f, said);
+	/* it attaches, naming its version: let it run a slice at a time, held
+	 * while the daemon reads that, so it cannot finish first */
+	static const char refused[] = "bertd-prepare speaks protocol version 99; this bertd adopts versions 1 to 1: "
+				      "not adopted, preparing it again";
+	for (int slice = 0; log_count(f, refused) == 0 && is_stopped(pid); slice++) {
+		assert_true(slice < DEADLINE_S * 5);
+		assert_int_equal(kill(pid, SIGCONT), 0);
+		usleep(5000);
+		kill(pid, SIGSTOP); /* ESRCH: the daemon killed it */
+		for (int i = 0; i < 1000 && proc_state(pid) && !is_stopped(pid); i++)
+			usleep(1000);
+		for (int i = 0; i < 20 && log_count(f, refused) == 0; i++)
+			it_pause_ms(10);
+	}
+	wait_log(f, refused);
+	json_t *ds = wait_ready(f, "proto99");
+	char ps = proc_state(pid);
+	assert_true(ps == 0 || ps == 'Z'); /* killed */
+	assert_int_equal(log_count(f, "(proto99): preparing into"), 2); /* prepared again */
+	long long resumed = json_integer_value(json_object_get(json_object_get(ds, "stats"), "resumed_shards"));
+	fprintf(stderr, "proto99: adopted with %d shards done, refused; the next bertd-prepare resumed %lld\n", kept,
+		resumed);
+	if (resumed < kept)
+		fail_msg("resumed_shards %lld < %d", resumed, kept);
+	json_decref(ds);
+	char out[500];
+	snprintf(out, sizeof out, "%s/datasets/proto99", f->data);
+	assert_same_shards(ref, out);
+	assert_int_equal(it_system("diff -r '%s' '%s'", ref, out), 0);
+	it_system("rm -rf '%s'", ref);
+}
+
 static void test_register(void **state)
 {
 	fx *f = *state;
@@ -476,6 +548,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_kill_resume, setup, it_teardown),
 		cmocka_unit_test_setup_teardown(test_done_without_daemon, setup, it_teardown),
 		cmocka_unit_test_setup_teardown(test_stop_stops_prepare, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_unknown_protocol_refused, setup, it_teardown),
 		cmocka_unit_test_setup_teardown(test_register, setup, it_teardown),
 	};
 	return IT_RUN(tests, NULL, NULL);
