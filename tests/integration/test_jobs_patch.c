@@ -1,5 +1,5 @@
 /* Changing a job after submit: PATCH /v1/jobs/{id}, tags, notes, owner.
- *   - a held queue: PATCH of priority, name, tags and notes, each seen in
+ *   - a held queue: PATCH of priority, name, tags, notes and preemptible, each seen in
  *     the job (and its spec) and in one "changed" event naming the field,
  *     old -> new, and who; a PATCH that changes nothing writes no event;
  *     the 422s (unknown key, bad types, out of range, bad tags, null name)
@@ -137,12 +137,21 @@ static void test_patch_fields(void **state)
 	/* quoted as JSON: the event stays one line */
 	assert_int_equal(count_events_with(d, id, "notes null -> \"second\\nline\""), 1);
 	assert_int_equal(count_events_with(d, id, "changed by"), 3);
+	/* preemptible: into the spec, with its event; the same value again writes none */
+	j = patch_ok(d, id, "{\"preemptible\": true}");
+	assert_true(json_is_true(json_object_get(json_object_get(j, "spec"), "preemptible")));
+	json_decref(j);
+	json_decref(patch_ok(d, id, "{\"preemptible\": true}"));
+	assert_int_equal(count_events_with(d, id, "changed by default: preemptible false -> true"), 1);
+	assert_int_equal(count_events_with(d, id, "changed by"), 4);
 
 	/* refused: named, and nothing written */
 	const struct {
 		const char *body, *field, *parts;
 	} bad[] = {
-		{"{\"model\": {\"hidden_size\": 64}}", "model", "unknown key|priority, name, tags and notes"},
+		{"{\"model\": {\"hidden_size\": 64}}", "model", "unknown key|priority, name, tags, notes and preemptible"},
+		{"{\"preemptible\": \"yes\"}", "preemptible", "boolean"},
+		{"{\"preemptible\": null}", "preemptible", "boolean"},
 		{"{\"priority\": 1, \"dataset\": \"other\"}", "dataset", "unknown key"},
 		{"{\"priority\": \"high\"}", "priority", "integer"},
 		{"{\"priority\": 101}", "priority", "between -100 and 100"},
@@ -162,8 +171,9 @@ static void test_patch_fields(void **state)
 	assert_int_equal(json_integer_value(json_object_get(j, "priority")), 7);
 	tags_of(j, tags, sizeof tags);
 	assert_string_equal(tags, "exp:2");
+	assert_true(json_is_true(json_object_get(json_object_get(j, "spec"), "preemptible")));
 	json_decref(j);
-	assert_int_equal(count_events_with(d, id, "changed by"), 3);
+	assert_int_equal(count_events_with(d, id, "changed by"), 4);
 
 	const char *not_objects[] = {"[]", "{\"priority\": ", "7"};
 	for (size_t i = 0; i < 3; i++) {
