@@ -357,10 +357,10 @@ static void recover(supervisor *sv)
 			snprintf(why, sizeof why, "%s (daemon restarted during the cancel)",
 				 sv_canceled_by(sv, jobs[i].id, who, sizeof who));
 			store_job_transition(sv->st, jobs[i].id, JOB_MASK(JOB_STOPPING), JOB_CANCELED, why, NULL);
-		}
-		else
+		} else {
 			store_job_transition(sv->st, jobs[i].id, mask, JOB_RESTARTING,
 					     "daemon restarted; resuming from the last checkpoint", NULL);
+		}
 	}
 	store_jobs_free(jobs, n);
 }
