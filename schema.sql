@@ -168,3 +168,16 @@ CREATE TRIGGER jobs_sched_delete AFTER DELETE ON jobs
 BEGIN
 	UPDATE sched_clock SET rev = rev + 1, reload_rev = rev + 1;
 END;
+
+-- migration 9: preemption holds and who asked a job to stop. A preempted
+-- job waits in the queue until the job it was preempted for (by_job) has
+-- started; preempt_holds keeps that wait across a daemon restart (one row
+-- per victim, dropped when its preemptor starts or is gone). jobs.stop_by
+-- names who asked for a running job's cancel (a token's name), so the
+-- event that ends it says who, whichever daemon writes it.
+CREATE TABLE preempt_holds (
+	victim     TEXT    PRIMARY KEY REFERENCES jobs (id) ON DELETE CASCADE,
+	by_job     TEXT    NOT NULL,
+	created_ms INTEGER NOT NULL
+) WITHOUT ROWID;
+ALTER TABLE jobs ADD COLUMN stop_by TEXT;

@@ -1,6 +1,6 @@
 /* jobs — the /v1/jobs resource: submit (validated by jobspec, idempotent
  * with Idempotency-Key), list with state, tag and owner filters and cursor
- * paging, get, change (PATCH: priority, name, tags, notes), cancel,
+ * paging, get, change (PATCH: priority, name, tags, notes, preemptible), cancel,
  * delete, events.
  *
  * Handlers only read and write through store_*; state changes are
@@ -1938,7 +1938,7 @@ enum MHD_Result jobs_cancel(api_request *req)
 		if (cur == JOB_STOPPING)
 			return reply_job(req, MHD_HTTP_ACCEPTED, id);
 		if (JOB_MASK(cur) & running) {
-			rc = store_job_transition(req->st, id, running, JOB_STOPPING, stopping, &cur);
+			rc = store_job_stop_request(req->st, id, running, request_owner(req), stopping, &cur);
 			if (rc == 0) {
 				log_info("job %s stopping on user request", id);
 				return reply_job(req, MHD_HTTP_ACCEPTED, id);
@@ -2057,8 +2057,32 @@ enum MHD_Result jobs_events(api_request *req)
 
 /* ------------------------------------------------------------ change */
 
+/* Whether job id may become "preemptible": true (a multi-node job may not:
+ * jobspec.h's JOBSPEC_MULTINODE_NOT_PREEMPTIBLE); false with *ret the
+ * answer (422 naming the field, or the store's failure). */
+static bool preemptible_allowed(api_request *req, const char *id, enum MHD_Result *ret)
+{
+	store_job j = {0};
+	int rc = store_job_get(req->st, id, &j);
+	if (rc == -ENOENT)
+		return true; /* the change answers 404 */
+	if (rc < 0) {
+		*ret = store_failed(req, rc, id, "changing job");
+		return false;
+	}
+	json_t *spec = j.spec_json ? json_loads(j.spec_json, 0, NULL) : NULL;
+	json_t *nodes = json_object_get(json_object_get(spec, "resources"), "nodes");
+	bool multinode = json_is_integer(nodes) && json_integer_value(nodes) > 1;
+	json_decref(spec);
+	store_job_free(&j);
+	if (multinode)
+		*ret = api_reply_problem(req, API_P_INVALID_REQUEST, "preemptible", "%s",
+					 JOBSPEC_MULTINODE_NOT_PREEMPTIBLE);
+	return !multinode;
+}
+
 /* PATCH /v1/jobs/{id}: a merge-patch-like body {"priority", "name", "tags",
- * "notes"} (each optional; null clears tags and notes) changes a job that
+ * "notes", "preemptible"} (each optional; null clears tags and notes) changes a job that
  * is not finished. Every key is validated as the job spec validates it
  * (jobspec_check_key) before anything is written; the store then applies
  * all of them in one transaction that refuses a finished job, so a cancel
@@ -2067,7 +2091,7 @@ enum MHD_Result jobs_patch(api_request *req)
 {
 	const char *id = req->args.v[0];
 	enum MHD_Result ret;
-	json_t *in = NULL, *name = NULL, *prio = NULL, *tags = NULL, *notes = NULL;
+	json_t *in = NULL, *name = NULL, *prio = NULL, *tags = NULL, *notes = NULL, *preempt = NULL;
 	char *tags_text = NULL, *changed = NULL;
 	char detail[256];
 	if (!id_plausible(id))
@@ -2077,7 +2101,7 @@ enum MHD_Result jobs_patch(api_request *req)
 	if (req->body_len == 0)
 		return api_reply_problem(req, API_P_BAD_REQUEST, NULL,
 					 "the body must be a JSON object with any of priority, name, "
-					 "tags, notes");
+					 "tags, notes, preemptible");
 	int rc = api_json_parse(req->body, req->body_len, API_JSON_MAX_DEPTH, &in, detail,
 				sizeof detail);
 	if (rc)
@@ -2086,7 +2110,7 @@ enum MHD_Result jobs_patch(api_request *req)
 	if (!json_is_object(in)) {
 		ret = api_reply_problem(req, API_P_BAD_REQUEST, NULL,
 					"the body must be a JSON object with any of priority, name, "
-					"tags, notes");
+					"tags, notes, preemptible");
 		goto out;
 	}
 	const char *key;
@@ -2096,11 +2120,12 @@ enum MHD_Result jobs_patch(api_request *req)
 		json_t **slot = NULL;
 		if (klen == strlen(key)) /* a key holding a NUL is no key of ours */
 			slot = !strcmp(key, "priority") ? &prio : !strcmp(key, "name") ? &name
-			     : !strcmp(key, "tags") ? &tags : !strcmp(key, "notes") ? &notes : NULL;
+			     : !strcmp(key, "tags") ? &tags : !strcmp(key, "notes") ? &notes
+			     : !strcmp(key, "preemptible") ? &preempt : NULL;
 		if (!slot) {
 			ret = api_reply_problem(req, API_P_INVALID_REQUEST, key,
-						"unknown key; a job's priority, name, tags and notes "
-						"can be changed, nothing else");
+						"unknown key; a job's priority, name, tags, notes and "
+						"preemptible can be changed, nothing else");
 			goto out;
 		}
 		jobspec_error err = {0};
@@ -2111,6 +2136,8 @@ enum MHD_Result jobs_patch(api_request *req)
 			goto out;
 		}
 	}
+	if (json_is_true(preempt) && !preemptible_allowed(req, id, &ret))
+		goto out;
 	if (tags && !(tags_text = json_dumps(tags, JSON_COMPACT))) {
 		ret = api_reply_problem(req, API_P_INTERNAL, NULL, "out of memory");
 		goto out;
@@ -2122,6 +2149,8 @@ enum MHD_Result jobs_patch(api_request *req)
 		.tags_json = tags_text,
 		.set_notes = notes != NULL,
 		.notes = json_string_value(notes), /* NULL for null: cleared */
+		.set_preemptible = preempt != NULL,
+		.preemptible = json_is_true(preempt),
 		.by = request_owner(req),
 	};
 	enum job_state cur = JOB_QUEUED;
@@ -2140,6 +2169,7 @@ out:
 	json_decref(prio);
 	json_decref(tags);
 	json_decref(notes);
+	json_decref(preempt);
 	free(tags_text);
 	free(changed);
 	return ret;

@@ -1111,6 +1111,8 @@ static int cross_check(json_t *o, jobspec_error *err)
 	int rc = check_nodes(o, err);
 	if (rc < 0)
 		return rc;
+	if (json_is_true(json_object_get(o, "preemptible")) && ival(o, "resources", "nodes") > 1)
+		return fail(err, 422, NULL, "preemptible", "%s", JOBSPEC_MULTINODE_NOT_PREEMPTIBLE);
 
 	double mask = json_real_value(at(o, "mlm", "mask_replace_prob"));
 	double rnd = json_real_value(at(o, "mlm", "random_replace_prob"));
@@ -1195,10 +1197,11 @@ int jobspec_check_key(const char *key, const json_t *v, json_t **out, jobspec_er
 	struct ctx c = {.err = err, .preset = -1};
 	*out = NULL;
 	if (!f || (strcmp(key, "name") && strcmp(key, "priority") && strcmp(key, "tags") &&
-		   strcmp(key, "notes")))
+		   strcmp(key, "notes") && strcmp(key, "preemptible")))
 		return fail(err, 422, NULL, key, "cannot be changed after submit");
-	if (!v || (json_is_null(v) && (f->kind == K_NAME || f->kind == K_INT)))
-		return fail(err, 422, NULL, key, "must be %s", f->kind == K_INT ? "an integer" : "a string");
+	if (!v || (json_is_null(v) && (f->kind == K_NAME || f->kind == K_INT || f->kind == K_BOOL)))
+		return fail(err, 422, NULL, key, "must be %s",
+			    f->kind == K_INT ? "an integer" : f->kind == K_BOOL ? "a boolean" : "a string");
 	json_t *res = NULL;
 	int rc = field_normalize(v, f, NULL, &c, &res);
 	if (rc < 0)

@@ -49,11 +49,18 @@ int jobspec_normalize(const json_t *in, json_t **out, jobspec_error *err);
 #define JOBSPEC_TAG_MAX 64
 #define JOBSPEC_NOTES_MAX 4096
 
+/* Why a multi-node job cannot be "preemptible": true (refused at submit
+ * and by PATCH). */
+#define JOBSPEC_MULTINODE_NOT_PREEMPTIBLE                                                       \
+	"cannot be true for a multi-node job (resources.nodes above 1): Slurm places it, not this " \
+	"machine's devices, so stopping it would free nothing a queued job could use; multi-node " \
+	"jobs are never preempted"
 /* Validates one top-level key a job may change after submit ("name",
- * "priority", "tags", "notes") as jobspec_normalize would, and returns its
+ * "priority", "tags", "notes", "preemptible") as jobspec_normalize would, and returns its
  * effective value in *out (caller owns; null for notes and [] for tags
  * given null). -EINVAL with *err filled (field: the key, or "tags[2]")
- * for any other key, null for name or priority, or a bad value; -ENOMEM. */
+ * for any other key, null for name, priority or preemptible, or a bad
+ * value; -ENOMEM. */
 int jobspec_check_key(const char *key, const json_t *v, json_t **out, jobspec_error *err);
 
 /* Tri-state for choices the worker makes from the hardware it finds. */

@@ -226,7 +226,7 @@ static void adopt_run(supervisor *sv, const store_job *j, json_t *rec)
 	r->stall_noted = -1;
 	r->saw_running = j->state != JOB_STARTING;
 	if (j->state == JOB_STOPPING) /* a cancel the earlier daemon had asked for: the tick asks again */
-		r->stop_why = "canceled by user";
+		r->stop_why = SV_STOP_USER;
 	unsigned nvidx[64];
 	int ngpu = 0;
 	for (int k = 0; k < r->ndev; k++)
@@ -271,6 +271,7 @@ static void adopt_run(supervisor *sv, const store_job *j, json_t *rec)
 		 "meanwhile)", live, nended);
 	store_job_note(sv->st, r->id, note);
 	log_info("job %s: %s", r->id, note);
+	sv_preempt_adopted(sv, r); /* it was stopping for a preemption: asked again */
 	/* the last of them may end the run (and free r) */
 	for (int k = 0; k < nended; k++)
 		sv_child_ended(sv, r, ended[k]);

@@ -220,8 +220,8 @@ int store_job_list_keys(store *s, const store_job_filter *f, int64_t seq_bound, 
 
 /* A change of a job after submit (PATCH /v1/jobs/{id}): each member given
  * replaces the stored value, in the row (name, priority) and in spec_json
- * alike ("name", "priority", "tags", "notes"); the caller has validated
- * them (jobspec_check_key). */
+ * alike ("name", "priority", "tags", "notes"; "preemptible" in spec_json
+ * only); the caller has validated them (jobspec_check_key). */
 typedef struct store_job_change {
 	const char *name;      /* NULL: unchanged */
 	bool set_priority;
@@ -229,6 +229,8 @@ typedef struct store_job_change {
 	const char *tags_json; /* compact JSON array of tag strings; NULL: unchanged */
 	bool set_notes;
 	const char *notes;     /* with set_notes: the new notes, NULL clears them */
+	bool set_preemptible;
+	bool preemptible;      /* with set_preemptible: spec_json's "preemptible" */
 	const char *by;        /* who asks (a token's name), NULL unknown; for the event */
 } store_job_change;
 /* Applies c to a job that is not finished, in one transaction with one
@@ -250,6 +252,29 @@ int store_job_change_apply(store *s, const char *id, const store_job_change *c, 
  * *cur, if non-NULL, gets the state before the call either way). */
 int store_job_transition(store *s, const char *id, unsigned from_mask, enum job_state to,
 			 const char *reason, enum job_state *cur);
+
+/* store_job_transition to JOB_STOPPING (from a state in from_mask) that
+ * also records who asked (by: a token's name, NULL unknown) for
+ * store_job_stop_by, in the same transaction. Errors as
+ * store_job_transition's. */
+int store_job_stop_request(store *s, const char *id, unsigned from_mask, const char *by, const char *reason,
+			   enum job_state *cur);
+/* Who asked for job id's stop (store_job_stop_request): 0 with *by (caller
+ * frees; NULL when nobody was recorded), -ENOENT no job, a store error. */
+int store_job_stop_by(store *s, const char *id, char **by);
+
+/* A preemption hold (schema.sql, migration 9): job victim waits in the
+ * queue until job by has started. Strings heap-owned. */
+typedef struct store_preempt_hold {
+	char *victim, *by;
+} store_preempt_hold;
+/* Records (or replaces) victim's hold. -ENOENT no job victim. */
+int store_preempt_hold_put(store *s, const char *victim, const char *by);
+/* Forgets victim's hold (none: a no-op, 0). */
+int store_preempt_hold_drop(store *s, const char *victim);
+/* Every hold, oldest first: *out caller-owned (store_preempt_holds_free). */
+int store_preempt_holds(store *s, store_preempt_hold **out, size_t *n);
+void store_preempt_holds_free(store_preempt_hold *h, size_t n);
 
 /* Records the devices a job was started on (JSON array text; NULL clears).
  * -ENOENT no job. */

@@ -389,6 +389,42 @@ int store_job_note(store *s, const char *id, const char *reason)
 	return store_in_txn(s, TXN_WRITE, job_note_txn, &c);
 }
 
+/* A cancel of a running job: the transition to stopping and who asked
+ * (jobs.stop_by) in one transaction, so the daemon that ends the job names
+ * whoever's request moved it. */
+typedef struct stop_request {
+	job_change c;
+	const char *by;
+} stop_request;
+
+static int stop_request_txn(store *s, void *ctx)
+{
+	stop_request *q = ctx;
+	int rc = job_transition_txn(s, &q->c);
+	if (rc < 0)
+		return rc;
+	rc = store_sql_exec(s, "UPDATE jobs SET stop_by = ?2 WHERE id = ?1", ARGS(ARG_TEXT(q->c.id), ARG_TEXT(q->by)),
+			    NULL, NULL);
+	return rc < 0 ? rc : 0;
+}
+
+int store_job_stop_request(store *s, const char *id, unsigned from_mask, const char *by, const char *reason,
+			   enum job_state *cur)
+{
+	if (!id)
+		return -EINVAL;
+	enum job_state was = JOB_STATE_COUNT;
+	stop_request q = {.c = {.id = id, .from_mask = from_mask, .to = JOB_STOPPING, .reason = reason, .cur = &was,
+				.t = store_now_ms()},
+			  .by = by};
+	int rc = store_in_txn(s, TXN_WRITE, stop_request_txn, &q);
+	if (cur && was != JOB_STATE_COUNT)
+		*cur = was;
+	if (rc == 0)
+		log_info("job %s: %s -> stopping (%s)", id, job_state_name(was), reason ? reason : "no reason given");
+	return rc;
+}
+
 int store_job_set_devices(store *s, const char *id, const char *devices_json)
 {
 	if (!id)
@@ -624,6 +660,7 @@ typedef struct job_values {
 	enum job_state state;
 	char *name, *tags, *notes;
 	int priority;
+	bool preemptible;
 } job_values;
 
 static int job_values_row(sqlite3_stmt *st, void *ctx)
@@ -637,6 +674,7 @@ static int job_values_row(sqlite3_stmt *st, void *ctx)
 	if (rc == 0)
 		rc = store_dup_col(st, 4, &v->notes);
 	v->priority = sqlite3_column_int(st, 2);
+	v->preemptible = sqlite3_column_int(st, 5) != 0;
 	return rc;
 }
 
@@ -726,7 +764,8 @@ static int job_change_txn(store *s, void *ctx)
 	textbuf b = {0};
 	int rc = store_found(store_sql_exec(s, "SELECT state, name, priority, "
 					       "COALESCE(json_extract(spec_json, '$.tags'), '[]'), "
-					       "json_extract(spec_json, '$.notes') FROM jobs WHERE id = ?1",
+					       "json_extract(spec_json, '$.notes'), "
+					       "COALESCE(json_extract(spec_json, '$.preemptible'), 0) FROM jobs WHERE id = ?1",
 					    ARGS(ARG_TEXT(x->id)), job_values_row, &v), -ENOENT);
 	if (rc < 0)
 		goto out;
@@ -751,6 +790,10 @@ static int job_change_txn(store *s, void *ctx)
 		tb_add(&b, " -> ");
 		tb_notes(&b, c->notes);
 	}
+	bool preemptible = c->set_preemptible && c->preemptible != v.preemptible;
+	if (preemptible)
+		tb_add(&b, "%s preemptible %s -> %s", b.len > head ? ";" : "", v.preemptible ? "true" : "false",
+		       c->preemptible ? "true" : "false");
 	if (b.oom) {
 		rc = -ENOMEM;
 		goto out;
@@ -768,6 +811,12 @@ static int job_change_txn(store *s, void *ctx)
 					ARGS(ARG_TEXT(x->id), ARG_TEXT(name), ARG_I64(priority), ARG_TEXT(tags),
 					     ARG_TEXT(notes), ARG_I64(x->t)), NULL, NULL), -ENOENT);
 	if (rc < 0)
+		goto out;
+	if (preemptible &&
+	    (rc = store_found(store_sql_exec(s, "UPDATE jobs SET spec_json = json_set(spec_json, '$.preemptible', "
+						"json(?2)) WHERE id = ?1",
+					     ARGS(ARG_TEXT(x->id), ARG_TEXT(c->preemptible ? "true" : "false")), NULL,
+					     NULL), -ENOENT)) < 0)
 		goto out;
 	store_job_touch(s, x->id);
 	if ((rc = store_job_tags_sync(s, x->id)) < 0 ||

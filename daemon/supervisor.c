@@ -352,12 +352,15 @@ static void recover(supervisor *sv)
 		shm_unlink(shm); /* segments left by the previous daemon's job */
 		snprintf(shm, sizeof shm, "/bertd-%s-comm", jobs[i].id);
 		shm_unlink(shm);
-		if (jobs[i].state == JOB_STOPPING)
-			store_job_transition(sv->st, jobs[i].id, JOB_MASK(JOB_STOPPING), JOB_CANCELED,
-					     "daemon restarted during cancel", NULL);
-		else
+		if (jobs[i].state == JOB_STOPPING) {
+			char who[200], why[260];
+			snprintf(why, sizeof why, "%s (daemon restarted during the cancel)",
+				 sv_canceled_by(sv, jobs[i].id, who, sizeof who));
+			store_job_transition(sv->st, jobs[i].id, JOB_MASK(JOB_STOPPING), JOB_CANCELED, why, NULL);
+		} else {
 			store_job_transition(sv->st, jobs[i].id, mask, JOB_RESTARTING,
 					     "daemon restarted; resuming from the last checkpoint", NULL);
+		}
 	}
 	store_jobs_free(jobs, n);
 }
@@ -403,6 +406,7 @@ int supervisor_create(supervisor **out, const supervisor_config *cfg, loop *lp, 
 	}
 	memcpy(sv->devs, devices, ndev * sizeof *devices);
 	sv->ndev = ndev;
+	sv_preempt_load(sv); /* before adoption: an adopted victim's stop is asked again */
 	recover(sv);
 	sample_timer_start(sv);
 	*out = sv;

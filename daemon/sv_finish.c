@@ -14,6 +14,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 #include <time.h>
@@ -33,6 +34,15 @@ static void free_dev_ids(supervisor *sv, run *r)
 		}
 	}
 	r->ndev = 0;
+}
+
+const char *sv_canceled_by(supervisor *sv, const char *id, char *buf, size_t cap)
+{
+	char *by = NULL;
+	store_job_stop_by(sv->st, id, &by);
+	snprintf(buf, cap, "canceled by %s", by ? by : "user");
+	free(by);
+	return buf;
 }
 
 /* r was preempted and its workers stopped: back to queued (from live),
@@ -105,9 +115,11 @@ void sv_finish_job(supervisor *sv, run *r)
 		/* an attempt this daemon would not adopt: resumed, no restart counted */
 		store_job_transition(sv->st, r->id, live, JOB_RESTARTING, r->reason, NULL);
 	} else if (state == JOB_STOPPING && (!r->failed || r->stop_sent)) {
-		if (store_job_transition(sv->st, r->id, JOB_MASK(JOB_STOPPING), JOB_CANCELED,
-					 r->reason[0] && !r->stop_sent ? r->reason
-					 : r->stop_why ? r->stop_why : "canceled by user", NULL) == 0)
+		char who[200];
+		const char *why = r->reason[0] && !r->stop_sent ? r->reason : r->stop_why;
+		if (!why || strcmp(why, SV_STOP_USER) == 0)
+			why = sv_canceled_by(sv, r->id, who, sizeof who);
+		if (store_job_transition(sv->st, r->id, JOB_MASK(JOB_STOPPING), JOB_CANCELED, why, NULL) == 0)
 			telemetry_job_finished(JOB_CANCELED);
 	} else if (r->preempted_by[0] && !r->failed && !all_steps) {
 		requeue_preempted(sv, r, live, preemptions);

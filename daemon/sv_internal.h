@@ -44,6 +44,8 @@
 #include "daemon/telemetry_sampler.h"
 
 #define MAX_CHILDREN 130 /* 64 workers + 64 loaders + slack */
+/* run.stop_why of a user's cancel: the event that ends the job names who (sv_canceled_by) */
+#define SV_STOP_USER "canceled by user"
 
 /* ROLE_LAUNCHER: srun of a multi-node job; its ranks are ROLE_WORKER
  * children without a process here ("relayed": only their connection). */
@@ -125,7 +127,8 @@ struct run {
 	bool stepping;         /* a step was reported */
 	int stall_noted;       /* rank recorded as suspect in the store; -1 none */
 	tsampler *ts;          /* device/host samples between metrics rows; NULL if none */
-	const char *stop_why;   /* reason recorded when a stop ends the job */
+	const char *stop_why;   /* reason recorded when a stop ends the job; SV_STOP_USER: a
+				 * user's cancel, whose event names who (sv_canceled_by) */
 	char preempted_by[40];  /* the job it was told to stop for (sv_preempt.c); "" when not:
 				 * its end queues it again (sv_finish.c) */
 	/* multi-node (docs/multinode.md): world ranks started by srun */
@@ -171,9 +174,10 @@ struct supervisor {
 	int prep_kills_next;
 	int sample_fd;         /* timerfd: telemetry samples every TELEMETRY_SAMPLE_MS (supervisor.c); -1 if none */
 	/* jobs preempted for a job that has not started yet: held in the queue
-	 * until it has (sv_preempt.c); in memory only */
+	 * until it has (sv_preempt.c); kept in the store too (preempt_holds) */
 	struct preempt_hold {
 		char victim[40], by[40];
+		bool noted;    /* the victim's events say it waits (false: read back at start) */
 	} preempt_holds[64];
 	int npreempt_holds;
 	struct jobqueue *jq;   /* the queue as the tick last read it (supervisor.c); NULL before the first pass */
@@ -280,6 +284,9 @@ int sv_jobfile_write(supervisor *sv, run *r, const char *dataset_dir, const char
  * memory, devices, relay and Slurm step released, the job's next state
  * (queued, canceled, completed, restarting or failed). Frees r. */
 void sv_finish_job(supervisor *sv, run *r);
+/* "canceled by <who>" into buf (cap bytes): who asked for job id's cancel
+ * (store_job_stop_by), "user" when nobody was recorded. Returns buf. */
+const char *sv_canceled_by(supervisor *sv, const char *id, char *buf, size_t cap);
 
 /* ---- adopt.c: attempts an earlier daemon started ---- */
 
@@ -311,6 +318,14 @@ void sv_preempt_consider(supervisor *sv, const sched_job *q, size_t nq, const sc
  * cancel's stop too (rank 0 exports if it has not exited yet) and r is no
  * longer preempted (its end is the cancel's). */
 void sv_preempt_canceled(supervisor *sv, run *r);
+/* At start, before adoption and the first tick: the holds the store keeps
+ * (a daemon before this one preempted those jobs). */
+void sv_preempt_load(supervisor *sv);
+/* r, just adopted, was stopping for a preemption when the daemon before
+ * this one went (its hold stands, its preemptor still waits): its workers
+ * are asked again to checkpoint and stop, and its end queues it again as
+ * a preempted job. Nothing for any other run. */
+void sv_preempt_adopted(supervisor *sv, run *r);
 
 /* ---- sv_launch.c: starting an attempt ---- */
 

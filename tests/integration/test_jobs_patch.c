@@ -1,10 +1,10 @@
 /* Changing a job after submit: PATCH /v1/jobs/{id}, tags, notes, owner.
- *   - a held queue: PATCH of priority, name, tags and notes, each seen in
- *     the job (and its spec) and in one "changed" event naming the field,
+ *   - a held queue: PATCH of priority, name, tags, notes and preemptible,
+ *     each seen in the job (and its spec) and in one "changed" event naming the field,
  *     old -> new, and who; a PATCH that changes nothing writes no event;
- *     the 422s (unknown key, bad types, out of range, bad tags, null name)
- *     change nothing; 400 for a body that is not an object, 404 for no
- *     such job, 409 for a finished one;
+ *     the 422s (unknown key, bad types, out of range, bad tags, null name,
+ *     preemptible for a multi-node job) change nothing; 400 for a body
+ *     that is not an object, 404 for no such job, 409 for a finished one;
  *   - GET /v1/jobs?tag=&owner= with pagination, both orders, following
  *     PATCHes that add and remove a tag; 400 naming a bad tag;
  *   - PATCHes racing a cancel: each is 200 (and has its event, before the
@@ -137,12 +137,21 @@ static void test_patch_fields(void **state)
 	/* quoted as JSON: the event stays one line */
 	assert_int_equal(count_events_with(d, id, "notes null -> \"second\\nline\""), 1);
 	assert_int_equal(count_events_with(d, id, "changed by"), 3);
+	/* preemptible: into the spec, with its event; the same value again writes none */
+	j = patch_ok(d, id, "{\"preemptible\": true}");
+	assert_true(json_is_true(json_object_get(json_object_get(j, "spec"), "preemptible")));
+	json_decref(j);
+	json_decref(patch_ok(d, id, "{\"preemptible\": true}"));
+	assert_int_equal(count_events_with(d, id, "changed by default: preemptible false -> true"), 1);
+	assert_int_equal(count_events_with(d, id, "changed by"), 4);
 
 	/* refused: named, and nothing written */
 	const struct {
 		const char *body, *field, *parts;
 	} bad[] = {
-		{"{\"model\": {\"hidden_size\": 64}}", "model", "unknown key|priority, name, tags and notes"},
+		{"{\"model\": {\"hidden_size\": 64}}", "model", "unknown key|priority, name, tags, notes and preemptible"},
+		{"{\"preemptible\": \"yes\"}", "preemptible", "boolean"},
+		{"{\"preemptible\": null}", "preemptible", "boolean"},
 		{"{\"priority\": 1, \"dataset\": \"other\"}", "dataset", "unknown key"},
 		{"{\"priority\": \"high\"}", "priority", "integer"},
 		{"{\"priority\": 101}", "priority", "between -100 and 100"},
@@ -162,8 +171,9 @@ static void test_patch_fields(void **state)
 	assert_int_equal(json_integer_value(json_object_get(j, "priority")), 7);
 	tags_of(j, tags, sizeof tags);
 	assert_string_equal(tags, "exp:2");
+	assert_true(json_is_true(json_object_get(json_object_get(j, "spec"), "preemptible")));
 	json_decref(j);
-	assert_int_equal(count_events_with(d, id, "changed by"), 3);
+	assert_int_equal(count_events_with(d, id, "changed by"), 4);
 
 	const char *not_objects[] = {"[]", "{\"priority\": ", "7"};
 	for (size_t i = 0; i < 3; i++) {
@@ -177,6 +187,21 @@ static void test_patch_fields(void **state)
 	r = patch(d, "nonsense", "{\"priority\": 1}");
 	assert_int_equal(r.status, 404);
 	http_resp_free(&r);
+
+	/* a multi-node job is never preempted: refused at submit and by PATCH */
+	spec = it_job_spec("multi", "shakes", "resources", "{\"nodes\":2,\"gpus_per_node\":1}", "preemptible",
+			   "true", NULL);
+	it_submit_refused(d, spec, "preemptible", "multi-node|never preempted");
+	free(spec);
+	spec = it_job_spec("multi", "shakes", "resources", "{\"nodes\":2,\"gpus_per_node\":1}", NULL);
+	char *multi = it_submit(d, spec);
+	free(spec);
+	r = patch(d, multi, "{\"preemptible\": true}");
+	it_assert_refused(&r, "preemptible", "multi-node|never preempted");
+	json_decref(patch_ok(d, multi, "{\"preemptible\": false}"));
+	assert_int_equal(count_events_with(d, multi, "changed by"), 0);
+	it_cancel_job(d, multi, DEADLINE_S);
+	free(multi);
 
 	it_cancel_job(d, id, DEADLINE_S);
 	r = patch(d, id, "{\"priority\": 1}");

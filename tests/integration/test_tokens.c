@@ -535,7 +535,7 @@ static void test_token_api(void **state)
 }
 
 /* The one job that runs: a user's running job is its own to stop (202,
- * "cancel requested by alice"), not another user's (403), on a daemon of
+ * "cancel requested by alice", and it ends "canceled by alice"), not another user's (403), on a daemon of
  * its own whose queue runs. */
 static void test_cancel_running_job(void **state)
 {
@@ -570,6 +570,12 @@ static void test_cancel_running_job(void **state)
 	assert_string_equal(it_jstr(j, "state"), "canceled");
 	assert_string_equal(it_jstr(j, "owner"), "alice");
 	json_decref(j);
+	/* the event that ends it, written by the daemon, names her too */
+	ev = it_events_of(d, id);
+	json_t *last = json_array_get(ev, json_array_size(ev) - 1);
+	assert_string_equal(it_jstr(last, "to"), "canceled");
+	assert_string_equal(it_jstr(last, "reason"), "canceled by alice");
+	json_decref(ev);
 	free(id);
 	free(alice);
 	free(bob);

@@ -1416,6 +1416,35 @@ static void test_tags_notes(void **state)
 	assert_int_equal(jobspec_check_key("tags", v, &res, &err), -EINVAL);
 	assert_string_equal(err.field, "tags[1]");
 	json_decref(v);
+	/* preemptible: a boolean, changeable; null and other types refused */
+	v = json_true();
+	assert_int_equal(jobspec_check_key("preemptible", v, &res, &err), 0);
+	assert_true(json_is_true(res));
+	json_decref(res);
+	v = json_null();
+	assert_int_equal(jobspec_check_key("preemptible", v, &res, &err), -EINVAL);
+	assert_string_equal(err.field, "preemptible");
+	assert_non_null(strstr(err.detail, "boolean"));
+	v = parse("\"yes\"");
+	assert_int_equal(jobspec_check_key("preemptible", v, &res, &err), -EINVAL);
+	assert_string_equal(err.field, "preemptible");
+	json_decref(v);
+}
+
+/* A multi-node job is never preempted: "preemptible": true is refused for
+ * it, naming the key; false (or left out) is accepted. */
+static void test_multinode_not_preemptible(void **state)
+{
+	(void)state;
+	expect_bad("{\"dataset\":\"x\",\"preemptible\":true,"
+		   "\"resources\":{\"nodes\":2,\"gpus_per_node\":1}}", 422, "preemptible");
+	json_t *o = normalize_ok("{\"dataset\":\"x\",\"preemptible\":false,"
+				 "\"resources\":{\"nodes\":2,\"gpus_per_node\":1}}");
+	assert_true(json_is_false(get(o, NULL, "preemptible")));
+	json_decref(o);
+	o = normalize_ok("{\"dataset\":\"x\",\"preemptible\":true,\"resources\":{\"nodes\":1}}");
+	assert_true(json_is_true(get(o, NULL, "preemptible")));
+	json_decref(o);
 }
 
 static void test_best_model_keys(void **state)
@@ -1490,6 +1519,7 @@ int main(void)
 		cmocka_unit_test(test_preset_dims),
 		cmocka_unit_test(test_sched_kwargs),
 		cmocka_unit_test(test_mixture),
+		cmocka_unit_test(test_multinode_not_preemptible),
 		cmocka_unit_test(test_best_model_keys),
 		cmocka_unit_test(test_tags_notes),
 	};

@@ -629,6 +629,60 @@ static void test_events_in_order(void **state)
 	store_events_free(ev, n);
 }
 
+/* Preemption holds (put replaces, drop, read back by another handle, gone
+ * with their job) and who asked for a stop (store_job_stop_request). */
+static void test_preempt_holds_stop_by(void **state)
+{
+	fixture *f = *state;
+	const char *v = "job-00000000000000e1", *w = "job-00000000000000e2";
+	assert_int_equal(add_job(f->s, v, 0), 0);
+	assert_int_equal(add_job(f->s, w, 0), 0);
+	assert_int_equal(store_preempt_hold_put(f->s, "job-00000000000000ff", "job-00000000000000aa"), -ENOENT);
+	assert_int_equal(store_preempt_hold_put(f->s, v, "job-00000000000000aa"), 0);
+	assert_int_equal(store_preempt_hold_put(f->s, v, "job-00000000000000bb"), 0); /* replaces */
+	assert_int_equal(store_preempt_hold_put(f->s, w, "job-00000000000000bb"), 0);
+	store_close(f->s);
+	assert_int_equal(store_open(&f->s, f->path), 0);
+	store_preempt_hold *h = NULL;
+	size_t n = 0;
+	assert_int_equal(store_preempt_holds(f->s, &h, &n), 0);
+	assert_int_equal(n, 2);
+	for (size_t i = 0; i < n; i++)
+		assert_string_equal(h[i].by, "job-00000000000000bb");
+	assert_true((!strcmp(h[0].victim, v) && !strcmp(h[1].victim, w)) ||
+		    (!strcmp(h[0].victim, w) && !strcmp(h[1].victim, v)));
+	store_preempt_holds_free(h, n);
+	assert_int_equal(store_preempt_hold_drop(f->s, v), 0);
+	assert_int_equal(store_preempt_hold_drop(f->s, v), 0); /* none: a no-op */
+	assert_int_equal(store_job_transition(f->s, w, JOB_MASK(JOB_QUEUED), JOB_CANCELED, "x", NULL), 0);
+	assert_int_equal(store_job_delete(f->s, w), 0); /* its hold goes with it */
+	assert_int_equal(store_preempt_holds(f->s, &h, &n), 0);
+	assert_int_equal(n, 0);
+	store_preempt_holds_free(h, n);
+
+	char *by = (char *)"unset";
+	assert_int_equal(store_job_stop_by(f->s, v, &by), 0);
+	assert_null(by);
+	enum job_state cur;
+	assert_int_equal(store_job_stop_request(f->s, v, JOB_MASK(JOB_RUNNING), "alice", "cancel requested by alice",
+						&cur), -EBUSY);
+	assert_int_equal(cur, JOB_QUEUED);
+	assert_int_equal(store_job_stop_by(f->s, v, &by), 0);
+	assert_null(by); /* refused: nothing written */
+	assert_int_equal(store_job_transition(f->s, v, JOB_MASK(JOB_QUEUED), JOB_RUNNING, "go", NULL), 0);
+	assert_int_equal(store_job_stop_request(f->s, v, JOB_MASK(JOB_RUNNING), "alice", "cancel requested by alice",
+						&cur), 0);
+	assert_int_equal(cur, JOB_RUNNING);
+	assert_int_equal(store_job_stop_by(f->s, v, &by), 0);
+	assert_string_equal(by, "alice");
+	free(by);
+	store_job j;
+	assert_int_equal(store_job_get(f->s, v, &j), 0);
+	assert_int_equal(j.state, JOB_STOPPING);
+	store_job_free(&j);
+	assert_int_equal(store_job_stop_by(f->s, "job-00000000000000ff", &by), -ENOENT);
+}
+
 static void test_delete_terminal_only(void **state)
 {
 	fixture *f = *state;
@@ -1732,6 +1786,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_transition_cas, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_events_in_order, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_delete_terminal_only, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_preempt_holds_stop_by, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_idempotency, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_enoent, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_concurrent_inserts, setup, teardown),
