@@ -1785,7 +1785,7 @@ static struct {
 	pthread_mutex_t mu;
 	pthread_cond_t wake;
 	list_work *head, *tail;
-	bool started;
+	bool started; /* a page thread runs */
 } render_q = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, false};
 
 static void list_work_free(void *arg)
@@ -1918,6 +1918,7 @@ static void *render_main(void *arg)
 	int nice = getpriority(PRIO_PROCESS, self);
 	if (errno == 0 && setpriority(PRIO_PROCESS, self, nice + RENDER_NICE) < 0)
 		log_debug("page thread: setpriority: %s", strerror(errno));
+	pthread_setname_np(pthread_self(), "bertd-page");
 	for (;;) {
 		pthread_mutex_lock(&render_q.mu);
 		while (!render_q.head)
@@ -1939,14 +1940,16 @@ static int render_enqueue(list_work *w)
 {
 	int rc = 0;
 	pthread_mutex_lock(&render_q.mu);
-	for (int i = 0; !render_q.started && i < RENDER_THREADS; i++) {
-		pthread_t t;
-		pthread_attr_t a;
-		pthread_attr_init(&a);
-		pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-		if (pthread_create(&t, &a, render_main, NULL) == 0)
-			render_q.started = true; /* one is enough to make progress */
-		pthread_attr_destroy(&a);
+	if (!render_q.started) { /* all of them at the first page (again while none runs) */
+		for (int i = 0; i < RENDER_THREADS; i++) {
+			pthread_t t;
+			pthread_attr_t a;
+			pthread_attr_init(&a);
+			pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+			if (pthread_create(&t, &a, render_main, NULL) == 0)
+				render_q.started = true; /* one is enough to make progress */
+			pthread_attr_destroy(&a);
+		}
 	}
 	if (!render_q.started) {
 		rc = -EAGAIN;
