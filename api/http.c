@@ -26,6 +26,7 @@
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -329,6 +330,78 @@ enum MHD_Result api_reply_stream(api_request *req, unsigned status, const api_st
 	}
 	/* from here the response owns cls: MHD_destroy_response frees it */
 	return queue_reply(req, status, r, s->content_type, s->cache_control ? s->cache_control : "no-store");
+}
+
+struct api_prepared {
+	atomic_int refs;
+	struct MHD_Response *r; /* our reference to it; MHD keeps its own while it sends */
+	const char *content_type;
+	char *body;             /* (len) bytes, owned by r once r exists */
+	size_t len;
+};
+
+static void prepared_body_free(void *body)
+{
+	free(body);
+}
+
+api_prepared *api_prepared_create(const char *content_type, char *body, size_t len)
+{
+	api_prepared *p = calloc(1, sizeof *p);
+	struct MHD_Response *r = p ? MHD_create_response_from_buffer_with_free_callback_cls(
+					     len, body, prepared_body_free, body)
+				   : NULL;
+	if (!r) {
+		free(p);
+		free(body);
+		return NULL;
+	}
+	/* Headers are set once here: a response being sent is never changed. */
+	if ((content_type && MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, content_type) != MHD_YES) ||
+	    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store") != MHD_YES) {
+		MHD_destroy_response(r); /* frees body */
+		free(p);
+		return NULL;
+	}
+	atomic_init(&p->refs, 1);
+	p->r = r;
+	p->content_type = content_type;
+	p->body = body;
+	p->len = len;
+	return p;
+}
+
+api_prepared *api_prepared_ref(api_prepared *p)
+{
+	atomic_fetch_add(&p->refs, 1);
+	return p;
+}
+
+void api_prepared_put(api_prepared *p)
+{
+	if (p && atomic_fetch_sub(&p->refs, 1) == 1) {
+		MHD_destroy_response(p->r); /* the body goes with MHD's last reference */
+		free(p);
+	}
+}
+
+const char *api_prepared_body(const api_prepared *p, size_t *len)
+{
+	*len = p->len;
+	return p->body;
+}
+
+enum MHD_Result api_reply_prepared(api_request *req, unsigned status, api_prepared *p)
+{
+	if (req->n_hdrs) /* headers of this request alone: not on the shared response */
+		return reply(req, status, p->content_type, p->body, p->len);
+	/* MHD_queue_response takes its own reference; the response may be
+	 * queued on many connections of many threads at once. */
+	enum MHD_Result ok = MHD_queue_response(req->conn, status, p->r);
+	if (ok == MHD_YES)
+		telemetry_http_reply(status);
+	req->replied = true;
+	return ok;
 }
 
 void api_conn_suspend(struct MHD_Connection *conn)

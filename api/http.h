@@ -130,6 +130,27 @@ typedef struct api_stream {
  * cannot be queued. */
 enum MHD_Result api_reply_stream(api_request *req, unsigned status, const api_stream *s);
 
+/* A reply body made once and sent to many requests (a kept list page, the
+ * health answer): the server sends it from this one buffer, never copied,
+ * to as many connections at once as ask for it. Reference-counted; any
+ * thread. */
+typedef struct api_prepared api_prepared;
+/* Takes ownership of body (malloc'd, len bytes; freed once the last
+ * reference and the last reply that sends it are gone). content_type: a
+ * string that outlives p (a literal); Cache-Control is no-store. NULL when
+ * out of memory (body is freed then). Caller owns the reference
+ * (api_prepared_put). */
+api_prepared *api_prepared_create(const char *content_type, char *body, size_t len);
+/* Another reference to p (returns p). */
+api_prepared *api_prepared_ref(api_prepared *p);
+/* Drops a reference; NULL is a no-op. */
+void api_prepared_put(api_prepared *p);
+/* p's body and its length (borrowed: valid while a reference is held). */
+const char *api_prepared_body(const api_prepared *p, size_t *len);
+/* Replies status with p's body (p stays the caller's). A request with
+ * extra headers (api_add_header) gets a copy that carries them. */
+enum MHD_Result api_reply_prepared(api_request *req, unsigned status, api_prepared *p);
+
 /* For a stream's reader with nothing to send yet: takes the connection out
  * of the server's polling (no timeouts, no reads, no thread held) until
  * api_conn_resume; the reader then returns 0, and is called again once

@@ -11,8 +11,11 @@
  * canceled). List pages are copied from kept job texts; every page is read
  * from the store (and its jobs without a kept text rendered) by this
  * file's page threads, never on the server thread that read the request
- * (so health checks on that thread do not wait). Must never touch child
- * processes or daemon state directly.
+ * (so health checks on that thread do not wait); a page with no running
+ * job is kept whole per store revision and answered by the server thread
+ * from that one buffer. Must never touch child processes or daemon state
+ * directly, nor answer a kept page once any job was written after its
+ * read began.
  */
 #include <errno.h>
 #include <limits.h>
@@ -25,6 +28,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -1634,6 +1639,112 @@ static int list_arg(void *cls, const char *key, const char *value)
 	return 0;
 }
 
+/* ---- whole pages kept ----
+ *
+ * A page whose jobs all have kept texts (none running, so none depends on
+ * the clock) stays the same bytes until some job is written, and every
+ * write of any job moves store_jobs_revision. So the body of such a page
+ * is assembled once per (revision, query) and kept as one prepared reply:
+ * every client asking for that page at that revision is answered by the
+ * server thread that read its request, at once, from that one buffer (no
+ * page thread, no store read, no copy). A queued job that changes, starts,
+ * or a job submitted or deleted anywhere moves the revision, so the next
+ * request reads the page afresh (keys, kept texts) and keeps the new one.
+ * PAGE_SLOTS pages at most (about 200 KB each at limit=100), one per slot
+ * by the query's hash; a page of an older revision stays until its slot is
+ * taken. */
+#define PAGE_SLOTS 64
+
+/* What a page is of: the query, and the server (model_dir in the texts). */
+typedef struct page_key {
+	const api_config *cfg;
+	unsigned state_mask;
+	int64_t seq_bound;
+	bool newest;
+	int limit;
+	const char *tag, *owner; /* NULL: any */
+} page_key;
+
+typedef struct kept_page {
+	uint64_t rev;        /* store_jobs_revision before the page's read began */
+	page_key k;          /* tag and owner: owned copies */
+	api_prepared *body;  /* NULL: the slot is free */
+} kept_page;
+
+static kept_page page_cache[PAGE_SLOTS];
+static pthread_mutex_t page_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static bool same_str(const char *a, const char *b)
+{
+	return (!a && !b) || (a && b && strcmp(a, b) == 0);
+}
+
+static bool page_key_eq(const page_key *a, const page_key *b)
+{
+	return a->cfg == b->cfg && a->state_mask == b->state_mask && a->seq_bound == b->seq_bound &&
+	       a->newest == b->newest && a->limit == b->limit && same_str(a->tag, b->tag) &&
+	       same_str(a->owner, b->owner);
+}
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+	for (const unsigned char *c = p; n--; c++)
+		h = (h ^ *c) * 1099511628211ull;
+	return h;
+}
+
+static size_t page_slot(const page_key *k)
+{
+	uint64_t h = 1469598103934665603ull;
+	h = fnv(h, &k->cfg, sizeof k->cfg);
+	h = fnv(h, &k->state_mask, sizeof k->state_mask);
+	h = fnv(h, &k->seq_bound, sizeof k->seq_bound);
+	h = fnv(h, &k->newest, sizeof k->newest);
+	h = fnv(h, &k->limit, sizeof k->limit);
+	if (k->tag)
+		h = fnv(h, k->tag, strlen(k->tag) + 1);
+	h = fnv(h, "|", 1);
+	if (k->owner)
+		h = fnv(h, k->owner, strlen(k->owner) + 1);
+	return (size_t)(h % PAGE_SLOTS);
+}
+
+/* The kept body of k's page at revision rev (a reference: the caller
+ * api_prepared_puts it), or NULL. */
+static api_prepared *page_kept_get(const page_key *k, uint64_t rev)
+{
+	api_prepared *p = NULL;
+	kept_page *e = &page_cache[page_slot(k)];
+	pthread_mutex_lock(&page_mu);
+	if (e->body && e->rev == rev && page_key_eq(&e->k, k))
+		p = api_prepared_ref(e->body);
+	pthread_mutex_unlock(&page_mu);
+	return p;
+}
+
+/* Keeps body (takes a reference) as k's page at revision rev, in place of
+ * whatever its slot held. Out of memory: nothing is kept. */
+static void page_kept_put(const page_key *k, uint64_t rev, api_prepared *body)
+{
+	kept_page e = {.rev = rev, .k = *k, .body = body};
+	e.k.tag = k->tag ? strdup(k->tag) : NULL;
+	e.k.owner = k->owner ? strdup(k->owner) : NULL;
+	if ((k->tag && !e.k.tag) || (k->owner && !e.k.owner)) {
+		free((char *)e.k.tag);
+		free((char *)e.k.owner);
+		return;
+	}
+	api_prepared_ref(body);
+	kept_page *slot = &page_cache[page_slot(k)];
+	pthread_mutex_lock(&page_mu);
+	kept_page old = *slot;
+	*slot = e;
+	pthread_mutex_unlock(&page_mu);
+	api_prepared_put(old.body);
+	free((char *)old.k.tag);
+	free((char *)old.k.owner);
+}
+
 /* ---- list pages read and rendered off the server threads ----
  *
  * Every page is read from the store (its rows, ~1-2 ms for 100 jobs with
@@ -1645,6 +1756,11 @@ static int list_arg(void *cls, const char *key, const char *value)
  * meanwhile (api_defer), so a server thread only parses requests and sends
  * bodies. */
 #define RENDER_THREADS 2
+/* How much lower the page threads' CPU priority is than the server
+ * threads' (nice, per thread): a page thread reading and rendering never
+ * delays a server thread that answers a health probe or sends a kept page
+ * on a busy machine; it takes the CPU they leave. */
+#define RENDER_NICE 5
 
 /* One page to render: the rows read, their texts (references), the answer. */
 typedef struct list_work {
@@ -1662,18 +1778,20 @@ typedef struct list_work {
 	rtext **texts;             /* (n) owned references, NULL until rendered */
 	int64_t next_seq;          /* the page's next cursor, 0: none */
 	int rc;                    /* jobs_texts_render's */
+	api_prepared *page;        /* the whole body, when the page is kept (a reference) */
 } list_work;
 
 static struct {
 	pthread_mutex_t mu;
 	pthread_cond_t wake;
 	list_work *head, *tail;
-	bool started;
+	bool started; /* a page thread runs */
 } render_q = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, false};
 
 static void list_work_free(void *arg)
 {
 	list_work *w = arg;
+	api_prepared_put(w->page);
 	for (size_t i = 0; w->texts && i < w->n; i++)
 		rtext_put(w->texts[i]);
 	free(w->texts);
@@ -1696,14 +1814,80 @@ static void list_work_reset(list_work *w)
 	w->next_seq = 0;
 }
 
-/* The page of w: its rows, the kept texts, the others rendered; sets w->rc
- * (a store error, -ENOMEM, or 0). The page's keys are read first (id,
- * state, version: no spec, no record copied); only when a text is not kept
- * are the whole rows read, and the page made from that read. Pages asked
- * for at once (many clients polling the same first page) are rendered
- * once: those read after it find the texts it kept. */
+static page_key list_work_key(const list_work *w)
+{
+	return (page_key){.cfg = w->cfg, .state_mask = w->f.state_mask, .seq_bound = w->seq_bound,
+			  .newest = w->newest, .limit = w->limit, .tag = w->tag, .owner = w->owner};
+}
+
+/* "],\"next_cursor\":...}\n", the end of every page's body. */
+static void page_tail(int64_t next_seq, char tail[64])
+{
+	char cursor[48] = "null";
+	if (next_seq > 0) {
+		char c[40];
+		cursor_encode(next_seq, c);
+		snprintf(cursor, sizeof cursor, "\"%s\"", c);
+	}
+	snprintf(tail, 64, "],\"next_cursor\":%s}\n", cursor);
+}
+
+/* Whether w's page (read at revision rev, its texts all there) is the same
+ * bytes for as long as the revision stays rev: no running job in it (their
+ * diagnosis reads the clock), every job's version known, and no write of
+ * any job since the read began. */
+static bool page_keepable(const list_work *w, uint64_t rev)
+{
+	for (size_t i = 0; i < w->n; i++)
+		if (!w->texts[i] || w->jobs[i].state == JOB_RUNNING || !w->jobs[i].version)
+			return false;
+	return store_jobs_revision(w->st) == rev;
+}
+
+/* Assembles w's body into one buffer, as list_reply's stream would send
+ * it, keeps it as the page at revision rev and sets w->page. Out of
+ * memory: nothing kept, the page is streamed. */
+static void page_keep(list_work *w, uint64_t rev)
+{
+	static const char head[] = "{\"jobs\":[";
+	char tail[64];
+	page_tail(w->next_seq, tail);
+	size_t tail_len = strlen(tail), size = sizeof head - 1 + tail_len;
+	for (size_t i = 0; i < w->n; i++)
+		size += w->texts[i]->len + (i > 0);
+	char *body = malloc(size), *at = body;
+	if (!body)
+		return;
+	memcpy(at, head, sizeof head - 1);
+	at += sizeof head - 1;
+	for (size_t i = 0; i < w->n; i++) {
+		if (i)
+			*at++ = ',';
+		memcpy(at, w->texts[i]->text, w->texts[i]->len);
+		at += w->texts[i]->len;
+	}
+	memcpy(at, tail, tail_len);
+	if (!(w->page = api_prepared_create("application/json", body, size)))
+		return;
+	page_key k = list_work_key(w);
+	page_kept_put(&k, rev, w->page);
+}
+
+/* The page of w: kept whole at the store's revision, or its rows, the kept
+ * texts, the others rendered; sets w->rc (a store error, -ENOMEM, or 0).
+ * The page's keys are read first (id, state, version: no spec, no record
+ * copied); only when a text is not kept are the whole rows read, and the
+ * page made from that read. Pages asked for at once (many clients polling
+ * the same first page) are read once: those run after it find the page
+ * (or the texts) it kept. */
 static void list_work_run(list_work *w)
 {
+	uint64_t rev = store_jobs_revision(w->st);
+	page_key k = list_work_key(w);
+	if ((w->page = page_kept_get(&k, rev))) {
+		w->rc = 0;
+		return;
+	}
 	int rc = store_job_list_keys(w->st, &w->f, w->seq_bound, w->newest, w->limit, &w->jobs, &w->n,
 				     &w->next_seq);
 	if (rc == 0 && !(w->texts = calloc(w->n ? w->n : 1, sizeof *w->texts)))
@@ -1717,6 +1901,8 @@ static void list_work_run(list_work *w)
 		if (rc == 0 && jobs_texts_kept(w->jobs, w->n, w->cfg, w->texts))
 			rc = jobs_texts_render(w->st, w->jobs, w->n, w->cfg, w->texts);
 	}
+	if (rc == 0 && page_keepable(w, rev))
+		page_keep(w, rev);
 	w->rc = rc;
 }
 
@@ -1725,6 +1911,14 @@ static void list_work_run(list_work *w)
 static void *render_main(void *arg)
 {
 	(void)arg;
+	/* On Linux the nice value is each thread's own. Failing to lower it is
+	 * harmless: the pages are then made at the server threads' priority. */
+	id_t self = (id_t)syscall(SYS_gettid);
+	errno = 0;
+	int nice = getpriority(PRIO_PROCESS, self);
+	if (errno == 0 && setpriority(PRIO_PROCESS, self, nice + RENDER_NICE) < 0)
+		log_debug("page thread: setpriority: %s", strerror(errno));
+	pthread_setname_np(pthread_self(), "bertd-page");
 	for (;;) {
 		pthread_mutex_lock(&render_q.mu);
 		while (!render_q.head)
@@ -1746,14 +1940,16 @@ static int render_enqueue(list_work *w)
 {
 	int rc = 0;
 	pthread_mutex_lock(&render_q.mu);
-	for (int i = 0; !render_q.started && i < RENDER_THREADS; i++) {
-		pthread_t t;
-		pthread_attr_t a;
-		pthread_attr_init(&a);
-		pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-		if (pthread_create(&t, &a, render_main, NULL) == 0)
-			render_q.started = true; /* one is enough to make progress */
-		pthread_attr_destroy(&a);
+	if (!render_q.started) { /* all of them at the first page (again while none runs) */
+		for (int i = 0; i < RENDER_THREADS; i++) {
+			pthread_t t;
+			pthread_attr_t a;
+			pthread_attr_init(&a);
+			pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+			if (pthread_create(&t, &a, render_main, NULL) == 0)
+				render_q.started = true; /* one is enough to make progress */
+			pthread_attr_destroy(&a);
+		}
 	}
 	if (!render_q.started) {
 		rc = -EAGAIN;
@@ -1823,6 +2019,8 @@ static ssize_t page_body_read(void *cls, uint64_t pos, char *buf, size_t max)
 static enum MHD_Result list_reply(api_request *req, void *arg)
 {
 	list_work *w = arg;
+	if (w->rc == 0 && w->page)
+		return api_reply_prepared(req, MHD_HTTP_OK, w->page);
 	int rc = w->rc;
 	for (size_t i = 0; rc == 0 && i < w->n; i++)
 		if (!w->texts[i])
@@ -1835,13 +2033,7 @@ static enum MHD_Result list_reply(api_request *req, void *arg)
 	page_body *b = rc == 0 ? calloc(1, sizeof *b + npiece * sizeof b->piece[0]) : NULL;
 	if (!b)
 		return api_reply_problem(req, API_P_INTERNAL, NULL, "out of memory");
-	char cursor[48] = "null";
-	if (w->next_seq > 0) {
-		char c[40];
-		cursor_encode(w->next_seq, c);
-		snprintf(cursor, sizeof cursor, "\"%s\"", c);
-	}
-	snprintf(b->tail, sizeof b->tail, "],\"next_cursor\":%s}\n", cursor);
+	page_tail(w->next_seq, b->tail);
 	static const char head[] = "{\"jobs\":[";
 	uint64_t size = 0;
 	size_t k = 0;
@@ -1884,6 +2076,15 @@ enum MHD_Result jobs_list(api_request *req)
 		return api_reply_problem(req, API_P_INTERNAL, NULL, "out of memory");
 	}
 	w->f = (store_job_filter){.state_mask = q.state_mask, .tag = w->tag, .owner = w->owner};
+	/* A kept page is answered here and now: the one cheap case. */
+	page_key k = list_work_key(w);
+	api_prepared *page = page_kept_get(&k, store_jobs_revision(req->st));
+	if (page) {
+		list_work_free(w);
+		enum MHD_Result ret = api_reply_prepared(req, MHD_HTTP_OK, page);
+		api_prepared_put(page);
+		return ret;
+	}
 	/* The reply (list_reply) comes when a page thread resumes us. */
 	api_defer(req, list_reply, w, list_work_free);
 	if (render_enqueue(w) < 0) {

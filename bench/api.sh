@@ -16,7 +16,8 @@
 # The daemons hold their queue (schedule=false): submitted jobs stay queued.
 # Then, on a second database where all N jobs are queued (a sweep behind a
 # held queue: api_seed --queued), the same list, the list of ?state=queued
-# and /v1/healthz while that list is hammered.
+# /v1/healthz while that list is hammered, and the list while one job
+# changes 10 times a second (list_queued_writes).
 # Needs wrk (apt-get install wrk) and curl. Each bertd runs CPU-only with
 # BERTD_CONFIG=/dev/null on a free port; no worker starts (the first
 # database's jobs are completed, failed or canceled, none queued; the
@@ -111,7 +112,7 @@ want() { # case name: run it?
 	return 1
 }
 
-if want list_queued || want list_queued_state || want healthz_under_list_queued; then
+if want list_queued || want list_queued_state || want healthz_under_list_queued || want list_queued_writes; then
 	"$seed" --queued "$tmp/seed_queued.db" "$n" ${SEED_SCHEMA:+"$SEED_SCHEMA"} 2>"$tmp/seed.log" >/dev/null ||
 		{ tail -5 "$tmp/seed.log" >&2; exit 1; }
 fi
@@ -197,13 +198,30 @@ run_queued() { # label bin
 		echo "BENCH api $label $name $(measure "$path" -H "$auth")"
 	done
 	want healthz_under_list_queued && healthz_under healthz_under_list_queued "/v1/jobs?limit=100"
+	# the same list while one queued job changes 10 times a second (PATCH of
+	# its priority): each change is a new store revision, so no page is the
+	# same for long (the first page's kept texts stay but one)
+	if want list_queued_writes; then
+		first=$(curl -sf -H "$auth" "$url/v1/jobs?limit=1" |
+			python3 -c 'import json,sys; print(json.load(sys.stdin)["jobs"][0]["id"])')
+		(k=0; while :; do
+			k=$(((k + 1) % 100))
+			curl -s -o /dev/null -X PATCH -H "$auth" -H 'Content-Type: application/json' \
+				-d "{\"priority\": $k}" "$url/v1/jobs/$first"
+			sleep 0.1
+		done) &
+		writer=$!
+		r=$(measure "/v1/jobs?limit=100" -H "$auth")
+		kill $writer 2>/dev/null; wait $writer 2>/dev/null || true
+		echo "BENCH api $label list_queued_writes $r"
+	fi
 	stop_daemon
 }
 
 echo "api bench: $n jobs, ${secs}s per case, $conns connections, $(nproc) cores, state in $state_root"
 run_one A "$a"
 [ -z "$b" ] || run_one B "$b"
-if want list_queued || want list_queued_state || want healthz_under_list_queued; then
+if want list_queued || want list_queued_state || want healthz_under_list_queued || want list_queued_writes; then
 	run_queued A "$a"
 	[ -z "$b" ] || run_queued B "$b"
 fi

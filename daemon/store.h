@@ -218,6 +218,15 @@ int store_job_list_filtered(store *s, const store_job_filter *f, int64_t seq_bou
 int store_job_list_keys(store *s, const store_job_filter *f, int64_t seq_bound, bool newest, int limit,
 			store_job **out, size_t *n, int64_t *next_seq);
 
+/* The jobs' revision: a number that moves whenever any job's data (row,
+ * metrics, checkpoints, events' state changes, inserts, deletes) is
+ * written, by this process or (seen at this call: PRAGMA data_version)
+ * another. Two equal revisions read from s mean that no job was written
+ * in between, so anything made from reads that began at revision r is
+ * still exact while store_jobs_revision() == r. Takes no lock it waits
+ * for (a write under way checks for other processes itself). */
+uint64_t store_jobs_revision(store *s);
+
 /* A change of a job after submit (PATCH /v1/jobs/{id}): each member given
  * replaces the stored value, in the row (name, priority) and in spec_json
  * alike ("name", "priority", "tags", "notes"; "preemptible" in spec_json

@@ -319,6 +319,12 @@ int store_job_list_keys(store *s, const store_job_filter *f, int64_t seq_bound, 
 			true);
 }
 
+uint64_t store_jobs_revision(store *s)
+{
+	store_external_peek(s);
+	return store_version_now();
+}
+
 typedef struct job_change {
 	const char *id;
 	unsigned from_mask;

@@ -4,7 +4,9 @@
  * the next list: a cancel through the API, and the start, devices and
  * metrics that the supervisor writes (here the test plays the supervisor
  * through a second store connection on the daemon's database, as
- * test_api_http does, with the daemon's queue held). */
+ * test_api_http does, with the daemon's queue held). Whole pages are kept
+ * too (per store revision): every write, the daemon's or another
+ * connection's, leaves a polled page byte-identical to one read afresh. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -147,10 +149,108 @@ static void test_queued_changes_reach_the_list(void **state)
 	free(q);
 }
 
+/* The raw body of GET path (200 asserted); caller frees. */
+static char *page_text(const bertd *d, const char *path)
+{
+	http_resp r;
+	assert_int_equal(http_do(d, "GET", path, NULL, 0, NULL, H_AUTH, &r), 0);
+	if (r.status != 200)
+		fail_msg("GET %s: %ld %s", path, r.status, r.body);
+	char *t = strdup(r.body);
+	http_resp_free(&r);
+	assert_non_null(t);
+	return t;
+}
+
+/* The pages every client polls are kept whole once read (the same bytes
+ * until some job is written). Each must equal, byte for byte, the same
+ * page under a query never asked before, which is read from the store at
+ * this moment: its limit differs (99 - round) but both exceed the jobs
+ * there are, so the bodies are the same bytes when nothing is stale. */
+static void assert_pages_fresh(const bertd *d, int round)
+{
+	static const char *const hot[] = {"/v1/jobs?limit=100", "/v1/jobs?state=queued&limit=100",
+					  "/v1/jobs?order=desc&limit=100"};
+	static const char *const fresh_fmt[] = {"/v1/jobs?limit=%d", "/v1/jobs?state=queued&limit=%d",
+						"/v1/jobs?order=desc&limit=%d"};
+	for (size_t i = 0; i < sizeof hot / sizeof hot[0]; i++) {
+		char *kept = page_text(d, hot[i]), *kept_again = page_text(d, hot[i]);
+		char path[96];
+		snprintf(path, sizeof path, fresh_fmt[i], 99 - round);
+		char *fresh = page_text(d, path);
+		if (strcmp(kept, fresh) != 0)
+			fail_msg("round %d: %s is stale:\n%s\nwhile %s reads:\n%s", round, hot[i], kept,
+				 path, fresh);
+		assert_string_equal(kept_again, fresh);
+		free(kept);
+		free(kept_again);
+		free(fresh);
+	}
+}
+
+static void test_kept_pages_follow_every_write(void **state)
+{
+	bertd *d = *state;
+	char *a = submit(d, "kp-a"), *b = submit(d, "kp-b"), *c = submit(d, "kp-c");
+	int round = 0;
+	assert_pages_fresh(d, round++); /* now kept */
+	assert_pages_fresh(d, round++);
+
+	/* The daemon's own writes: a submission, a change, a cancel, a delete. */
+	char *e = submit(d, "kp-e");
+	assert_pages_fresh(d, round++);
+	char path[96];
+	http_resp r;
+	snprintf(path, sizeof path, "/v1/jobs/%s", a);
+	static const char prio[] = "{\"priority\": 7}";
+	assert_int_equal(http_do(d, "PATCH", path, prio, strlen(prio), NULL, H_AUTH, &r), 0);
+	if (r.status < 200 || r.status > 299)
+		fail_msg("PATCH %s: %ld %s", path, r.status, r.body);
+	http_resp_free(&r);
+	assert_pages_fresh(d, round++);
+	snprintf(path, sizeof path, "/v1/jobs/%s/cancel", b);
+	assert_int_equal(http_do(d, "POST", path, NULL, 0, NULL, H_AUTH, &r), 0);
+	if (r.status < 200 || r.status > 299)
+		fail_msg("cancel %s: %ld %s", b, r.status, r.body);
+	http_resp_free(&r);
+	assert_pages_fresh(d, round++);
+	snprintf(path, sizeof path, "/v1/jobs/%s", b);
+	assert_int_equal(http_do(d, "DELETE", path, NULL, 0, NULL, H_AUTH, &r), 0);
+	if (r.status < 200 || r.status > 299)
+		fail_msg("delete %s: %ld %s", b, r.status, r.body);
+	http_resp_free(&r);
+	assert_pages_fresh(d, round++);
+
+	/* Another connection's writes, as the supervisor's would be: a start
+	 * and a metrics row of a job that is not running. */
+	store *st = NULL;
+	char db[200];
+	snprintf(db, sizeof db, "%s/bertd.db", d->state_dir);
+	assert_int_equal(store_open(&st, db), 0);
+	assert_int_equal(store_job_transition(st, c, JOB_MASK(JOB_QUEUED), JOB_STARTING,
+					      "test: scheduled", NULL), 0);
+	assert_pages_fresh(d, round++);
+	assert_int_equal(store_metric_insert(st, c, 10, 1767225600000,
+					     "{\"loss\": 7.5, \"step_time_ms\": 100.0}"), 0);
+	assert_pages_fresh(d, round++);
+	store_close(st);
+	json_t *page = list_page(d);
+	assert_int_equal(json_integer_value(json_object_get(json_object_get(in_page(page, c), "progress"),
+							    "step")), 10);
+	assert_int_equal(json_integer_value(json_object_get(in_page(page, a), "priority")), 7);
+	assert_int_equal(json_array_size(json_object_get(page, "jobs")), 3); /* b deleted */
+	json_decref(page);
+	free(a);
+	free(b);
+	free(c);
+	free(e);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_queued_changes_reach_the_list, setup, it_teardown),
+		cmocka_unit_test_setup_teardown(test_kept_pages_follow_every_write, setup, it_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
