@@ -118,6 +118,37 @@ static gpu_model *make_pair(const bert_config *c, kdtype dt, const optim_config 
     return g;
 }
 
+/* Lever CUDA_LEVER_VOCAB_PAD (BERTD_LEVER_VOCAB_PAD=1; the suite runs this
+ * whole test with it, cudasim_model_cuda_vocab_pad_*): the padding rows of
+ * the word embeddings (tied to the decoder) and of the decoder bias must be
+ * exactly zero in a device span (fp32 `base`, or the 16-bit copy with
+ * lp = 1): a nonzero one would have leaked into the logits, the loss or a
+ * real gradient. Counts a failure and says which span otherwise; nothing
+ * without the lever. */
+static void check_vocab_padding(gpu_model *g, const void *base, int lp, const char *what)
+{
+    size_t V = (size_t)g->cfg.vocab_size, Vp = (size_t)g->vocab_ld, C = (size_t)g->cfg.hidden_size;
+    if (Vp == V)
+        return;
+    size_t es = lp ? kdtype_size(g->dt) : 4, dec = 0;
+    for (int i = 0; i < BP_DEC_B; i++)
+        dec += g->param_sizes[i];
+    size_t ranges[2][2] = {{V * C, Vp * C}, {dec + V, dec + Vp}}, bad = 0;
+    TCHECK(cudaDeviceSynchronize());
+    for (int r = 0; r < 2; r++) {
+        size_t nb = (ranges[r][1] - ranges[r][0]) * es;
+        unsigned char *h = malloc(nb);
+        TCHECK(cudaMemcpy(h, (const char *)base + ranges[r][0] * es, nb, cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < nb; i++)
+            bad += h[i] != 0;
+        free(h);
+    }
+    int ok = bad == 0 && Vp % 64 == 0 && Vp - V < 64 && g->dev_params == g->num_params + (Vp - V) * (C + 1);
+    printf("%-4s vocabulary padding %zu -> %zu zero in %-22s (%zu nonzero bytes)\n", ok ? "ok" : "FAIL",
+           V, Vp, what, bad);
+    gpu_failures += !ok;
+}
+
 static void test_forward_backward_steps(kdtype dt, int nsp)
 {
     printf("--- whole model, %s%s\n", kdtype_name(dt), nsp ? ", with the NSP head" : "");
@@ -155,6 +186,7 @@ static void test_forward_backward_steps(kdtype dt, int nsp)
     double lrel = fabs((double)gl - cpu->loss) / fabs((double)cpu->loss);
     report(isfinite(gl) && lrel <= ltol, "model loss (dropout on)", dt, lrel, ltol);
     gpu_model_backward(g);
+    check_vocab_padding(g, g->grads_memory, 0, "gradients (backward)");
     float *gg = malloc(n * 4);
     if (gpu_model_get_grads(g, gg) != 0)
         abort();
@@ -208,6 +240,11 @@ static void test_forward_backward_steps(kdtype dt, int nsp)
         }
     }
     report(worst_loss <= ltol * 2, "10 AdamW steps: worst step loss", dt, worst_loss, ltol * 2);
+    check_vocab_padding(g, g->params_memory, 0, "parameters (10 steps)");
+    if (dt != KDT_F32)
+        check_vocab_padding(g, g->params_lp_memory, 1, "16-bit copy (10 steps)");
+    check_vocab_padding(g, g->opt_memory, 0, "Adam m (10 steps)");
+    check_vocab_padding(g, g->opt_memory + g->dev_params, 0, "Adam v (10 steps)");
     float *gp = malloc(n * 4);
     gpu_model_get_params(g, gp);
     for (size_t i = 0; i < n; i++) {
@@ -536,7 +573,7 @@ static void test_buckets_final_and_complete(int nsp)
     if (!g)
         return;
     char err[256];
-    size_t n = cpu->num_params;
+    size_t n = g->dev_params; /* the device span: with CUDA_LEVER_VOCAB_PAD, padding included */
     shadow sh = {.seen = calloc(n, 1), .base = g->grads_memory};
     TCHECK(cudaMalloc((void **)&sh.dev, n * sizeof(float)));
     gpu_model_set_buckets(g, shadow_bucket, shadow_finish, &sh);
@@ -558,9 +595,8 @@ static void test_buckets_final_and_complete(int nsp)
         }
     }
     float *final = malloc(n * 4), *snap = malloc(n * 4);
-    if (gpu_model_get_grads(g, final) != 0)
-        abort();
     TCHECK(cudaDeviceSynchronize());
+    TCHECK(cudaMemcpy(final, g->grads_memory, n * 4, cudaMemcpyDeviceToHost));
     TCHECK(cudaMemcpy(snap, sh.dev, n * 4, cudaMemcpyDeviceToHost));
     size_t bad_cover = 0, bad_value = 0;
     for (size_t i = 0; i < n; i++) {
@@ -607,9 +643,19 @@ static void test_buckets_final_and_complete(int nsp)
  * default, anything else is refused naming the variable; a created model
  * records the mask and hands it to the kernels. The suite also runs this
  * whole test with every lever off (cudasim_model_cuda_levers_off_*). */
+static size_t host_params(const bert_config *c)
+{
+    size_t s[BERT_NUM_PARAM_TENSORS], n = 0;
+    bert_param_sizes(c, s);
+    for (int i = 0; i < BERT_NUM_PARAM_TENSORS; i++)
+        n += s[i];
+    return n;
+}
+
 static void test_lever_switches(void)
 {
-    static const char *const vars[] = {"BERTD_LEVER_LN_VEC", "BERTD_LEVER_OPT_ZERO"};
+    static const char *const vars[] = {"BERTD_LEVER_LN_VEC", "BERTD_LEVER_OPT_ZERO",
+                                       "BERTD_LEVER_VOCAB_PAD"};
     enum { NV = sizeof vars / sizeof vars[0] };
     char *saved[NV];
     for (int i = 0; i < NV; i++) { /* this test's own settings; the caller's come back after */
@@ -638,6 +684,15 @@ static void test_lever_switches(void)
     gpu_model *g = NULL;
     int rc = gpu_model_create(&g, &c, KDT_F32, 0, TB, TT, TM, &oc, err, sizeof err);
     ok &= rc == 0 && g && !(g->levers & CUDA_LEVER_LN_VEC) && !(cuda_levers() & CUDA_LEVER_LN_VEC);
+    ok &= g && g->vocab_ld == c.vocab_size && g->dev_params == g->num_params; /* off by default */
+    gpu_model_destroy(g);
+    /* BERTD_LEVER_VOCAB_PAD=1: 997 words padded to 1024 on the device only */
+    setenv("BERTD_LEVER_VOCAB_PAD", "1", 1);
+    g = NULL;
+    rc = gpu_model_create(&g, &c, KDT_F32, 0, TB, TT, TM, &oc, err, sizeof err);
+    ok &= rc == 0 && g && (g->levers & CUDA_LEVER_VOCAB_PAD) && g->vocab_ld == 1024 &&
+          g->num_params == host_params(&c) &&
+          g->dev_params == g->num_params + (size_t)(1024 - 997) * (c.hidden_size + 1);
     gpu_model_destroy(g);
     for (int i = 0; i < NV; i++) {
         if (saved[i])
