@@ -7,7 +7,9 @@
  * scale); the memory plan's refusal naming the largest batch that fits, and
  * that batch then really fitting; bad batches refused; the held-out eval
  * (gpu_model_eval: loss sum, masked and correct counts) against the CPU
- * model's bert_model_eval. Exits 77 without a GPU.
+ * model's bert_model_eval. Exits 77 without a GPU. Run with
+ * BERTD_LEVER_VOCAB_PAD=1 it also checks the padded vocabulary's rows stay
+ * zero in every device span, and a padded model against an unpadded one.
  *
  * Tolerances (normwise relative, gpu_check.h): one op is held to 1e-5 (fp32)
  * in test_kernels_cuda; a whole model composes ~20 ops per layer whose
@@ -707,6 +709,99 @@ static void test_lever_switches(void)
     gpu_failures += !ok;
 }
 
+/* Lever CUDA_LEVER_VOCAB_PAD against itself and against the unpadded
+ * model: three models from the same weights, unpadded, padded, padded
+ * again, run 3 AdamW steps (fp32, dropout on, clipping at 1.0). The two
+ * padded runs must end with the same parameters and optimizer state bit for
+ * bit (what bitwise resume rests on). Padded vs unpadded is not bitwise:
+ * the decoder's d hidden GEMM sums K = Vpad terms instead of V, the padding's
+ * zeros change how the sum is cut into partial sums (the stand-in's 16
+ * lanes, a GPU's tiles), so fp32 rounding differs; held to 1e-5 normwise on
+ * the update p3 - p0 and on the gradient norms. Runs in the suite's
+ * vocab_pad entries only. */
+static void test_vocab_pad_vs_unpadded(void)
+{
+    printf("--- vocabulary padding on vs off, fp32, 3 steps\n");
+    bert_config c = gpu_test_config(4, 1);
+    optim_config oc = test_optim_config();
+    oc.max_grad_norm = 1.0f;
+    bert_model *cpu = NULL;
+    if (bert_model_create(&cpu, &c) != 0)
+        abort();
+    bert_model_init_weights(cpu, 2468);
+    size_t n = cpu->num_params;
+    gpu_model *gm[3] = {NULL, NULL, NULL};
+    float *p[3], *o[3];
+    double gn[3][3];
+    char err[256];
+    const char *saved = getenv("BERTD_LEVER_VOCAB_PAD");
+    char *keep = saved ? strdup(saved) : NULL;
+    int made = 1;
+    for (int k = 0; k < 3 && made; k++) {
+        setenv("BERTD_LEVER_VOCAB_PAD", k ? "1" : "0", 1);
+        made = gpu_model_create(&gm[k], &c, KDT_F32, 0, TB, TT, TM, &oc, err, sizeof err) == 0 &&
+               gpu_model_set_params(gm[k], cpu->params_memory) == 0;
+    }
+    if (keep)
+        setenv("BERTD_LEVER_VOCAB_PAD", keep, 1);
+    else
+        unsetenv("BERTD_LEVER_VOCAB_PAD");
+    free(keep);
+    if (!made) {
+        printf("FAIL gpu_model_create: %s\n", err);
+        gpu_failures++;
+        for (int k = 0; k < 3; k++)
+            gpu_model_destroy(gm[k]);
+        bert_model_destroy(cpu);
+        return;
+    }
+    for (int k = 0; k < 3; k++) {
+        for (int s = 0; s < 3; s++) {
+            batch_store bs;
+            make_batch(&bs, &c, s + 40);
+            bert_dropout d = {.train = 1, .seed = 11, .rank = 0, .step = (uint32_t)s};
+            gpu_model_upload(gm[k], &bs.b, err, sizeof err);
+            gpu_model_zero_grad(gm[k]);
+            gpu_model_forward(gm[k], &d, 1.0f);
+            gpu_model_backward(gm[k]);
+            int skipped = 0;
+            if (gpu_model_step(gm[k], NULL, &gn[k][s], &skipped) != 0 || skipped)
+                gpu_failures++;
+        }
+        p[k] = malloc(n * 4);
+        o[k] = malloc(2 * n * 4);
+        if (gpu_model_get_params(gm[k], p[k]) != 0 || gpu_model_get_opt_state(gm[k], o[k]) != 0)
+            abort();
+    }
+    size_t dp = 0, dopt = 0;
+    for (size_t i = 0; i < n; i++)
+        dp += memcmp(&p[1][i], &p[2][i], 4) != 0;
+    for (size_t i = 0; i < 2 * n; i++)
+        dopt += memcmp(&o[1][i], &o[2][i], 4) != 0;
+    int same = dp == 0 && dopt == 0 && gm[1]->vocab_ld == 1024 && gm[0]->vocab_ld == 997;
+    printf("%-4s padded twice: %zu parameters, %zu optimizer floats differ\n", same ? "ok" : "FAIL",
+           dp, dopt);
+    gpu_failures += !same;
+    double worst = 0;
+    for (int s = 0; s < 3; s++) {
+        double r = fabs(gn[1][s] - gn[0][s]) / gn[0][s];
+        worst = r > worst ? r : worst;
+    }
+    report(worst <= 1e-5, "padded vs unpadded: gradient norms", KDT_F32, worst, 1e-5);
+    for (size_t i = 0; i < n; i++) {
+        p[0][i] -= cpu->params_memory[i];
+        p[1][i] -= cpu->params_memory[i];
+    }
+    double ur = norm2_rel(p[1], p[0], n);
+    report(ur <= 1e-5, "padded vs unpadded: update p3 - p0", KDT_F32, ur, 1e-5);
+    for (int k = 0; k < 3; k++) {
+        free(p[k]);
+        free(o[k]);
+        gpu_model_destroy(gm[k]);
+    }
+    bert_model_destroy(cpu);
+}
+
 int main(void)
 {
     gpu_require_device();
@@ -718,7 +813,11 @@ int main(void)
         return 1;
     }
     printf("auto precision: %s\n", kdtype_name(best));
+    const char *vp = getenv("BERTD_LEVER_VOCAB_PAD");
+    int vocab_pad_run = vp && (strcmp(vp, "1") == 0 || strcmp(vp, "on") == 0);
     test_lever_switches();
+    if (vocab_pad_run)
+        test_vocab_pad_vs_unpadded();
     test_forward_backward_steps(KDT_F32, 0);
     test_forward_backward_steps(KDT_F32, 1);
     if (best == KDT_BF16) {
