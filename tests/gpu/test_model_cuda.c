@@ -709,19 +709,39 @@ static void test_lever_switches(void)
     gpu_failures += !ok;
 }
 
-/* Lever CUDA_LEVER_VOCAB_PAD against itself and against the unpadded
- * model: three models from the same weights, unpadded, padded, padded
- * again, run 3 AdamW steps (fp32, dropout on, clipping at 1.0). The two
- * padded runs must end with the same parameters and optimizer state bit for
- * bit (what bitwise resume rests on). Padded vs unpadded is not bitwise:
- * the decoder's d hidden GEMM sums K = Vpad terms instead of V, the padding's
- * zeros change how the sum is cut into partial sums (the stand-in's 16
- * lanes, a GPU's tiles), so fp32 rounding differs; held to 1e-5 normwise on
- * the update p3 - p0 and on the gradient norms. Runs in the suite's
- * vocab_pad entries only. */
-static void test_vocab_pad_vs_unpadded(void)
+/* Lever CUDA_LEVER_VOCAB_PAD resumed, and against the unpadded model,
+ * fp32, dropout on, clipping at 1.0. A padded model runs 5 AdamW steps; its
+ * state after step 3 (parameters and optimizer state in the host layout,
+ * as a checkpoint holds them) is loaded into a fresh padded model, which
+ * runs steps 4 and 5: both must end with the same parameters and optimizer
+ * state bit for bit (resume). An unpadded model from the same weights runs
+ * steps 1-3: not bitwise, since the decoder's d hidden GEMM sums K = Vpad
+ * terms instead of V and the padding's zeros change how the sum is cut into
+ * partial sums (the stand-in's 16 lanes, a GPU's tiles), so fp32 rounding
+ * differs; held to 1e-5 normwise on the update p3 - p0 and on the gradient
+ * norms. Runs in the suite's vocab_pad entries only. */
+static void run_steps(gpu_model *g, const bert_config *c, int from, int to, double *gnorms)
 {
-    printf("--- vocabulary padding on vs off, fp32, 3 steps\n");
+    char err[256];
+    for (int s = from; s < to; s++) {
+        batch_store bs;
+        make_batch(&bs, c, s + 40);
+        bert_dropout d = {.train = 1, .seed = 11, .rank = 0, .step = (uint32_t)s};
+        gpu_model_upload(g, &bs.b, err, sizeof err);
+        gpu_model_zero_grad(g);
+        gpu_model_forward(g, &d, 1.0f);
+        gpu_model_backward(g);
+        int skipped = 0;
+        if (gpu_model_step(g, NULL, gnorms ? &gnorms[s] : NULL, &skipped) != 0 || skipped) {
+            printf("FAIL gpu_model_step %d\n", s);
+            gpu_failures++;
+        }
+    }
+}
+
+static void test_vocab_pad_resume_vs_unpadded(void)
+{
+    printf("--- vocabulary padding: resume, and on vs off, fp32\n");
     bert_config c = gpu_test_config(4, 1);
     optim_config oc = test_optim_config();
     oc.max_grad_norm = 1.0f;
@@ -730,9 +750,7 @@ static void test_vocab_pad_vs_unpadded(void)
         abort();
     bert_model_init_weights(cpu, 2468);
     size_t n = cpu->num_params;
-    gpu_model *gm[3] = {NULL, NULL, NULL};
-    float *p[3], *o[3];
-    double gn[3][3];
+    gpu_model *gm[3] = {NULL, NULL, NULL}; /* unpadded, padded, padded resumed */
     char err[256];
     const char *saved = getenv("BERTD_LEVER_VOCAB_PAD");
     char *keep = saved ? strdup(saved) : NULL;
@@ -747,7 +765,7 @@ static void test_vocab_pad_vs_unpadded(void)
     else
         unsetenv("BERTD_LEVER_VOCAB_PAD");
     free(keep);
-    if (!made) {
+    if (!made || gm[1]->vocab_ld != 1024 || gm[0]->vocab_ld != 997) {
         printf("FAIL gpu_model_create: %s\n", err);
         gpu_failures++;
         for (int k = 0; k < 3; k++)
@@ -755,50 +773,46 @@ static void test_vocab_pad_vs_unpadded(void)
         bert_model_destroy(cpu);
         return;
     }
-    for (int k = 0; k < 3; k++) {
-        for (int s = 0; s < 3; s++) {
-            batch_store bs;
-            make_batch(&bs, &c, s + 40);
-            bert_dropout d = {.train = 1, .seed = 11, .rank = 0, .step = (uint32_t)s};
-            gpu_model_upload(gm[k], &bs.b, err, sizeof err);
-            gpu_model_zero_grad(gm[k]);
-            gpu_model_forward(gm[k], &d, 1.0f);
-            gpu_model_backward(gm[k]);
-            int skipped = 0;
-            if (gpu_model_step(gm[k], NULL, &gn[k][s], &skipped) != 0 || skipped)
-                gpu_failures++;
-        }
-        p[k] = malloc(n * 4);
-        o[k] = malloc(2 * n * 4);
-        if (gpu_model_get_params(gm[k], p[k]) != 0 || gpu_model_get_opt_state(gm[k], o[k]) != 0)
-            abort();
-    }
-    size_t dp = 0, dopt = 0;
-    for (size_t i = 0; i < n; i++)
-        dp += memcmp(&p[1][i], &p[2][i], 4) != 0;
-    for (size_t i = 0; i < 2 * n; i++)
-        dopt += memcmp(&o[1][i], &o[2][i], 4) != 0;
-    int same = dp == 0 && dopt == 0 && gm[1]->vocab_ld == 1024 && gm[0]->vocab_ld == 997;
-    printf("%-4s padded twice: %zu parameters, %zu optimizer floats differ\n", same ? "ok" : "FAIL",
-           dp, dopt);
-    gpu_failures += !same;
+    double gn[2][5];
+    float *p3 = malloc(n * 4), *o3 = malloc(2 * n * 4), *pa = malloc(n * 4), *pb = malloc(n * 4),
+          *oa = malloc(2 * n * 4), *ob = malloc(2 * n * 4);
+    run_steps(gm[0], &c, 0, 3, gn[0]);
+    run_steps(gm[1], &c, 0, 3, gn[1]);
+    /* a checkpoint of the padded model after step 3, resumed by another */
+    if (gpu_model_get_params(gm[1], p3) != 0 || gpu_model_get_opt_state(gm[1], o3) != 0 ||
+        gpu_model_set_params(gm[2], p3) != 0 || gpu_model_set_opt_state(gm[2], o3, gm[1]->t) != 0)
+        abort();
     double worst = 0;
     for (int s = 0; s < 3; s++) {
         double r = fabs(gn[1][s] - gn[0][s]) / gn[0][s];
         worst = r > worst ? r : worst;
     }
     report(worst <= 1e-5, "padded vs unpadded: gradient norms", KDT_F32, worst, 1e-5);
+    if (gpu_model_get_params(gm[0], pa) != 0)
+        abort();
     for (size_t i = 0; i < n; i++) {
-        p[0][i] -= cpu->params_memory[i];
-        p[1][i] -= cpu->params_memory[i];
+        pa[i] -= cpu->params_memory[i];
+        pb[i] = p3[i] - cpu->params_memory[i];
     }
-    double ur = norm2_rel(p[1], p[0], n);
+    double ur = norm2_rel(pb, pa, n);
     report(ur <= 1e-5, "padded vs unpadded: update p3 - p0", KDT_F32, ur, 1e-5);
-    for (int k = 0; k < 3; k++) {
-        free(p[k]);
-        free(o[k]);
+    run_steps(gm[1], &c, 3, 5, NULL);
+    run_steps(gm[2], &c, 3, 5, NULL);
+    if (gpu_model_get_params(gm[1], pa) != 0 || gpu_model_get_opt_state(gm[1], oa) != 0 ||
+        gpu_model_get_params(gm[2], pb) != 0 || gpu_model_get_opt_state(gm[2], ob) != 0)
+        abort();
+    size_t dp = 0, dopt = 0;
+    for (size_t i = 0; i < n; i++)
+        dp += memcmp(&pa[i], &pb[i], 4) != 0;
+    for (size_t i = 0; i < 2 * n; i++)
+        dopt += memcmp(&oa[i], &ob[i], 4) != 0;
+    int same = dp == 0 && dopt == 0;
+    printf("%-4s padded, resumed after step 3: %zu parameters, %zu optimizer floats differ at step 5\n",
+           same ? "ok" : "FAIL", dp, dopt);
+    gpu_failures += !same;
+    free(p3); free(o3); free(pa); free(pb); free(oa); free(ob);
+    for (int k = 0; k < 3; k++)
         gpu_model_destroy(gm[k]);
-    }
     bert_model_destroy(cpu);
 }
 
@@ -817,7 +831,7 @@ int main(void)
     int vocab_pad_run = vp && (strcmp(vp, "1") == 0 || strcmp(vp, "on") == 0);
     test_lever_switches();
     if (vocab_pad_run)
-        test_vocab_pad_vs_unpadded();
+        test_vocab_pad_resume_vs_unpadded();
     test_forward_backward_steps(KDT_F32, 0);
     test_forward_backward_steps(KDT_F32, 1);
     if (best == KDT_BF16) {
