@@ -220,7 +220,8 @@ static size_t dev_end(const gpu_model *g, size_t host_end)
 }
 
 /* Copies a span of floats between the host layout and the device one, one
- * copy per run the padding does not interrupt, on s, then waits for s.
+ * copy per run the padding does not interrupt, on the compute stream, then
+ * waits for it (the padding itself is neither read nor written).
  * spans: 1 for parameters or gradients, 2 for the optimizer state (m then
  * v, each laid out as the parameters). */
 static int span_copy(gpu_model *g, float *dev, float *host, int spans, int to_dev)
@@ -239,15 +240,11 @@ static int span_copy(gpu_model *g, float *dev, float *host, int spans, int to_de
                                                      cudaMemcpyHostToDevice, g->compute)
                                    : cudaMemcpyAsync(hv + run_h, dv + run_d, run_n * 4,
                                                      cudaMemcpyDeviceToHost, g->compute));
+                if (i == BERT_NUM_PARAM_TENSORS)
+                    break;
                 run_h = h;
                 run_d = d;
                 run_n = 0;
-                if (i == BERT_NUM_PARAM_TENSORS)
-                    break;
-            }
-            if (!run_n) {
-                run_h = h;
-                run_d = d;
             }
             run_n += hs[i];
             h += hs[i];
