@@ -63,6 +63,12 @@ static size_t align256(size_t x)
     return (x + 255) & ~(size_t)255;
 }
 
+/* The vocabulary rounded up to a multiple of 64 (lever CUDA_LEVER_VOCAB_PAD). */
+static size_t vocab_pad64(size_t V)
+{
+    return (V + 63) & ~(size_t)63;
+}
+
 /* ... and after them the batch positions ordered by token id with their
  * runs (cuda_embeddings_order: order (N), seg (N+1)), for the deterministic
  * word-embedding backward */
@@ -134,7 +140,9 @@ static size_t act_layout(const bert_config *c, kdtype dt, int B, int T, int M, c
     TAKE(h_rstd, Mz, 4);
     TAKE(losses, Mz, 4);
     TAKE(loss_sum, 2, 4);
-    TAKE(logits, Mz * V, es);
+    /* at the padded width (CUDA_LEVER_VOCAB_PAD) whether or not the lever
+     * is on: at most 63 columns more, and the plan does not depend on it */
+    TAKE(logits, Mz * vocab_pad64(V), es);
     TAKE(d_res, N * C, es);
     TAKE(d_a, N * C, es);
     TAKE(d_b, N * C, es);
@@ -173,11 +181,79 @@ static size_t count_params(const bert_config *cfg)
     return n;
 }
 
-size_t gpu_model_state_bytes(const bert_config *cfg, kdtype dt)
+/* Device bytes of the parameter, gradient and optimizer spans of n floats. */
+static size_t state_bytes_n(size_t n, kdtype dt)
 {
-    size_t n = count_params(cfg);
     size_t lp = dt == KDT_F32 ? 0 : n * kdtype_size(dt);
     return align256(align256(n * 4) + lp) + align256(n * 4) + align256(2 * n * 4);
+}
+
+size_t gpu_model_state_bytes(const bert_config *cfg, kdtype dt)
+{
+    return state_bytes_n(count_params(cfg), dt);
+}
+
+/* Lever CUDA_LEVER_VOCAB_PAD: the host layout (bert_param_sizes) and the
+ * device one (g->param_sizes) differ only in the padding rows at the end of
+ * the word embeddings and of the decoder bias. dev_pos maps a host offset
+ * that starts a run to its device offset, dev_end one that ends a run (a
+ * run ending with a padded tensor takes its padding along). */
+static size_t dev_map(const gpu_model *g, size_t off, int end)
+{
+    size_t hs[BERT_NUM_PARAM_TENSORS], h = 0, d = 0;
+    bert_param_sizes(&g->cfg, hs);
+    for (int i = 0; i < BERT_NUM_PARAM_TENSORS; i++) {
+        if (end ? (off > h && off <= h + hs[i]) : (off >= h && off < h + hs[i]))
+            return end && off == h + hs[i] ? d + g->param_sizes[i] : d + (off - h);
+        h += hs[i];
+        d += g->param_sizes[i];
+    }
+    return d; // the end of the span
+}
+static size_t dev_pos(const gpu_model *g, size_t host_off)
+{
+    return dev_map(g, host_off, 0);
+}
+static size_t dev_end(const gpu_model *g, size_t host_end)
+{
+    return dev_map(g, host_end, 1);
+}
+
+/* Copies a span of floats between the host layout and the device one, one
+ * copy per run the padding does not interrupt, on the compute stream, then
+ * waits for it (the padding itself is neither read nor written).
+ * spans: 1 for parameters or gradients, 2 for the optimizer state (m then
+ * v, each laid out as the parameters). */
+static int span_copy(gpu_model *g, float *dev, float *host, int spans, int to_dev)
+{
+    int rc = 0;
+    size_t hs[BERT_NUM_PARAM_TENSORS];
+    bert_param_sizes(&g->cfg, hs);
+    for (int k = 0; k < spans; k++) {
+        float *dv = dev + (size_t)k * g->dev_params, *hv = host + (size_t)k * g->num_params;
+        size_t h = 0, d = 0, run_h = 0, run_d = 0, run_n = 0;
+        for (int i = 0; i <= BERT_NUM_PARAM_TENSORS; i++) {
+            /* a run ends where a device offset stops following its host one */
+            if (i == BERT_NUM_PARAM_TENSORS || (run_n && d != run_d + run_n)) {
+                if (run_n)
+                    GPU_TRY(to_dev ? cudaMemcpyAsync(dv + run_d, hv + run_h, run_n * 4,
+                                                     cudaMemcpyHostToDevice, g->compute)
+                                   : cudaMemcpyAsync(hv + run_h, dv + run_d, run_n * 4,
+                                                     cudaMemcpyDeviceToHost, g->compute));
+                if (i == BERT_NUM_PARAM_TENSORS)
+                    break;
+                run_h = h;
+                run_d = d;
+                run_n = 0;
+            }
+            run_n += hs[i];
+            h += hs[i];
+            d += g->param_sizes[i];
+        }
+    }
+    GPU_TRY(cudaStreamSynchronize(g->compute));
+out:
+    return rc;
 }
 
 int gpu_precision_pick(const char *want, int device, kdtype *out, char *err, size_t errlen)
@@ -270,6 +346,7 @@ static const struct {
     {"BERTD_LEVER_LN_VEC", CUDA_LEVER_LN_VEC},
     {"BERTD_LEVER_OPT_ZERO", CUDA_LEVER_OPT_ZERO},
     {"BERTD_LEVER_LT_TUNE", CUDA_LEVER_LT_TUNE},
+    {"BERTD_LEVER_VOCAB_PAD", CUDA_LEVER_VOCAB_PAD},
 };
 
 int gpu_levers_from_env(unsigned *out, char *err, size_t errlen)
@@ -344,6 +421,8 @@ int gpu_model_create_reserving(gpu_model **out, const bert_config *cfg, kdtype d
     g->staged = g->cur = -1;
     bert_param_sizes(cfg, g->param_sizes);
     g->num_params = count_params(cfg);
+    g->dev_params = g->num_params;
+    g->vocab_ld = cfg->vocab_size;
     size_t *segs = NULL;
     int *decays = NULL;
     cuda_chunk *chunks = NULL;
@@ -363,10 +442,24 @@ int gpu_model_create_reserving(gpu_model **out, const bert_config *cfg, kdtype d
             goto out;
         }
     }
+    rc = gpu_levers_from_env(&g->levers, err, errlen);
+    if (rc < 0)
+        goto out;
+    if (g->levers & CUDA_LEVER_VOCAB_PAD) {
+        /* the tied word-embedding/decoder weight and the decoder bias take
+         * zero rows up to the padded width in every device span */
+        size_t C = (size_t)cfg->hidden_size, Vp = vocab_pad64((size_t)cfg->vocab_size);
+        g->vocab_ld = (int)Vp;
+        g->param_sizes[BP_WTE] = Vp * C;
+        g->param_sizes[BP_DEC_B] = Vp;
+        g->dev_params = 0;
+        for (int i = 0; i < BERT_NUM_PARAM_TENSORS; i++)
+            g->dev_params += g->param_sizes[i];
+    }
     /* the memory plan first: refuse clearly rather than fail half-way */
     size_t free_b = 0, total_b = 0;
     GPU_TRY(cudaMemGetInfo(&free_b, &total_b));
-    size_t state = gpu_model_state_bytes(cfg, dt);
+    size_t state = state_bytes_n(g->dev_params, dt);
     size_t acts = gpu_model_act_bytes(cfg, dt, max_B, T, max_M);
     size_t slack = SLACK + reserve;
     if (state + acts + slack > free_b) {
@@ -402,12 +495,9 @@ int gpu_model_create_reserving(gpu_model **out, const bert_config *cfg, kdtype d
     rc = gemm_pick(g, err, errlen);
     if (rc < 0)
         goto out;
-    rc = gpu_levers_from_env(&g->levers, err, errlen);
-    if (rc < 0)
-        goto out;
     cuda_levers_set(g->levers);
 
-    size_t n = g->num_params, lp_bytes = dt == KDT_F32 ? 0 : n * kdtype_size(dt);
+    size_t n = g->dev_params, lp_bytes = dt == KDT_F32 ? 0 : n * kdtype_size(dt);
     // the 16-bit copy starts at the next 256-byte boundary after the fp32 span
     GPU_TRY(cudaMalloc(&g->params_alloc, align256(n * 4) + lp_bytes));
     g->params_memory = g->params_alloc;
@@ -451,9 +541,12 @@ int gpu_model_create_reserving(gpu_model **out, const bert_config *cfg, kdtype d
     size_t off = 0;
     int k = 0;
     for (int s = 0; s < nseg; s++) {
+        /* chunk offsets are device offsets: with the vocabulary padded the
+         * padding rows belong to no chunk and are never updated */
+        size_t doff = dev_pos(g, off);
         for (size_t i = 0; i < segs[s]; i += OPT_CHUNK) {
             size_t len = segs[s] - i < OPT_CHUNK ? segs[s] - i : OPT_CHUNK;
-            chunks[k++] = (cuda_chunk){.off = off + i, .len = (uint32_t)len, .seg = (uint32_t)s};
+            chunks[k++] = (cuda_chunk){.off = doff + i, .len = (uint32_t)len, .seg = (uint32_t)s};
         }
         off += segs[s];
         dec8[s] = (uint8_t)decays[s];
@@ -553,24 +646,13 @@ void gpu_model_destroy(gpu_model *g)
     free(g);
 }
 
-static int copy_sync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind,
-                     cudaStream_t s)
-{
-    int rc = 0;
-    GPU_TRY(cudaMemcpyAsync(dst, src, bytes, kind, s));
-    GPU_TRY(cudaStreamSynchronize(s));
-out:
-    return rc;
-}
-
 int gpu_model_set_params(gpu_model *g, const float *host)
 {
-    int rc = copy_sync(g->params_memory, host, g->num_params * 4, cudaMemcpyHostToDevice,
-                       g->compute);
+    int rc = span_copy(g, g->params_memory, (float *)host, 1, 1);
     if (rc < 0)
         return rc;
-    if (g->dt != KDT_F32)
-        cuda_cast(g->params_lp_memory, g->dt, g->params_memory, KDT_F32, g->num_params,
+    if (g->dt != KDT_F32) // the padding rows are zero in both copies
+        cuda_cast(g->params_lp_memory, g->dt, g->params_memory, KDT_F32, g->dev_params,
                   g->compute);
     GPU_TRY(cudaStreamSynchronize(g->compute));
 out:
@@ -579,20 +661,17 @@ out:
 
 int gpu_model_get_params(gpu_model *g, float *host)
 {
-    return copy_sync(host, g->params_memory, g->num_params * 4, cudaMemcpyDeviceToHost,
-                     g->compute);
+    return span_copy(g, g->params_memory, host, 1, 0);
 }
 
 int gpu_model_get_grads(gpu_model *g, float *host)
 {
-    return copy_sync(host, g->grads_memory, g->num_params * 4, cudaMemcpyDeviceToHost,
-                     g->compute);
+    return span_copy(g, g->grads_memory, host, 1, 0);
 }
 
 int gpu_model_get_opt_state(gpu_model *g, float *host)
 {
-    return copy_sync(host, g->opt_memory, 2 * g->num_params * 4, cudaMemcpyDeviceToHost,
-                     g->compute);
+    return span_copy(g, g->opt_memory, host, 2, 0);
 }
 
 int gpu_model_set_opt_state(gpu_model *g, const float *host, long t)
@@ -600,8 +679,7 @@ int gpu_model_set_opt_state(gpu_model *g, const float *host, long t)
     if (t < 0)
         return -EINVAL;
     g->t = t;
-    return copy_sync(g->opt_memory, host, 2 * g->num_params * 4, cudaMemcpyHostToDevice,
-                     g->compute);
+    return span_copy(g, g->opt_memory, (float *)host, 2, 1);
 }
 
 /* Ints of a device slot a B x T batch with M masked positions really uses:
@@ -909,9 +987,12 @@ int gpu_model_forward(gpu_model *g, const bert_dropout *d, float loss_scale)
         linear_gelu_forward(g, a->hg, a->hd, a->hsel, BP_HEAD_W, 0, BP_HEAD_B, 0, M, C, C);
         cuda_layernorm_forward_dt(a->hln, a->h_mean, a->h_rstd, a->hg, p->head_lnw, p->head_lnb, M,
                                   C, eps, dt, st);
-        linear_forward(g, a->logits, a->hln, BP_WTE, 0, BP_DEC_B, 0, M, C, V);
-        cuda_mlm_xent_fused_dt(a->losses, a->logits, labels,
-                               loss_scale > 0 ? loss_scale / (float)M : 0.0f, M, V, dt, st);
+        /* at the padded width with CUDA_LEVER_VOCAB_PAD: the loss sees
+         * the first V columns and zeroes the gradient of the rest */
+        linear_forward(g, a->logits, a->hln, BP_WTE, 0, BP_DEC_B, 0, M, C, g->vocab_ld);
+        cuda_mlm_xent_fused_ld_dt(a->losses, a->logits, labels,
+                                  loss_scale > 0 ? loss_scale / (float)M : 0.0f, M, V,
+                                  g->vocab_ld, dt, st);
         cuda_sum(a->loss_sum, a->losses, M, st);
     } else {
         GPU_TRY(cudaMemsetAsync(a->loss_sum, 0, sizeof(float), st));
@@ -981,14 +1062,14 @@ static int eval_fitting(gpu_model *g, const bert_batch *b, bert_eval_sums *acc, 
     rc = gpu_model_forward(g, &off, 0.0f); /* 0: eval, the logits stay logits */
     if (rc < 0)
         return rc;
-    const int M = b->M, V = g->cfg.vocab_size;
+    const int M = b->M, V = g->cfg.vocab_size, ld = g->vocab_ld;
     const size_t esz = kdtype_size(g->dt), n = (size_t)M * V;
     void *raw = NULL;
     float *logits = NULL, *losses = NULL;
     GPU_TRY(cudaStreamSynchronize(g->compute));
     if (M == 0)
         goto out;
-    raw = malloc(n * esz);
+    raw = malloc((size_t)M * ld * esz);
     logits = g->dt == KDT_F32 ? raw : malloc(n * 4);
     losses = malloc((size_t)M * 4);
     if (!raw || !logits || !losses) {
@@ -996,8 +1077,12 @@ static int eval_fitting(gpu_model *g, const bert_batch *b, bert_eval_sums *acc, 
         rc = -ENOMEM;
         goto out;
     }
-    GPU_TRY(cudaMemcpy(raw, g->acts->logits, n * esz, cudaMemcpyDeviceToHost));
+    GPU_TRY(cudaMemcpy(raw, g->acts->logits, (size_t)M * ld * esz, cudaMemcpyDeviceToHost));
     GPU_TRY(cudaMemcpy(losses, g->acts->losses, (size_t)M * 4, cudaMemcpyDeviceToHost));
+    if (ld != V) /* rows of ld (CUDA_LEVER_VOCAB_PAD) packed to rows of V, in place */
+        for (int m = 1; m < M; m++)
+            memmove((char *)raw + (size_t)m * V * esz, (char *)raw + (size_t)m * ld * esz,
+                    (size_t)V * esz);
     if (g->dt != KDT_F32) {
         const uint16_t *h = raw;
         for (size_t i = 0; i < n; i++) {
@@ -1069,7 +1154,7 @@ void gpu_model_zero_grad(gpu_model *g)
      * previous zero_grad, or create) left them zero; off: always the memset */
     if ((g->levers & CUDA_LEVER_OPT_ZERO) && g->grads_zero)
         return;
-    cudaError_t e = cudaMemsetAsync(g->grads_memory, 0, g->num_params * 4, g->compute);
+    cudaError_t e = cudaMemsetAsync(g->grads_memory, 0, g->dev_params * 4, g->compute);
     if (e != cudaSuccess)
         fprintf(stderr, "gpu_model: zero_grad: %s\n", cudaGetErrorString(e));
     else
@@ -1087,8 +1172,11 @@ static int reduce_bucket(gpu_model *g, int b, int first, int last)
         return k;
     if (last < 0 || last > k)
         last = k;
-    for (int i = first; i < last; i++)
-        p[i] = g->grads_memory + off[i];
+    for (int i = first; i < last; i++) { /* device ranges, padding included */
+        size_t d = dev_pos(g, off[i]);
+        n[i] = dev_end(g, off[i] + n[i]) - d;
+        p[i] = g->grads_memory + d;
+    }
     return first < last ? g->bucket(g->bucket_ctx, p + first, n + first, last - first, g->compute) : 0;
 }
 
@@ -1102,7 +1190,7 @@ int gpu_model_backward(gpu_model *g)
     const bert_config *c = &g->cfg;
     const bert_dropout *d = &g->dropout_cur;
     int B = b->B, T = b->T, C = c->hidden_size, NH = c->num_attention_heads,
-        I = c->intermediate_size, L = c->num_hidden_layers, V = c->vocab_size, M = b->M;
+        I = c->intermediate_size, L = c->num_hidden_layers, M = b->M;
     size_t N = (size_t)B * T, NC = N * C;
     float ph = c->hidden_dropout_prob, pa = c->attention_probs_dropout_prob;
     kdtype dt = g->dt;
@@ -1118,7 +1206,8 @@ int gpu_model_backward(gpu_model *g)
     GPU_TRY(cudaMemsetAsync(a->d_res, 0, NC * kdtype_size(dt), st)); // d hidden, scattered below
     if (M > 0) {
         /* a->logits holds d(loss_scale * loss)/d logits since forward */
-        linear_backward(g, a->d_h1, a->logits, a->hln, BP_WTE, 0, BP_DEC_B, 0, M, C, V);
+        linear_backward(g, a->d_h1, a->logits, a->hln, BP_WTE, 0, BP_DEC_B, 0, M, C,
+                        g->vocab_ld);
         cuda_layernorm_backward_dt(a->d_h2, gr->head_lnw, gr->head_lnb, a->d_h1, a->hg,
                                    p->head_lnw, a->h_mean, a->h_rstd, M, C, dt, st);
         cuda_gelu_backward_dt(a->d_h1, a->hd, a->d_h2, (size_t)M * C, dt, st);
@@ -1301,7 +1390,7 @@ int gpu_model_step(gpu_model *g, double *lr_out, double *gnorm_out, int *skipped
     } else if (g->allreduce) {
         GPU_TRY(cudaEventRecord(g->grads_ready, st));
         GPU_TRY(cudaStreamWaitEvent(g->comm, g->grads_ready, 0));
-        rc = g->allreduce(g->allreduce_ctx, g->grads_memory, g->num_params, g->comm);
+        rc = g->allreduce(g->allreduce_ctx, g->grads_memory, g->dev_params, g->comm);
         if (rc < 0)
             goto out;
         GPU_TRY(cudaEventRecord(g->comm_done, g->comm));
@@ -1311,7 +1400,7 @@ int gpu_model_step(gpu_model *g, double *lr_out, double *gnorm_out, int *skipped
         GPU_TRY(cudaEventRecord(g->t_comm_waited, st));
     GPU_TRY(cudaMemsetAsync(g->sumsq, 0, sizeof(double), st));
     GPU_TRY(cudaMemsetAsync(g->nonfinite, 0, sizeof(int), st));
-    cuda_sumsq_check(g->sumsq, g->nonfinite, g->grads_memory, g->num_params, st);
+    cuda_sumsq_check(g->sumsq, g->nonfinite, g->grads_memory, g->dev_params, st);
     GPU_TRY(cudaMemcpyAsync(g->norm_host, g->sumsq, sizeof(double), cudaMemcpyDeviceToHost, st));
     GPU_TRY(cudaMemcpyAsync(g->flag_host, g->nonfinite, sizeof(int), cudaMemcpyDeviceToHost, st));
     GPU_TRY(cudaStreamSynchronize(st));
@@ -1350,7 +1439,7 @@ int gpu_model_step(gpu_model *g, double *lr_out, double *gnorm_out, int *skipped
     float gmul = scale == 1.0f ? clip : (float)((double)clip / scale);
     double lr = optim_lr_at(c, g->t);
     g->t++;
-    float *m = g->opt_memory, *v = g->opt_memory + g->num_params;
+    float *m = g->opt_memory, *v = g->opt_memory + g->dev_params;
     void *plp = g->dt == KDT_F32 ? NULL : g->params_lp_memory;
     /* lever CUDA_LEVER_OPT_ZERO: the kernel clears each gradient as it reads
      * it, so the next zero_grad has nothing to do (a skipped step keeps its

@@ -26,7 +26,9 @@
  *
  * Speed levers: BERTD_LEVER_<NAME> (1/on, 0/off; unset: the default) picks
  * the kernels' CUDA_LEVER_* mask at create (gpu_levers_from_env), which the
- * kernels then use process-wide (one model per process).
+ * kernels then use process-wide (one model per process). BERTD_LEVER_VOCAB_PAD
+ * pads the vocabulary of the device spans to a multiple of 64 (see
+ * param_sizes below); what goes in and out of the model stays unpadded.
  *
  * Streams: `compute` runs every kernel; `copy` runs H2D batch copies, ordered
  * with events (a slot is rewritten only after the step that read it is done).
@@ -96,15 +98,22 @@ typedef struct gpu_model {
     unsigned levers;               // CUDA_LEVER_* mask in force (BERTD_LEVER_*)
     int grads_zero;                // 1: grads_memory is known to be all zero
     int device;
+    /* Device sizes: as bert_param_sizes, but with the lever
+     * CUDA_LEVER_VOCAB_PAD the word embeddings (tied to the decoder) are
+     * (Vpad, C) and the decoder bias (Vpad), their rows V..Vpad-1 zero and
+     * never updated. num_params is the host layout (checkpoints, HF export,
+     * gpu_model_get/set_*), dev_params the device spans' length. */
     size_t param_sizes[BERT_NUM_PARAM_TENSORS];
-    size_t num_params;
+    size_t num_params;             // host (unpadded) parameter count
+    size_t dev_params;             // device span length: num_params + the padding
+    int vocab_ld;                  // Vpad: decoder width and logits row length (V without the lever)
     void *params_alloc;            // category 1: [fp32 master | dt copy]
-    float *params_memory;          // (num_params) fp32 master
+    float *params_memory;          // (dev_params) fp32 master
     bert_params params;            // fp32 pointers into params_memory
-    void *params_lp_memory;        // (num_params) in dt; == params_memory for fp32
-    float *grads_memory;           // category 2: (num_params) fp32
+    void *params_lp_memory;        // (dev_params) in dt; == params_memory for fp32
+    float *grads_memory;           // category 2: (dev_params) fp32
     bert_params grads;
-    float *opt_memory;             // category 3: (2, num_params) m then v
+    float *opt_memory;             // category 3: (2, dev_params) m then v
     void *acts_memory;             // category 4
     size_t acts_bytes;
     gpu_acts *acts;
@@ -168,15 +177,18 @@ int gpu_model_create_reserving(gpu_model **out, const bert_config *cfg, kdtype d
 size_t gpu_model_comm_reserve_bytes(const bert_config *cfg, int world, int lowp_reduce);
 void gpu_model_destroy(gpu_model *g);
 
-/* Copies fp32 parameters (num_params, host) in, refreshing the 16-bit copy;
- * and out. Synchronous. */
+/* Copies fp32 parameters (num_params, host, the unpadded layout of
+ * worker/model.h) in, refreshing the 16-bit copy; and out. Synchronous. The
+ * get/set functions below all speak the host layout, whatever the device
+ * padding (CUDA_LEVER_VOCAB_PAD). */
 int gpu_model_set_params(gpu_model *g, const float *host);
 int gpu_model_get_params(gpu_model *g, float *host);
 /* The gradients as they are now: after gpu_model_step with the lever
  * CUDA_LEVER_OPT_ZERO on (the default) they are all zero, since the
  * optimizer cleared them; read them between backward and step. */
 int gpu_model_get_grads(gpu_model *g, float *host);
-/* Optimizer state (2*num_params: m then v) in and out, for checkpoints. */
+/* Optimizer state (2*num_params: m then v, host layout) in and out, for
+ * checkpoints. */
 int gpu_model_get_opt_state(gpu_model *g, float *host);
 int gpu_model_set_opt_state(gpu_model *g, const float *host, long t);
 

@@ -67,6 +67,12 @@ enum {
      * timing noise can pick other algorithms in a resumed process, whose
      * results differ in the last bits, so resume is no longer bitwise */
     CUDA_LEVER_LT_TUNE = 1u << 2,
+    /* the vocabulary padded to a multiple of 64 on the device: the tied
+     * word-embedding/decoder weight and the decoder bias take zero rows in
+     * the device spans, the decoder GEMMs run at the padded width, the
+     * loss masks the padding (worker/gpu_model.c; the kernels do not read
+     * this bit). Off by default until a GPU has measured it */
+    CUDA_LEVER_VOCAB_PAD = 1u << 3,
 };
 #define CUDA_LEVERS_DEFAULT ((unsigned)(CUDA_LEVER_LN_VEC | CUDA_LEVER_OPT_ZERO))
 void cuda_levers_set(unsigned mask);
@@ -301,6 +307,13 @@ void cuda_residual_dropout_layernorm_backward_dt(void *dres, void *dy, float *dw
  * (softmax - onehot) * grad_scale. Full fp32 logits never exist. */
 void cuda_mlm_xent_fused_dt(float *losses, void *logits, const int32_t *targets, float grad_scale,
                             int M, int V, kdtype dt, cudaStream_t stream);
+/* The same over rows of ld >= V logits (a vocabulary padded to ld, lever
+ * CUDA_LEVER_VOCAB_PAD): the softmax and the loss see columns 0..V-1 only;
+ * when grad_scale != 0 columns V..ld-1 are overwritten with 0, so the
+ * padding adds nothing to any gradient whatever the forward left there. */
+void cuda_mlm_xent_fused_ld_dt(float *losses, void *logits, const int32_t *targets,
+                               float grad_scale, int M, int V, int ld, kdtype dt,
+                               cudaStream_t stream);
 /* out[m] = sum over rows (the loss sum, deterministic single block). */
 void cuda_sum(float *out, const float *x, int n, cudaStream_t stream);
 

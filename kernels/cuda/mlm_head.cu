@@ -36,18 +36,25 @@ void cuda_gather_rows_backward_dt(void *dinp, const void *dout, const int32_t *r
     LAUNCH_CHECK();
 }
 
-void cuda_mlm_xent_fused_dt(float *losses, void *logits, const int32_t *targets, float grad_scale,
-                            int M, int V, kdtype dt, cudaStream_t stream)
+void cuda_mlm_xent_fused_ld_dt(float *losses, void *logits, const int32_t *targets,
+                               float grad_scale, int M, int V, int ld, kdtype dt,
+                               cudaStream_t stream)
 {
     if (M <= 0)
         return;
     if (grad_scale != 0.0f)
         DT_DISPATCH(dt, (KLAUNCH(M, XENT_BLOCK, 0, stream, xent_kernel<T, false, true>)(
-                            losses, nullptr, (T *)logits, targets, grad_scale, V)));
+                            losses, nullptr, (T *)logits, targets, grad_scale, V, ld)));
     else
         DT_DISPATCH(dt, (KLAUNCH(M, XENT_BLOCK, 0, stream, xent_kernel<T, false, false>)(
-                            losses, nullptr, (T *)logits, targets, 0.0f, V)));
+                            losses, nullptr, (T *)logits, targets, 0.0f, V, ld)));
     LAUNCH_CHECK();
+}
+
+void cuda_mlm_xent_fused_dt(float *losses, void *logits, const int32_t *targets, float grad_scale,
+                            int M, int V, kdtype dt, cudaStream_t stream)
+{
+    cuda_mlm_xent_fused_ld_dt(losses, logits, targets, grad_scale, M, V, V, dt, stream);
 }
 
 void cuda_sum(float *out, const float *x, int n, cudaStream_t stream)
@@ -76,7 +83,7 @@ void cuda_crossentropy_softmax_forward(float *losses, float *probs, const float 
         return;
     /* logits are only read on this path (GRAD off) */
     KLAUNCH(M, XENT_BLOCK, 0, stream, xent_kernel<float, true, false>)(
-        losses, probs, const_cast<float *>(logits), targets, 0.0f, V);
+        losses, probs, const_cast<float *>(logits), targets, 0.0f, V, V);
     LAUNCH_CHECK();
 }
 

@@ -55,16 +55,18 @@ __global__ void scatter_rows_kernel(T *dinp, const T *dout, const int32_t *rows,
     }
 }
 
-/* One block per row: max, sum of exp, loss; PROBS writes probabilities,
- * GRAD overwrites the logits with (softmax - onehot) * grad_scale. */
+/* One block per row of ld >= V logits (ld > V: a padded vocabulary whose
+ * columns V..ld-1 are not part of the softmax): max, sum of exp, loss;
+ * PROBS writes probabilities (rows of V), GRAD overwrites the logits with
+ * (softmax - onehot) * grad_scale and the padding columns with 0. */
 template <typename T, bool PROBS, bool GRAD>
 __global__ void __launch_bounds__(XENT_BLOCK)
 xent_kernel(float *losses, float *probs, T *logits, const int32_t *targets, float grad_scale,
-            int V)
+            int V, int ld)
 {
     __shared__ float sh[32];
     int m = blockIdx.x;
-    T *l = logits + (size_t)m * V;
+    T *l = logits + (size_t)m * ld;
     float mx = -INFINITY;
     for (int v = threadIdx.x; v < V; v += blockDim.x)
         mx = fmaxf(mx, to_f(l[v]));
@@ -86,6 +88,9 @@ xent_kernel(float *losses, float *probs, T *logits, const int32_t *targets, floa
         if (GRAD)
             l[v] = from_f<T>((pr - (v == tgt ? 1.0f : 0.0f)) * grad_scale);
     }
+    if (GRAD)
+        for (int v = V + threadIdx.x; v < ld; v += blockDim.x)
+            l[v] = from_f<T>(0.0f);
 }
 
 __global__ void xent_backward_kernel(float *dlogits, const float *probs, const int32_t *targets,

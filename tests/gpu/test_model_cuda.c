@@ -7,7 +7,9 @@
  * scale); the memory plan's refusal naming the largest batch that fits, and
  * that batch then really fitting; bad batches refused; the held-out eval
  * (gpu_model_eval: loss sum, masked and correct counts) against the CPU
- * model's bert_model_eval. Exits 77 without a GPU.
+ * model's bert_model_eval. Exits 77 without a GPU. Run with
+ * BERTD_LEVER_VOCAB_PAD=1 it also checks the padded vocabulary's rows stay
+ * zero in every device span, and a padded model against an unpadded one.
  *
  * Tolerances (normwise relative, gpu_check.h): one op is held to 1e-5 (fp32)
  * in test_kernels_cuda; a whole model composes ~20 ops per layer whose
@@ -118,6 +120,37 @@ static gpu_model *make_pair(const bert_config *c, kdtype dt, const optim_config 
     return g;
 }
 
+/* Lever CUDA_LEVER_VOCAB_PAD (BERTD_LEVER_VOCAB_PAD=1; the suite runs this
+ * whole test with it, cudasim_model_cuda_vocab_pad_*): the padding rows of
+ * the word embeddings (tied to the decoder) and of the decoder bias must be
+ * exactly zero in a device span (fp32 `base`, or the 16-bit copy with
+ * lp = 1): a nonzero one would have leaked into the logits, the loss or a
+ * real gradient. Counts a failure and says which span otherwise; nothing
+ * without the lever. */
+static void check_vocab_padding(gpu_model *g, const void *base, int lp, const char *what)
+{
+    size_t V = (size_t)g->cfg.vocab_size, Vp = (size_t)g->vocab_ld, C = (size_t)g->cfg.hidden_size;
+    if (Vp == V)
+        return;
+    size_t es = lp ? kdtype_size(g->dt) : 4, dec = 0;
+    for (int i = 0; i < BP_DEC_B; i++)
+        dec += g->param_sizes[i];
+    size_t ranges[2][2] = {{V * C, Vp * C}, {dec + V, dec + Vp}}, bad = 0;
+    TCHECK(cudaDeviceSynchronize());
+    for (int r = 0; r < 2; r++) {
+        size_t nb = (ranges[r][1] - ranges[r][0]) * es;
+        unsigned char *h = malloc(nb);
+        TCHECK(cudaMemcpy(h, (const char *)base + ranges[r][0] * es, nb, cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < nb; i++)
+            bad += h[i] != 0;
+        free(h);
+    }
+    int ok = bad == 0 && Vp % 64 == 0 && Vp - V < 64 && g->dev_params == g->num_params + (Vp - V) * (C + 1);
+    printf("%-4s vocabulary padding %zu -> %zu zero in %-22s (%zu nonzero bytes)\n", ok ? "ok" : "FAIL",
+           V, Vp, what, bad);
+    gpu_failures += !ok;
+}
+
 static void test_forward_backward_steps(kdtype dt, int nsp)
 {
     printf("--- whole model, %s%s\n", kdtype_name(dt), nsp ? ", with the NSP head" : "");
@@ -155,6 +188,7 @@ static void test_forward_backward_steps(kdtype dt, int nsp)
     double lrel = fabs((double)gl - cpu->loss) / fabs((double)cpu->loss);
     report(isfinite(gl) && lrel <= ltol, "model loss (dropout on)", dt, lrel, ltol);
     gpu_model_backward(g);
+    check_vocab_padding(g, g->grads_memory, 0, "gradients (backward)");
     float *gg = malloc(n * 4);
     if (gpu_model_get_grads(g, gg) != 0)
         abort();
@@ -208,6 +242,11 @@ static void test_forward_backward_steps(kdtype dt, int nsp)
         }
     }
     report(worst_loss <= ltol * 2, "10 AdamW steps: worst step loss", dt, worst_loss, ltol * 2);
+    check_vocab_padding(g, g->params_memory, 0, "parameters (10 steps)");
+    if (dt != KDT_F32)
+        check_vocab_padding(g, g->params_lp_memory, 1, "16-bit copy (10 steps)");
+    check_vocab_padding(g, g->opt_memory, 0, "Adam m (10 steps)");
+    check_vocab_padding(g, g->opt_memory + g->dev_params, 0, "Adam v (10 steps)");
     float *gp = malloc(n * 4);
     gpu_model_get_params(g, gp);
     for (size_t i = 0; i < n; i++) {
@@ -536,7 +575,7 @@ static void test_buckets_final_and_complete(int nsp)
     if (!g)
         return;
     char err[256];
-    size_t n = cpu->num_params;
+    size_t n = g->dev_params; /* the device span: with CUDA_LEVER_VOCAB_PAD, padding included */
     shadow sh = {.seen = calloc(n, 1), .base = g->grads_memory};
     TCHECK(cudaMalloc((void **)&sh.dev, n * sizeof(float)));
     gpu_model_set_buckets(g, shadow_bucket, shadow_finish, &sh);
@@ -558,9 +597,8 @@ static void test_buckets_final_and_complete(int nsp)
         }
     }
     float *final = malloc(n * 4), *snap = malloc(n * 4);
-    if (gpu_model_get_grads(g, final) != 0)
-        abort();
     TCHECK(cudaDeviceSynchronize());
+    TCHECK(cudaMemcpy(final, g->grads_memory, n * 4, cudaMemcpyDeviceToHost));
     TCHECK(cudaMemcpy(snap, sh.dev, n * 4, cudaMemcpyDeviceToHost));
     size_t bad_cover = 0, bad_value = 0;
     for (size_t i = 0; i < n; i++) {
@@ -607,9 +645,19 @@ static void test_buckets_final_and_complete(int nsp)
  * default, anything else is refused naming the variable; a created model
  * records the mask and hands it to the kernels. The suite also runs this
  * whole test with every lever off (cudasim_model_cuda_levers_off_*). */
+static size_t host_params(const bert_config *c)
+{
+    size_t s[BERT_NUM_PARAM_TENSORS], n = 0;
+    bert_param_sizes(c, s);
+    for (int i = 0; i < BERT_NUM_PARAM_TENSORS; i++)
+        n += s[i];
+    return n;
+}
+
 static void test_lever_switches(void)
 {
-    static const char *const vars[] = {"BERTD_LEVER_LN_VEC", "BERTD_LEVER_OPT_ZERO"};
+    static const char *const vars[] = {"BERTD_LEVER_LN_VEC", "BERTD_LEVER_OPT_ZERO",
+                                       "BERTD_LEVER_VOCAB_PAD"};
     enum { NV = sizeof vars / sizeof vars[0] };
     char *saved[NV];
     for (int i = 0; i < NV; i++) { /* this test's own settings; the caller's come back after */
@@ -638,6 +686,15 @@ static void test_lever_switches(void)
     gpu_model *g = NULL;
     int rc = gpu_model_create(&g, &c, KDT_F32, 0, TB, TT, TM, &oc, err, sizeof err);
     ok &= rc == 0 && g && !(g->levers & CUDA_LEVER_LN_VEC) && !(cuda_levers() & CUDA_LEVER_LN_VEC);
+    ok &= g && g->vocab_ld == c.vocab_size && g->dev_params == g->num_params; /* off by default */
+    gpu_model_destroy(g);
+    /* BERTD_LEVER_VOCAB_PAD=1: 997 words padded to 1024 on the device only */
+    setenv("BERTD_LEVER_VOCAB_PAD", "1", 1);
+    g = NULL;
+    rc = gpu_model_create(&g, &c, KDT_F32, 0, TB, TT, TM, &oc, err, sizeof err);
+    ok &= rc == 0 && g && (g->levers & CUDA_LEVER_VOCAB_PAD) && g->vocab_ld == 1024 &&
+          g->num_params == host_params(&c) &&
+          g->dev_params == g->num_params + (size_t)(1024 - 997) * (c.hidden_size + 1);
     gpu_model_destroy(g);
     for (int i = 0; i < NV; i++) {
         if (saved[i])
@@ -652,6 +709,113 @@ static void test_lever_switches(void)
     gpu_failures += !ok;
 }
 
+/* Lever CUDA_LEVER_VOCAB_PAD resumed, and against the unpadded model,
+ * fp32, dropout on, clipping at 1.0. A padded model runs 5 AdamW steps; its
+ * state after step 3 (parameters and optimizer state in the host layout,
+ * as a checkpoint holds them) is loaded into a fresh padded model, which
+ * runs steps 4 and 5: both must end with the same parameters and optimizer
+ * state bit for bit (resume). An unpadded model from the same weights runs
+ * steps 1-3: not bitwise, since the decoder's d hidden GEMM sums K = Vpad
+ * terms instead of V and the padding's zeros change how the sum is cut into
+ * partial sums (the stand-in's 16 lanes, a GPU's tiles), so fp32 rounding
+ * differs; held to 1e-5 normwise on the update p3 - p0 and on the gradient
+ * norms. Runs in the suite's vocab_pad entries only. */
+static void run_steps(gpu_model *g, const bert_config *c, int from, int to, double *gnorms)
+{
+    char err[256];
+    for (int s = from; s < to; s++) {
+        batch_store bs;
+        make_batch(&bs, c, s + 40);
+        bert_dropout d = {.train = 1, .seed = 11, .rank = 0, .step = (uint32_t)s};
+        gpu_model_upload(g, &bs.b, err, sizeof err);
+        gpu_model_zero_grad(g);
+        gpu_model_forward(g, &d, 1.0f);
+        gpu_model_backward(g);
+        int skipped = 0;
+        if (gpu_model_step(g, NULL, gnorms ? &gnorms[s] : NULL, &skipped) != 0 || skipped) {
+            printf("FAIL gpu_model_step %d\n", s);
+            gpu_failures++;
+        }
+    }
+}
+
+static void test_vocab_pad_resume_vs_unpadded(void)
+{
+    printf("--- vocabulary padding: resume, and on vs off, fp32\n");
+    bert_config c = gpu_test_config(4, 1);
+    optim_config oc = test_optim_config();
+    oc.max_grad_norm = 1.0f;
+    bert_model *cpu = NULL;
+    if (bert_model_create(&cpu, &c) != 0)
+        abort();
+    bert_model_init_weights(cpu, 2468);
+    size_t n = cpu->num_params;
+    gpu_model *gm[3] = {NULL, NULL, NULL}; /* unpadded, padded, padded resumed */
+    char err[256];
+    const char *saved = getenv("BERTD_LEVER_VOCAB_PAD");
+    char *keep = saved ? strdup(saved) : NULL;
+    int made = 1;
+    for (int k = 0; k < 3 && made; k++) {
+        setenv("BERTD_LEVER_VOCAB_PAD", k ? "1" : "0", 1);
+        made = gpu_model_create(&gm[k], &c, KDT_F32, 0, TB, TT, TM, &oc, err, sizeof err) == 0 &&
+               gpu_model_set_params(gm[k], cpu->params_memory) == 0;
+    }
+    if (keep)
+        setenv("BERTD_LEVER_VOCAB_PAD", keep, 1);
+    else
+        unsetenv("BERTD_LEVER_VOCAB_PAD");
+    free(keep);
+    if (!made || gm[1]->vocab_ld != 1024 || gm[0]->vocab_ld != 997) {
+        printf("FAIL gpu_model_create: %s\n", err);
+        gpu_failures++;
+        for (int k = 0; k < 3; k++)
+            gpu_model_destroy(gm[k]);
+        bert_model_destroy(cpu);
+        return;
+    }
+    double gn[2][5];
+    float *p3 = malloc(n * 4), *o3 = malloc(2 * n * 4), *pa = malloc(n * 4), *pb = malloc(n * 4),
+          *oa = malloc(2 * n * 4), *ob = malloc(2 * n * 4);
+    run_steps(gm[0], &c, 0, 3, gn[0]);
+    run_steps(gm[1], &c, 0, 3, gn[1]);
+    /* a checkpoint of the padded model after step 3, resumed by another */
+    if (gpu_model_get_params(gm[1], p3) != 0 || gpu_model_get_opt_state(gm[1], o3) != 0 ||
+        gpu_model_set_params(gm[2], p3) != 0 || gpu_model_set_opt_state(gm[2], o3, gm[1]->t) != 0)
+        abort();
+    double worst = 0;
+    for (int s = 0; s < 3; s++) {
+        double r = fabs(gn[1][s] - gn[0][s]) / gn[0][s];
+        worst = r > worst ? r : worst;
+    }
+    report(worst <= 1e-5, "padded vs unpadded: gradient norms", KDT_F32, worst, 1e-5);
+    if (gpu_model_get_params(gm[0], pa) != 0)
+        abort();
+    for (size_t i = 0; i < n; i++) {
+        pa[i] -= cpu->params_memory[i];
+        pb[i] = p3[i] - cpu->params_memory[i];
+    }
+    double ur = norm2_rel(pb, pa, n);
+    report(ur <= 1e-5, "padded vs unpadded: update p3 - p0", KDT_F32, ur, 1e-5);
+    run_steps(gm[1], &c, 3, 5, NULL);
+    run_steps(gm[2], &c, 3, 5, NULL);
+    if (gpu_model_get_params(gm[1], pa) != 0 || gpu_model_get_opt_state(gm[1], oa) != 0 ||
+        gpu_model_get_params(gm[2], pb) != 0 || gpu_model_get_opt_state(gm[2], ob) != 0)
+        abort();
+    size_t dp = 0, dopt = 0;
+    for (size_t i = 0; i < n; i++)
+        dp += memcmp(&pa[i], &pb[i], 4) != 0;
+    for (size_t i = 0; i < 2 * n; i++)
+        dopt += memcmp(&oa[i], &ob[i], 4) != 0;
+    int same = dp == 0 && dopt == 0;
+    printf("%-4s padded, resumed after step 3: %zu parameters, %zu optimizer floats differ at step 5\n",
+           same ? "ok" : "FAIL", dp, dopt);
+    gpu_failures += !same;
+    free(p3); free(o3); free(pa); free(pb); free(oa); free(ob);
+    for (int k = 0; k < 3; k++)
+        gpu_model_destroy(gm[k]);
+    bert_model_destroy(cpu);
+}
+
 int main(void)
 {
     gpu_require_device();
@@ -663,7 +827,11 @@ int main(void)
         return 1;
     }
     printf("auto precision: %s\n", kdtype_name(best));
+    const char *vp = getenv("BERTD_LEVER_VOCAB_PAD");
+    int vocab_pad_run = vp && (strcmp(vp, "1") == 0 || strcmp(vp, "on") == 0);
     test_lever_switches();
+    if (vocab_pad_run)
+        test_vocab_pad_resume_vs_unpadded();
     test_forward_backward_steps(KDT_F32, 0);
     test_forward_backward_steps(KDT_F32, 1);
     if (best == KDT_BF16) {

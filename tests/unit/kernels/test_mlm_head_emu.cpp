@@ -100,7 +100,7 @@ void xent_twin_case(int M, int V)
     auto losses = poisoned<float>(M), probs = poisoned<float>(n);
     std::vector<float> lg = logits;
     emu::launch(M, XENT_BLOCK, 0, xent_kernel<float, true, false>, losses.data(), probs.data(),
-                lg.data(), (const int32_t *)tg.data(), 0.0f, V);
+                lg.data(), (const int32_t *)tg.data(), 0.0f, V, V);
     check("xent forward losses", losses, rl, M, 1e-5);
     check("xent forward probs", probs, rp, n, 1e-5);
     bool same = memcmp(lg.data(), logits.data(), n * sizeof(float)) == 0;
@@ -136,10 +136,10 @@ template <typename T> void xent_fused_case(int M, int V, float grad_scale)
     std::vector<T> before = lg;
     if (grad_scale != 0.0f)
         emu::launch(M, XENT_BLOCK, 0, xent_kernel<T, false, true>, losses.data(),
-                    (float *)nullptr, lg.data(), (const int32_t *)tg.data(), grad_scale, V);
+                    (float *)nullptr, lg.data(), (const int32_t *)tg.data(), grad_scale, V, V);
     else
         emu::launch(M, XENT_BLOCK, 0, xent_kernel<T, false, false>, losses.data(),
-                    (float *)nullptr, lg.data(), (const int32_t *)tg.data(), 0.0f, V);
+                    (float *)nullptr, lg.data(), (const int32_t *)tg.data(), 0.0f, V, V);
     check("fused losses (fp32 math on the same inputs)", losses, rl, M, 1e-5);
     if (grad_scale != 0.0f) {
         check("fused dlogits (in place)", lg, rd, n, tol<T>());
@@ -148,6 +148,41 @@ template <typename T> void xent_fused_case(int M, int V, float grad_scale)
         printf("%-4s fused with grad_scale 0 leaves the logits alone\n", same ? "ok" : "FAIL");
         emu::failures += !same;
     }
+}
+
+/* A vocabulary padded to ld > V (lever CUDA_LEVER_VOCAB_PAD): the padding
+ * columns hold a large value that would dominate the softmax if it were
+ * read; losses and the real gradient columns must equal the unpadded
+ * kernel's bit for bit, and the padding columns must come back 0. */
+template <typename T> void xent_padded_case(int M, int V, int ld, float grad_scale)
+{
+    printf("--- mlm_xent_fused padded M%d V%d ld%d %s\n", M, V, ld, emu::tname<T>());
+    size_t n = (size_t)M * V;
+    std::vector<T> lg;
+    std::vector<float> lf;
+    rand_t(lg, lf, n, 8.0f);
+    std::vector<int32_t> tg(M);
+    for (int m = 0; m < M; m++)
+        tg[m] = m == 0 ? V - 1 : (int32_t)(emu::urand() % (uint64_t)V);
+    std::vector<T> pad((size_t)M * ld, from_f<T>(1000.0f));
+    for (int m = 0; m < M; m++)
+        memcpy(&pad[(size_t)m * ld], &lg[(size_t)m * V], V * sizeof(T));
+    auto l1 = poisoned<float>(M), l2 = poisoned<float>(M);
+    emu::launch(M, XENT_BLOCK, 0, xent_kernel<T, false, true>, l1.data(), (float *)nullptr,
+                lg.data(), (const int32_t *)tg.data(), grad_scale, V, V);
+    emu::launch(M, XENT_BLOCK, 0, xent_kernel<T, false, true>, l2.data(), (float *)nullptr,
+                pad.data(), (const int32_t *)tg.data(), grad_scale, V, ld);
+    size_t bad_loss = 0, bad_real = 0, bad_pad = 0;
+    for (int m = 0; m < M; m++) {
+        bad_loss += memcmp(&l1[m], &l2[m], sizeof(float)) != 0;
+        bad_real += memcmp(&lg[(size_t)m * V], &pad[(size_t)m * ld], V * sizeof(T)) != 0;
+        for (int v = V; v < ld; v++)
+            bad_pad += to_f(pad[(size_t)m * ld + v]) != 0.0f;
+    }
+    bool ok = bad_loss == 0 && bad_real == 0 && bad_pad == 0;
+    printf("%-4s padded rows: losses and real gradients as unpadded, padding zeroed "
+           "(%zu/%zu/%zu differ)\n", ok ? "ok" : "FAIL", bad_loss, bad_real, bad_pad);
+    emu::failures += !ok;
 }
 
 void sum_case(int n)
@@ -173,6 +208,8 @@ template <typename T> void run_type()
     xent_fused_case<T>(3, 517, 0.37f);    // V above the block
     xent_fused_case<T>(3, 37, 1.0f);      // V below a block: idle threads
     xent_fused_case<T>(2, 512, 0.0f);     // V the block; loss only
+    xent_padded_case<T>(3, 517, 576, 0.37f); // V above the block, padded to 64
+    xent_padded_case<T>(2, 37, 64, 1.0f);    // V below a block
 }
 
 } // namespace
