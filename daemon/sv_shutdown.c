@@ -3,8 +3,9 @@
  * while they write their stop checkpoints, then whatever is left stopped
  * and every run ended (jobs back to queued, to resume at the next start).
  *
- * supervisor_shutdown_detach is the other exit: the local jobs' processes
- * and the preparations are let go, running, for the next daemon to adopt.
+ * supervisor_shutdown_detach is the other exit: the jobs' processes (a
+ * multi-node job's srun and ranks too) and the preparations are let go,
+ * running, for the next daemon to adopt.
  *
  * The only supervisor code that blocks the loop: it polls the workers'
  * pidfds and sockets itself, up to stop_timeout_ms. Never fails a job.
@@ -126,11 +127,9 @@ void supervisor_shutdown_detach(supervisor *sv)
 		return;
 	for (run **pp = &sv->runs; *pp;) {
 		run *r = *pp;
-		if (r->multinode) { /* stopped below, as at a plain shutdown */
-			pp = &r->next;
-			continue;
-		}
-		/* its processes run on; their lines close, they keep what they say */
+		/* its processes run on; their lines close, they keep what they say
+		 * (a multi-node attempt's srun runs on; its ranks' relay connections
+		 * close with the relay, and they redial the next daemon's) */
 		for (int i = 0; i < r->nkids; i++) {
 			child *c = r->kids[i];
 			if (c->watched && !c->exited) {
