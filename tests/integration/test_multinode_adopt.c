@@ -9,7 +9,13 @@
  *     counted), the ranks redial its relay, the job completes, its
  *     export's sha256 is the one of an undisturbed run of 1 node x 2
  *     ranks (the multi-node tests' reference), and its metrics have every
- *     logged step once, with the reference's losses bit for bit.
+ *     logged step once, with the reference's losses bit for bit;
+ *   - the daemon gone while the job ends (srun ends with no daemon): the
+ *     next daemon accounts for it from the ranks' exit records: completed,
+ *     the same export, every step once, no restart;
+ *   - a stop (SIGTERM, not a restart's) still stops the job with a
+ *     checkpoint, leaving no srun or rank running; the next daemon resumes
+ *     it from that checkpoint and it ends with the same export.
  * Root only; skips (77) elsewhere or without Slurm, nftables or
  * namespaces. Waiting is polling with deadlines; assertions are on
  * states, events, processes and bytes. */
@@ -128,15 +134,59 @@ static double mono_s(void)
 	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* The undisturbed 1 node x 2 ranks run of SPEC (made once): its export's
+ * sha256 and its id. */
+static char ref[65], *ref_id;
+
+static void reference(it_cluster *c)
+{
+	if (ref_id)
+		return;
+	double t0 = mono_s();
+	it_cluster_run_to_end(c, SPEC("ref-1x2", "{\"gpus\":2}"), ref, &ref_id, DEADLINE_S);
+	printf("adopt: reference run %.1f s\n", mono_s() - t0);
+}
+
+/* bertd again on the same state directory, with the same arguments. */
+static void restart_daemon(it_cluster *c)
+{
+	const char *base[] = {"--data-roots", c->data, "--schedule", "true", "--stop-timeout-s", "60",
+			      "--slurm-srun", "/usr/bin/srun", "--slurm-conf", c->conf};
+	const char *args[32];
+	size_t n = 0;
+	for (size_t i = 0; i < sizeof base / sizeof *base; i++)
+		args[n++] = base[i];
+	for (size_t i = 0; extra[i]; i++)
+		args[n++] = extra[i];
+	args[n] = NULL;
+	assert_int_equal(bertd_start(&c->d, args), 0);
+}
+
+/* Every logged step of id once (5, 10, ... 40), with the reference's losses. */
+static void assert_metrics_as_reference(it_cluster *c, const char *id)
+{
+	json_t *ma = it_metrics_of(&c->d, ref_id), *mb = it_metrics_of(&c->d, id);
+	assert_int_equal(json_array_size(mb), 40 / 5);
+	assert_int_equal(json_array_size(ma), json_array_size(mb));
+	for (size_t k = 0; k < json_array_size(mb); k++) {
+		json_t *a = json_array_get(ma, k), *b = json_array_get(mb, k);
+		assert_int_equal(json_integer_value(json_object_get(b, "step")), (long)(k + 1) * 5);
+		assert_true(json_number_value(json_object_get(a, "loss")) == json_number_value(json_object_get(b, "loss")));
+	}
+	json_decref(ma);
+	json_decref(mb);
+}
+
+#define TWO_NODES "{\"nodes\":2,\"gpus_per_node\":1,\"device\":\"cpu\"}"
+
 static void kill9_daemon_adopts_two_node_job(void **state)
 {
 	it_cluster *c = *state;
-	double t0 = mono_s();
-	char ref[65], got[65], *ref_id = NULL;
-	it_cluster_run_to_end(c, SPEC("ref-1x2", "{\"gpus\":2}"), ref, &ref_id, DEADLINE_S);
+	char got[65];
+	reference(c);
 	double t1 = mono_s();
 
-	char *id = it_cluster_submit(c, SPEC("adopt-2x1", "{\"nodes\":2,\"gpus_per_node\":1,\"device\":\"cpu\"}"));
+	char *id = it_cluster_submit(c, SPEC("adopt-2x1", TWO_NODES));
 	it_wait_step(&c->d, id, 15, DEADLINE_S); /* past the step-10 checkpoint */
 	pid_t r0 = it_rank_on(id, "n1"), r1 = it_rank_on(id, "n2"), srun[4];
 	assert_true(r0 > 0 && r1 > 0);
@@ -155,16 +205,7 @@ static void kill9_daemon_adopts_two_node_job(void **state)
 	for (int i = 0; i < nsrun; i++)
 		assert_true(it_alive(srun[i]));
 
-	const char *base[] = {"--data-roots", c->data, "--schedule", "true", "--stop-timeout-s", "60",
-			      "--slurm-srun", "/usr/bin/srun", "--slurm-conf", c->conf};
-	const char *args[32];
-	size_t n = 0;
-	for (size_t i = 0; i < sizeof base / sizeof *base; i++)
-		args[n++] = base[i];
-	for (size_t i = 0; extra[i]; i++)
-		args[n++] = extra[i];
-	args[n] = NULL;
-	assert_int_equal(bertd_start(&c->d, args), 0);
+	restart_daemon(c);
 	json_t *job = it_wait_job(&c->d, id, "completed|failed|canceled", DEADLINE_S);
 	double t2 = mono_s();
 	if (strcmp(it_jstr(job, "state"), "completed") != 0)
@@ -176,24 +217,69 @@ static void kill9_daemon_adopts_two_node_job(void **state)
 	it_sha_of_export(job, got);
 	assert_string_equal(got, ref); /* bit-identical to the undisturbed run */
 
-	/* every logged step once, with the reference's losses */
-	json_t *ma = it_metrics_of(&c->d, ref_id), *mb = it_metrics_of(&c->d, id);
-	assert_int_equal(json_array_size(mb), 40 / 5);
-	assert_int_equal(json_array_size(ma), json_array_size(mb));
-	for (size_t k = 0; k < json_array_size(mb); k++) {
-		json_t *a = json_array_get(ma, k), *b = json_array_get(mb, k);
-		assert_int_equal(json_integer_value(json_object_get(b, "step")), (long)(k + 1) * 5);
-		assert_true(json_number_value(json_object_get(a, "loss")) == json_number_value(json_object_get(b, "loss")));
-	}
-	json_decref(ma);
-	json_decref(mb);
+	assert_metrics_as_reference(c, id);
 	assert_int_equal(it_find_pids("bertd-worker", id, srun, 4), 0); /* nothing of it left */
 	assert_int_equal(it_find_pids("srun", id, srun, 4), 0);
-	printf("adopt: reference run %.1f s; 2-node job submitted to completed across the kill %.1f s\n", t1 - t0,
-	       t2 - t1);
+	printf("adopt: 2-node job submitted to completed across the kill %.1f s\n", t2 - t1);
 	json_decref(job);
 	free(id);
-	free(ref_id);
+}
+
+/* The daemon gone while the 2-node job ends: srun ends with no daemon; the
+ * next one finds it ended and accounts for the job from its ranks' exit
+ * records (completed, its export, every step once). */
+static void job_completes_without_daemon(void **state)
+{
+	it_cluster *c = *state;
+	char got[65];
+	reference(c);
+	char *id = it_cluster_submit(c, SPEC("alone-2x1", TWO_NODES));
+	it_wait_step(&c->d, id, 15, DEADLINE_S);
+	bertd_kill9(&c->d);
+	pid_t p[4];
+	int i;
+	for (i = 0; i < DEADLINE_S * 10 && it_find_pids("srun", id, p, 4) > 0; i++)
+		it_pause_ms(100);
+	assert_int_equal(it_find_pids("srun", id, p, 4), 0); /* it ended with no daemon */
+	assert_int_equal(it_find_pids("bertd-worker", id, p, 4), 0);
+	restart_daemon(c);
+	json_t *job = it_wait_job(&c->d, id, "completed|failed|canceled", DEADLINE_S);
+	if (strcmp(it_jstr(job, "state"), "completed") != 0)
+		bertd_print_log(&c->d);
+	it_assert_completed(&c->d, job);
+	assert_true(has_event(&c->d, id, "(srun ended meanwhile;"));
+	assert_int_equal(json_integer_value(json_object_get(job, "restart_count")), 0);
+	it_sha_of_export(job, got);
+	assert_string_equal(got, ref);
+	assert_metrics_as_reference(c, id);
+	json_decref(job);
+	free(id);
+}
+
+/* A stop (SIGTERM, not a restart's) still stops the 2-node job with a
+ * checkpoint: queued, nothing of it left running; the next daemon resumes
+ * it from that checkpoint and it ends bit-identical. */
+static void clean_stop_stops_two_node_job(void **state)
+{
+	it_cluster *c = *state;
+	char got[65];
+	reference(c);
+	char *id = it_cluster_submit(c, SPEC("stop-2x1", TWO_NODES));
+	it_wait_step(&c->d, id, 15, DEADLINE_S);
+	assert_int_equal(bertd_stop(&c->d), 0);
+	pid_t p[4];
+	assert_int_equal(it_find_pids("srun", id, p, 4), 0); /* stopped, not left running */
+	assert_int_equal(it_find_pids("bertd-worker", id, p, 4), 0);
+	restart_daemon(c);
+	json_t *job = it_wait_job(&c->d, id, "completed|failed|canceled", DEADLINE_S);
+	it_assert_completed(&c->d, job);
+	assert_true(has_event(&c->d, id, "daemon shutting down; resumes on next start"));
+	assert_true(has_event(&c->d, id, "resuming from checkpoint"));
+	assert_false(has_event(&c->d, id, "adopted the multi-node attempt"));
+	it_sha_of_export(job, got);
+	assert_string_equal(got, ref);
+	json_decref(job);
+	free(id);
 }
 
 int main(void)
@@ -205,6 +291,8 @@ int main(void)
 		return 77;
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(kill9_daemon_adopts_two_node_job),
+		cmocka_unit_test(job_completes_without_daemon),
+		cmocka_unit_test(clean_stop_stops_two_node_job),
 	};
 	return IT_RUN(tests, setup, teardown);
 }
