@@ -315,7 +315,7 @@ int sv_slurm_start_multinode(supervisor *sv, run *r, const store_job *j, const j
 		sv_run_maybe_finish(sv, r);
 		return 0;
 	}
-	/* srun outlives the daemon (its own session, no death signal): a later
+	/* srun outlives the daemon (setsid, no death signal): a later
 	 * daemon adopts the attempt from this record */
 	if ((rc = record_write(sv, r)) < 0)
 		log_warn("job %s: cannot write its attempt.json (%s): a daemon restart will not adopt it", j->id,
