@@ -13,6 +13,8 @@
  *   - the daemon gone while the job ends (srun ends with no daemon): the
  *     next daemon accounts for it from the ranks' exit records: completed,
  *     the same export, every step once, no restart;
+ *   - SIGQUIT: bertd exits 5 leaving srun and the ranks running; the next
+ *     daemon adopts the attempt; the same export, every step once;
  *   - a stop (SIGTERM, not a restart's) still stops the job with a
  *     checkpoint, leaving no srun or rank running; the next daemon resumes
  *     it from that checkpoint and it ends with the same export.
@@ -256,6 +258,39 @@ static void job_completes_without_daemon(void **state)
 	free(id);
 }
 
+/* SIGQUIT (the exit an upgrade by hand uses, as a restart under systemd):
+ * bertd exits 5 and leaves srun and the ranks running, its relay closed;
+ * the next daemon adopts the attempt and the job ends bit-identical. */
+static void sigquit_leaves_two_node_job_running(void **state)
+{
+	it_cluster *c = *state;
+	char got[65];
+	reference(c);
+	char *id = it_cluster_submit(c, SPEC("quit-2x1", TWO_NODES));
+	it_wait_step(&c->d, id, 15, DEADLINE_S);
+	assert_int_equal(kill(c->d.pid, SIGQUIT), 0);
+	int st;
+	assert_int_equal(waitpid(c->d.pid, &st, 0), c->d.pid);
+	c->d.pid = 0;
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 5);
+	pid_t p[4];
+	assert_true(it_find_pids("srun", id, p, 4) >= 1); /* left running */
+	assert_true(it_rank_on(id, "n1") > 0 && it_rank_on(id, "n2") > 0);
+	restart_daemon(c);
+	json_t *job = it_wait_job(&c->d, id, "completed|failed|canceled", DEADLINE_S);
+	if (strcmp(it_jstr(job, "state"), "completed") != 0)
+		bertd_print_log(&c->d);
+	it_assert_completed(&c->d, job);
+	assert_true(has_event(&c->d, id, "daemon restarted; adopted the multi-node attempt"));
+	assert_int_equal(json_integer_value(json_object_get(job, "restart_count")), 0);
+	assert_false(has_event(&c->d, id, "resuming from checkpoint"));
+	it_sha_of_export(job, got);
+	assert_string_equal(got, ref);
+	assert_metrics_as_reference(c, id);
+	json_decref(job);
+	free(id);
+}
+
 /* A stop (SIGTERM, not a restart's) still stops the 2-node job with a
  * checkpoint: queued, nothing of it left running; the next daemon resumes
  * it from that checkpoint and it ends bit-identical. */
@@ -292,6 +327,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(kill9_daemon_adopts_two_node_job),
 		cmocka_unit_test(job_completes_without_daemon),
+		cmocka_unit_test(sigquit_leaves_two_node_job_running),
 		cmocka_unit_test(clean_stop_stops_two_node_job),
 	};
 	return IT_RUN(tests, setup, teardown);
