@@ -1,12 +1,17 @@
 /* sv_slurm — launching a multi-node attempt through Slurm
  * (docs/multinode.md): the relay listener opened, job.json with a device
  * per world rank, the move to starting, srun spawned as the run's
- * ROLE_LAUNCHER child; and srun's end (what the ranks said last is read,
- * their connections closed, a bad exit of srun itself is the verdict).
+ * ROLE_LAUNCHER child (outliving the daemon) and recorded in attempt.json
+ * with the relay; a later daemon's adoption of such an attempt (the relay
+ * opened again on its address, srun watched by pidfd); and srun's end
+ * (what the ranks said last is read, their connections closed; an adopted
+ * srun's status is its ranks' byes and exit records; a bad exit of srun
+ * itself is the verdict).
  *
  * Never takes a device of this machine (Slurm places the ranks) and never
  * handles the ranks' connections (sv_relay; the run's on_free closes them).
- * Called by sv_launch only; srun's end reaches it through its child_ops.
+ * Called by sv_launch (a start) and adopt.c (an adoption) only; srun's end
+ * reaches it through its child_ops.
  */
 #include "daemon/sv_internal.h"
 
