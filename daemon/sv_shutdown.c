@@ -55,7 +55,9 @@ static void shutdown_wait_workers(supervisor *sv, run *r, int64_t deadline_ms)
 				continue;
 			child *c = who[k];
 			sv_child_drain(sv, r, c);
-			if (pfd[k].fd == c->p.pidfd && proc_reap(&c->p) > 0)
+			if (c->relayed && c->sock_eof) /* closed here too: the rank waits for that to exit */
+				sv_relay_drop(sv, c);
+			else if (pfd[k].fd == c->p.pidfd && proc_reap(&c->p) > 0)
 				sv_child_drain(sv, r, c); /* what it wrote just before exiting */
 		}
 	}
