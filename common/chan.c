@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/log.h"
@@ -63,12 +64,41 @@ int chan_open(chan *c, int fd, const char *base, bool listen_too, const char *ro
 	return 0;
 }
 
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 static void disconnect(chan *c)
 {
-	if (c->fd >= 0)
+	if (c->fd >= 0) {
 		close(c->fd);
+		if (c->dial && !c->lost_ms) { /* redial from now on, within the bound */
+			c->lost_ms = now_ms();
+			c->next_dial_ms = c->lost_ms;
+			c->dial_backoff_ms = CHAN_REDIAL_MIN_MS;
+		}
+	}
 	c->fd = -1;
 	c->rd.len = 0; /* a part frame of the daemon that went */
+}
+
+void chan_set_redial(chan *c, chan_dial_fn dial, void *ctx, int bound_ms, const char *attempt)
+{
+	c->dial = dial;
+	c->dial_ctx = ctx;
+	c->dial_bound_ms = bound_ms;
+	c->dial_backoff_ms = CHAN_REDIAL_MIN_MS;
+	c->lost_ms = c->fd < 0 ? now_ms() : 0;
+	c->next_dial_ms = c->lost_ms;
+	snprintf(c->attempt, sizeof c->attempt, "%s", attempt ? attempt : "");
+}
+
+bool chan_reachable(const chan *c)
+{
+	return c->fd >= 0 || c->listen_fd >= 0 || c->dial;
 }
 
 static int send_now(chan *c, json_t *m)
@@ -85,14 +115,11 @@ static int send_now(chan *c, json_t *m)
 
 /* A daemon connected on the listener: it replaces any earlier connection,
  * hears who we are, then everything it has not acknowledged, in order. */
-static void take_connection(chan *c)
+static void greet(chan *c, int s)
 {
-	int s = accept4(c->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-	if (s < 0)
-		return;
-	disconnect(c);
 	c->fd = s;
 	c->had_daemon = true;
+	c->lost_ms = 0;
 	fcntl(s, F_SETFL, fcntl(s, F_GETFL) | O_NONBLOCK);
 	char boot[64];
 	chan_boot_id(boot, sizeof boot);
@@ -105,6 +132,37 @@ static void take_connection(chan *c)
 	for (chan_frame *f = c->head; rc == 0 && f; f = f->next)
 		rc = send_now(c, f->m);
 	log_info("a daemon attached; %s unacknowledged bytes sent again", rc == 0 ? "its" : "not all");
+}
+
+static void take_connection(chan *c)
+{
+	int s = accept4(c->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+	if (s < 0)
+		return;
+	disconnect(c);
+	greet(c, s);
+}
+
+/* The line is down and c redials: once its backoff is up, dials; past
+ * the bound it gives up (no daemon can come any more). */
+static void redial(chan *c)
+{
+	int64_t now = now_ms();
+	if (c->fd >= 0 || !c->dial || now < c->next_dial_ms)
+		return;
+	if (now - c->lost_ms > c->dial_bound_ms) {
+		log_error("no daemon answered at the relay for %d ms; giving up", c->dial_bound_ms);
+		c->dial = NULL;
+		return;
+	}
+	int s = c->dial(c->dial_ctx);
+	if (s >= 0) {
+		log_info("reconnected to the relay after %lld ms", (long long)(now_ms() - c->lost_ms));
+		greet(c, s);
+		return;
+	}
+	c->next_dial_ms = now_ms() + c->dial_backoff_ms;
+	c->dial_backoff_ms = c->dial_backoff_ms * 2 > CHAN_REDIAL_MAX_MS ? CHAN_REDIAL_MAX_MS : c->dial_backoff_ms * 2;
 }
 
 static void take_ack(chan *c, uint64_t seq)
@@ -129,6 +187,7 @@ int chan_next(chan *c, json_t **out)
 		if (poll(&p, 1, 0) > 0)
 			take_connection(c);
 	}
+	redial(c);
 	for (;;) {
 		json_t *m;
 		while (msg_reader_next(&c->rd, &m) == 1) {
@@ -142,13 +201,13 @@ int chan_next(chan *c, json_t **out)
 			return 1;
 		}
 		if (c->fd < 0)
-			return c->listen_fd >= 0 ? 0 : -EPIPE;
+			return chan_reachable(c) ? 0 : -EPIPE;
 		long n = msg_reader_fill(&c->rd, c->fd);
 		if (n == -EAGAIN)
 			return 0;
 		if (n <= 0) {
 			disconnect(c);
-			if (c->listen_fd < 0)
+			if (!chan_reachable(c))
 				return -EPIPE;
 			log_info("the daemon is gone; training goes on and its messages are kept for the next one");
 			return 0;
@@ -164,7 +223,12 @@ int chan_wait(chan *c, int timeout_ms)
 		p[n++] = (struct pollfd){.fd = c->fd, .events = POLLIN};
 	if (c->listen_fd >= 0)
 		p[n++] = (struct pollfd){.fd = c->listen_fd, .events = POLLIN};
-	if (n == 0)
+	if (c->fd < 0 && c->dial) { /* nothing to poll: wait for the next dial */
+		int64_t until = c->next_dial_ms - now_ms();
+		if (until < timeout_ms)
+			timeout_ms = until > 0 ? (int)until : 0;
+	}
+	if (n == 0 && !c->dial)
 		return -EPIPE;
 	if (poll(p, n, timeout_ms) < 0 && errno != EINTR)
 		return -errno;
@@ -181,7 +245,7 @@ int chan_send(chan *c, json_t *m, bool vol)
 			send_now(c, m);
 		goto out;
 	}
-	if (!c->base[0] || c->listen_fd < 0) { /* not adoptable: today's plain line */
+	if (!c->base[0] || (c->listen_fd < 0 && !c->dial)) { /* not adoptable: a plain line */
 		rc = c->fd >= 0 ? send_now(c, m) : c->had_daemon ? -EPIPE : 0;
 		goto out;
 	}
@@ -195,6 +259,10 @@ int chan_send(chan *c, json_t *m, bool vol)
 	/* full: wait for a daemon to take and acknowledge it, never drop */
 	while (c->head && c->qbytes + bytes > CHAN_QUEUE_MAX) {
 		json_t *in;
+		if (!chan_reachable(c)) { /* a redialer past its bound: no daemon will take it */
+			rc = -EPIPE;
+			goto out;
+		}
 		chan_wait(c, 1000);
 		while (chan_next(c, &in) == 1) /* only acks expected; a stop waits for the caller's poll */
 			json_decref(in);
@@ -221,8 +289,37 @@ out:
 	return rc;
 }
 
+/* A relay connection's end: what the daemon sent that was never read
+ * (acknowledgements of the last messages) would make the close a reset,
+ * and a reset can take the last messages (the rank's bye) with it before
+ * the daemon read them. So: our half closed, the rest read until the
+ * daemon closes its half (it does at our end of stream), for at most
+ * CHAN_CLOSE_WAIT_MS. */
+#define CHAN_CLOSE_WAIT_MS 2000
+static void close_relay(chan *c)
+{
+	if (c->fd < 0)
+		return;
+	shutdown(c->fd, SHUT_WR);
+	int64_t until = now_ms() + CHAN_CLOSE_WAIT_MS;
+	char scratch[4096];
+	for (;;) {
+		int64_t left = until - now_ms();
+		struct pollfd p = {.fd = c->fd, .events = POLLIN};
+		if (left <= 0 || poll(&p, 1, (int)left) <= 0)
+			break;
+		ssize_t n = read(c->fd, scratch, sizeof scratch);
+		if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN))
+			break;
+	}
+	close(c->fd);
+	c->fd = -1;
+}
+
 void chan_close(chan *c, int code)
 {
+	if (c->dial)
+		close_relay(c);
 	if (c->base[0]) {
 		char path[300], tmp[310];
 		snprintf(path, sizeof path, "%s.exit", c->base);
@@ -233,6 +330,8 @@ void chan_close(chan *c, int code)
 		json_t *rec = json_pack("{s:i, s:i, s:I, s:I, s:o}", "code", code, "pid", (int)getpid(), "start_time",
 					(json_int_t)chan_self_start_time(), "acked", (json_int_t)c->acked, "frames",
 					frames);
+		if (rec && c->attempt[0])
+			json_object_set_new(rec, "attempt", json_string(c->attempt));
 		if (!rec || json_dump_file(rec, tmp, JSON_COMPACT) < 0 || rename(tmp, path) < 0)
 			log_error("cannot write the exit record %s", path);
 		json_decref(rec);

@@ -15,8 +15,18 @@
  * At exit the child writes <base>.exit: its exit code and whatever is
  * still unacknowledged, for a daemon that was not there to read it.
  *
+ * A multi-node rank has no listener (its daemon is on another host): it
+ * dials its daemon's relay again instead (chan_set_redial). When the
+ * relay connection breaks, the rank keeps its messages queued as above
+ * and redials with backoff (CHAN_REDIAL_MIN_MS doubling to
+ * CHAN_REDIAL_MAX_MS) for at most the bound it was given; the dialer
+ * introduces the rank (the relay's own hello), then the daemon gets the
+ * same attach and queued messages as a daemon connecting on a listener.
+ * Past the bound no daemon can come (chan_next: -EPIPE).
+ *
  * Never exits, never blocks but in chan_send with a full queue (and in
- * msg_send's wait for a daemon that is slow to read).
+ * msg_send's wait for a daemon that is slow to read, a redial's connect,
+ * bounded, and a redialer's chan_close, bounded).
  */
 #ifndef BERTD_COMMON_CHAN_H
 #define BERTD_COMMON_CHAN_H
@@ -36,6 +46,13 @@
 #define CHAN_PROTO_MIN 1
 #define CHAN_QUEUE_MAX (4u << 20) /* bytes of unacknowledged messages */
 #define CHAN_ENV "BERTD_CHANNEL"  /* the child's <base>, set by the daemon */
+#define CHAN_REDIAL_MIN_MS 100
+#define CHAN_REDIAL_MAX_MS 2000
+
+/* A redialer: connects again to the daemon and introduces the caller;
+ * returns the connected fd (the caller of chan_set_redial's ctx), or a
+ * negative errno. */
+typedef int (*chan_dial_fn)(void *ctx);
 
 typedef struct chan_frame {
 	uint64_t seq;
@@ -55,6 +72,14 @@ typedef struct chan {
 	size_t qbytes;
 	uint64_t next_seq, acked;
 	bool had_daemon;          /* some daemon was connected once */
+	/* redial (chan_set_redial): NULL for none */
+	chan_dial_fn dial;
+	void *dial_ctx;
+	int dial_bound_ms;        /* how long to redial after the line broke */
+	int dial_backoff_ms;
+	int64_t lost_ms;          /* monotonic: when the line broke; 0 while connected */
+	int64_t next_dial_ms;
+	char attempt[96];         /* written into the exit record when not "" */
 } chan;
 
 /* Sets c up: fd the inherited daemon socket (or -1), base the path prefix
@@ -62,6 +87,17 @@ typedef struct chan {
  * listen on <base>.sock. 0, or a negative errno when the listener cannot be
  * made (c then works without it: not adoptable). */
 int chan_open(chan *c, int fd, const char *base, bool listen, const char *role, int index);
+
+/* Makes c redial its daemon with dial(ctx) when the line breaks, for at
+ * most bound_ms after it broke (a multi-node rank: common/chan.h's
+ * header). attempt, when not NULL, names the attempt in the exit record
+ * (the daemon checks it is its attempt's). Messages are numbered and
+ * queued from now on, as on a line with a listener. */
+void chan_set_redial(chan *c, chan_dial_fn dial, void *ctx, int bound_ms, const char *attempt);
+
+/* Whether a daemon can still come to c: a connected line, a listener, or
+ * a redialer within its bound. */
+bool chan_reachable(const chan *c);
 
 /* Sends m (taken: released here). A heartbeat (vol) is sent only to a
  * connected daemon and never queued. 0, -ENOMEM, -EMSGSIZE; -EPIPE when
@@ -79,7 +115,10 @@ int chan_next(chan *c, json_t **out);
 int chan_wait(chan *c, int timeout_ms);
 
 /* Writes <base>.exit (code and the unacknowledged messages; tmp + rename),
- * closes and removes the listener. Frees the queue. */
+ * closes and removes the listener. Frees the queue. A redialer's line is
+ * closed first, cleanly (its half, then what the daemon still sends read
+ * until it closes too, at most 2 s), so its last messages are not lost
+ * to a reset. */
 void chan_close(chan *c, int code);
 
 /* The identity of this process: its start time (/proc/self/stat field 22)

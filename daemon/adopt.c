@@ -16,12 +16,15 @@
  *     is killed and the caller recovers the job as before (restarting from
  *     its last checkpoint).
  *
+ * A multi-node attempt's record names its srun and its relay instead:
+ * sv_slurm_adopt judges and adopts it (docs/multinode.md).
+ *
  * The same for a dataset the store has preparing: its bertd-prepare, named
  * by <state_dir>/datasets/ch/<id>.attempt.json, is adopted (a run of
  * sv_prepare's) or killed, and the dataset then queued again.
  *
- * Calls sv_prepare (a dataset's run and ops), sv_child, sv_finish (as the
- * run's on_end) and sv_run; never starts a process and never decides a
+ * Calls sv_slurm (a multi-node attempt), sv_prepare (a dataset's run and
+ * ops), sv_child, sv_finish (as the run's on_end) and sv_run; never starts a process and never decides a
  * job's or a dataset's next state itself.
  */
 #include "daemon/sv_internal.h"
@@ -288,6 +291,12 @@ int sv_adopt_job(supervisor *sv, const store_job *j)
 	if (!rec) {
 		kill_strays(path);
 		return 0;
+	}
+	if (json_object_get(rec, "multinode")) { /* srun and a relay: sv_slurm's */
+		rc = sv_slurm_adopt(sv, j, rec, spec_load(j->spec_json));
+		if (rc == 0)
+			kill_strays(path);
+		goto out;
 	}
 	if (!adoptable(sv, rec, why, sizeof why)) {
 		log_info("job %s: its attempt is not adopted: %s", j->id, why);

@@ -21,6 +21,8 @@
 
 #include "common/log.h"
 
+static int relay_listen(cluster_attempt *a, const char *relay_host, int port);
+
 int cluster_attempt_open(cluster_attempt *a, const char *relay_host, const char *job_id)
 {
 	unsigned char rnd[CLUSTER_TOKEN_HEX / 2];
@@ -33,13 +35,21 @@ int cluster_attempt_open(cluster_attempt *a, const char *relay_host, const char 
 		snprintf(a->token + 2 * i, 3, "%02x", rnd[i]);
 	snprintf(a->slurm_name, sizeof a->slurm_name, "bertd-%.40s-%.8s", job_id, a->token);
 
+	return relay_listen(a, relay_host, 0);
+}
+
+/* Listens for a's relay on port (0: the kernel's) of relay_host's address
+ * (every address for a name) and sets a->addr. */
+static int relay_listen(cluster_attempt *a, const char *relay_host, int port)
+{
 	char host[256] = "";
 	if (relay_host && *relay_host)
 		snprintf(host, sizeof host, "%s", relay_host);
 	else if (gethostname(host, sizeof host - 1) < 0)
 		return -errno;
-	struct sockaddr_in6 a6 = {.sin6_family = AF_INET6, .sin6_addr = in6addr_any};
-	struct sockaddr_in a4 = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY)};
+	struct sockaddr_in6 a6 = {.sin6_family = AF_INET6, .sin6_addr = in6addr_any, .sin6_port = htons((uint16_t)port)};
+	struct sockaddr_in a4 = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY),
+				 .sin_port = htons((uint16_t)port)};
 	struct sockaddr *sa = (struct sockaddr *)&a6;
 	socklen_t len = sizeof a6;
 	int family = AF_INET6;
@@ -53,17 +63,39 @@ int cluster_attempt_open(cluster_attempt *a, const char *relay_host, const char 
 	int fd = socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return -errno;
-	int rc = 0;
+	int rc = 0, one = 1;
+	/* a later daemon listens on the same port again: the earlier one's
+	 * connections may linger in TIME_WAIT */
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
 	if (bind(fd, sa, len) < 0 || listen(fd, 64) < 0 || getsockname(fd, sa, &len) < 0) {
 		rc = -errno;
 		close(fd);
 		return rc;
 	}
-	int port = family == AF_INET ? ntohs(a4.sin_port) : ntohs(a6.sin6_port);
+	port = family == AF_INET ? ntohs(a4.sin_port) : ntohs(a6.sin6_port);
 	bool v6lit = strchr(host, ':') != NULL;
 	snprintf(a->addr, sizeof a->addr, "%s%s%s:%d", v6lit ? "[" : "", host, v6lit ? "]" : "", port);
 	a->listen_fd = fd;
 	return 0;
+}
+
+int cluster_attempt_reopen(cluster_attempt *a, const char *relay_host)
+{
+	const char *colon = strrchr(a->addr, ':');
+	char *end;
+	long port = colon ? strtol(colon + 1, &end, 10) : 0;
+	a->listen_fd = -1;
+	if (!colon || *end || port <= 0 || port > 65535 || strlen(a->token) != CLUSTER_TOKEN_HEX)
+		return -EINVAL;
+	char was[sizeof a->addr];
+	snprintf(was, sizeof was, "%s", a->addr);
+	int rc = relay_listen(a, relay_host, (int)port);
+	if (rc == 0 && strcmp(was, a->addr) != 0) { /* relay_host changed: the ranks dial the old one */
+		cluster_attempt_close(a);
+		snprintf(a->addr, sizeof a->addr, "%s", was);
+		return -EADDRNOTAVAIL;
+	}
+	return rc;
 }
 
 void cluster_attempt_close(cluster_attempt *a)

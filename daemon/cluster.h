@@ -49,6 +49,15 @@ typedef struct cluster_attempt {
  * (a->listen_fd stays -1). */
 int cluster_attempt_open(cluster_attempt *a, const char *relay_host, const char *job_id);
 
+/* A later daemon's relay of the same attempt (docs/multinode.md, "A
+ * daemon restart"): a's addr, token, slurm_name, fence and
+ * relay_timeout_ms as the attempt record has them; listens again on
+ * addr's port (SO_REUSEADDR), bound as cluster_attempt_open binds
+ * relay_host. -EADDRNOTAVAIL when relay_host now names another address
+ * than addr's (the ranks would dial the old one); -EINVAL for a damaged
+ * addr or token; else 0 or bind's negative errno. */
+int cluster_attempt_reopen(cluster_attempt *a, const char *relay_host);
+
 /* Closes the listener (idempotent). */
 void cluster_attempt_close(cluster_attempt *a);
 

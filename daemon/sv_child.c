@@ -121,16 +121,20 @@ static bool read_exit_record(supervisor *sv, run *r, child *c, int *code)
 		return false;
 	}
 	*code = (int)json_integer_value(json_object_get(rec, "code"));
-	if (c->role == ROLE_WORKER || c->role == ROLE_PREPARE) { /* a loader's has none */
-		size_t i;
-		json_t *m;
-		json_array_foreach(json_object_get(rec, "frames"), i, m)
-			feed(c, m);
-		if (c->rd.len)
-			c->ops->on_input(sv, r, c);
-	}
+	if (c->role == ROLE_WORKER || c->role == ROLE_PREPARE) /* a loader's has none */
+		sv_child_exit_frames(sv, r, c, rec);
 	json_decref(rec);
 	return true;
+}
+
+void sv_child_exit_frames(supervisor *sv, run *r, child *c, json_t *rec)
+{
+	size_t i;
+	json_t *m;
+	json_array_foreach(json_object_get(rec, "frames"), i, m)
+		feed(c, m);
+	if (c->rd.len)
+		c->ops->on_input(sv, r, c);
 }
 
 void sv_child_ended(supervisor *sv, run *r, child *c)
@@ -144,8 +148,10 @@ void sv_child_ended(supervisor *sv, run *r, child *c)
 	sv_child_drain(sv, r, c);
 	int code = 0;
 	bool recorded = read_exit_record(sv, r, c, &code);
-	if (c->p.adopted) /* not our child: its own record says how it ended */
-		c->p.status = recorded ? W_EXITCODE(code & 0xff, 0) : W_EXITCODE(0, SIGKILL);
+	bool judged = c->p.adopted && !recorded && c->ops->adopted_status;
+	if (c->p.adopted) /* not our child: its own record (or its kind) says how it ended */
+		c->p.status = recorded ? W_EXITCODE(code & 0xff, 0)
+			      : judged ? c->ops->adopted_status(sv, r, c) : W_EXITCODE(0, SIGKILL);
 	proc_close(&c->p);
 	c->exited = true;
 	r->alive--;
@@ -153,7 +159,7 @@ void sv_child_ended(supervisor *sv, run *r, child *c)
 	int st = c->p.status;
 	char desc[96];
 	proc_describe(st, desc, sizeof desc);
-	if (c->p.adopted && !recorded)
+	if (c->p.adopted && !recorded && !judged)
 		snprintf(desc, sizeof desc, "no exit record (killed, or gone while no daemon watched)");
 	if (c->ops->on_exit)
 		c->ops->on_exit(sv, r, st, desc);
@@ -240,8 +246,10 @@ int sv_child_spawn(supervisor *sv, run *r, enum child_role role, int index, cons
 	if (r->nkids == MAX_CHILDREN)
 		return -E2BIG;
 	/* a local job's workers and loaders, and bertd-prepare, outlive the
-	 * daemon: a later daemon adopts them on their socket (daemon/adopt.c) */
+	 * daemon: a later daemon adopts them on their socket (daemon/adopt.c);
+	 * srun too, with no socket (its ranks redial the relay: sv_slurm) */
 	bool outlive = r->is_dataset ? role == ROLE_PREPARE : role == ROLE_WORKER || role == ROLE_LOADER;
+	bool detach = outlive || role == ROLE_LAUNCHER;
 	char base[300] = "", var[340];
 	size_t n = 0;
 	while (envp[n])
@@ -268,7 +276,7 @@ int sv_child_spawn(supervisor *sv, run *r, enum child_role role, int index, cons
 		env[n++] = var;
 	}
 	proc p;
-	int rc = proc_spawn_outliving(&p, argv, env, log_path, outlive);
+	int rc = proc_spawn_outliving(&p, argv, env, log_path, detach);
 	free(env);
 	if (rc < 0)
 		return rc;

@@ -65,6 +65,11 @@ typedef struct child_ops {
 	/* c's process ended with status (desc: its words for it), after its
 	 * last input was read; before the common handling. NULL: nothing. */
 	void (*on_exit)(struct supervisor *sv, run *r, int status, const char *desc);
+	/* An adopted child (not this daemon's to wait for) that left no exit
+	 * record: its wait status from what else it left (an adopted srun:
+	 * its ranks' last words and Slurm's state, sv_slurm). NULL: it counts
+	 * as killed. */
+	int (*adopted_status)(struct supervisor *sv, run *r, child *c);
 } child_ops;
 
 struct child {
@@ -79,6 +84,7 @@ struct child {
 	bool heartbeat;        /* it sends "progress" messages: held to its own silence */
 	bool relayed;          /* a multi-node rank: p.sock is its relay connection, no process */
 	bool said_bye;         /* relayed: it said it is exiting (EOF is then no loss) */
+	int bye_code;          /* relayed: the exit code its "bye" said */
 	struct run *owner;
 	const child_ops *ops;
 	/* its line that outlives the daemon (common/chan.h): <chan_base>.sock
@@ -237,6 +243,10 @@ int sv_child_record_write(supervisor *sv, run *r);
 /* Writes rec (stolen) to path as compact JSON, atomically
  * (fs_write_atomic, mode 0600): an attempt record. 0 or negative errno. */
 int sv_child_record_save(const char *path, json_t *rec);
+/* Handles the frames of rec, an exit record (common/chan.h) that is c's
+ * (the caller checked whose it is), as if c had just sent them: those
+ * handled before are skipped by seq. */
+void sv_child_exit_frames(supervisor *sv, run *r, child *c, json_t *rec);
 /* Reads and handles everything c has sent that is there now. */
 void sv_child_drain(supervisor *sv, run *r, child *c);
 /* The loop's callback for a child's socket (arg: the child). */
@@ -342,6 +352,16 @@ int sv_launch_start_job(supervisor *sv, const store_job *j, const int *dev, int 
  * ends. Returns 0; a job that cannot start is failed in the store. */
 int sv_slurm_start_multinode(supervisor *sv, run *r, const store_job *j, const jobspec *spec,
 			     const char *dataset_dir, const char *resume, int64_t resume_step, unsigned from);
+/* At start, for j (starting, running or stopping) whose attempt record
+ * rec is a multi-node attempt's (docs/multinode.md, "A daemon restart"):
+ * adopts it when srun is still the recorded process (or ended, with
+ * what its ranks and Slurm left to judge it by) and the relay can listen
+ * on its recorded address again: 1, a run now, its srun watched, the
+ * ranks admitted again as they redial. 0: not adoptable (another boot,
+ * no Slurm set up, the relay's address taken): srun, if still running,
+ * and its Slurm job are ended, the fence closed; the caller recovers the
+ * job. spec: the job's normalized spec (taken). */
+int sv_slurm_adopt(supervisor *sv, const store_job *j, json_t *rec, json_t *spec);
 /* r's srun ended with status (desc: its words for it): its child's
  * on_exit (child_ops). */
 void sv_slurm_launcher_exited(supervisor *sv, run *r, int status, const char *desc);

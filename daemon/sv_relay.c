@@ -198,10 +198,10 @@ static void on_relay_pending(loop *l, int fd, uint32_t events, void *arg)
 	sv_stall_note_progress(r, c, "relay");
 	if (++r->relays == r->world)
 		relay_all_joined(sv, r);
-	while (!c->exited && msg_reader_next(&c->rd, &m) == 1) { /* what came with it */
-		sv_report_handle_job_message(sv, r, c, m);
-		json_decref(m);
-	}
+	/* what came with it: after a daemon restart, its attach and what no
+	 * daemon acknowledged (numbered: handled once) */
+	if (!c->exited && c->rd.len)
+		c->ops->on_input(sv, r, c);
 }
 
 void sv_relay_on_accept(loop *l, int fd, uint32_t events, void *arg)

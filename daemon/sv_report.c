@@ -258,6 +258,7 @@ void sv_report_handle_job_message(supervisor *sv, run *r, child *c, json_t *m)
 		/* a rank's bad exit ends the attempt on every node, as a local
 		 * worker's does (srun alone would wait for the others) */
 		int code = (int)json_integer_value(json_object_get(m, "code"));
+		c->bye_code = code;
 		if (code != BERTD_EXIT_OK && code != BERTD_EXIT_STOPPED && !r->killing) {
 			sv_set_failure(r, code == BERTD_EXIT_FAILURE || code == BERTD_EXIT_PEER_LOST,
 				    "rank %d on node %s ended with exit %d", c->index, r->rank_node[c->index], code);
@@ -294,7 +295,7 @@ static void attach_check(supervisor *sv, run *r, child *c, json_t *m)
 			 "%s %d speaks worker protocol version %lld; this bertd adopts versions %d to %d: not adopted, "
 			 "restarting from the last checkpoint",
 			 c->role == ROLE_LOADER ? "loader" : "rank", c->index, (long long)proto, CHAN_PROTO_MIN, CHAN_PROTO);
-	else if (pid != c->p.pid || st != c->start_time)
+	else if (!c->relayed && (pid != c->p.pid || st != c->start_time)) /* a relayed rank: its token */
 		snprintf(note, sizeof note, "rank %d's socket answered as pid %lld, not the recorded pid %d: not "
 			 "adopted, restarting from the last checkpoint", c->index, (long long)pid, (int)c->p.pid);
 	if (!note[0]) {

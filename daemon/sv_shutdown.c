@@ -3,8 +3,9 @@
  * while they write their stop checkpoints, then whatever is left stopped
  * and every run ended (jobs back to queued, to resume at the next start).
  *
- * supervisor_shutdown_detach is the other exit: the local jobs' processes
- * and the preparations are let go, running, for the next daemon to adopt.
+ * supervisor_shutdown_detach is the other exit: the jobs' processes (a
+ * multi-node job's srun and ranks too) and the preparations are let go,
+ * running, for the next daemon to adopt.
  *
  * The only supervisor code that blocks the loop: it polls the workers'
  * pidfds and sockets itself, up to stop_timeout_ms. Never fails a job.
@@ -54,7 +55,9 @@ static void shutdown_wait_workers(supervisor *sv, run *r, int64_t deadline_ms)
 				continue;
 			child *c = who[k];
 			sv_child_drain(sv, r, c);
-			if (pfd[k].fd == c->p.pidfd && proc_reap(&c->p) > 0)
+			if (c->relayed && c->sock_eof) /* closed here too: the rank waits for that to exit */
+				sv_relay_drop(sv, c);
+			else if (pfd[k].fd == c->p.pidfd && proc_reap(&c->p) > 0)
 				sv_child_drain(sv, r, c); /* what it wrote just before exiting */
 		}
 	}
@@ -126,11 +129,9 @@ void supervisor_shutdown_detach(supervisor *sv)
 		return;
 	for (run **pp = &sv->runs; *pp;) {
 		run *r = *pp;
-		if (r->multinode) { /* stopped below, as at a plain shutdown */
-			pp = &r->next;
-			continue;
-		}
-		/* its processes run on; their lines close, they keep what they say */
+		/* its processes run on; their lines close, they keep what they say
+		 * (a multi-node attempt's srun runs on; its ranks' relay connections
+		 * close with the relay, and they redial the next daemon's) */
 		for (int i = 0; i < r->nkids; i++) {
 			child *c = r->kids[i];
 			if (c->watched && !c->exited) {

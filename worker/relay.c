@@ -2,6 +2,7 @@
 #include "worker/relay.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <netdb.h>
 #include <stdbool.h>
@@ -18,6 +19,7 @@
 #include "common/sha256.h"
 
 #define CONNECT_TIMEOUT_S 30
+#define REDIAL_CONNECT_TIMEOUT_S 2
 #define RELAY_TIMEOUT_MS 30000 /* without BERTD_RELAY_TIMEOUT_MS: the daemon's default */
 
 int relay_wanted(void)
@@ -120,7 +122,34 @@ static int split_addr(const char *addr, char *host, size_t cap, char *port, size
 	return 0;
 }
 
+static int relay_timeout_ms(void)
+{
+	const char *t = getenv("BERTD_RELAY_TIMEOUT_MS");
+	return t && atoi(t) > 0 ? atoi(t) : RELAY_TIMEOUT_MS;
+}
+
+int relay_redial_bound_ms(void)
+{
+	return 10 * relay_timeout_ms();
+}
+
+static int connect_relay(const char *job_path, int rank, int connect_s, char *err, size_t cap);
+
 int relay_connect(const char *job_path, int rank, char *err, size_t cap)
+{
+	return connect_relay(job_path, rank, CONNECT_TIMEOUT_S, err, cap);
+}
+
+int relay_redial(void *ctx)
+{
+	char err[512];
+	int fd = connect_relay(ctx, relay_rank(), REDIAL_CONNECT_TIMEOUT_S, err, sizeof err);
+	if (fd >= 0)
+		fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+	return fd;
+}
+
+static int connect_relay(const char *job_path, int rank, int connect_s, char *err, size_t cap)
 {
 	const char *addr = getenv("BERTD_RELAY"), *token = getenv("BERTD_RELAY_TOKEN");
 	char host[256], port[16], node[256] = "", sha[65] = "";
@@ -155,7 +184,7 @@ int relay_connect(const char *job_path, int rank, char *err, size_t cap)
 		fd = socket(p->ai_family, p->ai_socktype | SOCK_CLOEXEC, p->ai_protocol);
 		if (fd < 0)
 			continue;
-		struct timeval tv = {.tv_sec = CONNECT_TIMEOUT_S};
+		struct timeval tv = {.tv_sec = connect_s};
 		setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv); /* bounds connect() too */
 		if (connect(fd, p->ai_addr, p->ai_addrlen) < 0) {
 			rc = -errno;
@@ -165,8 +194,7 @@ int relay_connect(const char *job_path, int rank, char *err, size_t cap)
 	}
 	freeaddrinfo(ai);
 	if (fd >= 0) { /* the daemon cut off from this node: an error, not silence forever */
-		const char *t = getenv("BERTD_RELAY_TIMEOUT_MS");
-		keepalive_set(fd, t && atoi(t) > 0 ? atoi(t) : RELAY_TIMEOUT_MS);
+		keepalive_set(fd, relay_timeout_ms());
 	}
 	if (fd < 0) {
 		snprintf(err, cap, "cannot reach the daemon's relay %s: %s", addr, strerror(-rc));

@@ -25,4 +25,14 @@ int relay_rank(void);
  * owns it), or a negative errno with err filled. */
 int relay_connect(const char *job_path, int rank, char *err, size_t cap);
 
+/* How long a rank redials its relay after the connection broke (a daemon
+ * restart: docs/multinode.md, "A daemon restart"): 10 x the relay's
+ * keepalive bound (BERTD_RELAY_TIMEOUT_MS, else 30 s: 300 s). */
+int relay_redial_bound_ms(void);
+
+/* relay_connect again for the same rank, with a short connect bound (the
+ * rank trains meanwhile); the fd non-blocking. A chan_dial_fn: ctx is the
+ * job.json path; the rank is relay_rank()'s. */
+int relay_redial(void *ctx);
+
 #endif

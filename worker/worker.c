@@ -95,7 +95,7 @@ int worker_await(worker *w, const char *type, int timeout_ms, json_t **out)
 			int left_ms = (int)((deadline - worker_now_s()) * 1000.0);
 			if (left_ms <= 0)
 				return -ETIMEDOUT;
-			if (w->ch.fd < 0 && w->ch.listen_fd < 0)
+			if (!chan_reachable(&w->ch))
 				return -EPIPE;
 			chan_wait(&w->ch, left_ms);
 			continue;

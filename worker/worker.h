@@ -85,8 +85,8 @@ int worker_send(worker *w, json_t *m);
 int worker_fail(worker *w, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Non-blocking look at the daemon's line: sets w->stop_requested (and
  * w->stop_ends_job for a cancel); a new daemon's connection is taken. The
- * daemon gone is a stop only for a rank no daemon can adopt (a relayed
- * rank, one without its socket): the others train on. */
+ * daemon gone is a stop only for a rank no daemon can adopt (one without
+ * its socket, a relayed rank past its redial bound): the others train on. */
 void worker_poll(worker *w);
 /* Waits up to timeout_ms for the daemon's next message of `type` (caller
  * owns *out); others are dropped. -ECANCELED on a stop, -ENOTCONN run by

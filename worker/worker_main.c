@@ -447,6 +447,9 @@ static int join_relay(worker *w, const char *job_path, char *comm_pick, size_t c
 	w->ch.fd = fd;
 	w->ch.had_daemon = true;
 	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+	/* a daemon restart breaks the relay: the rank trains on, keeps what it
+	 * says, and redials the relay the next daemon opens again */
+	chan_set_redial(&w->ch, relay_redial, (void *)job_path, relay_redial_bound_ms(), getenv("BERTD_ATTEMPT"));
 	json_t *go = NULL;
 	int rc = worker_await(w, "go", RELAY_GO_TIMEOUT_MS, &go);
 	snprintf(comm_pick, cap, "%s", rc == 0 && jstr(go, "comm") ? jstr(go, "comm") : "auto");
@@ -481,9 +484,17 @@ int main(int argc, char **argv)
 		fcntl(DAEMON_FD, F_SETFL, fcntl(DAEMON_FD, F_GETFL) | O_NONBLOCK);
 	}
 	/* a local rank of a daemon's job listens for a later daemon to adopt it
-	 * (common/chan.h); a multi-node rank's relay is not adoptable */
+	 * (common/chan.h); a multi-node rank redials its relay instead, and
+	 * leaves its exit record in the (shared) job directory's ch/ */
 	const char *base = dfd >= 0 && !relay_wanted() ? getenv(CHAN_ENV) : NULL;
-	if (chan_open(&w.ch, dfd, base, true, "worker", w.rank) < 0)
+	char relay_base[1200];
+	if (dfd < 0 && relay_wanted()) {
+		const char *slash = strrchr(job_path, '/');
+		int dl = slash ? (int)(slash - job_path) : 1;
+		snprintf(relay_base, sizeof relay_base, "%.*s/ch/rank-%d", dl, slash ? job_path : ".", w.rank);
+		base = relay_base;
+	}
+	if (chan_open(&w.ch, dfd, base, !relay_wanted(), "worker", w.rank) < 0)
 		log_warn("cannot listen on %s.sock: a daemon restart will not adopt this rank", base ? base : "?");
 
 	const char *kind = NULL;

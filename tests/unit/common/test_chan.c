@@ -4,8 +4,12 @@
  * daemon gone is not an error for an adoptable child; the exit record
  * holds the code and what is still unacknowledged; a heartbeat is never
  * kept; a queue at its bound blocks the sender until a daemon acknowledges
- * (a thread plays the daemon). */
+ * (a thread plays the daemon); a multi-node rank's line redials its
+ * relay when it breaks, keeps what it says meanwhile, sends its hello,
+ * attach and the kept messages to the relay that comes back, gives up
+ * past its bound, and names its attempt in its exit record. */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -185,6 +189,145 @@ static void test_full_queue_blocks_until_acked(void **state)
 	free(big);
 }
 
+static int listen_at(const char *path)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	assert_true(fd >= 0);
+	unlink(path);
+	assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+	assert_int_equal(listen(fd, 4), 0);
+	return fd;
+}
+
+/* The rank's dialer: connects to the "relay" at ctx and says hello. */
+static int dial_relay(void *ctx)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	snprintf(sa.sun_path, sizeof sa.sun_path, "%s", (const char *)ctx);
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
+		int e = errno;
+		close(fd);
+		return -e;
+	}
+	json_t *m = json_pack("{s:s, s:i}", "type", "relay", "rank", 2);
+	int rc = msg_send(fd, m);
+	json_decref(m);
+	if (rc < 0) {
+		close(fd);
+		return rc;
+	}
+	return fd;
+}
+
+static const char *type_of(json_t *m)
+{
+	return json_string_value(json_object_get(m, "type"));
+}
+
+static void test_redial_keeps_and_replays(void **state)
+{
+	(void)state;
+	char base[128], relay[128];
+	snprintf(base, sizeof base, "%s/rank-2", dir);
+	snprintf(relay, sizeof relay, "%s/relay.sock", dir);
+	int l = listen_at(relay);
+	chan c;
+	assert_int_equal(chan_open(&c, -1, base, false, "worker", 2), 0);
+	c.fd = dial_relay(relay);
+	assert_true(c.fd >= 0);
+	fcntl(c.fd, F_SETFL, fcntl(c.fd, F_GETFL) | O_NONBLOCK); /* as the rank's first line is */
+	c.had_daemon = true;
+	chan_set_redial(&c, dial_relay, relay, 60000, "att-1");
+	int d = accept(l, NULL, NULL);
+	msg_reader r;
+	msg_reader_init(&r);
+	json_t *m, *in;
+	assert_int_equal(msg_recv(d, &r, 2000, &m), 1);
+	assert_string_equal(type_of(m), "relay");
+	json_decref(m);
+	for (int s = 1; s <= 2; s++)
+		assert_int_equal(chan_send(&c, msg("metrics", s * 5), false), 0);
+	for (int s = 1; s <= 2; s++) { /* numbered, as on a line with a listener */
+		assert_int_equal(msg_recv(d, &r, 2000, &m), 1);
+		assert_int_equal(json_integer_value(json_object_get(m, "seq")), s);
+		json_decref(m);
+	}
+	json_t *ack = json_pack("{s:s, s:i}", "type", "ack", "seq", 1);
+	assert_int_equal(msg_send(d, ack), 0);
+	json_decref(ack);
+	for (int i = 0; i < 200 && c.acked < 1; i++) {
+		assert_int_equal(chan_next(&c, &in), 0);
+		chan_wait(&c, 10);
+	}
+	assert_int_equal(c.acked, 1);
+
+	/* the daemon goes, relay and all: no error, the rank goes on */
+	close(d);
+	close(l);
+	unlink(relay);
+	msg_reader_free(&r);
+	for (int i = 0; i < 200 && c.fd >= 0; i++) {
+		assert_int_equal(chan_next(&c, &in), 0);
+		chan_wait(&c, 10);
+	}
+	assert_int_equal(c.fd, -1);
+	assert_int_equal(chan_send(&c, msg("checkpoint", 10), false), 0); /* kept */
+	assert_int_equal(chan_next(&c, &in), 0); /* dials nobody: still no error */
+
+	/* the next daemon's relay, same address: the rank redials it */
+	l = listen_at(relay);
+	for (int i = 0; i < 500 && c.fd < 0; i++) {
+		assert_int_equal(chan_next(&c, &in), 0);
+		chan_wait(&c, 10);
+	}
+	assert_true(c.fd >= 0);
+	d = accept(l, NULL, NULL);
+	msg_reader_init(&r);
+	assert_int_equal(msg_recv(d, &r, 2000, &m), 1);
+	assert_string_equal(type_of(m), "relay");
+	json_decref(m);
+	assert_int_equal(msg_recv(d, &r, 2000, &m), 1);
+	assert_string_equal(type_of(m), "attach");
+	assert_int_equal(json_integer_value(json_object_get(m, "acked")), 1);
+	json_decref(m);
+	assert_int_equal(msg_recv(d, &r, 2000, &m), 1); /* what no daemon acknowledged, in order */
+	assert_int_equal(json_integer_value(json_object_get(m, "seq")), 2);
+	json_decref(m);
+	assert_int_equal(msg_recv(d, &r, 2000, &m), 1);
+	assert_int_equal(json_integer_value(json_object_get(m, "seq")), 3);
+	assert_string_equal(type_of(m), "checkpoint");
+	json_decref(m);
+
+	/* gone again, and no relay within the bound: no daemon can come */
+	close(d);
+	close(l);
+	unlink(relay);
+	msg_reader_free(&r);
+	c.dial_bound_ms = 200;
+	int rc = 0;
+	for (int i = 0; i < 500 && rc == 0; i++) {
+		rc = chan_next(&c, &in);
+		if (rc == 0)
+			chan_wait(&c, 10);
+	}
+	assert_int_equal(rc, -EPIPE);
+	assert_false(chan_reachable(&c));
+	chan_close(&c, 6);
+	char path[160];
+	snprintf(path, sizeof path, "%s.exit", base);
+	json_t *rec = json_load_file(path, 0, NULL);
+	assert_non_null(rec);
+	assert_string_equal(json_string_value(json_object_get(rec, "attempt")), "att-1");
+	assert_int_equal(json_integer_value(json_object_get(rec, "code")), 6);
+	assert_int_equal(json_array_size(json_object_get(rec, "frames")), 2); /* seq 2 and 3 */
+	json_decref(rec);
+}
+
 int main(void)
 {
 	/* as in every process that uses a channel: a daemon gone mid-write is
@@ -193,6 +336,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_kept_replayed_acked, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_full_queue_blocks_until_acked, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_redial_keeps_and_replays, setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

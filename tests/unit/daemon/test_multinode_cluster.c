@@ -5,6 +5,8 @@
  * deadline: a fake sinfo beside a fake srun). */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -109,6 +111,51 @@ static void dataset_verdict(void **state)
 						 (const char(*)[CLUSTER_TOKEN_HEX + 1])sha, 3, "wiki", why,
 						 sizeof why), -ENOENT);
 	assert_non_null(strstr(why, "missing on node n1"));
+}
+
+/* A later daemon's relay: the same address and port again, with a
+ * connection of the earlier one's still in TIME_WAIT; refused when
+ * relay_host names another address, or the record is damaged. */
+static void relay_reopen(void **state)
+{
+	(void)state;
+	cluster_attempt a;
+	assert_int_equal(cluster_attempt_open(&a, "127.0.0.1", "job-0456"), 0);
+	char addr[300];
+	snprintf(addr, sizeof addr, "%s", a.addr);
+	/* a rank's connection, closed by the daemon's end first (TIME_WAIT there) */
+	int port = atoi(strrchr(a.addr, ':') + 1);
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+	inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+	int cfd = socket(AF_INET, SOCK_STREAM, 0);
+	assert_int_equal(connect(cfd, (struct sockaddr *)&sa, sizeof sa), 0);
+	struct pollfd p = {.fd = a.listen_fd, .events = POLLIN};
+	assert_int_equal(poll(&p, 1, 5000), 1);
+	int sfd = accept(a.listen_fd, NULL, NULL);
+	assert_true(sfd >= 0);
+	close(sfd);
+	close(cfd);
+	cluster_attempt_close(&a);
+
+	cluster_attempt b = a; /* as the attempt record has it */
+	b.listen_fd = -1;
+	assert_int_equal(cluster_attempt_reopen(&b, "127.0.0.1"), 0);
+	assert_true(b.listen_fd >= 0);
+	assert_string_equal(b.addr, addr);
+	cfd = socket(AF_INET, SOCK_STREAM, 0);
+	assert_int_equal(connect(cfd, (struct sockaddr *)&sa, sizeof sa), 0); /* the ranks' address answers */
+	close(cfd);
+	cluster_attempt_close(&b);
+
+	cluster_attempt c = a;
+	assert_int_equal(cluster_attempt_reopen(&c, "127.0.0.2"), -EADDRNOTAVAIL);
+	assert_int_equal(c.listen_fd, -1);
+	assert_string_equal(c.addr, addr); /* kept: the ranks still dial it */
+	snprintf(c.addr, sizeof c.addr, "127.0.0.1:none");
+	assert_int_equal(cluster_attempt_reopen(&c, "127.0.0.1"), -EINVAL);
+	c = a;
+	c.token[3] = 0;
+	assert_int_equal(cluster_attempt_reopen(&c, "127.0.0.1"), -EINVAL);
 }
 
 static void relay_and_srun(void **state)
@@ -387,6 +434,7 @@ int main(void)
 		cmocka_unit_test(spec_nodes),
 		cmocka_unit_test(dataset_verdict),
 		cmocka_unit_test(relay_and_srun),
+		cmocka_unit_test(relay_reopen),
 		cmocka_unit_test(gpus_fence_and_timeout),
 		cmocka_unit_test(sinfo_parse),
 		cmocka_unit_test(sinfo_run),
