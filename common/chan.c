@@ -156,6 +156,11 @@ static void redial(chan *c)
 		return;
 	}
 	int s = c->dial(c->dial_ctx);
+	if (s == -ESTALE) {
+		log_error("the relay's attempt is over (another attempt holds the job); giving up");
+		c->dial = NULL;
+		return;
+	}
 	if (s >= 0) {
 		log_info("reconnected to the relay after %lld ms", (long long)(now_ms() - c->lost_ms));
 		greet(c, s);

@@ -22,7 +22,8 @@
  * CHAN_REDIAL_MAX_MS) for at most the bound it was given; the dialer
  * introduces the rank (the relay's own hello), then the daemon gets the
  * same attach and queued messages as a daemon connecting on a listener.
- * Past the bound no daemon can come (chan_next: -EPIPE).
+ * Past the bound, or once the dialer says the attempt is over (-ESTALE),
+ * no daemon can come (chan_next: -EPIPE).
  *
  * Never exits, never blocks but in chan_send with a full queue (and in
  * msg_send's wait for a daemon that is slow to read, a redial's connect,
@@ -51,7 +52,9 @@
 
 /* A redialer: connects again to the daemon and introduces the caller;
  * returns the connected fd (the caller of chan_set_redial's ctx), or a
- * negative errno. */
+ * negative errno: -ESTALE when no daemon will ever take the caller again
+ * (its attempt is over), and the chan gives up at once instead of at the
+ * bound. */
 typedef int (*chan_dial_fn)(void *ctx);
 
 typedef struct chan_frame {

@@ -15,8 +15,10 @@
 #include <unistd.h>
 
 #include "common/keepalive.h"
+#include "common/log.h"
 #include "common/msg.h"
 #include "common/sha256.h"
+#include "worker/fence.h"
 
 #define CONNECT_TIMEOUT_S 30
 #define REDIAL_CONNECT_TIMEOUT_S 2
@@ -143,6 +145,10 @@ int relay_connect(const char *job_path, int rank, char *err, size_t cap)
 int relay_redial(void *ctx)
 {
 	char err[512];
+	if (fence_check(err, sizeof err) == -ESTALE) {
+		log_error("%s", err);
+		return -ESTALE;
+	}
 	int fd = connect_relay(ctx, relay_rank(), REDIAL_CONNECT_TIMEOUT_S, err, sizeof err);
 	if (fd >= 0)
 		fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);

@@ -32,7 +32,10 @@ int relay_redial_bound_ms(void);
 
 /* relay_connect again for the same rank, with a short connect bound (the
  * rank trains meanwhile); the fd non-blocking. A chan_dial_fn: ctx is the
- * job.json path; the rank is relay_rank()'s. */
+ * job.json path; the rank is relay_rank()'s. -ESTALE without dialing when
+ * the attempt fence names another attempt (worker/fence.h): the daemon is
+ * alive and moved on, so a rank cut off from it stops at once instead of
+ * redialing for the whole bound. */
 int relay_redial(void *ctx);
 
 #endif

@@ -511,8 +511,8 @@ static void stranded_rank_writes_nothing(void **state)
 	fclose(fp);
 	printf("fence: rank 0 on the cut-off n1 ended %.1f s after the cut; the fence says %s", mono_s() - t0,
 	       line);
-	/* "over", or the next attempt's name by then (rank 0 redials its relay
-	 * for 10 x relay_timeout_s before it gives up): never rank 0's */
+	/* "over", or the next attempt's name by then (rank 0, cut off, redials
+	 * its relay until the fence names another attempt): never rank 0's */
 	line[strcspn(line, "\n")] = 0;
 	assert_true(line[0]);
 	assert_string_not_equal(line, attempt);

@@ -328,6 +328,48 @@ static void test_redial_keeps_and_replays(void **state)
 	json_decref(rec);
 }
 
+/* A dialer whose attempt is over (the fence names another): -ESTALE. */
+static int dial_stale(void *ctx)
+{
+	int *calls = ctx;
+	(*calls)++;
+	return -ESTALE;
+}
+
+/* A broken line whose dialer says the attempt is over: the chan gives up
+ * at the first dial, long before its bound (60 s here). */
+static void test_redial_stale_gives_up_at_once(void **state)
+{
+	(void)state;
+	char base[128], relay[128];
+	snprintf(base, sizeof base, "%s/rank-3", dir);
+	snprintf(relay, sizeof relay, "%s/relay3.sock", dir);
+	int l = listen_at(relay);
+	chan c;
+	assert_int_equal(chan_open(&c, -1, base, false, "worker", 3), 0);
+	c.fd = dial_relay(relay);
+	assert_true(c.fd >= 0);
+	fcntl(c.fd, F_SETFL, fcntl(c.fd, F_GETFL) | O_NONBLOCK);
+	c.had_daemon = true;
+	int calls = 0;
+	chan_set_redial(&c, dial_stale, &calls, 60000, "att-3");
+	int d = accept(l, NULL, NULL);
+	close(d);
+	close(l);
+	unlink(relay);
+	json_t *in;
+	int rc = 0, i;
+	for (i = 0; i < 500 && rc == 0; i++) {
+		rc = chan_next(&c, &in);
+		if (rc == 0)
+			chan_wait(&c, 10);
+	}
+	assert_int_equal(rc, -EPIPE);
+	assert_int_equal(calls, 1); /* no second dial: given up */
+	assert_false(chan_reachable(&c));
+	chan_close(&c, 6);
+}
+
 int main(void)
 {
 	/* as in every process that uses a channel: a daemon gone mid-write is
@@ -337,6 +379,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_kept_replayed_acked, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_full_queue_blocks_until_acked, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_redial_keeps_and_replays, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_redial_stale_gives_up_at_once, setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
