@@ -81,8 +81,8 @@ out:
  * systemd's hierarchy: the unified one ("0::/system.slice/bertd.service"),
  * else name=systemd's (a legacy set-up). Not sd_pid_get_unit(): it also
  * reads /proc/1/cgroup (to cut PID 1's own cgroup off the path), and the
- * unit's ProtectProc=invisible hides PID 1 from bertd, so under the real
- * bertd.service it always failed and every restart was taken for a stop.
+ * unit's ProtectProc=invisible hides PID 1 from bertd: under bertd.service
+ * it fails, and every restart would be taken for a stop.
  * Returns 0 with unit filled, -ENOENT when no line names a .service. */
 static int own_unit(char *unit, size_t cap)
 {

@@ -7,6 +7,7 @@
 # (a child of this test's cgroup) that its systemd owns; the Debian package
 # is installed there with dpkg, as an admin would, and the unit driven with
 # systemctl while a small CPU job trains (curl in the root's network):
+#   start: READY=1 ends it, WATCHDOG=1 pings reach systemd;
 #   restart: the old daemon asks systemd over D-Bus, sees a restart, leaves
 #     the job running and exits 5; the new one adopts it: same worker and
 #     loader pids, the job keeps stepping, 0 restarts; its batch rings in
@@ -14,8 +15,9 @@
 #     are still there;
 #   reload: SIGHUP (ExecReload=, RELOADING=1 ... READY=1): a lowered
 #     max_body_bytes takes effect (413), same daemon, same worker;
-#   stop: the job is checkpointed and stopped, bertd exits 0, no process of
-#     the unit is left (its cgroup empty, none in the root's PID namespace);
+#   stop: the job is checkpointed and stopped, bertd exits 0, ExecStopPost=
+#     kills a stray process put into the unit's cgroup, no process of the
+#     unit is left (its cgroup empty, none in the root's PID namespace);
 #   start: the job resumes from that checkpoint and completes, 0 restarts.
 # The job's batches are slowed (profiler.simulate_data_delay_ms) so that
 # it cannot finish before the checks are done; it fails, naming that,
@@ -160,7 +162,7 @@ sd chown -R bertd:bertd /var/lib/bertd/data
 sd systemctl start bertd || fail "systemctl start bertd"
 [ "$(sd systemctl is-active bertd)" = active ] || fail "bertd is $(sd systemctl is-active bertd) after start"
 prop() { sd systemctl show -p "$1" --value bertd; }
-phase "bertd.service active, main pid $(prop MainPID) (in the root)"
+phase "bertd.service active (READY=1), main pid $(prop MainPID) (in the root), watchdog $(prop WatchdogUSec)"
 
 conf=/etc/bertd/bertd.conf
 port=$(sd sed -n 's/^port *= *//p' $conf)
@@ -277,19 +279,44 @@ done
 s3=$(step_above "$s2")
 phase "reload: max_body_bytes 1024 in force (413), same bertd and worker, job at step $s3"
 
+# the watchdog (WatchdogSec=): systemd's time of the last WATCHDOG=1 moves
+# on (bertd pings every second; WatchdogSec=30s would kill it after 30)
+wd1=$(prop WatchdogTimestampMonotonic) wd2=$wd1
+for _ in $(seq 300); do
+	wd2=$(prop WatchdogTimestampMonotonic)
+	[ "$wd2" != "$wd1" ] && break
+	sleep 0.1
+done
+[ "$wd2" -gt "$wd1" ] 2>/dev/null || fail "no WATCHDOG=1 reached systemd in 30 s (last at $wd1 us)"
+
 # ---- stop: checkpointed and stopped, nothing left ----
+# A process of the bertd user in the unit's cgroup that bertd does not know
+# of (what a lost grandchild would be): ExecStopPost= must kill it after
+# the clean stop, as it must not after the restart above.
+# shellcheck disable=SC2016
+sd sh -c 'echo $$ >"/sys/fs/cgroup$1/cgroup.procs" && exec setpriv --reuid=bertd --regid=bertd --init-groups sleep 600' \
+	sh "$(prop ControlGroup)" &
+stray=$!
+for _ in $(seq 300); do
+	unit_procs | grep -q ' sleep$' && break
+	kill -0 "$stray" 2>/dev/null || fail "cannot put a stray process into the unit's cgroup"
+	sleep 0.1
+done
+unit_procs | grep -q ' sleep$' || fail "the stray process is not in the unit's cgroup: $(unit_procs)"
 sd systemctl stop bertd || fail "systemctl stop bertd"
 [ "$(sd systemctl is-active bertd)" = inactive ] || fail "bertd is $(sd systemctl is-active bertd) after stop"
 [ "$(prop Result)" = success ] || fail "the stop's result is $(prop Result)"
 [ "$(prop ExecMainStatus)" = 0 ] || fail "bertd exited $(prop ExecMainStatus) on a stop, not 0"
 left=$(unit_procs)
 [ -z "$left" ] || fail "processes left in the unit's cgroup after the stop: $left"
+wait "$stray" 2>/dev/null
+[ $? = 137 ] || fail "the stray process in the unit's cgroup was not killed (SIGKILL) by ExecStopPost="
 left=$(sd sh -c 'for p in /proc/[0-9]*; do c=$(cat $p/comm 2>/dev/null); case $c in bertd*) echo "${p#/proc/} $c";; esac; done')
 [ -z "$left" ] || fail "bertd processes left in the root after the stop: $left"
 jr=$(sd journalctl -u bertd -o cat --no-pager _PID="$main2")
 grep -q "systemd job of bertd.service: stop" <<<"$jr" || fail "the daemon did not learn from systemd that its stop was a stop"
 [ -z "$(rings)" ] || fail "batch rings left in /dev/shm after the stop: $(rings)"
-phase "stop: bertd exited 0, no process left in the unit or the root, no ring in /dev/shm"
+phase "stop: bertd exited 0 (watchdog pinged), ExecStopPost= killed a stray, no process left in the unit or the root, no ring in /dev/shm"
 
 # ---- start: the job resumes from its stop checkpoint and completes ----
 sd systemctl start bertd || fail "systemctl start bertd after the stop"
