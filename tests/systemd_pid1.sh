@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # tests/systemd_pid1.sh SRC BUILD — bertd.service under a real systemd as
-# PID 1: a clean Debian 12 root (minbase, the package's dependencies,
-# systemd and dbus; made and cached as tests/package_lib.sh makes
-# package_deb's) is booted in PID, mount, network, UTS, IPC and cgroup
-# namespaces of its own, pivot_root'ed into, with a fresh cgroup2 hierarchy
-# (a child of this test's cgroup) that its systemd owns; the Debian package
+# PID 1: a clean Debian 12 root (package_deb's, tests/package_lib.sh, with
+# systemd and dbus added; cached) is booted in PID, mount, network, UTS,
+# IPC and cgroup namespaces of its own, pivot_root'ed into, with a fresh
+# cgroup2 hierarchy (a child of this test's cgroup) that its systemd
+# owns; the Debian package
 # is installed there with dpkg, as an admin would, and the unit driven with
 # systemctl while a small CPU job trains (curl in the root's network):
 #   start: READY=1 ends it, WATCHDOG=1 pings reach systemd;
