@@ -4,9 +4,9 @@
 # systemd and dbus added; cached) is booted in PID, mount, network, UTS,
 # IPC and cgroup namespaces of its own, pivot_root'ed into, with a fresh
 # cgroup2 hierarchy (a child of this test's cgroup) that its systemd
-# owns; the Debian package
-# is installed there with dpkg, as an admin would, and the unit driven with
-# systemctl while a small CPU job trains (curl in the root's network):
+# owns; the Debian package is installed there with dpkg, as an admin
+# would, and the unit driven with systemctl while a small CPU job trains
+# (curl in the root's network):
 #   start: READY=1 ends it, WATCHDOG=1 pings reach systemd;
 #   restart: the old daemon asks systemd over D-Bus, sees a restart, leaves
 #     the job running and exits 5; the new one adopts it: same worker and
