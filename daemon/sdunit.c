@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <systemd/sd-bus.h>
-#include <systemd/sd-login.h>
 
 #include "common/log.h"
 
@@ -78,14 +77,55 @@ out:
 	return rc;
 }
 
+/* The service unit this process runs in, from its own cgroup path in
+ * systemd's hierarchy: the unified one ("0::/system.slice/bertd.service"),
+ * else name=systemd's (a legacy set-up). Not sd_pid_get_unit(): it also
+ * reads /proc/1/cgroup (to cut PID 1's own cgroup off the path), and the
+ * unit's ProtectProc=invisible hides PID 1 from bertd: under bertd.service
+ * it fails, and every restart would be taken for a stop.
+ * Returns 0 with unit filled, -ENOENT when no line names a .service. */
+static int own_unit(char *unit, size_t cap)
+{
+	FILE *f = fopen("/proc/self/cgroup", "re");
+	if (!f)
+		return -errno;
+	char line[1024], v1[256] = "";
+	int rc = -ENOENT;
+	while (fgets(line, sizeof line, f)) {
+		line[strcspn(line, "\n")] = 0;
+		bool unified = strncmp(line, "0::", 3) == 0;
+		if (!unified && !strstr(line, ":name=systemd:"))
+			continue;
+		const char *base = strrchr(line, '/');
+		size_t n = base ? strlen(++base) : 0;
+		if (n < sizeof ".service" || strcmp(base + n - strlen(".service"), ".service") != 0)
+			continue;
+		if (unified) {
+			snprintf(unit, cap, "%s", base);
+			rc = 0;
+			break;
+		}
+		snprintf(v1, sizeof v1, "%s", base);
+	}
+	fclose(f);
+	if (rc < 0 && v1[0]) {
+		snprintf(unit, cap, "%s", v1);
+		rc = 0;
+	}
+	return rc;
+}
+
 bool sdunit_stop_is_restart(void)
 {
 	/* systemd sets INVOCATION_ID for every service process it starts */
 	if (!getenv("INVOCATION_ID"))
 		return false;
-	char *unit = NULL;
-	if (sd_pid_get_unit(0, &unit) < 0 || !unit)
+	char unit[256];
+	if (own_unit(unit, sizeof unit) < 0) {
+		log_warn("cannot tell which systemd unit bertd runs in (/proc/self/cgroup names no "
+			 ".service): treating the SIGTERM as a stop");
 		return false;
+	}
 	char type[64];
 	int rc = sdunit_job_type(NULL, unit, type, sizeof type);
 	bool restart = rc == 1 && sdunit_type_is_restart(type);
@@ -94,6 +134,5 @@ bool sdunit_stop_is_restart(void)
 			 strerror(-rc));
 	else
 		log_info("systemd job of %s: %s", unit, rc == 1 ? type : "none");
-	free(unit);
 	return restart;
 }

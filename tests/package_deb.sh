@@ -28,23 +28,9 @@ work=$build/package
 mkdir -p "$work"
 
 # ---- the package, from a --prefix=/usr build beside this one ----
-pbuild=$work/build-usr
-if [ ! -f "$pbuild/build.ninja" ]; then
-	# CC from the environment (ccache) as for BUILD; CPU only, no tests built.
-	meson setup "$pbuild" "$src" --prefix=/usr -Dcuda=disabled -Dwerror=false -Dshared_data=none \
-		>"$work/setup.log" 2>&1 || fail "meson setup of $pbuild: $(tail -n 5 "$work/setup.log")"
-fi
-cuda_arg=()
-# (whole outputs in variables, then grep: with pipefail, grep -q ending a
-# pipe early makes the writer's SIGPIPE the pipe's status)
-needed=$(readelf -d "$build/worker/bertd-worker" 2>/dev/null || true)
-if grep -q 'NEEDED.*libcudart\.' <<<"$needed"; then
-	cuda_arg=(--cuda-worker "$build/worker/bertd-worker")
-fi
-rm -rf "$work/deb"
-"$src/packaging/deb/mkdeb" --build "$pbuild" --out "$work/deb" "${cuda_arg[@]}" >"$work/mkdeb.log" 2>&1 ||
-	fail "mkdeb: $(tail -n 20 "$work/mkdeb.log")"
-deb=$(ls "$work"/deb/bertd_*.deb)
+. "$src/tests/package_lib.sh"
+pkg_deb "$src" "$build" "$work"
+deb=$PKG_DEB
 echo "package: $deb ($(du -k "$deb" | cut -f1) KiB)"
 dpkg-deb -f "$deb" Package Version Depends
 
@@ -63,23 +49,8 @@ if grep -Eiq 'cuda|cublas|nccl|nvidia' <<<"$(dpkg-deb -f "$deb" Depends)"; then
 fi
 
 # ---- a clean Debian 12 root with the package's dependencies ----
-# Depends: "libc6 (>= 2.34), libjansson4 (>= 2.14), ..., passwd": the names
-# (the first of each alternative).
-deps=$(dpkg-deb -f "$deb" Depends | tr ',' '\n' | sed -e 's/|.*//' -e 's/(.*)//' -e 's/[[:space:]]//g' |
-	sed '/^$/d' | sort -u | paste -sd, -)
-key=$(printf '%s' "$deps" | sha256sum | cut -c1-16)
-tarball=$work/root-bookworm-$key.tar
-if [ ! -f "$tarball" ]; then
-	mirror=${BERTD_DEBIAN_MIRROR:-http://deb.debian.org/debian}
-	curl -sSf --max-time 15 -o /dev/null "$mirror/dists/bookworm/Release" 2>/dev/null ||
-		skip "no Debian 12 root cached ($tarball) and $mirror cannot be reached to make one"
-	echo "making the Debian 12 root (minbase + $deps) from $mirror"
-	mmdebstrap --quiet --variant=minbase --format=tar --include="$deps" bookworm "$tarball.part" "$mirror" \
-		>"$work/mmdebstrap.log" 2>&1 || fail "mmdebstrap: $(tail -n 20 "$work/mmdebstrap.log")"
-	mv "$tarball.part" "$tarball"
-	# older roots (other dependency lists) only take space
-	find "$work" -maxdepth 1 -name 'root-bookworm-*.tar' ! -name "${tarball##*/}" -delete
-fi
+pkg_root_tar "$work" "$deb"
+tarball=$PKG_TAR
 root=$work/root
 ns=""
 cleanup() {
@@ -121,7 +92,7 @@ enabled=$(find "$root/etc/systemd" -name 'bertd*' 2>/dev/null)
 cmp -s "$root/etc/bertd/bertd.conf" "$src/systemd/bertd.conf" || fail "/etc/bertd/bertd.conf is not systemd/bertd.conf"
 
 # ---- bertd-cuda's diversion (when this build has a CUDA worker) ----
-cdeb=$(ls "$work"/deb/bertd-cuda_*.deb 2>/dev/null)
+cdeb=$PKG_CDEB
 if [ -n "$cdeb" ]; then
 	cp "$cdeb" "$root/tmp/"
 	cpu_sum=$(sha256sum <"$root/usr/bin/bertd-worker")
