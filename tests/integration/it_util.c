@@ -316,6 +316,20 @@ int it_find_pids(const char *a, const char *b, pid_t *out, int cap)
 	return n;
 }
 
+char it_proc_state(pid_t pid)
+{
+	char p[64], buf[512];
+	snprintf(p, sizeof p, "/proc/%d/stat", (int)pid);
+	FILE *fp = fopen(p, "r");
+	if (!fp)
+		return 0;
+	size_t n = fread(buf, 1, sizeof buf - 1, fp);
+	fclose(fp);
+	buf[n] = 0;
+	char *rp = strrchr(buf, ')');
+	return rp && rp[1] == ' ' ? rp[2] : 0;
+}
+
 void it_kill_rank(const char *id, int rank)
 {
 	char arg[32];

@@ -87,6 +87,9 @@ void it_export_free(it_export *e);
 /* pids of live (not zombie) processes whose command line contains a and,
  * when b is not NULL, b: at most cap of them into out; returns how many. */
 int it_find_pids(const char *a, const char *b, pid_t *out, int cap);
+/* pid's state letter in /proc/pid/stat ('R', 'S', 'T', 'Z', ...), or 0
+ * once it is gone. */
+char it_proc_state(pid_t pid);
 /* kill -9 of job id's worker of rank rank, which must be the one live
  * process naming the job and "--rank <rank>" (else the test fails). */
 void it_kill_rank(const char *id, int rank);

@@ -661,21 +661,6 @@ static void make_big_corpus(fx *f, const char *name)
 	unlink(one);
 }
 
-/* pid's state letter in /proc/pid/stat, or 0 once it is gone. */
-static char proc_letter(pid_t pid)
-{
-	char p[64], buf[512];
-	snprintf(p, sizeof p, "/proc/%d/stat", (int)pid);
-	FILE *fp = fopen(p, "r");
-	if (!fp)
-		return 0;
-	size_t n = fread(buf, 1, sizeof buf - 1, fp);
-	fclose(fp);
-	buf[n] = 0;
-	char *rp = strrchr(buf, ')');
-	return rp && rp[1] == ' ' ? rp[2] : 0;
-}
-
 /* Waits until dataset name's bertd-prepare runs and, with written, has
  * written its trained vocab into its working directory ".<name>.partial"
  * (it tokenizes into it next; without written, any moment: mostly the
@@ -782,7 +767,7 @@ static void test_chaos_prepare(void **state)
 			kill_daemon_and_restart(f);
 			/* adopted (or started again, resuming): ready */
 			assert_string_equal(dataset_outcome(f, name, st, sizeof st), "ready");
-			char ps = proc_letter(pid);
+			char ps = it_proc_state(pid);
 			if (ps && ps != 'Z')
 				fail_msg("dataset %s is ready and its bertd-prepare %d still runs", name, (int)pid);
 		}

@@ -114,26 +114,10 @@ static int journaled(fx *f, const char *name)
 	return n;
 }
 
-/* pid's state letter in /proc/pid/stat ('R', 'S', 'T', 'Z', ...), or 0
- * once it is gone. */
-static char proc_state(pid_t pid)
-{
-	char p[64], buf[512];
-	snprintf(p, sizeof p, "/proc/%d/stat", (int)pid);
-	FILE *fp = fopen(p, "r");
-	if (!fp)
-		return 0;
-	size_t n = fread(buf, 1, sizeof buf - 1, fp);
-	fclose(fp);
-	buf[n] = 0;
-	char *rp = strrchr(buf, ')');
-	return rp && rp[1] == ' ' ? rp[2] : 0;
-}
-
 /* Whether pid is stopped (state T or t); false once gone. */
 static bool is_stopped(pid_t pid)
 {
-	char st = proc_state(pid);
+	char st = it_proc_state(pid);
 	return st == 'T' || st == 't';
 }
 
@@ -356,9 +340,9 @@ static void test_done_without_daemon(void **state)
 	assert_true(WIFEXITED(wst) && WEXITSTATUS(wst) == 5);
 	assert_true(is_stopped(pid)); /* left running */
 	assert_int_equal(kill(pid, SIGCONT), 0);
-	for (int i = 0; i < DEADLINE_S * 100 && proc_state(pid) && proc_state(pid) != 'Z'; i++)
+	for (int i = 0; i < DEADLINE_S * 100 && it_proc_state(pid) && it_proc_state(pid) != 'Z'; i++)
 		it_pause_ms(10);
-	char ps = proc_state(pid);
+	char ps = it_proc_state(pid);
 	assert_true(ps == 0 || ps == 'Z');
 	snprintf(rec, sizeof rec, "%s/datasets/ch/%s.exit", f->d.state_dir, id);
 	json_t *er = json_load_file(rec, 0, NULL);
@@ -397,7 +381,7 @@ static void test_stop_stops_prepare(void **state)
 	pid_t pid = prepare_pid(f, "stopped");
 	int kept = throttle(f, pid, "stopped", 2);
 	assert_int_equal(bertd_stop(&f->d), 0);
-	char ps = proc_state(pid); /* stopped with the daemon, not left for the next one */
+	char ps = it_proc_state(pid); /* stopped with the daemon, not left for the next one */
 	assert_true(ps == 0 || ps == 'Z');
 	snprintf(rec, sizeof rec, "%s/datasets/ch/%s.attempt.json", f->d.state_dir, id);
 	assert_int_equal(access(rec, F_OK), -1);

@@ -52,28 +52,29 @@ static void need_bus(void)
 	}
 }
 
-static void test_restart_job(void **state)
+/* The unit has a job of type job_type: sdunit_job_type reads it back, and
+ * sdunit_type_is_restart says whether that is a restart. */
+static void check_job(const char *job_type, bool restart)
 {
-	(void)state;
 	need_bus();
 	char type[64];
 	sd.job_id = 42;
-	snprintf(sd.job_type, sizeof sd.job_type, "restart");
+	snprintf(sd.job_type, sizeof sd.job_type, "%s", job_type);
 	assert_int_equal(sdunit_job_type(sd.address, "bertd.service", type, sizeof type), 1);
-	assert_string_equal(type, "restart");
-	assert_true(sdunit_type_is_restart(type));
+	assert_string_equal(type, job_type);
+	assert_true(sdunit_type_is_restart(type) == restart);
+}
+
+static void test_restart_job(void **state)
+{
+	(void)state;
+	check_job("restart", true);
 }
 
 static void test_stop_job(void **state)
 {
 	(void)state;
-	need_bus();
-	char type[64];
-	sd.job_id = 42;
-	snprintf(sd.job_type, sizeof sd.job_type, "stop");
-	assert_int_equal(sdunit_job_type(sd.address, "bertd.service", type, sizeof type), 1);
-	assert_string_equal(type, "stop");
-	assert_false(sdunit_type_is_restart(type));
+	check_job("stop", false);
 }
 
 static void test_no_job(void **state)

@@ -24,6 +24,7 @@
 #include <cmocka.h>
 
 #include "worker/comm.h"
+#include "tests/unit/worker/comm_ranks.h"
 
 #define MAXF 1000 /* max_floats of the test groups: small, so chunking is exercised */
 /* Generous: a healthy run never comes near it; the failure tests that rely
@@ -49,34 +50,6 @@ static void assert_unlinked(const char *name)
     snprintf(path, sizeof(path), "/dev/shm%s", name);
     assert_int_equal(access(path, F_OK), -1);
     assert_int_equal(errno, ENOENT);
-}
-
-static uint64_t mix(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    x ^= x >> 33;
-    return x;
-}
-
-/* Never zero, both signs, magnitudes over 2^-8..2^8 so that the order of
- * the sum changes the rounding. */
-static float value(int rank, int iter, size_t i)
-{
-    uint64_t h = mix(((uint64_t)rank << 48) ^ ((uint64_t)iter << 32) ^ (uint64_t)i ^ 0x9e3779b97f4a7c15ull);
-    float mant = 1.0f + (float)(h & 0xffffff) / 16777216.0f;
-    int e = (int)((h >> 24) % 17) - 8;
-    return ((h >> 40) & 1 ? -1.0f : 1.0f) * ldexpf(mant, e);
-}
-
-static void *shared_alloc(size_t bytes)
-{
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    assert_true(p != MAP_FAILED);
-    memset(p, 0, bytes);
-    return p;
 }
 
 typedef int (*rank_fn)(int rank, int world, const char *name, void *arg);
@@ -112,15 +85,6 @@ static void run_all(int world, const char *name, rank_fn fn, void *arg, int *cod
     run_ranks(ranks, world, world, name, fn, arg, codes, NULL);
 }
 
-/* exit codes of the rank processes */
-enum { RC_OK = 0, RC_CREATE = 10, RC_ALLREDUCE = 11, RC_F64 = 12, RC_BCAST = 13, RC_BARRIER = 14, RC_EPIPE = 20,
-       RC_ETIMEDOUT = 21, RC_EPROTO = 22, RC_OTHER = 30 };
-
-static int code_of(int rc)
-{
-    return rc == -EPIPE ? RC_EPIPE : rc == -ETIMEDOUT ? RC_ETIMEDOUT : rc == -EPROTO ? RC_EPROTO : RC_OTHER;
-}
-
 /* ---- correctness ---- */
 
 typedef struct exact_arg {
@@ -140,7 +104,7 @@ static int exact_rank(int rank, int world, const char *name, void *argp)
     float *out = a->out + (size_t)rank * TOTAL_FLOATS;
     for (size_t k = 0; k < NSIZES && code == RC_OK; k++) {
         for (size_t i = 0; i < sizes[k]; i++)
-            out[i] = value(rank, (int)k, i);
+            out[i] = comm_ranks_value(rank, (int)k, i);
         if (comm_allreduce_mean(c, out, sizes[k]) != 0)
             code = RC_ALLREDUCE;
         out += sizes[k];
@@ -168,9 +132,9 @@ static void check_exact(int world)
     char name[COMM_NAME_MAX];
     test_name(name, sizeof(name));
     exact_arg a = {
-        .out = shared_alloc(sizeof(float) * TOTAL_FLOATS * (size_t)world),
-        .f64 = shared_alloc(sizeof(double) * 3 * (size_t)world),
-        .bcast = shared_alloc(5000 * (size_t)world),
+        .out = comm_ranks_shared_alloc(sizeof(float) * TOTAL_FLOATS * (size_t)world),
+        .f64 = comm_ranks_shared_alloc(sizeof(double) * 3 * (size_t)world),
+        .bcast = comm_ranks_shared_alloc(5000 * (size_t)world),
     };
     int codes[COMM_MAX_WORLD];
     run_all(world, name, exact_rank, &a, codes);
@@ -180,9 +144,9 @@ static void check_exact(int world)
     size_t off = 0;
     for (size_t k = 0; k < NSIZES; k++) {
         for (size_t i = 0; i < sizes[k]; i++) {
-            float acc = value(0, (int)k, i);
+            float acc = comm_ranks_value(0, (int)k, i);
             for (int g = 1; g < world; g++)
-                acc += value(g, (int)k, i);
+                acc += comm_ranks_value(g, (int)k, i);
             float want = acc / (float)world;
             for (int g = 0; g < world; g++) {
                 float got = a.out[(size_t)g * TOTAL_FLOATS + off + i];
@@ -243,8 +207,8 @@ static void test_order_matters(void **state)
     (void)state;
     int differs = 0;
     for (size_t i = 0; i < 1000 && !differs; i++) {
-        float fwd = value(0, 0, i) + value(1, 0, i) + value(2, 0, i);
-        float rev = value(2, 0, i) + value(1, 0, i) + value(0, 0, i);
+        float fwd = comm_ranks_value(0, 0, i) + comm_ranks_value(1, 0, i) + comm_ranks_value(2, 0, i);
+        float rev = comm_ranks_value(2, 0, i) + comm_ranks_value(1, 0, i) + comm_ranks_value(0, 0, i);
         differs = memcmp(&fwd, &rev, sizeof(float)) != 0;
     }
     assert_true(differs);
@@ -280,7 +244,7 @@ static int fail_rank(int rank, int world, const char *name, void *argp)
                 pause();
         }
         for (size_t i = 0; i < 2500; i++)
-            buf[i] = value(rank, it, i);
+            buf[i] = comm_ranks_value(rank, it, i);
         rc = comm_allreduce_mean(c, buf, 2500);
         if (rc != 0) {
             a->fail_iter[rank] = it;
@@ -295,7 +259,7 @@ static int fail_rank(int rank, int world, const char *name, void *argp)
     comm_destroy(c);
     if (rc2 != -EPIPE)
         return RC_OTHER;
-    return code_of(rc);
+    return comm_ranks_code_of(rc);
 }
 
 static void check_peer_loss(int world, int victim, int die_at, int how, int timeout_ms)
@@ -303,8 +267,8 @@ static void check_peer_loss(int world, int victim, int die_at, int how, int time
     char name[COMM_NAME_MAX];
     test_name(name, sizeof(name));
     fail_arg a = {.victim = victim, .die_at = die_at, .how = how, .timeout_ms = timeout_ms,
-                  .fail_iter = shared_alloc(sizeof(int) * COMM_MAX_WORLD),
-                  .progress = shared_alloc(sizeof(int) * COMM_MAX_WORLD)};
+                  .fail_iter = comm_ranks_shared_alloc(sizeof(int) * COMM_MAX_WORLD),
+                  .progress = comm_ranks_shared_alloc(sizeof(int) * COMM_MAX_WORLD)};
     int ranks[COMM_MAX_WORLD];
     pid_t pids[COMM_MAX_WORLD];
     for (int g = 0; g < world; g++)
@@ -385,9 +349,9 @@ static int join_rank(int rank, int world, const char *name, void *argp)
     if (rc == 0) {
         rc = comm_barrier(c);
         comm_destroy(c);
-        return rc == 0 ? RC_OK : code_of(rc);
+        return rc == 0 ? RC_OK : comm_ranks_code_of(rc);
     }
-    return code_of(rc);
+    return comm_ranks_code_of(rc);
 }
 
 static void test_rank_never_joins(void **state)
@@ -477,7 +441,7 @@ static int mismatch_rank(int rank, int world, const char *name, void *argp)
     float buf[64] = {0};
     int rc = comm_allreduce_mean(c, buf, a->n[rank]);
     comm_destroy(c);
-    return rc == 0 ? RC_OK : code_of(rc);
+    return rc == 0 ? RC_OK : comm_ranks_code_of(rc);
 }
 
 /* Ranks that disagree on the size get an error, not a silently wrong mean.
@@ -514,13 +478,13 @@ static int agree_rank(int rank, int world, const char *name, void *argp)
         return RC_CREATE;
     unsigned char *buf = malloc(a->bytes);
     for (size_t i = 0; i < a->bytes; i++)
-        buf[i] = (unsigned char)(mix(i) >> 7);
+        buf[i] = (unsigned char)(comm_ranks_mix(i) >> 7);
     if (rank == a->odd_rank)
         buf[a->odd_at] ^= 0x10; /* one bit, as a flipped or stale value would */
     int rc = comm_replicas_agree(c, buf, a->bytes);
     free(buf);
     comm_destroy(c);
-    return rc == 1 ? RC_AGREE : rc == 0 ? RC_DIFFER : code_of(rc);
+    return rc == 1 ? RC_AGREE : rc == 0 ? RC_DIFFER : comm_ranks_code_of(rc);
 }
 
 /* Equal buffers agree on every rank; one bit off on one rank — in a whole

@@ -45,6 +45,7 @@
 #include <cmocka.h>
 
 #include "worker/comm.h"
+#include "tests/unit/worker/comm_ranks.h"
 #include "worker/model.h"
 #include "worker/optim.h"
 #include "worker/train.h"
@@ -56,16 +57,6 @@
 #define SEED 1234
 #define TOL 2e-6
 #define MIN_MOVE 1e-3
-
-static uint64_t mix(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    x ^= x >> 33;
-    return x;
-}
 
 static void tiny_config(bert_config *c)
 {
@@ -91,18 +82,18 @@ static void make_batch(batch_buf *bb, int s, int j0, int nb, int V)
 {
     for (int k = 0; k < nb; k++) {
         int j = j0 + k;
-        uint64_t h = mix((uint64_t)s * 1000003u + (uint64_t)j);
+        uint64_t h = comm_ranks_mix((uint64_t)s * 1000003u + (uint64_t)j);
         int len = NT - (int)(h % 5); /* 12..16 */
         bb->lens[k] = len;
         for (int t = 0; t < NT; t++) {
-            uint64_t ht = mix(h + (uint64_t)t + 1);
+            uint64_t ht = comm_ranks_mix(h + (uint64_t)t + 1);
             bb->ids[k * NT + t] = t < len ? 5 + (int32_t)(ht % (uint64_t)(V - 5)) : 0;
             bb->tt[k * NT + t] = t < len / 2 ? 0 : 1;
         }
         for (int q = 0; q < NK; q++) {
             int t = 1 + q * 4 + (int)((h >> 8) % 4); /* distinct, < 12 */
             bb->pos[k * NK + q] = k * NT + t;
-            bb->labels[k * NK + q] = 5 + (int32_t)(mix(h ^ (uint64_t)(q + 77)) % (uint64_t)(V - 5));
+            bb->labels[k * NK + q] = 5 + (int32_t)(comm_ranks_mix(h ^ (uint64_t)(q + 77)) % (uint64_t)(V - 5));
         }
     }
     bb->b = (bert_batch){.B = nb, .T = NT, .M = nb * NK, .input_ids = bb->ids, .token_type_ids = bb->tt,

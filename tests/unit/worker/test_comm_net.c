@@ -30,6 +30,7 @@
 
 #include "common/fsutil.h"
 #include "worker/comm.h"
+#include "tests/unit/worker/comm_ranks.h"
 
 #define SHM_MAXF 1000 /* the shm groups chunk at 1000 floats; the net ones at their default */
 #define TIMEOUT_MS 20000
@@ -107,42 +108,6 @@ static int join(comm **c, int net, dir_kv *d, const char *shm_name, int rank, in
 
 /* ---- inputs ---- */
 
-static uint64_t mix(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    x ^= x >> 33;
-    return x;
-}
-
-/* Never zero, both signs, magnitudes over 2^-8..2^8 so that the order of
- * the sum changes the rounding. */
-static float value(int rank, int iter, size_t i)
-{
-    uint64_t h = mix(((uint64_t)rank << 48) ^ ((uint64_t)iter << 32) ^ (uint64_t)i ^ 0x9e3779b97f4a7c15ull);
-    float mant = 1.0f + (float)(h & 0xffffff) / 16777216.0f;
-    int e = (int)((h >> 24) % 17) - 8;
-    return ((h >> 40) & 1 ? -1.0f : 1.0f) * ldexpf(mant, e);
-}
-
-static void *shared_alloc(size_t bytes)
-{
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    assert_true(p != MAP_FAILED);
-    memset(p, 0, bytes);
-    return p;
-}
-
-enum { RC_OK = 0, RC_CREATE = 10, RC_ALLREDUCE = 11, RC_F64 = 12, RC_BCAST = 13, RC_BARRIER = 14,
-       RC_EPIPE = 20, RC_ETIMEDOUT = 21, RC_EPROTO = 22, RC_OTHER = 30 };
-
-static int code_of(int rc)
-{
-    return rc == -EPIPE ? RC_EPIPE : rc == -ETIMEDOUT ? RC_ETIMEDOUT : rc == -EPROTO ? RC_EPROTO : RC_OTHER;
-}
-
 /* ---- bit-identical to shm ---- */
 
 typedef struct results {
@@ -160,7 +125,7 @@ static int same_rank(int net, dir_kv *d, const char *shm_name, int rank, int wor
     float *out = r->out + (size_t)rank * TOTAL_FLOATS;
     for (size_t k = 0; k < NSIZES && code == RC_OK; k++) {
         for (size_t i = 0; i < sizes[k]; i++)
-            out[i] = value(rank, (int)k, i);
+            out[i] = comm_ranks_value(rank, (int)k, i);
         if (comm_allreduce_mean(c, out, sizes[k]) != 0)
             code = RC_ALLREDUCE;
         out += sizes[k];
@@ -211,9 +176,9 @@ static void run_backend(int net, int world, results *r)
 static results results_alloc(int world)
 {
     return (results){
-        .out = shared_alloc(sizeof(float) * TOTAL_FLOATS * (size_t)world),
-        .f64 = shared_alloc(sizeof(double) * 3 * (size_t)world),
-        .bcast = shared_alloc(BCAST_BYTES * (size_t)world),
+        .out = comm_ranks_shared_alloc(sizeof(float) * TOTAL_FLOATS * (size_t)world),
+        .f64 = comm_ranks_shared_alloc(sizeof(double) * 3 * (size_t)world),
+        .bcast = comm_ranks_shared_alloc(BCAST_BYTES * (size_t)world),
     };
 }
 
@@ -243,9 +208,9 @@ static void check_same_as_shm(int world)
     size_t off = 0, differ = 0;
     for (size_t k = 0; k < NSIZES; k++) {
         for (size_t i = 0; i < sizes[k]; i++) {
-            float acc = value(world - 1, (int)k, i);
+            float acc = comm_ranks_value(world - 1, (int)k, i);
             for (int g = world - 2; g >= 0; g--)
-                acc += value(g, (int)k, i);
+                acc += comm_ranks_value(g, (int)k, i);
             float rev = acc / (float)world;
             differ += memcmp(&rev, &net.out[off + i], sizeof(float)) != 0;
         }
@@ -296,7 +261,7 @@ static int fail_rank(int rank, int world, fail_arg *a)
                 pause();
         }
         for (size_t i = 0; i < 2500; i++)
-            buf[i] = value(rank, it, i);
+            buf[i] = comm_ranks_value(rank, it, i);
         rc = comm_allreduce_mean(c, buf, 2500);
         if (rc != 0) {
             a->fail_iter[rank] = it;
@@ -307,13 +272,13 @@ static int fail_rank(int rank, int world, fail_arg *a)
     comm_destroy(c);
     if (rc == 0 || rc2 != -EPIPE)
         return RC_OTHER;
-    return code_of(rc);
+    return comm_ranks_code_of(rc);
 }
 
 static void check_peer_loss(int world, int victim, int how, int timeout_ms)
 {
     fail_arg a = {.victim = victim, .die_at = 5, .how = how, .timeout_ms = timeout_ms,
-                  .fail_iter = shared_alloc(sizeof(int) * COMM_MAX_WORLD)};
+                  .fail_iter = comm_ranks_shared_alloc(sizeof(int) * COMM_MAX_WORLD)};
     new_store(&a.d);
     pid_t pids[COMM_MAX_WORLD];
     for (int g = 0; g < world; g++) {
@@ -371,7 +336,7 @@ static int join_rank(int rank, int world, dir_kv *d, int timeout_ms)
     comm *c = NULL;
     int rc = join(&c, 1, d, NULL, rank, world, timeout_ms);
     comm_destroy(c);
-    return rc == 0 ? RC_OK : code_of(rc);
+    return rc == 0 ? RC_OK : comm_ranks_code_of(rc);
 }
 
 /* Rank 2 of 3 never comes: ranks 0 and 1 give up with -ETIMEDOUT. */
@@ -404,7 +369,7 @@ static int mismatch_rank(int rank, int world, dir_kv *d)
     float buf[64] = {0};
     int rc = comm_allreduce_mean(c, buf, rank == 0 ? 10 : 11);
     comm_destroy(c);
-    return code_of(rc);
+    return comm_ranks_code_of(rc);
 }
 
 /* Ranks that disagree on the size get -EPROTO, not garbage or a hang. */
