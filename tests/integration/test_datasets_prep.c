@@ -437,14 +437,14 @@ static void test_unknown_protocol_refused(void **state)
 		assert_int_equal(kill(pid, SIGCONT), 0);
 		usleep(5000);
 		kill(pid, SIGSTOP); /* ESRCH: the daemon killed it */
-		for (int i = 0; i < 1000 && proc_state(pid) && !is_stopped(pid); i++)
+		for (int i = 0; i < 1000 && it_proc_state(pid) && !is_stopped(pid); i++)
 			usleep(1000);
 		for (int i = 0; i < 20 && log_count(f, refused) == 0; i++)
 			it_pause_ms(10);
 	}
 	wait_log(f, refused);
 	json_t *ds = wait_ready(f, "proto99");
-	char ps = proc_state(pid);
+	char ps = it_proc_state(pid);
 	assert_true(ps == 0 || ps == 'Z'); /* killed */
 	assert_int_equal(log_count(f, "(proto99): preparing into"), 2); /* prepared again */
 	long long resumed = json_integer_value(json_object_get(json_object_get(ds, "stats"), "resumed_shards"));
