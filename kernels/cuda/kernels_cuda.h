@@ -67,6 +67,13 @@ enum {
      * timing noise can pick other algorithms in a resumed process, whose
      * results differ in the last bits, so resume is no longer bitwise */
     CUDA_LEVER_LT_TUNE = 1u << 2,
+    /* flash attention, second form (flash_attention2.cuh): output and
+     * dK/dV accumulators in registers, one backward kernel per head (dQ
+     * summed in fp32 in a fixed order, no atomics), K/V and Q/dO tiles
+     * double-buffered with cp.async from sm_80. Off by default until a GPU
+     * has measured it. A bit of its own, away from the low bits other
+     * levers take */
+    CUDA_LEVER_FLASH2 = 1u << 8,
 };
 #define CUDA_LEVERS_DEFAULT ((unsigned)(CUDA_LEVER_LN_VEC | CUDA_LEVER_OPT_ZERO))
 void cuda_levers_set(unsigned mask);
