@@ -52,7 +52,13 @@
  * tiles. Shared memory is dynamic, laid out by the *_smem structs, at most
  * 96 KiB per block (the sm_70 opt-in limit), checked by static_assert.
  *
- * This module never allocates and never synchronises the device.
+ * With the lever CUDA_LEVER_FLASH2 the same launchers run the second form
+ * of the kernels (flash_attention2.cuh: accumulators in registers, one
+ * backward kernel, cp.async tiles from sm_80); it needs a dQ scratch of
+ * B*NH*T*HS floats (T rounded up to its query tile), taken with
+ * cudaMallocAsync on the op's stream and given back there.
+ *
+ * Otherwise this module never allocates; it never synchronises the device.
  */
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/flash_attention2.cuh"

@@ -270,7 +270,9 @@ void cuda_flash_attention_forward_dt(void *out, float *lse, const void *qkv,
                                      const int32_t *seq_lens, const philox_stream *rng, float p,
                                      int B, int T, int C, int NH, kdtype dt, cudaStream_t stream);
 /* dqkv (B,T,3C) =; dscratch (B,NH,T) fp32 scratch; out and lse as forward
- * wrote them. Deterministic (no atomics). */
+ * wrote them. Deterministic (no atomics). Under CUDA_LEVER_FLASH2 dscratch
+ * is not touched and a (B,NH,T,HS) fp32 scratch is taken from the device's
+ * default pool on the stream for the call. */
 void cuda_flash_attention_backward_dt(void *dqkv, float *dscratch, const void *dout,
                                       const void *qkv, const void *out, const float *lse,
                                       const int32_t *seq_lens, const philox_stream *rng, float p,
