@@ -347,6 +347,7 @@ static const struct {
     {"BERTD_LEVER_OPT_ZERO", CUDA_LEVER_OPT_ZERO},
     {"BERTD_LEVER_LT_TUNE", CUDA_LEVER_LT_TUNE},
     {"BERTD_LEVER_VOCAB_PAD", CUDA_LEVER_VOCAB_PAD},
+    {"BERTD_LEVER_FLASH2", CUDA_LEVER_FLASH2},
 };
 
 int gpu_levers_from_env(unsigned *out, char *err, size_t errlen)

@@ -52,9 +52,16 @@
  * tiles. Shared memory is dynamic, laid out by the *_smem structs, at most
  * 96 KiB per block (the sm_70 opt-in limit), checked by static_assert.
  *
- * This module never allocates and never synchronises the device.
+ * With the lever CUDA_LEVER_FLASH2 the same launchers run the second form
+ * of the kernels (flash_attention2.cuh: accumulators in registers, one
+ * backward kernel, cp.async tiles from sm_80); it needs a dQ scratch of
+ * B*NH*T*HS floats (T rounded up to its query tile), taken with
+ * cudaMallocAsync on the op's stream and given back there.
+ *
+ * Otherwise this module never allocates; it never synchronises the device.
  */
 #include "kernels/cuda/flash_attention.cuh"
+#include "kernels/cuda/flash_attention2.cuh"
 
 #include <algorithm>
 #include <initializer_list>
@@ -121,13 +128,64 @@ void backward_hs(T *dqkv, float *dbuf, const T *dout, const T *qkv, const T *out
     LAUNCH_CHECK();
 }
 
-/* Dynamic shared memory the largest of the three kernels needs. */
-template <typename T, int HS> size_t smem_need()
+/* ---- lever CUDA_LEVER_FLASH2 (flash_attention2.cuh) ---- */
+
+/* Pipeline depth of the second form on the current device: two stages
+ * where cp.async exists (sm_80+), one (plain loads) below. */
+int flash2_stages()
+{
+    int dev = 0, major = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    return major >= 8 ? 2 : 1;
+}
+
+template <typename T, int HS, int ST>
+void forward2_hs(T *out, float *lse, const T *qkv, const int32_t *seq_lens, const flash_args &a,
+                 cudaStream_t stream)
+{
+    typedef flash2::flash2_cfg<T, HS, ST> F;
+    typedef typename F::F L;
+    auto kern = flash2::flash2_forward_kernel<T, HS, F::FWD_NW, F::FWD_BC, ST>;
+    set_smem(kern, L::bytes);
+    dim3 grid((unsigned)(a.B * a.NH), (unsigned)((a.T + L::BR - 1) / L::BR));
+    KLAUNCH(grid, F::FWD_NW * 32, L::bytes, stream, kern)(out, lse, qkv, seq_lens, a);
+    LAUNCH_CHECK();
+}
+
+/* One kernel; dQ is summed in fp32 in a stream-ordered scratch of
+ * (B*NH, Tq, HS) floats (Tq = T rounded up to the query tile), taken from
+ * and given back to the device's default pool on the op's stream. */
+template <typename T, int HS, int ST>
+void backward2_hs(T *dqkv, const T *dout, const T *qkv, const T *out, const float *lse,
+                  const int32_t *seq_lens, const flash_args &a, cudaStream_t stream)
+{
+    typedef flash2::flash2_cfg<T, HS, ST> F;
+    typedef typename F::Bw L;
+    auto kern = flash2::flash2_backward_kernel<T, HS, F::BWD_NW, F::BWD_BRQ, ST>;
+    size_t Tq = (size_t)(a.T + F::BWD_BRQ - 1) / F::BWD_BRQ * F::BWD_BRQ;
+    float *acc = NULL;
+    CUDA_CHECK(cudaMallocAsync((void **)&acc, (size_t)a.B * a.NH * Tq * HS * 4, stream));
+    set_smem(kern, L::bytes);
+    KLAUNCH(dim3((unsigned)(a.B * a.NH)), F::BWD_NW * 32, L::bytes, stream, kern)(
+        dqkv, acc, dout, qkv, out, lse, seq_lens, a);
+    LAUNCH_CHECK();
+    CUDA_CHECK(cudaFreeAsync(acc, stream));
+}
+
+/* Dynamic shared memory the largest kernel needs: the three of the first
+ * form, and the second form's two at the device's pipeline depth (so that
+ * switching the lever never changes what is supported). */
+template <typename T, int HS> size_t smem_need(int stages)
 {
     typedef flash_cfg<T, HS> F;
+    typedef flash2::flash2_cfg<T, HS, 1> F1;
+    typedef flash2::flash2_cfg<T, HS, 2> F2;
+    size_t two = stages == 2 ? std::max((size_t)F2::F::bytes, (size_t)F2::Bw::bytes)
+                             : std::max((size_t)F1::F::bytes, (size_t)F1::Bw::bytes);
     return std::max({(size_t)fwd_smem<T, HS, F::FWD_NW, F::FWD_BC>::bytes,
                      (size_t)dq_smem<T, HS, F::DQ_NW, F::DQ_BC>::bytes,
-                     (size_t)dkv_smem<T, HS, F::KV_NW, F::KV_BRQ>::bytes});
+                     (size_t)dkv_smem<T, HS, F::KV_NW, F::KV_BRQ>::bytes, two});
 }
 
 void check_call(const char *what, int T_, int C, int NH, kdtype dt,
@@ -171,8 +229,6 @@ int cuda_flash_attention_supported(int T, int C, int NH, kdtype dt)
     int hs = C / NH;
     if (hs != 32 && hs != 64 && hs != 128)
         return 0;
-    size_t need = 0;
-    DT_DISPATCH(dt, FLASH_HS_DISPATCH(hs, need = smem_need<T, HS>()));
     int dev = 0, optin = 0, major = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
@@ -180,6 +236,8 @@ int cuda_flash_attention_supported(int T, int C, int NH, kdtype dt)
         (void)cudaGetLastError(); /* no device: nothing is supported, and no error is left */
         return 0;
     }
+    size_t need = 0;
+    DT_DISPATCH(dt, FLASH_HS_DISPATCH(hs, need = smem_need<T, HS>(major >= 8 ? 2 : 1)));
     /* bf16 arithmetic needs sm_80: below it (a V100) the bf16 instantiation
      * traps and takes the context with it */
     if (dt == KDT_BF16 && major < 8)
@@ -195,6 +253,17 @@ void cuda_flash_attention_forward_dt(void *out, float *lse, const void *qkv,
         return;
     check_call("cuda_flash_attention_forward_dt", T_, C, NH, dt, {out, qkv});
     flash_args a = make_args(rng, p, B, T_, C, NH);
+    if (cuda_levers() & CUDA_LEVER_FLASH2) {
+        if (flash2_stages() == 2)
+            DT_DISPATCH(dt, FLASH_HS_DISPATCH(C / NH, forward2_hs<T, HS, 2>(
+                                                          (T *)out, lse, (const T *)qkv, seq_lens,
+                                                          a, stream)));
+        else
+            DT_DISPATCH(dt, FLASH_HS_DISPATCH(C / NH, forward2_hs<T, HS, 1>(
+                                                          (T *)out, lse, (const T *)qkv, seq_lens,
+                                                          a, stream)));
+        return;
+    }
     DT_DISPATCH(dt, FLASH_HS_DISPATCH(C / NH, forward_hs<T, HS>((T *)out, lse, (const T *)qkv,
                                                                   seq_lens, a, stream)));
 }
@@ -208,6 +277,19 @@ void cuda_flash_attention_backward_dt(void *dqkv, float *dscratch, const void *d
         return;
     check_call("cuda_flash_attention_backward_dt", T_, C, NH, dt, {dqkv, dout, qkv, out});
     flash_args a = make_args(rng, p, B, T_, C, NH);
+    if (cuda_levers() & CUDA_LEVER_FLASH2) { /* dscratch is not used */
+        if (flash2_stages() == 2)
+            DT_DISPATCH(dt, FLASH_HS_DISPATCH(C / NH, backward2_hs<T, HS, 2>(
+                                                          (T *)dqkv, (const T *)dout,
+                                                          (const T *)qkv, (const T *)out, lse,
+                                                          seq_lens, a, stream)));
+        else
+            DT_DISPATCH(dt, FLASH_HS_DISPATCH(C / NH, backward2_hs<T, HS, 1>(
+                                                          (T *)dqkv, (const T *)dout,
+                                                          (const T *)qkv, (const T *)out, lse,
+                                                          seq_lens, a, stream)));
+        return;
+    }
     DT_DISPATCH(dt, FLASH_HS_DISPATCH(C / NH, backward_hs<T, HS>(
                                                   (T *)dqkv, dscratch, (const T *)dout,
                                                   (const T *)qkv, (const T *)out, lse, seq_lens,

@@ -73,6 +73,13 @@ enum {
      * loss masks the padding (worker/gpu_model.c; the kernels do not read
      * this bit). Off by default until a GPU has measured it */
     CUDA_LEVER_VOCAB_PAD = 1u << 3,
+    /* flash attention, second form (flash_attention2.cuh): output and
+     * dK/dV accumulators in registers, one backward kernel per head (dQ
+     * summed in fp32 in a fixed order, no atomics), K/V and Q/dO tiles
+     * double-buffered with cp.async from sm_80. Off by default until a GPU
+     * has measured it. A bit of its own, away from the low bits other
+     * levers take */
+    CUDA_LEVER_FLASH2 = 1u << 8,
 };
 #define CUDA_LEVERS_DEFAULT ((unsigned)(CUDA_LEVER_LN_VEC | CUDA_LEVER_OPT_ZERO))
 void cuda_levers_set(unsigned mask);
@@ -269,7 +276,9 @@ void cuda_flash_attention_forward_dt(void *out, float *lse, const void *qkv,
                                      const int32_t *seq_lens, const philox_stream *rng, float p,
                                      int B, int T, int C, int NH, kdtype dt, cudaStream_t stream);
 /* dqkv (B,T,3C) =; dscratch (B,NH,T) fp32 scratch; out and lse as forward
- * wrote them. Deterministic (no atomics). */
+ * wrote them. Deterministic (no atomics). Under CUDA_LEVER_FLASH2 dscratch
+ * is not touched and a (B,NH,T,HS) fp32 scratch is taken from the device's
+ * default pool on the stream for the call. */
 void cuda_flash_attention_backward_dt(void *dqkv, float *dscratch, const void *dout,
                                       const void *qkv, const void *out, const float *lse,
                                       const int32_t *seq_lens, const philox_stream *rng, float p,

@@ -23,6 +23,9 @@
  *     really is the smaller one.
  * Shapes: T = 13 (odd, unaligned Philox groups, a 1-token row), 70, 128 and
  * 512, head dims 32, 64 and 128, lengths that cut key tiles.
+ * The kernels run are those the speed levers of the environment pick
+ * (gpu_levers_from_env): BERTD_LEVER_FLASH2=1 checks the second form
+ * (flash_attention2.cuh) by all the same rules.
  */
 #include "tests/gpu/gpu_check.h"
 #include "kernels/kernels.h"
@@ -385,6 +388,17 @@ int main(void)
     have_bf16 = prop.major >= 8;
     big_smem = prop.sharedMemPerBlockOptin >= 96 * 1024;
     printf("opt-in shared memory per block: %zu bytes\n", (size_t)prop.sharedMemPerBlockOptin);
+    /* the speed levers as the model takes them: BERTD_LEVER_FLASH2=1 runs
+     * every check below on the second form of the kernels */
+    unsigned levers = 0;
+    char lerr[160];
+    if (gpu_levers_from_env(&levers, lerr, sizeof lerr) != 0) {
+        fprintf(stderr, "%s\n", lerr);
+        return 1;
+    }
+    cuda_levers_set(levers);
+    printf("flash attention kernels: %s\n",
+           levers & CUDA_LEVER_FLASH2 ? "second form (BERTD_LEVER_FLASH2 on)" : "first form");
 
     /* what the model may route to the kernel: on a 64 KiB part the 16-bit
      * head-dim-64 tiles (71,680 bytes forward) must be refused */

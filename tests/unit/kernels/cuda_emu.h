@@ -30,6 +30,9 @@
  * - the _rn intrinsics are the IEEE operations (g++ on x86-64 contracts no
  *   FMA unless told to), __ldg a plain load; bf16/fp16 conversions are
  *   cuda_bf16.h / cuda_fp16.h host code (round to nearest even).
+ * - cp.async (the flash2 kernels' cp16/cp_commit/cp_wait): a copy lands at
+ *   the wait that covers its group, not before; copies never waited for at
+ *   a thread's exit abort.
  * - wmma (nvcuda::wmma, 16x16x16, the only shape used) at its documented
  *   interface: a fragment holds the whole tile in every lane, load/store
  *   check the alignment and ldm rules, mma accumulates in fp32, and only lane
@@ -148,9 +151,18 @@ struct warp_state {
     unsigned char xch[32][8];
 };
 
+/* One CUDA thread's cp.async copies (16 bytes each): issued, not yet
+ * committed; and committed groups, oldest first. */
+struct cp_state {
+    typedef std::vector<std::pair<void *, const void *>> group;
+    group open;
+    std::vector<group> groups;
+};
+
 struct block_state {
     barrier bar;
     std::vector<warp_state> warps;
+    std::vector<cp_state> cp; // per thread (t_lin)
     unsigned char *smem = nullptr;
     int red = 0; // __syncthreads_or/_and/_count accumulator
     std::mutex red_m;
@@ -217,6 +229,37 @@ template <typename T, typename F> inline T atomic_rmw(T *addr, F f)
         memcpy(&nw, &n, sizeof n);
     } while (!__atomic_compare_exchange_n(u, &old, nw, true, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED));
     return o;
+}
+
+/* cp.async (sm_80+), as PTX defines it: a copy may land any time between
+ * its issue and the cp.async.wait_group that covers its group. Here it
+ * lands at that wait (the latest moment), so a kernel that reads the
+ * destination before waiting reads what was there before. */
+inline void cp_async16(void *dst, const void *src) { t_blk->cp[(size_t)t_lin].open.push_back({dst, src}); }
+inline void cp_async_commit()
+{
+    cp_state &c = t_blk->cp[(size_t)t_lin];
+    c.groups.push_back(std::move(c.open));
+    c.open.clear();
+}
+inline void cp_async_wait(int newest_pending)
+{
+    cp_state &c = t_blk->cp[(size_t)t_lin];
+    while ((int)c.groups.size() > newest_pending) {
+        for (auto &x : c.groups.front())
+            memcpy(x.first, x.second, 16);
+        c.groups.erase(c.groups.begin());
+    }
+}
+/* at a thread's exit: a copy never waited for is a kernel bug */
+inline void cp_async_exit()
+{
+    cp_state &c = t_blk->cp[(size_t)t_lin];
+    bool left = !c.open.empty();
+    for (auto &g : c.groups)
+        left = left || !g.empty();
+    if (left)
+        fail("cp.async copies a thread never waited for");
 }
 
 } // namespace emu
@@ -327,7 +370,11 @@ enum layout_t { mem_row_major, mem_col_major };
 
 template <typename Use, int M, int N, int K, typename T, typename Layout = void>
 struct fragment {
-    float x[256]; // (16,16) row-major, the same in every lane
+    /* (16,16) row-major, the same in every lane: a kernel that scales
+     * elements by their row (learnt by loading a tile of row numbers) sees
+     * the whole tile in each lane, which is consistent with any mapping */
+    enum { num_elements = 256 };
+    float x[256];
 };
 
 inline float elem_f(float v) { return v; }
@@ -719,6 +766,7 @@ void launch(dim3 grid, dim3 block, size_t smem, K kern, A... args)
         block_state blk;
         blk.bar.n = threads;
         blk.warps = std::vector<warp_state>((size_t)(threads + 31) / 32);
+        blk.cp.resize((size_t)threads);
         for (size_t w = 0; w < blk.warps.size(); w++)
             blk.warps[w].bar.n = std::min(32, threads - (int)w * 32);
         blk.smem = (unsigned char *)aligned_alloc(128, (smem + CANARY + 127) & ~(size_t)127);
@@ -734,6 +782,7 @@ void launch(dim3 grid, dim3 block, size_t smem, K kern, A... args)
             t_gdim = grid;
             t_blk = &blk;
             kern(args...);
+            cp_async_exit();
             blk.warps[(size_t)t / 32].bar.exit();
             blk.bar.exit();
         };
