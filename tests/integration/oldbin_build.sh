@@ -8,7 +8,7 @@
 # a newer compiler's warnings) and only the four programs are built, with
 # $CC as this build's compiler command (ccache when it is). The programs
 # (bertd at the build's root, the others linked beside it) are copied to
-# OUTDIR/bin. With BERTD_OLDBIN_CACHE set in the build's environment (a
+# OUTDIR/bin. With BERTD_OLDBIN_CACHE set in the environment (a
 # directory several build trees share, e.g. ./build and ./build-asan), the
 # commit is built once, in $BERTD_OLDBIN_CACHE/COMMIT, and OUTDIR/bin is a
 # link to its programs.

@@ -1,9 +1,10 @@
 /* Adoption across binaries built from different commits: an upgrade of
  * bertd while a job runs, and a downgrade refused.
  * The older side is bertd, bertd-worker, bertd-loader and bertd-prepare
- * built from a pinned earlier commit of this repository (oldbin_build.sh,
- * from tests/integration/meson.build: IT_OLDBIN_STAMP says whether the
- * build succeeded, IT_OLDBIN_BIN is the directory of its programs). That
+ * built from a pinned earlier commit of this repository by oldbin_build.sh,
+ * which this test runs first (tests/integration/meson.build names the
+ * script, the commit, the directory and the compiler; the script's stamp
+ * says whether the build succeeded, <dir>/bin holds its programs). That
  * commit is the first on main with adoption; its schema is one migration
  * behind this tree's, and its workers speak the protocol they were built
  * with.
@@ -249,9 +250,20 @@ static void test_older_daemon_refuses_newer_store(void **state)
 
 int main(void)
 {
-	const char *stamp = getenv("IT_OLDBIN_STAMP"), *bin = getenv("IT_OLDBIN_BIN"), *cur = getenv("BERTD_BIN");
-	if (!stamp || !bin || !cur) {
-		fprintf(stderr, "IT_OLDBIN_STAMP, IT_OLDBIN_BIN or BERTD_BIN is not set (tests/integration/meson.build)\n");
+	const char *script = getenv("IT_OLDBIN_SCRIPT"), *src = getenv("IT_OLDBIN_SRC"),
+		   *commit = getenv("IT_OLDBIN_COMMIT"), *dir = getenv("IT_OLDBIN_DIR"), *cc = getenv("IT_OLDBIN_CC"),
+		   *cur = getenv("BERTD_BIN");
+	if (!script || !src || !commit || !dir || !cc || !cur) {
+		fprintf(stderr, "IT_OLDBIN_SCRIPT, _SRC, _COMMIT, _DIR, _CC or BERTD_BIN is not set "
+				"(tests/integration/meson.build)\n");
+		return 1;
+	}
+	char stamp[600], bin[600];
+	snprintf(stamp, sizeof stamp, "%s.stamp", dir);
+	snprintf(bin, sizeof bin, "%s/bin", dir);
+	unlink(stamp);
+	if (it_system("CC='%s' bash '%s' '%s' '%s' '%s' '%s'", cc, script, src, commit, dir, stamp) != 0) {
+		fprintf(stderr, "%s did not run\n", script);
 		return 1;
 	}
 	char *verdict = it_slurp(stamp, NULL);
