@@ -229,6 +229,43 @@ json_t *it_metrics_of(const bertd *d, const char *id)
 	return m;
 }
 
+bool it_has_event(const bertd *d, const char *id, const char *text)
+{
+	json_t *ev = it_events_of(d, id);
+	bool yes = it_event_with(ev, text) != NULL;
+	json_decref(ev);
+	return yes;
+}
+
+void it_assert_metrics_every(const bertd *d, const char *id, long steps, long every)
+{
+	json_t *m = it_metrics_of(d, id);
+	assert_int_equal(json_array_size(m), (size_t)(steps / every));
+	for (size_t i = 0; i < json_array_size(m); i++)
+		assert_int_equal(json_integer_value(json_object_get(json_array_get(m, i), "step")), (long)(i + 1) * every);
+	json_decref(m);
+}
+
+long it_newest_checkpoint(const char *state_dir, const char *id)
+{
+	char dir[600];
+	snprintf(dir, sizeof dir, "%s/jobs/%s/checkpoints", state_dir, id);
+	DIR *d = opendir(dir);
+	long best = -1;
+	struct dirent *e;
+	while (d && (e = readdir(d))) {
+		long s;
+		char done[1000];
+		struct stat st;
+		snprintf(done, sizeof done, "%s/%s/DONE", dir, e->d_name);
+		if (sscanf(e->d_name, "ckpt-%ld", &s) == 1 && stat(done, &st) == 0 && s > best)
+			best = s;
+	}
+	if (d)
+		closedir(d);
+	return best;
+}
+
 void it_sha_of_export(const json_t *job, char hex[65])
 {
 	char cmd[1300];

@@ -70,6 +70,14 @@ json_t *it_events_of(const bertd *d, const char *id);
 const char *it_event_with(json_t *ev, const char *text);
 /* The "metrics" rows of GET /v1/jobs/{id}/metrics (caller decrefs). */
 json_t *it_metrics_of(const bertd *d, const char *id);
+/* Whether an event of job id holds text in its reason. */
+bool it_has_event(const bertd *d, const char *id, const char *text);
+/* Fails the test unless job id's metrics rows are steps every, 2 x every,
+ * ... steps, each once, in order. */
+void it_assert_metrics_every(const bertd *d, const char *id, long steps, long every);
+/* The highest ckpt-<step> with its DONE marker in job id's checkpoints
+ * under state_dir; -1 when there is none. */
+long it_newest_checkpoint(const char *state_dir, const char *id);
 /* sha256sum of the job's exported model_dir/model.safetensors: 64 hex
  * digits and a NUL in hex. */
 void it_sha_of_export(const json_t *job, char hex[65]);

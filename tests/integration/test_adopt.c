@@ -21,7 +21,6 @@
  *     counted, and completes.
  * Waiting is polling with a deadline; the tests assert on states and
  * files, never on timing. */
-#include <dirent.h>
 #include <errno.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -59,45 +58,6 @@ static char *submit(const bertd *d, const char *name, const char *steps)
 	return id;
 }
 
-/* The highest ckpt-<step> in the job's checkpoint directory; -1 none. */
-static long newest_checkpoint(const fx *f, const char *id)
-{
-	char dir[300];
-	snprintf(dir, sizeof dir, "%s/jobs/%s/checkpoints", f->d.state_dir, id);
-	DIR *d = opendir(dir);
-	long best = -1;
-	struct dirent *e;
-	while (d && (e = readdir(d))) {
-		long s;
-		char done[700];
-		struct stat st;
-		snprintf(done, sizeof done, "%s/%s/DONE", dir, e->d_name);
-		if (sscanf(e->d_name, "ckpt-%ld", &s) == 1 && stat(done, &st) == 0 && s > best)
-			best = s;
-	}
-	if (d)
-		closedir(d);
-	return best;
-}
-
-/* Every metrics row of id: steps 5, 10, ... steps, each once. */
-static void assert_metrics_complete(const bertd *d, const char *id, long steps)
-{
-	json_t *m = it_metrics_of(d, id);
-	assert_int_equal(json_array_size(m), (size_t)(steps / 5));
-	for (size_t i = 0; i < json_array_size(m); i++)
-		assert_int_equal(json_integer_value(json_object_get(json_array_get(m, i), "step")), (long)(i + 1) * 5);
-	json_decref(m);
-}
-
-static bool has_event(const bertd *d, const char *id, const char *text)
-{
-	json_t *ev = it_events_of(d, id);
-	bool yes = it_event_with(ev, text) != NULL;
-	json_decref(ev);
-	return yes;
-}
-
 static void test_kill9_daemon_job_adopted(void **state)
 {
 	fx *f = *state;
@@ -108,14 +68,14 @@ static void test_kill9_daemon_job_adopted(void **state)
 	char *id = submit(&f->d, "adopted", "300");
 	it_wait_step(&f->d, id, 15, DEADLINE_S); /* past the step-10 checkpoint */
 	bertd_kill9(&f->d);
-	long before = newest_checkpoint(f, id);
+	long before = it_newest_checkpoint(f->d.state_dir, id);
 	assert_true(before >= 10);
 	/* with no daemon, the job goes on: a newer checkpoint appears */
 	pid_t pids[8];
 	int i;
-	for (i = 0; i < DEADLINE_S * 10 && newest_checkpoint(f, id) <= before; i++)
+	for (i = 0; i < DEADLINE_S * 10 && it_newest_checkpoint(f->d.state_dir, id) <= before; i++)
 		it_pause_ms(100);
-	long alone = newest_checkpoint(f, id);
+	long alone = it_newest_checkpoint(f->d.state_dir, id);
 	assert_true(alone > before);
 	fprintf(stderr, "adopt: checkpoint %ld before the kill, %ld written with no daemon\n", before, alone);
 	assert_int_equal(it_find_pids(id, "bertd-worker", pids, 8), 2); /* both ranks still run */
@@ -125,18 +85,18 @@ static void test_kill9_daemon_job_adopted(void **state)
 	assert_int_equal(it_daemon_run(f, NULL), 0);
 	json_t *j0 = it_wait_job(&f->d, id, "running", DEADLINE_S);
 	json_decref(j0);
-	assert_true(has_event(&f->d, id, "adopted the running attempt (3 process(es) running, 0 ended"));
+	assert_true(it_has_event(&f->d, id, "adopted the running attempt (3 process(es) running, 0 ended"));
 	for (int k = 0; k < 2; k++)
 		assert_int_equal(kill(pids[k], SIGCONT), 0);
 	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
-	assert_false(has_event(&f->d, id, "resuming from checkpoint"));
+	assert_false(it_has_event(&f->d, id, "resuming from checkpoint"));
 	assert_int_equal(json_integer_value(json_object_get(job, "restart_count")), 0);
 
 	char a[65], b[65];
 	it_sha_of_export(jref, a);
 	it_sha_of_export(job, b);
 	assert_string_equal(a, b); /* bit-identical to the undisturbed run */
-	assert_metrics_complete(&f->d, id, 300);
+	it_assert_metrics_every(&f->d, id, 300, 5);
 	json_t *ma = it_metrics_of(&f->d, ref), *mb = it_metrics_of(&f->d, id);
 	for (size_t k = 0; k < json_array_size(ma); k++)
 		assert_true(json_number_value(json_object_get(json_array_get(ma, k), "loss")) ==
@@ -169,14 +129,14 @@ static void test_job_completes_without_daemon(void **state)
 
 	assert_int_equal(it_daemon_run(f, NULL), 0);
 	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
-	assert_true(has_event(&f->d, id, "adopted the running attempt"));
+	assert_true(it_has_event(&f->d, id, "adopted the running attempt"));
 	json_t *ex = json_object_get(json_object_get(job, "outcome"), "export");
 	if (!ex)
 		ex = json_object_get(job, "export");
 	assert_non_null(ex); /* its final export, reported while no daemon was there */
 	char sha[65];
 	it_sha_of_export(job, sha);
-	assert_metrics_complete(&f->d, id, 40);
+	it_assert_metrics_every(&f->d, id, 40, 5);
 	for (int i = 0; i < DEADLINE_S * 10 && it_find_pids(id, NULL, pids, 8) > 0; i++)
 		it_pause_ms(100);
 	assert_int_equal(it_find_pids(id, NULL, pids, 8), 0); /* the loader too */
@@ -199,9 +159,9 @@ static void test_sigquit_leaves_job_running(void **state)
 	assert_int_equal(it_find_pids(id, "bertd-worker", pids, 8), 2);
 	assert_int_equal(it_daemon_run(f, NULL), 0);
 	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
-	assert_true(has_event(&f->d, id, "adopted the running attempt"));
+	assert_true(it_has_event(&f->d, id, "adopted the running attempt"));
 	assert_int_equal(json_integer_value(json_object_get(job, "restart_count")), 0);
-	assert_metrics_complete(&f->d, id, 200);
+	it_assert_metrics_every(&f->d, id, 200, 5);
 	json_decref(job);
 	free(id);
 }
@@ -242,9 +202,9 @@ static void test_newer_daemon_adopts(void **state)
 	assert_int_equal(rc, 0);
 	assert_int_equal(user_version(&f->d), before + 1); /* the newer one's migration ran */
 	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
-	assert_true(has_event(&f->d, id, "adopted the running attempt"));
+	assert_true(it_has_event(&f->d, id, "adopted the running attempt"));
 	assert_int_equal(json_integer_value(json_object_get(job, "restart_count")), 0);
-	assert_metrics_complete(&f->d, id, 200);
+	it_assert_metrics_every(&f->d, id, 200, 5);
 	json_decref(job);
 	free(id);
 	free(old_bin);
@@ -282,7 +242,7 @@ static void test_unknown_protocol_refused(void **state)
 	assert_non_null(it_event_with(ev, "resuming from checkpoint"));
 	json_decref(ev);
 	assert_int_equal(json_integer_value(json_object_get(job, "restart_count")), 0);
-	assert_metrics_complete(&f->d, id, 200);
+	it_assert_metrics_every(&f->d, id, 200, 5);
 	json_decref(job);
 	free(id);
 }

@@ -21,7 +21,6 @@
  * Root only; skips (77) elsewhere or without Slurm, nftables or
  * namespaces. Waiting is polling with deadlines; assertions are on
  * states, events, processes and bytes. */
-#include <dirent.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <setjmp.h>
@@ -31,7 +30,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -100,35 +98,6 @@ static int teardown(void **state)
 	it_job_spec(name, "shakes", "training_args.max_steps", "40", "training_args.save_steps", "10", "resources", \
 		    res, "profiler", "{\"simulate_data_delay_ms\":100}", NULL)
 
-/* The highest ckpt-<step> with its DONE marker in id's checkpoints; -1 none. */
-static long newest_checkpoint(const it_cluster *c, const char *id)
-{
-	char dir[300];
-	snprintf(dir, sizeof dir, "%s/jobs/%s/checkpoints", c->d.state_dir, id);
-	DIR *d = opendir(dir);
-	long best = -1;
-	struct dirent *e;
-	while (d && (e = readdir(d))) {
-		long s;
-		char done[700];
-		struct stat st;
-		snprintf(done, sizeof done, "%s/%s/DONE", dir, e->d_name);
-		if (sscanf(e->d_name, "ckpt-%ld", &s) == 1 && stat(done, &st) == 0 && s > best)
-			best = s;
-	}
-	if (d)
-		closedir(d);
-	return best;
-}
-
-static bool has_event(const bertd *d, const char *id, const char *text)
-{
-	json_t *ev = it_events_of(d, id);
-	bool yes = it_event_with(ev, text) != NULL;
-	json_decref(ev);
-	return yes;
-}
-
 static double mono_s(void)
 {
 	struct timespec ts;
@@ -195,12 +164,12 @@ static void kill9_daemon_adopts_two_node_job(void **state)
 	int nsrun = it_find_pids("srun", id, srun, 4); /* srun, and the helper it forks */
 	assert_true(nsrun >= 1);
 	bertd_kill9(&c->d);
-	long before = newest_checkpoint(c, id);
+	long before = it_newest_checkpoint(c->d.state_dir, id);
 	assert_true(before >= 10);
 	/* with no daemon the ranks go on: rank 0 puts a newer checkpoint in place */
-	for (int i = 0; i < DEADLINE_S * 10 && newest_checkpoint(c, id) <= before && it_alive(r0); i++)
+	for (int i = 0; i < DEADLINE_S * 10 && it_newest_checkpoint(c->d.state_dir, id) <= before && it_alive(r0); i++)
 		it_pause_ms(100);
-	long alone = newest_checkpoint(c, id);
+	long alone = it_newest_checkpoint(c->d.state_dir, id);
 	printf("adopt: checkpoint %ld before the kill, %ld written with no daemon\n", before, alone);
 	assert_true(alone > before);
 	assert_true(it_alive(r0) && it_alive(r1)); /* all of the attempt lives on */
@@ -213,8 +182,8 @@ static void kill9_daemon_adopts_two_node_job(void **state)
 	if (strcmp(it_jstr(job, "state"), "completed") != 0)
 		bertd_print_log(&c->d);
 	it_assert_completed(&c->d, job);
-	assert_true(has_event(&c->d, id, "daemon restarted; adopted the multi-node attempt"));
-	assert_false(has_event(&c->d, id, "resuming from checkpoint"));
+	assert_true(it_has_event(&c->d, id, "daemon restarted; adopted the multi-node attempt"));
+	assert_false(it_has_event(&c->d, id, "resuming from checkpoint"));
 	assert_int_equal(json_integer_value(json_object_get(job, "restart_count")), 0);
 	it_sha_of_export(job, got);
 	assert_string_equal(got, ref); /* bit-identical to the undisturbed run */
@@ -249,7 +218,7 @@ static void job_completes_without_daemon(void **state)
 	if (strcmp(it_jstr(job, "state"), "completed") != 0)
 		bertd_print_log(&c->d);
 	it_assert_completed(&c->d, job);
-	assert_true(has_event(&c->d, id, "(srun ended meanwhile;"));
+	assert_true(it_has_event(&c->d, id, "(srun ended meanwhile;"));
 	assert_int_equal(json_integer_value(json_object_get(job, "restart_count")), 0);
 	it_sha_of_export(job, got);
 	assert_string_equal(got, ref);
@@ -281,9 +250,9 @@ static void sigquit_leaves_two_node_job_running(void **state)
 	if (strcmp(it_jstr(job, "state"), "completed") != 0)
 		bertd_print_log(&c->d);
 	it_assert_completed(&c->d, job);
-	assert_true(has_event(&c->d, id, "daemon restarted; adopted the multi-node attempt"));
+	assert_true(it_has_event(&c->d, id, "daemon restarted; adopted the multi-node attempt"));
 	assert_int_equal(json_integer_value(json_object_get(job, "restart_count")), 0);
-	assert_false(has_event(&c->d, id, "resuming from checkpoint"));
+	assert_false(it_has_event(&c->d, id, "resuming from checkpoint"));
 	it_sha_of_export(job, got);
 	assert_string_equal(got, ref);
 	assert_metrics_as_reference(c, id);
@@ -308,9 +277,9 @@ static void clean_stop_stops_two_node_job(void **state)
 	restart_daemon(c);
 	json_t *job = it_wait_job(&c->d, id, "completed|failed|canceled", DEADLINE_S);
 	it_assert_completed(&c->d, job);
-	assert_true(has_event(&c->d, id, "daemon shutting down; resumes on next start"));
-	assert_true(has_event(&c->d, id, "resuming from checkpoint"));
-	assert_false(has_event(&c->d, id, "adopted the multi-node attempt"));
+	assert_true(it_has_event(&c->d, id, "daemon shutting down; resumes on next start"));
+	assert_true(it_has_event(&c->d, id, "resuming from checkpoint"));
+	assert_false(it_has_event(&c->d, id, "adopted the multi-node attempt"));
 	it_sha_of_export(job, got);
 	assert_string_equal(got, ref);
 	json_decref(job);

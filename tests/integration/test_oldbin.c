@@ -118,24 +118,6 @@ static int log_count(const fx *f, const char *text)
 	return n;
 }
 
-/* Every metrics row of id: steps 5, 10, ... STEPS, each once. */
-static void assert_metrics_complete(const bertd *d, const char *id)
-{
-	json_t *m = it_metrics_of(d, id);
-	assert_int_equal(json_array_size(m), (size_t)(STEPS / 5));
-	for (size_t i = 0; i < json_array_size(m); i++)
-		assert_int_equal(json_integer_value(json_object_get(json_array_get(m, i), "step")), (long)(i + 1) * 5);
-	json_decref(m);
-}
-
-static bool has_event(const bertd *d, const char *id, const char *text)
-{
-	json_t *ev = it_events_of(d, id);
-	bool yes = it_event_with(ev, text) != NULL;
-	json_decref(ev);
-	return yes;
-}
-
 /* Past step 15 (the step-10 checkpoint written), job id's two ranks are
  * held (SIGSTOP; their pids into pids), then the daemon is killed -9.
  * Its loader goes on: it only fills its ring. */
@@ -159,9 +141,9 @@ static void release(const pid_t pids[2])
 static json_t *assert_adopted_completed(fx *f, const char *id)
 {
 	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
-	assert_false(has_event(&f->d, id, "resuming from checkpoint"));
+	assert_false(it_has_event(&f->d, id, "resuming from checkpoint"));
 	assert_int_equal(json_integer_value(json_object_get(job, "restart_count")), 0);
-	assert_metrics_complete(&f->d, id);
+	it_assert_metrics_every(&f->d, id, STEPS, 5);
 	pid_t left[8];
 	for (int i = 0; i < DEADLINE_S * 10 && it_find_pids(id, NULL, left, 8) > 0; i++)
 		it_pause_ms(100);
@@ -194,7 +176,7 @@ static void test_older_daemon_upgraded(void **state)
 	json_t *j0 = it_wait_job(&f->d, id, "running", DEADLINE_S);
 	json_decref(j0);
 	/* the older workers and loader, all three, adopted while still running */
-	assert_true(has_event(&f->d, id, "adopted the running attempt (3 process(es) running, 0 ended"));
+	assert_true(it_has_event(&f->d, id, "adopted the running attempt (3 process(es) running, 0 ended"));
 	release(pids);
 	json_t *job = assert_adopted_completed(f, id);
 	/* they spoke the older commit's worker protocol, which this bertd adopts */
@@ -241,7 +223,7 @@ static void test_older_daemon_refuses_newer_store(void **state)
 	assert_int_equal(start_with(f, cur_bertd, cur_args), 0);
 	json_t *j0 = it_wait_job(&f->d, id, "running", DEADLINE_S);
 	json_decref(j0);
-	assert_true(has_event(&f->d, id, "adopted the running attempt (3 process(es) running, 0 ended"));
+	assert_true(it_has_event(&f->d, id, "adopted the running attempt (3 process(es) running, 0 ended"));
 	release(pids);
 	json_t *job = assert_adopted_completed(f, id);
 	json_decref(job);
