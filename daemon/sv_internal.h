@@ -306,6 +306,11 @@ const char *sv_canceled_by(supervisor *sv, const char *id, char *buf, size_t cap
  * for). 0: nothing adoptable (what was left of it is killed); the caller
  * recovers the job as before. */
 int sv_adopt_job(supervisor *sv, const store_job *j);
+/* An adopted attempt's clocks from its record rec (started_unix_ms,
+ * runtime_base_ms, max_runtime_ms) on this daemon's monotonic clock, its
+ * stall watch from now, and a cancel the earlier daemon had asked for
+ * (j stopping) asked again; for local and multi-node attempts alike. */
+void sv_adopt_clock(run *r, const store_job *j, const json_t *rec);
 /* At start, for every dataset the store has preparing: adopts its
  * bertd-prepare when its attempt record's process is still the recorded
  * one or ended with an exit record (a run now; one that ended is

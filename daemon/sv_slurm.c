@@ -415,20 +415,7 @@ int sv_slurm_adopt(supervisor *sv, const store_job *j, json_t *rec, json_t *spec
 		snprintf(why, sizeof why, "its relay cannot listen on %s again: %s", r->ca.addr, strerror(-rc));
 		goto refuse;
 	}
-	/* its clock: the attempt's wall-clock start, on this daemon's monotonic one */
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	int64_t now_unix = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-	int64_t now = sv_now_ms();
-	r->start_ms = now - (now_unix - (int64_t)json_integer_value(json_object_get(rec, "started_unix_ms")));
-	r->runtime_base_ms = json_integer_value(json_object_get(rec, "runtime_base_ms"));
-	r->max_runtime_ms = json_integer_value(json_object_get(rec, "max_runtime_ms"));
-	r->last_msg_ms = r->last_step_ms = now;
-	r->stepping = true; /* the stall watch counts from now */
-	r->stall_noted = -1;
-	r->saw_running = j->state != JOB_STARTING;
-	if (j->state == JOB_STOPPING) /* a cancel the earlier daemon had asked for: the tick asks again */
-		r->stop_why = "canceled by user";
+	sv_adopt_clock(r, j, rec);
 	r->next = sv->runs;
 	sv->runs = r;
 	child *c = sv_child_new(r, ROLE_LAUNCHER, 0, &launcher_ops);
