@@ -192,24 +192,6 @@ static bool adoptable(supervisor *sv, json_t *rec, char *why, size_t cap)
 	return true;
 }
 
-void sv_adopt_clock(run *r, const store_job *j, const json_t *rec)
-{
-	/* the attempt's wall-clock start, on this daemon's monotonic clock */
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	int64_t now_unix = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-	int64_t now = sv_now_ms();
-	r->start_ms = now - (now_unix - (int64_t)json_integer_value(json_object_get(rec, "started_unix_ms")));
-	r->runtime_base_ms = json_integer_value(json_object_get(rec, "runtime_base_ms"));
-	r->max_runtime_ms = json_integer_value(json_object_get(rec, "max_runtime_ms"));
-	r->last_msg_ms = r->last_step_ms = now;
-	r->stepping = true; /* the stall watch counts from now */
-	r->stall_noted = -1;
-	r->saw_running = j->state != JOB_STARTING;
-	if (j->state == JOB_STOPPING) /* a cancel the earlier daemon had asked for: the tick asks again */
-		r->stop_why = SV_STOP_USER;
-}
-
 /* The run of j's attempt as rec describes it, linked into sv->runs, its
  * live processes watched; those that ended meanwhile handled last. */
 static void adopt_run(supervisor *sv, const store_job *j, json_t *rec)

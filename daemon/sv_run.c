@@ -1,7 +1,8 @@
 /* sv_run — a run's small helpers, shared by every supervisor file: the
  * clock, its verdict (the first cause wins), signalling its processes,
  * its run-time share, the run list (find, unlink), failing a job that has
- * no attempt, freeing a run, and noticing its last child gone.
+ * no attempt, freeing a run, noticing its last child gone, and an adopted
+ * attempt's clocks (adopt.c and sv_slurm.c alike).
  *
  * The bottom of the supervisor's files: calls none of them. What depends
  * on the kind of run is reached through the run's own hooks, set by whoever
@@ -135,4 +136,22 @@ run *sv_find_run(supervisor *sv, const char *id)
 		if (strcmp(r->id, id) == 0)
 			return r;
 	return NULL;
+}
+
+void sv_adopt_clock(run *r, const store_job *j, const json_t *rec)
+{
+	/* the attempt's wall-clock start, on this daemon's monotonic clock */
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	int64_t now_unix = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+	int64_t now = sv_now_ms();
+	r->start_ms = now - (now_unix - (int64_t)json_integer_value(json_object_get(rec, "started_unix_ms")));
+	r->runtime_base_ms = json_integer_value(json_object_get(rec, "runtime_base_ms"));
+	r->max_runtime_ms = json_integer_value(json_object_get(rec, "max_runtime_ms"));
+	r->last_msg_ms = r->last_step_ms = now;
+	r->stepping = true; /* the stall watch counts from now */
+	r->stall_noted = -1;
+	r->saw_running = j->state != JOB_STARTING;
+	if (j->state == JOB_STOPPING) /* a cancel the earlier daemon had asked for: the tick asks again */
+		r->stop_why = SV_STOP_USER;
 }
