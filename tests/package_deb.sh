@@ -139,14 +139,7 @@ token=$(cat "$root/var/lib/bertd/token")
 api() { curl -sS --max-time 30 -H "Authorization: Bearer $token" "$@"; }
 echo "installed bertd at $url: $(api "$url/v1/version" | jq -c '{version}')"
 
-api -H 'Content-Type: application/json' "$url/v1/datasets" \
-	-d '{"name": "licenses", "source": "common-licenses/", "vocab": {"file": "bert-base-uncased-vocab.txt"}}' >/dev/null
-state=""
-for _ in $(seq 1200); do
-	state=$(api "$url/v1/datasets/licenses" | jq -r .state)
-	case $state in queued|preparing) sleep 0.5 ;; *) break ;; esac
-done
-[ "$state" = ready ] || fail "dataset licenses: $(api "$url/v1/datasets/licenses")"
+pkg_dataset_licenses "$url"
 
 job=$(api -H 'Content-Type: application/json' "$url/v1/jobs" -d '{"dataset": "licenses",
 	"model": {"preset": "bert-tiny", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,

@@ -84,3 +84,18 @@ pkg_root_tar() {
 	# older roots of this flavour (other dependency lists) only take space
 	find "$work" -maxdepth 1 -name "root-bookworm$flavour-????????????????.tar" ! -name "${PKG_TAR##*/}" -delete
 }
+
+# The installed daemon at URL prepares dataset "licenses" from the data
+# root's common-licenses/ with the packaged BERT vocab, and it ends ready
+# (polled for at most 10 minutes). Uses the caller's api (curl with its
+# token) and fail.
+pkg_dataset_licenses() { # url
+	local url=$1 state=""
+	api -H 'Content-Type: application/json' "$url/v1/datasets" \
+		-d '{"name": "licenses", "source": "common-licenses/", "vocab": {"file": "bert-base-uncased-vocab.txt"}}' >/dev/null
+	for _ in $(seq 1200); do
+		state=$(api "$url/v1/datasets/licenses" | jq -r .state)
+		case $state in queued|preparing) sleep 0.5 ;; *) break ;; esac
+	done
+	[ "$state" = ready ] || fail "dataset licenses: $(api "$url/v1/datasets/licenses")"
+}

@@ -172,14 +172,7 @@ api() { nsenter -t "$pid1" -n curl -sS --max-time 30 -H "Authorization: Bearer $
 job_get() { api "$url/v1/jobs/$job"; }
 job_field() { job_get | jq -r "$1"; }
 
-api -H 'Content-Type: application/json' "$url/v1/datasets" \
-	-d '{"name": "licenses", "source": "common-licenses/", "vocab": {"file": "bert-base-uncased-vocab.txt"}}' >/dev/null
-state=""
-for _ in $(seq 1200); do
-	state=$(api "$url/v1/datasets/licenses" | jq -r .state)
-	case $state in queued|preparing) sleep 0.5 ;; *) break ;; esac
-done
-[ "$state" = ready ] || fail "dataset licenses: $(api "$url/v1/datasets/licenses")"
+pkg_dataset_licenses "$url"
 
 # Each batch takes at least 100 ms (the loader sleeps), so the job cannot
 # end in less than 20 s, whatever the machine: the restart, reload and stop

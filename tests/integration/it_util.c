@@ -266,6 +266,17 @@ long it_newest_checkpoint(const char *state_dir, const char *id)
 	return best;
 }
 
+long it_store_user_version(const bertd *d)
+{
+	char cmd[400], out[64] = "";
+	snprintf(cmd, sizeof cmd, "sqlite3 '%s/bertd.db' 'PRAGMA user_version'", d->state_dir);
+	FILE *p = popen(cmd, "r");
+	assert_non_null(p);
+	assert_non_null(fgets(out, sizeof out, p));
+	assert_int_equal(pclose(p), 0);
+	return strtol(out, NULL, 10);
+}
+
 void it_sha_of_export(const json_t *job, char hex[65])
 {
 	char cmd[1300];

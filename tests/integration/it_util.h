@@ -78,6 +78,9 @@ void it_assert_metrics_every(const bertd *d, const char *id, long steps, long ev
 /* The highest ckpt-<step> with its DONE marker in job id's checkpoints
  * under state_dir; -1 when there is none. */
 long it_newest_checkpoint(const char *state_dir, const char *id);
+/* PRAGMA user_version (the schema version) of d's store, read with the
+ * sqlite3 CLI (scripts/setup installs it); fails the test when it cannot. */
+long it_store_user_version(const bertd *d);
 /* sha256sum of the job's exported model_dir/model.safetensors: 64 hex
  * digits and a NUL in hex. */
 void it_sha_of_export(const json_t *job, char hex[65]);

@@ -166,18 +166,6 @@ static void test_sigquit_leaves_job_running(void **state)
 	free(id);
 }
 
-/* PRAGMA user_version of d's store, through the sqlite3 CLI. */
-static long user_version(const bertd *d)
-{
-	char cmd[400], out[64] = "";
-	snprintf(cmd, sizeof cmd, "sqlite3 '%s/bertd.db' 'PRAGMA user_version'", d->state_dir);
-	FILE *p = popen(cmd, "r"); /* the sqlite3 CLI comes with scripts/setup */
-	assert_non_null(p);
-	assert_non_null(fgets(out, sizeof out, p));
-	assert_int_equal(pclose(p), 0);
-	return strtol(out, NULL, 10);
-}
-
 static void test_newer_daemon_adopts(void **state)
 {
 	fx *f = *state;
@@ -191,7 +179,7 @@ static void test_newer_daemon_adopts(void **state)
 	char *id = submit(&f->d, "upgraded", "200");
 	it_wait_step(&f->d, id, 15, DEADLINE_S);
 	bertd_kill9(&f->d);
-	long before = user_version(&f->d);
+	long before = it_store_user_version(&f->d);
 
 	setenv("BERTD_BIN", next, 1);
 	const char *extra[] = {"--stop-timeout-s", "60", "--bin-dir", dir, NULL};
@@ -200,7 +188,7 @@ static void test_newer_daemon_adopts(void **state)
 	int rc = it_daemon_run(f, &o);
 	setenv("BERTD_BIN", old_bin, 1);
 	assert_int_equal(rc, 0);
-	assert_int_equal(user_version(&f->d), before + 1); /* the newer one's migration ran */
+	assert_int_equal(it_store_user_version(&f->d), before + 1); /* the newer one's migration ran */
 	json_t *job = it_wait_completed(&f->d, id, DEADLINE_S);
 	assert_true(it_has_event(&f->d, id, "adopted the running attempt"));
 	assert_int_equal(json_integer_value(json_object_get(job, "restart_count")), 0);

@@ -93,18 +93,6 @@ static char *submit(const bertd *d, const char *name)
 	return id;
 }
 
-/* PRAGMA user_version of d's store, through the sqlite3 CLI. */
-static long user_version(const bertd *d)
-{
-	char cmd[400], out[64] = "";
-	snprintf(cmd, sizeof cmd, "sqlite3 '%s/bertd.db' 'PRAGMA user_version'", d->state_dir);
-	FILE *p = popen(cmd, "r"); /* the sqlite3 CLI comes with scripts/setup */
-	assert_non_null(p);
-	assert_non_null(fgets(out, sizeof out, p));
-	assert_int_equal(pclose(p), 0);
-	return strtol(out, NULL, 10);
-}
-
 /* How often text occurs in the daemons' log (appended across restarts). */
 static int log_count(const fx *f, const char *text)
 {
@@ -157,7 +145,7 @@ static void test_older_daemon_upgraded(void **state)
 	char *id = submit(&f->d, "upgraded");
 	pid_t pids[2];
 	hold_and_kill(f, id, pids);
-	long before = user_version(&f->d);
+	long before = it_store_user_version(&f->d);
 	char want[700], exe[700], link[64];
 	assert_non_null(realpath(old_bin, want));
 	for (int k = 0; k < 2; k++) { /* the older commit's workers */
@@ -169,7 +157,7 @@ static void test_older_daemon_upgraded(void **state)
 	}
 
 	assert_int_equal(start_with(f, cur_bertd, cur_args), 0);
-	long after = user_version(&f->d);
+	long after = it_store_user_version(&f->d);
 	fprintf(stderr, "oldbin: the older bertd's store at schema version %ld, this one's migrated it to %ld\n",
 		before, after);
 	assert_true(after > before); /* this tree's migrations ran on the older store */
@@ -209,14 +197,14 @@ static void test_older_daemon_refuses_newer_store(void **state)
 	char *id = submit(&f->d, "downgraded");
 	pid_t pids[2];
 	hold_and_kill(f, id, pids);
-	long v = user_version(&f->d);
+	long v = it_store_user_version(&f->d);
 
 	/* the older bertd does not start on a store it does not know */
 	assert_int_equal(start_with(f, old_bertd, old_args), -ECHILD);
 	char said[200];
 	snprintf(said, sizeof said, "has schema version %ld but this bertd knows only up to", v);
 	assert_int_equal(log_count(f, said), 1);
-	assert_int_equal(user_version(&f->d), v); /* untouched */
+	assert_int_equal(it_store_user_version(&f->d), v); /* untouched */
 	pid_t now[2];
 	assert_int_equal(it_find_pids(id, "bertd-worker", now, 2), 2); /* left running */
 
