@@ -611,6 +611,197 @@ static void test_ln_levers(kdtype dt)
     cuda_levers_set(saved);
 }
 
+/* ---- per-step values from device memory (lever CUDA_LEVER_GRAPH) ----
+ * Every launcher that draws dropout, with philox_stream.dev_ctr pointing at
+ * {step, micro} in device memory, must give the bits of the by-value call
+ * with the same step and micro, whatever the host-side ctr[0] and ctr[2]
+ * hold, and other bits when the device step or micro changes. */
+typedef struct rng_bufs {
+    kdtype dt;
+    int B, T, C, NH;
+    uint32_t *dctr;                                     // (2) {step, micro}
+    uint32_t *u32;                                      // (1001)
+    void *qkv, *out, *qkvr, *att, *scratch;              // attention forward
+    void *dy, *dqkv, *dqkvr, *datt;                      // attention backward
+    int32_t *lens;                                       // (B)
+    float *lse, *dscr;                                   // (B,NH,T) flash
+    void *x, *y, *res, *lnout, *g1, *g2, *dres, *ddy;    // (N,C) LayerNorm
+    float *w, *b, *mean, *rstd, *gw, *gb;                // (C), (N)
+} rng_bufs;
+
+static void rng_bufs_make(rng_bufs *r, kdtype dt, int B, int T, int C, int NH)
+{
+    size_t N = (size_t)B * T, nq = N * 3 * C, na = (size_t)B * NH * T * T, nc = N * C;
+    r->dt = dt;
+    r->B = B; r->T = T; r->C = C; r->NH = NH;
+    r->dctr = dev_alloc(2 * sizeof(uint32_t));
+    r->u32 = dev_alloc(1001 * sizeof(uint32_t));
+    float *h = host_rand(nq, 1, 0);
+    r->qkv = dev_from(h, nq, dt);
+    free(h);
+    h = host_rand(nc, 1, 0);
+    r->dy = dev_from(h, nc, dt);
+    r->x = dev_from(h, nc, dt);
+    free(h);
+    h = host_rand(nc, 1, 0);
+    r->y = dev_from(h, nc, dt);
+    r->g2 = dev_from(h, nc, dt);
+    free(h);
+    h = host_rand(nc, 1, 0);
+    r->g1 = dev_from(h, nc, dt);
+    free(h);
+    r->out = dev_nan(nc, dt); r->qkvr = dev_nan(nq, dt); r->att = dev_nan(na, dt);
+    r->scratch = dev_nan(na + nc, dt); r->dqkv = dev_nan(nq, dt); r->dqkvr = dev_nan(nq, dt);
+    r->datt = dev_nan(na, dt);
+    int32_t lens[4] = {T, T - 5, 1, T};
+    r->lens = dev_ints(lens, B);
+    r->lse = dev_nan(N * NH, KDT_F32); r->dscr = dev_nan(N * NH, KDT_F32);
+    r->res = dev_nan(nc, dt); r->lnout = dev_nan(nc, dt); r->dres = dev_nan(nc, dt);
+    r->ddy = dev_nan(nc, dt);
+    h = host_rand(C, 0.5f, 1);
+    r->w = dev_from(h, C, KDT_F32);
+    free(h);
+    h = host_rand(C, 0.5f, 0);
+    r->b = dev_from(h, C, KDT_F32);
+    free(h);
+    r->mean = dev_nan(N, KDT_F32); r->rstd = dev_nan(N, KDT_F32);
+    r->gw = dev_nan(C, KDT_F32); r->gb = dev_nan(C, KDT_F32);
+}
+
+static void rng_bufs_free(rng_bufs *r)
+{
+    void *all[] = {r->dctr, r->u32, r->qkv, r->out, r->qkvr, r->att, r->scratch, r->dy, r->dqkv,
+                   r->dqkvr, r->datt, r->lens, r->lse, r->dscr, r->x, r->y, r->res, r->lnout,
+                   r->g1, r->g2, r->dres, r->ddy, r->w, r->b, r->mean, r->rstd, r->gw, r->gb};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        cudaFree(all[i]);
+}
+
+static void op_philox(rng_bufs *r, const philox_stream *s)
+{
+    cuda_philox_u32(r->u32, s, 1001, 0);
+}
+static void op_dropout(rng_bufs *r, const philox_stream *s)
+{
+    cuda_dropout_forward_dt(r->out, r->x, s, P_DROP, (size_t)r->B * r->T * r->C, r->dt, 0);
+}
+static void op_dropout_bwd(rng_bufs *r, const philox_stream *s)
+{
+    cuda_dropout_backward(r->out, r->x, s, P_DROP, (size_t)r->B * r->T * r->C, 0);
+}
+static void op_attn_fwd(rng_bufs *r, const philox_stream *s)
+{
+    cuda_attention_forward_dt(r->out, r->qkvr, r->att, r->scratch, r->qkv, r->lens, s, P_DROP,
+                              r->B, r->T, r->C, r->NH, r->dt, 0);
+}
+/* qkvr and att as the last op_attn_fwd left them (they do not depend on the
+ * mask) */
+static void op_attn_bwd(rng_bufs *r, const philox_stream *s)
+{
+    cuda_attention_backward_dt(r->dqkv, r->dqkvr, r->datt, r->scratch, r->dy, r->qkvr, r->att,
+                               r->lens, s, P_DROP, r->B, r->T, r->C, r->NH, r->dt, 0);
+}
+static void op_ln_fwd(rng_bufs *r, const philox_stream *s)
+{
+    cuda_residual_dropout_layernorm_forward_dt(r->lnout, r->res, r->mean, r->rstd, r->x, r->y, s,
+                                               P_DROP, r->w, r->b, r->B * r->T, r->C, 1e-12f,
+                                               r->dt, 0);
+}
+/* res, mean and rstd as the last op_ln_fwd left them */
+static void op_ln_bwd(rng_bufs *r, const philox_stream *s)
+{
+    TCHECK(cudaMemset(r->gw, 0, r->C * sizeof(float)));
+    TCHECK(cudaMemset(r->gb, 0, r->C * sizeof(float)));
+    cuda_residual_dropout_layernorm_backward_dt(r->dres, r->ddy, r->gw, r->gb, r->g1, r->g2,
+                                                r->res, r->w, r->mean, r->rstd, s, P_DROP,
+                                                r->B * r->T, r->C, r->dt, 0);
+}
+static void op_flash_fwd(rng_bufs *r, const philox_stream *s)
+{
+    cuda_flash_attention_forward_dt(r->out, r->lse, r->qkv, r->lens, s, P_DROP, r->B, r->T, r->C,
+                                    r->NH, r->dt, 0);
+}
+/* out and lse as the last op_flash_fwd left them */
+static void op_flash_bwd(rng_bufs *r, const philox_stream *s)
+{
+    cuda_flash_attention_backward_dt(r->dqkv, r->dscr, r->dy, r->qkv, r->out, r->lse, r->lens, s,
+                                     P_DROP, r->B, r->T, r->C, r->NH, r->dt, 0);
+}
+
+static void set_ctr(uint32_t *dctr, uint32_t step, uint32_t micro)
+{
+    uint32_t c[2] = {step, micro};
+    TCHECK(cudaMemcpy(dctr, c, sizeof c, cudaMemcpyHostToDevice));
+}
+
+/* Runs op by value with {step 9, micro 2}, then with dev_ctr holding the
+ * same, {10, 2} and {9, 3}; out (bytes) is what op writes from the mask,
+ * poisoned before each run. */
+static void dev_ctr_check(const char *name, rng_bufs *r, void (*op)(rng_bufs *, const philox_stream *),
+                          void *out, size_t bytes)
+{
+    philox_stream rs, rd;
+    philox_stream_init(&rs, 0x9E3779B97F4A7C15ull, 1, 9, 2, 3, DROPOUT_SITE_ATTN_PROBS);
+    rd = rs;
+    rd.ctr[0] = rd.ctr[2] = 0xFFFFFFFFu; // the kernels must take the device's
+    rd.dev_ctr = r->dctr;
+    unsigned char *got[4];
+    const uint32_t ctr[4][2] = {{9, 2}, {9, 2}, {10, 2}, {9, 3}};
+    for (int k = 0; k < 4; k++) {
+        set_ctr(r->dctr, ctr[k][0], ctr[k][1]);
+        TCHECK(cudaMemset(out, 0xFF, bytes));
+        op(r, k == 0 ? &rs : &rd);
+        got[k] = malloc(bytes);
+        TCHECK(cudaMemcpy(got[k], out, bytes, cudaMemcpyDeviceToHost));
+    }
+    int same = memcmp(got[0], got[1], bytes) == 0;
+    int moved = memcmp(got[0], got[2], bytes) != 0 && memcmp(got[0], got[3], bytes) != 0;
+    printf("%-4s %-44s %-4s same bits=%d, other step/micro differ=%d\n",
+           same && moved ? "ok" : "FAIL", name, kdtype_name(r->dt), same, moved);
+    gpu_failures += !(same && moved);
+    for (int k = 0; k < 4; k++)
+        free(got[k]);
+}
+
+static void test_dev_ctr(kdtype dt)
+{
+    unsigned saved = cuda_levers();
+    size_t es = kdtype_size(dt);
+    /* T % 4 == 0 (attention draws a Philox group per 4 keys) and T % 4 != 0
+     * (one draw per element); head dim 32 so flash attention runs */
+    int Ts[2] = {72, 70};
+    for (int k = 0; k < 2; k++) {
+        rng_bufs r;
+        rng_bufs_make(&r, dt, 3, Ts[k], 96, 3);
+        size_t nc = (size_t)r.B * r.T * r.C, nq = 3 * nc;
+        char name[64];
+        if (k == 0) {
+            dev_ctr_check("dev_ctr philox_u32", &r, op_philox, r.u32, 1001 * sizeof(uint32_t));
+            dev_ctr_check("dev_ctr dropout_forward", &r, op_dropout, r.out, nc * es);
+            if (dt == KDT_F32)
+                dev_ctr_check("dev_ctr dropout_backward", &r, op_dropout_bwd, r.out, nc * es);
+        }
+        snprintf(name, sizeof name, "dev_ctr attention_forward T%d", r.T);
+        dev_ctr_check(name, &r, op_attn_fwd, r.out, nc * es);
+        snprintf(name, sizeof name, "dev_ctr attention_backward T%d", r.T);
+        dev_ctr_check(name, &r, op_attn_bwd, r.dqkv, nq * es);
+        for (int on = 0; on <= 1; on++) {
+            cuda_levers_set(on ? saved | CUDA_LEVER_LN_VEC : saved & ~(unsigned)CUDA_LEVER_LN_VEC);
+            snprintf(name, sizeof name, "dev_ctr res_drop_ln fwd C%d ln_vec=%d", r.C, on);
+            dev_ctr_check(name, &r, op_ln_fwd, r.lnout, nc * es);
+            snprintf(name, sizeof name, "dev_ctr res_drop_ln bwd dy C%d ln_vec=%d", r.C, on);
+            dev_ctr_check(name, &r, op_ln_bwd, r.ddy, nc * es);
+            cuda_levers_set(on ? saved | CUDA_LEVER_FLASH2 : saved & ~(unsigned)CUDA_LEVER_FLASH2);
+            snprintf(name, sizeof name, "dev_ctr flash fwd T%d flash2=%d", r.T, on);
+            dev_ctr_check(name, &r, op_flash_fwd, r.out, nc * es);
+            snprintf(name, sizeof name, "dev_ctr flash bwd T%d flash2=%d", r.T, on);
+            dev_ctr_check(name, &r, op_flash_bwd, r.dqkv, nq * es);
+        }
+        cuda_levers_set(saved);
+        rng_bufs_free(&r);
+    }
+}
+
 int main(void)
 {
     gpu_require_device();
@@ -633,6 +824,7 @@ int main(void)
         test_bias_gelu(dt);
         test_gather(dt);
         test_xent(dt);
+        test_dev_ctr(dt);
     }
     test_optim(OPTIM_ADAMW, 0);
     test_optim(OPTIM_LAMB, 0);
