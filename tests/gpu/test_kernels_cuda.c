@@ -8,6 +8,8 @@
  * V = 1001) so tails, unaligned packs and partial warps are exercised, plus
  * one BERT-base-sized GEMM and LayerNorm so multi-block paths run too.
  */
+#include <errno.h>
+
 #include "tests/gpu/gpu_check.h"
 #include "kernels/kernels.h"
 #include "worker/optim.h"
@@ -611,6 +613,144 @@ static void test_ln_levers(kdtype dt)
     cuda_levers_set(saved);
 }
 
+/* ---- the optimizer with its step values in a device block ----
+ * cuda_opt_args_write + cuda_opt_clip + cuda_{adamw,lamb}_step_dev against
+ * the by-value launchers given the clip factor worker/gpu_model.c
+ * gpu_model_step computes on the host (the formula is copied here as the
+ * reference): p, the 16-bit copy, m, v and g must have the same bits after
+ * each step; on a non-finite gradient nothing may change at all. */
+static int dev_same(const void *a, const void *b, size_t bytes)
+{
+    unsigned char *ha = malloc(bytes), *hb = malloc(bytes);
+    TCHECK(cudaMemcpy(ha, a, bytes, cudaMemcpyDeviceToHost));
+    TCHECK(cudaMemcpy(hb, b, bytes, cudaMemcpyDeviceToHost));
+    int same = memcmp(ha, hb, bytes) == 0;
+    free(ha);
+    free(hb);
+    return same;
+}
+
+/* gpu_model_step's host computation, copied: the unscale-and-clip factor */
+static float host_gmul(optim_kind kind, double sumsq, float max_grad_norm, float scale,
+                       double *gnorm_out)
+{
+    double gnorm = sqrt(sumsq) / (double)scale;
+    float clip = 1.0f;
+    if (max_grad_norm > 0) {
+        if (kind == OPTIM_ADAMW) {
+            double coef = (double)max_grad_norm / (gnorm + 1e-6);
+            clip = (float)(coef < 1.0 ? coef : 1.0);
+        } else {
+            clip = (float)((double)max_grad_norm /
+                           (gnorm > max_grad_norm ? gnorm : max_grad_norm));
+        }
+    }
+    *gnorm_out = gnorm;
+    return scale == 1.0f ? clip : (float)((double)clip / scale);
+}
+
+typedef struct opt_set {
+    float *p, *m, *v, *g;
+    void *lp;
+} opt_set;
+
+static void test_optim_dev(optim_kind kind, kdtype lp_dt, float scale, float mgn, int zero)
+{
+    size_t sizes[4] = {2500, 7, 4099, 300};
+    uint8_t dec8[4] = {1, 0, 1, 0};
+    size_t n = 2500 + 7 + 4099 + 300;
+    int lamb = kind == OPTIM_LAMB, use_lp = lp_dt != KDT_F32;
+    size_t lpb = n * kdtype_size(lp_dt);
+    float *p = host_rand(n, 0.5f, 0);
+    opt_set s[2]; // 0: by value, 1: device block
+    for (int k = 0; k < 2; k++) {
+        s[k].p = dev_from(p, n, KDT_F32);
+        s[k].m = dev_alloc(n * 4);
+        s[k].v = dev_alloc(n * 4);
+        TCHECK(cudaMemset(s[k].m, 0, n * 4));
+        TCHECK(cudaMemset(s[k].v, 0, n * 4));
+        s[k].lp = use_lp ? dev_nan(n, lp_dt) : NULL;
+        s[k].g = NULL;
+    }
+    int nch = 0;
+    cuda_chunk *dch = make_chunks(sizes, 4, &nch);
+    uint8_t *ddec = dev_alloc(4);
+    TCHECK(cudaMemcpy(ddec, dec8, 4, cudaMemcpyHostToDevice));
+    double *norms = dev_alloc(8 * sizeof(double)), *sumsq = dev_alloc(sizeof(double));
+    double *dgnorm = dev_alloc(sizeof(double));
+    int *nonfinite = dev_alloc(sizeof(int)), *dskip = dev_alloc(sizeof(int));
+    void *blk = dev_alloc(cuda_opt_args_bytes());
+    const double lrs[4] = {1e-3, 5e-4, 2.5e-4, 1e-4};
+    char name[96];
+    for (int step = 1; step <= 4; step++) {
+        /* step 4: an inf in the gradient, the update must be skipped */
+        float *g = host_rand(n, 0.05f * scale, 0);
+        if (step == 4)
+            g[4321] = INFINITY;
+        for (int k = 0; k < 2; k++)
+            s[k].g = dev_from(g, n, KDT_F32);
+        TCHECK(cudaMemset(sumsq, 0, sizeof(double)));
+        TCHECK(cudaMemset(nonfinite, 0, sizeof(int)));
+        cuda_sumsq_check(sumsq, nonfinite, s[0].g, n, 0);
+        double ss;
+        int nf;
+        TCHECK(cudaMemcpy(&ss, sumsq, sizeof ss, cudaMemcpyDeviceToHost));
+        TCHECK(cudaMemcpy(&nf, nonfinite, sizeof nf, cudaMemcpyDeviceToHost));
+        int skip_ref = nf || !isfinite(ss);
+        double gn_ref = INFINITY;
+        float gmul = skip_ref ? 1.0f : host_gmul(kind, ss, mgn, scale, &gn_ref);
+        if (!skip_ref) {
+            if (lamb)
+                cuda_lamb_step(s[0].p, s[0].lp, lp_dt, s[0].g, s[0].m, s[0].v, dch, nch, ddec,
+                               norms, 4, lrs[step - 1], 0.9f, 0.999f, 1e-6f, 0.01f, gmul, step,
+                               zero, 0);
+            else
+                cuda_adamw_step(s[0].p, s[0].lp, lp_dt, s[0].g, s[0].m, s[0].v, dch, nch, ddec,
+                                lrs[step - 1], 0.9f, 0.999f, 1e-8f, 0.01f, gmul, step, zero, 0);
+        }
+        /* the device path, as a captured step would run it */
+        int rc = cuda_opt_args_write(blk, lamb, lrs[step - 1], 0.9f, 0.999f,
+                                     lamb ? 1e-6f : 1e-8f, 0.01f, step, 0);
+        cuda_opt_clip(blk, lamb, sumsq, nonfinite, mgn, scale, dgnorm, dskip, 0);
+        if (lamb)
+            cuda_lamb_step_dev(s[1].p, s[1].lp, lp_dt, s[1].g, s[1].m, s[1].v, dch, nch, ddec,
+                               norms, 4, blk, zero, 0);
+        else
+            cuda_adamw_step_dev(s[1].p, s[1].lp, lp_dt, s[1].g, s[1].m, s[1].v, dch, nch, ddec,
+                                blk, zero, 0);
+        double gn;
+        int sk;
+        TCHECK(cudaMemcpy(&gn, dgnorm, sizeof gn, cudaMemcpyDeviceToHost));
+        TCHECK(cudaMemcpy(&sk, dskip, sizeof sk, cudaMemcpyDeviceToHost));
+        int gn_ok = memcmp(&gn, &gn_ref, sizeof gn) == 0 && sk == skip_ref && rc == 0;
+        /* a skipped step: s[0] was not touched at all, so s[1] must equal it */
+        int same = dev_same(s[0].p, s[1].p, n * 4) && dev_same(s[0].m, s[1].m, n * 4) &&
+                   dev_same(s[0].v, s[1].v, n * 4) && dev_same(s[0].g, s[1].g, n * 4) &&
+                   (!use_lp || dev_same(s[0].lp, s[1].lp, lpb));
+        snprintf(name, sizeof name, "%s_step_dev t=%d%s scale=%g mgn=%g zero_g=%d",
+                 lamb ? "lamb" : "adamw", step, skip_ref ? " (skip)" : "", scale, mgn, zero);
+        printf("%-4s %-58s %-4s same bits=%d gnorm/skip=%d\n", same && gn_ok ? "ok" : "FAIL", name,
+               kdtype_name(lp_dt), same, gn_ok);
+        gpu_failures += !(same && gn_ok);
+        free(g);
+        for (int k = 0; k < 2; k++)
+            cudaFree(s[k].g);
+    }
+    /* bad input: a clear error, nothing enqueued */
+    int bad_t = cuda_opt_args_write(blk, lamb, 1e-3, 0.9f, 0.999f, 1e-8f, 0.01f, 0, 0);
+    printf("%-4s %-58s rc=%d\n", bad_t == -EINVAL ? "ok" : "FAIL", "opt_args_write t=0 refused",
+           bad_t);
+    gpu_failures += bad_t != -EINVAL;
+    free(p);
+    for (int k = 0; k < 2; k++) {
+        cudaFree(s[k].p); cudaFree(s[k].m); cudaFree(s[k].v);
+        if (s[k].lp)
+            cudaFree(s[k].lp);
+    }
+    cudaFree(dch); cudaFree(ddec); cudaFree(norms); cudaFree(sumsq); cudaFree(dgnorm);
+    cudaFree(nonfinite); cudaFree(dskip); cudaFree(blk);
+}
+
 /* ---- per-step values from device memory (lever CUDA_LEVER_GRAPH) ----
  * Every launcher that draws dropout, with philox_stream.dev_ctr pointing at
  * {step, micro} in device memory, must give the bits of the by-value call
@@ -831,6 +971,15 @@ int main(void)
     test_optim(OPTIM_ADAMW, 1);
     test_optim(OPTIM_LAMB, 1);
     test_optim_deterministic();
+    for (int lamb = 0; lamb <= 1; lamb++) {
+        optim_kind kind = lamb ? OPTIM_LAMB : OPTIM_ADAMW;
+        for (int zero = 0; zero <= 1; zero++) {
+            test_optim_dev(kind, KDT_F32, 1.0f, 1.0f, zero);  // clipping active
+            test_optim_dev(kind, KDT_BF16, 1.0f, 0.0f, zero); // max_grad_norm 0: no clip
+            test_optim_dev(kind, KDT_F16, 1024.0f, 1.0f, zero); // fp16 loss scale
+        }
+        test_optim_dev(kind, KDT_BF16, 1.0f, 100.0f, 0); // clip factor exactly 1
+    }
     TCHECK(cudaDeviceSynchronize());
     printf("%d failure(s)\n", gpu_failures);
     cuda_kernels_shutdown(); /* the CPU stand-in reports device memory left behind */
