@@ -55,6 +55,7 @@ layernorm_forward_kernel(T *out, T *res, float *mean, float *rstd, const T *x, c
                          drop_args d, const float *weight, const float *bias, int N, int C,
                          float eps)
 {
+    d.s = philox_dev_load(d.s);
     int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     for (int row = blockIdx.x * warps + (threadIdx.x >> 5); row < N; row += gridDim.x * warps) {
         size_t base = (size_t)row * C;
@@ -96,6 +97,7 @@ layernorm_backward_kernel(T *dinp, T *dy, const T *dout, const T *dout2, const T
                           const float *weight, const float *mean, const float *rstd, drop_args d,
                           int N, int C)
 {
+    d.s = philox_dev_load(d.s);
     int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     for (int row = blockIdx.x * warps + (threadIdx.x >> 5); row < N; row += gridDim.x * warps) {
         size_t base = (size_t)row * C;
@@ -180,6 +182,7 @@ layernorm_forward_vec_kernel(T *out, T *res, float *mean, float *rstd, const T *
                              drop_args d, const float *weight, const float *bias, int N, int C,
                              float eps)
 {
+    d.s = philox_dev_load(d.s);
     constexpr int P = pack<T>::n, K = lnv_packs<T>();
     int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     for (int row = blockIdx.x * warps + (threadIdx.x >> 5); row < N; row += gridDim.x * warps) {
@@ -246,6 +249,7 @@ layernorm_backward_vec_kernel(T *dinp, T *dy, const T *dout, const T *dout2, con
                               const float *weight, const float *mean, const float *rstd,
                               drop_args d, int N, int C)
 {
+    d.s = philox_dev_load(d.s);
     constexpr int P = pack<T>::n, K = lnv_packs<T>();
     int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     for (int row = blockIdx.x * warps + (threadIdx.x >> 5); row < N; row += gridDim.x * warps) {

@@ -589,8 +589,8 @@ static const char *mode_name(cudaStreamCaptureMode m)
 
 static cudaError_t capture_error(capture *c, cudaError_t e, const char *what)
 {
-    fprintf(stderr, "cudasim: %s on a capturing stream (capture %llu): %s; the capture is invalidated\n", what,
-            c->id, cudaGetErrorName(e));
+    fprintf(stderr, "cudasim: %s during stream capture %llu: %s, the capture invalidated\n", what, c->id,
+            cudaGetErrorName(e));
     c->invalid = true;
     return fail(e);
 }
@@ -610,7 +610,8 @@ static cudaError_t unsafe_call(state &s, const char *what)
         bool mine = c->thread == std::this_thread::get_id();
         if (mine ? c->mode != cudaStreamCaptureModeRelaxed
                  : thread_mode == cudaStreamCaptureModeGlobal && c->mode == cudaStreamCaptureModeGlobal) {
-            fprintf(stderr, "cudasim: %s during a %s stream capture (%llu, %s thread, this thread's mode %s)\n",
+            fprintf(stderr, "cudasim: %s is not allowed during a %s stream capture (%llu, on %s thread; this "
+                            "thread's mode %s)\n",
                     what, mode_name(c->mode), c->id, mine ? "this" : "another", mode_name(thread_mode));
             e = capture_error(c.get(), cudaErrorStreamCaptureUnsupported, what);
         }
