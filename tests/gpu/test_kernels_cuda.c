@@ -751,6 +751,148 @@ static void test_optim_dev(optim_kind kind, kdtype lp_dt, float scale, float mgn
     cudaFree(nonfinite); cudaFree(dskip); cudaFree(blk);
 }
 
+/* The fused MLM loss with the gradient scale in device memory, and padding
+ * rows (target -1): the _dev forms must give the by-value bits; a batch of
+ * M rows padded with 64 rows of NaN logits and target -1 must give the M
+ * rows' losses and gradient rows bit for bit, loss 0 and all-zero gradient
+ * rows (every ld column) for the padding, and the same loss sum. */
+static void test_xent_dev(kdtype dt, int V, int ld)
+{
+    int M = 7, MP = M + 64;
+    size_t es = kdtype_size(dt), row = (size_t)ld * es;
+    int32_t tg[7 + 64] = {0, V - 1, 5, 77, 500, V - 2, 3};
+    for (int i = M; i < MP; i++)
+        tg[i] = -1;
+    float *lg = host_rand((size_t)M * ld, 6, 0);
+    int32_t *dtg = dev_ints(tg, MP);
+    void *a = dev_from(lg, (size_t)M * ld, dt), *b = dev_from(lg, (size_t)M * ld, dt);
+    float *la = dev_nan(MP, KDT_F32), *lb = dev_nan(MP, KDT_F32);
+    float *dscale = dev_alloc(sizeof(float)), *sums = dev_alloc(2 * sizeof(float));
+    char name[96];
+    const float scales[3] = {0.37f, 0.0f, 0.5f};
+    for (int k = 0; k < 2; k++) {
+        float gs = scales[k];
+        TCHECK(cudaMemcpy(dscale, &gs, sizeof gs, cudaMemcpyHostToDevice));
+        if (ld == V) {
+            cuda_mlm_xent_fused_dt(la, a, dtg, gs, M, V, dt, 0);
+            cuda_mlm_xent_fused_dev(lb, b, dtg, dscale, M, V, dt, 0);
+        } else {
+            cuda_mlm_xent_fused_ld_dt(la, a, dtg, gs, M, V, ld, dt, 0);
+            cuda_mlm_xent_fused_ld_dev(lb, b, dtg, dscale, M, V, ld, dt, 0);
+        }
+        int same = dev_same(la, lb, M * sizeof(float)) && dev_same(a, b, M * row);
+        snprintf(name, sizeof name, "mlm_xent_fused%s_dev scale %g V%d", ld == V ? "" : "_ld", gs, V);
+        printf("%-4s %-58s %-4s same bits=%d\n", same ? "ok" : "FAIL", name, kdtype_name(dt), same);
+        gpu_failures += !same;
+    }
+    /* the scale is read when the kernel runs: another scale, other bits */
+    TCHECK(cudaMemcpy(a, b, M * row, cudaMemcpyDeviceToDevice));
+    cuda_mlm_xent_fused_ld_dev(la, a, dtg, dscale, M, V, ld, dt, 0); // 0: logits stay
+    TCHECK(cudaMemcpy(dscale, &scales[2], sizeof(float), cudaMemcpyHostToDevice));
+    cuda_mlm_xent_fused_ld_dev(lb, b, dtg, dscale, M, V, ld, dt, 0);
+    int moved = !dev_same(a, b, M * row);
+    printf("%-4s %-58s %-4s\n", moved ? "ok" : "FAIL", "mlm_xent_fused_dev scale read on the device",
+           kdtype_name(dt));
+    gpu_failures += !moved;
+    cudaFree(a);
+    cudaFree(b);
+
+    /* padding: by value and on the device, with the ld and plain forms */
+    for (int dev = 0; dev <= 1; dev++) {
+        float gs = 0.37f;
+        TCHECK(cudaMemcpy(dscale, &gs, sizeof gs, cudaMemcpyHostToDevice));
+        void *ref = dev_from(lg, (size_t)M * ld, dt), *pad = dev_nan((size_t)MP * ld, dt);
+        TCHECK(cudaMemcpy(pad, ref, M * row, cudaMemcpyDeviceToDevice));
+        if (dev) {
+            cuda_mlm_xent_fused_ld_dev(la, ref, dtg, dscale, M, V, ld, dt, 0);
+            cuda_mlm_xent_fused_ld_dev(lb, pad, dtg, dscale, MP, V, ld, dt, 0);
+        } else if (ld == V) {
+            cuda_mlm_xent_fused_dt(la, ref, dtg, gs, M, V, dt, 0);
+            cuda_mlm_xent_fused_dt(lb, pad, dtg, gs, MP, V, dt, 0);
+        } else {
+            cuda_mlm_xent_fused_ld_dt(la, ref, dtg, gs, M, V, ld, dt, 0);
+            cuda_mlm_xent_fused_ld_dt(lb, pad, dtg, gs, MP, V, ld, dt, 0);
+        }
+        cuda_sum(sums, la, M, 0);
+        cuda_sum(sums + 1, lb, MP, 0);
+        int real = dev_same(la, lb, M * sizeof(float)) && dev_same(ref, pad, M * row);
+        float *hl = malloc(MP * sizeof(float)), hs[2];
+        unsigned char *hp = malloc(64 * row);
+        TCHECK(cudaMemcpy(hl, lb, MP * sizeof(float), cudaMemcpyDeviceToHost));
+        TCHECK(cudaMemcpy(hp, (char *)pad + M * row, 64 * row, cudaMemcpyDeviceToHost));
+        TCHECK(cudaMemcpy(hs, sums, sizeof hs, cudaMemcpyDeviceToHost));
+        size_t bad = 0;
+        for (int i = M; i < MP; i++)
+            bad += memcmp(&hl[i], &(float){0.0f}, sizeof(float)) != 0;
+        for (size_t i = 0; i < 64 * row; i++)
+            bad += hp[i] != 0; // +0.0 in every type is all zero bytes
+        int ok = real && bad == 0 && memcmp(&hs[0], &hs[1], sizeof(float)) == 0;
+        snprintf(name, sizeof name, "mlm_xent%s padded M%d+64 (label -1) V%d ld%d",
+                 dev ? "_dev" : "", M, V, ld);
+        printf("%-4s %-58s %-4s real rows same=%d pad not zero=%zu\n", ok ? "ok" : "FAIL", name,
+               kdtype_name(dt), real, bad);
+        gpu_failures += !ok;
+        free(hl);
+        free(hp);
+        cudaFree(ref);
+        cudaFree(pad);
+    }
+    free(lg);
+    cudaFree(dtg); cudaFree(la); cudaFree(lb); cudaFree(dscale); cudaFree(sums);
+}
+
+/* The embedding backward with the run count in device memory, on a grid
+ * for B*T runs: the by-value bits; and with one run fewer on the device,
+ * other bits (the count is really read). */
+static void test_emb_dev(kdtype dt)
+{
+    int B = 3, T = 13, C = 72, V = 57, P = 20;
+    int N = B * T;
+    int32_t ids[3 * 13], tt[3 * 13], ord[2 * 3 * 13 + 1];
+    for (int i = 0; i < N; i++) {
+        ids[i] = (int32_t)((i * 7) % V);
+        tt[i] = (int32_t)(i % 2);
+    }
+    ids[5] = ids[6] = ids[20];
+    int U = cuda_embeddings_order(ord, ord + N, ids, N, V);
+    float *g = host_rand((size_t)N * C, 1, 0);
+    float *gw[3] = {host_rand((size_t)V * C, 1, 0), host_rand((size_t)P * C, 1, 0),
+                    host_rand(2 * (size_t)C, 1, 0)};
+    size_t sz[3] = {(size_t)V * C, (size_t)P * C, 2 * (size_t)C};
+    void *dg = dev_from(g, (size_t)N * C, dt);
+    int32_t *dids = dev_ints(ids, N), *dtt = dev_ints(tt, N), *dord = dev_ints(ord, N + U + 1);
+    int32_t *dU = dev_ints(&U, 1);
+    float *r[3], *d[3];
+    for (int k = 0; k < 3; k++) {
+        r[k] = dev_from(gw[k], sz[k], KDT_F32);
+        d[k] = dev_from(gw[k], sz[k], KDT_F32);
+    }
+    cuda_embeddings_backward_ordered_dt(r[0], r[1], r[2], dg, dids, dtt, dord, dord + N, U, B, T,
+                                        C, 2, dt, 0);
+    cuda_embeddings_backward_ordered_dev(d[0], d[1], d[2], dg, dids, dtt, dord, dord + N, dU, N,
+                                         B, T, C, 2, dt, 0);
+    int same = 1;
+    for (int k = 0; k < 3; k++)
+        same &= dev_same(r[k], d[k], sz[k] * sizeof(float));
+    /* one run fewer: the last id's row of dwte is not added to */
+    int U1 = U - 1;
+    TCHECK(cudaMemcpy(dU, &U1, sizeof U1, cudaMemcpyHostToDevice));
+    TCHECK(cudaMemcpy(d[0], gw[0], sz[0] * sizeof(float), cudaMemcpyHostToDevice));
+    cuda_embeddings_backward_ordered_dev(d[0], d[1], d[2], dg, dids, dtt, dord, dord + N, dU, N,
+                                         B, T, C, 2, dt, 0);
+    int moved = !dev_same(r[0], d[0], sz[0] * sizeof(float));
+    printf("%-4s %-58s %-4s U=%d same bits=%d, U-1 differs=%d\n", same && moved ? "ok" : "FAIL",
+           "embeddings_backward_ordered_dev", kdtype_name(dt), U, same, moved);
+    gpu_failures += !(same && moved);
+    free(g);
+    for (int k = 0; k < 3; k++) {
+        free(gw[k]);
+        cudaFree(r[k]);
+        cudaFree(d[k]);
+    }
+    cudaFree(dg); cudaFree(dids); cudaFree(dtt); cudaFree(dord); cudaFree(dU);
+}
+
 /* ---- per-step values from device memory (lever CUDA_LEVER_GRAPH) ----
  * Every launcher that draws dropout, with philox_stream.dev_ctr pointing at
  * {step, micro} in device memory, must give the bits of the by-value call
@@ -965,6 +1107,9 @@ int main(void)
         test_gather(dt);
         test_xent(dt);
         test_dev_ctr(dt);
+        test_xent_dev(dt, 1001, 1001);
+        test_xent_dev(dt, 1001, 1024); // a vocabulary padded to ld (lever VOCAB_PAD)
+        test_emb_dev(dt);
     }
     test_optim(OPTIM_ADAMW, 0);
     test_optim(OPTIM_LAMB, 0);
