@@ -227,6 +227,10 @@ static result bench_bertd(const bert_config *c, const float *params, kdtype dt, 
     r.mfu = r.tflops / peak;
     r.ok = isfinite(loss);
     fprintf(stderr, "gpu_bench: bertd %s B=%d T=%d: last loss %.4f\n", kdtype_name(dt), B, T, loss);
+    if (graph) /* a failed capture falls back to eager: the row then measures that */
+        fprintf(stderr, "gpu_bench: lever GRAPH: %ld captures, %ld graph launches%s\n",
+                g->graph_captures, g->graph_launches,
+                g->graph_off ? " (a capture failed: the other steps ran eagerly)" : "");
     if (!r.ok)
         fprintf(stderr, "gpu_bench: bertd %s B=%d T=%d: loss is not finite\n", kdtype_name(dt), B, T);
 out:
