@@ -231,7 +231,8 @@ int gpu_model_upload_wait(gpu_model *g);
 /* Copies the device slot of the last upload back, synchronously (tests and
  * debugging): n must be 2N + 3B + 2M for that batch; host gets ids (N),
  * types (N), lens (B), positions (M), labels (M), NSP labels (B), CLS rows
- * (B). 0, -EINVAL, or -EIO. */
+ * (B). With the lever CUDA_LEVER_GRAPH, M is the padded count (mpad): the
+ * real rows first, then label -1 rows. 0, -EINVAL, or -EIO. */
 int gpu_model_read_staged(gpu_model *g, int32_t *host, size_t n);
 /* Forward on the last uploaded batch. loss_scale > 0: training; the MLM head
  * writes the gradient of loss_scale * loss in place for backward. 0: eval
@@ -286,7 +287,10 @@ float gpu_model_exposed_comm_ms(const gpu_model *g);
  * skips the update and halves the scale; otherwise non-finite is -ERANGE),
  * unscale and clip folded into the update, lr from the schedule at index t.
  * *skipped is set to 1 when the step was skipped. Reports lr and the
- * unscaled gradient norm. Synchronizes once (the norm). */
+ * unscaled gradient norm. Synchronizes once: for the norm, between the
+ * norm and the update; with the lever CUDA_LEVER_GRAPH the norm, clip and
+ * skip are decided on the device and the wait comes after the update.
+ * -EINVAL while a gpu_model_train_micro step is unread. */
 int gpu_model_step(gpu_model *g, double *lr_out, double *gnorm_out, int *skipped);
 
 /* Lever CUDA_LEVER_GRAPH (created with BERTD_LEVER_GRAPH=1), a model
