@@ -1743,6 +1743,13 @@ cudaError_t cudaStreamEndCapture(cudaStream_t h, cudaGraph_t *pGraph)
                         "the origin stream (an event recorded there, waited on by the origin)\n",
                 unjoined, c->id);
         e = cudaErrorStreamCaptureUnjoined;
+    } else if (!g->mem_live.empty()) {
+        /* CUDA lets such a block outlive the launch (freed outside the
+         * graph before the next one): not simulated */
+        fprintf(stderr, "cudasim: cudaStreamEndCapture: %zu block(s) of cudaMallocAsync in capture %llu not freed "
+                        "in it (cudaFreeAsync on a captured stream): not simulated\n",
+                g->mem_live.size(), c->id);
+        e = cudaErrorNotSupported;
     }
     if (e != cudaSuccess) {
         delete g;

@@ -262,6 +262,15 @@ static cudaError_t capture_fork_join(cudaStream_t a, cudaStream_t b, cudaEvent_t
     cuda_add_bias_dt(x, bias, (int)n, 1, KDT_F32, a);
     cuda_add_bias_dt(y, bias, (int)n, 1, KDT_F32, b);
     cuda_scale(y, 2.0f, n, b);
+    enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    unsigned long long ida = 0, idb = 1;
+    cudaGraph_t ga = NULL, gb = NULL;
+    const cudaGraphNode_t *deps = NULL;
+    size_t ndeps = 0;
+    TCHECK(cudaStreamGetCaptureInfo(a, &st, &ida, &ga, NULL, NULL, NULL));
+    TCHECK(cudaStreamGetCaptureInfo(b, &st, &idb, &gb, &deps, NULL, &ndeps));
+    ok_if(st == cudaStreamCaptureStatusActive && ida == idb && ga && ga == gb && ndeps == 1 && deps && deps[0],
+          "cudaStreamGetCaptureInfo: the forked stream is in the origin's capture, after one node");
     TCHECK(cudaEventRecord(join, b));
     if (joined)
         TCHECK(cudaStreamWaitEvent(a, join, 0));
@@ -313,6 +322,52 @@ static void test_fork_join(cudaStream_t a, cudaStream_t b, float *x, float *y, f
           "waiting on an event from outside the capture: cudaErrorStreamCaptureIsolation");
     TCHECK(cudaEventDestroy(fork));
     TCHECK(cudaEventDestroy(join));
+}
+
+/* Memory nodes: a scratch block allocated and freed inside the capture
+ * (as kernels/cuda's launchers do with cudaMallocAsync) keeps its address
+ * on every launch; y = 2 * x through it. Not freed in the capture: refused
+ * (not simulated). */
+static void test_graph_memory(cudaStream_t a, float *x, float *y, float *host, size_t n)
+{
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ge = NULL;
+    float *tmp = NULL, *tmp2 = NULL;
+    TCHECK(cudaStreamBeginCapture(a, cudaStreamCaptureModeGlobal));
+    TCHECK(cudaMallocAsync((void **)&tmp, n * sizeof(float), a));
+    TCHECK(cudaMemcpyAsync(tmp, x, n * sizeof(float), cudaMemcpyDeviceToDevice, a));
+    cuda_scale(tmp, 2.0f, n, a);
+    TCHECK(cudaMemcpyAsync(y, tmp, n * sizeof(float), cudaMemcpyDeviceToDevice, a));
+    TCHECK(cudaFreeAsync(tmp, a));
+    TCHECK(cudaStreamEndCapture(a, &g));
+    TCHECK(cudaGraphInstantiate(&ge, g, 0));
+    cudaGraphExec_t ge2 = NULL;
+    cudaError_t twice = cudaGraphInstantiate(&ge2, g, 0);
+    (void)cudaGetLastError();
+    int good = 0;
+    for (int r = 1; r <= 2; r++) {
+        for (size_t i = 0; i < n; i++)
+            host[i] = (float)(r * (int)(i % 5));
+        TCHECK(cudaMemcpy(x, host, n * sizeof(float), cudaMemcpyHostToDevice));
+        TCHECK(cudaGraphLaunch(ge, a));
+        TCHECK(cudaStreamSynchronize(a));
+        TCHECK(cudaMemcpy(host, y, n * sizeof(float), cudaMemcpyDeviceToHost));
+        int ok = 1;
+        for (size_t i = 0; i < n; i++)
+            ok &= host[i] == 2.0f * (float)(r * (int)(i % 5));
+        good += ok;
+    }
+    ok_if(good == 2 && twice == cudaErrorNotSupported,
+          "memory nodes: a block allocated and freed in the capture serves 2 launches; one exec at a time");
+    TCHECK(cudaGraphExecDestroy(ge));
+    TCHECK(cudaGraphDestroy(g));
+
+    g = NULL;
+    TCHECK(cudaStreamBeginCapture(a, cudaStreamCaptureModeGlobal));
+    TCHECK(cudaMallocAsync((void **)&tmp2, 256, a));
+    cudaError_t e = cudaStreamEndCapture(a, &g);
+    (void)cudaGetLastError();
+    ok_if(e == cudaErrorNotSupported && g == NULL, "a block the capture allocates and never frees: refused");
 }
 
 /* One misuse inside a capture on s: the call's error, then EndCapture's. */
@@ -596,6 +651,7 @@ static void test_capture(void)
         host[i] = 7.0f;
     test_capture_replay(a, x, bias, host, n);
     test_fork_join(a, b, x, y, bias, host, n);
+    test_graph_memory(a, x, y, host, n);
     test_capture_errors(a, x, host);
     test_launch_order(a, b, x, bias, host, n);
     TCHECK(cudaStreamDestroy(a));
