@@ -14,13 +14,37 @@
  *   run (a buffer changed after the call changes the result), from pageable
  *   memory at the call;
  * - cudaEventElapsedTime refuses events created without timing;
- * - a block never freed fails the process at exit under CUDASIM_LEAKS=fail.
+ * - a block never freed fails the process at exit under CUDASIM_LEAKS=fail;
+ *   so do a graph and an exec never destroyed;
+ * - stream capture: a capture runs nothing; three replays of a kernel read
+ *   the device scalar the host changed between them, by-value arguments stay
+ *   the capture's; fork/join over two streams through events (both branches
+ *   run, the join before the sum), an unjoined fork fails EndCapture, so
+ *   does ending on the forked stream or from another thread, a wait on an
+ *   event from outside fails (isolation); twelve misuses (stream,
+ *   device and event syncs and queries, pageable async copies, cudaMalloc,
+ *   cudaFree, synchronous copies, the legacy stream) each answer CUDA's
+ *   error and invalidate the capture, relaxed mode allows what it should; a
+ *   launch runs between earlier and later work of its stream, two launches
+ *   of one exec on two streams one after the other; memory nodes; an NCCL
+ *   all-reduce captured in a group, replayed 3 times on 2 ranks between
+ *   eager calls, sums right each time.
  *
  * Shown to fail: with runtime.cpp's guard check removed (check_guards
  * returning at once) the first case survives and this test fails (ASan
  * builds catch it anyway); with the stream order in device_main ignored
  * (every op taken as ready) the "with the wait" case reads stale data.
+ * The capture cases each failed with their piece of runtime.cpp/nccl.cpp
+ * broken: work run while capturing (hangs: the NCCL ranks never match),
+ * no unjoined check, the join's dependencies dropped, no isolation check,
+ * a stream sync / pageable copy / legacy stream allowed, launches not
+ * serialised (deferred: 6 of 10), nodes queued on the legacy stream instead
+ * of the launch's (deferred), a graph launched only once, NCCL chunk
+ * numbers fixed at the capture, graphs not counted at exit, memory-node
+ * rules off, GetCaptureInfo without dependencies, the origin and thread
+ * checks of EndCapture off.
  */
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -278,6 +302,18 @@ static cudaError_t capture_fork_join(cudaStream_t a, cudaStream_t b, cudaEvent_t
     return cudaStreamEndCapture(a, g);
 }
 
+struct end_capture {
+    cudaStream_t s;
+    cudaGraph_t g;
+    cudaError_t e;
+};
+static void *end_capture_fn(void *arg)
+{
+    struct end_capture *c = arg;
+    c->e = cudaStreamEndCapture(c->s, &c->g);
+    return NULL;
+}
+
 static void test_fork_join(cudaStream_t a, cudaStream_t b, float *x, float *y, float *bias, float *host,
                            size_t n)
 {
@@ -311,12 +347,33 @@ static void test_fork_join(cudaStream_t a, cudaStream_t b, float *x, float *y, f
     ok_if(e == cudaErrorStreamCaptureUnjoined && g == NULL && sa == cudaStreamCaptureStatusNone &&
               sb == cudaStreamCaptureStatusNone,
           "an unjoined fork fails cudaStreamEndCapture (cudaErrorStreamCaptureUnjoined), capture over");
+    cudaError_t end;
+
+    /* ended on the forked stream, not the origin; then from another thread */
+    TCHECK(cudaStreamBeginCapture(a, cudaStreamCaptureModeGlobal));
+    TCHECK(cudaEventRecord(fork, a));
+    TCHECK(cudaStreamWaitEvent(b, fork, 0));
+    e = cudaStreamEndCapture(b, &g);
+    end = cudaStreamEndCapture(a, &g);
+    (void)cudaGetLastError();
+    ok_if(e == cudaErrorStreamCaptureUnmatched && end == cudaErrorStreamCaptureInvalidated,
+          "cudaStreamEndCapture on a forked stream: cudaErrorStreamCaptureUnmatched, capture invalidated");
+    TCHECK(cudaStreamBeginCapture(a, cudaStreamCaptureModeGlobal));
+    struct end_capture other = {a, NULL, cudaSuccess};
+    pthread_t t;
+    pthread_create(&t, NULL, end_capture_fn, &other);
+    pthread_join(t, NULL);
+    TCHECK(cudaStreamEndCapture(a, &g));
+    (void)cudaGetLastError();
+    ok_if(other.e == cudaErrorStreamCaptureWrongThread && g,
+          "a global capture ended by another thread: cudaErrorStreamCaptureWrongThread");
+    TCHECK(cudaGraphDestroy(g));
 
     /* a wait on an event recorded outside the capture */
     TCHECK(cudaEventRecord(join, b));
     TCHECK(cudaStreamBeginCapture(a, cudaStreamCaptureModeGlobal));
     e = cudaStreamWaitEvent(a, join, 0);
-    cudaError_t end = cudaStreamEndCapture(a, &g);
+    end = cudaStreamEndCapture(a, &g);
     (void)cudaGetLastError();
     ok_if(e == cudaErrorStreamCaptureIsolation && end == cudaErrorStreamCaptureInvalidated,
           "waiting on an event from outside the capture: cudaErrorStreamCaptureIsolation");
