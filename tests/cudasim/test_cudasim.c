@@ -24,7 +24,8 @@
  *   event from outside fails (isolation); twelve misuses (stream,
  *   device and event syncs and queries, pageable async copies, cudaMalloc,
  *   cudaFree, synchronous copies, the legacy stream) each answer CUDA's
- *   error and invalidate the capture, relaxed mode allows what it should; a
+ *   error and invalidate the capture, relaxed mode allows what it should,
+ *   another thread may cudaMalloc beside a thread-local capture only; a
  *   launch runs between earlier and later work of its stream, two launches
  *   of one exec on two streams one after the other; memory nodes; an NCCL
  *   all-reduce captured in a group, replayed 3 times on 2 ranks between
@@ -42,7 +43,7 @@
  * of the launch's (deferred), a graph launched only once, NCCL chunk
  * numbers fixed at the capture, graphs not counted at exit, memory-node
  * rules off, GetCaptureInfo without dependencies, the origin and thread
- * checks of EndCapture off.
+ * checks of EndCapture off, a thread-local capture treated as global.
  */
 #include <pthread.h>
 #include <signal.h>
@@ -451,6 +452,33 @@ static void check_misuse(cudaStream_t s, enum cudaStreamCaptureMode mode, const 
         TCHECK(cudaGraphDestroy(g));
 }
 
+static void *malloc_fn(void *arg)
+{
+    cudaError_t *e = arg;
+    void *p = NULL;
+    *e = cudaMalloc(&p, 256);
+    if (*e == cudaSuccess)
+        *e = cudaFree(p);
+    return NULL;
+}
+
+/* cudaMalloc on another thread (its mode global) while this one captures:
+ * refused beside a global capture, allowed beside a thread-local one. */
+static cudaError_t malloc_beside(cudaStream_t s, enum cudaStreamCaptureMode mode, cudaError_t *end)
+{
+    cudaError_t e = cudaErrorUnknown;
+    cudaGraph_t g = NULL;
+    pthread_t t;
+    TCHECK(cudaStreamBeginCapture(s, mode));
+    pthread_create(&t, NULL, malloc_fn, &e);
+    pthread_join(t, NULL);
+    *end = cudaStreamEndCapture(s, &g);
+    (void)cudaGetLastError();
+    if (g)
+        TCHECK(cudaGraphDestroy(g));
+    return e;
+}
+
 static void test_capture_errors(cudaStream_t nb, float *x, float *host)
 {
     cudaStream_t blocking;
@@ -505,6 +533,13 @@ static void test_capture_errors(cudaStream_t nb, float *x, float *host)
     ok_if(e == cudaErrorStreamCaptureImplicit && end == cudaSuccess && g,
           "cudaStreamIsCapturing(legacy) while a blocking stream captures: implicit, capture intact");
     TCHECK(cudaGraphDestroy(g));
+
+    cudaError_t end_g, end_t;
+    cudaError_t in_g = malloc_beside(nb, cudaStreamCaptureModeGlobal, &end_g);
+    cudaError_t in_t = malloc_beside(nb, cudaStreamCaptureModeThreadLocal, &end_t);
+    ok_if(in_g == cudaErrorStreamCaptureUnsupported && end_g == cudaErrorStreamCaptureInvalidated &&
+              in_t == cudaSuccess && end_t == cudaSuccess,
+          "cudaMalloc on another thread: refused beside a global capture, allowed beside a thread-local one");
 
     /* relaxed: cudaMalloc/cudaFree and the legacy stream (beside a
      * non-blocking capture) are allowed; an async copy from pinned memory
