@@ -12,9 +12,14 @@
  * Whoever first sees every rank joined unlinks the name, so nothing stays
  * in /dev/shm even after kill -9; a teardown before that unlinks it too.
  *
- * Data moves in chunks, numbered per communicator when the call is made
- * (so a communicator's operations run in call order even from different
- * streams, as NCCL serialises them). Chunk s: a sending rank waits for
+ * Data moves in chunks, numbered per communicator when the operation is
+ * queued (so a communicator's operations run in call order even from
+ * different streams, as NCCL serialises them). Under stream capture the
+ * call only checks its arguments and leaves a node; every cudaGraphLaunch
+ * makes a new operation from it and numbers its chunks then, in the order
+ * the host queues calls and launches: ranks that make the same calls and
+ * launches match, as with eager calls. The node holds a reference to the
+ * communicator; launching it after ncclCommDestroy/Abort is a fault. Chunk s: a sending rank waits for
  * every rank's done >= s-1 (nobody still reads its slot), copies its part
  * of sendbuff into its slot, sets posted = s; it waits for posted >= s of
  * every rank (broadcast: of the root), combines the slots into recvbuff
@@ -56,7 +61,8 @@
  *
  * Groups: as in NCCL, a collective called between ncclGroupStart and
  * ncclGroupEnd is only recorded; the outermost ncclGroupEnd queues the
- * group's operations, in call order, on their streams. Misuse is a fault
+ * group's operations, in call order, on their streams (nodes, when the
+ * stream captures). Misuse is a fault
  * (abort, naming it): ncclGroupEnd without a start, a group still open when
  * the communicator is polled, finalized, destroyed or aborted (its
  * operations would never run), one group spanning several streams (bertd

@@ -21,11 +21,37 @@
  * - events and streams: stream order, cudaStreamWaitEvent, the legacy
  *   default stream's implicit synchronization with blocking streams;
  *   cudaEventElapsedTime only between completed, timing-enabled events.
- * - a leak report at exit (device blocks, streams and events never freed):
- *   printed always; a failure (exit status 3) when CUDASIM_LEAKS=fail.
+ * - stream capture and graphs: while a stream captures, its work becomes
+ *   nodes of a graph (kernel arguments copied at the call, memory read when
+ *   a launch runs them); an event recorded there is a capture point whose
+ *   wait forks another stream into the capture or joins it back;
+ *   cudaGraphLaunch queues the nodes on its stream in capture order (a
+ *   topological order), each made afresh (an NCCL collective is a new one
+ *   at every launch), after the exec's previous launch wherever that ran.
+ *   cudaMallocAsync/cudaFreeAsync in a capture are memory nodes (the block
+ *   the graph's, one address for every launch, refilled 0xFF at the alloc
+ *   node and 0xFB at the free). The rules, each with CUDA's error and the
+ *   capture invalidated: syncs and queries of a capturing stream, of the
+ *   device, of a captured event; cudaMalloc/cudaFree(Host) and synchronous
+ *   copies/memsets by the thread's mode (cudaThreadExchangeStreamCaptureMode,
+ *   global/thread-local/relaxed); async copies with pageable memory; the
+ *   legacy stream while a blocking stream captures; a wait on an event
+ *   recorded outside the capture (isolation); unjoined forks at
+ *   cudaStreamEndCapture; a merge of two captures; ending on the wrong
+ *   stream or thread. Not simulated (a clear error, never silence): child
+ *   graphs (cudaGraphLaunch on a capturing stream), external event waits,
+ *   graph-allocated blocks that outlive their graph's launch, a captured
+ *   cudaFreeAsync of memory from outside the capture, graph update and the
+ *   explicit node-building API, upload and device-launch instantiation.
+ *   Stricter than documented: an event last recorded in a capture that has
+ *   ended is refused by query, sync and wait (cudaErrorCapturedEvent).
+ * - a leak report at exit (device blocks, streams, events, graphs and graph
+ *   execs never freed): printed always; a failure (exit status 3) when
+ *   CUDASIM_LEAKS=fail.
  *
  * What it cannot show: anything about the hardware's memory model, inter-
- * block races, performance, driver or pinning behaviour.
+ * block races, performance, driver or pinning behaviour, and a graph's
+ * concurrency (its branches run one after the other here).
  */
 #include "tests/cudasim/cudasim.h"
 
@@ -1743,6 +1769,13 @@ cudaError_t cudaStreamEndCapture(cudaStream_t h, cudaGraph_t *pGraph)
                         "the origin stream (an event recorded there, waited on by the origin)\n",
                 unjoined, c->id);
         e = cudaErrorStreamCaptureUnjoined;
+    } else if (!g->mem_live.empty()) {
+        /* CUDA lets such a block outlive the launch (freed outside the
+         * graph before the next one): not simulated */
+        fprintf(stderr, "cudasim: cudaStreamEndCapture: %zu block(s) of cudaMallocAsync in capture %llu not freed "
+                        "in it (cudaFreeAsync on a captured stream): not simulated\n",
+                g->mem_live.size(), c->id);
+        e = cudaErrorNotSupported;
     }
     if (e != cudaSuccess) {
         delete g;

@@ -14,13 +14,38 @@
  *   run (a buffer changed after the call changes the result), from pageable
  *   memory at the call;
  * - cudaEventElapsedTime refuses events created without timing;
- * - a block never freed fails the process at exit under CUDASIM_LEAKS=fail.
+ * - a block never freed fails the process at exit under CUDASIM_LEAKS=fail;
+ *   so do a graph and an exec never destroyed;
+ * - stream capture: a capture runs nothing; three replays of a kernel read
+ *   the device scalar the host changed between them, by-value arguments stay
+ *   the capture's; fork/join over two streams through events (both branches
+ *   run, the join before the sum), an unjoined fork fails EndCapture, so
+ *   does ending on the forked stream or from another thread, a wait on an
+ *   event from outside fails (isolation); twelve misuses (stream,
+ *   device and event syncs and queries, pageable async copies, cudaMalloc,
+ *   cudaFree, synchronous copies, the legacy stream) each answer CUDA's
+ *   error and invalidate the capture, relaxed mode allows what it should,
+ *   another thread may cudaMalloc beside a thread-local capture only; a
+ *   launch runs between earlier and later work of its stream, two launches
+ *   of one exec on two streams one after the other; memory nodes; an NCCL
+ *   all-reduce captured in a group, replayed 3 times on 2 ranks between
+ *   eager calls, sums right each time.
  *
  * Shown to fail: with runtime.cpp's guard check removed (check_guards
  * returning at once) the first case survives and this test fails (ASan
  * builds catch it anyway); with the stream order in device_main ignored
  * (every op taken as ready) the "with the wait" case reads stale data.
+ * The capture cases each failed with their piece of runtime.cpp/nccl.cpp
+ * broken: work run while capturing (hangs: the NCCL ranks never match),
+ * no unjoined check, the join's dependencies dropped, no isolation check,
+ * a stream sync / pageable copy / legacy stream allowed, launches not
+ * serialised (deferred: 6 of 10), nodes queued on the legacy stream instead
+ * of the launch's (deferred), a graph launched only once, NCCL chunk
+ * numbers fixed at the capture, graphs not counted at exit, memory-node
+ * rules off, GetCaptureInfo without dependencies, the origin and thread
+ * checks of EndCapture off, a thread-local capture treated as global.
  */
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -262,11 +287,32 @@ static cudaError_t capture_fork_join(cudaStream_t a, cudaStream_t b, cudaEvent_t
     cuda_add_bias_dt(x, bias, (int)n, 1, KDT_F32, a);
     cuda_add_bias_dt(y, bias, (int)n, 1, KDT_F32, b);
     cuda_scale(y, 2.0f, n, b);
+    enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    unsigned long long ida = 0, idb = 1;
+    cudaGraph_t ga = NULL, gb = NULL;
+    const cudaGraphNode_t *deps = NULL;
+    size_t ndeps = 0;
+    TCHECK(cudaStreamGetCaptureInfo(a, &st, &ida, &ga, NULL, NULL, NULL));
+    TCHECK(cudaStreamGetCaptureInfo(b, &st, &idb, &gb, &deps, NULL, &ndeps));
+    ok_if(st == cudaStreamCaptureStatusActive && ida == idb && ga && ga == gb && ndeps == 1 && deps && deps[0],
+          "cudaStreamGetCaptureInfo: the forked stream is in the origin's capture, after one node");
     TCHECK(cudaEventRecord(join, b));
     if (joined)
         TCHECK(cudaStreamWaitEvent(a, join, 0));
     cuda_residual_forward(x, x, y, n, a);
     return cudaStreamEndCapture(a, g);
+}
+
+struct end_capture {
+    cudaStream_t s;
+    cudaGraph_t g;
+    cudaError_t e;
+};
+static void *end_capture_fn(void *arg)
+{
+    struct end_capture *c = arg;
+    c->e = cudaStreamEndCapture(c->s, &c->g);
+    return NULL;
 }
 
 static void test_fork_join(cudaStream_t a, cudaStream_t b, float *x, float *y, float *bias, float *host,
@@ -302,17 +348,84 @@ static void test_fork_join(cudaStream_t a, cudaStream_t b, float *x, float *y, f
     ok_if(e == cudaErrorStreamCaptureUnjoined && g == NULL && sa == cudaStreamCaptureStatusNone &&
               sb == cudaStreamCaptureStatusNone,
           "an unjoined fork fails cudaStreamEndCapture (cudaErrorStreamCaptureUnjoined), capture over");
+    cudaError_t end;
+
+    /* ended on the forked stream, not the origin; then from another thread */
+    TCHECK(cudaStreamBeginCapture(a, cudaStreamCaptureModeGlobal));
+    TCHECK(cudaEventRecord(fork, a));
+    TCHECK(cudaStreamWaitEvent(b, fork, 0));
+    e = cudaStreamEndCapture(b, &g);
+    end = cudaStreamEndCapture(a, &g);
+    (void)cudaGetLastError();
+    ok_if(e == cudaErrorStreamCaptureUnmatched && end == cudaErrorStreamCaptureInvalidated,
+          "cudaStreamEndCapture on a forked stream: cudaErrorStreamCaptureUnmatched, capture invalidated");
+    TCHECK(cudaStreamBeginCapture(a, cudaStreamCaptureModeGlobal));
+    struct end_capture other = {a, NULL, cudaSuccess};
+    pthread_t t;
+    pthread_create(&t, NULL, end_capture_fn, &other);
+    pthread_join(t, NULL);
+    TCHECK(cudaStreamEndCapture(a, &g));
+    (void)cudaGetLastError();
+    ok_if(other.e == cudaErrorStreamCaptureWrongThread && g,
+          "a global capture ended by another thread: cudaErrorStreamCaptureWrongThread");
+    TCHECK(cudaGraphDestroy(g));
 
     /* a wait on an event recorded outside the capture */
     TCHECK(cudaEventRecord(join, b));
     TCHECK(cudaStreamBeginCapture(a, cudaStreamCaptureModeGlobal));
     e = cudaStreamWaitEvent(a, join, 0);
-    cudaError_t end = cudaStreamEndCapture(a, &g);
+    end = cudaStreamEndCapture(a, &g);
     (void)cudaGetLastError();
     ok_if(e == cudaErrorStreamCaptureIsolation && end == cudaErrorStreamCaptureInvalidated,
           "waiting on an event from outside the capture: cudaErrorStreamCaptureIsolation");
     TCHECK(cudaEventDestroy(fork));
     TCHECK(cudaEventDestroy(join));
+}
+
+/* Memory nodes: a scratch block allocated and freed inside the capture
+ * (as kernels/cuda's launchers do with cudaMallocAsync) keeps its address
+ * on every launch; y = 2 * x through it. Not freed in the capture: refused
+ * (not simulated). */
+static void test_graph_memory(cudaStream_t a, float *x, float *y, float *host, size_t n)
+{
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ge = NULL;
+    float *tmp = NULL, *tmp2 = NULL;
+    TCHECK(cudaStreamBeginCapture(a, cudaStreamCaptureModeGlobal));
+    TCHECK(cudaMallocAsync((void **)&tmp, n * sizeof(float), a));
+    TCHECK(cudaMemcpyAsync(tmp, x, n * sizeof(float), cudaMemcpyDeviceToDevice, a));
+    cuda_scale(tmp, 2.0f, n, a);
+    TCHECK(cudaMemcpyAsync(y, tmp, n * sizeof(float), cudaMemcpyDeviceToDevice, a));
+    TCHECK(cudaFreeAsync(tmp, a));
+    TCHECK(cudaStreamEndCapture(a, &g));
+    TCHECK(cudaGraphInstantiate(&ge, g, 0));
+    cudaGraphExec_t ge2 = NULL;
+    cudaError_t twice = cudaGraphInstantiate(&ge2, g, 0);
+    (void)cudaGetLastError();
+    int good = 0;
+    for (int r = 1; r <= 2; r++) {
+        for (size_t i = 0; i < n; i++)
+            host[i] = (float)(r * (int)(i % 5));
+        TCHECK(cudaMemcpy(x, host, n * sizeof(float), cudaMemcpyHostToDevice));
+        TCHECK(cudaGraphLaunch(ge, a));
+        TCHECK(cudaStreamSynchronize(a));
+        TCHECK(cudaMemcpy(host, y, n * sizeof(float), cudaMemcpyDeviceToHost));
+        int ok = 1;
+        for (size_t i = 0; i < n; i++)
+            ok &= host[i] == 2.0f * (float)(r * (int)(i % 5));
+        good += ok;
+    }
+    ok_if(good == 2 && twice == cudaErrorNotSupported,
+          "memory nodes: a block allocated and freed in the capture serves 2 launches; one exec at a time");
+    TCHECK(cudaGraphExecDestroy(ge));
+    TCHECK(cudaGraphDestroy(g));
+
+    g = NULL;
+    TCHECK(cudaStreamBeginCapture(a, cudaStreamCaptureModeGlobal));
+    TCHECK(cudaMallocAsync((void **)&tmp2, 256, a));
+    cudaError_t e = cudaStreamEndCapture(a, &g);
+    (void)cudaGetLastError();
+    ok_if(e == cudaErrorNotSupported && g == NULL, "a block the capture allocates and never frees: refused");
 }
 
 /* One misuse inside a capture on s: the call's error, then EndCapture's. */
@@ -337,6 +450,33 @@ static void check_misuse(cudaStream_t s, enum cudaStreamCaptureMode mode, const 
           what);
     if (g)
         TCHECK(cudaGraphDestroy(g));
+}
+
+static void *malloc_fn(void *arg)
+{
+    cudaError_t *e = arg;
+    void *p = NULL;
+    *e = cudaMalloc(&p, 256);
+    if (*e == cudaSuccess)
+        *e = cudaFree(p);
+    return NULL;
+}
+
+/* cudaMalloc on another thread (its mode global) while this one captures:
+ * refused beside a global capture, allowed beside a thread-local one. */
+static cudaError_t malloc_beside(cudaStream_t s, enum cudaStreamCaptureMode mode, cudaError_t *end)
+{
+    cudaError_t e = cudaErrorUnknown;
+    cudaGraph_t g = NULL;
+    pthread_t t;
+    TCHECK(cudaStreamBeginCapture(s, mode));
+    pthread_create(&t, NULL, malloc_fn, &e);
+    pthread_join(t, NULL);
+    *end = cudaStreamEndCapture(s, &g);
+    (void)cudaGetLastError();
+    if (g)
+        TCHECK(cudaGraphDestroy(g));
+    return e;
 }
 
 static void test_capture_errors(cudaStream_t nb, float *x, float *host)
@@ -393,6 +533,13 @@ static void test_capture_errors(cudaStream_t nb, float *x, float *host)
     ok_if(e == cudaErrorStreamCaptureImplicit && end == cudaSuccess && g,
           "cudaStreamIsCapturing(legacy) while a blocking stream captures: implicit, capture intact");
     TCHECK(cudaGraphDestroy(g));
+
+    cudaError_t end_g, end_t;
+    cudaError_t in_g = malloc_beside(nb, cudaStreamCaptureModeGlobal, &end_g);
+    cudaError_t in_t = malloc_beside(nb, cudaStreamCaptureModeThreadLocal, &end_t);
+    ok_if(in_g == cudaErrorStreamCaptureUnsupported && end_g == cudaErrorStreamCaptureInvalidated &&
+              in_t == cudaSuccess && end_t == cudaSuccess,
+          "cudaMalloc on another thread: refused beside a global capture, allowed beside a thread-local one");
 
     /* relaxed: cudaMalloc/cudaFree and the legacy stream (beside a
      * non-blocking capture) are allowed; an async copy from pinned memory
@@ -596,6 +743,7 @@ static void test_capture(void)
         host[i] = 7.0f;
     test_capture_replay(a, x, bias, host, n);
     test_fork_join(a, b, x, y, bias, host, n);
+    test_graph_memory(a, x, y, host, n);
     test_capture_errors(a, x, host);
     test_launch_order(a, b, x, bias, host, n);
     TCHECK(cudaStreamDestroy(a));
