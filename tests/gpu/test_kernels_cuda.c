@@ -7,6 +7,11 @@
  * Shapes are small and deliberately not multiples of 4, 8 or 32 (T = 13,
  * V = 1001) so tails, unaligned packs and partial warps are exercised, plus
  * one BERT-base-sized GEMM and LayerNorm so multi-block paths run too.
+ *
+ * The forms that read per-step values from device memory (for CUDA graph
+ * replay: philox_stream.dev_ctr, the _dev loss, embedding and optimizer
+ * launchers, cuda_opt_clip) are checked bit for bit against the by-value
+ * forms, and each with a changed device value to show it is really read.
  */
 #include <errno.h>
 
