@@ -1853,8 +1853,8 @@ static int graph_capture(gpu_model *g, graph_entry *e, const bert_dropout *d, fl
         }
     }
     if (ce == cudaSuccess) {
-        what = "cudaGraphInstantiate";
-        ce = cudaGraphInstantiate(&e->exec, graph, 0);
+        what = "cudaGraphInstantiateWithFlags";
+        ce = cudaGraphInstantiateWithFlags(&e->exec, graph, 0); // CUDA 11.4+ and 12+ alike
     }
     if (ce == cudaSuccess) {
         e->graph = graph;
