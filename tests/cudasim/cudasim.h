@@ -13,6 +13,11 @@
  *   ready stream heads in a seeded random order (biased towards the newest),
  *   honouring stream order, event waits and the legacy default stream. A
  *   missing event wait then shows as a wrong result.
+ *
+ * Stream capture (runtime.cpp, "stream capture and graphs"): while a stream
+ * captures, what is queued on it becomes a node of a graph instead of
+ * running; each cudaGraphLaunch makes the nodes' work afresh (work_maker)
+ * and queues it on the launch stream like any other work.
  */
 #ifndef BERTD_TESTS_CUDASIM_H
 #define BERTD_TESTS_CUDASIM_H
@@ -30,8 +35,19 @@ namespace cudasim {
  * something outside the process (an NCCL peer): it is called again later,
  * and the stream stays blocked behind it meanwhile (other streams go on).
  * what names the work in diagnostics. Returns cudaSuccess or an error for a
- * bad stream handle. */
+ * bad stream handle or a use that stream capture forbids (set as the last
+ * error too). On a capturing stream fn is not run but kept in the graph, and
+ * every launch of the graph runs a copy of it: fn must not keep state from
+ * one run to the next (arguments by value, memory read when it runs). */
 cudaError_t enqueue(cudaStream_t s, const char *what, std::function<bool()> fn);
+
+/* Work that keeps state while it is polled (an NCCL collective, a host
+ * function's thread) is queued as a maker: called once for an eager call,
+ * at the call; on a capturing stream kept in the graph and called at every
+ * cudaGraphLaunch (in launch order, on the launching thread, under the
+ * runtime's lock), so that each launch runs a new instance. */
+typedef std::function<std::function<bool()>()> work_maker;
+cudaError_t enqueue_made(cudaStream_t s, const char *what, work_maker make);
 
 /* Whether the device may touch [p, p + bytes): inside one live cudaMalloc /
  * cudaMallocAsync allocation or page-locked host memory (cudaMallocHost,

@@ -12,9 +12,14 @@
  * Whoever first sees every rank joined unlinks the name, so nothing stays
  * in /dev/shm even after kill -9; a teardown before that unlinks it too.
  *
- * Data moves in chunks, numbered per communicator when the call is made
- * (so a communicator's operations run in call order even from different
- * streams, as NCCL serialises them). Chunk s: a sending rank waits for
+ * Data moves in chunks, numbered per communicator when the operation is
+ * queued (so a communicator's operations run in call order even from
+ * different streams, as NCCL serialises them). Under stream capture the
+ * call only checks its arguments and leaves a node; every cudaGraphLaunch
+ * makes a new operation from it and numbers its chunks then, in the order
+ * the host queues calls and launches: ranks that make the same calls and
+ * launches match, as with eager calls. The node holds a reference to the
+ * communicator; launching it after ncclCommDestroy/Abort is a fault. Chunk s: a sending rank waits for
  * every rank's done >= s-1 (nobody still reads its slot), copies its part
  * of sendbuff into its slot, sets posted = s; it waits for posted >= s of
  * every rank (broadcast: of the root), combines the slots into recvbuff
@@ -56,7 +61,8 @@
  *
  * Groups: as in NCCL, a collective called between ncclGroupStart and
  * ncclGroupEnd is only recorded; the outermost ncclGroupEnd queues the
- * group's operations, in call order, on their streams. Misuse is a fault
+ * group's operations, in call order, on their streams (nodes, when the
+ * stream captures). Misuse is a fault
  * (abort, naming it): ncclGroupEnd without a start, a group still open when
  * the communicator is polled, finalized, destroyed or aborted (its
  * operations would never run), one group spanning several streams (bertd
@@ -168,7 +174,7 @@ struct grouped_op {
     ncclComm *c;
     cudaStream_t stream;
     const char *what;
-    std::function<bool()> poll;
+    cudasim::work_maker make;
 };
 thread_local int group_depth;
 thread_local std::vector<grouped_op> group_ops;
@@ -413,6 +419,16 @@ void reduce(char *out, const char *const *in, int n, size_t cnt, ncclDataType_t 
     }
 }
 
+/* A reference to a communicator held by a graph node (so a graph may
+ * outlive the communicator's handle; replaying it then is a fault). */
+struct comm_hold {
+    ncclComm *c;
+    explicit comm_hold(ncclComm *comm) : c(comm) { __atomic_add_fetch(&c->refs, 1, __ATOMIC_ACQ_REL); }
+    ~comm_hold() { comm_unref(c); }
+    comm_hold(const comm_hold &) = delete;
+    comm_hold &operator=(const comm_hold &) = delete;
+};
+
 struct op {
     ncclComm *c = nullptr;
     bool bcast = false, posted = false, finished = false;
@@ -423,8 +439,12 @@ struct op {
     ncclRedOp_t redop = ncclSum;
     int root = 0;
     uint64_t seq0 = 0, progress_ns = 0;
+    op() = default;
+    op(const op &) = default; /* the prototype a maker copies, before c is set */
     ~op()
     {
+        if (!c)
+            return;
         if (!finished)
             __atomic_sub_fetch(&c->pending, 1, __ATOMIC_ACQ_REL);
         comm_unref(c);
@@ -571,29 +591,47 @@ ncclResult_t launch(const char *what, bool bcast, const void *send, void *recv, 
     if (!recv || !cudasim::device_accessible(recv, bytes))
         return fail(ncclInvalidArgument, "%s: recvbuff %p (%zu bytes) is not device memory", what, recv, bytes);
 
-    std::shared_ptr<op> o = std::make_shared<op>();
-    __atomic_add_fetch(&c->refs, 1, __ATOMIC_ACQ_REL);
-    __atomic_add_fetch(&c->pending, 1, __ATOMIC_ACQ_REL);
-    o->c = c;
-    o->bcast = bcast;
-    o->send = (const char *)send;
-    o->recv = (char *)recv;
-    o->bytes = bytes;
-    o->type = type;
-    o->redop = redop;
-    o->root = root;
-    o->seq0 = c->next_seq;
-    o->nchunks = (bytes + kChunk - 1) / kChunk;
-    c->next_seq += o->nchunks;
+    /* The collective is made (chunk numbers taken, counted pending) when
+     * it is queued: at the call, at the outermost ncclGroupEnd, or, when
+     * the stream captures, at every cudaGraphLaunch of the graph, each
+     * launch a new collective. Chunk numbers thus follow the order in
+     * which the host queues collectives (calls and launches), the same on
+     * every rank that makes the same calls, as for eager calls; taking
+     * them when the work first runs would leave the order to the device
+     * threads' scheduling, which differs between ranks. */
+    std::shared_ptr<comm_hold> hold = std::make_shared<comm_hold>(c);
+    op proto;
+    proto.bcast = bcast;
+    proto.send = (const char *)send;
+    proto.recv = (char *)recv;
+    proto.bytes = bytes;
+    proto.type = type;
+    proto.redop = redop;
+    proto.root = root;
+    proto.nchunks = (bytes + kChunk - 1) / kChunk;
+    cudasim::work_maker make = [hold, proto, what]() -> std::function<bool()> {
+        ncclComm *c = hold->c;
+        {
+            std::lock_guard<std::mutex> g(c->mu);
+            if (!c->hdr)
+                cudasim::fault("nccl: %s of a graph launched after its communicator was destroyed or aborted",
+                               what);
+        }
+        std::shared_ptr<op> o = std::make_shared<op>(proto);
+        __atomic_add_fetch(&c->refs, 1, __ATOMIC_ACQ_REL);
+        __atomic_add_fetch(&c->pending, 1, __ATOMIC_ACQ_REL);
+        o->c = c;
+        o->seq0 = c->next_seq;
+        c->next_seq += o->nchunks;
+        return [o]() { return op_poll(o.get()); };
+    };
     if (group_depth > 0) { /* queued at the outermost ncclGroupEnd */
-        group_ops.push_back({c, stream, what, [o]() { return op_poll(o.get()); }});
+        group_ops.push_back({c, stream, what, make});
         return ncclSuccess;
     }
-    cudaError_t e = cudasim::enqueue(stream, what, [o]() { return op_poll(o.get()); });
-    if (e != cudaSuccess) {
-        c->next_seq = o->seq0; /* never ran: its chunk numbers are free again */
+    cudaError_t e = cudasim::enqueue_made(stream, what, make);
+    if (e != cudaSuccess)
         return fail(ncclUnhandledCudaError, "%s: %s", what, cudaGetErrorString(e));
-    }
     /* sync streams ran it already: an error it met is this call's */
     return (ncclResult_t)ld_acq(&c->state);
 }
@@ -807,7 +845,7 @@ ncclResult_t ncclGroupEnd()
                            (void *)g.stream, g.what);
     ncclResult_t r = ncclSuccess;
     for (const grouped_op &g : ops) {
-        cudaError_t e = cudasim::enqueue(g.stream, g.what, g.poll);
+        cudaError_t e = cudasim::enqueue_made(g.stream, g.what, g.make);
         if (e != cudaSuccess)
             return fail(ncclUnhandledCudaError, "ncclGroupEnd: %s: %s", g.what, cudaGetErrorString(e));
         if (r == ncclSuccess) /* sync streams ran it already: an error it met is the group's */
