@@ -9,7 +9,8 @@
  *     its eps rule (see there: gradients 5e-2, losses 1e-2, update 5e-2
  *     normwise); the model must report the fused attention
  *     (gpu_model_attention_fused) and the lever as asked, in its mask and
- *     in the kernels' (cuda_levers);
+ *     in the kernels' (cuda_levers); BERTD_ATTENTION (device-check sets it
+ *     to unfused after a failed flash test) is unset while models are made;
  *   - FLASH2 resumed, fp16 (so the loss scaler is part of the state): a
  *     model runs steps 0-2, its state (fp32 parameters, optimizer state and
  *     step, loss scaler: what a checkpoint holds) goes into a fresh model,
@@ -123,23 +124,31 @@ static double norm2_rel(const float *got, const float *ref, size_t n)
     return r > 0 ? sqrt(e / r) : INFINITY;
 }
 
-/* A GPU model created with BERTD_LEVER_FLASH2 set to flash2 (the caller's
- * setting back after); it must run the fused attention with the lever as
- * asked (a failure is counted and NULL returned otherwise). */
+/* A GPU model created with BERTD_LEVER_FLASH2 set to flash2 and
+ * BERTD_ATTENTION unset (the caller's settings back after); it must run the
+ * fused attention with the lever as asked (a failure is counted and NULL
+ * returned otherwise). */
 static gpu_model *make_flash_model(const bert_config *c, kdtype dt, const optim_config *oc,
                                    int flash2, const float *params)
 {
-    const char *saved = getenv("BERTD_LEVER_FLASH2");
-    char *keep = saved ? strdup(saved) : NULL;
-    setenv("BERTD_LEVER_FLASH2", flash2 ? "1" : "0", 1);
+    static const char *const vars[2] = {"BERTD_LEVER_FLASH2", "BERTD_ATTENTION"};
+    char *keep[2];
+    for (int i = 0; i < 2; i++) {
+        const char *v = getenv(vars[i]);
+        keep[i] = v ? strdup(v) : NULL;
+    }
+    setenv(vars[0], flash2 ? "1" : "0", 1);
+    unsetenv(vars[1]);
     gpu_model *g = NULL;
     char err[256] = "";
     int rc = gpu_model_create(&g, c, dt, 0, FB, FT, FM, oc, err, sizeof err);
-    if (keep)
-        setenv("BERTD_LEVER_FLASH2", keep, 1);
-    else
-        unsetenv("BERTD_LEVER_FLASH2");
-    free(keep);
+    for (int i = 0; i < 2; i++) {
+        if (keep[i])
+            setenv(vars[i], keep[i], 1);
+        else
+            unsetenv(vars[i]);
+        free(keep[i]);
+    }
     if (rc != 0) {
         printf("FAIL gpu_model_create %s: %s\n", kdtype_name(dt), err);
         gpu_failures++;
