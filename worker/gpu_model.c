@@ -1379,6 +1379,11 @@ float gpu_model_exposed_comm_ms(const gpu_model *g)
     return g->exposed_comm_ms;
 }
 
+int gpu_model_attention_fused(const gpu_model *g)
+{
+    return g->acts->fused;
+}
+
 float gpu_model_loss_scale(const gpu_model *g)
 {
     return g->scaler.enabled ? g->scaler.scale : 1.0f;
