@@ -29,6 +29,7 @@ typedef struct model_info {
 	char cfg[PATH_MAX + 32];   /* config.json (HF) or state.json (bertd checkpoint) */
 	long long dim[N_DIMS];     /* as dim_keys */
 	double eps;                /* layer_norm_eps */
+	char act[24];              /* hidden_act ("gelu" when missing, BertConfig's default) */
 	long long rows;            /* word-embedding rows in model.safetensors; -1 not known */
 	char vocab[PATH_MAX + 32]; /* the model's vocab file; "" when none is known */
 } model_info;
@@ -75,6 +76,18 @@ static int read_dims(const char *file, const char *section, model_info *mi, char
 	}
 	json_t *eps = json_object_get(o, "layer_norm_eps");
 	mi->eps = json_is_number(eps) ? json_number_value(eps) : EPS_DEFAULT;
+	/* one the job spec does not know (or too long to be one) is refused
+	 * on model.hidden_act when the spec is made again with it (with_model) */
+	json_t *act = json_object_get(o, "hidden_act");
+	snprintf(mi->act, sizeof mi->act, "%s", "gelu");
+	if (rc == 0 && act && !json_is_null(act)) {
+		if (!json_is_string(act)) {
+			snprintf(why, cap, "%s: hidden_act is not a string", file);
+			rc = -EINVAL;
+		} else {
+			snprintf(mi->act, sizeof mi->act, "%s", json_string_value(act));
+		}
+	}
 out:
 	json_decref(root);
 	return rc;
@@ -223,7 +236,7 @@ static bool read_model(api_request *req, const char *dir, model_info *mi, enum M
 /* The model.* keys in as submitted that contradict mi: a preset whose
  * dimensions (those not given beside it) are not the model's, a dimension,
  * vocab_size (0 and null mean "the model's"), layer_norm_eps (as the float
- * the worker uses). Returns true when none does, or replies 422 on the
+ * the worker uses), hidden_act. Returns true when none does, or replies 422 on the
  * key, naming both values, and sets *ret. */
 static bool contradiction(api_request *req, const json_t *in, const model_info *mi,
 			  enum MHD_Result *ret)
@@ -250,6 +263,14 @@ static bool contradiction(api_request *req, const json_t *in, const model_info *
 					 "%g differs from the model of the checkpoint init_from names "
 					 "(%s: layer_norm_eps %g); leave it out, or give that",
 					 json_number_value(eps), mi->cfg, mi->eps);
+		return false;
+	}
+	const char *act = json_string_value(json_object_get(m, "hidden_act"));
+	if (act && strcmp(act, mi->act) != 0) {
+		*ret = api_reply_problem(req, API_P_INVALID_SPEC, "model.hidden_act",
+					 "\"%s\" differs from the model of the checkpoint init_from names "
+					 "(%s: hidden_act \"%s\"); leave it out, or give that",
+					 act, mi->cfg, mi->act);
 		return false;
 	}
 	int pd[4];
@@ -288,7 +309,8 @@ static bool with_model(api_request *req, const json_t *in, const model_info *mi,
 	for (size_t i = 0; i < N_DIMS; i++)
 		if (json_object_set_new(m, dim_keys[i], json_integer(mi->dim[i])) < 0)
 			goto oom;
-	if (json_object_set_new(m, "layer_norm_eps", json_real(mi->eps)) < 0)
+	if (json_object_set_new(m, "layer_norm_eps", json_real(mi->eps)) < 0 ||
+	    json_object_set_new(m, "hidden_act", json_string(mi->act)) < 0)
 		goto oom;
 	json_t *preset = json_object_get(m, "preset");
 	int dims[4] = {(int)mi->dim[1], (int)mi->dim[2], (int)mi->dim[3], (int)mi->dim[4]};

@@ -14,7 +14,8 @@
  * starting "BENCH gpu_train seq=" for scripts. A later row that crashes or
  * hangs cannot take back a row already printed. --preset runs another model
  * size (bert-tiny: a quick check of this program on the CPU stand-in);
- * device-check's table and its reference are bert-base. The speed levers
+ * device-check's table and its reference are bert-base. --act sets
+ * hidden_act (gelu_new: the tanh-GELU model that lever GELU_EPI applies to). The speed levers
  * (BERTD_LEVER_* in the environment, docs/perf.md) are the model's: the
  * BENCH line names the mask it ran with (levers=0x...), so device-check runs
  * this program once more per lever with that lever off.
@@ -291,7 +292,7 @@ static void row(int T, int B, const char *preset, kdtype dt, const char *device,
 
 int main(int argc, char **argv)
 {
-    const char *prec = "auto", *preset = "bert-base";
+    const char *prec = "auto", *preset = "bert-base", *act = "gelu";
     double peak = 989.0;
     int b128 = 128, b512 = 32, steps = 20, warmup = 5, only = 0;
     for (int i = 1; i < argc; i++) {
@@ -303,10 +304,11 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--seq") && i + 1 < argc) only = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
+        else if (!strcmp(argv[i], "--act") && i + 1 < argc) act = argv[++i];
         else {
             fprintf(stderr, "usage: %s [--seq 128|512] [--precision auto|bf16|fp16|fp32] "
                     "[--batch128 N] [--batch512 N] [--steps N] [--warmup N] [--peak-tflops X] "
-                    "[--preset NAME]\n", argv[0]);
+                    "[--preset NAME] [--act gelu|gelu_new|gelu_pytorch_tanh]\n", argv[0]);
             return 2;
         }
     }
@@ -350,6 +352,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "gpu_bench: --preset %s: not a model preset (bert-base, bert-tiny, ...)\n", preset);
         return 2;
     }
+    c.act = bert_act_parse(act);
+    if (c.act < 0) {
+        fprintf(stderr, "gpu_bench: --act %s: only %s\n", act, BERT_ACT_SUPPORTED);
+        return 2;
+    }
     bert_model *host = NULL;
     int rc = bert_model_create(&host, &c);
     if (rc != 0) {
@@ -357,10 +364,10 @@ int main(int argc, char **argv)
         return 1;
     }
     quick_init(host);
-    printf("gpu_bench: %s (%zu params), %s on %s (sm_%d%d), peak %.0f TFLOP/s dense bf16\n"
+    printf("gpu_bench: %s (%zu params, hidden_act %s), %s on %s (sm_%d%d), peak %.0f TFLOP/s dense bf16\n"
            "(reference: bench/gpu_hf.py on the same shapes, run beside this program by "
            "scripts/device-check)\n",
-           preset, host->num_params, kdtype_name(dt), prop.name, prop.major, prop.minor, peak);
+           preset, host->num_params, act, kdtype_name(dt), prop.name, prop.major, prop.minor, peak);
     printf("\n%5s %5s %-16s %12s %9s %8s %8s %8s %8s %7s\n", "seq", "batch", "implementation",
            "tokens/s", "step ms", "fwd ms", "bwd ms", "opt ms", "TFLOP/s", "MFU");
     fflush(stdout);

@@ -109,8 +109,12 @@ static const struct choice preset_choices[] = {
 	{"bert-medium", "bert-medium"}, {"bert-base", "bert-base"}, {"bert-large", "bert-large"},
 	{NULL, NULL},
 };
-/* The kernels implement the exact erf GELU only (HF's "gelu"). */
-static const struct choice act_choices[] = {{"gelu", "gelu"}, {NULL, NULL}};
+/* GELU: the exact erf form (HF "gelu") or the tanh form (HF "gelu_new" and
+ * "gelu_pytorch_tanh", kept apart so an export writes back the same name). */
+static const struct choice act_choices[] = {
+	{"gelu", "gelu"}, {"gelu_new", "gelu_new"}, {"gelu_pytorch_tanh", "gelu_pytorch_tanh"},
+	{NULL, NULL},
+};
 
 static const struct field model_fields[] = {
 	ENUM("preset", preset_choices, "bert-base", model.preset),

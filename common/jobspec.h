@@ -71,7 +71,7 @@ typedef struct jobspec_model {
 	char preset[16];               /* "bert-tiny" ... "bert-large" */
 	int vocab_size;                /* 0 = from the dataset's vocab (null in JSON) */
 	int hidden_size, num_hidden_layers, num_attention_heads, intermediate_size;
-	char hidden_act[16];           /* "gelu" */
+	char hidden_act[24];           /* "gelu", "gelu_new", "gelu_pytorch_tanh" */
 	double hidden_dropout_prob, attention_probs_dropout_prob;
 	int max_position_embeddings, type_vocab_size;
 	double initializer_range, layer_norm_eps;

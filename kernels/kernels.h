@@ -114,6 +114,10 @@ void KOP(attention_backward)(kreal *dqkv,     // (B,T,3C)
 /* GELU, erf form (HF hidden_act "gelu"). */
 void KOP(gelu_forward)(kreal *out, const kreal *inp, size_t N);
 void KOP(gelu_backward)(kreal *dinp, const kreal *inp, const kreal *dout, size_t N);
+/* GELU, tanh form (HF hidden_act "gelu_new" and "gelu_pytorch_tanh"):
+ * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). inp is saved for backward. */
+void KOP(gelu_tanh_forward)(kreal *out, const kreal *inp, size_t N);
+void KOP(gelu_tanh_backward)(kreal *dinp, const kreal *inp, const kreal *dout, size_t N);
 
 /* tanh (BERT pooler). out is saved for backward. */
 void KOP(tanh_forward)(kreal *out, const kreal *inp, size_t N);

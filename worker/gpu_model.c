@@ -385,6 +385,7 @@ static const struct {
     {"BERTD_LEVER_VOCAB_PAD", CUDA_LEVER_VOCAB_PAD},
     {"BERTD_LEVER_FLASH2", CUDA_LEVER_FLASH2},
     {"BERTD_LEVER_GRAPH", CUDA_LEVER_GRAPH},
+    {"BERTD_LEVER_GELU_EPI", CUDA_LEVER_GELU_EPI},
 };
 
 int gpu_levers_from_env(unsigned *out, char *err, size_t errlen)
@@ -972,21 +973,43 @@ static void linear_forward(gpu_model *g, void *out, const void *inp, int wi, siz
     cuda_matmul_forward_dt(out, inp, w, pf(g, bi, boff), N, C, OC, g->dt, g->compute);
 }
 
-/* pre = inp @ W^T + b, act = gelu(pre), GELU in the erf form of HF "gelu".
- * cuBLASLt's GELU epilogue is the tanh form, so on the cuBLASLt path only
- * the bias is fused and the GELU stays a pass of its own; the cuBLAS path
- * keeps its fused bias+GELU pass. */
+/* pre = inp @ W^T + b, act = gelu(pre), GELU in the form of hidden_act:
+ * erf ("gelu") or tanh ("gelu_new", "gelu_pytorch_tanh"). cuBLASLt's GELU
+ * epilogue is the tanh form: with lever CUDA_LEVER_GELU_EPI a tanh-GELU
+ * model runs it (GELU_AUX_BIAS, pre as the aux); otherwise on the cuBLASLt
+ * path only the bias is fused and the GELU stays a pass of its own; the
+ * cuBLAS path keeps its fused bias+GELU pass. */
 static void linear_gelu_forward(gpu_model *g, void *act, void *pre, const void *inp, int wi,
                                 size_t woff, int bi, size_t boff, int N, int C, int OC)
 {
     const void *w = lp(g, wi, woff);
+    int tanh_form = bert_act_is_tanh(g->cfg.act);
+    if (g->gemm_lt && tanh_form && (g->levers & CUDA_LEVER_GELU_EPI) &&
+        cuda_lt_matmul_forward_dt(act, pre, inp, w, lp(g, bi, boff), N, C, OC, g->dt,
+                                  g->compute) == 0)
+        return;
     if (g->gemm_lt && cuda_lt_matmul_forward_dt(pre, NULL, inp, w, lp(g, bi, boff), N, C, OC,
                                                 g->dt, g->compute) == 0) {
-        cuda_gelu_forward_dt(act, pre, (size_t)N * OC, g->dt, g->compute);
+        if (tanh_form)
+            cuda_gelu_tanh_forward_dt(act, pre, (size_t)N * OC, g->dt, g->compute);
+        else
+            cuda_gelu_forward_dt(act, pre, (size_t)N * OC, g->dt, g->compute);
         return;
     }
     cuda_matmul_forward_dt(pre, inp, w, NULL, N, C, OC, g->dt, g->compute);
-    cuda_bias_gelu_forward_dt(act, pre, pf(g, bi, boff), N, OC, g->dt, g->compute);
+    if (tanh_form)
+        cuda_bias_gelu_tanh_forward_dt(act, pre, pf(g, bi, boff), N, OC, g->dt, g->compute);
+    else
+        cuda_bias_gelu_forward_dt(act, pre, pf(g, bi, boff), N, OC, g->dt, g->compute);
+}
+
+/* dpre = gelu'(pre) * dact in the form of hidden_act */
+static void act_backward(gpu_model *g, void *dpre, const void *pre, const void *dact, size_t n)
+{
+    if (bert_act_is_tanh(g->cfg.act))
+        cuda_gelu_tanh_backward_dt(dpre, pre, dact, n, g->dt, g->compute);
+    else
+        cuda_gelu_backward_dt(dpre, pre, dact, n, g->dt, g->compute);
 }
 
 /* dinp (may be NULL) =, dW +=, db += (BGRADB epilogue on the cuBLASLt path). */
@@ -1358,7 +1381,7 @@ static int backward_kernels(gpu_model *g)
                         g->vocab_ld);
         cuda_layernorm_backward_dt(a->d_h2, gr->head_lnw, gr->head_lnb, a->d_h1, a->hg,
                                    p->head_lnw, a->h_mean, a->h_rstd, M, C, dt, st);
-        cuda_gelu_backward_dt(a->d_h1, a->hd, a->d_h2, (size_t)M * C, dt, st);
+        act_backward(g, a->d_h1, a->hd, a->d_h2, (size_t)M * C);
         linear_backward(g, a->d_h2, a->d_h1, a->hsel, BP_HEAD_W, 0, BP_HEAD_B, 0, M, C, C);
         cuda_gather_rows_backward_dt(a->d_res, a->d_h2, pos, M, C, dt, st);
     }
@@ -1388,9 +1411,17 @@ static int backward_kernels(gpu_model *g)
             a->d_a, a->d_c, gr->ln2w + (size_t)l * C, gr->ln2b + (size_t)l * C, a->d_res, d_extra,
             res2, p->ln2w + (size_t)l * C, a->ln2_mean + l * N, a->ln2_rstd + l * N, r, ph, (int)N,
             C, dt, st);
-        linear_backward(g, a->d_fch_gelu, a->d_c, fch_gelu, BP_FCPROJW, (size_t)l * C * I,
-                        BP_FCPROJB, (size_t)l * C, (int)N, I, C);
-        cuda_gelu_backward_dt(a->d_fch, fch, a->d_fch_gelu, N * I, dt, st);
+        /* FC2 backward, then GELU's: with lever CUDA_LEVER_GELU_EPI (tanh
+         * form) one cuBLASLt GEMM whose DGELU epilogue reads pre = fch */
+        if (!(g->gemm_lt && bert_act_is_tanh(c->act) && (g->levers & CUDA_LEVER_GELU_EPI) &&
+              cuda_lt_matmul_backward_dt(a->d_fch, gf(g, BP_FCPROJW, (size_t)l * C * I),
+                                         gf(g, BP_FCPROJB, (size_t)l * C), a->d_c, fch_gelu,
+                                         lp(g, BP_FCPROJW, (size_t)l * C * I), fch, (int)N, I, C,
+                                         dt, st) == 0)) {
+            linear_backward(g, a->d_fch_gelu, a->d_c, fch_gelu, BP_FCPROJW, (size_t)l * C * I,
+                            BP_FCPROJB, (size_t)l * C, (int)N, I, C);
+            act_backward(g, a->d_fch, fch, a->d_fch_gelu, N * I);
+        }
         linear_backward(g, a->d_b, a->d_fch, ln1, BP_FCW, (size_t)l * I * C, BP_FCB, (size_t)l * I,
                         (int)N, C, I);
         /* LN1 over res1 = x + dropout(attproj), fed d ln1 = d_a + d_b:
@@ -1510,6 +1541,11 @@ void gpu_model_reduce_in_next_backward(gpu_model *g)
 float gpu_model_exposed_comm_ms(const gpu_model *g)
 {
     return g->exposed_comm_ms;
+}
+
+int gpu_model_attention_fused(const gpu_model *g)
+{
+    return g->acts->fused;
 }
 
 float gpu_model_loss_scale(const gpu_model *g)

@@ -281,6 +281,11 @@ void gpu_model_reduce_in_next_backward(gpu_model *g);
  * last gpu_model_step (the exposed all-reduce, measured with CUDA events on
  * the GPU timeline); 0 when nothing was reduced. */
 float gpu_model_exposed_comm_ms(const gpu_model *g);
+/* Whether the model runs the fused (flash) attention kernels: 16-bit
+ * activations, a head dim and length cuda_flash_attention_supported takes,
+ * and BERTD_ATTENTION not "unfused" at create; which form of them
+ * (CUDA_LEVER_FLASH2) is in g->levers. Fixed for the model's life. */
+int gpu_model_attention_fused(const gpu_model *g);
 
 /* One optimizer update from the accumulated (loss-scaled) gradients:
  * all-reduce hook, global norm, overflow check (fp16: a non-finite gradient

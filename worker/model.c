@@ -44,6 +44,26 @@ int bert_config_preset(bert_config *cfg, const char *name)
     return -ENOENT;
 }
 
+static const char *const act_names[] = {"gelu", "gelu_new", "gelu_pytorch_tanh"};
+
+const char *bert_act_name(int act)
+{
+    return act >= 0 && act < (int)(sizeof act_names / sizeof act_names[0]) ? act_names[act] : NULL;
+}
+
+int bert_act_parse(const char *name)
+{
+    for (size_t i = 0; name && i < sizeof act_names / sizeof act_names[0]; i++)
+        if (strcmp(act_names[i], name) == 0)
+            return (int)i;
+    return -1;
+}
+
+int bert_act_is_tanh(int act)
+{
+    return act == BERT_ACT_GELU_NEW || act == BERT_ACT_GELU_PYTORCH_TANH;
+}
+
 static const struct cfg_field { const char *name; size_t off; int is_float; } cfg_fields[] = {
     {"vocab_size", offsetof(bert_config, vocab_size), 0},
     {"hidden_size", offsetof(bert_config, hidden_size), 0},
@@ -88,9 +108,13 @@ int bert_config_apply_json(bert_config *cfg, const json_t *obj, char *err, size_
         }
     }
     json_t *act = json_object_get(obj, "hidden_act");
-    if (act && !(json_is_string(act) && strcmp(json_string_value(act), "gelu") == 0)) {
-        snprintf(err, errlen, "hidden_act: only \"gelu\" (erf form) is supported");
-        return -EINVAL;
+    if (act) {
+        int a = json_is_string(act) ? bert_act_parse(json_string_value(act)) : -1;
+        if (a < 0) {
+            snprintf(err, errlen, "hidden_act: only %s is supported", BERT_ACT_SUPPORTED);
+            return -EINVAL;
+        }
+        cfg->act = a;
     }
     json_t *pe = json_object_get(obj, "position_embedding_type");
     if (pe && !(json_is_string(pe) && strcmp(json_string_value(pe), "absolute") == 0)) {
@@ -121,6 +145,7 @@ int bert_config_validate(const bert_config *c, char *err, size_t errlen)
         BAD("attention_probs_dropout_prob must be in [0,1)");
     if (!(c->layer_norm_eps > 0)) BAD("layer_norm_eps must be > 0");
     if (!(c->initializer_range >= 0)) BAD("initializer_range must be >= 0");
+    if (!bert_act_name(c->act)) BAD("hidden_act: only %s is supported", BERT_ACT_SUPPORTED);
     return 0;
 #undef BAD
 }
@@ -129,7 +154,8 @@ json_t *bert_config_to_json(const bert_config *c)
 {
     json_t *o = json_pack("{s:[s], s:s, s:s, s:s, s:b}", "architectures",
                           c->nsp ? "BertForPreTraining" : "BertForMaskedLM", "model_type",
-                          "bert", "hidden_act", "gelu", "position_embedding_type", "absolute",
+                          "bert", "hidden_act", bert_act_name(c->act) ? bert_act_name(c->act) : "?",
+                          "position_embedding_type", "absolute",
                           "tie_word_embeddings", 1);
     if (!o)
         return NULL;
@@ -469,6 +495,23 @@ int bert_model_eval(bert_model *m, const bert_batch *b, bert_eval_sums *acc)
     return 0;
 }
 
+/* hidden_act of the FFN and the MLM head transform: GELU, erf or tanh form */
+static void act_forward(const bert_config *c, float *out, const float *inp, size_t n)
+{
+    if (bert_act_is_tanh(c->act))
+        gelu_tanh_forward(out, inp, n);
+    else
+        gelu_forward(out, inp, n);
+}
+static void act_backward(const bert_config *c, float *dinp, const float *inp, const float *dout,
+                         size_t n)
+{
+    if (bert_act_is_tanh(c->act))
+        gelu_tanh_backward(dinp, inp, dout, n);
+    else
+        gelu_backward(dinp, inp, dout, n);
+}
+
 int bert_model_forward(bert_model *m, const bert_batch *b, const bert_dropout *d)
 {
     char err[160];
@@ -517,7 +560,7 @@ int bert_model_forward(bert_model *m, const bert_batch *b, const bert_dropout *d
         layernorm_forward(ln1, a->ln1_mean + l * N, a->ln1_rstd + l * N, res1,
                           p->ln1w + l * C, p->ln1b + l * C, (int)N, C, eps);
         matmul_forward(fch, ln1, p->fcw + (size_t)l * I * C, p->fcb + (size_t)l * I, (int)N, C, I);
-        gelu_forward(fch_gelu, fch, N * I);
+        act_forward(&m->cfg, fch_gelu, fch, N * I);
         matmul_forward(fcproj, fch_gelu, p->fcprojw + (size_t)l * C * I, p->fcprojb + l * C,
                        (int)N, I, C);
         r = site_rng(&rs, d, ph, l, DROPOUT_SITE_FFN_OUT);
@@ -533,7 +576,7 @@ int bert_model_forward(bert_model *m, const bert_batch *b, const bert_dropout *d
     if (M > 0) {
         gather_rows_forward(a->hsel, hidden, b->mlm_positions, M, C);
         matmul_forward(a->hd, a->hsel, p->head_w, p->head_b, M, C, C);
-        gelu_forward(a->hg, a->hd, (size_t)M * C);
+        act_forward(&m->cfg, a->hg, a->hd, (size_t)M * C);
         layernorm_forward(a->hln, a->h_mean, a->h_rstd, a->hg, p->head_lnw, p->head_lnb, M, C,
                           eps);
         matmul_forward(a->logits, a->hln, p->wte, p->dec_b, M, C, V);
@@ -598,7 +641,7 @@ int bert_model_backward(bert_model *m, float loss_scale)
         matmul_backward(a->d_h1, g->wte, g->dec_b, dlogits, a->hln, p->wte, M, C, V);
         layernorm_backward(a->d_h2, g->head_lnw, g->head_lnb, a->d_h1, a->hg, p->head_lnw,
                            a->h_mean, a->h_rstd, M, C);
-        gelu_backward(a->d_h1, a->hd, a->d_h2, (size_t)M * C);
+        act_backward(&m->cfg, a->d_h1, a->hd, a->d_h2, (size_t)M * C);
         matmul_backward(a->d_h2, g->head_w, g->head_b, a->d_h1, a->hsel, p->head_w, M, C, C);
         gather_rows_backward(a->d_res, a->d_h2, b->mlm_positions, M, C);
     }
@@ -630,7 +673,7 @@ int bert_model_backward(bert_model *m, float loss_scale)
         dropout_backward(a->d_tmp2, a->d_tmp, r, ph, N * C);
         matmul_backward(a->d_fch_gelu, g->fcprojw + (size_t)l * C * I, g->fcprojb + l * C,
                         a->d_tmp2, fch_gelu, p->fcprojw + (size_t)l * C * I, (int)N, I, C);
-        gelu_backward(a->d_fch, fch, a->d_fch_gelu, N * I);
+        act_backward(&m->cfg, a->d_fch, fch, a->d_fch_gelu, N * I);
         matmul_backward(a->d_tmp2, g->fcw + (size_t)l * I * C, g->fcb + (size_t)l * I, a->d_fch,
                         ln1, p->fcw + (size_t)l * I * C, (int)N, C, I);
         residual_forward(a->d_tmp, a->d_tmp, a->d_tmp2, N * C); // d ln1 total

@@ -33,7 +33,26 @@ typedef struct bert_config {
     float layer_norm_eps;
     float initializer_range;
     int nsp;                     // 1: pooler + next-sentence head (BertForPreTraining)
+    int act;                     // hidden_act, a bert_act (0: "gelu")
 } bert_config;
+
+/* hidden_act: the activation of the FFN and of the MLM head transform.
+ * GELU's erf form is HF "gelu"; its tanh form is HF "gelu_new" and
+ * "gelu_pytorch_tanh" (the same function; the name is kept so that an
+ * export writes back what was imported). */
+typedef enum bert_act {
+    BERT_ACT_GELU = 0,
+    BERT_ACT_GELU_NEW,
+    BERT_ACT_GELU_PYTORCH_TANH,
+} bert_act;
+/* The HF name of act; NULL if act is out of range. */
+const char *bert_act_name(int act);
+/* The bert_act named name, or -1 when unsupported. */
+int bert_act_parse(const char *name);
+/* 1 when act is GELU's tanh form. */
+int bert_act_is_tanh(int act);
+/* The message for an unsupported hidden_act: it names the supported ones. */
+#define BERT_ACT_SUPPORTED "\"gelu\" (erf form), \"gelu_new\" or \"gelu_pytorch_tanh\" (tanh form)"
 
 /* Fills cfg from a preset name (bert-tiny, bert-mini, bert-small, bert-medium,
  * bert-base, bert-large), HF BertConfig defaults otherwise. -ENOENT if unknown. */

@@ -16,8 +16,9 @@ int train_config_from_jobspec(train_config *cfg, const jobspec *spec, int thread
     memset(cfg, 0, sizeof *cfg);
     bert_config *m = &cfg->model;
     bert_config_preset(m, NULL);
-    if (strcmp(jm->hidden_act, "gelu") != 0) {
-        snprintf(err, errlen, "model.hidden_act: only \"gelu\" is supported");
+    m->act = bert_act_parse(jm->hidden_act);
+    if (m->act < 0) {
+        snprintf(err, errlen, "model.hidden_act: only %s is supported", BERT_ACT_SUPPORTED);
         return -EINVAL;
     }
     m->vocab_size = jm->vocab_size;

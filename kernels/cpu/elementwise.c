@@ -1,4 +1,4 @@
-/* elementwise — GELU (erf form), tanh, inverted dropout and residual add.
+/* elementwise — GELU (erf and tanh forms), tanh, inverted dropout and residual add.
  * Pointwise ops, OpenMP over elements. Dropout masks come from Philox and are
  * regenerated in backward rather than stored. */
 #include "kernels/cpu/kcpu.h"
@@ -22,6 +22,32 @@ void KOP(gelu_backward)(kreal *dinp, const kreal *inp, const kreal *dout, size_t
         kreal cdf = (kreal)0.5 * (1 + K_ERF(x * (kreal)M_SQRT1_2));
         kreal pdf = inv_sqrt_2pi * K_EXP((kreal)-0.5 * x * x);
         dinp[i] = dout[i] * (cdf + x * pdf);
+    }
+}
+
+/* sqrt(2/pi) and the cubic coefficient of the tanh form */
+#define GELU_TANH_S 0.79788456080286535588
+#define GELU_TANH_A 0.044715
+
+void KOP(gelu_tanh_forward)(kreal *out, const kreal *inp, size_t N)
+{
+    const kreal s = (kreal)GELU_TANH_S, a = (kreal)GELU_TANH_A;
+#pragma omp parallel for
+    for (size_t i = 0; i < N; i++) {
+        kreal x = inp[i];
+        out[i] = (kreal)0.5 * x * (1 + K_TANH(s * (x + a * x * x * x)));
+    }
+}
+
+void KOP(gelu_tanh_backward)(kreal *dinp, const kreal *inp, const kreal *dout, size_t N)
+{
+    const kreal s = (kreal)GELU_TANH_S, a = (kreal)GELU_TANH_A;
+#pragma omp parallel for
+    for (size_t i = 0; i < N; i++) {
+        kreal x = inp[i];
+        kreal t = K_TANH(s * (x + a * x * x * x));
+        kreal dt = s * (1 + 3 * a * x * x); // d/dx of tanh's argument
+        dinp[i] = dout[i] * ((kreal)0.5 * (1 + t) + (kreal)0.5 * x * (1 - t * t) * dt);
     }
 }
 

@@ -51,6 +51,26 @@ void cuda_gelu_backward_dt(void *dinp, const void *inp, const void *dout, size_t
     LAUNCH_CHECK();
 }
 
+void cuda_gelu_tanh_forward_dt(void *out, const void *inp, size_t N, kdtype dt,
+                               cudaStream_t stream)
+{
+    if (!N)
+        return;
+    DT_DISPATCH(dt, KLAUNCH(pack_grid<T>(N, 256), 256, 0, stream, gelu_tanh_forward_kernel<T>)(
+                        (T *)out, (const T *)inp, N));
+    LAUNCH_CHECK();
+}
+
+void cuda_gelu_tanh_backward_dt(void *dinp, const void *inp, const void *dout, size_t N,
+                                kdtype dt, cudaStream_t stream)
+{
+    if (!N)
+        return;
+    DT_DISPATCH(dt, KLAUNCH(pack_grid<T>(N, 256), 256, 0, stream, gelu_tanh_backward_kernel<T>)(
+                        (T *)dinp, (const T *)inp, (const T *)dout, N));
+    LAUNCH_CHECK();
+}
+
 void cuda_tanh_forward_dt(void *out, const void *inp, size_t N, kdtype dt, cudaStream_t stream)
 {
     if (!N)
@@ -105,7 +125,7 @@ void cuda_add_bias_dt(void *out, const float *bias, int N, int OC, kdtype dt,
     size_t n = (size_t)N * OC;
     if (!n || !bias)
         return;
-    DT_DISPATCH(dt, KLAUNCH(grid_for(n, 256), 256, 0, stream, bias_act_kernel<T, false>)(
+    DT_DISPATCH(dt, KLAUNCH(grid_for(n, 256), 256, 0, stream, bias_act_kernel<T, 0>)(
                         (T *)out, (T *)out, bias, (size_t)N, OC));
     LAUNCH_CHECK();
 }
@@ -120,7 +140,22 @@ void cuda_bias_gelu_forward_dt(void *act, void *pre, const float *bias, int N, i
         cuda_gelu_forward_dt(act, pre, n, dt, stream);
         return;
     }
-    DT_DISPATCH(dt, KLAUNCH(grid_for(n, 256), 256, 0, stream, bias_act_kernel<T, true>)(
+    DT_DISPATCH(dt, KLAUNCH(grid_for(n, 256), 256, 0, stream, bias_act_kernel<T, 1>)(
+                        (T *)act, (T *)pre, bias, (size_t)N, OC));
+    LAUNCH_CHECK();
+}
+
+void cuda_bias_gelu_tanh_forward_dt(void *act, void *pre, const float *bias, int N, int OC,
+                                    kdtype dt, cudaStream_t stream)
+{
+    size_t n = (size_t)N * OC;
+    if (!n)
+        return;
+    if (!bias) {
+        cuda_gelu_tanh_forward_dt(act, pre, n, dt, stream);
+        return;
+    }
+    DT_DISPATCH(dt, KLAUNCH(grid_for(n, 256), 256, 0, stream, bias_act_kernel<T, 2>)(
                         (T *)act, (T *)pre, bias, (size_t)N, OC));
     LAUNCH_CHECK();
 }

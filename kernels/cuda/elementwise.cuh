@@ -30,6 +30,19 @@ __device__ __forceinline__ float gelu_grad_f(float x)
     return cdf + x * pdf;
 }
 
+/* GELU's tanh form (HF "gelu_new"): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+__device__ __forceinline__ float gelu_tanh_f(float x)
+{
+    const float s = 0.79788456080286535588f, a = 0.044715f;
+    return 0.5f * x * (1.0f + tanhf(s * (x + a * x * x * x)));
+}
+__device__ __forceinline__ float gelu_tanh_grad_f(float x)
+{
+    const float s = 0.79788456080286535588f, a = 0.044715f;
+    float t = tanhf(s * (x + a * x * x * x));
+    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * s * (1.0f + 3.0f * a * x * x);
+}
+
 /* The element-wise pattern once: out = op(a[, b]) in 16-byte packs of T,
  * float arithmetic; the named kernels below differ only in op. */
 template <typename T, typename Op>
@@ -67,6 +80,12 @@ struct gelu_op {
 struct gelu_grad_op { // (x, dout)
     __device__ float operator()(float x, float d) const { return d * gelu_grad_f(x); }
 };
+struct gelu_tanh_op {
+    __device__ float operator()(float x) const { return gelu_tanh_f(x); }
+};
+struct gelu_tanh_grad_op { // (x, dout)
+    __device__ float operator()(float x, float d) const { return d * gelu_tanh_grad_f(x); }
+};
 struct tanh_op {
     __device__ float operator()(float x) const { return tanhf(x); }
 };
@@ -86,6 +105,17 @@ template <typename T>
 __global__ void gelu_backward_kernel(T *dinp, const T *inp, const T *dout, size_t n)
 {
     map2(dinp, inp, dout, n, gelu_grad_op{});
+}
+
+template <typename T> __global__ void gelu_tanh_forward_kernel(T *out, const T *inp, size_t n)
+{
+    map1(out, inp, n, gelu_tanh_op{});
+}
+
+template <typename T>
+__global__ void gelu_tanh_backward_kernel(T *dinp, const T *inp, const T *dout, size_t n)
+{
+    map2(dinp, inp, dout, n, gelu_tanh_grad_op{});
 }
 
 template <typename T> __global__ void tanh_forward_kernel(T *out, const T *inp, size_t n)
@@ -122,8 +152,9 @@ __global__ void residual_forward_kernel(T *out, const T *a, const T *b, size_t n
     map2(out, a, b, n, add_op{});
 }
 
-/* Rows of OC: one thread per pack of a row, grid-stride over the matrix. */
-template <typename T, bool GELU>
+/* Rows of OC: one thread per pack of a row, grid-stride over the matrix.
+ * ACT: 0 the bias only, 1 then GELU (erf form), 2 then GELU (tanh form). */
+template <typename T, int ACT>
 __global__ void bias_act_kernel(T *act, T *pre, const float *bias, size_t rows, int OC)
 {
     size_t n = rows * (size_t)OC;
@@ -131,8 +162,10 @@ __global__ void bias_act_kernel(T *act, T *pre, const float *bias, size_t rows, 
          i += (size_t)gridDim.x * blockDim.x) {
         float x = to_f(pre[i]) + bias[i % OC];
         pre[i] = from_f<T>(x);
-        if (GELU)
+        if (ACT == 1)
             act[i] = from_f<T>(gelu_f(to_f(pre[i])));
+        else if (ACT == 2)
+            act[i] = from_f<T>(gelu_tanh_f(to_f(pre[i])));
     }
 }
 

@@ -86,6 +86,13 @@ enum {
      * below and philox_stream.dev_ctr. Off by default until a GPU has
      * measured it */
     CUDA_LEVER_GRAPH = 1u << 9,
+    /* GELU in the FC1 GEMM's cuBLASLt epilogue, both directions: forward
+     * GELU_AUX_BIAS (the pre-activation stored as the aux), backward the
+     * FC2 dX GEMM with DGELU reading it (worker/gpu_model.c; the kernels do
+     * not read this bit). cuBLASLt's GELU is the tanh form, so it applies
+     * to tanh-GELU models only (hidden_act "gelu_new", "gelu_pytorch_tanh").
+     * Off by default until a GPU has measured it */
+    CUDA_LEVER_GELU_EPI = 1u << 10,
 };
 #define CUDA_LEVERS_DEFAULT ((unsigned)(CUDA_LEVER_LN_VEC | CUDA_LEVER_OPT_ZERO))
 void cuda_levers_set(unsigned mask);
@@ -263,6 +270,12 @@ void cuda_attention_backward_dt(void *dqkv, void *dqkvr, void *datt, void *scrat
                                 const int32_t *seq_lens, const philox_stream *rng, float p,
                                 int B, int T, int C, int NH, kdtype dt, cudaStream_t stream);
 void cuda_gelu_forward_dt(void *out, const void *inp, size_t N, kdtype dt, cudaStream_t stream);
+/* GELU's tanh form (HF "gelu_new", "gelu_pytorch_tanh"), as kernels.h's
+ * gelu_tanh_forward / gelu_tanh_backward. */
+void cuda_gelu_tanh_forward_dt(void *out, const void *inp, size_t N, kdtype dt,
+                               cudaStream_t stream);
+void cuda_gelu_tanh_backward_dt(void *dinp, const void *inp, const void *dout, size_t N,
+                                kdtype dt, cudaStream_t stream);
 void cuda_gelu_backward_dt(void *dinp, const void *inp, const void *dout, size_t N, kdtype dt,
                            cudaStream_t stream);
 void cuda_tanh_forward_dt(void *out, const void *inp, size_t N, kdtype dt, cudaStream_t stream);
@@ -311,6 +324,9 @@ void cuda_add_bias_dt(void *out, const float *bias, int N, int OC, kdtype dt,
 /* pre (N,OC) += bias; act = gelu(pre). One pass after the FC1 GEMM. */
 void cuda_bias_gelu_forward_dt(void *act, void *pre, const float *bias, int N, int OC, kdtype dt,
                                cudaStream_t stream);
+/* The same with GELU's tanh form. */
+void cuda_bias_gelu_tanh_forward_dt(void *act, void *pre, const float *bias, int N, int OC,
+                                    kdtype dt, cudaStream_t stream);
 /* res = x + dropout(y); out = layernorm(res). res is kept for backward. */
 void cuda_residual_dropout_layernorm_forward_dt(void *out, void *res, float *mean, float *rstd,
                                                 const void *x, const void *y,

@@ -222,6 +222,16 @@ static void test_pointwise(kdtype dt)
     cuda_gelu_backward_dt(o, dx, dd, n, dt, 0);
     dev_to(got, o, n, dt);
     check_close("gelu_backward", dt, got, ref, n, tol_for(dt));
+    gelu_tanh_forward(ref, x, n);
+    cuda_fill_nan(o, dt, n, 0);
+    cuda_gelu_tanh_forward_dt(o, dx, n, dt, 0);
+    dev_to(got, o, n, dt);
+    check_close("gelu_tanh_forward", dt, got, ref, n, tol_for(dt));
+    gelu_tanh_backward(ref, x, d, n);
+    cuda_fill_nan(o, dt, n, 0);
+    cuda_gelu_tanh_backward_dt(o, dx, dd, n, dt, 0);
+    dev_to(got, o, n, dt);
+    check_close("gelu_tanh_backward", dt, got, ref, n, tol_for(dt));
     tanh_forward(ref, x, n);
     cuda_fill_nan(o, dt, n, 0);
     cuda_tanh_forward_dt(o, dx, n, dt, 0);
@@ -283,6 +293,16 @@ static void test_bias_gelu(kdtype dt)
     check_close("bias_gelu_forward pre", dt, got, ref, n, tol_for(dt));
     dev_to(got, dact, n, dt);
     check_close("bias_gelu_forward act", dt, got, refg, n, tol_for(dt));
+    /* the tanh form (hidden_act "gelu_new") */
+    gelu_tanh_forward(refg, ref, n);
+    cudaFree(dpre);
+    dpre = dev_from(pre, n, dt);
+    cuda_fill_nan(dact, dt, n, 0);
+    cuda_bias_gelu_tanh_forward_dt(dact, dpre, db, N, OC, dt, 0);
+    dev_to(got, dpre, n, dt);
+    check_close("bias_gelu_tanh_forward pre", dt, got, ref, n, tol_for(dt));
+    dev_to(got, dact, n, dt);
+    check_close("bias_gelu_tanh_forward act", dt, got, refg, n, tol_for(dt));
     free(pre); free(b); free(ref); free(refg); free(got);
     cudaFree(dpre); cudaFree(dact); cudaFree(db);
 }

@@ -202,6 +202,18 @@ static long first_difference(const char *a, const char *b)
 	   "\"save_steps\":2,\"per_device_train_batch_size\":4,\"dataloader_num_workers\":0}"
 
 /* HF directories the test writes: only submits, the queue held. */
+/* data/name/config.json's hidden_act set to act */
+static void set_config_act(const char *data, const char *name, const char *act)
+{
+	char p[512];
+	snprintf(p, sizeof p, "%s/%s/config.json", data, name);
+	json_t *cfg = json_load_file(p, 0, NULL);
+	assert_non_null(cfg);
+	assert_int_equal(json_object_set_new(cfg, "hidden_act", json_string(act)), 0);
+	assert_int_equal(json_dump_file(cfg, p, JSON_INDENT(2)), 0);
+	json_decref(cfg);
+}
+
 static void test_hf_directories(void **state)
 {
 	fx *f = *state;
@@ -304,6 +316,21 @@ static void test_hf_directories(void **state)
 	assert_int_equal(r.status, 201);
 	assert_string_equal(it_jstr(json_object_get(json_object_get(r.json, "spec"), "model"), "preset"), "bert-base");
 	http_resp_free(&r);
+	/* hidden_act is the model's too: in the effective spec, a contradiction
+	 * refused, one bertd does not run refused at submit naming the file */
+	hf_dir_dims(f->data, "hf-tanh", V_UNCASED, V_UNCASED, uncased, tiny);
+	set_config_act(f->data, "hf-tanh", "gelu_new");
+	r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":\"hf-tanh\"}");
+	assert_int_equal(r.status, 201);
+	assert_string_equal(it_jstr(json_object_get(json_object_get(r.json, "spec"), "model"), "hidden_act"),
+			    "gelu_new");
+	http_resp_free(&r);
+	r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":\"hf-tanh\",\"model\":{\"hidden_act\":\"gelu\"}}");
+	it_assert_refused(&r, "model.hidden_act", "\"gelu\" differs|hidden_act \"gelu_new\"|hf-tanh/config.json");
+	hf_dir_dims(f->data, "hf-relu", V_UNCASED, V_UNCASED, uncased, tiny);
+	set_config_act(f->data, "hf-relu", "relu");
+	r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":\"hf-relu\"}");
+	it_assert_refused(&r, "model.hidden_act", "hf-relu/config.json");
 
 	/* the rules between keys hold for the model's dimensions */
 	r = submit(&f->d, "{\"dataset\":\"uncased\",\"init_from\":\"hf-same\","

@@ -603,6 +603,26 @@ static void test_idempotence(void **state)
 			 "\"profiler\":{\"rules\":{\"r\":[1,2,{\"z\":null}]}}}");
 }
 
+/* hidden_act: GELU's erf form and its tanh form under both HF names */
+static void test_hidden_act_tanh(void **state)
+{
+	(void)state;
+	static const char *const acts[] = {"gelu_new", "gelu_pytorch_tanh"};
+	for (int i = 0; i < 2; i++) {
+		char in[128];
+		snprintf(in, sizeof in, "{\"dataset\":\"x\",\"model\":{\"hidden_act\":\"%s\"}}",
+			 acts[i]);
+		json_t *eff = normalize_ok(in);
+		assert_string_equal(gets_(eff, "model", "hidden_act"), acts[i]);
+		jobspec s;
+		jobspec_error err;
+		assert_int_equal(jobspec_from_json(eff, &s, &err), 0);
+		assert_string_equal(s.model.hidden_act, acts[i]);
+		json_decref(eff);
+		check_idempotent(in);
+	}
+}
+
 static void test_from_json(void **state)
 {
 	(void)state;
@@ -1508,6 +1528,7 @@ int main(void)
 		cmocka_unit_test(test_edges_accepted),
 		cmocka_unit_test(test_idempotence),
 		cmocka_unit_test(test_from_json),
+		cmocka_unit_test(test_hidden_act_tanh),
 		cmocka_unit_test(test_hostile_input),
 		cmocka_unit_test(test_docs_document_every_key),
 		cmocka_unit_test(test_train_by_epochs),

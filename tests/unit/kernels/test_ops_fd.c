@@ -222,7 +222,9 @@ static void test_attention(void **state)
 }
 
 /* ---- pointwise ops ---- */
-enum { PW_GELU, PW_TANH, PW_DROPOUT };
+/* the fp32 op (kernels.h declares it without KERNELS_F64; one header form per unit) */
+void gelu_tanh_forward(float *out, const float *inp, size_t N);
+enum { PW_GELU, PW_TANH, PW_DROPOUT, PW_GELU_TANH };
 struct pw { int which; double *inp; philox_stream *rng; size_t n; };
 static void pw_fwd(op_case *c)
 {
@@ -231,6 +233,8 @@ static void pw_fwd(op_case *c)
         gelu_forward_f64(c->out, p->inp, p->n);
     else if (p->which == PW_TANH)
         tanh_forward_f64(c->out, p->inp, p->n);
+    else if (p->which == PW_GELU_TANH)
+        gelu_tanh_forward_f64(c->out, p->inp, p->n);
     else
         dropout_forward_f64(c->out, p->inp, p->rng, 0.25f, p->n);
 }
@@ -240,7 +244,7 @@ static void test_pointwise(void **state)
     size_t n = 40;
     philox_stream s;
     philox_stream_init(&s, 11, 1, 5, 2, 3, DROPOUT_SITE_FFN_OUT);
-    for (int which = 0; which < 3; which++) {
+    for (int which = 0; which < 4; which++) {
         struct pw p = {which, rnd(n, 3), &s, n};
         op_case c = {pw_fwd, malloc(n * sizeof(double)), rnd(n, 1), n, &p};
         objective(&c);
@@ -249,14 +253,31 @@ static void test_pointwise(void **state)
             gelu_backward_f64(d, p.inp, c.w, n);
         else if (which == PW_TANH)
             tanh_backward_f64(d, c.out, c.w, n);
+        else if (which == PW_GELU_TANH)
+            gelu_tanh_backward_f64(d, p.inp, c.w, n);
         else
             dropout_backward_f64(d, c.w, &s, 0.25f, n);
-        static const char *names[] = {"gelu dinp", "tanh dinp", "dropout dinp"};
+        static const char *names[] = {"gelu dinp", "tanh dinp", "dropout dinp",
+                                      "gelu_tanh dinp"};
         check_grad(names[which], &c, p.inp, n, d, 0);
         if (which == PW_GELU) { /* erf form, not the tanh approximation */
             double x = 1.5, y;
             gelu_forward_f64(&y, &x, 1);
             assert_true(fabs(y - 0.5 * x * (1 + erf(x / sqrt(2.0)))) < 1e-15);
+        }
+        if (which == PW_GELU_TANH) { /* HF gelu_new's formula, constants written out here */
+            for (size_t i = 0; i < n; i++) {
+                double x = p.inp[i];
+                double want = 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * pow(x, 3))));
+                assert_true(fabs(c.out[i] - want) < 1e-15 * (1 + fabs(want)));
+            }
+            /* and in float: the kernel the model runs, within float rounding */
+            float xf[3] = {-3.0f, 0.7f, 2.5f}, yf[3];
+            gelu_tanh_forward(yf, xf, 3);
+            for (int i = 0; i < 3; i++) {
+                double x = xf[i], want = 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+                assert_true(fabs(yf[i] - want) < 1e-6 * (1 + fabs(want)));
+            }
         }
         if (which == PW_DROPOUT) { /* kept elements scaled by 1/(1-p), some dropped */
             int dropped = 0;

@@ -152,6 +152,29 @@ static void test_round_trip(void **state)
     }
 }
 
+/* hidden_act is part of the model a checkpoint records: each name comes
+ * back as it was saved (state.json's model.hidden_act) */
+static void test_hidden_act_round_trip(void **state)
+{
+    fixture *f = *state;
+    char err[256], path[256];
+    for (int act = BERT_ACT_GELU; act <= BERT_ACT_GELU_PYTORCH_TANH; act++) {
+        f->m->cfg.act = act;
+        long step = 20 + act;
+        assert_int_equal(checkpoint_save(f->dir, step, f->m, f->o, NULL, 0, err, sizeof err), 0);
+        json_t *s = read_state(f, step);
+        assert_string_equal(json_string_value(json_object_get(json_object_get(s, "model"),
+                                                              "hidden_act")),
+                            bert_act_name(act));
+        json_decref(s);
+        ckpt_path(f, step, path, sizeof path);
+        bert_config c;
+        assert_int_equal(checkpoint_read_config(path, &c, err, sizeof err), 0);
+        assert_int_equal(c.act, act);
+    }
+    f->m->cfg.act = BERT_ACT_GELU;
+}
+
 static void test_cpu_writes_disabled(void **state)
 {
     fixture *f = *state;
@@ -418,6 +441,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_round_trip, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_hidden_act_round_trip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cpu_writes_disabled, setup, teardown),
         cmocka_unit_test_setup_teardown(test_old_format_loads_with_defaults, setup, teardown),
         cmocka_unit_test_setup_teardown(test_malformed_is_a_clear_error, setup, teardown),

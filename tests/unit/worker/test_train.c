@@ -348,6 +348,15 @@ static void test_config_from_jobspec(void **state)
     assert_null(tc.init_from);
     strcpy(js.model.hidden_act, "relu");
     assert_int_equal(train_config_from_jobspec(&tc, &js, 1, 0, err, sizeof err), -EINVAL);
+    assert_non_null(strstr(err, "gelu_new")); // the message names what is supported
+    /* GELU's tanh form under both HF names, each kept for the export */
+    strcpy(js.model.hidden_act, "gelu_new");
+    assert_int_equal(train_config_from_jobspec(&tc, &js, 1, 0, err, sizeof err), 0);
+    assert_int_equal(tc.model.act, BERT_ACT_GELU_NEW);
+    strcpy(js.model.hidden_act, "gelu_pytorch_tanh");
+    assert_int_equal(train_config_from_jobspec(&tc, &js, 1, 0, err, sizeof err), 0);
+    assert_int_equal(tc.model.act, BERT_ACT_GELU_PYTORCH_TANH);
+    assert_string_equal(bert_act_name(tc.model.act), "gelu_pytorch_tanh");
     strcpy(js.model.hidden_act, "gelu");
     js.model.num_attention_heads = 5; // does not divide 64
     assert_int_equal(train_config_from_jobspec(&tc, &js, 1, 0, err, sizeof err), -EINVAL);
