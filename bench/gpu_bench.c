@@ -149,6 +149,8 @@ static result bench_bertd(const bert_config *c, const float *params, kdtype dt, 
         goto out;
     }
     r.levers = g->levers;
+    /* lever GRAPH: each step as one replayed graph (gpu_model_train_micro) */
+    int graph = (g->levers & CUDA_LEVER_GRAPH) != 0;
     MCHECK(gpu_model_set_params(g, params));
     for (int i = 0; i < 4; i++)
         BCHECK(cudaEventCreate(&ev[i]));
@@ -165,25 +167,44 @@ static result bench_bertd(const bert_config *c, const float *params, kdtype dt, 
         bert_dropout d = {.train = 1, .seed = 1, .step = (uint32_t)s};
         BCHECK(cudaEventRecord(ev[0], g->compute));
         gpu_model_zero_grad(g);
-        MCHECK(gpu_model_forward(g, &d, gpu_model_loss_scale(g)));
-        BCHECK(cudaGetLastError());
-        BCHECK(cudaEventRecord(ev[1], g->compute));
-        /* the next batch's copy overlaps this step's compute */
-        if ((rc = gpu_model_upload(g, &bb[(s + 1) % 2].b, err, sizeof err)) != 0) {
-            fprintf(stderr, "gpu_bench: gpu_model_upload failed (%d): %s\n", rc, err);
-            goto out;
+        if (graph) {
+            /* the whole step is one launch: its time goes in the forward
+             * column, backward and optimizer read 0 */
+            MCHECK(gpu_model_train_micro(g, &d, gpu_model_loss_scale(g), 1));
+            BCHECK(cudaEventRecord(ev[1], g->compute));
+            BCHECK(cudaEventRecord(ev[2], g->compute));
+            BCHECK(cudaEventRecord(ev[3], g->compute));
+            if ((rc = gpu_model_upload(g, &bb[(s + 1) % 2].b, err, sizeof err)) != 0) {
+                fprintf(stderr, "gpu_bench: gpu_model_upload failed (%d): %s\n", rc, err);
+                goto out;
+            }
+            int skipped = 0;
+            if ((rc = gpu_model_step_wait(g, NULL, NULL, &skipped)) != 0) {
+                fprintf(stderr, "gpu_bench: gpu_model_step_wait failed at step %d: %s (%d)\n", s,
+                        strerror(-rc), rc);
+                goto out;
+            }
+        } else {
+            MCHECK(gpu_model_forward(g, &d, gpu_model_loss_scale(g)));
+            BCHECK(cudaGetLastError());
+            BCHECK(cudaEventRecord(ev[1], g->compute));
+            /* the next batch's copy overlaps this step's compute */
+            if ((rc = gpu_model_upload(g, &bb[(s + 1) % 2].b, err, sizeof err)) != 0) {
+                fprintf(stderr, "gpu_bench: gpu_model_upload failed (%d): %s\n", rc, err);
+                goto out;
+            }
+            MCHECK(gpu_model_backward(g));
+            BCHECK(cudaGetLastError());
+            BCHECK(cudaEventRecord(ev[2], g->compute));
+            int skipped = 0;
+            rc = gpu_model_step(g, NULL, NULL, &skipped);
+            if (rc != 0) {
+                fprintf(stderr, "gpu_bench: gpu_model_step failed at step %d: %s (%d)%s\n", s,
+                        strerror(-rc), rc, rc == -ERANGE ? ": non-finite gradients" : "");
+                goto out;
+            }
+            BCHECK(cudaEventRecord(ev[3], g->compute));
         }
-        MCHECK(gpu_model_backward(g));
-        BCHECK(cudaGetLastError());
-        BCHECK(cudaEventRecord(ev[2], g->compute));
-        int skipped = 0;
-        rc = gpu_model_step(g, NULL, NULL, &skipped);
-        if (rc != 0) {
-            fprintf(stderr, "gpu_bench: gpu_model_step failed at step %d: %s (%d)%s\n", s,
-                    strerror(-rc), rc, rc == -ERANGE ? ": non-finite gradients" : "");
-            goto out;
-        }
-        BCHECK(cudaEventRecord(ev[3], g->compute));
         if (s >= warmup) {
             BCHECK(cudaEventSynchronize(ev[3]));
             float a, b2, c2;
@@ -207,6 +228,10 @@ static result bench_bertd(const bert_config *c, const float *params, kdtype dt, 
     r.mfu = r.tflops / peak;
     r.ok = isfinite(loss);
     fprintf(stderr, "gpu_bench: bertd %s B=%d T=%d: last loss %.4f\n", kdtype_name(dt), B, T, loss);
+    if (graph) /* a failed capture falls back to eager: the row then measures that */
+        fprintf(stderr, "gpu_bench: lever GRAPH: %ld captures, %ld graph launches%s\n",
+                g->graph_captures, g->graph_launches,
+                g->graph_off ? " (a capture failed: the other steps ran eagerly)" : "");
     if (!r.ok)
         fprintf(stderr, "gpu_bench: bertd %s B=%d T=%d: loss is not finite\n", kdtype_name(dt), B, T);
 out:

@@ -43,6 +43,11 @@ extern "C" {
 typedef struct philox_stream {
     uint32_t key[2];   /* seed, rank */
     uint32_t ctr[3];   /* step, layer << 8 | site, micro; word 0 is the element group */
+    /* CUDA launches only (CPU code never reads it): NULL, or a DEVICE
+     * pointer to two uint32 {step, micro} that the kernels read at their
+     * start in place of ctr[0] and ctr[2], so a captured CUDA graph replays
+     * with the values of the step it runs (kernels_cuda.h, docs/cuda.md). */
+    const uint32_t *dev_ctr;
 } philox_stream;
 
 /* Dropout sites within a layer; the embedding dropout uses layer = L. */
@@ -54,6 +59,7 @@ void philox4x32_10(uint32_t out[4], const uint32_t ctr[4], const uint32_t key[2]
  * of lane l. Same bits as philox4x32_10, vectorizable. */
 void philox4x32_10_x8(uint32_t out[4][8], const uint32_t ctr0[8], const uint32_t ctr_hi[3],
                       const uint32_t key[2]);
+/* Sets every field; dev_ctr = NULL. */
 void philox_stream_init(philox_stream *s, uint64_t seed, uint32_t rank, uint32_t step,
                         uint32_t micro, uint32_t layer, uint32_t site);
 /* The uint32 drawn for element i of the stream (4 per Philox call). */

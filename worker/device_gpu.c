@@ -25,6 +25,7 @@ typedef struct gpu_device {
 	comm *nccl;                  /* gradient all-reduce between GPU ranks (world > 1) */
 	void *pinned_area;           /* ring slot area or local_slot, cudaHostRegister'ed, or NULL */
 	bool inplace;                /* uploads DMA from the batch's memory (loop_device.reads_in_place) */
+	bool graph;                  /* lever GRAPH on one GPU: micro-batches as replayed CUDA graphs */
 	double loss;                 /* sum of the step's micro-batch losses read so far */
 	double gnorm_last;           /* last finite grad norm (fp16 skipped steps report it) */
 	double t_sync0, t_sync1;     /* host time in the NCCL hooks' waits, this step */
@@ -64,6 +65,10 @@ static int gpu_forward_backward(void *ctx, const bert_batch *b, const bert_dropo
 	} else {
 		g->loss += gpu_model_loss(g->gm);
 	}
+	/* lever GRAPH: forward, backward and (last) the step in one launch;
+	 * gpu_update waits for the step */
+	if (g->graph)
+		return gpu_model_train_micro(g->gm, d, gpu_model_loss_scale(g->gm) / (float)M, k == M - 1);
 	if (k == M - 1)
 		gpu_model_reduce_in_next_backward(g->gm);
 	if ((rc = gpu_model_forward(g->gm, d, gpu_model_loss_scale(g->gm) / (float)M)) < 0)
@@ -97,7 +102,8 @@ static int gpu_update(void *ctx, loop_update *out)
 	gpu_device *g = ctx;
 	int skipped = 0;
 	g->t_sync0 = g->t_sync1 = 0; /* the NCCL hooks set them */
-	int rc = gpu_model_step(g->gm, &out->lr, &out->grad_norm, &skipped);
+	int rc = g->graph ? gpu_model_step_wait(g->gm, &out->lr, &out->grad_norm, &skipped)
+			  : gpu_model_step(g->gm, &out->lr, &out->grad_norm, &skipped);
 	if (rc < 0)
 		return rc;
 	if (skipped) {
@@ -379,6 +385,12 @@ int device_gpu_create(worker *w, loop_device *dev)
 		dev->upload_wait = gpu_upload_wait;
 	if (w->world > 1 && (code = join_nccl(g)) != 0)
 		return code;
+	/* lever GRAPH: the NCCL buckets are not captured (yet): data parallel
+	 * steps keep the eager launches, with the step's values on the device */
+	g->graph = (g->gm->levers & CUDA_LEVER_GRAPH) && w->world == 1;
+	if ((g->gm->levers & CUDA_LEVER_GRAPH) && !g->graph)
+		log_info("lever GRAPH: %d GPUs, so the steps run without CUDA graphs (the gradient "
+			 "all-reduce is not captured)", w->world);
 	log_info("GPU model: %s, batch %u x %u, %zu parameters", kdtype_name(dt), l->B, l->T, g->gm->num_params);
 	return 0;
 }

@@ -7,7 +7,9 @@
 #include "worker/gpu_model.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,9 +60,43 @@ struct gpu_acts {
                       // nsp labels (B), CLS rows b*T (B)
 };
 
+/* Lever CUDA_LEVER_GRAPH: what changes from one micro-batch to the next,
+ * in device memory (g->dscal) for the kernels to read, so that the same
+ * kernel launches (and a captured graph of them) serve every step. The
+ * inputs are written by one async copy on the compute stream before the
+ * forward that uses them (and its backward after it, in stream order); the
+ * outputs by cuda_opt_clip in the step. */
+typedef struct step_scalars {
+    uint32_t ctr[2]; // Philox {step, micro} of every dropout site (philox_stream.dev_ctr)
+    int32_t U;       // runs of the batch's token order (the embedding backward's blocks)
+    float mlm_gs;    // loss_scale / M (the real M), 0 for an eval forward
+    float nsp_gs;    // loss_scale / B
+    int32_t skip;    // out: the step changed nothing (non-finite gradients)
+    double gnorm;    // out: the unscaled gradient norm, INFINITY when skipped
+} step_scalars;
+#define STEP_SCALARS_IN offsetof(step_scalars, skip) // bytes the host writes
+
 static size_t align256(size_t x)
 {
     return (x + 255) & ~(size_t)255;
+}
+
+/* Lever CUDA_LEVER_GRAPH: masked rows padded to a multiple of 64 (so that
+ * the shapes, and a graph, repeat), within what the activations hold and
+ * at most the n positions of the batch (a padding row takes a position no
+ * other row has: the 16-bit scatter of the head's gradient has no atomics). */
+static void graphs_free(gpu_model *g);
+
+static int mask_pad64(int M, int cap, long long n)
+{
+    if (M <= 0)
+        return 0;
+    long long p = ((long long)M + 63) & ~63LL;
+    if (p > cap)
+        p = cap;
+    if (p > n)
+        p = n;
+    return (int)(p > M ? p : M);
 }
 
 /* The vocabulary rounded up to a multiple of 64 (lever CUDA_LEVER_VOCAB_PAD). */
@@ -348,6 +384,7 @@ static const struct {
     {"BERTD_LEVER_LT_TUNE", CUDA_LEVER_LT_TUNE},
     {"BERTD_LEVER_VOCAB_PAD", CUDA_LEVER_VOCAB_PAD},
     {"BERTD_LEVER_FLASH2", CUDA_LEVER_FLASH2},
+    {"BERTD_LEVER_GRAPH", CUDA_LEVER_GRAPH},
     {"BERTD_LEVER_GELU_EPI", CUDA_LEVER_GELU_EPI},
 };
 
@@ -458,17 +495,23 @@ int gpu_model_create_reserving(gpu_model **out, const bert_config *cfg, kdtype d
         for (int i = 0; i < BERT_NUM_PARAM_TENSORS; i++)
             g->dev_params += g->param_sizes[i];
     }
+    /* lever CUDA_LEVER_GRAPH: room for the masked rows padded up to 64 */
+    g->dev_scalars = (g->levers & CUDA_LEVER_GRAPH) != 0;
+    g->act_M = g->dev_scalars ? mask_pad64(max_M, INT_MAX, (long long)max_B * T) : max_M;
     /* the memory plan first: refuse clearly rather than fail half-way */
     size_t free_b = 0, total_b = 0;
     GPU_TRY(cudaMemGetInfo(&free_b, &total_b));
     size_t state = state_bytes_n(g->dev_params, dt);
-    size_t acts = gpu_model_act_bytes(cfg, dt, max_B, T, max_M);
+    size_t acts = gpu_model_act_bytes(cfg, dt, max_B, T, g->act_M);
     size_t slack = SLACK + reserve;
     if (state + acts + slack > free_b) {
         int lo = 0, hi = max_B; // largest b in [1, max_B] that fits, 0 if none
         while (lo < hi) {
             int mid = lo + (hi - lo + 1) / 2;
-            size_t need = state + gpu_model_act_bytes(cfg, dt, mid, T, scaled_M(max_M, max_B, mid));
+            int mM = scaled_M(max_M, max_B, mid);
+            if (g->dev_scalars)
+                mM = mask_pad64(mM, INT_MAX, (long long)mid * T);
+            size_t need = state + gpu_model_act_bytes(cfg, dt, mid, T, mM);
             if (need + slack <= free_b)
                 lo = mid;
             else
@@ -520,7 +563,7 @@ int gpu_model_create_reserving(gpu_model **out, const bert_config *cfg, kdtype d
         rc = -ENOMEM;
         goto out;
     }
-    act_layout(cfg, dt, max_B, T, max_M, g->acts_memory, g->acts);
+    act_layout(cfg, dt, max_B, T, g->act_M, g->acts_memory, g->acts);
 
     /* optimizer: HF tensors (per layer, Q/K/V apart) cut into chunks */
     int nseg = bert_param_segments(cfg, NULL, NULL, 0);
@@ -570,7 +613,7 @@ int gpu_model_create_reserving(gpu_model **out, const bert_config *cfg, kdtype d
         GPU_TRY(cudaEventCreateWithFlags(&g->slot_ready[i], cudaEventDisableTiming));
         GPU_TRY(cudaEventCreateWithFlags(&g->slot_free[i], cudaEventDisableTiming));
         GPU_TRY(cudaMallocHost((void **)&g->host_slot[i],
-                               slot_ints(max_B, T, max_M) * sizeof(int32_t)));
+                               slot_ints(max_B, T, g->act_M) * sizeof(int32_t)));
     }
     GPU_TRY(cudaEventCreateWithFlags(&g->loss_ready, cudaEventDisableTiming));
     GPU_TRY(cudaEventCreateWithFlags(&g->grads_ready, cudaEventDisableTiming));
@@ -580,6 +623,13 @@ int gpu_model_create_reserving(gpu_model **out, const bert_config *cfg, kdtype d
     GPU_TRY(cudaMallocHost((void **)&g->loss_host, 2 * sizeof(float)));
     GPU_TRY(cudaMallocHost((void **)&g->norm_host, sizeof(double)));
     GPU_TRY(cudaMallocHost((void **)&g->flag_host, sizeof(int)));
+    if (g->dev_scalars) {
+        GPU_TRY(cudaMalloc(&g->dscal, sizeof(step_scalars)));
+        GPU_TRY(cudaMemset(g->dscal, 0, sizeof(step_scalars)));
+        GPU_TRY(cudaMalloc(&g->opt_args, cuda_opt_args_bytes()));
+        GPU_TRY(cudaMemset(g->opt_args, 0, cuda_opt_args_bytes()));
+        GPU_TRY(cudaEventCreateWithFlags(&g->step_done, cudaEventDisableTiming));
+    }
 
     /* The memsets and copies above ran on the legacy stream, which the
      * model's non-blocking streams do not wait for: finish them now. */
@@ -609,6 +659,7 @@ void gpu_model_destroy(gpu_model *g)
         cudaStreamSynchronize(g->compute);
     if (g->copy)
         cudaStreamSynchronize(g->copy);
+    graphs_free(g);
     cudaFree(g->params_alloc);
     cudaFree(g->grads_memory);
     cudaFree(g->opt_memory);
@@ -618,6 +669,10 @@ void gpu_model_destroy(gpu_model *g)
     cudaFree(g->seg_norms);
     cudaFree(g->sumsq);
     cudaFree(g->nonfinite);
+    cudaFree(g->dscal);
+    cudaFree(g->opt_args);
+    if (g->step_done)
+        cudaEventDestroy(g->step_done);
     for (int i = 0; i < 2; i++) {
         if (g->slot_ready[i])
             cudaEventDestroy(g->slot_ready[i]);
@@ -692,6 +747,28 @@ static size_t slot_used(int B, int T, int M)
     return 2 * (size_t)B * T + 3 * (size_t)B + 2 * (size_t)M;
 }
 
+/* Lever CUDA_LEVER_GRAPH: masked rows M..Mp-1 of a slot are padding: label
+ * -1 (the loss kernels give them loss 0 and a gradient row of exact zeros)
+ * at the first positions no real row has, so that no two rows of the
+ * head's gradient scatter meet at one position (N >= Mp positions). */
+static int pad_masked(int32_t *pos, int32_t *labels, int M, int Mp, size_t N)
+{
+    unsigned char *taken = calloc(N, 1);
+    if (!taken)
+        return -ENOMEM;
+    for (int i = 0; i < M; i++)
+        taken[pos[i]] = 1;
+    size_t p = 0;
+    for (int i = M; i < Mp; i++) {
+        while (taken[p])
+            p++;
+        pos[i] = (int32_t)p++;
+        labels[i] = -1;
+    }
+    free(taken);
+    return 0;
+}
+
 /* Both uploads: validate, pick the device slot, fill the pinned staging
  * buffer (all of it, or with inplace only the part after ids/types/lens),
  * then on the copy stream wait until the slot's last reader is done, copy,
@@ -733,7 +810,9 @@ static int upload_batch(gpu_model *g, const bert_batch *b, int inplace, char *er
         s = 1 - s;
     }
     size_t N = (size_t)b->B * b->T, head = 2 * N + (size_t)b->B; // ids, types, lens
-    size_t used = slot_used(b->B, b->T, b->M);
+    /* lever CUDA_LEVER_GRAPH: Mp >= M rows, the real ones first */
+    int Mp = g->dev_scalars ? mask_pad64(b->M, g->act_M, (long long)N) : b->M;
+    size_t used = slot_used(b->B, b->T, Mp);
     /* the pinned slot may still be feeding its previous copy */
     GPU_TRY(cudaEventSynchronize(g->slot_ready[s]));
     int32_t *h = g->host_slot[s];
@@ -752,9 +831,11 @@ static int upload_batch(gpu_model *g, const bert_batch *b, int inplace, char *er
     }
     if (b->M > 0) {
         memcpy(h + head, b->mlm_positions, (size_t)b->M * 4);
-        memcpy(h + head + b->M, b->mlm_labels, (size_t)b->M * 4);
+        memcpy(h + head + Mp, b->mlm_labels, (size_t)b->M * 4);
     }
-    int32_t *nsp = h + head + 2 * (size_t)b->M, *cls = nsp + b->B;
+    if (Mp > b->M && (rc = pad_masked(h + head, h + head + Mp, b->M, Mp, N)) < 0)
+        return rc;
+    int32_t *nsp = h + head + 2 * (size_t)Mp, *cls = nsp + b->B;
     for (int i = 0; i < b->B; i++) {
         nsp[i] = g->cfg.nsp ? b->nsp_labels[i] : 0;
         cls[i] = i * b->T;
@@ -785,6 +866,7 @@ static int upload_batch(gpu_model *g, const bert_batch *b, int inplace, char *er
     /* only the shapes are kept: after gpu_model_upload the caller's arrays
      * may go away; after gpu_model_upload_inplace, once upload_wait returns */
     g->batch[s] = (bert_batch){.B = b->B, .T = b->T, .M = b->M};
+    g->mpad[s] = Mp;
     g->emb_runs[s] = U;
     g->staged = s;
     rc = 0;
@@ -818,7 +900,7 @@ int gpu_model_read_staged(gpu_model *g, int32_t *host, size_t n)
     if (g->staged < 0)
         return -EINVAL;
     const bert_batch *b = &g->batch[g->staged];
-    if (n != slot_used(b->B, b->T, b->M))
+    if (n != slot_used(b->B, b->T, g->mpad[g->staged]))
         return -EINVAL;
     GPU_TRY(cudaEventSynchronize(g->slot_ready[g->staged]));
     GPU_TRY(cudaMemcpyAsync(host, g->acts->slot[g->staged], n * 4, cudaMemcpyDeviceToHost,
@@ -828,14 +910,21 @@ out:
     return rc;
 }
 
+/* Device address of a field of the per-step scalars (lever CUDA_LEVER_GRAPH). */
+#define DSCAL(g, field) ((void *)((char *)(g)->dscal + offsetof(step_scalars, field)))
+
 /* The Philox stream of one dropout site, or NULL when that dropout is off
- * (worker/model.c site_rng, same arguments). */
-static const philox_stream *site_rng(philox_stream *s, const bert_dropout *d, float p,
-                                     int layer, int site)
+ * (worker/model.c site_rng, same arguments). With the lever
+ * CUDA_LEVER_GRAPH the kernels take {step, micro} from the per-step
+ * scalars (written by the forward) in place of the values here. */
+static const philox_stream *site_rng(const gpu_model *g, philox_stream *s, const bert_dropout *d,
+                                     float p, int layer, int site)
 {
     if (!d || !d->train || p <= 0.0f)
         return NULL;
     philox_stream_init(s, d->seed, d->rank, d->step, d->micro, (uint32_t)layer, (uint32_t)site);
+    if (g->dev_scalars)
+        s->dev_ctr = DSCAL(g, ctr);
     return s;
 }
 
@@ -935,16 +1024,35 @@ static void linear_backward(gpu_model *g, void *dinp, const void *dout, const vo
     cuda_matmul_backward_dt(dinp, dw, db, dout, inp, w, N, C, OC, g->dt, g->compute);
 }
 
-int gpu_model_forward(gpu_model *g, const bert_dropout *d, float loss_scale)
+/* Writes the per-step scalars of a forward of slot s (lever
+ * CUDA_LEVER_GRAPH): read by that forward and its backward, after it on the
+ * compute stream. A pageable source: the copy is staged before the call
+ * returns (and so stays outside any capture). */
+static int write_scalars(gpu_model *g, int s, const bert_dropout *d, float loss_scale)
 {
-    if (g->staged < 0)
-        return -EINVAL;
     int rc = 0;
-    int s = g->staged;
+    const bert_batch *b = &g->batch[s];
+    step_scalars in = {
+        .ctr = {d && d->train ? d->step : 0, d && d->train ? d->micro : 0},
+        .U = g->emb_runs[s],
+        .mlm_gs = loss_scale > 0 && b->M > 0 ? loss_scale / (float)b->M : 0.0f,
+        .nsp_gs = loss_scale > 0 ? loss_scale / (float)b->B : 0.0f,
+    };
+    GPU_TRY(cudaMemcpyAsync(g->dscal, &in, STEP_SCALARS_IN, cudaMemcpyHostToDevice, g->compute));
+out:
+    return rc;
+}
+
+/* The forward's work on the compute stream (what a graph captures): from
+ * the embeddings to the loss sums' copy into loss_host. */
+static int forward_kernels(gpu_model *g, int s, const bert_dropout *d, float loss_scale)
+{
+    int rc = 0;
     const bert_batch *b = &g->batch[s];
     const bert_config *c = &g->cfg;
     int B = b->B, T = b->T, C = c->hidden_size, NH = c->num_attention_heads,
-        I = c->intermediate_size, L = c->num_hidden_layers, V = c->vocab_size, M = b->M;
+        I = c->intermediate_size, L = c->num_hidden_layers, V = c->vocab_size,
+        M = g->mpad[s]; // the slot's masked rows: with CUDA_LEVER_GRAPH padded past b->M
     size_t N = (size_t)B * T, NC = N * C;
     float eps = c->layer_norm_eps, ph = c->hidden_dropout_prob,
           pa = c->attention_probs_dropout_prob;
@@ -957,12 +1065,10 @@ int gpu_model_forward(gpu_model *g, const bert_dropout *d, float loss_scale)
     const int32_t *ids = g->acts->slot[s], *tt = ids + N, *lens = tt + N, *pos = lens + B,
                   *labels = pos + M, *nsp_labels = labels + M, *cls_rows = nsp_labels + B;
 
-    GPU_TRY(cudaStreamWaitEvent(st, g->slot_ready[s], 0));
-    g->cur = s;
     cuda_embeddings_forward_dt(a->emb, ids, tt, p->wte, p->wpe, p->wtt, B, T, C, dt, st);
     cuda_layernorm_forward_dt(a->emb_ln, a->emb_mean, a->emb_rstd, a->emb, p->emb_lnw, p->emb_lnb,
                               (int)N, C, eps, dt, st);
-    r = site_rng(&rs, d, ph, L, DROPOUT_SITE_EMB);
+    r = site_rng(g, &rs, d, ph, L, DROPOUT_SITE_EMB);
     cuda_dropout_forward_dt(a->x0, a->emb_ln, r, ph, NC, dt, st);
 
     for (int l = 0; l < L; l++) {
@@ -979,7 +1085,7 @@ int gpu_model_forward(gpu_model *g, const bert_dropout *d, float loss_scale)
 
         linear_forward(g, qkv, x, BP_QKVW, (size_t)l * 3 * C * C, BP_QKVB, (size_t)l * 3 * C,
                        (int)N, C, 3 * C);
-        r = site_rng(&rs, d, pa, l, DROPOUT_SITE_ATTN_PROBS);
+        r = site_rng(g, &rs, d, pa, l, DROPOUT_SITE_ATTN_PROBS);
         if (a->fused)
             cuda_flash_attention_forward_dt(atty, att, qkv, lens, r, pa, B, T, C, NH, dt, st);
         else
@@ -987,7 +1093,7 @@ int gpu_model_forward(gpu_model *g, const bert_dropout *d, float loss_scale)
                                       NH, dt, st);
         linear_forward(g, a->proj_s, atty, BP_ATTPROJW, (size_t)l * C * C, BP_ATTPROJB,
                        (size_t)l * C, (int)N, C, C);
-        r = site_rng(&rs, d, ph, l, DROPOUT_SITE_ATTN_OUT);
+        r = site_rng(g, &rs, d, ph, l, DROPOUT_SITE_ATTN_OUT);
         cuda_residual_dropout_layernorm_forward_dt(ln1, res1, a->ln1_mean + l * N,
                                                    a->ln1_rstd + l * N, x, a->proj_s, r, ph,
                                                    p->ln1w + (size_t)l * C, p->ln1b + (size_t)l * C,
@@ -996,7 +1102,7 @@ int gpu_model_forward(gpu_model *g, const bert_dropout *d, float loss_scale)
                             (size_t)l * I, (int)N, C, I);
         linear_forward(g, a->proj_s, fch_gelu, BP_FCPROJW, (size_t)l * C * I, BP_FCPROJB,
                        (size_t)l * C, (int)N, I, C);
-        r = site_rng(&rs, d, ph, l, DROPOUT_SITE_FFN_OUT);
+        r = site_rng(g, &rs, d, ph, l, DROPOUT_SITE_FFN_OUT);
         cuda_residual_dropout_layernorm_forward_dt(ln2, res2, a->ln2_mean + l * N,
                                                    a->ln2_rstd + l * N, ln1, a->proj_s, r, ph,
                                                    p->ln2w + (size_t)l * C, p->ln2b + (size_t)l * C,
@@ -1014,9 +1120,13 @@ int gpu_model_forward(gpu_model *g, const bert_dropout *d, float loss_scale)
         /* at the padded width with CUDA_LEVER_VOCAB_PAD: the loss sees
          * the first V columns and zeroes the gradient of the rest */
         linear_forward(g, a->logits, a->hln, BP_WTE, 0, BP_DEC_B, 0, M, C, g->vocab_ld);
-        cuda_mlm_xent_fused_ld_dt(a->losses, a->logits, labels,
-                                  loss_scale > 0 ? loss_scale / (float)M : 0.0f, M, V,
-                                  g->vocab_ld, dt, st);
+        if (g->dev_scalars) // padding rows (label -1): loss 0, gradient 0
+            cuda_mlm_xent_fused_ld_dev(a->losses, a->logits, labels, DSCAL(g, mlm_gs), M, V,
+                                       g->vocab_ld, dt, st);
+        else
+            cuda_mlm_xent_fused_ld_dt(a->losses, a->logits, labels,
+                                      loss_scale > 0 ? loss_scale / (float)M : 0.0f, M, V,
+                                      g->vocab_ld, dt, st);
         cuda_sum(a->loss_sum, a->losses, M, st);
     } else {
         GPU_TRY(cudaMemsetAsync(a->loss_sum, 0, sizeof(float), st));
@@ -1027,20 +1137,58 @@ int gpu_model_forward(gpu_model *g, const bert_dropout *d, float loss_scale)
         linear_forward(g, a->pool_pre, a->cls, BP_POOL_W, 0, BP_POOL_B, 0, B, C, C);
         cuda_tanh_forward_dt(a->pooled, a->pool_pre, (size_t)B * C, dt, st);
         linear_forward(g, a->nsp_logits, a->pooled, BP_NSP_W, 0, BP_NSP_B, 0, B, C, 2);
-        cuda_mlm_xent_fused_dt(a->nsp_losses, a->nsp_logits, nsp_labels,
-                               loss_scale > 0 ? loss_scale / (float)B : 0.0f, B, 2, dt, st);
+        if (g->dev_scalars)
+            cuda_mlm_xent_fused_dev(a->nsp_losses, a->nsp_logits, nsp_labels, DSCAL(g, nsp_gs),
+                                    B, 2, dt, st);
+        else
+            cuda_mlm_xent_fused_dt(a->nsp_losses, a->nsp_logits, nsp_labels,
+                                   loss_scale > 0 ? loss_scale / (float)B : 0.0f, B, 2, dt, st);
         cuda_sum(a->loss_sum + 1, a->nsp_losses, B, st);
     } else {
         GPU_TRY(cudaMemsetAsync(a->loss_sum + 1, 0, sizeof(float), st));
     }
     GPU_TRY(cudaMemcpyAsync(g->loss_host, a->loss_sum, 2 * sizeof(float), cudaMemcpyDeviceToHost,
                             st));
-    GPU_TRY(cudaEventRecord(g->loss_ready, st));
-    GPU_TRY(cudaEventRecord(g->slot_free[s], st));
+out:
+    return rc;
+}
+
+/* The host's part before a forward of the staged slot: the compute stream
+ * waits for its copy; the per-step scalars; the dropout its backward
+ * redraws. */
+static int forward_begin(gpu_model *g, const bert_dropout *d, float loss_scale)
+{
+    int rc = 0, s = g->staged;
+    GPU_TRY(cudaStreamWaitEvent(g->compute, g->slot_ready[s], 0));
+    g->cur = s;
+    g->dropout_cur = d ? *d : (bert_dropout){0};
+    if (g->dev_scalars)
+        rc = write_scalars(g, s, d, loss_scale);
+out:
+    return rc;
+}
+
+/* ... and after it: the events the host and the copy stream wait on. */
+static int forward_end(gpu_model *g, float loss_scale)
+{
+    int rc = 0;
+    GPU_TRY(cudaEventRecord(g->loss_ready, g->compute));
+    GPU_TRY(cudaEventRecord(g->slot_free[g->cur], g->compute));
     g->have_forward = loss_scale > 0;
     g->loss_scale_fwd = loss_scale;
-    g->dropout_cur = d ? *d : (bert_dropout){0};
 out:
+    return rc;
+}
+
+int gpu_model_forward(gpu_model *g, const bert_dropout *d, float loss_scale)
+{
+    if (g->staged < 0)
+        return -EINVAL;
+    int rc = forward_begin(g, d, loss_scale);
+    if (rc == 0)
+        rc = forward_kernels(g, g->cur, d, loss_scale);
+    if (rc == 0)
+        rc = forward_end(g, loss_scale);
     return rc;
 }
 
@@ -1204,17 +1352,17 @@ static int reduce_bucket(gpu_model *g, int b, int first, int last)
     return first < last ? g->bucket(g->bucket_ctx, p + first, n + first, last - first, g->compute) : 0;
 }
 
-int gpu_model_backward(gpu_model *g)
+/* The backward's work on the compute stream (what a graph captures), with
+ * the bucket hooks when armed. */
+static int backward_kernels(gpu_model *g)
 {
-    if (!g->have_forward || g->cur < 0)
-        return -EINVAL;
     int rc = 0;
     int s = g->cur;
     const bert_batch *b = &g->batch[s];
     const bert_config *c = &g->cfg;
     const bert_dropout *d = &g->dropout_cur;
     int B = b->B, T = b->T, C = c->hidden_size, NH = c->num_attention_heads,
-        I = c->intermediate_size, L = c->num_hidden_layers, M = b->M;
+        I = c->intermediate_size, L = c->num_hidden_layers, M = g->mpad[s];
     size_t N = (size_t)B * T, NC = N * C;
     float ph = c->hidden_dropout_prob, pa = c->attention_probs_dropout_prob;
     kdtype dt = g->dt;
@@ -1226,7 +1374,6 @@ int gpu_model_backward(gpu_model *g)
     const int32_t *ids = a->slot[s], *tt = ids + N, *lens = tt + N, *pos = lens + B,
                   *cls_rows = pos + 2 * (size_t)M + B;
 
-    g->grads_zero = 0;
     GPU_TRY(cudaMemsetAsync(a->d_res, 0, NC * kdtype_size(dt), st)); // d hidden, scattered below
     if (M > 0) {
         /* a->logits holds d(loss_scale * loss)/d logits since forward */
@@ -1259,7 +1406,7 @@ int gpu_model_backward(gpu_model *g)
 
         /* LN2 over res2 = ln1 + dropout(fcproj): d_a = d ln1 (residual part),
          * d_c = d fcproj */
-        r = site_rng(&rs, d, ph, l, DROPOUT_SITE_FFN_OUT);
+        r = site_rng(g, &rs, d, ph, l, DROPOUT_SITE_FFN_OUT);
         cuda_residual_dropout_layernorm_backward_dt(
             a->d_a, a->d_c, gr->ln2w + (size_t)l * C, gr->ln2b + (size_t)l * C, a->d_res, d_extra,
             res2, p->ln2w + (size_t)l * C, a->ln2_mean + l * N, a->ln2_rstd + l * N, r, ph, (int)N,
@@ -1279,14 +1426,14 @@ int gpu_model_backward(gpu_model *g)
                         (int)N, C, I);
         /* LN1 over res1 = x + dropout(attproj), fed d ln1 = d_a + d_b:
          * d_res = d x (residual part), d_c = d attproj */
-        r = site_rng(&rs, d, ph, l, DROPOUT_SITE_ATTN_OUT);
+        r = site_rng(g, &rs, d, ph, l, DROPOUT_SITE_ATTN_OUT);
         cuda_residual_dropout_layernorm_backward_dt(
             a->d_res, a->d_c, gr->ln1w + (size_t)l * C, gr->ln1b + (size_t)l * C, a->d_a, a->d_b,
             res1, p->ln1w + (size_t)l * C, a->ln1_mean + l * N, a->ln1_rstd + l * N, r, ph, (int)N,
             C, dt, st);
         linear_backward(g, a->d_a, a->d_c, atty, BP_ATTPROJW, (size_t)l * C * C, BP_ATTPROJB,
                         (size_t)l * C, (int)N, C, C);
-        r = site_rng(&rs, d, pa, l, DROPOUT_SITE_ATTN_PROBS);
+        r = site_rng(g, &rs, d, pa, l, DROPOUT_SITE_ATTN_PROBS);
         if (a->fused) // qkvr holds qkv (N,3C), atty the output, att the logsumexp
             cuda_flash_attention_backward_dt(a->d_qkv, a->att_scratch, a->d_a, qkvr, atty, att,
                                              lens, r, pa, B, T, C, NH, dt, st);
@@ -1308,14 +1455,19 @@ int gpu_model_backward(gpu_model *g)
         goto out;
     /* x0 = dropout(LN(emb)): d x0 = d_res + d_b */
     cuda_residual_forward_dt(a->d_a, a->d_res, a->d_b, NC, dt, st);
-    r = site_rng(&rs, d, ph, L, DROPOUT_SITE_EMB);
+    r = site_rng(g, &rs, d, ph, L, DROPOUT_SITE_EMB);
     cuda_dropout_forward_dt(a->d_c, a->d_a, r, ph, NC, dt, st); // backward = same mask
     cuda_layernorm_backward_dt(a->d_b, gr->emb_lnw, gr->emb_lnb, a->d_c, a->emb, p->emb_lnw,
                                a->emb_mean, a->emb_rstd, (int)N, C, dt, st);
     const int32_t *order = ids + slot_used(B, T, M); // upload_batch put it there
-    cuda_embeddings_backward_ordered_dt(gr->wte, gr->wpe, gr->wtt, a->d_b, ids, tt, order,
-                                        order + N, g->emb_runs[s], B, T, C, c->type_vocab_size,
-                                        dt, st);
+    if (g->dev_scalars) // the run count from the per-step scalars, blocks for up to N runs
+        cuda_embeddings_backward_ordered_dev(gr->wte, gr->wpe, gr->wtt, a->d_b, ids, tt, order,
+                                             order + N, DSCAL(g, U), (int)N, B, T, C,
+                                             c->type_vocab_size, dt, st);
+    else
+        cuda_embeddings_backward_ordered_dt(gr->wte, gr->wpe, gr->wtt, a->d_b, ids, tt, order,
+                                            order + N, g->emb_runs[s], B, T, C,
+                                            c->type_vocab_size, dt, st);
     /* Bucket L's first range (the word embeddings tied to the decoder, the
      * position and type embeddings, the embedding LayerNorm): final only
      * now, since the decoder's share came first in backward and the
@@ -1327,7 +1479,19 @@ int gpu_model_backward(gpu_model *g)
         g->bucket_armed = 0;
         g->buckets_started = 1;
     }
-    GPU_TRY(cudaEventRecord(g->slot_free[s], st));
+out:
+    return rc;
+}
+
+int gpu_model_backward(gpu_model *g)
+{
+    if (!g->have_forward || g->cur < 0)
+        return -EINVAL;
+    g->grads_zero = 0;
+    int rc = backward_kernels(g);
+    if (rc < 0)
+        return rc;
+    GPU_TRY(cudaEventRecord(g->slot_free[g->cur], g->compute));
     /* the logits now hold gradients: another backward needs a new forward */
     g->have_forward = 0;
 out:
@@ -1407,8 +1571,110 @@ int gpu_model_set_scaler(gpu_model *g, const gpu_loss_scaler *s)
     return 0;
 }
 
+/* Lever CUDA_LEVER_GRAPH: the step's arguments into the device block (a
+ * staged pageable copy on the compute stream, outside any capture); lr
+ * kept for the step's result. */
+static int step_args(gpu_model *g)
+{
+    const optim_config *c = &g->ocfg;
+    g->step_lr = optim_lr_at(c, g->t);
+    /* the update's t counts it (the host path's g->t after its ++) */
+    return cuda_opt_args_write(g->opt_args, c->kind != OPTIM_ADAMW, g->step_lr, c->beta1,
+                               c->beta2, c->eps, c->weight_decay, g->t + 1, g->compute);
+}
+
+/* ... the step's work on the compute stream (what a graph captures): the
+ * norm, the clip factor and the skip decided on the device (cuda_opt_clip,
+ * the same IEEE double operations as the host path of gpu_model_step), the
+ * optimizer right behind them reading its arguments from the block (a
+ * skipped step changes nothing there), the norm and the skip copied to the
+ * host. */
+static int step_kernels(gpu_model *g)
+{
+    int rc = 0;
+    const optim_config *c = &g->ocfg;
+    cudaStream_t st = g->compute;
+    int lamb = c->kind != OPTIM_ADAMW;
+    GPU_TRY(cudaMemsetAsync(g->sumsq, 0, sizeof(double), st));
+    GPU_TRY(cudaMemsetAsync(g->nonfinite, 0, sizeof(int), st));
+    cuda_sumsq_check(g->sumsq, g->nonfinite, g->grads_memory, g->dev_params, st);
+    cuda_opt_clip(g->opt_args, lamb, g->sumsq, g->nonfinite, c->max_grad_norm,
+                  gpu_model_loss_scale(g), DSCAL(g, gnorm), DSCAL(g, skip), st);
+    float *m = g->opt_memory, *v = g->opt_memory + g->dev_params;
+    void *plp = g->dt == KDT_F32 ? NULL : g->params_lp_memory;
+    int zero_g = (g->levers & CUDA_LEVER_OPT_ZERO) != 0;
+    if (lamb)
+        cuda_lamb_step_dev(g->params_memory, plp, g->dt, g->grads_memory, m, v, g->chunks,
+                           g->num_chunks, g->seg_decay, g->seg_norms, g->num_segs, g->opt_args,
+                           zero_g, st);
+    else
+        cuda_adamw_step_dev(g->params_memory, plp, g->dt, g->grads_memory, m, v, g->chunks,
+                            g->num_chunks, g->seg_decay, g->opt_args, zero_g, st);
+    GPU_TRY(cudaMemcpyAsync(g->norm_host, DSCAL(g, gnorm), sizeof(double), cudaMemcpyDeviceToHost,
+                            st));
+    GPU_TRY(cudaMemcpyAsync(g->flag_host, DSCAL(g, skip), sizeof(int), cudaMemcpyDeviceToHost, st));
+out:
+    return rc;
+}
+
+/* ... and its end: marks the step enqueued (step_done after it). */
+static int step_end(gpu_model *g)
+{
+    int rc = 0;
+    GPU_TRY(cudaEventRecord(g->step_done, g->compute));
+    g->step_pending = 1;
+out:
+    return rc;
+}
+
+/* The host waits once, after the update, for its norm and skip, then keeps
+ * its books (t, the loss scaler, -ERANGE for bf16/fp32) as the host path of
+ * gpu_model_step does. */
+static int step_result(gpu_model *g, double *lr_out, double *gnorm_out, int *skipped)
+{
+    int rc = 0;
+    if (skipped)
+        *skipped = 0;
+    if (!g->step_pending)
+        return -EINVAL;
+    g->step_pending = 0;
+    GPU_TRY(cudaEventSynchronize(g->step_done));
+    if (g->step_timed)
+        GPU_TRY(cudaEventElapsedTime(&g->exposed_comm_ms, g->t_bwd_done, g->t_comm_waited));
+    if (lr_out)
+        *lr_out = g->step_lr;
+    float scale = gpu_model_loss_scale(g);
+    if (*g->flag_host) {
+        /* the kernels left parameters, state and gradients as they were */
+        if (!g->scaler.enabled) {
+            rc = -ERANGE;
+            goto out;
+        }
+        g->scaler.scale = scale * 0.5f;
+        g->scaler.good_steps = 0;
+        g->scaler.skipped++;
+        if (skipped)
+            *skipped = 1;
+        if (gnorm_out)
+            *gnorm_out = INFINITY;
+        goto out;
+    }
+    g->t++;
+    g->grads_zero = (g->levers & CUDA_LEVER_OPT_ZERO) != 0;
+    if (g->scaler.enabled && ++g->scaler.good_steps >= g->scaler.growth_interval) {
+        g->scaler.scale = scale * 2.0f;
+        g->scaler.good_steps = 0;
+    }
+    if (gnorm_out)
+        *gnorm_out = *g->norm_host;
+out:
+    return rc;
+}
+
 int gpu_model_step(gpu_model *g, double *lr_out, double *gnorm_out, int *skipped)
 {
+    if (g->step_pending) // gpu_model_train_micro's step: gpu_model_step_wait reads it
+        return -EINVAL;
     int rc = 0;
     const optim_config *c = &g->ocfg;
     cudaStream_t st = g->compute;
@@ -1435,6 +1701,13 @@ int gpu_model_step(gpu_model *g, double *lr_out, double *gnorm_out, int *skipped
     }
     if (timed)
         GPU_TRY(cudaEventRecord(g->t_comm_waited, st));
+    if (g->dev_scalars) {
+        g->step_timed = timed;
+        if ((rc = step_args(g)) < 0 || (rc = step_kernels(g)) < 0 || (rc = step_end(g)) < 0)
+            goto out;
+        rc = step_result(g, lr_out, gnorm_out, skipped);
+        goto out;
+    }
     GPU_TRY(cudaMemsetAsync(g->sumsq, 0, sizeof(double), st));
     GPU_TRY(cudaMemsetAsync(g->nonfinite, 0, sizeof(int), st));
     cuda_sumsq_check(g->sumsq, g->nonfinite, g->grads_memory, g->dev_params, st);
@@ -1501,4 +1774,178 @@ int gpu_model_step(gpu_model *g, double *lr_out, double *gnorm_out, int *skipped
         *gnorm_out = gnorm;
 out:
     return rc;
+}
+
+/* ---- lever CUDA_LEVER_GRAPH: the micro-batch as one replayed graph ----
+ * One graph exec per key: everything a captured launch bakes in that can
+ * change between calls (the slot's device addresses, the shapes, whether
+ * the step rides along and the loss scale its clip reads, the dropout's
+ * on/off and its Philox key). A key's first call runs eagerly (cuBLAS(Lt)
+ * plans and any lazy allocation happen outside a capture), its second is
+ * captured, later ones replay. Least recently used exec evicted past
+ * GRAPH_CACHE. */
+enum { GRAPH_CACHE = 8, GRAPH_KEY = 6 };
+
+typedef struct graph_entry {
+    uint64_t key[GRAPH_KEY];
+    cudaGraph_t graph;
+    cudaGraphExec_t exec; // NULL: not captured (yet)
+    int seen;             // ran eagerly once: the next call captures
+    long used;            // the cache's clock at its last use
+} graph_entry;
+
+typedef struct graph_cache {
+    graph_entry e[GRAPH_CACHE];
+    int n;
+    long clock;
+} graph_cache;
+
+static void graph_entry_free(graph_entry *e)
+{
+    if (e->exec)
+        cudaGraphExecDestroy(e->exec);
+    if (e->graph)
+        cudaGraphDestroy(e->graph);
+    memset(e, 0, sizeof *e);
+}
+
+static void graphs_free(gpu_model *g)
+{
+    graph_cache *gc = g->graphs;
+    if (!gc)
+        return;
+    for (int i = 0; i < gc->n; i++)
+        graph_entry_free(&gc->e[i]);
+    free(gc);
+    g->graphs = NULL;
+}
+
+/* The cache entry of this call's key, made (evicting the least recently
+ * used) on first sight; NULL without memory for the cache. */
+static graph_entry *graph_find(gpu_model *g, const bert_dropout *d, int last)
+{
+    graph_cache *gc = g->graphs;
+    if (!gc && !(gc = g->graphs = calloc(1, sizeof *gc)))
+        return NULL;
+    const bert_batch *b = &g->batch[g->cur];
+    float scale = gpu_model_loss_scale(g);
+    uint32_t sbits;
+    memcpy(&sbits, &scale, sizeof sbits);
+    int train = d && d->train;
+    uint64_t key[GRAPH_KEY] = {
+        (uint64_t)g->cur | (uint64_t)(last != 0) << 1 | (uint64_t)train << 2,
+        (uint64_t)b->B << 32 | (uint64_t)b->T, (uint64_t)g->mpad[g->cur],
+        last ? sbits : 0, train ? d->seed : 0, train ? d->rank : 0,
+    };
+    gc->clock++;
+    for (int i = 0; i < gc->n; i++) {
+        if (memcmp(gc->e[i].key, key, sizeof key) == 0) {
+            gc->e[i].used = gc->clock;
+            return &gc->e[i];
+        }
+    }
+    int i = gc->n;
+    if (i == GRAPH_CACHE) { // the least recently used goes
+        i = 0;
+        for (int j = 1; j < GRAPH_CACHE; j++)
+            i = gc->e[j].used < gc->e[i].used ? j : i;
+        graph_entry_free(&gc->e[i]);
+    } else {
+        gc->n++;
+    }
+    memcpy(gc->e[i].key, key, sizeof key);
+    gc->e[i].used = gc->clock;
+    return &gc->e[i];
+}
+
+/* Enqueues the micro-batch's work: forward, backward, the step when last. */
+static int micro_kernels(gpu_model *g, const bert_dropout *d, float loss_scale, int last)
+{
+    int rc = forward_kernels(g, g->cur, d, loss_scale);
+    if (rc == 0)
+        rc = backward_kernels(g);
+    if (rc == 0 && last)
+        rc = step_kernels(g);
+    return rc;
+}
+
+/* Captures e's graph from the micro-batch's work and instantiates it. On
+ * any failure nothing has run (a capture only records): the lever's graphs
+ * are turned off for this model, with one log line, and the caller runs
+ * the work eagerly. */
+static int graph_capture(gpu_model *g, graph_entry *e, const bert_dropout *d, float loss_scale,
+                         int last)
+{
+    cudaGraph_t graph = NULL;
+    const char *what = "cudaStreamBeginCapture";
+    cudaError_t ce = cudaStreamBeginCapture(g->compute, cudaStreamCaptureModeThreadLocal);
+    if (ce == cudaSuccess) {
+        int krc = micro_kernels(g, d, loss_scale, last);
+        what = "cudaStreamEndCapture";
+        ce = cudaStreamEndCapture(g->compute, &graph);
+        if (ce == cudaSuccess && krc < 0) {
+            what = "an operation of the step";
+            ce = cudaErrorStreamCaptureUnsupported;
+        }
+    }
+    if (ce == cudaSuccess) {
+        what = "cudaGraphInstantiateWithFlags";
+        ce = cudaGraphInstantiateWithFlags(&e->exec, graph, 0); // CUDA 11.4+ and 12+ alike
+    }
+    if (ce == cudaSuccess) {
+        e->graph = graph;
+        g->graph_captures++;
+        return 0;
+    }
+    (void)cudaGetLastError(); // not sticky: later launch checks must not see it
+    if (graph)
+        cudaGraphDestroy(graph);
+    e->exec = NULL;
+    fprintf(stderr, "gpu_model: capturing the training step failed (%s: %s); steps run without "
+            "CUDA graphs from now on\n", what, cudaGetErrorString(ce));
+    g->graph_off = 1;
+    return -1;
+}
+
+int gpu_model_train_micro(gpu_model *g, const bert_dropout *d, float loss_scale, int last)
+{
+    if (!g->dev_scalars || g->staged < 0 || !(loss_scale > 0) || (last && g->step_pending) ||
+        g->allreduce || g->bucket)
+        return -EINVAL;
+    int rc = forward_begin(g, d, loss_scale);
+    if (rc == 0 && last) {
+        g->step_timed = 0; // no communication to time
+        g->exposed_comm_ms = 0;
+        rc = step_args(g);
+    }
+    if (rc < 0)
+        return rc;
+    g->grads_zero = 0;
+    graph_entry *e = g->graph_off ? NULL : graph_find(g, d, last);
+    int replay = 0; // else eagerly: first sight of the key, or graphs off
+    if (e && e->exec) {
+        replay = 1;
+    } else if (e && e->seen && graph_capture(g, e, d, loss_scale, last) == 0) {
+        replay = 1;
+    } else if (e) {
+        e->seen = 1;
+    }
+    if (replay) {
+        GPU_TRY(cudaGraphLaunch(e->exec, g->compute));
+        g->graph_launches++;
+    } else if ((rc = micro_kernels(g, d, loss_scale, last)) < 0) {
+        return rc;
+    }
+    if ((rc = forward_end(g, loss_scale)) < 0)
+        return rc;
+    g->have_forward = 0; // its backward ran
+    if (last)
+        rc = step_end(g);
+out:
+    return rc;
+}
+
+int gpu_model_step_wait(gpu_model *g, double *lr_out, double *gnorm_out, int *skipped)
+{
+    return step_result(g, lr_out, gnorm_out, skipped);
 }

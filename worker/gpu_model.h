@@ -153,6 +153,22 @@ typedef struct gpu_model {
     int have_forward;
     bert_dropout dropout_cur;      // masks of the last forward, redrawn in backward
     float loss_scale_fwd;          // loss scale the last forward wrote gradients for
+    /* lever CUDA_LEVER_GRAPH (docs/cuda.md, "The step with per-step values
+     * on the device"): the kernels read what changes from step to step
+     * from device memory, M is padded to a multiple of 64 and the host no
+     * longer waits between backward and the optimizer */
+    int dev_scalars;               // the lever is on
+    int act_M;                     // masked rows the activations and slots hold (padded)
+    int mpad[2];                   // rows of each slot's masked block: M, padded with the lever
+    void *dscal;                   // device: the per-step scalars (private layout)
+    void *opt_args;                // device: the optimizer's argument block (cuda_opt_args_bytes)
+    cudaEvent_t step_done;         // after the step's gnorm and skip copies to the host
+    int step_pending;              // a step enqueued whose result the host has not read
+    int step_timed;                // ... with the exposed communication timed
+    double step_lr;                // ... its learning rate
+    void *graphs;                  // the captured micro-batches (gpu_model_train_micro)
+    int graph_off;                 // a capture failed: eager from then on
+    long graph_captures, graph_launches; // captures made, graph launches (for tests)
 } gpu_model;
 
 /* Creates the model on `device` with activations for up to max_B x T with up
@@ -215,7 +231,8 @@ int gpu_model_upload_wait(gpu_model *g);
 /* Copies the device slot of the last upload back, synchronously (tests and
  * debugging): n must be 2N + 3B + 2M for that batch; host gets ids (N),
  * types (N), lens (B), positions (M), labels (M), NSP labels (B), CLS rows
- * (B). 0, -EINVAL, or -EIO. */
+ * (B). With the lever CUDA_LEVER_GRAPH, M is the padded count (mpad): the
+ * real rows first, then label -1 rows. 0, -EINVAL, or -EIO. */
 int gpu_model_read_staged(gpu_model *g, int32_t *host, size_t n);
 /* Forward on the last uploaded batch. loss_scale > 0: training; the MLM head
  * writes the gradient of loss_scale * loss in place for backward. 0: eval
@@ -275,8 +292,28 @@ int gpu_model_attention_fused(const gpu_model *g);
  * skips the update and halves the scale; otherwise non-finite is -ERANGE),
  * unscale and clip folded into the update, lr from the schedule at index t.
  * *skipped is set to 1 when the step was skipped. Reports lr and the
- * unscaled gradient norm. Synchronizes once (the norm). */
+ * unscaled gradient norm. Synchronizes once: for the norm, between the
+ * norm and the update; with the lever CUDA_LEVER_GRAPH the norm, clip and
+ * skip are decided on the device and the wait comes after the update.
+ * -EINVAL while a gpu_model_train_micro step is unread. */
 int gpu_model_step(gpu_model *g, double *lr_out, double *gnorm_out, int *skipped);
+
+/* Lever CUDA_LEVER_GRAPH (created with BERTD_LEVER_GRAPH=1), a model
+ * without communication hooks (one device): forward and backward of the
+ * uploaded batch, and with last = 1 the optimizer step after them, as one
+ * CUDA graph launch (captured at the second call with the same shapes,
+ * replayed from then on; the first runs the same kernels eagerly, and so
+ * does every call after a capture failed). The same bits as
+ * gpu_model_forward + gpu_model_backward (+ gpu_model_step) with the lever.
+ * Asynchronous: gpu_model_loss waits for the loss; after last = 1,
+ * gpu_model_step_wait must read the step's result before the next
+ * train_micro. loss_scale > 0 (training). -EINVAL when the lever is off,
+ * nothing is uploaded, a step's result is unread or hooks are set; -EIO. */
+int gpu_model_train_micro(gpu_model *g, const bert_dropout *d, float loss_scale, int last);
+/* Waits for the step train_micro(last = 1) enqueued and reports it as
+ * gpu_model_step does (lr, gnorm, skipped; -ERANGE for a non-finite norm
+ * without loss scaling). -EINVAL when no step is pending. */
+int gpu_model_step_wait(gpu_model *g, double *lr_out, double *gnorm_out, int *skipped);
 
 /* Loss scale to pass to the next forward (1 unless fp16). */
 float gpu_model_loss_scale(const gpu_model *g);

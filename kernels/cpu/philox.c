@@ -74,6 +74,7 @@ void philox_stream_init(philox_stream *s, uint64_t seed, uint32_t rank, uint32_t
     s->ctr[0] = step;
     s->ctr[1] = (layer << 8) | (site & 0xFFu);
     s->ctr[2] = micro;
+    s->dev_ctr = NULL;
 }
 
 uint32_t philox_stream_u32(const philox_stream *s, uint64_t i)

@@ -55,6 +55,7 @@ __global__ void softmax_forward_kernel(T *att, T *pd, const int32_t *seq_lens, f
                                        philox_dev s, uint32_t thresh, float keep_scale, int drop,
                                        int B, int NH, int T_)
 {
+    s = philox_dev_load(s);
     int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     size_t rows = (size_t)B * NH * T_;
     for (size_t row = (size_t)blockIdx.x * warps + (threadIdx.x >> 5); row < rows;
@@ -104,6 +105,7 @@ template <typename T>
 __global__ void dropout_probs_kernel(T *pd, const T *att, philox_dev s, uint32_t thresh,
                                      float keep_scale, size_t n)
 {
+    s = philox_dev_load(s);
     size_t groups = (n + 3) / 4;
     for (size_t q = (size_t)blockIdx.x * blockDim.x + threadIdx.x; q < groups;
          q += (size_t)gridDim.x * blockDim.x) {
@@ -125,6 +127,7 @@ __global__ void softmax_backward_kernel(T *datt, const T *att, const int32_t *se
                                         float scale, philox_dev s, uint32_t thresh,
                                         float keep_scale, int drop, int B, int NH, int T_)
 {
+    s = philox_dev_load(s);
     int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     size_t rows = (size_t)B * NH * T_;
     for (size_t row = (size_t)blockIdx.x * warps + (threadIdx.x >> 5); row < rows;

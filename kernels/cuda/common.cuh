@@ -81,12 +81,29 @@ template <> struct dt_traits<__half> { static constexpr cudaDataType_t cuda = CU
     } while (0)
 
 /* ---- Philox4x32-10, the same rounds and constants as kernels/cpu/philox.c ---- */
-struct philox_dev { uint32_t k0, k1, c1, c2, c3; };
+/* c1 step, c2 layer << 8 | site, c3 micro. dctr: philox_stream.dev_ctr,
+ * {step, micro} in device memory that replace c1 and c3 when the kernel
+ * starts (philox_dev_load), or NULL. */
+struct philox_dev { uint32_t k0, k1, c1, c2, c3; const uint32_t *dctr; };
 
 static inline philox_dev philox_dev_from(const philox_stream *s)
 {
-    philox_dev d = {s->key[0], s->key[1], s->ctr[0], s->ctr[1], s->ctr[2]};
+    philox_dev d = {s->key[0], s->key[1], s->ctr[0], s->ctr[1], s->ctr[2], s->dev_ctr};
     return d;
+}
+
+/* Every kernel that draws calls this once at its start on its by-value
+ * philox_dev: the per-step counters are then read from device memory once
+ * per thread, not per draw, and a captured graph's replay draws the masks
+ * of the step whose values sit in dctr at that time. */
+__device__ __forceinline__ philox_dev philox_dev_load(philox_dev s)
+{
+    if (s.dctr) {
+        s.c1 = s.dctr[0];
+        s.c3 = s.dctr[1];
+        s.dctr = nullptr;
+    }
+    return s;
 }
 
 /* The four uint32 of element group g: elements 4g .. 4g+3 of the stream. */

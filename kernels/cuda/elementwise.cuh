@@ -133,6 +133,7 @@ template <typename T>
 __global__ void dropout_forward_kernel(T *out, const T *inp, philox_dev s, uint32_t thresh,
                                        float keep_scale, size_t n)
 {
+    s = philox_dev_load(s);
     constexpr int P = pack<T>::n;
     PACK_LOOP(T, i, n) {
         float x[P], mk[P];
@@ -192,6 +193,7 @@ __global__ void scale_kernel(float *x, float s, size_t n)
 
 __global__ void philox_u32_kernel(uint32_t *out, philox_dev s, size_t n)
 {
+    s = philox_dev_load(s);
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
         out[i] = philox_u32(s, i);

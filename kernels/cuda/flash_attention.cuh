@@ -275,6 +275,7 @@ __global__ void __launch_bounds__(NW * 32)
 flash_forward_kernel(T *__restrict__ out, float *__restrict__ lse, const T *__restrict__ qkv,
                      const int32_t *__restrict__ seq_lens, flash_args a)
 {
+    a.rng = philox_dev_load(a.rng);
     typedef fwd_smem<T, HS, NW, BC> L;
     constexpr int BR = L::BR, CH = BC / 2, OH = HS / 2;
     FLASH_SMEM(smem);
@@ -366,6 +367,7 @@ flash_backward_dq_kernel(T *__restrict__ dqkv, float *__restrict__ dbuf,
                          const T *__restrict__ out, const float *__restrict__ lse,
                          const int32_t *__restrict__ seq_lens, flash_args a)
 {
+    a.rng = philox_dev_load(a.rng);
     typedef dq_smem<T, HS, NW, BC> L;
     constexpr int BR = L::BR, CH = BC / 2, OH = HS / 2;
     FLASH_SMEM(smem);
@@ -456,6 +458,7 @@ flash_backward_dkv_kernel(T *__restrict__ dqkv, const T *__restrict__ dout,
                           const float *__restrict__ dbuf, const int32_t *__restrict__ seq_lens,
                           flash_args a)
 {
+    a.rng = philox_dev_load(a.rng);
     typedef dkv_smem<T, HS, NW, BRQ> L;
     constexpr int BK = L::BK, OH = HS / 2;
     FLASH_SMEM(smem);

@@ -239,6 +239,7 @@ __global__ void __launch_bounds__(NW * 32)
 flash2_forward_kernel(T *__restrict__ out, float *__restrict__ lse, const T *__restrict__ qkv,
                       const int32_t *__restrict__ seq_lens, flash_args a)
 {
+    a.rng = philox_dev_load(a.rng);
     typedef fwd2_smem<T, HS, NW, BC, STAGES> L;
     constexpr int BR = L::BR, CH = BC / 2, NF = HS / 16, LDP = L::LDS * 4 / (int)sizeof(T);
     FLASH_SMEM(smem);
@@ -387,6 +388,7 @@ flash2_backward_kernel(T *__restrict__ dqkv, float *__restrict__ dqacc,
                        const T *__restrict__ out, const float *__restrict__ lse,
                        const int32_t *__restrict__ seq_lens, flash_args a)
 {
+    a.rng = philox_dev_load(a.rng);
     typedef bwd2_smem<T, HS, NW, BRQ, STAGES> L;
     constexpr int BK = L::BK, NF = HS / 16, LDP = L::LDS * 4 / (int)sizeof(T), QC = BRQ / 8;
     FLASH_SMEM(smem);

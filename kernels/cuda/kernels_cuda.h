@@ -80,6 +80,12 @@ enum {
      * has measured it. A bit of its own, away from the low bits other
      * levers take */
     CUDA_LEVER_FLASH2 = 1u << 8,
+    /* the training step captured once per shape in a CUDA graph and
+     * replayed (worker/gpu_model.c; the kernels do not read this bit). The
+     * step's changing values then live in device memory: the _dev forms
+     * below and philox_stream.dev_ctr. Off by default until a GPU has
+     * measured it */
+    CUDA_LEVER_GRAPH = 1u << 9,
     /* GELU in the FC1 GEMM's cuBLASLt epilogue, both directions: forward
      * GELU_AUX_BIAS (the pre-activation stored as the aux), backward the
      * FC2 dX GEMM with DGELU reading it (worker/gpu_model.c; the kernels do
@@ -146,7 +152,11 @@ void cuda_cast(void *dst, kdtype dst_dt, const void *src, kdtype src_dt, size_t 
 /* Writes a quiet NaN into n elements of dt (tests poison outputs with it). */
 void cuda_fill_nan(void *dst, kdtype dt, size_t n, cudaStream_t stream);
 
-/* ---- Philox on the device: must equal kernels/cpu/philox.c bit for bit ---- */
+/* ---- Philox on the device: must equal kernels/cpu/philox.c bit for bit ----
+ * Every launcher that draws dropout (dropout, attention, flash attention,
+ * residual+dropout+LayerNorm) honours philox_stream.dev_ctr: when set, each
+ * kernel reads {step, micro} from that device memory once at its start in
+ * place of ctr[0] and ctr[2]; the same values give the same bits. */
 /* out[i] = philox_stream_u32(s, i) for i < n (tests compare it with the CPU). */
 void cuda_philox_u32(uint32_t *out, const philox_stream *s, size_t n, cudaStream_t stream);
 
@@ -229,6 +239,15 @@ void cuda_embeddings_backward_ordered_dt(float *dwte, float *dwpe, float *dwtt, 
                                          const int32_t *inp, const int32_t *tok_type,
                                          const int32_t *order, const int32_t *seg, int U, int B,
                                          int T, int C, int TV, kdtype dt, cudaStream_t stream);
+/* The same with the run count read from device *dU (<= Umax) when the
+ * kernel runs: the grid is sized for Umax (B*T at most) and blocks past U
+ * return, so one captured launch serves every batch. Same bits as the
+ * by-value form with U = *dU. */
+void cuda_embeddings_backward_ordered_dev(float *dwte, float *dwpe, float *dwtt,
+                                          const void *dout, const int32_t *inp,
+                                          const int32_t *tok_type, const int32_t *order,
+                                          const int32_t *seg, const int32_t *dU, int Umax, int B,
+                                          int T, int C, int TV, kdtype dt, cudaStream_t st);
 void cuda_layernorm_forward_dt(void *out, float *mean, float *rstd, const void *inp,
                                const float *weight, const float *bias, int N, int C, float eps,
                                kdtype dt, cudaStream_t stream);
@@ -339,6 +358,16 @@ void cuda_mlm_xent_fused_dt(float *losses, void *logits, const int32_t *targets,
 void cuda_mlm_xent_fused_ld_dt(float *losses, void *logits, const int32_t *targets,
                                float grad_scale, int M, int V, int ld, kdtype dt,
                                cudaStream_t stream);
+/* The same two with the gradient scale read from device memory when the
+ * kernel runs (*dgrad_scale == 0: no gradient written), so a captured graph
+ * replays with the scale of its step. In these and the two forms above a
+ * target < 0 marks a padding row: loss 0 and, with a gradient, a row of
+ * exact zeros (M padded up to a fixed size with label -1 rows). */
+void cuda_mlm_xent_fused_dev(float *losses, void *logits, const int32_t *targets,
+                             const float *dgrad_scale, int M, int V, kdtype dt, cudaStream_t st);
+void cuda_mlm_xent_fused_ld_dev(float *losses, void *logits, const int32_t *targets,
+                                const float *dgrad_scale, int M, int V, int ld, kdtype dt,
+                                cudaStream_t st);
 /* out[m] = sum over rows (the loss sum, deterministic single block). */
 void cuda_sum(float *out, const float *x, int n, cudaStream_t stream);
 
@@ -371,6 +400,43 @@ void cuda_lamb_step(float *p, void *p_lp, kdtype lp_dt, float *g, float *m, floa
                     const cuda_chunk *chunks, int num_chunks, const uint8_t *decay,
                     double *norms, int num_segs, double lr, float beta1, float beta2, float eps,
                     float weight_decay, float clip, long t, int zero_g, cudaStream_t stream);
+
+/* ---- the optimizer with its per-step values in device memory ----
+ * For a captured CUDA graph: lr, the bias corrections, the clip/unscale
+ * factor and the fp16 skip flag sit in one device block per model that the
+ * kernels read at their start, so neither the host nor a host sync sits
+ * between backward and the update. */
+/* Bytes of the device block (cudaMalloc'd by the caller). */
+size_t cuda_opt_args_bytes(void);
+/* Computes the step's arguments on the host exactly as the by-value
+ * launchers do (clip 1, skip 0) and copies them into dblock (device)
+ * asynchronously on st. The host source is staged at the call, so the
+ * caller may call again before the copy has run. lamb selects the LAMB
+ * layout. 0, or -EINVAL for t < 1 or a NULL dblock. */
+int cuda_opt_args_write(void *dblock, int lamb, double lr, float beta1, float beta2, float eps,
+                        float weight_decay, long t, cudaStream_t st);
+/* One thread on st: gnorm = sqrt(*sumsq) / loss_scale (double);
+ * skip = *nonfinite || !isfinite(gnorm); the clip factor as
+ * worker/gpu_model.c computes it on the host (AdamW min(1, mgn / (gnorm +
+ * 1e-6)), LAMB mgn / max(gnorm, mgn), 1 for max_grad_norm <= 0), times
+ * 1 / loss_scale when loss_scale != 1, written with skip into dblock.
+ * *gnorm_out = gnorm (INFINITY when skipped), *skip_out = skip: device
+ * pointers for the host to copy back. sumsq and nonfinite are those
+ * cuda_sumsq_check filled. */
+void cuda_opt_clip(void *dblock, int lamb, const double *sumsq, const int *nonfinite,
+                   float max_grad_norm, float loss_scale, double *gnorm_out, int *skip_out,
+                   cudaStream_t st);
+/* cuda_adamw_step / cuda_lamb_step with lr, betas, eps, weight decay, clip
+ * and t from dblock (written by cuda_opt_args_write and cuda_opt_clip with
+ * the same lamb). When the block's skip is set they change nothing: p,
+ * p_lp, m, v and g (even with zero_g) are left as they were. */
+void cuda_adamw_step_dev(float *p, void *p_lp, kdtype lp_dt, float *g, float *m, float *v,
+                         const cuda_chunk *chunks, int num_chunks, const uint8_t *decay,
+                         const void *dblock, int zero_g, cudaStream_t st);
+void cuda_lamb_step_dev(float *p, void *p_lp, kdtype lp_dt, float *g, float *m, float *v,
+                        const cuda_chunk *chunks, int num_chunks, const uint8_t *decay,
+                        double *norms, int num_segs, const void *dblock, int zero_g,
+                        cudaStream_t st);
 
 #ifdef __cplusplus
 }

@@ -143,20 +143,13 @@ int cuda_embeddings_order(int32_t *order, int32_t *seg, const int32_t *ids, int 
     return emb_order(order, seg, ids, N, V);
 }
 
-void cuda_embeddings_backward_ordered_dt(float *dwte, float *dwpe, float *dwtt, const void *dout,
-                                         const int32_t *inp, const int32_t *tok_type,
-                                         const int32_t *order, const int32_t *seg, int U, int B,
-                                         int T_, int C, int TV, kdtype dt, cudaStream_t stream)
+/* The position and token-type rows of the embedding backward (the word
+ * rows are the caller's launch). */
+static void emb_wpe_wtt_backward(float *dwpe, float *dwtt, const void *dout,
+                                 const int32_t *tok_type, int B, int T_, int C, int TV, kdtype dt,
+                                 cudaStream_t stream)
 {
-    if (B <= 0 || T_ <= 0 || C <= 0)
-        return;
     unsigned ctiles = (unsigned)(C + 31) / 32;
-    if (U > 0) {
-        dim3 grid((unsigned)U, (unsigned)(C + EMB_COLS - 1) / EMB_COLS);
-        DT_DISPATCH(dt, KLAUNCH(grid, dim3(32, EMB_PHASES), 0, stream, embeddings_wte_backward_kernel<T>)(
-                            dwte, (const T *)dout, inp, order, seg, C));
-        LAUNCH_CHECK();
-    }
     DT_DISPATCH(dt, KLAUNCH(dim3((unsigned)T_, ctiles), dim3(32, EMB_PHASES), 0, stream,
                             embeddings_wpe_backward_kernel<T>)(dwpe, (const T *)dout, B, T_, C));
     LAUNCH_CHECK();
@@ -166,6 +159,40 @@ void cuda_embeddings_backward_ordered_dt(float *dwte, float *dwpe, float *dwtt, 
                                                                    B * T_, C));
         LAUNCH_CHECK();
     }
+}
+
+void cuda_embeddings_backward_ordered_dt(float *dwte, float *dwpe, float *dwtt, const void *dout,
+                                         const int32_t *inp, const int32_t *tok_type,
+                                         const int32_t *order, const int32_t *seg, int U, int B,
+                                         int T_, int C, int TV, kdtype dt, cudaStream_t stream)
+{
+    if (B <= 0 || T_ <= 0 || C <= 0)
+        return;
+    if (U > 0) {
+        dim3 grid((unsigned)U, (unsigned)(C + EMB_COLS - 1) / EMB_COLS);
+        DT_DISPATCH(dt, KLAUNCH(grid, dim3(32, EMB_PHASES), 0, stream, embeddings_wte_backward_kernel<T>)(
+                            dwte, (const T *)dout, inp, order, seg, C));
+        LAUNCH_CHECK();
+    }
+    emb_wpe_wtt_backward(dwpe, dwtt, dout, tok_type, B, T_, C, TV, dt, stream);
+}
+
+void cuda_embeddings_backward_ordered_dev(float *dwte, float *dwpe, float *dwtt,
+                                          const void *dout, const int32_t *inp,
+                                          const int32_t *tok_type, const int32_t *order,
+                                          const int32_t *seg, const int32_t *dU, int Umax, int B,
+                                          int T_, int C, int TV, kdtype dt, cudaStream_t stream)
+{
+    if (B <= 0 || T_ <= 0 || C <= 0)
+        return;
+    if (Umax > 0) {
+        dim3 grid((unsigned)Umax, (unsigned)(C + EMB_COLS - 1) / EMB_COLS);
+        DT_DISPATCH(dt, KLAUNCH(grid, dim3(32, EMB_PHASES), 0, stream,
+                                embeddings_wte_backward_dev_kernel<T>)(
+                            dwte, (const T *)dout, inp, order, seg, dU, C));
+        LAUNCH_CHECK();
+    }
+    emb_wpe_wtt_backward(dwpe, dwtt, dout, tok_type, B, T_, C, TV, dt, stream);
 }
 
 void cuda_embeddings_backward_dt(float *dwte, float *dwpe, float *dwtt, const void *dout,

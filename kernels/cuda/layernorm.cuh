@@ -55,6 +55,7 @@ layernorm_forward_kernel(T *out, T *res, float *mean, float *rstd, const T *x, c
                          drop_args d, const float *weight, const float *bias, int N, int C,
                          float eps)
 {
+    d.s = philox_dev_load(d.s);
     int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     for (int row = blockIdx.x * warps + (threadIdx.x >> 5); row < N; row += gridDim.x * warps) {
         size_t base = (size_t)row * C;
@@ -96,6 +97,7 @@ layernorm_backward_kernel(T *dinp, T *dy, const T *dout, const T *dout2, const T
                           const float *weight, const float *mean, const float *rstd, drop_args d,
                           int N, int C)
 {
+    d.s = philox_dev_load(d.s);
     int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     for (int row = blockIdx.x * warps + (threadIdx.x >> 5); row < N; row += gridDim.x * warps) {
         size_t base = (size_t)row * C;
@@ -180,6 +182,7 @@ layernorm_forward_vec_kernel(T *out, T *res, float *mean, float *rstd, const T *
                              drop_args d, const float *weight, const float *bias, int N, int C,
                              float eps)
 {
+    d.s = philox_dev_load(d.s);
     constexpr int P = pack<T>::n, K = lnv_packs<T>();
     int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     for (int row = blockIdx.x * warps + (threadIdx.x >> 5); row < N; row += gridDim.x * warps) {
@@ -246,6 +249,7 @@ layernorm_backward_vec_kernel(T *dinp, T *dy, const T *dout, const T *dout2, con
                               const float *weight, const float *mean, const float *rstd,
                               drop_args d, int N, int C)
 {
+    d.s = philox_dev_load(d.s);
     constexpr int P = pack<T>::n, K = lnv_packs<T>();
     int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     for (int row = blockIdx.x * warps + (threadIdx.x >> 5); row < N; row += gridDim.x * warps) {
@@ -394,11 +398,10 @@ static int emb_order(int32_t *order, int32_t *seg, const int32_t *ids, int N, in
 constexpr int EMB_PHASES = 8, EMB_COLS = 64;
 
 template <typename T>
-__global__ void __launch_bounds__(32 * EMB_PHASES)
-embeddings_wte_backward_kernel(float *dwte, const T *dout, const int32_t *inp,
-                               const int32_t *order, const int32_t *seg, int C)
+__device__ __forceinline__ void emb_wte_run(float *sh, float *dwte, const T *dout,
+                                            const int32_t *inp, const int32_t *order,
+                                            const int32_t *seg, int C)
 {
-    __shared__ float sh[EMB_PHASES * 33];
     int lo = seg[blockIdx.x], hi = seg[blockIdx.x + 1];
     size_t tok = (size_t)inp[order[lo]];
     int c_end = (int)(blockIdx.y + 1) * EMB_COLS < C ? (int)(blockIdx.y + 1) * EMB_COLS : C;
@@ -412,6 +415,30 @@ embeddings_wte_backward_kernel(float *dwte, const T *dout, const int32_t *inp,
         if (threadIdx.y == 0 && c < c_end)
             dwte[tok * C + c] += s;
     }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(32 * EMB_PHASES)
+embeddings_wte_backward_kernel(float *dwte, const T *dout, const int32_t *inp,
+                               const int32_t *order, const int32_t *seg, int C)
+{
+    __shared__ float sh[EMB_PHASES * 33];
+    emb_wte_run<T>(sh, dwte, dout, inp, order, seg, C);
+}
+
+/* The same with the run count U read from device *dU: the grid covers the
+ * most runs a batch can have, the blocks past U return at once (a captured
+ * graph serves every batch of its shape). */
+template <typename T>
+__global__ void __launch_bounds__(32 * EMB_PHASES)
+embeddings_wte_backward_dev_kernel(float *dwte, const T *dout, const int32_t *inp,
+                                   const int32_t *order, const int32_t *seg, const int32_t *dU,
+                                   int C)
+{
+    __shared__ float sh[EMB_PHASES * 33];
+    if ((int)blockIdx.x >= *dU) // the same for every thread of the block
+        return;
+    emb_wte_run<T>(sh, dwte, dout, inp, order, seg, C);
 }
 
 /* dwpe (T,C) += sum over b of dout[b,t]: block (t, 32 channels), thread

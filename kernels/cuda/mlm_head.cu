@@ -57,6 +57,24 @@ void cuda_mlm_xent_fused_dt(float *losses, void *logits, const int32_t *targets,
     cuda_mlm_xent_fused_ld_dt(losses, logits, targets, grad_scale, M, V, V, dt, stream);
 }
 
+void cuda_mlm_xent_fused_ld_dev(float *losses, void *logits, const int32_t *targets,
+                                const float *dgrad_scale, int M, int V, int ld, kdtype dt,
+                                cudaStream_t stream)
+{
+    if (M <= 0)
+        return;
+    DT_DISPATCH(dt, KLAUNCH(M, XENT_BLOCK, 0, stream, xent_dev_kernel<T>)(
+                        losses, (T *)logits, targets, dgrad_scale, V, ld));
+    LAUNCH_CHECK();
+}
+
+void cuda_mlm_xent_fused_dev(float *losses, void *logits, const int32_t *targets,
+                             const float *dgrad_scale, int M, int V, kdtype dt,
+                             cudaStream_t stream)
+{
+    cuda_mlm_xent_fused_ld_dev(losses, logits, targets, dgrad_scale, M, V, V, dt, stream);
+}
+
 void cuda_sum(float *out, const float *x, int n, cudaStream_t stream)
 {
     KLAUNCH(1, 1024, 0, stream, sum_kernel)(out, x, n);

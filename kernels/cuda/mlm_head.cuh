@@ -58,15 +58,28 @@ __global__ void scatter_rows_kernel(T *dinp, const T *dout, const int32_t *rows,
 /* One block per row of ld >= V logits (ld > V: a padded vocabulary whose
  * columns V..ld-1 are not part of the softmax): max, sum of exp, loss;
  * PROBS writes probabilities (rows of V), GRAD overwrites the logits with
- * (softmax - onehot) * grad_scale and the padding columns with 0. */
+ * (softmax - onehot) * grad_scale and the padding columns with 0.
+ * A target < 0 is a padding row (M padded up to a fixed size): loss 0,
+ * PROBS a row of 0, GRAD a row of exact 0 (all ld columns); its logits are
+ * not read. sh: 32 floats of shared memory. */
 template <typename T, bool PROBS, bool GRAD>
-__global__ void __launch_bounds__(XENT_BLOCK)
-xent_kernel(float *losses, float *probs, T *logits, const int32_t *targets, float grad_scale,
-            int V, int ld)
+__device__ __forceinline__ void xent_row(float *sh, float *losses, float *probs, T *logits,
+                                         const int32_t *targets, float grad_scale, int V, int ld)
 {
-    __shared__ float sh[32];
     int m = blockIdx.x;
     T *l = logits + (size_t)m * ld;
+    int tgt = targets[m];
+    if (tgt < 0) { // the same for every thread of the block
+        if (threadIdx.x == 0)
+            losses[m] = 0.0f;
+        if (PROBS)
+            for (int v = threadIdx.x; v < V; v += blockDim.x)
+                probs[(size_t)m * V + v] = 0.0f;
+        if (GRAD)
+            for (int v = threadIdx.x; v < ld; v += blockDim.x)
+                l[v] = from_f<T>(0.0f);
+        return;
+    }
     float mx = -INFINITY;
     for (int v = threadIdx.x; v < V; v += blockDim.x)
         mx = fmaxf(mx, to_f(l[v]));
@@ -75,7 +88,6 @@ xent_kernel(float *losses, float *probs, T *logits, const int32_t *targets, floa
     for (int v = threadIdx.x; v < V; v += blockDim.x)
         sum += expf(to_f(l[v]) - mx);
     sum = block_sum(sum, sh);
-    int tgt = targets[m];
     float lt = to_f(l[tgt]); // read before any thread overwrites it
     __syncthreads();
     if (threadIdx.x == 0)
@@ -91,6 +103,31 @@ xent_kernel(float *losses, float *probs, T *logits, const int32_t *targets, floa
     if (GRAD)
         for (int v = V + threadIdx.x; v < ld; v += blockDim.x)
             l[v] = from_f<T>(0.0f);
+}
+
+template <typename T, bool PROBS, bool GRAD>
+__global__ void __launch_bounds__(XENT_BLOCK)
+xent_kernel(float *losses, float *probs, T *logits, const int32_t *targets, float grad_scale,
+            int V, int ld)
+{
+    __shared__ float sh[32];
+    xent_row<T, PROBS, GRAD>(sh, losses, probs, logits, targets, grad_scale, V, ld);
+}
+
+/* The fused loss with the gradient scale read from device memory when the
+ * kernel runs (a captured graph replays with its step's scale): the same
+ * rows as xent_kernel<T, false, GRAD> with GRAD = (*dgrad_scale != 0). */
+template <typename T>
+__global__ void __launch_bounds__(XENT_BLOCK)
+xent_dev_kernel(float *losses, T *logits, const int32_t *targets, const float *dgrad_scale,
+                int V, int ld)
+{
+    __shared__ float sh[32];
+    float gs = *dgrad_scale;
+    if (gs != 0.0f)
+        xent_row<T, false, true>(sh, losses, nullptr, logits, targets, gs, V, ld);
+    else
+        xent_row<T, false, false>(sh, losses, nullptr, logits, targets, 0.0f, V, ld);
 }
 
 __global__ void xent_backward_kernel(float *dlogits, const float *probs, const int32_t *targets,

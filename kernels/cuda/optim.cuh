@@ -75,8 +75,9 @@ struct adamw_args {
 };
 
 template <typename TL>
-__global__ void adamw_kernel(float *p, void *p_lp, const float *g, float *m, float *v,
-                             const cuda_chunk *chunks, const uint8_t *decay, adamw_args a)
+__device__ __forceinline__ void adamw_chunk(float *p, void *p_lp, const float *g, float *m,
+                                            float *v, const cuda_chunk *chunks,
+                                            const uint8_t *decay, const adamw_args &a)
 {
     cuda_chunk ch = chunks[blockIdx.x];
     float dec = decay[ch.seg] ? a.decay_on : a.decay_off;
@@ -97,11 +98,41 @@ __global__ void adamw_kernel(float *p, void *p_lp, const float *g, float *m, flo
     }
 }
 
+template <typename TL>
+__global__ void adamw_kernel(float *p, void *p_lp, const float *g, float *m, float *v,
+                             const cuda_chunk *chunks, const uint8_t *decay, adamw_args a)
+{
+    adamw_chunk<TL>(p, p_lp, g, m, v, chunks, decay, a);
+}
+
 struct lamb_args {
     float b1, b2, b1w, b2w, bc1, bc2, eps, wd, clip;
     double lr;
     float *gz; // as adamw_args.gz: zeroed by the moments pass, the only one reading g
 };
+
+/* The step's arguments in device memory (cuda_opt_args_write,
+ * cuda_opt_clip): the selected optimizer's (gz unused: the launch passes
+ * it) and the fp16 overflow flag that turns the update into nothing. */
+struct opt_block {
+    adamw_args adamw;
+    lamb_args lamb;
+    int skip;
+};
+
+/* The same with the arguments read from blk at the start; nothing at all
+ * when blk->skip. gz as adamw_args.gz. */
+template <typename TL>
+__global__ void adamw_dev_kernel(float *p, void *p_lp, const float *g, float *m, float *v,
+                                 const cuda_chunk *chunks, const uint8_t *decay,
+                                 const opt_block *blk, float *gz)
+{
+    if (blk->skip)
+        return;
+    adamw_args a = blk->adamw;
+    a.gz = gz;
+    adamw_chunk<TL>(p, p_lp, g, m, v, chunks, decay, a);
+}
 
 __device__ __forceinline__ float lamb_update(float mi, float vi, float pi, float fwd,
                                              const lamb_args &a)
@@ -111,10 +142,10 @@ __device__ __forceinline__ float lamb_update(float mi, float vi, float pi, float
 }
 
 /* pass 1: moments, and per-chunk sums of p^2 and update^2 (g_lamb_part) */
-__global__ void lamb_moments_kernel(const float *p, const float *g, float *m, float *v,
-                                    const cuda_chunk *chunks, const uint8_t *decay, lamb_args a)
+__device__ __forceinline__ void lamb_moments_chunk(double *sh, const float *p, const float *g,
+                                                   float *m, float *v, const cuda_chunk *chunks,
+                                                   const uint8_t *decay, const lamb_args &a)
 {
-    __shared__ double sh[32];
     cuda_chunk ch = chunks[blockIdx.x];
     float fwd = decay[ch.seg] ? a.wd : 0.0f;
     double wn = 0.0, un = 0.0;
@@ -137,6 +168,27 @@ __global__ void lamb_moments_kernel(const float *p, const float *g, float *m, fl
         g_lamb_part[2 * (size_t)blockIdx.x] = wn;
         g_lamb_part[2 * (size_t)blockIdx.x + 1] = un;
     }
+}
+
+__global__ void lamb_moments_kernel(const float *p, const float *g, float *m, float *v,
+                                    const cuda_chunk *chunks, const uint8_t *decay, lamb_args a)
+{
+    __shared__ double sh[32];
+    lamb_moments_chunk(sh, p, g, m, v, chunks, decay, a);
+}
+
+/* The same with the arguments from blk; nothing when blk->skip (the whole
+ * block returns before the block-wide sums). gz as lamb_args.gz. */
+__global__ void lamb_moments_dev_kernel(const float *p, const float *g, float *m, float *v,
+                                        const cuda_chunk *chunks, const uint8_t *decay,
+                                        const opt_block *blk, float *gz)
+{
+    if (blk->skip)
+        return;
+    lamb_args a = blk->lamb;
+    a.gz = gz;
+    __shared__ double sh[32];
+    lamb_moments_chunk(sh, p, g, m, v, chunks, decay, a);
 }
 
 /* First chunk of segment >= seg: chunks are in segment order (one tensor's
@@ -176,9 +228,10 @@ __global__ void lamb_norms_kernel(double *norms, const cuda_chunk *chunks, int n
 }
 
 template <typename TL>
-__global__ void lamb_apply_kernel(float *p, void *p_lp, const float *m, const float *v,
-                                  const cuda_chunk *chunks, const uint8_t *decay,
-                                  const double *norms, lamb_args a)
+__device__ __forceinline__ void lamb_apply_chunk(float *p, void *p_lp, const float *m,
+                                                 const float *v, const cuda_chunk *chunks,
+                                                 const uint8_t *decay, const double *norms,
+                                                 const lamb_args &a)
 {
     cuda_chunk ch = chunks[blockIdx.x];
     int dec = decay[ch.seg];
@@ -194,6 +247,56 @@ __global__ void lamb_apply_kernel(float *p, void *p_lp, const float *m, const fl
         p[i] = pn;
         store_lp<TL>(p_lp, i, pn);
     }
+}
+
+template <typename TL>
+__global__ void lamb_apply_kernel(float *p, void *p_lp, const float *m, const float *v,
+                                  const cuda_chunk *chunks, const uint8_t *decay,
+                                  const double *norms, lamb_args a)
+{
+    lamb_apply_chunk<TL>(p, p_lp, m, v, chunks, decay, norms, a);
+}
+
+template <typename TL>
+__global__ void lamb_apply_dev_kernel(float *p, void *p_lp, const float *m, const float *v,
+                                      const cuda_chunk *chunks, const uint8_t *decay,
+                                      const double *norms, const opt_block *blk)
+{
+    if (blk->skip)
+        return;
+    lamb_args a = blk->lamb;
+    lamb_apply_chunk<TL>(p, p_lp, m, v, chunks, decay, norms, a);
+}
+
+/* One thread: the clip/unscale factor and the skip flag from the summed
+ * squares, with the double operations of worker/gpu_model.c
+ * gpu_model_step, so the factor has the host's bits. */
+__global__ void opt_clip_kernel(opt_block *blk, int lamb, const double *sumsq,
+                                const int *nonfinite, float max_grad_norm, float loss_scale,
+                                double *gnorm_out, int *skip_out)
+{
+    double gnorm = sqrt(*sumsq) / (double)loss_scale;
+    int skip = *nonfinite || !isfinite(gnorm);
+    float clip = 1.0f;
+    if (!skip && max_grad_norm > 0) {
+        if (!lamb) {
+            double coef = (double)max_grad_norm / (gnorm + 1e-6);
+            clip = (float)(coef < 1.0 ? coef : 1.0);
+        } else {
+            clip = (float)((double)max_grad_norm /
+                           (gnorm > max_grad_norm ? gnorm : max_grad_norm));
+        }
+    }
+    float gmul = loss_scale == 1.0f ? clip : (float)((double)clip / loss_scale);
+    if (lamb)
+        blk->lamb.clip = gmul;
+    else
+        blk->adamw.clip = gmul;
+    blk->skip = skip;
+    if (gnorm_out)
+        *gnorm_out = skip ? INFINITY : gnorm;
+    if (skip_out)
+        *skip_out = skip;
 }
 
 

@@ -7,7 +7,14 @@
  * Shapes are small and deliberately not multiples of 4, 8 or 32 (T = 13,
  * V = 1001) so tails, unaligned packs and partial warps are exercised, plus
  * one BERT-base-sized GEMM and LayerNorm so multi-block paths run too.
+ *
+ * The forms that read per-step values from device memory (for CUDA graph
+ * replay: philox_stream.dev_ctr, the _dev loss, embedding and optimizer
+ * launchers, cuda_opt_clip) are checked bit for bit against the by-value
+ * forms, and each with a changed device value to show it is really read.
  */
+#include <errno.h>
+
 #include "tests/gpu/gpu_check.h"
 #include "kernels/kernels.h"
 #include "worker/optim.h"
@@ -631,6 +638,477 @@ static void test_ln_levers(kdtype dt)
     cuda_levers_set(saved);
 }
 
+/* ---- the optimizer with its step values in a device block ----
+ * cuda_opt_args_write + cuda_opt_clip + cuda_{adamw,lamb}_step_dev against
+ * the by-value launchers given the clip factor worker/gpu_model.c
+ * gpu_model_step computes on the host (the formula is copied here as the
+ * reference): p, the 16-bit copy, m, v and g must have the same bits after
+ * each step; on a non-finite gradient nothing may change at all. */
+static int dev_same(const void *a, const void *b, size_t bytes)
+{
+    unsigned char *ha = malloc(bytes), *hb = malloc(bytes);
+    TCHECK(cudaMemcpy(ha, a, bytes, cudaMemcpyDeviceToHost));
+    TCHECK(cudaMemcpy(hb, b, bytes, cudaMemcpyDeviceToHost));
+    int same = memcmp(ha, hb, bytes) == 0;
+    free(ha);
+    free(hb);
+    return same;
+}
+
+/* gpu_model_step's host computation, copied: the unscale-and-clip factor */
+static float host_gmul(optim_kind kind, double sumsq, float max_grad_norm, float scale,
+                       double *gnorm_out)
+{
+    double gnorm = sqrt(sumsq) / (double)scale;
+    float clip = 1.0f;
+    if (max_grad_norm > 0) {
+        if (kind == OPTIM_ADAMW) {
+            double coef = (double)max_grad_norm / (gnorm + 1e-6);
+            clip = (float)(coef < 1.0 ? coef : 1.0);
+        } else {
+            clip = (float)((double)max_grad_norm /
+                           (gnorm > max_grad_norm ? gnorm : max_grad_norm));
+        }
+    }
+    *gnorm_out = gnorm;
+    return scale == 1.0f ? clip : (float)((double)clip / scale);
+}
+
+typedef struct opt_set {
+    float *p, *m, *v, *g;
+    void *lp;
+} opt_set;
+
+static void test_optim_dev(optim_kind kind, kdtype lp_dt, float scale, float mgn, int zero)
+{
+    size_t sizes[4] = {2500, 7, 4099, 300};
+    uint8_t dec8[4] = {1, 0, 1, 0};
+    size_t n = 2500 + 7 + 4099 + 300;
+    int lamb = kind == OPTIM_LAMB, use_lp = lp_dt != KDT_F32;
+    size_t lpb = n * kdtype_size(lp_dt);
+    float *p = host_rand(n, 0.5f, 0);
+    opt_set s[2]; // 0: by value, 1: device block
+    for (int k = 0; k < 2; k++) {
+        s[k].p = dev_from(p, n, KDT_F32);
+        s[k].m = dev_alloc(n * 4);
+        s[k].v = dev_alloc(n * 4);
+        TCHECK(cudaMemset(s[k].m, 0, n * 4));
+        TCHECK(cudaMemset(s[k].v, 0, n * 4));
+        s[k].lp = use_lp ? dev_nan(n, lp_dt) : NULL;
+        s[k].g = NULL;
+    }
+    int nch = 0;
+    cuda_chunk *dch = make_chunks(sizes, 4, &nch);
+    uint8_t *ddec = dev_alloc(4);
+    TCHECK(cudaMemcpy(ddec, dec8, 4, cudaMemcpyHostToDevice));
+    double *norms = dev_alloc(8 * sizeof(double)), *sumsq = dev_alloc(sizeof(double));
+    double *dgnorm = dev_alloc(sizeof(double));
+    int *nonfinite = dev_alloc(sizeof(int)), *dskip = dev_alloc(sizeof(int));
+    void *blk = dev_alloc(cuda_opt_args_bytes());
+    const double lrs[4] = {1e-3, 5e-4, 2.5e-4, 1e-4};
+    char name[96];
+    for (int step = 1; step <= 4; step++) {
+        /* step 4: an inf in the gradient, the update must be skipped */
+        float *g = host_rand(n, 0.05f * scale, 0);
+        if (step == 4)
+            g[4321] = INFINITY;
+        for (int k = 0; k < 2; k++)
+            s[k].g = dev_from(g, n, KDT_F32);
+        TCHECK(cudaMemset(sumsq, 0, sizeof(double)));
+        TCHECK(cudaMemset(nonfinite, 0, sizeof(int)));
+        cuda_sumsq_check(sumsq, nonfinite, s[0].g, n, 0);
+        double ss;
+        int nf;
+        TCHECK(cudaMemcpy(&ss, sumsq, sizeof ss, cudaMemcpyDeviceToHost));
+        TCHECK(cudaMemcpy(&nf, nonfinite, sizeof nf, cudaMemcpyDeviceToHost));
+        int skip_ref = nf || !isfinite(ss);
+        double gn_ref = INFINITY;
+        float gmul = skip_ref ? 1.0f : host_gmul(kind, ss, mgn, scale, &gn_ref);
+        if (!skip_ref) {
+            if (lamb)
+                cuda_lamb_step(s[0].p, s[0].lp, lp_dt, s[0].g, s[0].m, s[0].v, dch, nch, ddec,
+                               norms, 4, lrs[step - 1], 0.9f, 0.999f, 1e-6f, 0.01f, gmul, step,
+                               zero, 0);
+            else
+                cuda_adamw_step(s[0].p, s[0].lp, lp_dt, s[0].g, s[0].m, s[0].v, dch, nch, ddec,
+                                lrs[step - 1], 0.9f, 0.999f, 1e-8f, 0.01f, gmul, step, zero, 0);
+        }
+        /* the device path, as a captured step would run it */
+        int rc = cuda_opt_args_write(blk, lamb, lrs[step - 1], 0.9f, 0.999f,
+                                     lamb ? 1e-6f : 1e-8f, 0.01f, step, 0);
+        cuda_opt_clip(blk, lamb, sumsq, nonfinite, mgn, scale, dgnorm, dskip, 0);
+        if (lamb)
+            cuda_lamb_step_dev(s[1].p, s[1].lp, lp_dt, s[1].g, s[1].m, s[1].v, dch, nch, ddec,
+                               norms, 4, blk, zero, 0);
+        else
+            cuda_adamw_step_dev(s[1].p, s[1].lp, lp_dt, s[1].g, s[1].m, s[1].v, dch, nch, ddec,
+                                blk, zero, 0);
+        double gn;
+        int sk;
+        TCHECK(cudaMemcpy(&gn, dgnorm, sizeof gn, cudaMemcpyDeviceToHost));
+        TCHECK(cudaMemcpy(&sk, dskip, sizeof sk, cudaMemcpyDeviceToHost));
+        int gn_ok = memcmp(&gn, &gn_ref, sizeof gn) == 0 && sk == skip_ref && rc == 0;
+        /* a skipped step: s[0] was not touched at all, so s[1] must equal it */
+        int same = dev_same(s[0].p, s[1].p, n * 4) && dev_same(s[0].m, s[1].m, n * 4) &&
+                   dev_same(s[0].v, s[1].v, n * 4) && dev_same(s[0].g, s[1].g, n * 4) &&
+                   (!use_lp || dev_same(s[0].lp, s[1].lp, lpb));
+        snprintf(name, sizeof name, "%s_step_dev t=%d%s scale=%g mgn=%g zero_g=%d",
+                 lamb ? "lamb" : "adamw", step, skip_ref ? " (skip)" : "", scale, mgn, zero);
+        printf("%-4s %-58s %-4s same bits=%d gnorm/skip=%d\n", same && gn_ok ? "ok" : "FAIL", name,
+               kdtype_name(lp_dt), same, gn_ok);
+        gpu_failures += !(same && gn_ok);
+        free(g);
+        for (int k = 0; k < 2; k++)
+            cudaFree(s[k].g);
+    }
+    /* bad input: a clear error, nothing enqueued */
+    int bad_t = cuda_opt_args_write(blk, lamb, 1e-3, 0.9f, 0.999f, 1e-8f, 0.01f, 0, 0);
+    printf("%-4s %-58s rc=%d\n", bad_t == -EINVAL ? "ok" : "FAIL", "opt_args_write t=0 refused",
+           bad_t);
+    gpu_failures += bad_t != -EINVAL;
+    free(p);
+    for (int k = 0; k < 2; k++) {
+        cudaFree(s[k].p); cudaFree(s[k].m); cudaFree(s[k].v);
+        if (s[k].lp)
+            cudaFree(s[k].lp);
+    }
+    cudaFree(dch); cudaFree(ddec); cudaFree(norms); cudaFree(sumsq); cudaFree(dgnorm);
+    cudaFree(nonfinite); cudaFree(dskip); cudaFree(blk);
+}
+
+/* The fused MLM loss with the gradient scale in device memory, and padding
+ * rows (target -1): the _dev forms must give the by-value bits; a batch of
+ * M rows padded with 64 rows of NaN logits and target -1 must give the M
+ * rows' losses and gradient rows bit for bit, loss 0 and all-zero gradient
+ * rows (every ld column) for the padding, and the same loss sum. */
+static void test_xent_dev(kdtype dt, int V, int ld)
+{
+    int M = 7, MP = M + 64;
+    size_t es = kdtype_size(dt), row = (size_t)ld * es;
+    int32_t tg[7 + 64] = {0, V - 1, 5, 77, 500, V - 2, 3};
+    for (int i = M; i < MP; i++)
+        tg[i] = -1;
+    float *lg = host_rand((size_t)M * ld, 6, 0);
+    int32_t *dtg = dev_ints(tg, MP);
+    void *a = dev_from(lg, (size_t)M * ld, dt), *b = dev_from(lg, (size_t)M * ld, dt);
+    float *la = dev_nan(MP, KDT_F32), *lb = dev_nan(MP, KDT_F32);
+    float *dscale = dev_alloc(sizeof(float)), *sums = dev_alloc(2 * sizeof(float));
+    char name[96];
+    const float scales[3] = {0.37f, 0.0f, 0.5f};
+    for (int k = 0; k < 2; k++) {
+        float gs = scales[k];
+        TCHECK(cudaMemcpy(dscale, &gs, sizeof gs, cudaMemcpyHostToDevice));
+        if (ld == V) {
+            cuda_mlm_xent_fused_dt(la, a, dtg, gs, M, V, dt, 0);
+            cuda_mlm_xent_fused_dev(lb, b, dtg, dscale, M, V, dt, 0);
+        } else {
+            cuda_mlm_xent_fused_ld_dt(la, a, dtg, gs, M, V, ld, dt, 0);
+            cuda_mlm_xent_fused_ld_dev(lb, b, dtg, dscale, M, V, ld, dt, 0);
+        }
+        int same = dev_same(la, lb, M * sizeof(float)) && dev_same(a, b, M * row);
+        snprintf(name, sizeof name, "mlm_xent_fused%s_dev scale %g V%d", ld == V ? "" : "_ld", gs, V);
+        printf("%-4s %-58s %-4s same bits=%d\n", same ? "ok" : "FAIL", name, kdtype_name(dt), same);
+        gpu_failures += !same;
+    }
+    /* the scale is read when the kernel runs: another scale, other bits */
+    TCHECK(cudaMemcpy(a, b, M * row, cudaMemcpyDeviceToDevice));
+    cuda_mlm_xent_fused_ld_dev(la, a, dtg, dscale, M, V, ld, dt, 0); // 0: logits stay
+    TCHECK(cudaMemcpy(dscale, &scales[2], sizeof(float), cudaMemcpyHostToDevice));
+    cuda_mlm_xent_fused_ld_dev(lb, b, dtg, dscale, M, V, ld, dt, 0);
+    int moved = !dev_same(a, b, M * row);
+    printf("%-4s %-58s %-4s\n", moved ? "ok" : "FAIL", "mlm_xent_fused_dev scale read on the device",
+           kdtype_name(dt));
+    gpu_failures += !moved;
+    cudaFree(a);
+    cudaFree(b);
+
+    /* padding: by value and on the device, with the ld and plain forms */
+    for (int dev = 0; dev <= 1; dev++) {
+        float gs = 0.37f;
+        TCHECK(cudaMemcpy(dscale, &gs, sizeof gs, cudaMemcpyHostToDevice));
+        void *ref = dev_from(lg, (size_t)M * ld, dt), *pad = dev_nan((size_t)MP * ld, dt);
+        TCHECK(cudaMemcpy(pad, ref, M * row, cudaMemcpyDeviceToDevice));
+        if (dev) {
+            cuda_mlm_xent_fused_ld_dev(la, ref, dtg, dscale, M, V, ld, dt, 0);
+            cuda_mlm_xent_fused_ld_dev(lb, pad, dtg, dscale, MP, V, ld, dt, 0);
+        } else if (ld == V) {
+            cuda_mlm_xent_fused_dt(la, ref, dtg, gs, M, V, dt, 0);
+            cuda_mlm_xent_fused_dt(lb, pad, dtg, gs, MP, V, dt, 0);
+        } else {
+            cuda_mlm_xent_fused_ld_dt(la, ref, dtg, gs, M, V, ld, dt, 0);
+            cuda_mlm_xent_fused_ld_dt(lb, pad, dtg, gs, MP, V, ld, dt, 0);
+        }
+        cuda_sum(sums, la, M, 0);
+        cuda_sum(sums + 1, lb, MP, 0);
+        int real = dev_same(la, lb, M * sizeof(float)) && dev_same(ref, pad, M * row);
+        float *hl = malloc(MP * sizeof(float)), hs[2];
+        unsigned char *hp = malloc(64 * row);
+        TCHECK(cudaMemcpy(hl, lb, MP * sizeof(float), cudaMemcpyDeviceToHost));
+        TCHECK(cudaMemcpy(hp, (char *)pad + M * row, 64 * row, cudaMemcpyDeviceToHost));
+        TCHECK(cudaMemcpy(hs, sums, sizeof hs, cudaMemcpyDeviceToHost));
+        size_t bad = 0;
+        for (int i = M; i < MP; i++)
+            bad += memcmp(&hl[i], &(float){0.0f}, sizeof(float)) != 0;
+        for (size_t i = 0; i < 64 * row; i++)
+            bad += hp[i] != 0; // +0.0 in every type is all zero bytes
+        int ok = real && bad == 0 && memcmp(&hs[0], &hs[1], sizeof(float)) == 0;
+        snprintf(name, sizeof name, "mlm_xent%s padded M%d+64 (label -1) V%d ld%d",
+                 dev ? "_dev" : "", M, V, ld);
+        printf("%-4s %-58s %-4s real rows same=%d pad not zero=%zu\n", ok ? "ok" : "FAIL", name,
+               kdtype_name(dt), real, bad);
+        gpu_failures += !ok;
+        free(hl);
+        free(hp);
+        cudaFree(ref);
+        cudaFree(pad);
+    }
+    free(lg);
+    cudaFree(dtg); cudaFree(la); cudaFree(lb); cudaFree(dscale); cudaFree(sums);
+}
+
+/* The embedding backward with the run count in device memory, on a grid
+ * for B*T runs: the by-value bits; and with one run fewer on the device,
+ * other bits (the count is really read). */
+static void test_emb_dev(kdtype dt)
+{
+    int B = 3, T = 13, C = 72, V = 57, P = 20;
+    int N = B * T;
+    int32_t ids[3 * 13], tt[3 * 13], ord[2 * 3 * 13 + 1];
+    for (int i = 0; i < N; i++) {
+        ids[i] = (int32_t)((i * 7) % V);
+        tt[i] = (int32_t)(i % 2);
+    }
+    ids[5] = ids[6] = ids[20];
+    int U = cuda_embeddings_order(ord, ord + N, ids, N, V);
+    float *g = host_rand((size_t)N * C, 1, 0);
+    float *gw[3] = {host_rand((size_t)V * C, 1, 0), host_rand((size_t)P * C, 1, 0),
+                    host_rand(2 * (size_t)C, 1, 0)};
+    size_t sz[3] = {(size_t)V * C, (size_t)P * C, 2 * (size_t)C};
+    void *dg = dev_from(g, (size_t)N * C, dt);
+    int32_t *dids = dev_ints(ids, N), *dtt = dev_ints(tt, N), *dord = dev_ints(ord, N + U + 1);
+    int32_t *dU = dev_ints(&U, 1);
+    float *r[3], *d[3];
+    for (int k = 0; k < 3; k++) {
+        r[k] = dev_from(gw[k], sz[k], KDT_F32);
+        d[k] = dev_from(gw[k], sz[k], KDT_F32);
+    }
+    cuda_embeddings_backward_ordered_dt(r[0], r[1], r[2], dg, dids, dtt, dord, dord + N, U, B, T,
+                                        C, 2, dt, 0);
+    cuda_embeddings_backward_ordered_dev(d[0], d[1], d[2], dg, dids, dtt, dord, dord + N, dU, N,
+                                         B, T, C, 2, dt, 0);
+    int same = 1;
+    for (int k = 0; k < 3; k++)
+        same &= dev_same(r[k], d[k], sz[k] * sizeof(float));
+    /* one run fewer: the last id's row of dwte is not added to */
+    int U1 = U - 1;
+    TCHECK(cudaMemcpy(dU, &U1, sizeof U1, cudaMemcpyHostToDevice));
+    TCHECK(cudaMemcpy(d[0], gw[0], sz[0] * sizeof(float), cudaMemcpyHostToDevice));
+    cuda_embeddings_backward_ordered_dev(d[0], d[1], d[2], dg, dids, dtt, dord, dord + N, dU, N,
+                                         B, T, C, 2, dt, 0);
+    int moved = !dev_same(r[0], d[0], sz[0] * sizeof(float));
+    printf("%-4s %-58s %-4s U=%d same bits=%d, U-1 differs=%d\n", same && moved ? "ok" : "FAIL",
+           "embeddings_backward_ordered_dev", kdtype_name(dt), U, same, moved);
+    gpu_failures += !(same && moved);
+    free(g);
+    for (int k = 0; k < 3; k++) {
+        free(gw[k]);
+        cudaFree(r[k]);
+        cudaFree(d[k]);
+    }
+    cudaFree(dg); cudaFree(dids); cudaFree(dtt); cudaFree(dord); cudaFree(dU);
+}
+
+/* ---- per-step values from device memory (lever CUDA_LEVER_GRAPH) ----
+ * Every launcher that draws dropout, with philox_stream.dev_ctr pointing at
+ * {step, micro} in device memory, must give the bits of the by-value call
+ * with the same step and micro, whatever the host-side ctr[0] and ctr[2]
+ * hold, and other bits when the device step or micro changes. */
+typedef struct rng_bufs {
+    kdtype dt;
+    int B, T, C, NH;
+    uint32_t *dctr;                                     // (2) {step, micro}
+    uint32_t *u32;                                      // (1001)
+    void *qkv, *out, *qkvr, *att, *scratch;              // attention forward
+    void *dy, *dqkv, *dqkvr, *datt;                      // attention backward
+    int32_t *lens;                                       // (B)
+    float *lse, *dscr;                                   // (B,NH,T) flash
+    void *x, *y, *res, *lnout, *g1, *g2, *dres, *ddy;    // (N,C) LayerNorm
+    float *w, *b, *mean, *rstd, *gw, *gb;                // (C), (N)
+} rng_bufs;
+
+static void rng_bufs_make(rng_bufs *r, kdtype dt, int B, int T, int C, int NH)
+{
+    size_t N = (size_t)B * T, nq = N * 3 * C, na = (size_t)B * NH * T * T, nc = N * C;
+    r->dt = dt;
+    r->B = B; r->T = T; r->C = C; r->NH = NH;
+    r->dctr = dev_alloc(2 * sizeof(uint32_t));
+    r->u32 = dev_alloc(1001 * sizeof(uint32_t));
+    float *h = host_rand(nq, 1, 0);
+    r->qkv = dev_from(h, nq, dt);
+    free(h);
+    h = host_rand(nc, 1, 0);
+    r->dy = dev_from(h, nc, dt);
+    r->x = dev_from(h, nc, dt);
+    free(h);
+    h = host_rand(nc, 1, 0);
+    r->y = dev_from(h, nc, dt);
+    r->g2 = dev_from(h, nc, dt);
+    free(h);
+    h = host_rand(nc, 1, 0);
+    r->g1 = dev_from(h, nc, dt);
+    free(h);
+    r->out = dev_nan(nc, dt); r->qkvr = dev_nan(nq, dt); r->att = dev_nan(na, dt);
+    r->scratch = dev_nan(na + nc, dt); r->dqkv = dev_nan(nq, dt); r->dqkvr = dev_nan(nq, dt);
+    r->datt = dev_nan(na, dt);
+    int32_t lens[4] = {T, T - 5, 1, T};
+    r->lens = dev_ints(lens, B);
+    r->lse = dev_nan(N * NH, KDT_F32); r->dscr = dev_nan(N * NH, KDT_F32);
+    r->res = dev_nan(nc, dt); r->lnout = dev_nan(nc, dt); r->dres = dev_nan(nc, dt);
+    r->ddy = dev_nan(nc, dt);
+    h = host_rand(C, 0.5f, 1);
+    r->w = dev_from(h, C, KDT_F32);
+    free(h);
+    h = host_rand(C, 0.5f, 0);
+    r->b = dev_from(h, C, KDT_F32);
+    free(h);
+    r->mean = dev_nan(N, KDT_F32); r->rstd = dev_nan(N, KDT_F32);
+    r->gw = dev_nan(C, KDT_F32); r->gb = dev_nan(C, KDT_F32);
+}
+
+static void rng_bufs_free(rng_bufs *r)
+{
+    void *all[] = {r->dctr, r->u32, r->qkv, r->out, r->qkvr, r->att, r->scratch, r->dy, r->dqkv,
+                   r->dqkvr, r->datt, r->lens, r->lse, r->dscr, r->x, r->y, r->res, r->lnout,
+                   r->g1, r->g2, r->dres, r->ddy, r->w, r->b, r->mean, r->rstd, r->gw, r->gb};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        cudaFree(all[i]);
+}
+
+static void op_philox(rng_bufs *r, const philox_stream *s)
+{
+    cuda_philox_u32(r->u32, s, 1001, 0);
+}
+static void op_dropout(rng_bufs *r, const philox_stream *s)
+{
+    cuda_dropout_forward_dt(r->out, r->x, s, P_DROP, (size_t)r->B * r->T * r->C, r->dt, 0);
+}
+static void op_dropout_bwd(rng_bufs *r, const philox_stream *s)
+{
+    cuda_dropout_backward(r->out, r->x, s, P_DROP, (size_t)r->B * r->T * r->C, 0);
+}
+static void op_attn_fwd(rng_bufs *r, const philox_stream *s)
+{
+    cuda_attention_forward_dt(r->out, r->qkvr, r->att, r->scratch, r->qkv, r->lens, s, P_DROP,
+                              r->B, r->T, r->C, r->NH, r->dt, 0);
+}
+/* qkvr and att as the last op_attn_fwd left them (they do not depend on the
+ * mask) */
+static void op_attn_bwd(rng_bufs *r, const philox_stream *s)
+{
+    cuda_attention_backward_dt(r->dqkv, r->dqkvr, r->datt, r->scratch, r->dy, r->qkvr, r->att,
+                               r->lens, s, P_DROP, r->B, r->T, r->C, r->NH, r->dt, 0);
+}
+static void op_ln_fwd(rng_bufs *r, const philox_stream *s)
+{
+    cuda_residual_dropout_layernorm_forward_dt(r->lnout, r->res, r->mean, r->rstd, r->x, r->y, s,
+                                               P_DROP, r->w, r->b, r->B * r->T, r->C, 1e-12f,
+                                               r->dt, 0);
+}
+/* res, mean and rstd as the last op_ln_fwd left them */
+static void op_ln_bwd(rng_bufs *r, const philox_stream *s)
+{
+    TCHECK(cudaMemset(r->gw, 0, r->C * sizeof(float)));
+    TCHECK(cudaMemset(r->gb, 0, r->C * sizeof(float)));
+    cuda_residual_dropout_layernorm_backward_dt(r->dres, r->ddy, r->gw, r->gb, r->g1, r->g2,
+                                                r->res, r->w, r->mean, r->rstd, s, P_DROP,
+                                                r->B * r->T, r->C, r->dt, 0);
+}
+static void op_flash_fwd(rng_bufs *r, const philox_stream *s)
+{
+    cuda_flash_attention_forward_dt(r->out, r->lse, r->qkv, r->lens, s, P_DROP, r->B, r->T, r->C,
+                                    r->NH, r->dt, 0);
+}
+/* out and lse as the last op_flash_fwd left them */
+static void op_flash_bwd(rng_bufs *r, const philox_stream *s)
+{
+    cuda_flash_attention_backward_dt(r->dqkv, r->dscr, r->dy, r->qkv, r->out, r->lse, r->lens, s,
+                                     P_DROP, r->B, r->T, r->C, r->NH, r->dt, 0);
+}
+
+static void set_ctr(uint32_t *dctr, uint32_t step, uint32_t micro)
+{
+    uint32_t c[2] = {step, micro};
+    TCHECK(cudaMemcpy(dctr, c, sizeof c, cudaMemcpyHostToDevice));
+}
+
+/* Runs op by value with {step 9, micro 2}, then with dev_ctr holding the
+ * same, {10, 2} and {9, 3}; out (bytes) is what op writes from the mask,
+ * poisoned before each run. */
+static void dev_ctr_check(const char *name, rng_bufs *r, void (*op)(rng_bufs *, const philox_stream *),
+                          void *out, size_t bytes)
+{
+    philox_stream rs, rd;
+    philox_stream_init(&rs, 0x9E3779B97F4A7C15ull, 1, 9, 2, 3, DROPOUT_SITE_ATTN_PROBS);
+    rd = rs;
+    rd.ctr[0] = rd.ctr[2] = 0xFFFFFFFFu; // the kernels must take the device's
+    rd.dev_ctr = r->dctr;
+    unsigned char *got[4];
+    const uint32_t ctr[4][2] = {{9, 2}, {9, 2}, {10, 2}, {9, 3}};
+    for (int k = 0; k < 4; k++) {
+        set_ctr(r->dctr, ctr[k][0], ctr[k][1]);
+        TCHECK(cudaMemset(out, 0xFF, bytes));
+        op(r, k == 0 ? &rs : &rd);
+        got[k] = malloc(bytes);
+        TCHECK(cudaMemcpy(got[k], out, bytes, cudaMemcpyDeviceToHost));
+    }
+    int same = memcmp(got[0], got[1], bytes) == 0;
+    int moved = memcmp(got[0], got[2], bytes) != 0 && memcmp(got[0], got[3], bytes) != 0;
+    printf("%-4s %-44s %-4s same bits=%d, other step/micro differ=%d\n",
+           same && moved ? "ok" : "FAIL", name, kdtype_name(r->dt), same, moved);
+    gpu_failures += !(same && moved);
+    for (int k = 0; k < 4; k++)
+        free(got[k]);
+}
+
+static void test_dev_ctr(kdtype dt)
+{
+    unsigned saved = cuda_levers();
+    size_t es = kdtype_size(dt);
+    /* T % 4 == 0 (attention draws a Philox group per 4 keys) and T % 4 != 0
+     * (one draw per element); head dim 32 so flash attention runs */
+    int Ts[2] = {72, 70};
+    for (int k = 0; k < 2; k++) {
+        rng_bufs r;
+        rng_bufs_make(&r, dt, 3, Ts[k], 96, 3);
+        size_t nc = (size_t)r.B * r.T * r.C, nq = 3 * nc;
+        char name[64];
+        if (k == 0) {
+            dev_ctr_check("dev_ctr philox_u32", &r, op_philox, r.u32, 1001 * sizeof(uint32_t));
+            dev_ctr_check("dev_ctr dropout_forward", &r, op_dropout, r.out, nc * es);
+            if (dt == KDT_F32)
+                dev_ctr_check("dev_ctr dropout_backward", &r, op_dropout_bwd, r.out, nc * es);
+        }
+        snprintf(name, sizeof name, "dev_ctr attention_forward T%d", r.T);
+        dev_ctr_check(name, &r, op_attn_fwd, r.out, nc * es);
+        snprintf(name, sizeof name, "dev_ctr attention_backward T%d", r.T);
+        dev_ctr_check(name, &r, op_attn_bwd, r.dqkv, nq * es);
+        for (int on = 0; on <= 1; on++) {
+            cuda_levers_set(on ? saved | CUDA_LEVER_LN_VEC : saved & ~(unsigned)CUDA_LEVER_LN_VEC);
+            snprintf(name, sizeof name, "dev_ctr res_drop_ln fwd C%d ln_vec=%d", r.C, on);
+            dev_ctr_check(name, &r, op_ln_fwd, r.lnout, nc * es);
+            snprintf(name, sizeof name, "dev_ctr res_drop_ln bwd dy C%d ln_vec=%d", r.C, on);
+            dev_ctr_check(name, &r, op_ln_bwd, r.ddy, nc * es);
+            cuda_levers_set(on ? saved | CUDA_LEVER_FLASH2 : saved & ~(unsigned)CUDA_LEVER_FLASH2);
+            snprintf(name, sizeof name, "dev_ctr flash fwd T%d flash2=%d", r.T, on);
+            dev_ctr_check(name, &r, op_flash_fwd, r.out, nc * es);
+            snprintf(name, sizeof name, "dev_ctr flash bwd T%d flash2=%d", r.T, on);
+            dev_ctr_check(name, &r, op_flash_bwd, r.dqkv, nq * es);
+        }
+        cuda_levers_set(saved);
+        rng_bufs_free(&r);
+    }
+}
+
 int main(void)
 {
     gpu_require_device();
@@ -653,12 +1131,25 @@ int main(void)
         test_bias_gelu(dt);
         test_gather(dt);
         test_xent(dt);
+        test_dev_ctr(dt);
+        test_xent_dev(dt, 1001, 1001);
+        test_xent_dev(dt, 1001, 1024); // a vocabulary padded to ld (lever VOCAB_PAD)
+        test_emb_dev(dt);
     }
     test_optim(OPTIM_ADAMW, 0);
     test_optim(OPTIM_LAMB, 0);
     test_optim(OPTIM_ADAMW, 1);
     test_optim(OPTIM_LAMB, 1);
     test_optim_deterministic();
+    for (int lamb = 0; lamb <= 1; lamb++) {
+        optim_kind kind = lamb ? OPTIM_LAMB : OPTIM_ADAMW;
+        for (int zero = 0; zero <= 1; zero++) {
+            test_optim_dev(kind, KDT_F32, 1.0f, 1.0f, zero);  // clipping active
+            test_optim_dev(kind, KDT_BF16, 1.0f, 0.0f, zero); // max_grad_norm 0: no clip
+            test_optim_dev(kind, KDT_F16, 1024.0f, 1.0f, zero); // fp16 loss scale
+        }
+        test_optim_dev(kind, KDT_BF16, 1.0f, 100.0f, 0); // clip factor exactly 1
+    }
     TCHECK(cudaDeviceSynchronize());
     printf("%d failure(s)\n", gpu_failures);
     cuda_kernels_shutdown(); /* the CPU stand-in reports device memory left behind */

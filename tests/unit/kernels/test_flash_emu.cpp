@@ -38,7 +38,7 @@ flash::flash_args make_args(const philox_stream *rng, float p, int B, int T, int
     a.NH = NH;
     a.scale = (float)(1.0 / sqrt((double)(C / NH)));
     a.drop = rng && p > 0.0f;
-    a.rng = a.drop ? philox_dev_from(rng) : philox_dev{0, 0, 0, 0, 0};
+    a.rng = a.drop ? philox_dev_from(rng) : philox_dev{};
     a.thresh = dropout_threshold(p);
     a.keep_scale = a.drop ? (float)(1.0 / (1.0 - (double)p)) : 1.0f;
     return a;
