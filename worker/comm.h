@@ -201,6 +201,15 @@ int comm_nccl_buckets_wait(comm *c, void *compute_stream);
  * instead of blocking there forever. 0, or -EPIPE (comm aborted). */
 int comm_nccl_drain(comm *c);
 
+/* Host wait, bounded by timeout_ms like comm_nccl_drain, for a CUDA event
+ * (a cudaEvent_t) recorded after a graph launch whose capture holds the
+ * buckets (lever GRAPH: their comm stream work runs inside the graph, so
+ * the comm stream itself has nothing to drain). NCCL's asynchronous errors
+ * are checked while it waits. Inside a capture, comm_nccl_drain returns 0
+ * at once and this is the wait that replaces it. 0, or -EPIPE (comm
+ * aborted). */
+int comm_nccl_wait_event(comm *c, void *event);
+
 /* The comm_nccl_* calls return -EINVAL on a comm of another backend. */
 
 #ifdef __cplusplus

@@ -322,6 +322,14 @@ out:
     return rc == 0 ? 0 : -EPIPE;
 }
 
+/* Whether stream is being captured into a CUDA graph (lever GRAPH): its
+ * work and the comm stream's forked from it only record until the launch. */
+static int capturing(cudaStream_t stream)
+{
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    return cudaStreamIsCapturing(stream, &cs) == cudaSuccess && cs != cudaStreamCaptureStatusNone;
+}
+
 extern "C" int comm_nccl_bucket_start_ranges(comm *c, float *const *dev_bufs, const size_t *n, int k,
                                              void *compute_stream)
 {
@@ -332,6 +340,21 @@ extern "C" int comm_nccl_bucket_start_ranges(comm *c, float *const *dev_bufs, co
     if (s->dead)
         return -EPIPE;
     CUDA_CHECK(cudaSetDevice(s->device));
+    /* Captured (the record and the wait below fork the comm stream into
+     * the capture; comm_nccl_buckets_wait joins it back): the staging
+     * buffer cannot grow there, its allocation would outlive the graph.
+     * An eager run of the same step sized it; refused, not an abort: the
+     * caller's capture fails and it runs the step eagerly. */
+    if (s->dtype != COMM_FP32 && capturing((cudaStream_t)compute_stream)) {
+        size_t total = 0;
+        for (int i = 0; i < k; i++)
+            total += n[i];
+        if (total > s->lowp_cap) {
+            log_error("comm nccl: rank %d: a captured bucket needs a larger staging buffer (%zu "
+                      "elements, %zu held): run the step eagerly first", c->rank, total, s->lowp_cap);
+            return -EBUSY;
+        }
+    }
     CUDA_CHECK(cudaEventRecord(s->ready, (cudaStream_t)compute_stream));
     CUDA_CHECK(cudaStreamWaitEvent(s->stream, s->ready, 0));
     rc = bucket_enqueue(s, dev_bufs, n, k);
@@ -362,7 +385,47 @@ extern "C" int comm_nccl_drain(comm *c)
         kill_comm(s, "cudaSetDevice failed");
         return -EPIPE;
     }
+    /* the comm stream is part of a capture: nothing on it runs before the
+     * graph's launch (querying it would also end the capture); the caller
+     * waits after the launch (comm_nccl_wait_event) */
+    if (capturing(s->stream))
+        return 0;
     return wait_stream(s);
+}
+
+extern "C" int comm_nccl_wait_event(comm *c, void *event)
+{
+    comm_nccl *s = (comm_nccl *)c;
+    if (c->ops != &nccl_ops || !event)
+        return -EINVAL;
+    if (s->dead)
+        return -EPIPE;
+    if (cudaSetDevice(s->device) != cudaSuccess) {
+        kill_comm(s, "cudaSetDevice failed");
+        return -EPIPE;
+    }
+    uint64_t deadline = now_ms() + (uint64_t)s->timeout_ms;
+    for (;;) {
+        cudaError_t e = cudaEventQuery((cudaEvent_t)event);
+        nccl_result st = NCCL_OK;
+        if (N.ncclCommGetAsyncError(s->nc, &st) != NCCL_OK || (st != NCCL_OK && st != NCCL_IN_PROGRESS)) {
+            log_error("comm nccl: async error: %s (%s)", N.ncclGetErrorString(st), N.ncclGetLastError(s->nc));
+            kill_comm(s, "NCCL reported an asynchronous error");
+            return -EPIPE;
+        }
+        if (e == cudaSuccess)
+            return 0;
+        if (e != cudaErrorNotReady) {
+            log_error("comm nccl: waiting for the step: %s", cudaGetErrorString(e));
+            kill_comm(s, "CUDA error while waiting for the step");
+            return -EPIPE;
+        }
+        if (now_ms() >= deadline) {
+            kill_comm(s, "the step's collectives did not complete in time (peer lost?)");
+            return -EPIPE;
+        }
+        nap();
+    }
 }
 
 extern "C" int comm_nccl_buckets_wait(comm *c, void *compute_stream)

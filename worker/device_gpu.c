@@ -65,8 +65,8 @@ static int gpu_forward_backward(void *ctx, const bert_batch *b, const bert_dropo
 	} else {
 		g->loss += gpu_model_loss(g->gm);
 	}
-	/* lever GRAPH: forward, backward and (last) the step in one launch;
-	 * gpu_update waits for the step */
+	/* lever GRAPH: forward, backward and (last) the buckets and the step
+	 * in one launch; gpu_update waits for the step */
 	if (g->graph)
 		return gpu_model_train_micro(g->gm, d, gpu_model_loss_scale(g->gm) / (float)M, k == M - 1);
 	if (k == M - 1)
@@ -207,6 +207,19 @@ static int nccl_bucket_finish(void *ctx, cudaStream_t s)
 	return rc;
 }
 
+/* Lever GRAPH: the buckets ran inside the launched step's graph (finish
+ * above only joined them there: comm_nccl_drain has nothing to drain in a
+ * capture); the bounded wait for a lost peer comes here, after the launch,
+ * on the event recorded behind it. */
+static int nccl_bucket_settle(void *ctx, cudaEvent_t done)
+{
+	gpu_device *g = ctx;
+	g->t_sync0 = worker_now_s();
+	int rc = comm_nccl_wait_event(g->nccl, done);
+	g->t_sync1 = worker_now_s();
+	return rc;
+}
+
 /* gpu_model's all-reduce hook (docs/formats.md, NCCL backend): the whole
  * gradient after backward (BERTD_DDP_OVERLAP=0), ordered after the stream
  * gpu_model hands it (its compute stream, see join_nccl). */
@@ -324,8 +337,10 @@ static int join_nccl(gpu_device *g)
 	/* BERTD_DDP_OVERLAP=0: one all-reduce after backward (the hook above),
 	 * e.g. to rule the overlap out when debugging a GPU run */
 	const char *ov = getenv("BERTD_DDP_OVERLAP");
-	if (!(ov && strcmp(ov, "0") == 0))
+	if (!(ov && strcmp(ov, "0") == 0)) {
 		gpu_model_set_buckets(g->gm, nccl_bucket, nccl_bucket_finish, g);
+		gpu_model_set_bucket_settle(g->gm, nccl_bucket_settle);
+	}
 	return 0;
 #else
 	return worker_fail(w, BERTD_EXIT_BAD_CONFIG,
@@ -385,12 +400,14 @@ int device_gpu_create(worker *w, loop_device *dev)
 		dev->upload_wait = gpu_upload_wait;
 	if (w->world > 1 && (code = join_nccl(g)) != 0)
 		return code;
-	/* lever GRAPH: the NCCL buckets are not captured (yet): data parallel
-	 * steps keep the eager launches, with the step's values on the device */
-	g->graph = (g->gm->levers & CUDA_LEVER_GRAPH) && w->world == 1;
+	/* lever GRAPH: one GPU, or NCCL buckets (captured with the step); the
+	 * single all-reduce after backward (BERTD_DDP_OVERLAP=0) waits on the
+	 * host, so those steps keep the eager launches, with the step's values
+	 * on the device */
+	g->graph = (g->gm->levers & CUDA_LEVER_GRAPH) && (w->world == 1 || g->gm->bucket);
 	if ((g->gm->levers & CUDA_LEVER_GRAPH) && !g->graph)
-		log_info("lever GRAPH: %d GPUs, so the steps run without CUDA graphs (the gradient "
-			 "all-reduce is not captured)", w->world);
+		log_info("lever GRAPH: %d GPUs without gradient buckets (BERTD_DDP_OVERLAP=0), so the "
+			 "steps run without CUDA graphs (the single all-reduce is not captured)", w->world);
 	log_info("GPU model: %s, batch %u x %u, %zu parameters", kdtype_name(dt), l->B, l->T, g->gm->num_params);
 	return 0;
 }

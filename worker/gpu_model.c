@@ -1192,9 +1192,12 @@ int gpu_model_forward(gpu_model *g, const bert_dropout *d, float loss_scale)
     return rc;
 }
 
+static int comm_settle(gpu_model *g);
+
 float gpu_model_loss(gpu_model *g)
 {
-    if (g->cur < 0 || cudaEventSynchronize(g->loss_ready) != cudaSuccess)
+    /* a launched data parallel step: the loss comes after its buckets */
+    if (g->cur < 0 || comm_settle(g) < 0 || cudaEventSynchronize(g->loss_ready) != cudaSuccess)
         return NAN;
     int M = g->batch[g->cur].M, B = g->batch[g->cur].B;
     float mlm = M > 0 ? g->loss_host[0] / (float)M : 0.0f;
@@ -1533,6 +1536,11 @@ int gpu_model_set_buckets(gpu_model *g, gpu_bucket_fn bucket, gpu_bucket_finish_
     return 0;
 }
 
+void gpu_model_set_bucket_settle(gpu_model *g, gpu_bucket_settle_fn settle)
+{
+    g->bucket_settle = settle;
+}
+
 void gpu_model_reduce_in_next_backward(gpu_model *g)
 {
     g->bucket_armed = g->bucket != NULL;
@@ -1638,6 +1646,8 @@ static int step_result(gpu_model *g, double *lr_out, double *gnorm_out, int *ski
     if (!g->step_pending)
         return -EINVAL;
     g->step_pending = 0;
+    if ((rc = comm_settle(g)) < 0)
+        goto out;
     GPU_TRY(cudaEventSynchronize(g->step_done));
     if (g->step_timed)
         GPU_TRY(cudaEventElapsedTime(&g->exposed_comm_ms, g->t_bwd_done, g->t_comm_waited));
@@ -1858,14 +1868,34 @@ static graph_entry *graph_find(gpu_model *g, const bert_dropout *d, int last)
     return &gc->e[i];
 }
 
-/* Enqueues the micro-batch's work: forward, backward, the step when last. */
+/* Enqueues the micro-batch's work: forward, backward (the buckets when
+ * armed), the step when last, after the compute stream's join with the
+ * buckets (bucket_finish: captured, the join only; comm_settle waits
+ * after the launch). */
 static int micro_kernels(gpu_model *g, const bert_dropout *d, float loss_scale, int last)
 {
     int rc = forward_kernels(g, g->cur, d, loss_scale);
     if (rc == 0)
         rc = backward_kernels(g);
+    if (rc == 0 && g->buckets_started) {
+        g->buckets_started = 0;
+        rc = g->bucket_finish(g->bucket_ctx, g->compute);
+    }
     if (rc == 0 && last)
         rc = step_kernels(g);
+    return rc;
+}
+
+/* The host's bounded wait for a launched step's buckets (settle hook), on
+ * the step_done recorded after the launch; before any unbounded wait on
+ * the compute stream. 0 when none is pending, or the hook's error. */
+static int comm_settle(gpu_model *g)
+{
+    if (!g->comm_pending)
+        return 0;
+    int rc = g->bucket_settle(g->bucket_ctx, g->step_done);
+    if (rc == 0)
+        g->comm_pending = 0;
     return rc;
 }
 
@@ -1909,17 +1939,22 @@ static int graph_capture(gpu_model *g, graph_entry *e, const bert_dropout *d, fl
 
 int gpu_model_train_micro(gpu_model *g, const bert_dropout *d, float loss_scale, int last)
 {
+    /* data parallel: the buckets only (the single all-reduce after
+     * backward waits on the host), with the bounded wait after the launch */
+    int ddp = g->bucket && g->bucket_settle;
     if (!g->dev_scalars || g->staged < 0 || !(loss_scale > 0) || (last && g->step_pending) ||
-        g->allreduce || g->bucket)
+        ((g->allreduce || g->bucket) && !ddp))
         return -EINVAL;
     int rc = forward_begin(g, d, loss_scale);
     if (rc == 0 && last) {
-        g->step_timed = 0; // no communication to time
+        g->step_timed = 0; // events in a graph time nothing: not measured
         g->exposed_comm_ms = 0;
         rc = step_args(g);
     }
     if (rc < 0)
         return rc;
+    g->bucket_armed = last && ddp;
+    g->buckets_started = 0;
     g->grads_zero = 0;
     graph_entry *e = g->graph_off ? NULL : graph_find(g, d, last);
     int replay = 0; // else eagerly: first sight of the key, or graphs off
@@ -1930,18 +1965,25 @@ int gpu_model_train_micro(gpu_model *g, const bert_dropout *d, float loss_scale,
     } else if (e) {
         e->seen = 1;
     }
+    g->bucket_armed = last && ddp; // a capture disarmed it; an eager fallback needs it again
+    g->buckets_started = 0;
     if (replay) {
         GPU_TRY(cudaGraphLaunch(e->exec, g->compute));
         g->graph_launches++;
-    } else if ((rc = micro_kernels(g, d, loss_scale, last)) < 0) {
-        return rc;
+    } else {
+        rc = micro_kernels(g, d, loss_scale, last);
     }
+    g->bucket_armed = g->buckets_started = 0;
+    if (rc < 0)
+        return rc;
     if ((rc = forward_end(g, loss_scale)) < 0)
         return rc;
     g->have_forward = 0; // its backward ran
-    if (last)
-        rc = step_end(g);
+    if (last && (rc = step_end(g)) == 0)
+        g->comm_pending = ddp;
+    return rc;
 out:
+    g->bucket_armed = g->buckets_started = 0;
     return rc;
 }
 

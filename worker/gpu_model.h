@@ -90,6 +90,12 @@ typedef int (*gpu_allreduce_fn)(void *ctx, float *grads, size_t num, cudaStream_
  * device) for every bucket enqueued. 0 or a negative errno. */
 typedef int (*gpu_bucket_fn)(void *ctx, float *const *grads, const size_t *num, int k, cudaStream_t compute);
 typedef int (*gpu_bucket_finish_fn)(void *ctx, cudaStream_t compute);
+/* Lever CUDA_LEVER_GRAPH with buckets: the host's bounded wait (a lost
+ * peer: -EPIPE, never a hang) for done, an event recorded on the compute
+ * stream after a graph launch whose capture holds the buckets. finish runs
+ * inside that capture too, where it must only join (make the compute
+ * stream wait on the device), never wait on the host. */
+typedef int (*gpu_bucket_settle_fn)(void *ctx, cudaEvent_t done);
 
 typedef struct gpu_model {
     bert_config cfg;
@@ -144,6 +150,8 @@ typedef struct gpu_model {
     cudaEvent_t grads_ready, comm_done;
     gpu_bucket_fn bucket;          // overlapped reduction (gpu_model_set_buckets)
     gpu_bucket_finish_fn bucket_finish;
+    gpu_bucket_settle_fn bucket_settle; // NULL: data parallel steps are not captured
+    int comm_pending;              // a launched step's buckets the host has not waited for
     void *bucket_ctx;
     int bucket_armed;              // the next backward enqueues buckets
     int buckets_started;           // the last backward did: step only waits
@@ -277,6 +285,11 @@ int gpu_model_set_buckets(gpu_model *g, gpu_bucket_fn bucket, gpu_bucket_finish_
  * position and type embeddings, embedding LayerNorm), the last bucket.
  * gpu_model_step then only waits for them. */
 void gpu_model_reduce_in_next_backward(gpu_model *g);
+/* Lever CUDA_LEVER_GRAPH: lets gpu_model_train_micro capture a data
+ * parallel step (its last micro-batch's buckets and the step), the
+ * bucket hooks' context passed to settle. Without it (or without bucket
+ * hooks) gpu_model_train_micro refuses a model with a communication hook. */
+void gpu_model_set_bucket_settle(gpu_model *g, gpu_bucket_settle_fn settle);
 /* Milliseconds the compute stream waited for gradient communication in the
  * last gpu_model_step (the exposed all-reduce, measured with CUDA events on
  * the GPU timeline); 0 when nothing was reduced. */
@@ -299,7 +312,11 @@ int gpu_model_attention_fused(const gpu_model *g);
 int gpu_model_step(gpu_model *g, double *lr_out, double *gnorm_out, int *skipped);
 
 /* Lever CUDA_LEVER_GRAPH (created with BERTD_LEVER_GRAPH=1), a model
- * without communication hooks (one device): forward and backward of the
+ * without communication hooks (one device), or with bucket hooks and
+ * gpu_model_set_bucket_settle (data parallel: with last = 1 the buckets
+ * are reduced in its backward, armed here, and the step waits for them,
+ * inside the graph; gpu_model_loss and gpu_model_step_wait first wait
+ * through settle, bounded): forward and backward of the
  * uploaded batch, and with last = 1 the optimizer step after them, as one
  * CUDA graph launch (captured at the second call with the same shapes,
  * replayed from then on; the first runs the same kernels eagerly, and so
@@ -308,7 +325,8 @@ int gpu_model_step(gpu_model *g, double *lr_out, double *gnorm_out, int *skipped
  * Asynchronous: gpu_model_loss waits for the loss; after last = 1,
  * gpu_model_step_wait must read the step's result before the next
  * train_micro. loss_scale > 0 (training). -EINVAL when the lever is off,
- * nothing is uploaded, a step's result is unread or hooks are set; -EIO. */
+ * nothing is uploaded, a step's result is unread or other hooks are set;
+ * -EIO; a bucket hook's error (-EPIPE). */
 int gpu_model_train_micro(gpu_model *g, const bert_dropout *d, float loss_scale, int last);
 /* Waits for the step train_micro(last = 1) enqueued and reports it as
  * gpu_model_step does (lr, gnorm, skipped; -ERANGE for a non-finite norm

@@ -18,12 +18,24 @@
  * ranks' mean losses is the whole batch's mean; no dropout (its masks
  * depend on the rank). Two steps of AdamW without warmup.
  *
+ * With the lever GRAPH (BERTD_LEVER_GRAPH=1) every run takes 3 steps, and
+ * each bucketed one runs again with its steps as CUDA graphs
+ * (gpu_model_train_micro: step 1 eager, 2 captured with its NCCL buckets,
+ * 3 replayed): the same checks, each rank's capture and launch counts, and
+ * every gradient and parameter equal to the eager run's bit for bit; then
+ * rank 1 vanishes after the captured step and rank 0's replay must end in
+ * a bounded -EPIPE (the settle hook after the launch).
+ *
  * Needs W devices (skips the worlds it cannot run). On the CPU stand-in
  * (tests/cudasim) it runs with CUDASIM_DEVICES=4, in both stream modes.
  * Shown to fail under the stand-in's deferred streams: with the
  * cudaStreamWaitEvent of comm_nccl_bucket_start removed, every multi-rank
  * run reduces gradients backward has not written yet (rel 1.0-2.2, and the
- * replicas differ); its sync mode cannot show that.
+ * replicas differ); its sync mode cannot show that. The graph runs, shown
+ * to fail: with the compute stream's join left out of the capture
+ * (comm_nccl_buckets_wait), every rank's capture fails as unjoined and
+ * falls back to eager (NCCL group and capture counts); without the settle
+ * before gpu_model_step_wait's event wait, the lost peer goes unreported.
  */
 #include <errno.h>
 #include <math.h>
@@ -43,7 +55,10 @@
 #include "worker/model.h"
 #include "worker/optim.h"
 
-enum { MAXW = 3, B = 6, T = 24, MPR = 4, STEPS = 2 };
+enum { MAXW = 3, B = 6, T = 24, MPR = 4, STEPS_MAX = 3 };
+
+/* steps per run: 2, or 3 with the lever GRAPH (eager, captured, replayed) */
+static int STEPS = 2;
 
 static int bucket(void *ctx, float *const *grads, const size_t *n, int k, cudaStream_t s)
 {
@@ -54,6 +69,12 @@ static int bucket_finish(void *ctx, cudaStream_t s)
 {
     int rc = comm_nccl_buckets_wait(ctx, s);
     return rc ? rc : comm_nccl_drain(ctx);
+}
+
+/* lever GRAPH: the bounded wait after a launch that holds the buckets */
+static int bucket_settle(void *ctx, cudaEvent_t done)
+{
+    return comm_nccl_wait_event(ctx, done);
 }
 
 /* given the compute stream, as bertd-worker does */
@@ -96,7 +117,8 @@ static bert_batch slice(batch_data *d, int32_t *pos, int r0, int nb)
 /* One rank: STEPS steps on its slice; per step the reduced gradient and
  * the parameters after it to out (STEPS x 2 x n floats). Exit code 0 or
  * the failing stage. */
-static int rank_main(gpu_ranks *p, int rank, int world, comm_dtype rd, int overlap, float *out)
+static int rank_main(gpu_ranks *p, int rank, int world, comm_dtype rd, int overlap, int graph, int lose,
+                     float *out)
 {
     p->rank = rank;
     bert_config c = gpu_test_config(4, 0);
@@ -121,12 +143,15 @@ static int rank_main(gpu_ranks *p, int rank, int world, comm_dtype rd, int overl
         return 12;
     comm *cm = NULL;
     if (world > 1) {
-        if (comm_create_nccl(&cm, rank, world, rank, rd, gpu_ranks_id_send, gpu_ranks_id_recv, p, 60000) != 0)
+        if (comm_create_nccl(&cm, rank, world, rank, rd, gpu_ranks_id_send, gpu_ranks_id_recv, p,
+                             lose ? 5000 : 60000) != 0)
             return 13;
         if (gpu_model_set_allreduce(g, whole, cm, g->compute) != 0)
             return 14;
         if (overlap && gpu_model_set_buckets(g, bucket, bucket_finish, cm) != 0)
             return 15;
+        if (graph)
+            gpu_model_set_bucket_settle(g, bucket_settle);
     }
     batch_data d;
     int32_t pos[B * MPR];
@@ -137,15 +162,25 @@ static int rank_main(gpu_ranks *p, int rank, int world, comm_dtype rd, int overl
     long groups0 = cudasim_nccl_groups();
 #endif
     for (int s = 0; s < STEPS && code == 0; s++) {
-        int skipped = 0;
+        int skipped = 0, last = s == STEPS - 1;
+        if (lose && last && rank == 1)
+            _exit(0); /* vanish without a word before the replayed step */
         gpu_model_zero_grad(g);
-        if (overlap && world > 1)
+        if (overlap && world > 1 && !graph)
             gpu_model_reduce_in_next_backward(g); /* as bertd-worker arms its last micro-batch */
-        if (gpu_model_upload(g, &b, err, sizeof err) != 0)
+        /* graph: two uploads keep every step on the second of the two
+         * slots (a graph is per slot), so the steps are eager, captured,
+         * replayed */
+        if (gpu_model_upload(g, &b, err, sizeof err) != 0 ||
+            (graph && gpu_model_upload(g, &b, err, sizeof err) != 0))
             code = 16;
-        else if (gpu_model_forward(g, NULL, 1.0f) != 0 || gpu_model_backward(g) != 0)
+        else if (graph ? gpu_model_train_micro(g, NULL, 1.0f, 1) != 0
+                       : gpu_model_forward(g, NULL, 1.0f) != 0 || gpu_model_backward(g) != 0)
             code = 17;
-        else if (gpu_model_step(g, NULL, NULL, &skipped) != 0 || skipped)
+        else if (lose && last) /* the replay's collective waits for the lost peer: bounded */
+            code = gpu_model_step_wait(g, NULL, NULL, &skipped) == -EPIPE ? 0 : 22;
+        else if ((graph ? gpu_model_step_wait(g, NULL, NULL, &skipped)
+                        : gpu_model_step(g, NULL, NULL, &skipped)) != 0 || skipped)
             code = 18;
         else if (gpu_model_get_grads(g, out + (size_t)s * 2 * cpu->num_params) != 0 ||
                  gpu_model_get_params(g, out + ((size_t)s * 2 + 1) * cpu->num_params) != 0)
@@ -153,14 +188,22 @@ static int rank_main(gpu_ranks *p, int rank, int world, comm_dtype rd, int overl
     }
 #ifdef BERTD_CUDASIM
     /* one NCCL group per bucket (L layers, the rest, the embeddings), or
-     * one per step for the single all-reduce */
+     * one per step for the single all-reduce; graph: the replayed step
+     * makes no NCCL call on the host (the stand-in counts a captured group
+     * at its ncclGroupEnd, as the eager one) */
     long groups = cudasim_nccl_groups() - groups0,
-         want = world == 1 ? 0 : overlap ? (long)STEPS * (c.num_hidden_layers + 2) : STEPS;
+         want = world == 1 ? 0 : overlap ? (long)(STEPS - graph) * (c.num_hidden_layers + 2) : STEPS;
     if (code == 0 && groups != want) {
         fprintf(stderr, "rank %d: %ld NCCL groups in %d steps, want %ld\n", rank, groups, STEPS, want);
         code = 20;
     }
 #endif
+    /* the graph path really taken: step 2 captured, steps 2 and 3 launched */
+    if (code == 0 && graph && (g->graph_captures != 1 || g->graph_launches != STEPS - 1)) {
+        fprintf(stderr, "rank %d: %ld capture(s), %ld graph launch(es) in %d steps, want 1 and %d\n",
+                rank, g->graph_captures, g->graph_launches, STEPS, STEPS - 1);
+        code = 21;
+    }
     comm_destroy(cm);
     gpu_model_destroy(g);
     bert_model_destroy(cpu);
@@ -168,8 +211,26 @@ static int rank_main(gpu_ranks *p, int rank, int world, comm_dtype rd, int overl
     return code;
 }
 
+/* A run's checks: each step's reduced gradient against one rank's on the
+ * whole batch (ref), and the replicas bit for bit. */
+static void check_run(const char *run, int W, const float *got, const float *ref, size_t n, double tol)
+{
+    for (int s = 0; s < STEPS; s++) {
+        char what[160];
+        snprintf(what, sizeof what, "%s, step %d gradient", run, s + 1);
+        check_close(what, KDT_F32, got + (size_t)s * 2 * n, ref + (size_t)s * 2 * n, n, tol);
+        size_t differ = 0;
+        for (int g = 1; g < W; g++)
+            differ += memcmp(got + ((size_t)g * STEPS * 2 + s * 2 + 1) * n, got + ((size_t)s * 2 + 1) * n,
+                             n * sizeof(float)) != 0;
+        printf("%-4s %-44s %zu rank(s) differ from rank 0\n", differ ? "FAIL" : "ok", "replicas bit-identical",
+               differ);
+        gpu_failures += differ != 0;
+    }
+}
+
 /* Runs `world` ranks; each one's results land in out + rank * STEPS * 2n. */
-static int run_world(int world, comm_dtype rd, int overlap, float *out, size_t n)
+static int run_world(int world, comm_dtype rd, int overlap, int graph, int lose, float *out, size_t n)
 {
     gpu_ranks p = {.world = world};
     for (int g = 0; g < world; g++)
@@ -182,7 +243,7 @@ static int run_world(int world, comm_dtype rd, int overlap, float *out, size_t n
         if (pids[g] == 0) {
             for (int k = 0; k < world && g > 0; k++)
                 close(p.fds[k][1]); /* rank 0 dead: the others read EOF */
-            _exit(rank_main(&p, g, world, rd, overlap, out + (size_t)g * STEPS * 2 * n));
+            _exit(rank_main(&p, g, world, rd, overlap, graph, lose, out + (size_t)g * STEPS * 2 * n));
         }
     }
     int ok = 1;
@@ -214,18 +275,29 @@ int main(void)
      * which the zero_grad-folding lever clears; its correctness is
      * test_model_cuda's (and the parameters compared here would show it too) */
     setenv("BERTD_LEVER_OPT_ZERO", "0", 1);
+    /* lever GRAPH: each bucketed run again with its steps as graphs
+     * (gpu_model_train_micro), which must equal the eager run bit for bit */
+    unsigned levers = 0;
+    char lerr[160];
+    if (gpu_levers_from_env(&levers, lerr, sizeof lerr) != 0) {
+        printf("FAIL %s\n", lerr);
+        return 1;
+    }
+    int graph = (levers & CUDA_LEVER_GRAPH) != 0;
+    STEPS = graph ? 3 : 2;
     bert_config c = gpu_test_config(4, 0);
     bert_model *tmp = NULL;
     if (bert_model_create(&tmp, &c) != 0)
         return 1;
     size_t n = tmp->num_params;
     bert_model_destroy(tmp);
-    size_t per = (size_t)MAXW * STEPS * 2 * n * sizeof(float);
+    size_t per = (size_t)MAXW * STEPS_MAX * 2 * n * sizeof(float);
     float *ref = mmap(NULL, per, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     float *got = mmap(NULL, per, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (ref == MAP_FAILED || got == MAP_FAILED)
+    float *gr = mmap(NULL, per, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (ref == MAP_FAILED || got == MAP_FAILED || gr == MAP_FAILED)
         return 1;
-    if (run_world(1, COMM_FP32, 1, ref, n) != 0)
+    if (run_world(1, COMM_FP32, 1, 0, 0, ref, n) != 0)
         return 1;
 
     struct { int world; comm_dtype rd; int overlap; double tol; const char *what; } runs[] = {
@@ -241,23 +313,34 @@ int main(void)
             continue;
         }
         memset(got, 0, per);
-        if (run_world(W, runs[i].rd, runs[i].overlap, got, n) != 0) {
+        if (run_world(W, runs[i].rd, runs[i].overlap, 0, 0, got, n) != 0) {
             gpu_failures++;
             continue;
         }
-        for (int s = 0; s < STEPS; s++) {
-            char what[128];
-            snprintf(what, sizeof what, "%s, step %d gradient", runs[i].what, s + 1);
-            check_close(what, KDT_F32, got + (size_t)s * 2 * n, ref + (size_t)s * 2 * n, n,
-                        runs[i].tol);
-            size_t differ = 0;
-            for (int g = 1; g < W; g++)
-                differ += memcmp(got + ((size_t)g * STEPS * 2 + s * 2 + 1) * n,
-                                 got + ((size_t)s * 2 + 1) * n, n * sizeof(float)) != 0;
-            printf("%-4s %-44s %zu rank(s) differ from rank 0\n", differ ? "FAIL" : "ok",
-                   "replicas bit-identical", differ);
-            gpu_failures += differ != 0;
+        check_run(runs[i].what, W, got, ref, n, runs[i].tol);
+        if (!graph || !runs[i].overlap)
+            continue;
+        char what[160];
+        snprintf(what, sizeof what, "%s, as CUDA graphs", runs[i].what);
+        memset(gr, 0, per);
+        if (run_world(W, runs[i].rd, 1, 1, 0, gr, n) != 0) {
+            gpu_failures++;
+            continue;
         }
+        check_run(what, W, gr, ref, n, runs[i].tol);
+        size_t all = (size_t)W * STEPS * 2 * n, differ = 0;
+        for (size_t k = 0; k < all; k++)
+            differ += memcmp(gr + k, got + k, sizeof(float)) != 0;
+        printf("%-4s %s: = eager bit for bit (%zu of %zu floats differ)\n", differ ? "FAIL" : "ok", what,
+               differ, all);
+        gpu_failures += differ != 0;
+    }
+    /* graph: rank 1 gone after the captured step; rank 0's replay must end
+     * in -EPIPE after the comm's timeout (5 s here), not hang */
+    if (graph && ndev >= 2) {
+        int rc = run_world(2, COMM_FP32, 1, 1, 1, gr, n);
+        printf("%-4s lost peer during a replayed step: bounded -EPIPE\n", rc ? "FAIL" : "ok");
+        gpu_failures += rc != 0;
     }
     printf("%d failure(s)\n", gpu_failures);
     return gpu_failures ? 1 : 0;
