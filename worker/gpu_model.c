@@ -1872,7 +1872,9 @@ static int micro_kernels(gpu_model *g, const bert_dropout *d, float loss_scale, 
 /* Captures e's graph from the micro-batch's work and instantiates it. On
  * any failure nothing has run (a capture only records): the lever's graphs
  * are turned off for this model, with one log line, and the caller runs
- * the work eagerly. */
+ * the work eagerly. A kernel launch refused by the capture (a
+ * stream-capture error) is kept by the launchers instead of aborting
+ * (cuda_capture_begin) and reported here as the cause. */
 static int graph_capture(gpu_model *g, graph_entry *e, const bert_dropout *d, float loss_scale,
                          int last)
 {
@@ -1880,10 +1882,15 @@ static int graph_capture(gpu_model *g, graph_entry *e, const bert_dropout *d, fl
     const char *what = "cudaStreamBeginCapture";
     cudaError_t ce = cudaStreamBeginCapture(g->compute, cudaStreamCaptureModeThreadLocal);
     if (ce == cudaSuccess) {
+        cuda_capture_begin();
         int krc = micro_kernels(g, d, loss_scale, last);
+        cudaError_t launch_err = (cudaError_t)cuda_capture_end();
         what = "cudaStreamEndCapture";
         ce = cudaStreamEndCapture(g->compute, &graph);
-        if (ce == cudaSuccess && krc < 0) {
+        if (launch_err != cudaSuccess) {
+            what = "a kernel launch";
+            ce = launch_err;
+        } else if (ce == cudaSuccess && krc < 0) {
             what = "an operation of the step";
             ce = cudaErrorStreamCaptureUnsupported;
         }
