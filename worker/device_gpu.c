@@ -141,6 +141,9 @@ static int gpu_to_host(void *ctx, bool opt_state, checkpoint_scaler *scaler)
 static void gpu_destroy(void *ctx, int exit_code)
 {
 	gpu_device *g = ctx;
+	if (g->graph) /* what the lever did, for the job's log (tests/cudasim/test_daemon_job.c) */
+		log_info("lever GRAPH: %ld capture(s), %ld graph launch(es)%s", g->gm->graph_captures,
+			 g->gm->graph_launches, g->gm->graph_off ? ", graphs off after a failed capture" : "");
 	if (exit_code == BERTD_EXIT_PEER_LOST && g->nccl)
 		comm_abort(g->nccl, -EPIPE);
 	comm_destroy(g->nccl);
@@ -388,6 +391,8 @@ int device_gpu_create(worker *w, loop_device *dev)
 	/* lever GRAPH: the NCCL buckets are not captured (yet): data parallel
 	 * steps keep the eager launches, with the step's values on the device */
 	g->graph = (g->gm->levers & CUDA_LEVER_GRAPH) && w->world == 1;
+	if (g->graph)
+		log_info("lever GRAPH: one GPU, the micro-batches run as captured and replayed CUDA graphs");
 	if ((g->gm->levers & CUDA_LEVER_GRAPH) && !g->graph)
 		log_info("lever GRAPH: %d GPUs, so the steps run without CUDA graphs (the gradient "
 			 "all-reduce is not captured)", w->world);
