@@ -15,12 +15,17 @@
 #include <string.h>
 
 /* Host-side CUDA calls in this module return errors to the caller. */
+/* Set while graph_capture records the step on this thread: a call the
+ * capture refuses is then reported once, by graph_capture, not here. */
+static _Thread_local int capturing;
+
 #define GPU_TRY(call)                                                                     \
     do {                                                                                  \
         cudaError_t e_ = (call);                                                          \
         if (e_ != cudaSuccess) {                                                          \
-            fprintf(stderr, "gpu_model: %s at %s:%d: %s\n", #call, __FILE__, __LINE__,    \
-                    cudaGetErrorString(e_));                                              \
+            if (!capturing)                                                               \
+                fprintf(stderr, "gpu_model: %s at %s:%d: %s\n", #call, __FILE__,          \
+                        __LINE__, cudaGetErrorString(e_));                                \
             rc = -EIO;                                                                    \
             goto out;                                                                     \
         }                                                                                 \
@@ -1883,7 +1888,9 @@ static int graph_capture(gpu_model *g, graph_entry *e, const bert_dropout *d, fl
     cudaError_t ce = cudaStreamBeginCapture(g->compute, cudaStreamCaptureModeThreadLocal);
     if (ce == cudaSuccess) {
         cuda_capture_begin();
+        capturing = 1;
         int krc = micro_kernels(g, d, loss_scale, last);
+        capturing = 0;
         cudaError_t launch_err = (cudaError_t)cuda_capture_end();
         what = "cudaStreamEndCapture";
         ce = cudaStreamEndCapture(g->compute, &graph);
