@@ -14,16 +14,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Host-side CUDA calls in this module return errors to the caller. */
 /* Set while graph_capture records the step on this thread: a call the
- * capture refuses is then reported once, by graph_capture, not here. */
+ * capture refuses (a stream-capture error, cudaErrorStreamCaptureUnsupported
+ * .. WrongThread) is then reported once, by graph_capture, not by GPU_TRY. */
 static _Thread_local int capturing;
 
+/* Host-side CUDA calls in this module return errors to the caller. */
 #define GPU_TRY(call)                                                                     \
     do {                                                                                  \
         cudaError_t e_ = (call);                                                          \
         if (e_ != cudaSuccess) {                                                          \
-            if (!capturing)                                                               \
+            if (!capturing || e_ < cudaErrorStreamCaptureUnsupported ||                   \
+                e_ > cudaErrorStreamCaptureWrongThread)                                   \
                 fprintf(stderr, "gpu_model: %s at %s:%d: %s\n", #call, __FILE__,          \
                         __LINE__, cudaGetErrorString(e_));                                \
             rc = -EIO;                                                                    \
