@@ -40,7 +40,8 @@ static const char *const worker_switches[] = {"BERTD_GEMM", "BERTD_ATTENTION", "
 					      "BERTD_NCCL_PATH", "BERTD_LEVER_LN_VEC",
 					      "BERTD_LEVER_OPT_ZERO", "BERTD_LEVER_LT_TUNE",
 					      "BERTD_LEVER_VOCAB_PAD",
-					      "BERTD_LEVER_FLASH2"};
+					      "BERTD_LEVER_FLASH2", "BERTD_LEVER_GRAPH",
+					      "BERTD_LEVER_GELU_EPI"};
 #define N_SWITCHES (sizeof worker_switches / sizeof worker_switches[0])
 
 static size_t name_len(const char *var)

@@ -141,6 +141,9 @@ static int gpu_to_host(void *ctx, bool opt_state, checkpoint_scaler *scaler)
 static void gpu_destroy(void *ctx, int exit_code)
 {
 	gpu_device *g = ctx;
+	if (g->graph) /* what the lever did, for the job's log (tests/cudasim/test_daemon_job.c) */
+		log_info("lever GRAPH: %ld capture(s), %ld graph launch(es)%s", g->gm->graph_captures,
+			 g->gm->graph_launches, g->gm->graph_off ? ", graphs off after a failed capture" : "");
 	if (exit_code == BERTD_EXIT_PEER_LOST && g->nccl)
 		comm_abort(g->nccl, -EPIPE);
 	comm_destroy(g->nccl);
@@ -405,6 +408,9 @@ int device_gpu_create(worker *w, loop_device *dev)
 	 * host, so those steps keep the eager launches, with the step's values
 	 * on the device */
 	g->graph = (g->gm->levers & CUDA_LEVER_GRAPH) && (w->world == 1 || g->gm->bucket);
+	if (g->graph)
+		log_info("lever GRAPH: %s, the micro-batches run as captured and replayed CUDA graphs",
+			 w->world == 1 ? "one GPU" : "NCCL gradient buckets");
 	if ((g->gm->levers & CUDA_LEVER_GRAPH) && !g->graph)
 		log_info("lever GRAPH: %d GPUs without gradient buckets (BERTD_DDP_OVERLAP=0), so the "
 			 "steps run without CUDA graphs (the single all-reduce is not captured)", w->world);

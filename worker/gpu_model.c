@@ -14,13 +14,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Set while graph_capture records the step on this thread: a call the
+ * capture refuses (a stream-capture error, cudaErrorStreamCaptureUnsupported
+ * .. WrongThread) is then reported once, by graph_capture, not by GPU_TRY. */
+static _Thread_local int capturing;
+
 /* Host-side CUDA calls in this module return errors to the caller. */
 #define GPU_TRY(call)                                                                     \
     do {                                                                                  \
         cudaError_t e_ = (call);                                                          \
         if (e_ != cudaSuccess) {                                                          \
-            fprintf(stderr, "gpu_model: %s at %s:%d: %s\n", #call, __FILE__, __LINE__,    \
-                    cudaGetErrorString(e_));                                              \
+            if (!capturing || e_ < cudaErrorStreamCaptureUnsupported ||                   \
+                e_ > cudaErrorStreamCaptureWrongThread)                                   \
+                fprintf(stderr, "gpu_model: %s at %s:%d: %s\n", #call, __FILE__,          \
+                        __LINE__, cudaGetErrorString(e_));                                \
             rc = -EIO;                                                                    \
             goto out;                                                                     \
         }                                                                                 \
@@ -1902,7 +1909,9 @@ static int comm_settle(gpu_model *g)
 /* Captures e's graph from the micro-batch's work and instantiates it. On
  * any failure nothing has run (a capture only records): the lever's graphs
  * are turned off for this model, with one log line, and the caller runs
- * the work eagerly. */
+ * the work eagerly. A kernel launch refused by the capture (a
+ * stream-capture error) is kept by the launchers instead of aborting
+ * (cuda_capture_begin) and reported here as the cause. */
 static int graph_capture(gpu_model *g, graph_entry *e, const bert_dropout *d, float loss_scale,
                          int last)
 {
@@ -1910,10 +1919,17 @@ static int graph_capture(gpu_model *g, graph_entry *e, const bert_dropout *d, fl
     const char *what = "cudaStreamBeginCapture";
     cudaError_t ce = cudaStreamBeginCapture(g->compute, cudaStreamCaptureModeThreadLocal);
     if (ce == cudaSuccess) {
+        cuda_capture_begin();
+        capturing = 1;
         int krc = micro_kernels(g, d, loss_scale, last);
+        capturing = 0;
+        cudaError_t launch_err = (cudaError_t)cuda_capture_end();
         what = "cudaStreamEndCapture";
         ce = cudaStreamEndCapture(g->compute, &graph);
-        if (ce == cudaSuccess && krc < 0) {
+        if (launch_err != cudaSuccess) {
+            what = "a kernel launch";
+            ce = launch_err;
+        } else if (ce == cudaSuccess && krc < 0) {
             what = "an operation of the step";
             ce = cudaErrorStreamCaptureUnsupported;
         }

@@ -3,7 +3,8 @@
  * device Philox, 16-byte pack loads/stores and the dropout mask of a pack,
  * warp/block reductions and the dtype dispatch. Included only
  * by the .cu files of kernels/cuda/. Declares inline device code and one
- * file-local kernel (colsum_finish_kernel); defines no globals.
+ * file-local kernel (colsum_finish_kernel); defines no globals (LAUNCH_CHECK's
+ * capture state lives in elementwise.cu).
  */
 #ifndef BERTD_KERNELS_CUDA_COMMON_CUH
 #define BERTD_KERNELS_CUDA_COMMON_CUH
@@ -20,24 +21,26 @@
 /* A failed launch or CUDA call inside an op is a bug or a dead device, never
  * bad user input (callers validate shapes first), so it aborts with the
  * location, as llm.c does. */
-#define CUDA_CHECK(call)                                                                  \
-    do {                                                                                  \
-        cudaError_t err_ = (call);                                                        \
-        if (err_ != cudaSuccess) {                                                        \
-            fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorName(err_),      \
-                    __FILE__, __LINE__, cudaGetErrorString(err_));                        \
-            abort();                                                                      \
-        }                                                                                 \
-    } while (0)
-#define CUBLAS_CHECK(call)                                                                \
-    do {                                                                                  \
-        cublasStatus_t st_ = (call);                                                      \
-        if (st_ != CUBLAS_STATUS_SUCCESS) {                                               \
-            fprintf(stderr, "cuBLAS error %d (%s) at %s:%d\n", (int)st_,                  \
-                    cublasGetStatusString(st_), __FILE__, __LINE__);                      \
-            abort();                                                                      \
-        }                                                                                 \
-    } while (0)
+#define CUDA_CHECK(call) cuda_check_at((call), __FILE__, __LINE__)
+#define CUBLAS_CHECK(call) cublas_check_at((call), __FILE__, __LINE__)
+/* Except for one case: a stream-capture error while the caller captures
+ * (cuda_capture_begin, kernels_cuda.h), from a CUDA call, a launch or a
+ * cuBLAS(Lt) call whose kernel launch the capture refused (the CUDA error
+ * left behind tells), which is kept for cuda_capture_end instead: the
+ * capture is then discarded and its work run eagerly. */
+struct launch_capture {
+    int on;
+    cudaError_t err;
+};
+static inline bool is_stream_capture_error(cudaError_t e)
+{
+    return e == cudaErrorStreamCaptureUnsupported || e == cudaErrorStreamCaptureInvalidated ||
+           e == cudaErrorStreamCaptureMerge || e == cudaErrorStreamCaptureUnmatched ||
+           e == cudaErrorStreamCaptureUnjoined || e == cudaErrorStreamCaptureIsolation ||
+           e == cudaErrorStreamCaptureImplicit || e == cudaErrorStreamCaptureWrongThread;
+}
+void cuda_check_at(cudaError_t err, const char *file, int line);        // elementwise.cu
+void cublas_check_at(cublasStatus_t st, const char *file, int line);   // elementwise.cu
 #define LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
 
 /* Every kernel launch in kernels/cuda is KLAUNCH(grid, block, smem, stream,

@@ -10,6 +10,35 @@
 /* the speed levers' mask (kernels_cuda.h): process-wide, set before launches */
 static unsigned g_levers = CUDA_LEVERS_DEFAULT;
 
+/* this thread's capture (cuda_capture_begin): the checks' tolerance (common.cuh) */
+static thread_local launch_capture g_capture = {0, cudaSuccess};
+
+void cuda_check_at(cudaError_t err, const char *file, int line)
+{
+    if (err == cudaSuccess)
+        return;
+    if (g_capture.on && is_stream_capture_error(err)) {
+        if (g_capture.err == cudaSuccess)
+            g_capture.err = err;
+        return;
+    }
+    fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorName(err), file, line,
+            cudaGetErrorString(err));
+    abort();
+}
+
+void cublas_check_at(cublasStatus_t st, const char *file, int line)
+{
+    if (st == CUBLAS_STATUS_SUCCESS)
+        return;
+    if (g_capture.on && is_stream_capture_error(cudaPeekAtLastError())) {
+        cuda_check_at(cudaGetLastError(), file, line);
+        return;
+    }
+    fprintf(stderr, "cuBLAS error %d (%s) at %s:%d\n", (int)st, cublasGetStatusString(st), file, line);
+    abort();
+}
+
 extern "C" {
 
 void cuda_levers_set(unsigned mask)
@@ -20,6 +49,18 @@ void cuda_levers_set(unsigned mask)
 unsigned cuda_levers(void)
 {
     return g_levers;
+}
+
+void cuda_capture_begin(void)
+{
+    g_capture.on = 1;
+    g_capture.err = cudaSuccess;
+}
+
+int cuda_capture_end(void)
+{
+    g_capture.on = 0;
+    return (int)g_capture.err;
 }
 
 size_t kdtype_size(kdtype dt)

@@ -97,6 +97,16 @@ enum {
 #define CUDA_LEVERS_DEFAULT ((unsigned)(CUDA_LEVER_LN_VEC | CUDA_LEVER_OPT_ZERO))
 void cuda_levers_set(unsigned mask);
 unsigned cuda_levers(void);
+/* A stream capture by the caller (gpu_model's CUDA graph, lever GRAPH) on
+ * this thread: between cuda_capture_begin and cuda_capture_end a kernel
+ * launch that fails with a stream-capture error (cudaErrorStreamCapture*,
+ * e.g. the capture invalidated by an earlier call) does not abort, as
+ * LAUNCH_CHECK does for every other launch error: the first such error is
+ * kept, and cuda_capture_end returns it (0: none), so that the caller can
+ * end the capture, discard it and run the work eagerly. Nothing runs during
+ * a capture, so a launch left out of it leaves no half-done work. */
+void cuda_capture_begin(void);
+int cuda_capture_end(void);
 /* 1 when LayerNorm rows of width C in dt take the vectorized kernel (the
  * lever is on, C is a multiple of the 16-byte pack of dt and C <= 1024),
  * given 16-byte aligned tensors (cudaMalloc's are; a call on less aligned

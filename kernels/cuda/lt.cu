@@ -366,6 +366,12 @@ bool plan_run(lt_plan *p, const void *bias, const void *aux, const void *A, cons
                           &p->algo, workspace(), LT_WORKSPACE, stream));
 out:
     if (st != CUBLAS_STATUS_SUCCESS) {
+        /* refused by a stream capture (one invalidated half-way, which the
+         * capturing caller discards and runs eagerly: common.cuh): not this
+         * shape's fault, so its plan stays for the eager run */
+        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        if (cudaStreamIsCapturing(stream, &cs) == cudaSuccess && cs != cudaStreamCaptureStatusNone)
+            return false;
         fprintf(stderr, "lt: cublasLtMatmul failed (%s); this shape goes to cuBLAS from now on\n",
                 cublasLtGetStatusString(st));
         plan_free(p); // stays in the map with ok = false

@@ -621,6 +621,28 @@ static cudaError_t capture_error(capture *c, cudaError_t e, const char *what)
     return fail(e);
 }
 
+/* CUDASIM_CAPTURE_FAIL=end|instantiate|launch: a capture fails as a
+ * driver may make it fail, for tests of a caller's fallback: "end", every
+ * cudaStreamEndCapture answers cudaErrorStreamCaptureInvalidated (the
+ * capture discarded); "instantiate", every cudaGraphInstantiate(WithFlags)
+ * answers cudaErrorNotSupported (the graph stays the caller's); "launch",
+ * the first kernel launch on a capturing stream invalidates its capture
+ * (cudaErrorStreamCaptureUnsupported, as a call the capture may not hold),
+ * so that launch and later work captured there are refused
+ * (cudaErrorStreamCaptureInvalidated) and EndCapture answers so too. Read
+ * at each use, so a test can change it between captures. */
+static bool capture_fail_is(const char *what)
+{
+    const char *f = getenv("CUDASIM_CAPTURE_FAIL");
+    if (!f || !*f)
+        return false;
+    if (strcmp(f, "end") && strcmp(f, "instantiate") && strcmp(f, "launch")) {
+        fprintf(stderr, "cudasim: CUDASIM_CAPTURE_FAIL is end, instantiate or launch, not '%s'\n", f);
+        exit(2);
+    }
+    return !strcmp(f, what);
+}
+
 /* A "potentially unsafe" call (cudaThreadExchangeStreamCaptureMode's list:
  * one not ordered on any stream, so a graph could not replay it): refused,
  * with cudaErrorStreamCaptureUnsupported ("the operation is not permitted
@@ -935,6 +957,10 @@ cudaError_t launch_check(const void *func, dim3 g, dim3 b, size_t smem, cudaStre
                 p.key);
         return fail(cudaErrorInvalidValue);
     }
+    CUstream_st *st = resolve(s, h);
+    if (st->cap && !st->cap->invalid && capture_fail_is("launch"))
+        return capture_error(st->cap.get(), cudaErrorStreamCaptureUnsupported,
+                             "a kernel launch (CUDASIM_CAPTURE_FAIL=launch)");
     return cudaSuccess;
 }
 
@@ -1764,6 +1790,9 @@ cudaError_t cudaStreamEndCapture(cudaStream_t h, cudaGraph_t *pGraph)
     cudaError_t e = cudaSuccess;
     if (c->invalid) {
         e = cudaErrorStreamCaptureInvalidated;
+    } else if (capture_fail_is("end")) {
+        fprintf(stderr, "cudasim: cudaStreamEndCapture fails (CUDASIM_CAPTURE_FAIL=end)\n");
+        e = cudaErrorStreamCaptureInvalidated;
     } else if (unjoined) {
         fprintf(stderr, "cudasim: cudaStreamEndCapture: %zu stream(s) of capture %llu never joined back into "
                         "the origin stream (an event recorded there, waited on by the origin)\n",
@@ -1881,6 +1910,10 @@ cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *out, cudaGraph_t g, u
                                       cudaGraphInstantiateFlagUseNodePriority)) {
         fprintf(stderr, "cudasim: cudaGraphInstantiate flags %#llx not simulated\n", flags);
         return fail(cudaErrorInvalidValue);
+    }
+    if (capture_fail_is("instantiate")) {
+        fprintf(stderr, "cudasim: cudaGraphInstantiate fails (CUDASIM_CAPTURE_FAIL=instantiate)\n");
+        return fail(cudaErrorNotSupported);
     }
     /* a graph with memory nodes has one instantiation at a time: its
      * blocks have one address (the documentation's rule; its code for the

@@ -31,6 +31,7 @@
 #include "worker/optim.h"
 
 #include <errno.h>
+#include <unistd.h>
 
 enum { TB = 3, TT = 24, TM = 11 };
 
@@ -1118,6 +1119,81 @@ out:
     bert_model_destroy(cpu);
 }
 
+#ifdef BERTD_CUDASIM
+/* A capture that fails (the stand-in's CUDASIM_CAPTURE_FAIL: at
+ * cudaStreamEndCapture, at instantiation, or a kernel launch refused
+ * half-way through the capture, which the launchers' checks must not abort
+ * on): the model turns its graphs off with one log line naming the cause
+ * and trains eagerly, to the same bits as the eager launches of the lever
+ * (fp32, dropout, clip, 3 steps of 2 micro-batches: the first micro-batch
+ * of step 1 is the first capture). */
+static void test_graph_fallback(void)
+{
+    printf("--- lever GRAPH: a failed capture falls back to eager launches\n");
+    static const char *const modes[][2] = {{"end", "(cudaStreamEndCapture: "},
+                                           {"instantiate", "(cudaGraphInstantiateWithFlags: "},
+                                           {"launch", "(a kernel launch: "}};
+    bert_config c = gpu_test_config(4, 1);
+    optim_config oc = test_optim_config();
+    oc.max_grad_norm = 1.0f;
+    bert_model *cpu = NULL;
+    if (bert_model_create(&cpu, &c) != 0)
+        abort();
+    bert_model_init_weights(cpu, 8642);
+    for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
+        gpu_model *eager = create_graph_lever(1, &c, KDT_F32, &oc, cpu->params_memory);
+        gpu_model *fb = create_graph_lever(1, &c, KDT_F32, &oc, cpu->params_memory);
+        if (!eager || !fb)
+            abort();
+        /* the model's stderr, to count its log lines */
+        FILE *log = tmpfile();
+        fflush(stderr);
+        int saved = dup(2);
+        if (!log || saved < 0 || dup2(fileno(log), 2) < 0)
+            abort();
+        setenv("CUDASIM_CAPTURE_FAIL", modes[m][0], 1);
+        int rcs = 0, gdiff = 0;
+        double ga = 0, gb = 0;
+        for (int s = 0; s < 3; s++) {
+            rcs |= graph_step(eager, &c, s, 2, 0, &ga);
+            rcs |= graph_step(fb, &c, s, 2, 1, &gb);
+            gdiff += memcmp(&ga, &gb, sizeof ga) != 0;
+        }
+        unsetenv("CUDASIM_CAPTURE_FAIL");
+        fflush(stderr);
+        dup2(saved, 2);
+        close(saved);
+        rewind(log);
+        char line[512];
+        int lines = 0, cause = 0, lt_dropped = 0;
+        while (fgets(line, sizeof line, log)) {
+            if (strstr(line, "gpu_model: ")) { /* the model's one line */
+                lines++;
+                cause += strstr(line, "gpu_model: capturing the training step failed") &&
+                         strstr(line, modes[m][1]);
+            }
+            /* a GEMM refused by the capture keeps its cuBLASLt plan */
+            lt_dropped += strstr(line, "goes to cuBLAS from now on") != NULL;
+            fputs(line, stderr);
+        }
+        fclose(log);
+        int ok = rcs == 0 && gdiff == 0 && fb->graph_off && fb->graph_captures == 0 &&
+                 fb->graph_launches == 0 && lines == 1 && cause == 1 && lt_dropped == 0;
+        char what[64];
+        snprintf(what, sizeof what, "CUDASIM_CAPTURE_FAIL=%s", modes[m][0]);
+        printf("%-4s %-44s off %d, captures %ld, launches %ld, %d log line(s) (%d naming the cause), "
+               "%d cuBLASLt plan(s) dropped, rc %d, %d gnorms differ\n",
+               ok ? "ok" : "FAIL", what, fb->graph_off, fb->graph_captures, fb->graph_launches, lines,
+               cause, lt_dropped, rcs, gdiff);
+        gpu_failures += !ok;
+        gpu_failures += !same_state(eager, fb, "fallen back = eager (fp32, dropout, clip)");
+        gpu_model_destroy(eager);
+        gpu_model_destroy(fb);
+    }
+    bert_model_destroy(cpu);
+}
+#endif
+
 int main(void)
 {
     gpu_require_device();
@@ -1145,6 +1221,9 @@ int main(void)
         if (all)
             test_graph_lever_eager();
         test_graph_replay(all);
+#ifdef BERTD_CUDASIM
+        test_graph_fallback();
+#endif
         if (all) {
             test_forward_backward_steps(KDT_F32, 1);
             if (best == KDT_BF16)

@@ -68,7 +68,10 @@ static int64_t mono_ms(void)
 }
 
 /* The child gets our environment minus BERTD_* (config keys the test did
- * not mean to set, e.g. BERTD_BIN) and minus any outer NOTIFY_SOCKET. */
+ * not mean to set, e.g. BERTD_BIN) and minus any outer NOTIFY_SOCKET. The
+ * GPU speed levers (BERTD_LEVER_*, no config keys) stay: the daemon hands
+ * them to its workers (daemon/childenv.c), so a test entry's env sets them
+ * for its jobs (tests/cudasim/test_daemon_graph.c). */
 static char **child_env(char *notify_assignment)
 {
 	size_t n = 0;
@@ -77,7 +80,9 @@ static char **child_env(char *notify_assignment)
 	char **env = calloc(n + 2, sizeof *env);
 	size_t k = 0;
 	for (size_t i = 0; i < n; i++) {
-		if (strncmp(environ[i], "BERTD_", 6) == 0 || strncmp(environ[i], "NOTIFY_SOCKET=", 14) == 0)
+		bool lever = strncmp(environ[i], "BERTD_LEVER_", 12) == 0;
+		if ((strncmp(environ[i], "BERTD_", 6) == 0 && !lever) ||
+		    strncmp(environ[i], "NOTIFY_SOCKET=", 14) == 0)
 			continue;
 		env[k++] = environ[i];
 	}
