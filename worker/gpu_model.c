@@ -1642,6 +1642,32 @@ out:
     return rc;
 }
 
+/* Non-finite gradients: -ERANGE without loss scaling (the caller fails the
+ * job: bf16/fp32 never overflow benignly); with fp16 scaling the update is
+ * skipped and the scale backed off. */
+static int scaler_overflow(gpu_model *g, int *skipped, double *gnorm_out)
+{
+    if (!g->scaler.enabled)
+        return -ERANGE;
+    g->scaler.scale = gpu_model_loss_scale(g) * 0.5f;
+    g->scaler.good_steps = 0;
+    g->scaler.skipped++;
+    if (skipped)
+        *skipped = 1;
+    if (gnorm_out)
+        *gnorm_out = INFINITY;
+    return 0;
+}
+
+/* An update made: the fp16 scale grows after growth_interval of them. */
+static void scaler_good_step(gpu_model *g)
+{
+    if (g->scaler.enabled && ++g->scaler.good_steps >= g->scaler.growth_interval) {
+        g->scaler.scale = g->scaler.scale * 2.0f;
+        g->scaler.good_steps = 0;
+    }
+}
+
 /* The host waits once, after the update, for its norm and skip, then keeps
  * its books (t, the loss scaler, -ERANGE for bf16/fp32) as the host path of
  * gpu_model_step does. */
@@ -1660,28 +1686,13 @@ static int step_result(gpu_model *g, double *lr_out, double *gnorm_out, int *ski
         GPU_TRY(cudaEventElapsedTime(&g->exposed_comm_ms, g->t_bwd_done, g->t_comm_waited));
     if (lr_out)
         *lr_out = g->step_lr;
-    float scale = gpu_model_loss_scale(g);
-    if (*g->flag_host) {
-        /* the kernels left parameters, state and gradients as they were */
-        if (!g->scaler.enabled) {
-            rc = -ERANGE;
-            goto out;
-        }
-        g->scaler.scale = scale * 0.5f;
-        g->scaler.good_steps = 0;
-        g->scaler.skipped++;
-        if (skipped)
-            *skipped = 1;
-        if (gnorm_out)
-            *gnorm_out = INFINITY;
+    if (*g->flag_host) { // the kernels left parameters, state and gradients as they were
+        rc = scaler_overflow(g, skipped, gnorm_out);
         goto out;
     }
     g->t++;
     g->grads_zero = (g->levers & CUDA_LEVER_OPT_ZERO) != 0;
-    if (g->scaler.enabled && ++g->scaler.good_steps >= g->scaler.growth_interval) {
-        g->scaler.scale = scale * 2.0f;
-        g->scaler.good_steps = 0;
-    }
+    scaler_good_step(g);
     if (gnorm_out)
         *gnorm_out = *g->norm_host;
 out:
@@ -1735,19 +1746,7 @@ int gpu_model_step(gpu_model *g, double *lr_out, double *gnorm_out, int *skipped
         GPU_TRY(cudaEventElapsedTime(&g->exposed_comm_ms, g->t_bwd_done, g->t_comm_waited));
     float scale = gpu_model_loss_scale(g);
     if (*g->flag_host || !isfinite(*g->norm_host)) {
-        if (!g->scaler.enabled) {
-            rc = -ERANGE; // caller decides: fail the job (bf16/fp32 never overflow benignly)
-            goto out;
-        }
-        /* fp16 overflow: skip this update, back off the scale */
-        g->scaler.scale = scale * 0.5f;
-        g->scaler.good_steps = 0;
-        g->scaler.skipped++;
-        if (skipped)
-            *skipped = 1;
-        if (gnorm_out)
-            *gnorm_out = INFINITY;
-        if (lr_out)
+        if ((rc = scaler_overflow(g, skipped, gnorm_out)) == 0 && lr_out)
             *lr_out = optim_lr_at(c, g->t);
         goto out;
     }
@@ -1781,10 +1780,7 @@ int gpu_model_step(gpu_model *g, double *lr_out, double *gnorm_out, int *skipped
                        g->num_chunks, g->seg_decay, g->seg_norms, g->num_segs, lr, c->beta1,
                        c->beta2, c->eps, c->weight_decay, gmul, g->t, zero_g, st);
     g->grads_zero = zero_g;
-    if (g->scaler.enabled && ++g->scaler.good_steps >= g->scaler.growth_interval) {
-        g->scaler.scale = scale * 2.0f;
-        g->scaler.good_steps = 0;
-    }
+    scaler_good_step(g);
     if (lr_out)
         *lr_out = lr;
     if (gnorm_out)
