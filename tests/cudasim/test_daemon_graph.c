@@ -35,6 +35,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "daemon_gpu.h"
 #include "harness.h"
 #include "it_util.h"
 
@@ -59,20 +60,15 @@ typedef struct fx {
 
 static int group_setup(void **state)
 {
-	const char *bin = getenv("IT_CUDASIM_BIN_DIR"), *nccl = getenv("IT_FAKE_NCCL_DIR");
 	const char *lever = getenv("BERTD_LEVER_GRAPH");
-	if (!bin || !nccl || !lever || strcmp(lever, "1") != 0) {
-		fprintf(stderr, "IT_CUDASIM_BIN_DIR, IT_FAKE_NCCL_DIR or BERTD_LEVER_GRAPH=1 is not set\n");
+	if (!lever || strcmp(lever, "1") != 0) {
+		fprintf(stderr, "BERTD_LEVER_GRAPH=1 is not set\n");
 		return -1;
 	}
 	fx *f = calloc(1, sizeof *f);
 	if (!f)
 		return -1;
-	const char *args[] = {"--bin-dir", bin, "--pass-env", "CUDASIM_*:LD_LIBRARY_PATH", "--stop-timeout-s", "60",
-			      "--nccl-path", nccl, NULL};
-	it_daemon_opts o = {.devices = "cuda", .extra = args, .dataset = "shakes", .corpus = "shakes.txt",
-			    .corpus_lines = 3000, .vocab_size = 400};
-	if (!(f->gpu = it_daemon_start(&o, 0))) {
+	if (!(f->gpu = cudasim_daemon_start())) {
 		free(f);
 		return -1;
 	}

@@ -55,6 +55,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "daemon_gpu.h"
 #include "harness.h"
 #include "it_util.h"
 
@@ -86,22 +87,14 @@ typedef struct fx {
 } fx;
 
 /* A fresh daemon with the corpus and its dataset being prepared: the same
- * 3000 lines and vocab on both sides. */
+ * 3000 lines and vocab on both sides (the GPU one: daemon_gpu.h). */
 static it_fx *side_start(bool gpu)
 {
-	const char *bin = getenv("IT_CUDASIM_BIN_DIR"), *nccl = getenv("IT_FAKE_NCCL_DIR");
-	if (gpu && (!bin || !nccl)) {
-		fprintf(stderr, "IT_CUDASIM_BIN_DIR or IT_FAKE_NCCL_DIR is not set\n");
-		return NULL;
-	}
-	/* nccl_path: the daemon's probe finds a libnccl.so.2 whatever this
-	 * machine has (its workers use the stand-in's NCCL) */
-	const char *gpu_args[] = {"--bin-dir", bin, "--pass-env", "CUDASIM_*:LD_LIBRARY_PATH", "--stop-timeout-s", "60",
-				  "--nccl-path", nccl, NULL};
+	if (gpu)
+		return cudasim_daemon_start();
 	const char *cpu_args[] = {"--stop-timeout-s", "60", NULL};
-	it_daemon_opts o = {.devices = gpu ? "cuda" : "cpu", .cpu_slots = gpu ? NULL : "2",
-			    .extra = gpu ? gpu_args : cpu_args, .dataset = "shakes", .corpus = "shakes.txt",
-			    .corpus_lines = 3000, .vocab_size = 400};
+	it_daemon_opts o = {.devices = "cpu", .cpu_slots = "2", .extra = cpu_args, .dataset = "shakes",
+			    .corpus = "shakes.txt", .corpus_lines = 3000, .vocab_size = 400};
 	return it_daemon_start(&o, 0);
 }
 

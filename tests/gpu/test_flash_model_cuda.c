@@ -41,10 +41,7 @@
  * Exits 77 without a GPU, or on a part whose shared memory the flash
  * kernels do not fit (a T4: the model takes the unfused path there).
  */
-#include "tests/gpu/gpu_check.h"
-#include "worker/gpu_model.h"
-#include "worker/model.h"
-#include "worker/optim.h"
+#include "tests/gpu/model_check.h"
 
 enum { FB = 3, FT = 80, FM = 24 };
 
@@ -93,35 +90,12 @@ static bert_config flash_config(void)
     return c;
 }
 
-static optim_config flash_optim_config(void)
+/* make_fbatch into the fbatch ctx (mc_batch_fn) */
+static const bert_batch *next_fbatch(void *ctx, const bert_config *c, int k)
 {
-    optim_config oc;
-    optim_config_default(&oc, OPTIM_ADAMW);
-    oc.lr = 1e-3f;
-    oc.weight_decay = 0.01f;
-    oc.warmup_steps = 2;
-    oc.total_steps = 10;
-    return oc;
-}
-
-static void report(int ok, const char *what, kdtype dt, double val, double tol)
-{
-    printf("%-4s %-48s %-4s rel=%.3g (tol %.0e)\n", ok ? "ok" : "FAIL", what, kdtype_name(dt), val,
-           tol);
-    gpu_failures += !ok;
-}
-
-static double norm2_rel(const float *got, const float *ref, size_t n)
-{
-    double e = 0, r = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!isfinite(got[i]))
-            return INFINITY;
-        double d = (double)got[i] - ref[i];
-        e += d * d;
-        r += (double)ref[i] * ref[i];
-    }
-    return r > 0 ? sqrt(e / r) : INFINITY;
+    fbatch *s = ctx;
+    make_fbatch(s, c, k);
+    return &s->b;
 }
 
 /* A GPU model created with BERTD_LEVER_FLASH2 set to flash2 and
@@ -131,35 +105,19 @@ static double norm2_rel(const float *got, const float *ref, size_t n)
 static gpu_model *make_flash_model(const bert_config *c, kdtype dt, const optim_config *oc,
                                    int flash2, const float *params)
 {
-    static const char *const vars[2] = {"BERTD_LEVER_FLASH2", "BERTD_ATTENTION"};
-    char *keep[2];
-    for (int i = 0; i < 2; i++) {
-        const char *v = getenv(vars[i]);
-        keep[i] = v ? strdup(v) : NULL;
-    }
-    setenv(vars[0], flash2 ? "1" : "0", 1);
-    unsetenv(vars[1]);
-    gpu_model *g = NULL;
-    char err[256] = "";
-    int rc = gpu_model_create(&g, c, dt, 0, FB, FT, FM, oc, err, sizeof err);
-    for (int i = 0; i < 2; i++) {
-        if (keep[i])
-            setenv(vars[i], keep[i], 1);
-        else
-            unsetenv(vars[i]);
-        free(keep[i]);
-    }
-    if (rc != 0) {
-        printf("FAIL gpu_model_create %s: %s\n", kdtype_name(dt), err);
-        gpu_failures++;
+    char *keep_flash2 = mc_env_set("BERTD_LEVER_FLASH2", flash2 ? "1" : "0"),
+         *keep_attention = mc_env_set("BERTD_ATTENTION", NULL);
+    gpu_model *g = mc_model(c, dt, FB, FT, FM, oc, params, kdtype_name(dt));
+    mc_env_restore("BERTD_LEVER_FLASH2", keep_flash2);
+    mc_env_restore("BERTD_ATTENTION", keep_attention);
+    if (!g)
         return NULL;
-    }
     int fused = gpu_model_attention_fused(g), lever = (g->levers & CUDA_LEVER_FLASH2) != 0,
         kernels = (cuda_levers() & CUDA_LEVER_FLASH2) != 0;
     int ok = fused && lever == flash2 && kernels == flash2;
     printf("%-4s model attention: %s, FLASH2 %s (kernels' mask: %s)\n", ok ? "ok" : "FAIL",
            fused ? "fused" : "unfused", lever ? "on" : "off", kernels ? "on" : "off");
-    if (!ok || gpu_model_set_params(g, params) != 0) {
+    if (!ok) {
         gpu_failures++;
         gpu_model_destroy(g);
         return NULL;
@@ -176,100 +134,24 @@ static void test_against_cpu(kdtype dt, int flash2)
     printf("--- whole model, fused attention, FLASH2 %s, %s, head dim 32, T %d\n",
            flash2 ? "on" : "off", kdtype_name(dt), FT);
     bert_config c = flash_config();
-    optim_config oc = flash_optim_config();
-    bert_model *cpu = NULL;
-    if (bert_model_create(&cpu, &c) != 0)
-        abort();
-    bert_model_init_weights(cpu, 1234);
+    optim_config oc = mc_optim_config();
+    bert_model *cpu = mc_cpu_model(&c, 1234);
     gpu_model *g = make_flash_model(&c, dt, &oc, flash2, cpu->params_memory);
     if (!g) {
         bert_model_destroy(cpu);
         return;
     }
-    char err[256];
-    size_t n = cpu->num_params;
     double gtol = 5e-2, ltol = 1e-2;
 
     fbatch bs;
     make_fbatch(&bs, &c, 0);
     bert_dropout d = {.train = 1, .seed = 99, .rank = 0, .step = 0, .micro = 0};
-    if (bert_model_forward(cpu, &bs.b, &d) != 0)
-        abort();
-    bert_model_zero_grad(cpu);
-    bert_model_backward(cpu, 1.0f);
-    if (gpu_model_upload(g, &bs.b, err, sizeof err) != 0) {
-        printf("FAIL upload: %s\n", err);
-        abort();
-    }
-    gpu_model_zero_grad(g);
-    float scale = gpu_model_loss_scale(g);
-    gpu_model_forward(g, &d, scale);
-    float gl = gpu_model_loss(g);
-    double lrel = fabs((double)gl - cpu->loss) / fabs((double)cpu->loss);
-    report(isfinite(gl) && lrel <= ltol, "model loss (dropout on)", dt, lrel, ltol);
-    gpu_model_backward(g);
-    float *gg = malloc(n * 4);
-    if (gpu_model_get_grads(g, gg) != 0)
-        abort();
-    for (size_t i = 0; i < n; i++)
-        gg[i] /= scale;
-    size_t off = 0;
-    for (int i = 0; i < BERT_NUM_PARAM_TENSORS; i++) {
-        size_t sz = cpu->param_sizes[i];
-        if (sz) {
-            char name[64];
-            snprintf(name, sizeof name, "model grad %s", bert_param_name(i));
-            check_close(name, dt, gg + off, cpu->grads_memory + off, sz, gtol);
-        }
-        off += sz;
-    }
+    float scale = mc_forward_backward(g, cpu, &bs.b, &d, dt, ltol);
+    mc_check_model_grads(g, cpu, scale, dt, gtol);
 
     /* 10 AdamW steps, eps at the gradient's RMS on both sides (test_model_cuda) */
-    oc.eps = (float)(optim_global_norm(cpu->grads_memory, n) / sqrt((double)n));
-    g->ocfg.eps = oc.eps;
-    size_t nseg = (size_t)bert_param_segments(&c, NULL, NULL, 0);
-    size_t *segs = calloc(nseg, sizeof *segs);
-    int *decays = calloc(nseg, sizeof *decays);
-    bert_param_segments(&c, segs, decays, (int)nseg);
-    optim *o = NULL;
-    if (optim_create(&o, &oc, segs, decays, (int)nseg) != 0)
-        abort();
-    float *p0 = host_copy(cpu->params_memory, n);
-    double worst_loss = 0;
-    for (int k = 0; k < 10; k++) {
-        make_fbatch(&bs, &c, k + 1);
-        bert_dropout dk = {.train = 1, .seed = 99, .rank = 0, .step = (uint32_t)k + 1};
-        bert_model_forward(cpu, &bs.b, &dk);
-        bert_model_zero_grad(cpu);
-        bert_model_backward(cpu, 1.0f);
-        if (optim_step(o, cpu->params_memory, cpu->grads_memory, NULL, NULL) != 0)
-            abort();
-        if (gpu_model_upload(g, &bs.b, err, sizeof err) != 0)
-            abort();
-        gpu_model_zero_grad(g);
-        gpu_model_forward(g, &dk, gpu_model_loss_scale(g));
-        float l = gpu_model_loss(g);
-        double e = isfinite(l) ? fabs((double)l - cpu->loss) / fabs((double)cpu->loss) : INFINITY;
-        worst_loss = e > worst_loss ? e : worst_loss;
-        gpu_model_backward(g);
-        int skipped = 0;
-        if (gpu_model_step(g, NULL, NULL, &skipped) != 0 || skipped) {
-            printf("FAIL gpu_model_step %d (skipped %d)\n", k, skipped);
-            gpu_failures++;
-        }
-    }
-    report(worst_loss <= ltol * 2, "10 AdamW steps: worst step loss", dt, worst_loss, ltol * 2);
-    float *gp = malloc(n * 4);
-    if (gpu_model_get_params(g, gp) != 0)
-        abort();
-    for (size_t i = 0; i < n; i++) {
-        gp[i] -= p0[i];
-        cpu->params_memory[i] -= p0[i];
-    }
-    double ur = norm2_rel(gp, cpu->params_memory, n);
-    report(ur <= 5e-2, "10 AdamW steps: update p10 - p0", dt, ur, 5e-2);
-    free(gg); free(gp); free(p0); free(segs); free(decays);
-    optim_destroy(o);
+    float *p0 = mc_adamw_steps(g, cpu, &oc, 10, next_fbatch, &bs, dt, ltol);
+    mc_check_update(g, cpu, p0, "10 AdamW steps: update p10 - p0", dt, 5e-2);
     gpu_model_destroy(g);
     bert_model_destroy(cpu);
 }
@@ -279,31 +161,12 @@ static void test_against_cpu(kdtype dt, int flash2)
 static void run_steps(gpu_model *g, const bert_config *c, int from, int to, float *loss,
                       double *gnorm)
 {
-    char err[256];
     for (int s = from; s < to; s++) {
         fbatch bs;
         make_fbatch(&bs, c, s + 40);
         bert_dropout d = {.train = 1, .seed = 11, .rank = 0, .step = (uint32_t)s};
-        if (gpu_model_upload(g, &bs.b, err, sizeof err) != 0)
-            abort();
-        gpu_model_zero_grad(g);
-        gpu_model_forward(g, &d, gpu_model_loss_scale(g));
-        loss[s] = gpu_model_loss(g);
-        gpu_model_backward(g);
-        int skipped = 0;
-        if (gpu_model_step(g, NULL, &gnorm[s], &skipped) != 0 || skipped) {
-            printf("FAIL gpu_model_step %d (skipped %d)\n", s, skipped);
-            gpu_failures++;
-        }
+        loss[s] = mc_train_step(g, &bs.b, &d, s, &gnorm[s]);
     }
-}
-
-static size_t differ(const void *a, const void *b, size_t n, size_t size)
-{
-    size_t d = 0;
-    for (size_t i = 0; i < n; i++)
-        d += memcmp((const char *)a + i * size, (const char *)b + i * size, size) != 0;
-    return d;
 }
 
 /* FLASH2 on: a model checkpointed after step 2 and resumed in a fresh model
@@ -312,12 +175,9 @@ static void test_flash2_resume(kdtype dt)
 {
     printf("--- FLASH2 on, resumed after step 2 vs uninterrupted, %s\n", kdtype_name(dt));
     bert_config c = flash_config();
-    optim_config oc = flash_optim_config();
+    optim_config oc = mc_optim_config();
     oc.max_grad_norm = 1.0f;
-    bert_model *cpu = NULL;
-    if (bert_model_create(&cpu, &c) != 0)
-        abort();
-    bert_model_init_weights(cpu, 2468);
+    bert_model *cpu = mc_cpu_model(&c, 2468);
     size_t n = cpu->num_params;
     gpu_model *a = make_flash_model(&c, dt, &oc, 1, cpu->params_memory);
     gpu_model *r = a ? make_flash_model(&c, dt, &oc, 1, cpu->params_memory) : NULL;
@@ -344,9 +204,9 @@ static void test_flash2_resume(kdtype dt)
     if (gpu_model_get_params(a, pa) != 0 || gpu_model_get_opt_state(a, oa) != 0 ||
         gpu_model_get_params(r, pr) != 0 || gpu_model_get_opt_state(r, orr) != 0)
         abort();
-    size_t dl = differ(la + RS, lr + RS, NS - RS, sizeof *la),
-           dg = differ(ga + RS, gr + RS, NS - RS, sizeof *ga), dp = differ(pa, pr, n, 4),
-           dopt = differ(oa, orr, 2 * n, 4), moved = differ(p, pa, n, 4);
+    size_t dl = mc_differ(la + RS, lr + RS, NS - RS, sizeof *la),
+           dg = mc_differ(ga + RS, gr + RS, NS - RS, sizeof *ga), dp = mc_differ(pa, pr, n, 4),
+           dopt = mc_differ(oa, orr, 2 * n, 4), moved = mc_differ(p, pa, n, 4);
     int finite = 1;
     for (int s = 0; s < NS; s++)
         finite &= isfinite(la[s]) && isfinite(ga[s]);

@@ -13,10 +13,7 @@
  * the comparison could not tell one form from the other. Tolerances as
  * test_model_cuda (fp32 gradients 1e-4, loss 1e-5; 16-bit 5e-2 and 1e-2).
  * Exits 77 without a GPU. */
-#include "tests/gpu/gpu_check.h"
-#include "worker/gpu_model.h"
-#include "worker/model.h"
-#include "worker/optim.h"
+#include "tests/gpu/model_check.h"
 
 enum { TB = 2, TT = 16, TM = 7 };
 
@@ -49,14 +46,11 @@ static float gpu_run(const bert_config *c, kdtype dt, const float *params, const
 {
     optim_config oc;
     optim_config_default(&oc, OPTIM_ADAMW);
-    gpu_model *g = NULL;
-    char err[256];
-    if (gpu_model_create(&g, c, dt, 0, TB, TT, TM, &oc, err, sizeof err) != 0) {
-        printf("FAIL gpu_model_create %s: %s\n", kdtype_name(dt), err);
-        gpu_failures++;
+    gpu_model *g = mc_model(c, dt, TB, TT, TM, &oc, params, kdtype_name(dt));
+    if (!g)
         return NAN;
-    }
-    if (gpu_model_set_params(g, params) != 0 || gpu_model_upload(g, &bs->b, err, sizeof err) != 0)
+    char err[256];
+    if (gpu_model_upload(g, &bs->b, err, sizeof err) != 0)
         abort();
     gpu_model_zero_grad(g);
     float scale = gpu_model_loss_scale(g);
@@ -83,10 +77,7 @@ static void set_lever(int on)
 /* The CPU model with the weights before the GELUs scaled (see the header). */
 static bert_model *make_cpu(const bert_config *c)
 {
-    bert_model *cpu = NULL;
-    if (bert_model_create(&cpu, c) != 0)
-        abort();
-    bert_model_init_weights(cpu, 1234);
+    bert_model *cpu = mc_cpu_model(c, 1234);
     size_t fc = (size_t)c->num_hidden_layers * c->intermediate_size * c->hidden_size;
     for (size_t i = 0; i < fc; i++)
         cpu->params.fcw[i] *= 20.0f;
@@ -114,23 +105,9 @@ static void test_tanh_model(kdtype dt)
         printf("--- gelu_new model, %s, lever GELU_EPI %s\n", kdtype_name(dt), lever ? "on" : "off");
         set_lever(lever);
         float gl = gpu_run(&c, dt, cpu->params_memory, &bs, &d, gg);
-        double lrel = fabs((double)gl - cpu->loss) / fabs((double)cpu->loss);
-        int ok = isfinite(gl) && lrel <= ltol;
-        printf("%-4s %-44s %-4s rel=%.3g (tol %.0e)\n", ok ? "ok" : "FAIL", "model loss (dropout on)",
-               kdtype_name(dt), lrel, ltol);
-        gpu_failures += !ok;
-        if (!isfinite(gl))
-            continue;
-        size_t off = 0;
-        for (int i = 0; i < BERT_NUM_PARAM_TENSORS; i++) {
-            size_t sz = cpu->param_sizes[i];
-            if (sz) {
-                char name[64];
-                snprintf(name, sizeof name, "model grad %s", bert_param_name(i));
-                check_close(name, dt, gg + off, cpu->grads_memory + off, sz, gtol);
-            }
-            off += sz;
-        }
+        mc_check_loss(gl, cpu, dt, ltol);
+        if (isfinite(gl))
+            mc_check_grads(gg, cpu, dt, gtol);
     }
     unsetenv("BERTD_LEVER_GELU_EPI");
     free(gg);
@@ -154,9 +131,7 @@ static void test_erf_model_ignores_lever(void)
     set_lever(1);
     float l1 = gpu_run(&c, KDT_F32, cpu->params_memory, &bs, &d, g1);
     unsetenv("BERTD_LEVER_GELU_EPI");
-    size_t diff = 0;
-    for (size_t i = 0; i < n; i++)
-        diff += memcmp(&g0[i], &g1[i], sizeof g0[i]) != 0;
+    size_t diff = mc_differ(g0, g1, n, sizeof *g0);
     int ok = isfinite(l0) && memcmp(&l0, &l1, sizeof l0) == 0 && diff == 0;
     printf("%-4s erf model, lever on vs off: loss %s, %zu of %zu gradients differ\n",
            ok ? "ok" : "FAIL", memcmp(&l0, &l1, sizeof l0) == 0 ? "same" : "differs", diff, n);
@@ -168,14 +143,7 @@ static void test_erf_model_ignores_lever(void)
 
 int main(void)
 {
-    gpu_require_device();
-    bert_set_threads(4);
-    char err[128];
-    kdtype best;
-    if (gpu_precision_pick("auto", 0, &best, err, sizeof err) != 0) {
-        printf("FAIL precision pick: %s\n", err);
-        return 1;
-    }
+    kdtype best = mc_start();
     test_tanh_model(KDT_F32);
     if (best == KDT_BF16)
         test_tanh_model(KDT_BF16);

@@ -25,10 +25,7 @@
  * above the noise still take sign-like steps). The AdamW arithmetic itself is
  * checked bit for bit in test_kernels_cuda.
  */
-#include "tests/gpu/gpu_check.h"
-#include "worker/gpu_model.h"
-#include "worker/model.h"
-#include "worker/optim.h"
+#include "tests/gpu/model_check.h"
 
 #include <errno.h>
 #include <unistd.h>
@@ -69,35 +66,12 @@ static void make_batch(batch_store *s, const bert_config *c, int k)
                         .nsp_labels = c->nsp ? s->nsp : NULL};
 }
 
-static optim_config test_optim_config(void)
+/* make_batch into the batch_store ctx (mc_batch_fn) */
+static const bert_batch *next_batch(void *ctx, const bert_config *c, int k)
 {
-    optim_config oc;
-    optim_config_default(&oc, OPTIM_ADAMW);
-    oc.lr = 1e-3f;
-    oc.weight_decay = 0.01f;
-    oc.warmup_steps = 2;
-    oc.total_steps = 10;
-    return oc;
-}
-
-static double norm2_rel(const float *got, const float *ref, size_t n)
-{
-    double e = 0, r = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!isfinite(got[i]))
-            return INFINITY;
-        double d = (double)got[i] - ref[i];
-        e += d * d;
-        r += (double)ref[i] * ref[i];
-    }
-    return r > 0 ? sqrt(e / r) : INFINITY;
-}
-
-static void report(int ok, const char *what, kdtype dt, double val, double tol)
-{
-    printf("%-4s %-44s %-4s rel=%.3g (tol %.0e)\n", ok ? "ok" : "FAIL", what, kdtype_name(dt), val,
-           tol);
-    gpu_failures += !ok;
+    batch_store *s = ctx;
+    make_batch(s, c, k);
+    return &s->b;
 }
 
 /* A CPU model with seeded weights and a GPU model holding the same ones;
@@ -105,19 +79,10 @@ static void report(int ok, const char *what, kdtype dt, double val, double tol)
 static gpu_model *make_pair(const bert_config *c, kdtype dt, const optim_config *oc, uint64_t seed,
                             bert_model **cpu)
 {
-    if (bert_model_create(cpu, c) != 0)
-        abort();
-    bert_model_init_weights(*cpu, seed);
-    gpu_model *g = NULL;
-    char err[256];
-    if (gpu_model_create(&g, c, dt, 0, TB, TT, TM, oc, err, sizeof err) != 0) {
-        printf("FAIL gpu_model_create %s: %s\n", kdtype_name(dt), err);
-        gpu_failures++;
+    *cpu = mc_cpu_model(c, seed);
+    gpu_model *g = mc_model(c, dt, TB, TT, TM, oc, (*cpu)->params_memory, kdtype_name(dt));
+    if (!g)
         bert_model_destroy(*cpu);
-        return NULL;
-    }
-    if (gpu_model_set_params(g, (*cpu)->params_memory) != 0)
-        abort();
     return g;
 }
 
@@ -156,13 +121,11 @@ static void test_forward_backward_steps(kdtype dt, int nsp)
 {
     printf("--- whole model, %s%s\n", kdtype_name(dt), nsp ? ", with the NSP head" : "");
     bert_config c = gpu_test_config(4, nsp);
-    optim_config oc = test_optim_config();
+    optim_config oc = mc_optim_config();
     bert_model *cpu = NULL;
     gpu_model *g = make_pair(&c, dt, &oc, 1234, &cpu);
     if (!g)
         return;
-    char err[256];
-    size_t n = cpu->num_params;
     /* GradScaler starts at 65536 and backs off on the first overflows; this
      * test compares steps one for one, so fp16 starts at a scale that does
      * not overflow (the backing off has its own test below) */
@@ -174,91 +137,20 @@ static void test_forward_backward_steps(kdtype dt, int nsp)
     batch_store bs;
     make_batch(&bs, &c, 0);
     bert_dropout d = {.train = 1, .seed = 99, .rank = 0, .step = 0, .micro = 0};
-    if (bert_model_forward(cpu, &bs.b, &d) != 0)
-        abort();
-    bert_model_zero_grad(cpu);
-    bert_model_backward(cpu, 1.0f);
-    if (gpu_model_upload(g, &bs.b, err, sizeof err) != 0) {
-        printf("FAIL upload: %s\n", err);
-        abort();
-    }
-    gpu_model_zero_grad(g);
-    float scale = gpu_model_loss_scale(g); // 1 unless fp16
-    gpu_model_forward(g, &d, scale);
-    float gl = gpu_model_loss(g);
-    double lrel = fabs((double)gl - cpu->loss) / fabs((double)cpu->loss);
-    report(isfinite(gl) && lrel <= ltol, "model loss (dropout on)", dt, lrel, ltol);
-    gpu_model_backward(g);
+    float scale = mc_forward_backward(g, cpu, &bs.b, &d, dt, ltol);
     check_vocab_padding(g, g->grads_memory, 0, "gradients (backward)");
-    float *gg = malloc(n * 4);
-    if (gpu_model_get_grads(g, gg) != 0)
-        abort();
-    for (size_t i = 0; i < n; i++)
-        gg[i] /= scale;
-    size_t off = 0;
-    for (int i = 0; i < BERT_NUM_PARAM_TENSORS; i++) {
-        size_t sz = cpu->param_sizes[i];
-        if (sz) {
-            char name[64];
-            snprintf(name, sizeof name, "model grad %s", bert_param_name(i));
-            check_close(name, dt, gg + off, cpu->grads_memory + off, sz, gtol);
-        }
-        off += sz;
-    }
+    mc_check_model_grads(g, cpu, scale, dt, gtol);
 
     /* 10 AdamW steps over changing batches and dropout masks; eps at the
      * gradient scale (see the file header), the same on both sides */
-    oc.eps = (float)(optim_global_norm(cpu->grads_memory, n) / sqrt((double)n));
-    g->ocfg.eps = oc.eps;
-    printf("     AdamW eps for the step comparison: %.3g\n", oc.eps);
-    size_t nseg = (size_t)bert_param_segments(&c, NULL, NULL, 0);
-    size_t *segs = calloc(nseg, sizeof *segs);
-    int *decays = calloc(nseg, sizeof *decays);
-    bert_param_segments(&c, segs, decays, (int)nseg);
-    optim *o = NULL;
-    if (optim_create(&o, &oc, segs, decays, (int)nseg) != 0)
-        abort();
-    float *p0 = host_copy(cpu->params_memory, n);
-    double worst_loss = 0;
-    for (int k = 0; k < 10; k++) {
-        make_batch(&bs, &c, k + 1);
-        bert_dropout dk = {.train = 1, .seed = 99, .rank = 0, .step = (uint32_t)k + 1};
-        bert_model_forward(cpu, &bs.b, &dk);
-        bert_model_zero_grad(cpu);
-        bert_model_backward(cpu, 1.0f);
-        if (optim_step(o, cpu->params_memory, cpu->grads_memory, NULL, NULL) != 0)
-            abort();
-        gpu_model_upload(g, &bs.b, err, sizeof err);
-        gpu_model_zero_grad(g);
-        gpu_model_forward(g, &dk, gpu_model_loss_scale(g));
-        float l = gpu_model_loss(g);
-        double e = isfinite(l) ? fabs((double)l - cpu->loss) / fabs((double)cpu->loss) : INFINITY;
-        if (e > worst_loss)
-            worst_loss = e;
-        gpu_model_backward(g);
-        int skipped = 0;
-        if (gpu_model_step(g, NULL, NULL, &skipped) != 0 || skipped) {
-            printf("FAIL gpu_model_step %d (skipped %d)\n", k, skipped);
-            gpu_failures++;
-        }
-    }
-    report(worst_loss <= ltol * 2, "10 AdamW steps: worst step loss", dt, worst_loss, ltol * 2);
+    float *p0 = mc_adamw_steps(g, cpu, &oc, 10, next_batch, &bs, dt, ltol);
     check_vocab_padding(g, g->params_memory, 0, "parameters (10 steps)");
     if (dt != KDT_F32)
         check_vocab_padding(g, g->params_lp_memory, 1, "16-bit copy (10 steps)");
     check_vocab_padding(g, g->opt_memory, 0, "Adam m (10 steps)");
     check_vocab_padding(g, g->opt_memory + g->dev_params, 0, "Adam v (10 steps)");
-    float *gp = malloc(n * 4);
-    gpu_model_get_params(g, gp);
-    for (size_t i = 0; i < n; i++) {
-        gp[i] -= p0[i];
-        cpu->params_memory[i] -= p0[i];
-    }
-    double utol = dt == KDT_F32 ? 1e-4 : 5e-2;
-    double ur = norm2_rel(gp, cpu->params_memory, n);
-    report(ur <= utol, "10 AdamW steps: update p10 - p0", dt, ur, utol);
-    free(gg); free(gp); free(p0); free(segs); free(decays);
-    optim_destroy(o);
+    mc_check_update(g, cpu, p0, "10 AdamW steps: update p10 - p0", dt,
+                    dt == KDT_F32 ? 1e-4 : 5e-2);
     gpu_model_destroy(g);
     bert_model_destroy(cpu);
 }
@@ -273,7 +165,7 @@ static void test_eval(kdtype dt, int nsp)
 {
     printf("--- held-out eval, %s%s\n", kdtype_name(dt), nsp ? ", with the NSP head" : "");
     bert_config c = gpu_test_config(4, nsp);
-    optim_config oc = test_optim_config();
+    optim_config oc = mc_optim_config();
     bert_model *cpu = NULL;
     gpu_model *g = make_pair(&c, dt, &oc, 4321, &cpu);
     if (!g)
@@ -312,16 +204,16 @@ static void test_eval(kdtype dt, int nsp)
             break;
         }
     }
-    report(single <= 1e-6, "CPU eval = its no-dropout forward's MLM loss", dt, single, 1e-6);
+    mc_report(single <= 1e-6, "CPU eval = its no-dropout forward's MLM loss", dt, single, 1e-6);
     double ltol = dt == KDT_F32 ? 1e-5 : 1e-2;
     double lrel = fabs(ge.loss_sum - ce.loss_sum) / fabs(ce.loss_sum);
-    report(isfinite(ge.loss_sum) && lrel <= ltol, "eval loss sum vs CPU", dt, lrel, ltol);
-    report(ce.correct >= 3 * ((TM + 1) / 2), "CPU eval counts its argmax labels", dt, ce.correct,
+    mc_report(isfinite(ge.loss_sum) && lrel <= ltol, "eval loss sum vs CPU", dt, lrel, ltol);
+    mc_report(ce.correct >= 3 * ((TM + 1) / 2), "CPU eval counts its argmax labels", dt, ce.correct,
            3 * ((TM + 1) / 2));
-    report(ge.count == ce.count && ce.count == 3 * TM, "eval masked-token count vs CPU", dt,
+    mc_report(ge.count == ce.count && ce.count == 3 * TM, "eval masked-token count vs CPU", dt,
            fabs(ge.count - ce.count), 0);
     double dc = fabs(ge.correct - ce.correct), ctol = dt == KDT_F32 ? 0 : floor(ce.count / 10);
-    report(dc <= ctol, "eval correct count vs CPU", dt, dc, ctol);
+    mc_report(dc <= ctol, "eval correct count vs CPU", dt, dc, ctol);
     printf("     eval loss %.6f (CPU %.6f), accuracy %.0f/%.0f (CPU %.0f)\n", ge.loss_sum / ge.count,
            ce.loss_sum / ce.count, ge.correct, ge.count, ce.correct);
     /* a batch of twice the capacity (6 sequences, 22 masked) is evaluated in
@@ -353,7 +245,7 @@ static void test_eval(kdtype dt, int nsp)
             abort();
         int brc = gpu_model_eval(g, &big, &gb, err, sizeof err);
         double brel = fabs(gb.loss_sum - cb.loss_sum) / fabs(cb.loss_sum);
-        report(brc == 0 && gb.count == cb.count && brel <= ltol, "eval of a batch twice the capacity", dt,
+        mc_report(brc == 0 && gb.count == cb.count && brel <= ltol, "eval of a batch twice the capacity", dt,
                brel, ltol);
     }
     /* training goes on after an eval: the next step's loss still matches */
@@ -367,7 +259,7 @@ static void test_eval(kdtype dt, int nsp)
     gpu_model_forward(g, &d, gpu_model_loss_scale(g));
     float gl = gpu_model_loss(g);
     double trel = fabs((double)gl - cpu->loss) / fabs((double)cpu->loss);
-    report(isfinite(gl) && trel <= ltol, "training forward after an eval", dt, trel, ltol);
+    mc_report(isfinite(gl) && trel <= ltol, "training forward after an eval", dt, trel, ltol);
     gpu_model_destroy(g);
     bert_model_destroy(cpu);
 }
@@ -375,7 +267,7 @@ static void test_eval(kdtype dt, int nsp)
 static void test_loss_scaling(void)
 {
     bert_config c = gpu_test_config(4, 0);
-    optim_config oc = test_optim_config();
+    optim_config oc = mc_optim_config();
     /* no warmup: the clean step below is the first that runs (t 0), and a
      * warmup's lr at t 0 is 0, which would leave the parameters unchanged */
     oc.warmup_steps = 0;
@@ -385,10 +277,7 @@ static void test_loss_scaling(void)
         printf("skip loss scaling: %s\n", err);
         return;
     }
-    bert_model *cpu = NULL;
-    if (bert_model_create(&cpu, &c) != 0)
-        abort();
-    bert_model_init_weights(cpu, 77);
+    bert_model *cpu = mc_cpu_model(&c, 77);
     gpu_model *g = NULL;
     if (gpu_model_create(&g, &c, KDT_F16, 0, TB, TT, TM, &oc, err, sizeof err) != 0) {
         printf("FAIL create fp16: %s\n", err);
@@ -501,7 +390,7 @@ static void test_memory_plan(void)
 static void test_bad_batches(void)
 {
     bert_config c = gpu_test_config(4, 0);
-    optim_config oc = test_optim_config();
+    optim_config oc = mc_optim_config();
     char err[256];
     gpu_model *g = NULL;
     if (gpu_model_create(&g, &c, KDT_BF16, 0, TB, TT, TM, &oc, err, sizeof err) != 0) {
@@ -570,7 +459,7 @@ static void test_buckets_final_and_complete(int nsp)
 {
     printf("--- gradient buckets during backward%s\n", nsp ? " (NSP head)" : "");
     bert_config c = gpu_test_config(4, nsp);
-    optim_config oc = test_optim_config();
+    optim_config oc = mc_optim_config();
     bert_model *cpu = NULL;
     gpu_model *g = make_pair(&c, KDT_F32, &oc, 77, &cpu);
     if (!g)
@@ -606,8 +495,8 @@ static void test_buckets_final_and_complete(int nsp)
         bad_cover += sh.seen[i] != 1;
         bad_value += sh.seen[i] == 1 && memcmp(&snap[i], &final[i], 4) != 0;
     }
-    report(bad_cover == 0, "bucket coverage: params not bucketed exactly once", KDT_F32, (double)bad_cover, 0);
-    report(bad_value == 0, "bucket snapshots differing from final grads", KDT_F32, (double)bad_value, 0);
+    mc_report(bad_cover == 0, "bucket coverage: params not bucketed exactly once", KDT_F32, (double)bad_cover, 0);
+    mc_report(bad_value == 0, "bucket snapshots differing from final grads", KDT_F32, (double)bad_value, 0);
     /* the embeddings (the tied word embeddings first, at offset 0) are the
      * last bucket, alone: the rest of the non-layer parameters went before
      * the embedding backward (L layer buckets + 2) */
@@ -625,7 +514,7 @@ static void test_buckets_final_and_complete(int nsp)
         gpu_failures++;
     }
     float ms = gpu_model_exposed_comm_ms(g);
-    report(isfinite(ms) && ms >= 0, "exposed comm ms (finite, >= 0)", KDT_F32, ms, 0);
+    mc_report(isfinite(ms) && ms >= 0, "exposed comm ms (finite, >= 0)", KDT_F32, ms, 0);
     /* the next step without arming falls back: no new buckets, no finish */
     gpu_model_zero_grad(g);
     gpu_model_upload(g, &bs.b, err, sizeof err);
@@ -661,11 +550,8 @@ static void test_lever_switches(void)
                                        "BERTD_LEVER_VOCAB_PAD", "BERTD_LEVER_GRAPH"};
     enum { NV = sizeof vars / sizeof vars[0] };
     char *saved[NV];
-    for (int i = 0; i < NV; i++) { /* this test's own settings; the caller's come back after */
-        const char *v = getenv(vars[i]);
-        saved[i] = v ? strdup(v) : NULL;
-        unsetenv(vars[i]);
-    }
+    for (int i = 0; i < NV; i++) /* this test's own settings; the caller's come back after */
+        saved[i] = mc_env_set(vars[i], NULL);
     char err[160] = "";
     unsigned m = 0;
     int ok = gpu_levers_from_env(&m, err, sizeof err) == 0 && m == CUDA_LEVERS_DEFAULT;
@@ -683,7 +569,7 @@ static void test_lever_switches(void)
     /* a model created under BERTD_LEVER_LN_VEC=0 turns the kernels' lever off */
     setenv("BERTD_LEVER_LN_VEC", "0", 1);
     bert_config c = gpu_test_config(4, 0);
-    optim_config oc = test_optim_config();
+    optim_config oc = mc_optim_config();
     gpu_model *g = NULL;
     int rc = gpu_model_create(&g, &c, KDT_F32, 0, TB, TT, TM, &oc, err, sizeof err);
     ok &= rc == 0 && g && !(g->levers & CUDA_LEVER_LN_VEC) && !(cuda_levers() & CUDA_LEVER_LN_VEC);
@@ -697,13 +583,8 @@ static void test_lever_switches(void)
           g->num_params == host_params(&c) &&
           g->dev_params == g->num_params + (size_t)(1024 - 997) * (c.hidden_size + 1);
     gpu_model_destroy(g);
-    for (int i = 0; i < NV; i++) {
-        if (saved[i])
-            setenv(vars[i], saved[i], 1);
-        else
-            unsetenv(vars[i]);
-        free(saved[i]);
-    }
+    for (int i = 0; i < NV; i++)
+        mc_env_restore(vars[i], saved[i]);
     if (gpu_levers_from_env(&m, err, sizeof err) == 0)
         cuda_levers_set(m); /* back to what the rest of the test runs with */
     printf("%-4s %-44s      refused: \"%s\"\n", ok ? "ok" : "FAIL", "BERTD_LEVER_* switches", refused);
@@ -723,51 +604,42 @@ static void test_lever_switches(void)
  * norms. Runs in the suite's vocab_pad entries only. */
 static void run_steps(gpu_model *g, const bert_config *c, int from, int to, double *gnorms)
 {
-    char err[256];
     for (int s = from; s < to; s++) {
         batch_store bs;
         make_batch(&bs, c, s + 40);
         bert_dropout d = {.train = 1, .seed = 11, .rank = 0, .step = (uint32_t)s};
-        gpu_model_upload(g, &bs.b, err, sizeof err);
-        gpu_model_zero_grad(g);
-        gpu_model_forward(g, &d, 1.0f);
-        gpu_model_backward(g);
-        int skipped = 0;
-        if (gpu_model_step(g, NULL, gnorms ? &gnorms[s] : NULL, &skipped) != 0 || skipped) {
-            printf("FAIL gpu_model_step %d\n", s);
-            gpu_failures++;
-        }
+        mc_train_step(g, &bs.b, &d, s, gnorms ? &gnorms[s] : NULL); /* fp32: loss scale 1 */
     }
+}
+
+/* The setting of the resume and lever tests below: the NSP model, AdamW
+ * clipping at 1.0, a CPU model with seeded weights (theirs to start from). */
+static bert_model *clipped_setup(bert_config *c, optim_config *oc, uint64_t seed)
+{
+    *c = gpu_test_config(4, 1);
+    *oc = mc_optim_config();
+    oc->max_grad_norm = 1.0f;
+    return mc_cpu_model(c, seed);
 }
 
 static void test_vocab_pad_resume_vs_unpadded(void)
 {
     printf("--- vocabulary padding: resume, and on vs off, fp32\n");
-    bert_config c = gpu_test_config(4, 1);
-    optim_config oc = test_optim_config();
-    oc.max_grad_norm = 1.0f;
-    bert_model *cpu = NULL;
-    if (bert_model_create(&cpu, &c) != 0)
-        abort();
-    bert_model_init_weights(cpu, 2468);
+    bert_config c;
+    optim_config oc;
+    bert_model *cpu = clipped_setup(&c, &oc, 2468);
     size_t n = cpu->num_params;
     gpu_model *gm[3] = {NULL, NULL, NULL}; /* unpadded, padded, padded resumed */
-    char err[256];
-    const char *saved = getenv("BERTD_LEVER_VOCAB_PAD");
-    char *keep = saved ? strdup(saved) : NULL;
+    char *keep = mc_env_set("BERTD_LEVER_VOCAB_PAD", NULL);
     int made = 1;
     for (int k = 0; k < 3 && made; k++) {
         setenv("BERTD_LEVER_VOCAB_PAD", k ? "1" : "0", 1);
-        made = gpu_model_create(&gm[k], &c, KDT_F32, 0, TB, TT, TM, &oc, err, sizeof err) == 0 &&
-               gpu_model_set_params(gm[k], cpu->params_memory) == 0;
+        made = (gm[k] = mc_model(&c, KDT_F32, TB, TT, TM, &oc, cpu->params_memory,
+                                 k ? "(vocabulary padded)" : "(unpadded)")) != NULL;
     }
-    if (keep)
-        setenv("BERTD_LEVER_VOCAB_PAD", keep, 1);
-    else
-        unsetenv("BERTD_LEVER_VOCAB_PAD");
-    free(keep);
+    mc_env_restore("BERTD_LEVER_VOCAB_PAD", keep);
     if (!made || gm[1]->vocab_ld != 1024 || gm[0]->vocab_ld != 997) {
-        printf("FAIL gpu_model_create: %s\n", err);
+        printf("FAIL vocabulary padding: %s\n", made ? "not 997 -> 1024" : "a model not made");
         gpu_failures++;
         for (int k = 0; k < 3; k++)
             gpu_model_destroy(gm[k]);
@@ -788,15 +660,15 @@ static void test_vocab_pad_resume_vs_unpadded(void)
         double r = fabs(gn[1][s] - gn[0][s]) / gn[0][s];
         worst = r > worst ? r : worst;
     }
-    report(worst <= 1e-5, "padded vs unpadded: gradient norms", KDT_F32, worst, 1e-5);
+    mc_report(worst <= 1e-5, "padded vs unpadded: gradient norms", KDT_F32, worst, 1e-5);
     if (gpu_model_get_params(gm[0], pa) != 0)
         abort();
     for (size_t i = 0; i < n; i++) {
         pa[i] -= cpu->params_memory[i];
         pb[i] = p3[i] - cpu->params_memory[i];
     }
-    double ur = norm2_rel(pb, pa, n);
-    report(ur <= 1e-5, "padded vs unpadded: update p3 - p0", KDT_F32, ur, 1e-5);
+    double ur = mc_norm2_rel(pb, pa, n);
+    mc_report(ur <= 1e-5, "padded vs unpadded: update p3 - p0", KDT_F32, ur, 1e-5);
     run_steps(gm[1], &c, 3, 5, NULL);
     run_steps(gm[2], &c, 3, 5, NULL);
     if (gpu_model_get_params(gm[1], pa) != 0 || gpu_model_get_opt_state(gm[1], oa) != 0 ||
@@ -826,23 +698,9 @@ static void test_vocab_pad_resume_vs_unpadded(void)
 static gpu_model *create_graph_lever(int on, const bert_config *c, kdtype dt,
                                      const optim_config *oc, const float *params)
 {
-    const char *saved = getenv("BERTD_LEVER_GRAPH");
-    char *keep = saved ? strdup(saved) : NULL;
-    setenv("BERTD_LEVER_GRAPH", on ? "1" : "0", 1);
-    gpu_model *g = NULL;
-    char err[256];
-    int rc = gpu_model_create(&g, c, dt, 0, TB, TT, TM, oc, err, sizeof err);
-    if (keep)
-        setenv("BERTD_LEVER_GRAPH", keep, 1);
-    else
-        unsetenv("BERTD_LEVER_GRAPH");
-    free(keep);
-    if (rc != 0 || gpu_model_set_params(g, params) != 0) {
-        printf("FAIL gpu_model_create (lever GRAPH %d): %s\n", on, err);
-        gpu_failures++;
-        gpu_model_destroy(g);
-        return NULL;
-    }
+    char *keep = mc_env_set("BERTD_LEVER_GRAPH", on ? "1" : "0");
+    gpu_model *g = mc_model(c, dt, TB, TT, TM, oc, params, on ? "(lever GRAPH 1)" : "(lever GRAPH 0)");
+    mc_env_restore("BERTD_LEVER_GRAPH", keep);
     return g;
 }
 
@@ -880,13 +738,9 @@ static void run_graph_steps(gpu_model *g, const bert_config *c, int from, int to
 static void test_graph_lever_eager(void)
 {
     printf("--- lever GRAPH: padded masked rows, the step's norm and clip on the device, fp32\n");
-    bert_config c = gpu_test_config(4, 1);
-    optim_config oc = test_optim_config();
-    oc.max_grad_norm = 1.0f;
-    bert_model *cpu = NULL;
-    if (bert_model_create(&cpu, &c) != 0)
-        abort();
-    bert_model_init_weights(cpu, 1357);
+    bert_config c;
+    optim_config oc;
+    bert_model *cpu = clipped_setup(&c, &oc, 1357);
     size_t n = cpu->num_params;
     gpu_model *off = create_graph_lever(0, &c, KDT_F32, &oc, cpu->params_memory);
     gpu_model *on = create_graph_lever(1, &c, KDT_F32, &oc, cpu->params_memory);
@@ -930,15 +784,15 @@ static void test_graph_lever_eager(void)
         clipped += gn[0][s] > oc.max_grad_norm;
         ok &= rcs[0][s] == 0 && rcs[1][s] == 0;
     }
-    report(ok && worst <= 1e-5, "lever on vs off: gradient norms (4 steps)", KDT_F32, worst, 1e-5);
+    mc_report(ok && worst <= 1e-5, "lever on vs off: gradient norms (4 steps)", KDT_F32, worst, 1e-5);
     if (gpu_model_get_params(off, pa) != 0 || gpu_model_get_params(on, pb) != 0)
         abort();
     for (size_t i = 0; i < n; i++) {
         pa[i] -= p0[i];
         pb[i] -= p0[i];
     }
-    double ur = norm2_rel(pb, pa, n);
-    report(clipped > 0 && ur <= 1e-5, "lever on vs off: update p4 - p0 (clipped)", KDT_F32, ur, 1e-5);
+    double ur = mc_norm2_rel(pb, pa, n);
+    mc_report(clipped > 0 && ur <= 1e-5, "lever on vs off: update p4 - p0 (clipped)", KDT_F32, ur, 1e-5);
     /* a non-finite gradient: -ERANGE, nothing changed */
     float *o0 = malloc(2 * n * 4), *o1 = malloc(2 * n * 4);
     make_batch(&bs, &c, 9);
@@ -1038,13 +892,9 @@ static int same_state(gpu_model *a, gpu_model *b, const char *what)
 static void test_graph_replay(int with_fp16)
 {
     printf("--- lever GRAPH: replayed graphs vs the eager launches, bitwise\n");
-    bert_config c = gpu_test_config(4, 1);
-    optim_config oc = test_optim_config();
-    oc.max_grad_norm = 1.0f;
-    bert_model *cpu = NULL;
-    if (bert_model_create(&cpu, &c) != 0)
-        abort();
-    bert_model_init_weights(cpu, 8642);
+    bert_config c;
+    optim_config oc;
+    bert_model *cpu = clipped_setup(&c, &oc, 8642);
     gpu_model *eager = create_graph_lever(1, &c, KDT_F32, &oc, cpu->params_memory);
     gpu_model *graph = create_graph_lever(1, &c, KDT_F32, &oc, cpu->params_memory);
     gpu_model *resumed = create_graph_lever(1, &c, KDT_F32, &oc, cpu->params_memory);
@@ -1133,13 +983,9 @@ static void test_graph_fallback(void)
     static const char *const modes[][2] = {{"end", "(cudaStreamEndCapture: "},
                                            {"instantiate", "(cudaGraphInstantiateWithFlags: "},
                                            {"launch", "(a kernel launch: "}};
-    bert_config c = gpu_test_config(4, 1);
-    optim_config oc = test_optim_config();
-    oc.max_grad_norm = 1.0f;
-    bert_model *cpu = NULL;
-    if (bert_model_create(&cpu, &c) != 0)
-        abort();
-    bert_model_init_weights(cpu, 8642);
+    bert_config c;
+    optim_config oc;
+    bert_model *cpu = clipped_setup(&c, &oc, 8642);
     for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
         gpu_model *eager = create_graph_lever(1, &c, KDT_F32, &oc, cpu->params_memory);
         gpu_model *fb = create_graph_lever(1, &c, KDT_F32, &oc, cpu->params_memory);
@@ -1196,14 +1042,8 @@ static void test_graph_fallback(void)
 
 int main(void)
 {
-    gpu_require_device();
-    bert_set_threads(4);
+    kdtype best = mc_start();
     char err[128];
-    kdtype best;
-    if (gpu_precision_pick("auto", 0, &best, err, sizeof err) != 0) {
-        printf("FAIL precision pick: %s\n", err);
-        return 1;
-    }
     printf("auto precision: %s\n", kdtype_name(best));
     const char *vp = getenv("BERTD_LEVER_VOCAB_PAD"), *gv = getenv("BERTD_LEVER_GRAPH");
     int vocab_pad_run = vp && (strcmp(vp, "1") == 0 || strcmp(vp, "on") == 0);

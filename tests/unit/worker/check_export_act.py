@@ -17,21 +17,14 @@ import subprocess
 import sys
 import tempfile
 
-try:
-    import torch
-    from safetensors.torch import load_file
-    from transformers import BertConfig, BertForMaskedLM
-except ImportError as e:
-    print("skip: transformers/torch not importable:", e)
-    sys.exit(77)
+# first: it exits 77 (skip) when transformers or torch is missing
+from export_logits import bertd_logits, fixture_batch, load_export, masked_logits, rel_l2
+
+import torch
+from transformers import BertConfig, BertForMaskedLM
 
 tool, fixtures = sys.argv[1], sys.argv[2]
-ref = load_file(os.path.join(fixtures, "reference.safetensors"))
-ids = ref["batch.input_ids"].long()
-B, T = ids.shape
-lens = ref["batch.seq_lens"].long()
-mask = (torch.arange(T)[None, :] < lens[:, None]).long()
-pos = ref["batch.mlm_positions"].long()
+ref = fixture_batch(fixtures)
 failed = 0
 for act in ("gelu_new", "gelu_pytorch_tanh"):
     with tempfile.TemporaryDirectory() as tmp:
@@ -49,13 +42,9 @@ for act in ("gelu_new", "gelu_pytorch_tanh"):
         subprocess.run([tool, src, fixtures, out], check=True)
         with open(os.path.join(out, "config.json")) as f:
             written = json.load(f)["hidden_act"]
-        model = BertForMaskedLM.from_pretrained(out, attn_implementation="eager").float().eval()
+        model = load_export(out)
         before = BertForMaskedLM.from_pretrained(src).float()
-        with torch.no_grad():
-            logits = model(input_ids=ids, token_type_ids=ref["batch.token_type_ids"].long(),
-                           attention_mask=mask).logits.reshape(B * T, -1)[pos]
-        ours = load_file(os.path.join(out, "bertd_logits.safetensors"))["logits"]
-        err = float(torch.linalg.norm(logits - ours) / torch.linalg.norm(logits))
+        err = rel_l2(bertd_logits(out)["logits"], masked_logits(model, ref))
         w0 = before.bert.encoder.layer[0].intermediate.dense.weight
         w1 = model.bert.encoder.layer[0].intermediate.dense.weight
         trained = not torch.equal(w0, w1)

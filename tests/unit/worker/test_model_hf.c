@@ -23,14 +23,20 @@
  * 8e-6 except the key-bias gradients, which are 0 up to rounding (1e-12). */
 #define FLOOR 1e-6
 
-static bert_model *load_hf(const ref_fixture *f)
+/* The HF model directory dir imported (hf_init_from); fails the test otherwise. */
+static bert_model *load_hf_dir(const char *dir)
 {
     bert_model *m = NULL;
     char err[512];
-    int rc = hf_init_from(&m, f->hf_dir, -1, 0, err, sizeof err);
+    int rc = hf_init_from(&m, dir, -1, 0, err, sizeof err);
     if (rc < 0)
         fail_msg("hf_init_from: %s", err);
     return m;
+}
+
+static bert_model *load_hf(const ref_fixture *f)
+{
+    return load_hf_dir(f->hf_dir);
 }
 
 /* Compares every HF-named tensor of buf (a params-shaped span) with prefix.name. */
@@ -61,6 +67,15 @@ static void compare_table(const ref_fixture *f, const bert_model *m, const float
     free(tab);
 }
 
+/* m's backward after its forward: every parameter gradient against the
+ * fixture's prefix-named ones. */
+static void backward_matches(const ref_fixture *f, bert_model *m, const char *prefix)
+{
+    bert_model_zero_grad(m);
+    assert_int_equal(bert_model_backward(m, 1.0f), 0);
+    compare_table(f, m, m->grads_memory, prefix, TOL);
+}
+
 static void test_forward_backward_matches_hf(void **state)
 {
     (void)state;
@@ -80,9 +95,7 @@ static void test_forward_backward_matches_hf(void **state)
     print_message("  loss %.7f hf %.7f\n", m->loss, loss[0]);
     assert_true(fabs(m->loss - loss[0]) <= TOL * fabs(loss[0]));
 
-    bert_model_zero_grad(m);
-    assert_int_equal(bert_model_backward(m, 1.0f), 0);
-    compare_table(&f, m, m->grads_memory, "grad.", TOL);
+    backward_matches(&f, m, "grad.");
     /* the key biases' true gradient is exactly zero */
     for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
         int C = m->cfg.hidden_size;
@@ -104,11 +117,9 @@ static void test_nsp_matches_hf(void **state)
     (void)state;
     ref_fixture f;
     fixture_load(&f);
-    bert_model *m = NULL;
-    char dir[4300], err[512];
+    char dir[4300];
     snprintf(dir, sizeof dir, "%s/hf_tiny_nsp", f.dir);
-    if (hf_init_from(&m, dir, -1, 0, err, sizeof err) < 0)
-        fail_msg("hf_init_from: %s", err);
+    bert_model *m = load_hf_dir(dir);
     assert_int_equal(m->cfg.nsp, 1);
     const st_tensor *t = st_find(f.ref, "nsp.batch.nsp_labels");
     assert_non_null(t);
@@ -127,9 +138,7 @@ static void test_nsp_matches_hf(void **state)
     assert_true(fabs(m->mlm_loss - mlm[0]) <= TOL * fabs(mlm[0]));
     assert_int_equal(n, (size_t)2 * f.batch.B);
     assert_true(rel_l2(m->acts.nsp_logits, logits, n, FLOOR) <= TOL);
-    bert_model_zero_grad(m);
-    assert_int_equal(bert_model_backward(m, 1.0f), 0);
-    compare_table(&f, m, m->grads_memory, "nsp.grad.", TOL);
+    backward_matches(&f, m, "nsp.grad.");
     free(loss);
     free(mlm);
     free(logits);
@@ -245,9 +254,7 @@ static void test_gelu_new_matches_hf(void **state)
     if (st_open(&f.ref, path, err, sizeof err) < 0)
         fail_msg("%s", err);
     snprintf(path, sizeof path, "%s/hf_tiny_gelu_new", f.dir);
-    bert_model *m = NULL;
-    if (hf_init_from(&m, path, -1, 0, err, sizeof err) < 0)
-        fail_msg("hf_init_from: %s", err);
+    bert_model *m = load_hf_dir(path);
     assert_int_equal(m->cfg.act, BERT_ACT_GELU_NEW);
     assert_int_equal(bert_model_forward(m, &f.batch, NULL), 0);
     size_t n;
@@ -257,9 +264,7 @@ static void test_gelu_new_matches_hf(void **state)
                   loss[0]);
     assert_true(e <= TOL_GELU_NEW_LOGITS);
     assert_true(fabs(m->loss - loss[0]) <= TOL * fabs(loss[0]));
-    bert_model_zero_grad(m);
-    assert_int_equal(bert_model_backward(m, 1.0f), 0);
-    compare_table(&f, m, m->grads_memory, "grad.", TOL);
+    backward_matches(&f, m, "grad.");
     free(logits);
     free(loss);
     bert_model_destroy(m);
