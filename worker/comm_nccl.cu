@@ -205,39 +205,38 @@ static int settle(comm_nccl *s, const char *what)
     }
 }
 
-/* Waits (bounded) until everything queued on the comm stream has run, while
- * watching NCCL for asynchronous errors (a dead peer). 0 or -EPIPE. */
-static int wait_stream(comm_nccl *s)
+/* NCCL's asynchronous error (a dead peer): 1 after aborting the communicator.
+ * IN_PROGRESS is not one: a non-blocking call still running. */
+static int async_failed(comm_nccl *s)
+{
+    nccl_result st = NCCL_OK;
+    if (N.ncclCommGetAsyncError(s->nc, &st) == NCCL_OK && (st == NCCL_OK || st == NCCL_IN_PROGRESS))
+        return 0;
+    log_error("comm nccl: async error: %s (%s)", N.ncclGetErrorString(st), N.ncclGetLastError(s->nc));
+    kill_comm(s, "NCCL reported an asynchronous error");
+    return 1;
+}
+
+/* Waits (bounded) until event has completed, or with event NULL everything
+ * queued on the comm stream has run, while watching NCCL for asynchronous
+ * errors: a drained stream is not a successful collective, after an error
+ * NCCL promises nothing about what was enqueued. 0 or -EPIPE. */
+static int wait_done(comm_nccl *s, cudaEvent_t event, const char *what)
 {
     uint64_t deadline = now_ms() + (uint64_t)s->timeout_ms;
     for (;;) {
-        cudaError_t e = cudaStreamQuery(s->stream);
-        if (e == cudaSuccess) {
-            /* a drained stream is not a successful collective: after an
-             * error NCCL promises nothing about what was enqueued */
-            nccl_result st = NCCL_OK;
-            if (N.ncclCommGetAsyncError(s->nc, &st) != NCCL_OK ||
-                (st != NCCL_OK && st != NCCL_IN_PROGRESS)) {
-                log_error("comm nccl: async error: %s (%s)", N.ncclGetErrorString(st),
-                          N.ncclGetLastError(s->nc));
-                kill_comm(s, "NCCL reported an asynchronous error");
-                return -EPIPE;
-            }
-            return 0;
-        }
-        if (e != cudaErrorNotReady) {
-            log_error("comm nccl: comm stream: %s", cudaGetErrorString(e));
-            kill_comm(s, "CUDA error on the comm stream");
+        cudaError_t e = event ? cudaEventQuery(event) : cudaStreamQuery(s->stream);
+        if (async_failed(s))
             return -EPIPE;
-        }
-        nccl_result st = NCCL_OK;
-        if (N.ncclCommGetAsyncError(s->nc, &st) != NCCL_OK || (st != NCCL_OK && st != NCCL_IN_PROGRESS)) {
-            log_error("comm nccl: async error: %s (%s)", N.ncclGetErrorString(st), N.ncclGetLastError(s->nc));
-            kill_comm(s, "NCCL reported an asynchronous error");
+        if (e == cudaSuccess)
+            return 0;
+        if (e != cudaErrorNotReady) {
+            log_error("comm nccl: waiting for %s: %s", what, cudaGetErrorString(e));
+            kill_comm(s, "CUDA error while waiting for the collectives");
             return -EPIPE;
         }
         if (now_ms() >= deadline) {
-            kill_comm(s, "collective did not complete in time (peer lost?)");
+            kill_comm(s, "collectives did not complete in time (peer lost?)");
             return -EPIPE;
         }
         nap();
@@ -251,7 +250,7 @@ static int ensure_scratch(comm_nccl *s, size_t bytes)
         return 0;
     /* stream-ordered: earlier users of the old buffer on the comm stream
      * finish before it is freed; every user of the host side waited for its
-     * copies (wait_stream) before returning */
+     * copies (wait_done) before returning */
     if (s->scratch)
         CUDA_CHECK(cudaFreeAsync(s->scratch, s->stream));
     if (s->host)
@@ -390,7 +389,7 @@ extern "C" int comm_nccl_drain(comm *c)
      * waits after the launch (comm_nccl_wait_event) */
     if (capturing(s->stream))
         return 0;
-    return wait_stream(s);
+    return wait_done(s, NULL, "the comm stream");
 }
 
 extern "C" int comm_nccl_wait_event(comm *c, void *event)
@@ -404,28 +403,7 @@ extern "C" int comm_nccl_wait_event(comm *c, void *event)
         kill_comm(s, "cudaSetDevice failed");
         return -EPIPE;
     }
-    uint64_t deadline = now_ms() + (uint64_t)s->timeout_ms;
-    for (;;) {
-        cudaError_t e = cudaEventQuery((cudaEvent_t)event);
-        nccl_result st = NCCL_OK;
-        if (N.ncclCommGetAsyncError(s->nc, &st) != NCCL_OK || (st != NCCL_OK && st != NCCL_IN_PROGRESS)) {
-            log_error("comm nccl: async error: %s (%s)", N.ncclGetErrorString(st), N.ncclGetLastError(s->nc));
-            kill_comm(s, "NCCL reported an asynchronous error");
-            return -EPIPE;
-        }
-        if (e == cudaSuccess)
-            return 0;
-        if (e != cudaErrorNotReady) {
-            log_error("comm nccl: waiting for the step: %s", cudaGetErrorString(e));
-            kill_comm(s, "CUDA error while waiting for the step");
-            return -EPIPE;
-        }
-        if (now_ms() >= deadline) {
-            kill_comm(s, "the step's collectives did not complete in time (peer lost?)");
-            return -EPIPE;
-        }
-        nap();
-    }
+    return wait_done(s, (cudaEvent_t)event, "the step");
 }
 
 extern "C" int comm_nccl_buckets_wait(comm *c, void *compute_stream)
@@ -440,14 +418,8 @@ extern "C" int comm_nccl_buckets_wait(comm *c, void *compute_stream)
     /* done was re-recorded after each bucket; waiting on its last record
      * covers all of them (one stream) */
     CUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)compute_stream, s->done, 0));
-    {
-        nccl_result st = NCCL_OK;
-        if (N.ncclCommGetAsyncError(s->nc, &st) != NCCL_OK || (st != NCCL_OK && st != NCCL_IN_PROGRESS)) {
-            log_error("comm nccl: async error: %s (%s)", N.ncclGetErrorString(st), N.ncclGetLastError(s->nc));
-            kill_comm(s, "NCCL reported an asynchronous error");
-            return -EPIPE;
-        }
-    }
+    if (async_failed(s))
+        return -EPIPE;
 out:
     if (rc != 0)
         kill_comm(s, "CUDA error");
@@ -466,7 +438,7 @@ extern "C" int comm_nccl_allreduce_mean(comm *c, float *dev_buf, size_t n, void 
     int rc = comm_nccl_bucket_start(c, dev_buf, n, stream);
     if (rc == 0)
         rc = comm_nccl_buckets_wait(c, stream);
-    return rc ? rc : wait_stream(s);
+    return rc ? rc : wait_done(s, NULL, "the comm stream");
 }
 
 /* comm_allreduce_mean has no stream: ordered after the legacy default
@@ -494,7 +466,7 @@ static int nccl_allreduce_sum_f64(comm *c, double *vals, int n)
     CUDA_CHECK(cudaMemcpyAsync(s->scratch, s->host, bytes, cudaMemcpyHostToDevice, s->stream));
     NCCL_CHECK(s, N.ncclAllReduce(s->scratch, s->scratch, (size_t)n, NCCL_FLOAT64, NCCL_SUM, s->nc, s->stream));
     CUDA_CHECK(cudaMemcpyAsync(s->host, s->scratch, bytes, cudaMemcpyDeviceToHost, s->stream));
-    rc = wait_stream(s);
+    rc = wait_done(s, NULL, "the comm stream");
     if (rc == 0)
         memcpy(vals, s->host, bytes);
 out:
@@ -522,7 +494,7 @@ static int nccl_broadcast(comm *c, void *buf, size_t bytes, int root)
     NCCL_CHECK(s, N.ncclBroadcast(s->scratch, s->scratch, bytes, NCCL_UINT8, root, s->nc, s->stream));
     if (c->rank != root)
         CUDA_CHECK(cudaMemcpyAsync(s->host, s->scratch, bytes, cudaMemcpyDeviceToHost, s->stream));
-    rc = wait_stream(s);
+    rc = wait_done(s, NULL, "the comm stream");
     if (rc == 0 && c->rank != root)
         memcpy(buf, s->host, bytes);
 out:
@@ -544,7 +516,7 @@ static int nccl_barrier(comm *c)
     if (rc != 0)
         goto out;
     NCCL_CHECK(s, N.ncclAllReduce(s->scratch, s->scratch, 1, NCCL_FLOAT32, NCCL_SUM, s->nc, s->stream));
-    rc = wait_stream(s);
+    rc = wait_done(s, NULL, "the comm stream");
 out:
     if (rc != 0 && !s->dead)
         kill_comm(s, "error in barrier");
